@@ -1,0 +1,54 @@
+# Tidemark's two commands: `make demo` and `make test`. Everything else is a step of those.
+SHELL := /bin/bash
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: install demo test lint unit integration bench bench-quick kafka-up kafka-down clean lock
+
+$(STAMP):
+	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@echo "installing pinned dependencies into $(VENV) ..."
+	@time ( $(BIN)/pip install -q --upgrade pip && \
+	  $(BIN)/pip install -q -r requirements-dev.txt && \
+	  $(BIN)/pip install -q --no-deps -e . )
+	@rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/tidemark demo
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -v --durations=15 $(PYTEST_ARGS)
+
+unit: install
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python -m tidemark.bench $(BENCH_ARGS)
+
+bench-quick: install
+	$(BIN)/python -m tidemark.bench --quick $(BENCH_ARGS)
+
+kafka-up: install
+	$(BIN)/tidemark kafka up
+
+kafka-down: install
+	$(BIN)/tidemark kafka down
+
+lock:
+	rm -rf /tmp/tidemark-lock && $(PY) -m venv /tmp/tidemark-lock
+	/tmp/tidemark-lock/bin/pip install -q -r requirements.in
+	/tmp/tidemark-lock/bin/pip freeze > requirements.txt.new && mv requirements.txt.new requirements.txt
+
+clean:
+	-$(BIN)/tidemark kafka down
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

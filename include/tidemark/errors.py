@@ -1,0 +1,60 @@
+"""The library's exception hierarchy.
+
+Every error Tidemark raises on purpose derives from :class:`TidemarkError`, so the CLI,
+the Spark job and the DAG tasks can tell "we refused, and said why" from a bug. Messages
+name what is wrong (file and field, topic, partition and offsets) and what to do next.
+"""
+
+from __future__ import annotations
+
+
+class TidemarkError(Exception):
+    """Base class of every error Tidemark raises deliberately."""
+
+
+class ConfigError(TidemarkError):
+    """A feed file, a setting or a trigger parameter is invalid."""
+
+
+class LocalKafkaError(TidemarkError):
+    """The embedded local Kafka cluster could not be fetched, started or stopped."""
+
+
+class KafkaUnavailableError(TidemarkError):
+    """Brokers did not answer in time, or answered with an error for a whole request."""
+
+
+class PlanningError(TidemarkError):
+    """The planner refused to plan (data loss, offsets ahead of the log, missing offsets)."""
+
+
+class DataLossError(PlanningError):
+    """Unread records were deleted by retention and the feed's policy is ``fail``."""
+
+
+class OffsetAheadError(PlanningError):
+    """The start offset lies past the end of the log and the feed's policy is ``fail``."""
+
+
+class ReadError(TidemarkError):
+    """Reading a planned range failed (offset vanished, broker error, incomplete range)."""
+
+
+class ValidationFailedError(TidemarkError):
+    """The data read did not pass the built-in checks or the feed's expectations."""
+
+
+class PublishError(TidemarkError):
+    """Publishing the output failed or found a conflicting earlier publication."""
+
+
+class CommitError(TidemarkError):
+    """Committing the group's offsets was refused or could not be verified."""
+
+
+class GroupInUseError(CommitError):
+    """The consumer group has active members; committing from outside would race them."""
+
+
+class OffsetsMovedError(CommitError):
+    """The group's committed offsets changed after the plan was made."""

@@ -1,0 +1,263 @@
+"""A thin typed adapter over confluent-kafka's admin and consumer calls.
+
+Everything Tidemark asks of Kafka outside the Spark read goes through here: partition
+metadata and leaders, log start / high watermark / last stable offsets, offsets for
+timestamps, committed group offsets, topic and broker configs, topic creation. Calls are
+batched (one request per kind per call, which librdkafka fans out per broker) and every
+call has a timeout; per-partition errors are raised with the topic and partition named.
+The adapter counts the admin requests it issues so benchmarks can report them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    OffsetSpec,
+    ResourceType,
+)
+
+from tidemark.connection import KafkaConnection
+from tidemark.errors import KafkaUnavailableError, TidemarkError
+
+Isolation = Literal["read_committed", "read_uncommitted"]
+TP = tuple[str, int]
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    topic: str
+    partition: int
+    leader: int
+    replicas: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Committed:
+    offset: int | None
+    metadata: str
+
+
+class KafkaAdapter:
+    """Batched, timed admin calls against one cluster."""
+
+    def __init__(self, connection: KafkaConnection, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.connection = connection
+        self.timeout_s = timeout_s
+        self.requests = 0
+        self._admin = AdminClient(connection.client_config(**{"socket.timeout.ms": int(timeout_s * 1000)}))
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _result(self, future: Future[T], what: str) -> T:
+        try:
+            return future.result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise KafkaUnavailableError(f"{what} failed: {exc.args[0]}") from exc
+        except TimeoutError as exc:
+            raise KafkaUnavailableError(
+                f"{what} got no answer within {self.timeout_s:.0f}s from {self.connection.bootstrap_servers}; "
+                "check that the brokers are reachable and the security settings are right"
+            ) from exc
+
+    # -- metadata --------------------------------------------------------------------
+
+    def partitions(self, topics: Sequence[str]) -> list[PartitionInfo]:
+        """Every partition of ``topics`` with its leader, sorted by topic and partition."""
+        if not topics:
+            return []
+        from confluent_kafka import TopicCollection
+
+        self.requests += 1
+        futures = self._admin.describe_topics(TopicCollection(list(topics)), request_timeout=self.timeout_s)
+        out = []
+        for topic, future in futures.items():
+            try:
+                desc = future.result(timeout=self.timeout_s)
+            except KafkaException as exc:
+                err = exc.args[0]
+                if getattr(err, "name", lambda: "")() == "UNKNOWN_TOPIC_OR_PART":
+                    raise TidemarkError(
+                        f"topic '{topic}' does not exist on {self.connection.bootstrap_servers}; "
+                        "create it or fix the feed's topic list"
+                    ) from exc
+                raise KafkaUnavailableError(f"describing topic '{topic}' failed: {err}") from exc
+            except TimeoutError as exc:
+                raise KafkaUnavailableError(f"describing topic '{topic}' timed out") from exc
+            for p in desc.partitions:
+                leader = p.leader.id if p.leader is not None else -1
+                out.append(PartitionInfo(topic, p.id, leader, tuple(r.id for r in p.replicas)))
+        return sorted(out, key=lambda i: (i.topic, i.partition))
+
+    def broker_ids(self) -> list[int]:
+        self.requests += 1
+        meta = self._admin.list_topics(timeout=self.timeout_s)
+        return sorted(meta.brokers)
+
+    # -- offsets ---------------------------------------------------------------------
+
+    def _list_offsets(self, requests: Mapping[TP, OffsetSpec], isolation: Isolation) -> dict[TP, int]:
+        if not requests:
+            return {}
+        level = IsolationLevel.READ_COMMITTED if isolation == "read_committed" else IsolationLevel.READ_UNCOMMITTED
+        self.requests += 1
+        futures = self._admin.list_offsets(
+            {TopicPartition(t, p): spec for (t, p), spec in requests.items()},
+            isolation_level=level,
+            request_timeout=self.timeout_s,
+        )
+        out: dict[TP, int] = {}
+        for tp, future in futures.items():
+            info = self._result(future, f"ListOffsets for {tp.topic}[{tp.partition}]")
+            out[(tp.topic, tp.partition)] = int(info.offset)
+        return out
+
+    def log_start_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
+        return self._list_offsets({tp: OffsetSpec.earliest() for tp in tps}, "read_uncommitted")
+
+    def end_offsets(self, tps: Iterable[TP], isolation: Isolation) -> dict[TP, int]:
+        """High watermarks, or last stable offsets under ``read_committed``."""
+        return self._list_offsets({tp: OffsetSpec.latest() for tp in tps}, isolation)
+
+    def offsets_for_timestamp(self, tps: Iterable[TP], timestamp_ms: int, isolation: Isolation) -> dict[TP, int | None]:
+        """First offset whose timestamp is ≥ ``timestamp_ms``; ``None`` when no record is."""
+        raw = self._list_offsets({tp: OffsetSpec.for_timestamp(timestamp_ms) for tp in tps}, isolation)
+        return {tp: (off if off >= 0 else None) for tp, off in raw.items()}
+
+    def committed(self, group: str, tps: Sequence[TP]) -> dict[TP, Committed]:
+        """The group's committed offsets (``offset=None`` where it has none), with metadata."""
+        if not tps:
+            return {}
+        self.requests += 1
+        request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in tps])
+        futures = self._admin.list_consumer_group_offsets([request], request_timeout=self.timeout_s)
+        result = self._result(futures[group], f"OffsetFetch for group '{group}'")
+        out: dict[TP, Committed] = {}
+        for tp in result.topic_partitions:
+            if tp.error is not None:
+                raise KafkaUnavailableError(
+                    f"OffsetFetch for group '{group}' on {tp.topic}[{tp.partition}]: {tp.error}"
+                )
+            offset = int(tp.offset) if tp.offset >= 0 else None
+            out[(tp.topic, tp.partition)] = Committed(offset, tp.metadata or "")
+        return out
+
+    # -- configs ---------------------------------------------------------------------
+
+    def topic_configs(self, topics: Sequence[str], names: Sequence[str]) -> dict[str, dict[str, str]]:
+        resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+        return self._describe_configs(resources, names)
+
+    def broker_config(self, broker_id: int, names: Sequence[str]) -> dict[str, str]:
+        resource = ConfigResource(ResourceType.BROKER, str(broker_id))
+        return self._describe_configs([resource], names)[str(broker_id)]
+
+    def _describe_configs(self, resources: list[ConfigResource], names: Sequence[str]) -> dict[str, dict[str, str]]:
+        if not resources:
+            return {}
+        self.requests += 1
+        futures = self._admin.describe_configs(resources, request_timeout=self.timeout_s)
+        out = {}
+        for resource, future in futures.items():
+            entries = self._result(future, f"DescribeConfigs for {resource.name}")
+            out[resource.name] = {n: entries[n].value for n in names if n in entries}
+        return out
+
+    # -- topic management (demo, tests) ---------------------------------------------
+
+    def create_topic(
+        self, topic: str, partitions: int, replication: int = 1, config: Mapping[str, str] | None = None
+    ) -> None:
+        self.requests += 1
+        new = NewTopic(topic, num_partitions=partitions, replication_factor=replication, config=dict(config or {}))
+        future = self._admin.create_topics([new], request_timeout=self.timeout_s)[topic]
+        try:
+            future.result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                raise KafkaUnavailableError(f"creating topic '{topic}' failed: {exc.args[0]}") from exc
+
+    def delete_topic(self, topic: str) -> None:
+        self.requests += 1
+        self._result(self._admin.delete_topics([topic], request_timeout=self.timeout_s)[topic], f"deleting {topic}")
+
+    def add_partitions(self, topic: str, total: int) -> None:
+        self.requests += 1
+        future = self._admin.create_partitions([NewPartitions(topic, total)], request_timeout=self.timeout_s)[topic]
+        self._result(future, f"adding partitions to {topic}")
+
+    def delete_records(self, offsets: Mapping[TP, int]) -> dict[TP, int]:
+        """Move log start offsets forward (as retention would); returns the new ones."""
+        self.requests += 1
+        futures = self._admin.delete_records([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
+        out = {}
+        for tp, future in futures.items():
+            res: Any = self._result(future, f"DeleteRecords on {tp.topic}[{tp.partition}]")
+            out[(tp.topic, tp.partition)] = int(res.low_watermark)
+        return out
+
+    @property
+    def admin(self) -> AdminClient:
+        """The underlying client, for the few calls this adapter does not wrap."""
+        return self._admin
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record to produce: tests and the demo build these."""
+
+    value: bytes | None
+    key: bytes | None = None
+    timestamp_ms: int | None = None
+    partition: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+def produce(connection: KafkaConnection, topic: str, records: Iterable[Record], **settings: Any) -> int:
+    """Produce ``records`` to ``topic`` and wait until every one is acknowledged."""
+    from confluent_kafka import Producer
+
+    config = connection.client_config(**{"linger.ms": 20, "enable.idempotence": True, **settings})
+    producer = Producer(config)
+    failures: list[str] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            failures.append(f"{msg.topic()}[{msg.partition()}]: {err}")
+
+    count = 0
+    for rec in records:
+        kwargs: dict[str, Any] = {"value": rec.value, "key": rec.key, "on_delivery": on_delivery}
+        if rec.timestamp_ms is not None:
+            kwargs["timestamp"] = rec.timestamp_ms
+        if rec.partition is not None:
+            kwargs["partition"] = rec.partition
+        if rec.headers:
+            kwargs["headers"] = list(rec.headers)
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        count += 1
+        if count % 10_000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(60)
+    if remaining or failures:
+        raise KafkaUnavailableError(
+            f"producing to '{topic}': {remaining} records unacknowledged, {len(failures)} failed "
+            f"(first: {failures[:3]})"
+        )
+    return count

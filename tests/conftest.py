@@ -1,0 +1,102 @@
+"""Shared fixtures: the real local Kafka cluster, per-test topics, a local SparkSession.
+
+The ``kafka`` fixture starts a 3-broker KRaft cluster from the project's own scripts
+once per test session, under a temporary home, and stops it at the end. Two ways to
+reuse a running cluster instead (handy while developing):
+
+- ``TIDEMARK_TEST_KAFKA_HOME=DIR``: a local cluster under DIR, started if needed and
+  left running; broker stop/restart works.
+- ``TIDEMARK_BOOTSTRAP_SERVERS=host:port``: any cluster; broker stop/restart tests
+  are skipped (they need to own the processes).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tidemark.connection import KafkaConnection
+from tidemark.kafka_io import KafkaAdapter, Record, produce
+from tidemark.kafka_local.cluster import LocalCluster
+
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+
+
+@dataclass
+class KafkaTestCluster:
+    connection: KafkaConnection
+    cluster: LocalCluster | None
+    adapter: KafkaAdapter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.adapter = KafkaAdapter(self.connection)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.connection.bootstrap_servers
+
+    def new_topic(
+        self, partitions: int = 3, replication: int = 1, config: Mapping[str, str] | None = None, prefix: str = "t"
+    ) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        self.adapter.create_topic(name, partitions, replication, config)
+        return name
+
+    def produce(self, topic: str, records: Iterable[Record], **settings: Any) -> int:
+        return produce(self.connection, topic, records, **settings)
+
+    def require_local(self) -> LocalCluster:
+        if self.cluster is None:
+            pytest.skip("needs a cluster started by the fixture (TIDEMARK_BOOTSTRAP_SERVERS points elsewhere)")
+        return self.cluster
+
+
+def keyed_records(
+    count: int,
+    partition: int | None = None,
+    base_ts_ms: int = 1_700_000_000_000,
+    step_ms: int = 1000,
+    prefix: str = "k",
+) -> list[Record]:
+    """``count`` records with keys ``{prefix}-{i}``, values ``v-{i}`` and increasing timestamps."""
+    return [
+        Record(
+            value=f"v-{i}".encode(),
+            key=f"{prefix}-{i}".encode(),
+            timestamp_ms=base_ts_ms + i * step_ms,
+            partition=partition,
+        )
+        for i in range(count)
+    ]
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaTestCluster]:
+    servers = os.environ.get("TIDEMARK_BOOTSTRAP_SERVERS")
+    if servers:
+        yield KafkaTestCluster(KafkaConnection(servers), None)
+        return
+    shared_home = os.environ.get("TIDEMARK_TEST_KAFKA_HOME")
+    home = Path(shared_home) if shared_home else tmp_path_factory.mktemp("kafka")
+    cluster = LocalCluster(home)
+    state = cluster.up(brokers=3)
+    try:
+        yield KafkaTestCluster(KafkaConnection(state.bootstrap_servers), cluster)
+    finally:
+        if not shared_home:
+            cluster.down(purge=True)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    from tidemark.spark_session import local_session
+
+    session = local_session("tidemark-tests")
+    yield session
+    session.stop()

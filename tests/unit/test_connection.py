@@ -1,0 +1,43 @@
+"""Connection settings: env parsing and secret redaction."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidemark.connection import KafkaConnection, from_airflow_extra, from_env
+from tidemark.errors import ConfigError
+
+
+def test_from_env_maps_prefixed_settings_to_librdkafka_keys() -> None:
+    conn = from_env(
+        {
+            "TIDEMARK_BOOTSTRAP_SERVERS": "b1:9092,b2:9092",
+            "TIDEMARK_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "TIDEMARK_KAFKA_SASL_PASSWORD": "hunter2",
+            "OTHER": "x",
+        }
+    )
+    assert conn.client_config() == {
+        "bootstrap.servers": "b1:9092,b2:9092",
+        "security.protocol": "SASL_SSL",
+        "sasl.password": "hunter2",
+    }
+
+
+def test_secrets_never_show_in_repr_or_describe() -> None:
+    conn = KafkaConnection("b:9092", {"sasl.password": "hunter2", "sasl.username": "bob", "ssl.key.location": "/k"})
+    assert "hunter2" not in repr(conn)
+    assert "hunter2" not in str(conn.describe())
+    assert conn.describe()["sasl.username"] == "bob"
+    assert conn.describe()["ssl.key.location"] == "/k"
+
+
+def test_env_roundtrip() -> None:
+    conn = KafkaConnection("b:9092", {"sasl.mechanism": "PLAIN"})
+    assert from_env(conn.to_env()) == conn
+
+
+def test_airflow_extra_requires_bootstrap_servers() -> None:
+    with pytest.raises(ConfigError, match=r"bootstrap\.servers"):
+        from_airflow_extra('{"security.protocol": "SSL"}')
+    assert from_airflow_extra({"bootstrap.servers": "b:1", "group.id": "g"}).settings == {"group.id": "g"}

@@ -1,0 +1,37 @@
+"""The embedded cluster's generated configuration (no JVM started)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tidemark.kafka_local.cluster import ClusterState, LocalCluster, Node, kafka_version
+
+
+def _state(tmp_path: Path, n: int) -> ClusterState:
+    nodes = tuple(Node(i, 9000 + i, 9100 + i, str(tmp_path / f"node-{i}")) for i in range(1, n + 1))
+    return ClusterState(str(tmp_path), "cid", kafka_version(), nodes, {"offsets.retention.minutes": "1"})
+
+
+def test_server_properties_for_three_combined_nodes(tmp_path: Path) -> None:
+    state = _state(tmp_path, 3)
+    props = dict(
+        line.split("=", 1) for line in LocalCluster(tmp_path)._server_properties(state, state.nodes[1]).splitlines()
+    )
+    assert props["node.id"] == "2"
+    assert props["process.roles"] == "broker,controller"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:9101,2@127.0.0.1:9102,3@127.0.0.1:9103"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:9002,CONTROLLER://127.0.0.1:9102"
+    assert props["offsets.topic.replication.factor"] == "3"
+    assert props["offsets.retention.minutes"] == "1"  # caller settings win
+    assert props["group.initial.rebalance.delay.ms"] == "0"
+
+
+def test_state_roundtrip_and_bootstrap(tmp_path: Path) -> None:
+    state = _state(tmp_path, 2)
+    again = ClusterState.from_json(state.to_json())
+    assert again == state
+    assert again.bootstrap_servers == "127.0.0.1:9001,127.0.0.1:9002"
+
+
+def test_kafka_version_is_4x() -> None:
+    assert kafka_version().startswith("4.")
