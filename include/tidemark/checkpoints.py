@@ -1,0 +1,93 @@
+"""Tidemark's checkpoint store: its own record of the last committed offsets.
+
+Kafka deletes a group's committed offsets after ``offsets.retention.minutes`` without
+activity (7 days by default); a batch job that runs less often would then silently fall
+back to its reset policy. The checkpoint store remembers, per group and partition, the
+offset Tidemark last committed and the plan that committed it, so the planner can resume
+from there and say "group offsets expired". The embedded default is SQLite under the
+state dir; :class:`CheckpointStore` is the interface another database would implement.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Mapping
+from contextlib import closing
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+TP = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    offset: int
+    plan_id: str
+    committed_at: str
+
+
+class CheckpointStore(Protocol):
+    def get(self, group: str, tps: Iterable[TP]) -> dict[TP, Checkpoint]: ...
+
+    def put(self, group: str, plan_id: str, offsets: Mapping[TP, int]) -> None: ...
+
+    def plan_committed(self, group: str, plan_id: str) -> bool: ...
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS checkpoints (
+    grp TEXT NOT NULL, topic TEXT NOT NULL, part INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL,
+    PRIMARY KEY (grp, topic, part)
+);
+CREATE TABLE IF NOT EXISTS committed_plans (
+    grp TEXT NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL,
+    PRIMARY KEY (grp, plan_id)
+);
+"""
+
+
+class SqliteCheckpointStore:
+    """The embedded default: one SQLite file, one transaction per ``put``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with closing(self._connect()) as conn, conn:
+            conn.executescript(_SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=30)
+
+    def get(self, group: str, tps: Iterable[TP]) -> dict[TP, Checkpoint]:
+        wanted = set(tps)
+        with closing(self._connect()) as conn:
+            rows = conn.execute(
+                "SELECT topic, part, next_offset, plan_id, committed_at FROM checkpoints WHERE grp = ?", (group,)
+            ).fetchall()
+        return {(t, p): Checkpoint(o, pid, at) for t, p, o, pid, at in rows if (t, p) in wanted}
+
+    def put(self, group: str, plan_id: str, offsets: Mapping[TP, int]) -> None:
+        now = datetime.now(UTC).isoformat()
+        with closing(self._connect()) as conn, conn:
+            conn.executemany(
+                "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (grp, topic, part) DO UPDATE SET "
+                "next_offset = excluded.next_offset, plan_id = excluded.plan_id, committed_at = excluded.committed_at",
+                [(group, t, p, o, plan_id, now) for (t, p), o in offsets.items()],
+            )
+            conn.execute("INSERT OR IGNORE INTO committed_plans VALUES (?, ?, ?)", (group, plan_id, now))
+
+    def plan_committed(self, group: str, plan_id: str) -> bool:
+        with closing(self._connect()) as conn:
+            row = conn.execute(
+                "SELECT 1 FROM committed_plans WHERE grp = ? AND plan_id = ?", (group, plan_id)
+            ).fetchone()
+        return row is not None
+
+
+def default_store() -> SqliteCheckpointStore:
+    from tidemark.config import state_dir
+
+    return SqliteCheckpointStore(state_dir() / "checkpoints.sqlite")

@@ -1,0 +1,246 @@
+"""Feed configs and Tidemark's settings.
+
+A feed is one YAML file in the feeds folder (``include/feeds/`` unless
+``TIDEMARK_FEEDS_DIR`` says otherwise); the file's stem is the feed's name. Files are
+validated by Pydantic models that forbid unknown keys, bound every number and check
+cross-field rules, and a bad file is reported with its path and the failing field.
+Connection settings (brokers, credentials) are never part of a feed: see
+:mod:`tidemark.connection`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
+
+from tidemark.errors import ConfigError
+
+OnMissing = Literal["earliest", "latest", "timestamp", "fail"]
+OnNewPartition = Literal["earliest", "latest"]
+OnDataLoss = Literal["fail", "skip"]
+OnAhead = Literal["fail", "earliest", "latest"]
+Isolation = Literal["read_committed", "read_uncommitted"]
+ValueFormat = Literal["bytes", "string", "json"]
+OnBadRecords = Literal["fail", "quarantine"]
+FieldType = Literal["string", "integer", "number", "boolean"]
+
+FEED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+def package_root() -> Path:
+    """The ``include/`` folder holding the package and the default feeds."""
+    return Path(__file__).resolve().parents[1]
+
+
+def feeds_dir() -> Path:
+    return Path(os.environ.get("TIDEMARK_FEEDS_DIR", package_root() / "feeds"))
+
+
+def state_dir() -> Path:
+    """Plans, run reports, the checkpoint store and the default outputs live here."""
+    return Path(os.environ.get("TIDEMARK_STATE_DIR", Path.home() / ".local" / "state" / "tidemark"))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JsonField(_Model):
+    """One top-level field of a JSON value."""
+
+    name: str = Field(min_length=1)
+    type: FieldType
+    required: bool = True
+
+
+class Deserialization(_Model):
+    """How record values are decoded; keys are decoded as UTF-8 strings unless ``bytes``."""
+
+    format: ValueFormat = "bytes"
+    key_format: Literal["bytes", "string"] = "string"
+    fields: tuple[JsonField, ...] = ()
+
+    @model_validator(mode="after")
+    def _fields_only_for_json(self) -> Deserialization:
+        if self.fields and self.format != "json":
+            raise ValueError("'fields' declares a JSON schema and needs format: json")
+        if self.format == "json" and not self.fields:
+            raise ValueError("format: json needs 'fields' (the declared schema)")
+        return self
+
+
+class Expectation(_Model):
+    """A Great Expectations expectation by its snake_case name, with its arguments."""
+
+    type: str = Field(pattern=r"^expect_[a-z0-9_]+$")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class Validation(_Model):
+    on_bad_records: OnBadRecords = "fail"
+    quarantine_max_ratio: float = Field(default=0.05, ge=0.0, le=1.0)
+    expect_records: bool = False
+    expectations: tuple[Expectation, ...] = ()
+
+
+class Feed(_Model):
+    """One feed: what to read, from where it resumes, and how it is checked and written."""
+
+    name: str
+    topics: tuple[str, ...] = Field(min_length=1)
+    group: str = Field(min_length=1, max_length=249)
+    schedule: str | None = None
+    on_missing: OnMissing = "earliest"
+    reset_timestamp: datetime | None = None
+    on_new_partition: OnNewPartition = "earliest"
+    on_data_loss: OnDataLoss = "fail"
+    on_ahead: OnAhead = "fail"
+    max_records_per_partition: PositiveInt | None = None
+    max_records_per_run: PositiveInt | None = None
+    records_per_task: PositiveInt = 1_000_000
+    isolation: Isolation = "read_committed"
+    deserialization: Deserialization = Deserialization()
+    output: str | None = None
+    validation: Validation = Validation()
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not FEED_NAME.match(v):
+            raise ValueError("feed names use letters, digits, '.', '_' and '-' (the file's stem)")
+        return v
+
+    @field_validator("topics")
+    @classmethod
+    def _topics_unique(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(v)) != len(v):
+            raise ValueError("a topic is listed twice")
+        return v
+
+    @field_validator("reset_timestamp")
+    @classmethod
+    def _aware(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.tzinfo is None:
+            raise ValueError("give a timezone, e.g. 2026-01-31T00:00:00Z")
+        return v
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule_known(cls, v: str | None) -> str | None:
+        if v is not None:
+            schedule_interval(v)
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> Feed:
+        if self.on_missing == "timestamp" and self.reset_timestamp is None:
+            raise ValueError("on_missing: timestamp needs reset_timestamp")
+        if self.on_missing != "timestamp" and self.reset_timestamp is not None:
+            raise ValueError("reset_timestamp is used only with on_missing: timestamp")
+        if (
+            self.max_records_per_partition
+            and self.max_records_per_run
+            and self.max_records_per_partition > self.max_records_per_run
+        ):
+            raise ValueError("max_records_per_partition is larger than max_records_per_run")
+        return self
+
+    @property
+    def reset_timestamp_ms(self) -> int | None:
+        return None if self.reset_timestamp is None else int(self.reset_timestamp.timestamp() * 1000)
+
+    @property
+    def interval(self) -> timedelta | None:
+        return None if self.schedule is None else schedule_interval(self.schedule)
+
+    def output_dir(self) -> Path:
+        return Path(self.output) if self.output else state_dir() / "output" / self.name
+
+
+_PRESETS = {
+    "@hourly": timedelta(hours=1),
+    "@daily": timedelta(days=1),
+    "@weekly": timedelta(weeks=1),
+    "@monthly": timedelta(days=31),
+    "@yearly": timedelta(days=366),
+    "@annually": timedelta(days=366),
+}
+_DURATION = re.compile(r"^(\d+)\s*(m|min|h|d|w)$")
+
+
+def schedule_interval(schedule: str) -> timedelta:
+    """The longest gap between runs of a schedule (preset, ``6h``-style, or cron)."""
+    if schedule in _PRESETS:
+        return _PRESETS[schedule]
+    match = _DURATION.match(schedule.strip())
+    if match:
+        n, unit = int(match.group(1)), match.group(2)
+        return {"m": timedelta(minutes=n), "min": timedelta(minutes=n), "h": timedelta(hours=n),
+                "d": timedelta(days=n), "w": timedelta(weeks=n)}[unit]  # fmt: skip
+    from croniter import croniter
+
+    if not croniter.is_valid(schedule):
+        raise ValueError(f"schedule {schedule!r} is neither a preset (@hourly ...), a duration (6h) nor a cron")
+    # The longest gap over a year of fire times: a cron like "0 0 1 * *" has uneven gaps.
+    it = croniter(schedule, datetime(2026, 1, 1, tzinfo=UTC))
+    prev = it.get_next(datetime)
+    longest = timedelta(0)
+    for _ in range(400):
+        nxt = it.get_next(datetime)
+        longest = max(longest, nxt - prev)
+        prev = nxt
+    return longest
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(file)"
+        parts.append(f"field '{loc}': {err['msg']}")
+    return "; ".join(parts)
+
+
+def parse_feed(name: str, doc: Any, source: str) -> Feed:
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: a feed file must be a YAML mapping, got {type(doc).__name__}")
+    if "name" in doc:
+        raise ConfigError(f"{source}: field 'name': not allowed, the feed's name is the file's stem ('{name}')")
+    try:
+        return Feed(name=name, **doc)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from exc
+
+
+def load_feed_file(path: Path) -> Feed:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read feed file: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_feed(path.stem, doc, str(path))
+
+
+def load_feed(name_or_path: str, directory: Path | None = None) -> Feed:
+    """A feed by name (looked up in the feeds folder) or by path to its YAML file."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+        return load_feed_file(candidate)
+    folder = directory or feeds_dir()
+    for suffix in (".yaml", ".yml"):
+        path = folder / f"{name_or_path}{suffix}"
+        if path.exists():
+            return load_feed_file(path)
+    known = ", ".join(sorted(f.stem for f in folder.glob("*.y*ml"))) or "none"
+    raise ConfigError(f"no feed named '{name_or_path}' in {folder} (known feeds: {known})")
+
+
+def load_feeds(directory: Path | None = None) -> dict[str, Feed]:
+    folder = directory or feeds_dir()
+    return {p.stem: load_feed_file(p) for p in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])}
