@@ -1,0 +1,197 @@
+"""Airflow DAG factories: one DAG per feed, a backfill DAG and a replay DAG.
+
+Every DAG has the same three steps: ``plan`` (a task that finishes any published but
+uncommitted plan, then plans and saves the run's plan), ``read_validate_publish`` (the
+Spark job, submitted through the Spark provider so that ``local[*]`` becomes a cluster
+by changing the ``tidemark_spark`` connection) and ``commit`` (the only place offsets
+move). Kafka settings come from the ``tidemark_kafka`` connection (the Kafka provider's
+connection type: librdkafka keys in its extra) and reach the Spark job as environment
+variables set at execution time, so they never appear in rendered templates, XCom,
+plans or reports. Only this module and ``dags/`` import Airflow.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, BaseHook, Param, task
+
+from tidemark.config import Feed, load_feeds, package_root
+from tidemark.connection import KafkaConnection, from_airflow_extra, from_env
+from tidemark.replay import END_CHOICES, START_CHOICES
+
+KAFKA_CONN_ID = os.environ.get("TIDEMARK_KAFKA_CONN_ID", "tidemark_kafka")
+SPARK_CONN_ID = os.environ.get("TIDEMARK_SPARK_CONN_ID", "tidemark_spark")
+START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
+DEFAULT_ARGS: dict[str, Any] = {
+    "owner": "data-platform",
+    "retries": 2,
+    "retry_delay": timedelta(minutes=2),
+}
+
+
+def spark_job_path() -> str:
+    return os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
+
+
+def kafka_connection(conn_id: str = KAFKA_CONN_ID) -> KafkaConnection:
+    """The Kafka connection from Airflow, else the environment / embedded cluster."""
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
+        return from_env()
+    return from_airflow_extra(conn.extra_dejson)
+
+
+class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
+    """SparkSubmitOperator that hands the Kafka connection to the job at execution time."""
+
+    def __init__(self, *, kafka_conn_id: str = KAFKA_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kafka_conn_id = kafka_conn_id
+
+    def execute(self, context: Any) -> None:
+        secrets_env = kafka_connection(self.kafka_conn_id).to_env()
+        self._env_vars = {**os.environ, **(self._env_vars or {}), **secrets_env}
+        self._hook = None  # rebuilt with the env above
+        super().execute(context)
+
+
+@task(task_id="plan")
+def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Finish any pending commit of the feed, then plan this run and save the plan."""
+    from tidemark.pipeline import plan_run
+
+    handle = plan_run(feed_name, kafka_connection(), mode=mode, params=dict(params or {}))
+    return handle.to_xcom()
+
+
+@task(task_id="commit")
+def commit_step(handle: dict[str, Any]) -> dict[str, Any]:
+    """Commit the plan's ends for the group (when the run asks for it) and write the report."""
+    from tidemark.pipeline import RunHandle, commit_run
+
+    return commit_run(RunHandle.from_xcom(handle), kafka_connection()).to_xcom()
+
+
+def _pipeline(feed_name: str, mode: str) -> None:
+    # feed_name may be a template ("{{ params.feed }}"): TaskFlow arguments are rendered.
+    planned = plan_step(feed_name, mode)
+    job = TidemarkSparkSubmitOperator(
+        task_id="read_validate_publish",
+        application=spark_job_path(),
+        conn_id=SPARK_CONN_ID,
+        name="tidemark",
+        application_args=[
+            "--plan",
+            "{{ ti.xcom_pull(task_ids='plan')['plan_path'] }}",
+            "--run-dir",
+            "{{ ti.xcom_pull(task_ids='plan')['run_dir'] }}",
+        ],
+    )
+    committed = commit_step(planned)
+    planned >> job >> committed
+
+
+def feed_dag(feed: Feed) -> DAG:
+    with DAG(
+        dag_id=f"tidemark_{feed.name.replace('.', '_')}",
+        description=f"Scheduled consumption of {', '.join(feed.topics)} for group {feed.group}",
+        doc_md=(
+            f"Reads what group `{feed.group}` has not read yet from {', '.join(feed.topics)}, validates it, "
+            "publishes it and then commits the group's offsets. Failures before the commit leave offsets unchanged."
+        ),
+        schedule=feed.schedule,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,  # one run of a feed at a time: runs of one group must not overlap
+        default_args=DEFAULT_ARGS,
+        tags=["tidemark", "feed", feed.name],
+    ) as dag:
+        _pipeline(feed.name, "scheduled")
+    return dag
+
+
+def _feed_param(feeds: Mapping[str, Feed]) -> Param:
+    names = sorted(feeds)
+    return Param(names[0] if names else "", type="string", enum=names, title="Feed", description="The feed to read")
+
+
+def backfill_dag(feeds: Mapping[str, Feed]) -> DAG:
+    with DAG(
+        dag_id="tidemark_backfill",
+        description="Read a feed's records between two timestamps",
+        doc_md=(
+            "Reads every record of the feed's topics whose timestamp is in `[start, end)`: from the first offset "
+            "at or after `start` to the first offset at or after `end` (the log's end when no record is that late). "
+            "Does not move the group's offsets unless `commit` is set."
+        ),
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        default_args=DEFAULT_ARGS,
+        tags=["tidemark", "backfill"],
+        params={
+            "feed": _feed_param(feeds),
+            "start_timestamp": Param(type="string", format="date-time", title="Window start (inclusive)"),
+            "end_timestamp": Param(type="string", format="date-time", title="Window end (exclusive)"),
+            "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards"),
+        },
+    ) as dag:
+        _pipeline("{{ params.feed }}", "backfill")
+    return dag
+
+
+def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
+    with DAG(
+        dag_id="tidemark_replay",
+        description="Re-read a feed from any start to any end",
+        doc_md="Manual replay: choose where to start and end; offsets move only if `commit` is set.",
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        default_args=DEFAULT_ARGS,
+        tags=["tidemark", "replay"],
+        params={
+            "feed": _feed_param(feeds),
+            "start_from": Param(
+                "committed",
+                type="string",
+                enum=list(START_CHOICES),
+                values_display={
+                    "committed": "Group's committed offset",
+                    "earliest": "Earliest retained offset",
+                    "latest": "Latest offset (read nothing old)",
+                    "timestamp": "First offset at/after a timestamp",
+                    "offset": "An explicit offset (every partition)",
+                    "shift_by": "Committed offset shifted by N records",
+                    "by_duration": "First offset at/after now minus a duration",
+                },
+                title="Start from",
+                section="Start",
+            ),
+            "start_timestamp": Param(None, type=["null", "string"], format="date-time", section="Start"),
+            "start_offset": Param(None, type=["null", "integer"], minimum=0, section="Start"),
+            "shift_by": Param(None, type=["null", "integer"], section="Start", description="Negative rewinds"),
+            "duration": Param(None, type=["null", "string"], section="Start", description="ISO 8601, e.g. PT6H"),
+            "end_at": Param("latest", type="string", enum=list(END_CHOICES), title="End at", section="End"),
+            "end_timestamp": Param(None, type=["null", "string"], format="date-time", section="End"),
+            "end_offset": Param(None, type=["null", "integer"], minimum=0, section="End"),
+            "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards"),
+        },
+    ) as dag:
+        _pipeline("{{ params.feed }}", "replay")
+    return dag
+
+
+def all_dags(feeds_directory: Path | None = None) -> dict[str, DAG]:
+    feeds = load_feeds(feeds_directory)
+    dags = {d.dag_id: d for d in (feed_dag(f) for f in feeds.values())}
+    for extra in (backfill_dag(feeds), replay_dag(feeds)):
+        dags[extra.dag_id] = extra
+    return dags
