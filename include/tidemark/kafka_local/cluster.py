@@ -305,6 +305,7 @@ class LocalCluster:
                 subprocess.Popen(
                     [
                         *self._java_cmd(lib, heap="128m"),
+                        f"-Dkafka.logs.dir={node.log_file.parent}",
                         "kafka.tools.StorageTool",
                         "format",
                         "-t",
@@ -316,6 +317,7 @@ class LocalCluster:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     text=True,
+                    cwd=node.path,
                 ),
             )
             for node in state.nodes
@@ -380,6 +382,7 @@ class LocalCluster:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                cwd=node.path,
                 start_new_session=True,  # outlive the CLI that started it
             )
         state = state.with_node(replace(node, pid=proc.pid))
