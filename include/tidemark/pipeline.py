@@ -1,0 +1,288 @@
+"""One run end to end: plan, read/validate/publish (the Spark job), commit, report.
+
+The same three steps serve the CLI (``tidemark run``) and the DAGs (one task each):
+
+1. :func:`plan_run` first finishes any run of the feed that published but did not
+   commit (the design's "finish that commit before planning anything new"), then plans
+   and saves the plan, and returns a :class:`RunHandle` (small, secret-free: it travels
+   through XCom).
+2. The Spark job (``spark_jobs/tidemark_job.py``) reads exactly the plan's ranges,
+   validates, publishes and writes ``job.json`` into the run dir. :func:`run_job`
+   submits it with ``spark-submit`` for the CLI; the DAGs use the Spark provider.
+3. :func:`commit_run` commits the plan's ends (when the run commits) and writes the
+   run report. Nothing before it moves the group's offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tidemark.checkpoints import SqliteCheckpointStore
+from tidemark.config import Feed, load_feed, package_root, state_dir
+from tidemark.connection import KafkaConnection
+from tidemark.errors import ConfigError, TidemarkError
+from tidemark.kafka_io import KafkaAdapter
+from tidemark.plan import Mode, Plan, PlanStore
+from tidemark.replay import parse_replay_params, parse_timestamp
+
+Progress = Callable[[str], None]
+
+
+def _silent(_: str) -> None:
+    """Progress sink that drops messages."""
+
+
+@dataclass(frozen=True)
+class RunHandle:
+    """What the steps of one run pass to each other (and through XCom): no secrets."""
+
+    run_id: str
+    feed: str
+    plan_id: str
+    plan_path: str
+    run_dir: str
+    mode: str
+    commit: bool
+    records: int
+    resumed: str | None = None  # plan id of an earlier run whose commit this run finished
+
+    def to_xcom(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_xcom(cls, doc: Mapping[str, Any]) -> RunHandle:
+        return cls(**doc)
+
+    def plan(self) -> Plan:
+        return Plan.from_json(Path(self.plan_path).read_text())
+
+
+def _stores(root: Path) -> tuple[SqliteCheckpointStore, PlanStore]:
+    return SqliteCheckpointStore(root / "checkpoints.sqlite"), PlanStore(root)
+
+
+def runs_dir(feed: str, root: Path | None = None) -> Path:
+    return (root or state_dir()) / "runs" / feed
+
+
+def _job_result(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "job.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _run_status(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "run.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _write_status(run_dir: Path, **fields: Any) -> None:
+    doc = {**_run_status(run_dir), **fields}
+    tmp = run_dir / "run.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    tmp.replace(run_dir / "run.json")
+
+
+def pending_commit(feed: Feed, root: Path | None = None) -> RunHandle | None:
+    """The newest run of ``feed`` that published, should commit, and has not committed."""
+    base = runs_dir(feed.name, root)
+    if not base.exists():
+        return None
+    checkpoints, _ = _stores(root or state_dir())
+    for run_dir in sorted(base.iterdir(), reverse=True):
+        status = _run_status(run_dir)
+        job = _job_result(run_dir)
+        if not status or not status.get("handle"):
+            continue
+        handle = RunHandle.from_xcom(status["handle"])
+        if status.get("committed") or not handle.commit:
+            continue
+        if job is not None and job.get("published") and not checkpoints.plan_committed(feed.group, handle.plan_id):
+            return handle
+    return None
+
+
+def plan_run(
+    feed_name: str,
+    connection: KafkaConnection,
+    *,
+    mode: str = "scheduled",
+    params: Mapping[str, Any] | None = None,
+    root: Path | None = None,
+    progress: Progress = _silent,
+) -> RunHandle:
+    """Step 1: finish a pending commit, then plan and save this run's plan."""
+    from tidemark.planner import plan_feed
+
+    if mode not in ("scheduled", "backfill", "replay"):
+        raise ConfigError(f"mode must be scheduled, backfill or replay, got {mode!r}")
+    root = root or state_dir()
+    feed = load_feed(feed_name)
+    params = dict(params or {})
+    resumed = None
+    pending = pending_commit(feed, root)
+    if pending is not None:
+        progress(f"finishing the commit of published plan {pending.plan_id} (run {pending.run_id}) first")
+        commit_run(pending, connection, root=root, progress=progress)
+        resumed = pending.plan_id
+    checkpoints, plans = _stores(root)
+    adapter = KafkaAdapter(connection)
+    run_mode: Mode = mode  # type: ignore[assignment]
+    if mode == "scheduled":
+        plan = plan_feed(feed, adapter, checkpoints, mode=run_mode)
+    elif mode == "backfill":
+        start = parse_timestamp("start_timestamp", params.get("start_timestamp"))
+        end = parse_timestamp("end_timestamp", params.get("end_timestamp"))
+        if start is None or end is None:
+            raise ConfigError("a backfill needs parameters 'start_timestamp' and 'end_timestamp'")
+        if end <= start:
+            raise ConfigError(f"parameter 'end_timestamp' ({end.isoformat()}) must be after 'start_timestamp'")
+        plan = plan_feed(
+            feed, adapter, checkpoints, mode=run_mode, window_start=start, window_end=end,
+            commit=bool(params.get("commit", False)),
+        )  # fmt: skip
+    else:
+        spec = parse_replay_params(params)
+        plan = plan_feed(feed, adapter, checkpoints, mode=run_mode, replay=spec, commit=spec.commit)
+    plan_path = plans.save(plan)
+    run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{plan.plan_id[:8]}"
+    run_dir = runs_dir(feed.name, root) / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handle = RunHandle(
+        run_id=run_id,
+        feed=feed.name,
+        plan_id=plan.plan_id,
+        plan_path=str(plan_path),
+        run_dir=str(run_dir),
+        mode=mode,
+        commit=plan.commit,
+        records=plan.total_records,
+        resumed=resumed,
+    )
+    _write_status(run_dir, handle=handle.to_xcom(), planned_at=datetime.now(UTC).isoformat())
+    progress(
+        f"planned {plan.plan_id}: {plan.total_records} records in {sum(1 for p in plan.partitions if p.records)} of "
+        f"{len(plan.partitions)} partitions, {len(plan.tasks)} Spark tasks, {len(plan.events)} events"
+    )
+    return handle
+
+
+def spark_submit_command(handle: RunHandle, master: str | None = None) -> list[str]:
+    job = os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
+    spark_submit = str(Path(sys.executable).with_name("spark-submit"))
+    return [
+        spark_submit,
+        "--master",
+        master or os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]"),
+        "--name",
+        f"tidemark-{handle.feed}",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        f"spark.pyspark.python={sys.executable}",
+        job,
+        "--plan",
+        handle.plan_path,
+        "--run-dir",
+        handle.run_dir,
+    ]
+
+
+def run_job(
+    handle: RunHandle, connection: KafkaConnection, *, master: str | None = None, progress: Progress = _silent
+) -> dict[str, Any]:
+    """Step 2 for the CLI: submit the Spark job; secrets go through the environment only."""
+    cmd = spark_submit_command(handle, master)
+    env = {**os.environ, **connection.to_env(), "PYSPARK_PYTHON": sys.executable}
+    started = time.monotonic()
+    progress(f"reading {handle.records} records with Spark ({cmd[2]})")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    log = Path(handle.run_dir) / "spark-submit.log"
+    log.write_text(proc.stdout + proc.stderr)
+    job = _job_result(Path(handle.run_dir))
+    if proc.returncode != 0:
+        reason = (job or {}).get("error") or _last_error_line(proc.stderr)
+        _write_status(Path(handle.run_dir), failed_at=datetime.now(UTC).isoformat(), error=reason)
+        raise TidemarkError(
+            f"the Spark job for plan {handle.plan_id} failed (exit {proc.returncode}): {reason}\n"
+            f"full log: {log}. Offsets were not committed; rerun to retry the same plan."
+        )
+    if job is None:
+        raise TidemarkError(f"the Spark job exited 0 but wrote no {handle.run_dir}/job.json; see {log}")
+    progress(f"read, validated and published in {time.monotonic() - started:.1f}s")
+    return job
+
+
+def _last_error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if "Error" in ln or "error" in ln]
+    return lines[-1].strip() if lines else "see the log"
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    run_id: str
+    plan_id: str
+    committed: bool
+    skipped_reason: str | None
+    offsets: dict[str, int]
+    report_path: str
+
+    def to_xcom(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def commit_run(
+    handle: RunHandle, connection: KafkaConnection, *, root: Path | None = None, progress: Progress = _silent
+) -> CommitOutcome:
+    """Step 3: commit the plan's ends (only after a successful publish), then report."""
+    from tidemark.commit import commit_plan
+    from tidemark.report import build_report, save_report
+
+    root = root or state_dir()
+    run_dir = Path(handle.run_dir)
+    job = _job_result(run_dir)
+    if job is None or not job.get("published"):
+        raise TidemarkError(
+            f"run {handle.run_id} of feed '{handle.feed}' has not published plan {handle.plan_id}; "
+            "refusing to commit offsets for data that was not published"
+        )
+    plan = handle.plan()
+    checkpoints, _ = _stores(root)
+    result = None
+    skipped = None
+    if handle.commit:
+        result = commit_plan(plan, connection, checkpoints)
+        progress(f"committed group '{plan.group}' at the plan's ends ({len(plan.partitions)} partitions)")
+    else:
+        skipped = f"mode {handle.mode} does not commit unless asked"
+        progress(f"not committing: {skipped}")
+    _write_status(run_dir, committed=result is not None, finished_at=datetime.now(UTC).isoformat())
+    report = build_report(handle=handle, plan=plan, job=job, commit=result, skipped_reason=skipped)
+    path = save_report(report, run_dir)
+    offsets = {f"{t}[{p}]": end for (t, p), end in plan.ends().items()} if result is not None else {}
+    return CommitOutcome(handle.run_id, plan.plan_id, result is not None, skipped, offsets, str(path))
+
+
+def run_feed(
+    feed_name: str,
+    connection: KafkaConnection,
+    *,
+    mode: str = "scheduled",
+    params: Mapping[str, Any] | None = None,
+    root: Path | None = None,
+    master: str | None = None,
+    progress: Progress = _silent,
+) -> tuple[RunHandle, dict[str, Any], CommitOutcome]:
+    """All three steps, as ``tidemark run`` does them."""
+    handle = plan_run(feed_name, connection, mode=mode, params=params, root=root, progress=progress)
+    job = run_job(handle, connection, master=master, progress=progress)
+    outcome = commit_run(handle, connection, root=root, progress=progress)
+    return handle, job, outcome
