@@ -49,14 +49,40 @@ class Committed:
     metadata: str
 
 
+@dataclass(frozen=True)
+class GroupMember:
+    member_id: str
+    client_id: str
+    host: str
+    assignment: tuple[TP, ...]
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """A consumer group's coordinator-side state (``dead`` when the group does not exist)."""
+
+    group: str
+    state: str
+    members: tuple[GroupMember, ...]
+    coordinator: int | None
+
+
 class KafkaAdapter:
     """Batched, timed admin calls against one cluster."""
 
-    def __init__(self, connection: KafkaConnection, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        connection: KafkaConnection,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        client_overrides: Mapping[str, Any] | None = None,
+    ) -> None:
         self.connection = connection
         self.timeout_s = timeout_s
         self.requests = 0
-        self._admin = AdminClient(connection.client_config(**{"socket.timeout.ms": int(timeout_s * 1000)}))
+        # client_overrides: extra librdkafka settings for this client only (e.g. stats_cb in benchmarks).
+        self._admin = AdminClient(
+            connection.client_config(**{"socket.timeout.ms": int(timeout_s * 1000), **(client_overrides or {})})
+        )
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -153,6 +179,62 @@ class KafkaAdapter:
             out[(tp.topic, tp.partition)] = Committed(offset, tp.metadata or "")
         return out
 
+    def describe_group(self, group: str) -> GroupInfo:
+        """The group's state and live members (DescribeGroups / ConsumerGroupDescribe)."""
+        self.requests += 1
+        futures = self._admin.describe_consumer_groups([group], request_timeout=self.timeout_s)
+        try:
+            desc = futures[group].result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if getattr(err, "name", lambda: "")() == "GROUP_ID_NOT_FOUND":
+                return GroupInfo(group, "dead", (), None)
+            raise KafkaUnavailableError(f"describing consumer group '{group}' failed: {err}") from exc
+        except TimeoutError as exc:
+            raise KafkaUnavailableError(f"describing consumer group '{group}' timed out") from exc
+        members = tuple(
+            GroupMember(
+                member_id=str(m.member_id),
+                client_id=str(m.client_id),
+                host=str(m.host),
+                assignment=tuple(
+                    (tp.topic, tp.partition) for tp in (m.assignment.topic_partitions if m.assignment else [])
+                ),
+            )
+            for m in desc.members
+        )
+        state = str(getattr(desc.state, "name", desc.state)).lower()
+        coordinator = desc.coordinator.id if desc.coordinator is not None else None
+        return GroupInfo(group, state, members, coordinator)
+
+    def alter_committed(self, group: str, offsets: Mapping[TP, tuple[int, str]]) -> dict[TP, str | None]:
+        """Set the group's committed offsets (offset, metadata) from outside the group.
+
+        Returns each partition's error name, or ``None`` where it was committed. The
+        coordinator accepts this only while the group has no members.
+        """
+        if not offsets:
+            return {}
+        self.requests += 1
+        request = ConsumerGroupTopicPartitions(
+            group, [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
+        )
+        futures = self._admin.alter_consumer_group_offsets([request], request_timeout=self.timeout_s)
+        try:
+            result = futures[group].result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            err = exc.args[0]
+            name = str(getattr(err, "name", lambda: err)())
+            return {tp: name for tp in offsets}
+        except TimeoutError as exc:
+            raise KafkaUnavailableError(
+                f"OffsetCommit for group '{group}' got no answer within {self.timeout_s:.0f}s"
+            ) from exc
+        out: dict[TP, str | None] = {tp: "MISSING_FROM_RESPONSE" for tp in offsets}
+        for tp in result.topic_partitions:
+            out[(tp.topic, tp.partition)] = None if tp.error is None else str(tp.error.name())
+        return out
+
     # -- configs ---------------------------------------------------------------------
 
     def topic_configs(self, topics: Sequence[str], names: Sequence[str]) -> dict[str, dict[str, str]]:
@@ -162,6 +244,20 @@ class KafkaAdapter:
     def broker_config(self, broker_id: int, names: Sequence[str]) -> dict[str, str]:
         resource = ConfigResource(ResourceType.BROKER, str(broker_id))
         return self._describe_configs([resource], names)[str(broker_id)]
+
+    def topic_and_broker_configs(
+        self, topics: Sequence[str], topic_names: Sequence[str], broker_id: int | None, broker_names: Sequence[str]
+    ) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+        """Topic configs and one broker's configs in a single DescribeConfigs request."""
+        resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+        if broker_id is not None:
+            # One BROKER resource per request is allowed; librdkafka then sends it all to that broker.
+            resources.append(ConfigResource(ResourceType.BROKER, str(broker_id)))
+        wanted = {*topic_names, *broker_names}
+        found = self._describe_configs(resources, sorted(wanted))
+        topic_cfg = {t: {n: v for n, v in found.get(t, {}).items() if n in topic_names} for t in topics}
+        broker_cfg = {} if broker_id is None else {n: v for n, v in found[str(broker_id)].items() if n in broker_names}
+        return topic_cfg, broker_cfg
 
     def _describe_configs(self, resources: list[ConfigResource], names: Sequence[str]) -> dict[str, dict[str, str]]:
         if not resources:

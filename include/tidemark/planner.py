@@ -1,0 +1,674 @@
+"""The offset planner: which ``[start, end)`` each partition reads in one run, and why.
+
+Two halves. :func:`build_plan` is pure code over plain values: frozen
+:class:`PartitionSnapshot` rows (committed offset, checkpoint, log start, high watermark,
+last stable offset, timestamp lookups, leader) plus the feed's policies go in, a
+:class:`~tidemark.plan.Plan` comes out. It resolves each partition's start exactly as
+``docs/ARCHITECTURE.md`` and the design say (committed → checkpoint → reset policy, then
+the data-loss and offset-ahead policies), freezes the end at the offsets captured now,
+applies the per-run caps, splits the ranges into chunks and packs the chunks into Spark
+tasks that each talk to one leader broker. :func:`snapshot_feed` is the thin I/O half:
+it gathers those values with a fixed number of batched, timed admin calls (the count
+grows with brokers, never with partitions), and :func:`plan_feed` joins the two.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from tidemark.checkpoints import CheckpointStore
+from tidemark.config import Feed, OnAhead, OnDataLoss, OnMissing, OnNewPartition
+from tidemark.errors import DataLossError, OffsetAheadError, PlanningError
+from tidemark.kafka_io import KafkaAdapter
+from tidemark.plan import (
+    Chunk,
+    Event,
+    EventKind,
+    Isolation,
+    Mode,
+    PartitionPlan,
+    Plan,
+    StartReason,
+    Task,
+    compute_plan_id,
+)
+
+TP = tuple[str, int]
+CapLimit = Literal["max_records_per_partition", "max_records_per_run"]
+
+RETENTION_MS = "retention.ms"
+OFFSETS_RETENTION_MINUTES = "offsets.retention.minutes"
+
+
+# -- inputs ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionSnapshot:
+    """What Kafka and the checkpoint store said about one partition at planning time.
+
+    ``ts_start_offset`` / ``ts_end_offset`` are the first offsets whose timestamp is at or
+    after the reset timestamp (or a backfill window's start) and the window's end; ``None``
+    means no record is at or after it. The gatherer looks them up whenever the mode or
+    the reset policy needs them.
+    """
+
+    topic: str
+    partition: int
+    leader: int
+    committed: int | None
+    checkpoint: int | None
+    log_start: int
+    high_watermark: int
+    last_stable: int
+    ts_start_offset: int | None = None
+    ts_end_offset: int | None = None
+    is_new: bool = False
+    committed_metadata: str = ""
+
+    @property
+    def key(self) -> TP:
+        return (self.topic, self.partition)
+
+    def end_for(self, isolation: Isolation) -> int:
+        """The end a reader can reach: the last stable offset under ``read_committed``."""
+        return self.last_stable if isolation == "read_committed" else self.high_watermark
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The feed's resolution policies and limits, as plain values."""
+
+    on_missing: OnMissing = "earliest"
+    on_new_partition: OnNewPartition = "earliest"
+    on_data_loss: OnDataLoss = "fail"
+    on_ahead: OnAhead = "fail"
+    max_records_per_partition: int | None = None
+    max_records_per_run: int | None = None
+    records_per_task: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if self.records_per_task < 1:
+            raise PlanningError(f"records_per_task must be at least 1, got {self.records_per_task}")
+
+    @classmethod
+    def from_feed(cls, feed: Feed) -> Policy:
+        return cls(
+            on_missing=feed.on_missing,
+            on_new_partition=feed.on_new_partition,
+            on_data_loss=feed.on_data_loss,
+            on_ahead=feed.on_ahead,
+            max_records_per_partition=feed.max_records_per_partition,
+            max_records_per_run=feed.max_records_per_run,
+            records_per_task=feed.records_per_task,
+        )
+
+
+@dataclass(frozen=True)
+class RetentionInfo:
+    """Retention settings the planner reports against (``None``: unknown; a negative value: unlimited)."""
+
+    schedule_interval: timedelta | None = None
+    offsets_retention_ms: int | None = None
+    topic_retention_ms: Mapping[str, int | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A backfill's time window; the end is optional (then: the end of the log now)."""
+
+    start: datetime
+    end: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.start.tzinfo is None or (self.end is not None and self.end.tzinfo is None):
+            raise PlanningError("a backfill window needs timezone-aware times, e.g. 2026-01-31T00:00:00Z")
+        if self.end is not None and self.end < self.start:
+            raise PlanningError(f"the backfill window ends ({self.end.isoformat()}) before it starts")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"start": self.start.isoformat(), "end": None if self.end is None else self.end.isoformat()}
+
+
+# -- the pure planner --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Start:
+    offset: int
+    reason: StartReason
+
+
+def _ev(kind: EventKind, message: str, snap: PartitionSnapshot, **details: Any) -> Event:
+    return Event(kind=kind, message=message, topic=snap.topic, partition=snap.partition, details=details)
+
+
+def _fmt_ms(ms: int | None) -> str:
+    if ms is None:
+        return "unknown"
+    if ms < 0:
+        return f"{ms} (unlimited)"
+    return f"{ms} ms ({timedelta(milliseconds=ms)})"
+
+
+def _reset_start(
+    snap: PartitionSnapshot, policy: Policy, end: int, events: list[Event], missing: list[str]
+) -> _Start | None:
+    """Start for a partition with neither a committed offset nor a checkpoint."""
+    name = f"{snap.topic}[{snap.partition}]"
+    if snap.is_new:
+        offset = snap.log_start if policy.on_new_partition == "earliest" else end
+        events.append(
+            _ev(
+                "new_partition",
+                f"{name} is new (other partitions of the topic have offsets): starts at "
+                f"{policy.on_new_partition} offset {offset}",
+                snap,
+                policy=policy.on_new_partition,
+                offset=offset,
+            )
+        )
+        return _Start(offset, policy.on_new_partition)
+    if policy.on_missing == "fail":
+        missing.append(name)
+        return None
+    if policy.on_missing == "timestamp":
+        if snap.ts_start_offset is None:
+            events.append(
+                _ev(
+                    "timestamp_past_end",
+                    f"{name}: no record at or after the reset timestamp; starts at the end, offset {end}",
+                    snap,
+                    offset=end,
+                )
+            )
+            offset = end
+        else:
+            offset = snap.ts_start_offset
+    else:
+        offset = snap.log_start if policy.on_missing == "earliest" else end
+    events.append(
+        _ev(
+            "reset",
+            f"{name} has no committed offset and no checkpoint: reset policy {policy.on_missing} starts at {offset}",
+            snap,
+            policy=policy.on_missing,
+            offset=offset,
+        )
+    )
+    return _Start(offset, policy.on_missing)
+
+
+def _check_range(
+    snap: PartitionSnapshot,
+    start: _Start,
+    policy: Policy,
+    end: int,
+    retention_ms: int | None,
+    events: list[Event],
+    lost: list[str],
+    ahead: list[str],
+) -> _Start:
+    """Apply the data-loss and offset-ahead policies to a resolved start."""
+    name = f"{snap.topic}[{snap.partition}]"
+    if start.offset < snap.log_start:
+        lost_range = (start.offset, snap.log_start)
+        if policy.on_data_loss == "fail":
+            lost.append(
+                f"{name} {start.reason} offset {start.offset} is below the log start {snap.log_start}: "
+                f"records [{lost_range[0]}, {lost_range[1]}) were deleted unread "
+                f"({snap.log_start - start.offset} records; topic retention.ms={_fmt_ms(retention_ms)})"
+            )
+            return start
+        events.append(
+            _ev(
+                "data_loss",
+                f"{name}: records [{lost_range[0]}, {lost_range[1]}) were deleted before being read "
+                f"(retention.ms={_fmt_ms(retention_ms)}); on_data_loss=skip starts at the log start {snap.log_start}",
+                snap,
+                lost_start=lost_range[0],
+                lost_end=lost_range[1],
+                lost_records=lost_range[1] - lost_range[0],
+                retention_ms=retention_ms,
+                from_reason=start.reason,
+            )
+        )
+        return _Start(snap.log_start, "log_start")
+    if start.offset > snap.high_watermark:
+        if policy.on_ahead == "fail":
+            ahead.append(
+                f"{name} {start.reason} offset {start.offset} is past the high watermark {snap.high_watermark} "
+                f"(log start {snap.log_start}): the topic was recreated or truncated"
+            )
+            return start
+        offset = snap.log_start if policy.on_ahead == "earliest" else end
+        events.append(
+            _ev(
+                "offset_ahead",
+                f"{name}: {start.reason} offset {start.offset} is past the high watermark {snap.high_watermark} "
+                f"(topic recreated or truncated); on_ahead={policy.on_ahead} starts at {offset}",
+                snap,
+                was=start.offset,
+                high_watermark=snap.high_watermark,
+                policy=policy.on_ahead,
+                offset=offset,
+            )
+        )
+        return _Start(offset, "ahead_reset")
+    return start
+
+
+def _cap_run(backlogs: Mapping[TP, int], limit: int) -> dict[TP, int]:
+    """Share ``limit`` records over partitions fairly (water-filling), deterministically."""
+    grant = dict.fromkeys(backlogs, 0)
+    pending = sorted((tp for tp, b in backlogs.items() if b > 0), key=lambda tp: (backlogs[tp], tp))
+    left = limit
+    while pending and left > 0:
+        share = left // len(pending)
+        if share == 0:
+            # Fewer records left than partitions: one more each, in key order, until none left.
+            for tp in sorted(pending)[:left]:
+                grant[tp] += 1
+            break
+        still = []
+        for tp in pending:
+            take = min(share, backlogs[tp] - grant[tp])
+            grant[tp] += take
+            left -= take
+            if grant[tp] < backlogs[tp]:
+                still.append(tp)
+        pending = still
+    return grant
+
+
+def chunk_ranges(partitions: Iterable[PartitionPlan], records_per_task: int) -> tuple[Task, ...]:
+    """Split ranges into chunks of at most ``records_per_task`` offsets and pack them per leader.
+
+    Each task holds chunks of one leader broker only, so a Spark task fetches from one
+    broker; within a leader, chunks are packed first-fit-decreasing into tasks of about
+    ``records_per_task`` offsets. Empty ranges get no chunk.
+    """
+    by_leader: dict[int, list[Chunk]] = defaultdict(list)
+    for p in sorted(partitions, key=lambda p: p.key):
+        for lo in range(p.start, p.end, records_per_task):
+            by_leader[p.leader].append(Chunk(p.topic, p.partition, lo, min(lo + records_per_task, p.end)))
+    tasks: list[Task] = []
+    for leader in sorted(by_leader):
+        chunks = sorted(by_leader[leader], key=lambda c: (-(c.end - c.start), c.topic, c.partition, c.start))
+        bins: list[list[Chunk]] = []
+        room: list[int] = []
+        for c in chunks:
+            size = c.end - c.start
+            for i, free in enumerate(room):
+                if size <= free:
+                    bins[i].append(c)
+                    room[i] -= size
+                    break
+            else:
+                bins.append([c])
+                room.append(records_per_task - size)
+        for b in bins:
+            ordered = tuple(sorted(b, key=lambda c: (c.topic, c.partition, c.start)))
+            tasks.append(Task(index=len(tasks), leader=leader, chunks=ordered))
+    return tuple(tasks)
+
+
+def retention_warnings(retention: RetentionInfo) -> list[Event]:
+    """Warn when runs are further apart than Kafka keeps offsets or records."""
+    interval = retention.schedule_interval
+    if interval is None:
+        return []
+    interval_ms = int(interval.total_seconds() * 1000)
+    events = []
+    if retention.offsets_retention_ms is not None and 0 <= retention.offsets_retention_ms < interval_ms:
+        events.append(
+            Event(
+                kind="retention_warning",
+                message=(
+                    f"the schedule's interval ({interval}) is longer than the brokers' offsets.retention.minutes "
+                    f"({timedelta(milliseconds=retention.offsets_retention_ms)}): Kafka will delete the group's "
+                    "offsets between runs and the planner will resume from Tidemark's checkpoints"
+                ),
+                details={"interval_ms": interval_ms, "offsets_retention_ms": retention.offsets_retention_ms},
+            )
+        )
+    for topic in sorted(retention.topic_retention_ms):
+        ms = retention.topic_retention_ms[topic]
+        if ms is not None and 0 <= ms < interval_ms:
+            events.append(
+                Event(
+                    kind="retention_warning",
+                    message=(
+                        f"the schedule's interval ({interval}) is longer than topic '{topic}' retention.ms "
+                        f"({timedelta(milliseconds=ms)}): records may be deleted before a run reads them"
+                    ),
+                    topic=topic,
+                    details={"interval_ms": interval_ms, "retention_ms": ms},
+                )
+            )
+    return events
+
+
+def mark_new_partitions(snapshots: Sequence[PartitionSnapshot]) -> tuple[PartitionSnapshot, ...]:
+    """Flag partitions without offsets in topics whose other partitions have some."""
+    known_topics = {s.topic for s in snapshots if s.committed is not None or s.checkpoint is not None}
+    return tuple(
+        replace(s, is_new=s.topic in known_topics and s.committed is None and s.checkpoint is None) for s in snapshots
+    )
+
+
+def build_plan(
+    feed_name: str,
+    group: str,
+    snapshots: Sequence[PartitionSnapshot],
+    *,
+    policy: Policy,
+    created_at: datetime,
+    mode: Mode = "scheduled",
+    commit: bool | None = None,
+    isolation: Isolation = "read_committed",
+    retention: RetentionInfo | None = None,
+    window: Window | None = None,
+    start_overrides: Mapping[TP, int] | None = None,
+    end_overrides: Mapping[TP, int] | None = None,
+) -> Plan:
+    """Resolve every partition's range and group the ranges into tasks.
+
+    ``mode="scheduled"`` resolves the start from the committed offset, the checkpoint or
+    the reset policy and reads to the end captured now, capped by the policy's limits.
+    ``mode="backfill"`` reads ``[first offset at/after window.start, first offset at/after
+    window.end)`` from the snapshots' timestamp lookups; where no record is at or after a
+    time, the end of the log is used and a ``timestamp_past_end`` event says so. Caps
+    apply to scheduled runs only: a capped backfill would silently miss part of its window.
+    ``start_overrides`` / ``end_overrides`` are the hook for replays: offsets a caller
+    resolved itself (reason ``requested``); the data-loss and ahead policies still apply.
+    Raises :class:`DataLossError`, :class:`OffsetAheadError` or :class:`PlanningError`
+    naming every offending partition.
+    """
+    if mode == "backfill" and window is None:
+        raise PlanningError("a backfill needs a time window (window start, optional end)")
+    retention = retention or RetentionInfo()
+    starts = start_overrides or {}
+    ends = end_overrides or {}
+    keys = [s.key for s in snapshots]
+    if len(set(keys)) != len(keys):
+        raise PlanningError("a partition appears twice in the planner's input")
+    events: list[Event] = []
+    if mode == "scheduled":
+        events.extend(retention_warnings(retention))
+    lost: list[str] = []
+    ahead: list[str] = []
+    missing: list[str] = []
+    resolved: list[tuple[PartitionSnapshot, _Start, int]] = []
+    capped: set[TP] = set()
+
+    for snap in sorted(snapshots, key=lambda s: s.key):
+        name = f"{snap.topic}[{snap.partition}]"
+        end = snap.end_for(isolation)
+        start: _Start | None
+        if snap.key in starts:
+            start = _Start(starts[snap.key], "requested")
+        elif mode == "backfill":
+            if snap.ts_start_offset is None:
+                events.append(
+                    _ev(
+                        "timestamp_past_end",
+                        f"{name}: no record at or after the window start; the range starts and ends at {end}",
+                        snap,
+                        which="start",
+                        offset=end,
+                    )
+                )
+            start = _Start(end if snap.ts_start_offset is None else snap.ts_start_offset, "timestamp")
+        elif snap.committed is not None:
+            start = _Start(snap.committed, "committed")
+        elif snap.checkpoint is not None:
+            start = _Start(snap.checkpoint, "checkpoint")
+            events.append(
+                _ev(
+                    "group_offsets_expired",
+                    f"group '{group}' has no committed offset for {name} (expired or deleted); "
+                    f"resuming from Tidemark's checkpoint {snap.checkpoint}",
+                    snap,
+                    checkpoint=snap.checkpoint,
+                )
+            )
+        else:
+            start = _reset_start(snap, policy, end, events, missing)
+        if start is None:
+            continue
+        start = _check_range(
+            snap, start, policy, end, retention.topic_retention_ms.get(snap.topic), events, lost, ahead
+        )
+        stop = end
+        if snap.key in ends:
+            stop = min(ends[snap.key], end)
+        elif mode == "backfill" and window is not None and window.end is not None:
+            if snap.ts_end_offset is None:
+                if snap.ts_start_offset is not None:
+                    events.append(
+                        _ev(
+                            "timestamp_past_end",
+                            f"{name}: no record at or after the window end; the range ends at the end of the log, "
+                            f"offset {end}",
+                            snap,
+                            which="end",
+                            offset=end,
+                        )
+                    )
+            else:
+                stop = min(snap.ts_end_offset, end)
+        limit = policy.max_records_per_partition
+        if mode == "scheduled" and limit is not None and stop > start.offset + limit:
+            stop = start.offset + limit
+            capped.add(snap.key)
+        resolved.append((snap, start, max(stop, start.offset)))
+
+    if lost:
+        raise DataLossError(
+            f"feed '{feed_name}', group '{group}': unread records were deleted by retention and on_data_loss is "
+            f"fail: {'; '.join(lost)}. Set on_data_loss: skip to continue from the log start, or replay from "
+            "another source"
+        )
+    if ahead:
+        raise OffsetAheadError(
+            f"feed '{feed_name}', group '{group}': start offsets lie past the end of the log and on_ahead is fail: "
+            f"{'; '.join(ahead)}. Set on_ahead: earliest or latest, or reset the group's offsets"
+        )
+    if missing:
+        raise PlanningError(
+            f"feed '{feed_name}', group '{group}' has no committed offset and no checkpoint for "
+            f"{', '.join(missing)} and on_missing is fail; commit a start position or choose another on_missing"
+        )
+
+    partitions = [
+        PartitionPlan(
+            topic=s.topic,
+            partition=s.partition,
+            leader=s.leader,
+            committed=s.committed,
+            checkpoint=s.checkpoint,
+            log_start=s.log_start,
+            high_watermark=s.high_watermark,
+            end_available=s.end_for(isolation),
+            start=st.offset,
+            end=stop,
+            reason=st.reason,
+        )
+        for s, st, stop in resolved
+    ]
+    if mode == "scheduled":
+        for p in partitions:
+            if p.key in capped and policy.max_records_per_partition is not None:
+                events.append(_capped(p, "max_records_per_partition", policy.max_records_per_partition))
+        if policy.max_records_per_run is not None and sum(p.records for p in partitions) > policy.max_records_per_run:
+            grant = _cap_run({p.key: p.records for p in partitions}, policy.max_records_per_run)
+            for i, p in enumerate(partitions):
+                if grant[p.key] < p.records:
+                    partitions[i] = replace(p, end=p.start + grant[p.key])
+                    events.append(_capped(partitions[i], "max_records_per_run", policy.max_records_per_run))
+
+    final = tuple(partitions)
+    return Plan(
+        plan_id=compute_plan_id(feed_name, group, mode, isolation, final),
+        feed=feed_name,
+        group=group,
+        mode=mode,
+        commit=(mode == "scheduled") if commit is None else commit,
+        isolation=isolation,
+        created_at=created_at.astimezone(UTC).isoformat(),
+        partitions=final,
+        tasks=chunk_ranges(final, policy.records_per_task),
+        events=tuple(events),
+        window={} if window is None else window.to_dict(),
+    )
+
+
+def _capped(p: PartitionPlan, limit: CapLimit, value: int) -> Event:
+    end = p.end
+    return Event(
+        kind="capped",
+        message=(
+            f"{p.topic}[{p.partition}]: {limit}={value} stops this run at {end}; "
+            f"{p.end_available - end} records are left for the next runs"
+        ),
+        topic=p.topic,
+        partition=p.partition,
+        details={"limit": limit, "value": value, "end": end, "end_available": p.end_available},
+    )
+
+
+# -- gathering (Kafka I/O) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FeedSnapshot:
+    """Everything the planner needs, as gathered from Kafka and the checkpoint store."""
+
+    partitions: tuple[PartitionSnapshot, ...]
+    retention: RetentionInfo
+    requests: int  # admin calls issued (each fans out to at most one request per broker)
+
+
+def _to_ms(value: str | None, scale: int = 1) -> int | None:
+    if value is None or value == "":
+        return None
+    number = int(value)
+    return -1 if number < 0 else number * scale
+
+
+def _ms(ts: datetime) -> int:
+    return int(ts.timestamp() * 1000)
+
+
+def snapshot_feed(
+    feed: Feed,
+    adapter: KafkaAdapter,
+    checkpoints: CheckpointStore,
+    *,
+    reset_timestamp_ms: int | None = None,
+    window_start_ms: int | None = None,
+    window_end_ms: int | None = None,
+) -> FeedSnapshot:
+    """Gather offsets for every partition of the feed's topics with batched admin calls.
+
+    The order matters: the last stable offset is listed before the high watermark, so the
+    captured LSO never exceeds the captured HW, and the log start before both. Timestamp
+    lookups run only where needed: the reset timestamp for partitions with no offsets at
+    all (``reset_timestamp_ms``), the window bounds for every partition (backfill).
+    """
+    before = adapter.requests
+    infos = adapter.partitions(feed.topics)
+    tps = [(i.topic, i.partition) for i in infos]
+    committed = adapter.committed(feed.group, tps)
+    saved = checkpoints.get(feed.group, tps)
+    log_start = adapter.log_start_offsets(tps)
+    stable = adapter.end_offsets(tps, "read_committed") if feed.isolation == "read_committed" else None
+    hw = adapter.end_offsets(tps, "read_uncommitted")
+    ts_start: dict[TP, int | None] = {}
+    if window_start_ms is not None:
+        ts_start = adapter.offsets_for_timestamp(tps, window_start_ms, feed.isolation)
+    elif reset_timestamp_ms is not None:
+        bare = [tp for tp in tps if committed.get(tp) is None or committed[tp].offset is None]
+        bare = [tp for tp in bare if tp not in saved]
+        ts_start = adapter.offsets_for_timestamp(bare, reset_timestamp_ms, feed.isolation)
+    ts_end: dict[TP, int | None] = {}
+    if window_end_ms is not None:
+        ts_end = adapter.offsets_for_timestamp(tps, window_end_ms, feed.isolation)
+    leaders = sorted({i.leader for i in infos if i.leader >= 0})
+    topic_cfg, broker_cfg = adapter.topic_and_broker_configs(
+        feed.topics, [RETENTION_MS], leaders[0] if leaders else None, [OFFSETS_RETENTION_MINUTES]
+    )
+    snaps = []
+    for info in infos:
+        tp = (info.topic, info.partition)
+        c = committed.get(tp)
+        high = hw[tp]
+        snaps.append(
+            PartitionSnapshot(
+                topic=info.topic,
+                partition=info.partition,
+                leader=info.leader,
+                committed=None if c is None else c.offset,
+                checkpoint=saved[tp].offset if tp in saved else None,
+                log_start=log_start[tp],
+                high_watermark=high,
+                last_stable=high if stable is None else min(stable[tp], high),
+                ts_start_offset=ts_start.get(tp),
+                ts_end_offset=ts_end.get(tp),
+                committed_metadata="" if c is None else c.metadata,
+            )
+        )
+    retention = RetentionInfo(
+        schedule_interval=feed.interval,
+        offsets_retention_ms=_to_ms(broker_cfg.get(OFFSETS_RETENTION_MINUTES), 60_000),
+        topic_retention_ms={t: _to_ms(topic_cfg.get(t, {}).get(RETENTION_MS)) for t in feed.topics},
+    )
+    return FeedSnapshot(mark_new_partitions(snaps), retention, adapter.requests - before)
+
+
+def plan_feed(
+    feed: Feed,
+    adapter: KafkaAdapter,
+    checkpoints: CheckpointStore,
+    *,
+    mode: Mode = "scheduled",
+    commit: bool | None = None,
+    window_start: datetime | None = None,
+    window_end: datetime | None = None,
+    now: datetime | None = None,
+) -> Plan:
+    """Gather the feed's offsets and plan one run (see :func:`build_plan` for the rules)."""
+    window: Window | None = None
+    if mode == "backfill":
+        if window_start is None:
+            raise PlanningError(f"feed '{feed.name}': a backfill needs window_start")
+        window = Window(window_start, window_end)
+    elif mode != "scheduled":
+        raise PlanningError(f"plan_feed plans scheduled runs and backfills; mode {mode!r} resolves its own offsets")
+    elif window_start is not None or window_end is not None:
+        raise PlanningError("a time window is only used with mode='backfill'")
+    snap = snapshot_feed(
+        feed,
+        adapter,
+        checkpoints,
+        reset_timestamp_ms=feed.reset_timestamp_ms if mode == "scheduled" else None,
+        window_start_ms=None if window is None else _ms(window.start),
+        window_end_ms=None if window is None or window.end is None else _ms(window.end),
+    )
+    return build_plan(
+        feed.name,
+        feed.group,
+        snap.partitions,
+        policy=Policy.from_feed(feed),
+        created_at=now or datetime.now(UTC),
+        mode=mode,
+        commit=commit,
+        isolation=feed.isolation,
+        retention=snap.retention,
+        window=window,
+    )
