@@ -1,0 +1,230 @@
+"""The commit protocol: move the consumer group's offsets to a published plan's ends.
+
+Run only after the plan's output is published. In order: refuse while the group has
+live members (a streaming consumer with the same group id would race us, and the
+coordinator rejects outside commits for a non-empty group anyway); compare-and-set
+against the committed offsets the plan saw, so a move by anyone else since planning
+blocks the commit instead of being overwritten; commit every partition of the plan,
+including those with nothing new (an idle partition's offset is refreshed, so it does
+not expire), with metadata naming the plan; read the offsets back and fail unless each
+partition holds exactly the plan's end; then record the checkpoint. Committing a plan
+that is already committed is a no-op, and a crash between the Kafka commit and the
+checkpoint is repaired by the next call.
+
+One relaxation of compare-and-set: a partition whose offset the plan saw but which now
+has none is taken as expired (``offsets.retention.minutes``), not moved, and is
+committed; the result lists it. Consumers that commit with ``assign()`` never join the
+group, so only the compare-and-set (not the member check) can notice them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from tidemark.checkpoints import CheckpointStore
+from tidemark.connection import KafkaConnection
+from tidemark.errors import CommitError, GroupInUseError, OffsetsMovedError
+from tidemark.kafka_io import TP, Committed, GroupInfo, KafkaAdapter
+from tidemark.plan import Plan
+
+METADATA_MAX_BYTES = 4096  # broker default offset.metadata.max.bytes
+DEFAULT_COMMIT_TIMEOUT_S = 30.0
+# States in which the group has, or is getting, members; "dead" means it does not exist.
+_IDLE_STATES = frozenset({"empty", "dead", "unknown"})
+# Errors the coordinator answers when the group gained members between our check and the commit.
+_MEMBER_ERRORS = frozenset({"UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION", "REBALANCE_IN_PROGRESS"})
+
+CommitStatus = Literal["committed", "already_committed"]
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What the commit did, for the run report."""
+
+    plan_id: str
+    group: str
+    status: CommitStatus
+    offsets: Mapping[TP, int]
+    started_at: str
+    finished_at: str
+    expired: tuple[TP, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plan_id": self.plan_id,
+            "group": self.group,
+            "status": self.status,
+            "offsets": [{"topic": t, "partition": p, "offset": o} for (t, p), o in sorted(self.offsets.items())],
+            "expired": [{"topic": t, "partition": p} for t, p in self.expired],
+            "notes": list(self.notes),
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        }
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def _fmt(tp: TP) -> str:
+    return f"{tp[0]}[{tp[1]}]"
+
+
+def plan_metadata(plan: Plan, limit: int = METADATA_MAX_BYTES) -> str:
+    """The offset metadata naming the plan: compact JSON of at most ``limit`` UTF-8 bytes.
+
+    The plan id always survives; the feed name and mode are dropped, then the feed name
+    truncated, only if they would not fit (feed names are short, so in practice never).
+    """
+    doc: dict[str, str] = {"tidemark_plan": plan.plan_id, "feed": plan.feed, "mode": plan.mode}
+
+    def encode(d: Mapping[str, str]) -> str:
+        return json.dumps(d, separators=(",", ":"), ensure_ascii=False)
+
+    text = encode(doc)
+    if len(text.encode()) <= limit:
+        return text
+    doc.pop("mode")
+    text = encode(doc)
+    while len(text.encode()) > limit and doc["feed"]:
+        doc["feed"] = doc["feed"][: max(0, len(doc["feed"]) - max(1, len(text.encode()) - limit))]
+        text = encode(doc)
+    if len(text.encode()) > limit:
+        text = encode({"tidemark_plan": plan.plan_id})
+    if len(text.encode()) > limit:
+        raise CommitError(f"offset metadata limit {limit} bytes is too small for plan id {plan.plan_id}")
+    return text
+
+
+def metadata_plan_id(metadata: str) -> str | None:
+    """The plan id in a committed offset's metadata, if Tidemark wrote it."""
+    try:
+        doc = json.loads(metadata)
+    except ValueError:
+        return None
+    value = doc.get("tidemark_plan") if isinstance(doc, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _check_group_idle(info: GroupInfo, plan: Plan) -> None:
+    if not info.members and info.state in _IDLE_STATES:
+        return
+    members = "; ".join(
+        f"{m.client_id}@{m.host} (member {m.member_id}, assigned "
+        f"{', '.join(_fmt(tp) for tp in m.assignment) or 'nothing'})"
+        for m in info.members
+    )
+    raise GroupInUseError(
+        f"refusing to commit plan {plan.plan_id} for group '{plan.group}': the group is {info.state} with "
+        f"{len(info.members)} active member(s){': ' + members if members else ''}. A live consumer uses this "
+        "group id; stop it (or give the feed its own group) and rerun; the published plan is committed then."
+    )
+
+
+def _moved(plan: Plan, current: Mapping[TP, Committed]) -> tuple[list[str], list[TP]]:
+    """Partitions whose committed offset differs from what the plan saw, and expired ones.
+
+    A partition already at its end with this plan's metadata is not "moved": an earlier
+    attempt of this same commit got that far before failing on other partitions.
+    """
+    moved: list[str] = []
+    expired: list[TP] = []
+    for p in plan.partitions:
+        now = current[p.key].offset
+        if now == p.committed:
+            continue
+        if now == p.end and metadata_plan_id(current[p.key].metadata) == plan.plan_id:
+            continue
+        if now is None:
+            expired.append(p.key)
+            continue
+        saw = "none" if p.committed is None else str(p.committed)
+        moved.append(f"{_fmt(p.key)} plan saw {saw}, group now at {now}")
+    return moved, expired
+
+
+def _verify(plan: Plan, readback: Mapping[TP, Committed], metadata: str) -> None:
+    wrong = []
+    for p in plan.partitions:
+        got = readback.get(p.key)
+        if got is None or got.offset != p.end:
+            wrong.append(f"{_fmt(p.key)} expected {p.end}, read back {None if got is None else got.offset}")
+        elif got.metadata != metadata:
+            wrong.append(f"{_fmt(p.key)} offset {p.end} carries foreign metadata {got.metadata[:80]!r}")
+    if wrong:
+        raise CommitError(
+            f"committed offsets of group '{plan.group}' do not match plan {plan.plan_id} after the commit: "
+            + "; ".join(wrong)
+            + ". Another client may have committed at the same time; the checkpoint was not updated."
+        )
+
+
+def commit_plan(
+    plan: Plan,
+    connection: KafkaConnection,
+    checkpoints: CheckpointStore,
+    *,
+    timeout_s: float = DEFAULT_COMMIT_TIMEOUT_S,
+    adapter: KafkaAdapter | None = None,
+) -> CommitResult:
+    """Commit ``plan``'s end offsets for its group; see the module docstring for the steps."""
+    started = _now()
+    if not plan.commit:
+        raise CommitError(
+            f"plan {plan.plan_id} ({plan.mode} of feed '{plan.feed}') was made without commit; "
+            f"its offsets are not committed for group '{plan.group}'"
+        )
+    if not plan.partitions:
+        raise CommitError(f"plan {plan.plan_id} has no partitions; nothing to commit for group '{plan.group}'")
+    kafka = adapter or KafkaAdapter(connection, timeout_s=timeout_s)
+    tps = [p.key for p in plan.partitions]
+    ends = plan.ends()
+    metadata = plan_metadata(plan)
+
+    current = kafka.committed(plan.group, tps)
+    at_ends = all(current[tp].offset == ends[tp] for tp in tps)
+    ours = all(metadata_plan_id(current[tp].metadata) == plan.plan_id for tp in tps)
+    recorded = checkpoints.plan_committed(plan.group, plan.plan_id)
+    if at_ends and (recorded or ours):
+        notes: tuple[str, ...] = ()
+        if not recorded:
+            # The Kafka commit went through but the run died before the checkpoint.
+            checkpoints.put(plan.group, plan.plan_id, ends)
+            notes = ("group offsets were already at the plan's ends; recorded the missing checkpoint",)
+        return CommitResult(plan.plan_id, plan.group, "already_committed", ends, started, _now(), notes=notes)
+    if recorded:
+        now = ", ".join(f"{_fmt(tp)}={current[tp].offset}" for tp in tps if current[tp].offset != ends[tp])
+        raise OffsetsMovedError(
+            f"plan {plan.plan_id} was already committed for group '{plan.group}', but the group's offsets have "
+            f"moved since ({now}); not committing it again, which could rewind the group"
+        )
+
+    _check_group_idle(kafka.describe_group(plan.group), plan)
+    moved, expired = _moved(plan, current)
+    if moved:
+        raise OffsetsMovedError(
+            f"refusing to commit plan {plan.plan_id}: the committed offsets of group '{plan.group}' moved after "
+            f"planning ({'; '.join(moved)}). Someone else committed for this group; plan again from the new "
+            "offsets (the published output of this plan stays, the group's offsets are untouched)."
+        )
+
+    errors = kafka.alter_committed(plan.group, {p.key: (p.end, metadata) for p in plan.partitions})
+    failed = {tp: err for tp, err in errors.items() if err is not None}
+    if failed:
+        detail = "; ".join(f"{_fmt(tp)} offset {ends[tp]}: {err}" for tp, err in sorted(failed.items()))
+        if set(failed.values()) & _MEMBER_ERRORS:
+            raise GroupInUseError(
+                f"committing plan {plan.plan_id} for group '{plan.group}' was rejected because the group gained "
+                f"members while committing ({detail}); stop the live consumer and rerun"
+            )
+        raise CommitError(f"committing plan {plan.plan_id} for group '{plan.group}' failed: {detail}")
+
+    _verify(plan, kafka.committed(plan.group, tps), metadata)
+    checkpoints.put(plan.group, plan.plan_id, ends)
+    notes = tuple(f"{_fmt(tp)}: group offset had expired since planning" for tp in expired)
+    return CommitResult(plan.plan_id, plan.group, "committed", ends, started, _now(), tuple(expired), notes)

@@ -1,0 +1,243 @@
+"""The commit protocol against the real cluster, asserting the group's offsets after each case."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer
+
+from tests.conftest import KafkaTestCluster, keyed_records
+from tidemark.checkpoints import SqliteCheckpointStore
+from tidemark.commit import commit_plan, metadata_plan_id
+from tidemark.errors import CommitError, GroupInUseError, OffsetsMovedError
+from tidemark.kafka_io import TP
+from tidemark.plan import PartitionPlan, Plan, compute_plan_id
+
+pytestmark = pytest.mark.integration
+
+
+def hand_plan(kafka: KafkaTestCluster, topic: str, group: str, *, commit: bool = True) -> Plan:
+    """A plan from the group's committed offsets (else log start) to the high watermarks."""
+    adapter = kafka.adapter
+    parts = adapter.partitions([topic])
+    tps = [(p.topic, p.partition) for p in parts]
+    committed = adapter.committed(group, tps)
+    log_start = adapter.log_start_offsets(tps)
+    hw = adapter.end_offsets(tps, "read_uncommitted")
+    partitions = tuple(
+        PartitionPlan(
+            topic=p.topic,
+            partition=p.partition,
+            leader=p.leader,
+            committed=committed[tp].offset,
+            checkpoint=None,
+            log_start=log_start[tp],
+            high_watermark=hw[tp],
+            end_available=hw[tp],
+            start=committed[tp].offset if committed[tp].offset is not None else log_start[tp],
+            end=hw[tp],
+            reason="committed" if committed[tp].offset is not None else "earliest",
+        )
+        for p, tp in zip(parts, tps, strict=True)
+    )
+    feed = "commit-test"
+    plan_id = compute_plan_id(feed, group, "scheduled", "read_uncommitted", partitions)
+    return Plan(
+        plan_id=plan_id,
+        feed=feed,
+        group=group,
+        mode="scheduled",
+        commit=commit,
+        isolation="read_uncommitted",
+        created_at=datetime.now(UTC).isoformat(),
+        partitions=partitions,
+        tasks=(),
+    )
+
+
+def group_offsets(kafka: KafkaTestCluster, plan: Plan) -> dict[TP, int | None]:
+    got = kafka.adapter.committed(plan.group, [p.key for p in plan.partitions])
+    return {tp: c.offset for tp, c in got.items()}
+
+
+@pytest.fixture
+def topic(kafka: KafkaTestCluster) -> str:
+    name = kafka.new_topic(partitions=3, prefix="commit")
+    kafka.produce(name, keyed_records(5, partition=0))
+    kafka.produce(name, keyed_records(3, partition=1))
+    return name  # partition 2 stays empty: it must still be committed
+
+
+@pytest.fixture
+def group() -> str:
+    return f"g-commit-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> SqliteCheckpointStore:
+    return SqliteCheckpointStore(tmp_path / "checkpoints.sqlite")
+
+
+@pytest.fixture
+def live_consumer(kafka: KafkaTestCluster, topic: str, group: str) -> Iterator[Consumer]:
+    consumer = Consumer(kafka.connection.client_config(**{"group.id": group, "enable.auto.commit": False}))
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + 30
+    while not consumer.assignment() and time.monotonic() < deadline:
+        consumer.poll(0.2)
+    assert consumer.assignment(), "the live consumer never got an assignment"
+    try:
+        yield consumer
+    finally:
+        consumer.close()
+
+
+def test_clean_commit_sets_exactly_the_plan_ends_and_checkpoints(
+    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+) -> None:
+    plan = hand_plan(kafka, topic, group)
+    assert group_offsets(kafka, plan) == {(topic, 0): None, (topic, 1): None, (topic, 2): None}
+
+    result = commit_plan(plan, kafka.connection, store)
+
+    assert result.status == "committed"
+    assert group_offsets(kafka, plan) == {(topic, 0): 5, (topic, 1): 3, (topic, 2): 0}
+    committed = kafka.adapter.committed(group, [p.key for p in plan.partitions])
+    assert all(metadata_plan_id(c.metadata) == plan.plan_id for c in committed.values())
+    assert all(len(c.metadata.encode()) <= 4096 for c in committed.values())
+    checkpoints = store.get(group, plan.ends())
+    assert {tp: c.offset for tp, c in checkpoints.items()} == plan.ends()
+    assert {c.plan_id for c in checkpoints.values()} == {plan.plan_id}
+    assert store.plan_committed(group, plan.plan_id)
+    assert result.to_dict()["offsets"][0] == {"topic": topic, "partition": 0, "offset": 5}
+
+
+def test_next_plan_commits_from_the_previous_ends(
+    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+) -> None:
+    commit_plan(hand_plan(kafka, topic, group), kafka.connection, store)
+    kafka.produce(topic, keyed_records(4, partition=2))
+    second = hand_plan(kafka, topic, group)
+    assert [p.committed for p in second.partitions] == [5, 3, 0]
+
+    assert commit_plan(second, kafka.connection, store).status == "committed"
+    assert group_offsets(kafka, second) == {(topic, 0): 5, (topic, 1): 3, (topic, 2): 4}
+    assert {c.plan_id for c in store.get(group, second.ends()).values()} == {second.plan_id}
+
+
+def test_committing_an_already_committed_plan_is_a_no_op(
+    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+) -> None:
+    plan = hand_plan(kafka, topic, group)
+    commit_plan(plan, kafka.connection, store)
+    before = kafka.adapter.committed(group, [p.key for p in plan.partitions])
+    requests_before = store.get(group, plan.ends())
+
+    again = commit_plan(plan, kafka.connection, store)
+
+    assert again.status == "already_committed"
+    assert kafka.adapter.committed(group, [p.key for p in plan.partitions]) == before
+    assert store.get(group, plan.ends()) == requests_before  # not rewritten
+
+
+def test_commit_that_died_before_the_checkpoint_is_finished(
+    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore, tmp_path: Path
+) -> None:
+    plan = hand_plan(kafka, topic, group)
+    commit_plan(plan, kafka.connection, SqliteCheckpointStore(tmp_path / "lost.sqlite"))
+    assert not store.plan_committed(group, plan.plan_id)
+
+    result = commit_plan(plan, kafka.connection, store)
+
+    assert result.status == "already_committed"
+    assert result.notes and "checkpoint" in result.notes[0]
+    assert store.plan_committed(group, plan.plan_id)
+    assert group_offsets(kafka, plan) == plan.ends()
+
+
+def test_live_consumer_blocks_the_commit(
+    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore, live_consumer: Consumer
+) -> None:
+    plan = hand_plan(kafka, topic, group)
+
+    with pytest.raises(GroupInUseError, match=rf"group '{group}'.*active member.*{topic}\[0\]"):
+        commit_plan(plan, kafka.connection, store)
+
+    assert group_offsets(kafka, plan) == {(topic, 0): None, (topic, 1): None, (topic, 2): None}
+    assert not store.plan_committed(group, plan.plan_id)
+    assert store.get(group, plan.ends()) == {}
+
+
+def test_commit_succeeds_once_the_live_consumer_left(
+    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+) -> None:
+    consumer = Consumer(kafka.connection.client_config(**{"group.id": group, "enable.auto.commit": False}))
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + 30
+    while not consumer.assignment() and time.monotonic() < deadline:
+        consumer.poll(0.2)
+    plan = hand_plan(kafka, topic, group)
+    with pytest.raises(GroupInUseError):
+        commit_plan(plan, kafka.connection, store)
+    consumer.close()
+
+    assert commit_plan(plan, kafka.connection, store).status == "committed"
+    assert group_offsets(kafka, plan) == plan.ends()
+
+
+def test_offsets_moved_after_planning_block_the_commit(
+    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+) -> None:
+    plan = hand_plan(kafka, topic, group)
+    # Someone else commits for the group after the plan was made.
+    assert kafka.adapter.alter_committed(group, {(topic, 0): (2, "someone else")}) == {(topic, 0): None}
+
+    with pytest.raises(OffsetsMovedError, match=rf"{topic}\[0\] plan saw none, group now at 2"):
+        commit_plan(plan, kafka.connection, store)
+
+    assert group_offsets(kafka, plan) == {(topic, 0): 2, (topic, 1): None, (topic, 2): None}
+    assert not store.plan_committed(group, plan.plan_id)
+
+
+def test_an_old_committed_plan_never_rewinds_the_group(
+    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+) -> None:
+    first = hand_plan(kafka, topic, group)
+    commit_plan(first, kafka.connection, store)
+    kafka.produce(topic, keyed_records(2, partition=0))
+    second = hand_plan(kafka, topic, group)
+    commit_plan(second, kafka.connection, store)
+
+    with pytest.raises(OffsetsMovedError, match="already committed"):
+        commit_plan(first, kafka.connection, store)
+    assert group_offsets(kafka, first) == {(topic, 0): 7, (topic, 1): 3, (topic, 2): 0}
+
+
+def test_expired_group_offsets_are_committed_and_reported(
+    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+) -> None:
+    kafka.adapter.alter_committed(group, {(topic, 0): (1, "earlier"), (topic, 1): (1, "earlier")})
+    plan = hand_plan(kafka, topic, group)
+    # Offsets vanish as retention would delete them (the group has no members).
+    future = kafka.adapter.admin.delete_consumer_groups([group], request_timeout=10)[group]
+    future.result(timeout=10)
+
+    result = commit_plan(plan, kafka.connection, store)
+
+    assert result.status == "committed"
+    assert set(result.expired) == {(topic, 0), (topic, 1)}
+    assert group_offsets(kafka, plan) == plan.ends()
+
+
+def test_plan_made_without_commit_is_refused(
+    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+) -> None:
+    plan = hand_plan(kafka, topic, group, commit=False)
+    with pytest.raises(CommitError, match="without commit"):
+        commit_plan(plan, kafka.connection, store)
+    assert group_offsets(kafka, plan) == {(topic, 0): None, (topic, 1): None, (topic, 2): None}

@@ -1,0 +1,49 @@
+"""Offset metadata naming the plan stays within Kafka's 4096-byte limit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tidemark.commit import METADATA_MAX_BYTES, metadata_plan_id, plan_metadata
+from tidemark.plan import PartitionPlan, Plan, compute_plan_id
+
+
+def plan(feed: str = "orders") -> Plan:
+    parts = (PartitionPlan("t", 0, 1, None, None, 0, 10, 10, 0, 10, "earliest"),)
+    return Plan(
+        compute_plan_id(feed, "g", "scheduled", "read_committed", parts),
+        feed, "g", "scheduled", True, "read_committed", "2026-01-01T00:00:00+00:00", parts, (),
+    )  # fmt: skip
+
+
+def test_metadata_names_the_plan_feed_and_mode() -> None:
+    p = plan()
+    doc = json.loads(plan_metadata(p))
+    assert doc == {"tidemark_plan": p.plan_id, "feed": "orders", "mode": "scheduled"}
+    assert metadata_plan_id(plan_metadata(p)) == p.plan_id
+
+
+@pytest.mark.parametrize("limit", [4096, 200, 60, 40])
+def test_metadata_is_trimmed_to_the_limit_keeping_the_plan_id(limit: int) -> None:
+    p = plan(feed="é" * 99)  # multi-byte characters: the limit is in bytes
+    text = plan_metadata(p, limit=limit)
+    assert len(text.encode()) <= limit
+    assert metadata_plan_id(text) == p.plan_id
+
+
+def test_limit_too_small_for_the_plan_id_is_an_error() -> None:
+    from tidemark.errors import CommitError
+
+    with pytest.raises(CommitError, match="too small"):
+        plan_metadata(plan(), limit=10)
+
+
+@pytest.mark.parametrize("metadata", ["", "not json", "[1]", '{"tidemark_plan": 3}', '{"other": "x"}'])
+def test_foreign_metadata_names_no_plan(metadata: str) -> None:
+    assert metadata_plan_id(metadata) is None
+
+
+def test_default_limit_is_kafkas() -> None:
+    assert METADATA_MAX_BYTES == 4096
