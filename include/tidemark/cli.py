@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tidemark.cli_plan import add_planning
 from tidemark.errors import TidemarkError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -103,7 +104,11 @@ def add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo.set_defaults(func=_demo)
 
 
-REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [add_kafka, add_demo]
+REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    add_kafka,
+    add_demo,
+    add_planning,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
