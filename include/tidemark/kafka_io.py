@@ -10,12 +10,13 @@ The adapter counts the admin requests it issues so benchmarks can report them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     ConfigResource,
@@ -33,6 +34,17 @@ TP = tuple[str, int]
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 15.0
+RETRY_BACKOFF_S = 0.2
+# Answers that mean "leadership is moving, ask again" (librdkafka does not flag them retriable here).
+_LEADER_MOVING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -137,16 +149,36 @@ class KafkaAdapter:
         if not requests:
             return {}
         level = IsolationLevel.READ_COMMITTED if isolation == "read_committed" else IsolationLevel.READ_UNCOMMITTED
-        self.requests += 1
-        futures = self._admin.list_offsets(
-            {TopicPartition(t, p): spec for (t, p), spec in requests.items()},
-            isolation_level=level,
-            request_timeout=self.timeout_s,
-        )
         out: dict[TP, int] = {}
-        for tp, future in futures.items():
-            info = self._result(future, f"ListOffsets for {tp.topic}[{tp.partition}]")
-            out[(tp.topic, tp.partition)] = int(info.offset)
+        pending = dict(requests)
+        deadline = time.monotonic() + self.timeout_s
+        while pending:
+            self.requests += 1
+            futures = self._admin.list_offsets(
+                {TopicPartition(t, p): spec for (t, p), spec in pending.items()},
+                isolation_level=level,
+                request_timeout=self.timeout_s,
+            )
+            retry: dict[TP, OffsetSpec] = {}
+            for tp, future in futures.items():
+                key = (tp.topic, tp.partition)
+                try:
+                    out[key] = int(future.result(timeout=self.timeout_s).offset)
+                except KafkaException as exc:
+                    # Leadership moves (new topics, restarts) answer NOT_LEADER for a moment: ask again.
+                    err = exc.args[0]
+                    if not (err.retriable() or err.code() in _LEADER_MOVING) or time.monotonic() > deadline:
+                        raise KafkaUnavailableError(
+                            f"ListOffsets for {tp.topic}[{tp.partition}] failed: {exc.args[0]}"
+                        ) from exc
+                    retry[key] = pending[key]
+                except TimeoutError as exc:
+                    raise KafkaUnavailableError(
+                        f"ListOffsets for {tp.topic}[{tp.partition}] got no answer within {self.timeout_s:.0f}s"
+                    ) from exc
+            if retry:
+                time.sleep(RETRY_BACKOFF_S)
+            pending = retry
         return out
 
     def log_start_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
