@@ -526,7 +526,13 @@ def validate(
     total = sum(int(r["rows"]) for r in rows)
     bad_counts = {(r["topic"], int(r["partition"])): int(r["bad"] or 0) for r in rows}
     bad_total = sum(bad_counts.values())
-    by_rule = {rule.label: sum(int(r[f"rule_{i}"] or 0) for r in rows) for i, rule in enumerate(rules)}
+    rule_counts = [sum(int(r[f"rule_{i}"] or 0) for r in rows) for i in range(len(rules))]
+    labels = [r.label for r in rules]
+    # Two expectations of one kind on one column share a label: tell them apart in the summary.
+    by_rule = {
+        (label if labels.count(label) == 1 else f"{label}#{rule.index}"): n
+        for label, rule, n in zip(labels, rules, rule_counts, strict=True)
+    }
 
     samples: list[dict[str, Any]] = []
     if bad_total:
@@ -542,14 +548,14 @@ def validate(
         ]
 
     gx_out = run_gx(df, feed, plan, run_dir)
-    rule_by_index = {r.index: r for r in rules if r.index is not None}
+    rule_by_index = {r.index: (r, n) for r, n in zip(rules, rule_counts, strict=True) if r.index is not None}
     expectations = []
     failing: list[str] = []
     hard: list[str] = []  # failures quarantine cannot absorb
     for i, ((kind, kwargs, builtin), result) in enumerate(zip(_suite_expectations(feed), gx_out.results, strict=True)):
         ok = bool(result.get("success", False))
         raised = bool((result.get("exception_info") or {}).get("raised_exception"))
-        rule = None if builtin else rule_by_index.get(i)
+        rule, bad_rows = (None, 0) if builtin else rule_by_index.get(i, (None, 0))
         gx_unexpected = (result.get("result") or {}).get("unexpected_count")
         entry: dict[str, Any] = {
             "type": kind,
@@ -561,8 +567,8 @@ def validate(
             "observed_value": (result.get("result") or {}).get("observed_value"),
         }
         if rule is not None:
-            entry["quarantine_count"] = by_rule[rule.label]
-            if gx_unexpected is not None and gx_unexpected != by_rule[rule.label]:
+            entry["quarantine_count"] = bad_rows
+            if gx_unexpected is not None and gx_unexpected != bad_rows:
                 entry["translation_mismatch"] = True
         elif not builtin:
             entry["not_row_level_because"] = untranslatable.get(i)
@@ -577,7 +583,7 @@ def validate(
             if rule is None:  # no Spark condition: GX's own sample of unexpected rows names the offsets
                 samples.extend(_gx_samples(result)[: max(0, sample_size - len(samples))])
 
-    decode_errors = by_rule.get(DECODE_RULE.label, 0)
+    decode_errors = rule_counts[0] if rules and rules[0] is DECODE_RULE else 0
     ratio = bad_total / total if total else 0.0
     quarantine = policy.on_bad_records == "quarantine"
     failure: str | None = None

@@ -1,0 +1,246 @@
+"""validate() on Spark DataFrames with the read schema: GX suites, Data Docs, quarantine, built-ins."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tidemark.config import Expectation, Feed, Validation
+from tidemark.errors import ValidationFailedError
+from tidemark.plan import PartitionPlan, Plan, compute_plan_id
+from tidemark.validation import ValidationRejectedError, check_ranges, validate
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = (
+    "topic string, partition int, offset long, timestamp timestamp, timestamp_type int, key binary, value binary, "
+    "headers array<struct<key string, value binary>>, plan_id string, "
+    "order_id long, customer string, amount double, _decode_error string"
+)
+TOPIC = "orders"
+
+
+def make_plan(ranges: dict[int, tuple[int, int]]) -> Plan:
+    parts = tuple(
+        PartitionPlan(TOPIC, p, 1, None, None, 0, end, end, start, end, "earliest")
+        for p, (start, end) in ranges.items()
+    )
+    return Plan(
+        compute_plan_id("orders", "g", "scheduled", "read_committed", parts),
+        "orders", "g", "scheduled", True, "read_committed", "2026-01-01T00:00:00+00:00", parts, (),
+    )  # fmt: skip
+
+
+def row(partition: int, offset: int, order_id: int | None, customer: str | None, amount: float | None,
+        decode_error: str | None = None) -> tuple[Any, ...]:  # fmt: skip
+    ts = datetime(2026, 1, 1, tzinfo=UTC)
+    return (
+        TOPIC,
+        partition,
+        offset,
+        ts,
+        0,
+        b"k",
+        b"{}",
+        [("h", b"1")],
+        "pid",
+        order_id,
+        customer,
+        amount,
+        decode_error,
+    )
+
+
+def clean_rows(partition: int, start: int, count: int) -> list[tuple[Any, ...]]:
+    return [row(partition, start + i, start + i, f"customer-{i % 3}", 10.0 + i) for i in range(count)]
+
+
+def feed(mode: str = "fail", ratio: float = 0.05, expect_records: bool = False, *extra: Expectation) -> Feed:
+    expectations = (
+        Expectation(type="expect_column_values_to_not_be_null", kwargs={"column": "order_id"}),
+        Expectation(type="expect_column_values_to_be_between", kwargs={"column": "amount", "min_value": 0,
+                                                                       "max_value": 10000}),
+        *extra,
+    )  # fmt: skip
+    return Feed(
+        name="orders",
+        topics=(TOPIC,),
+        group="g",
+        validation=Validation(
+            on_bad_records=mode,  # type: ignore[arg-type]
+            quarantine_max_ratio=ratio,
+            expect_records=expect_records,
+            expectations=expectations,
+        ),
+    )
+
+
+def assert_data_docs(summary: dict[str, Any], run_dir: Path) -> None:
+    page = Path(summary["data_docs"])
+    assert page.is_file() and page.is_relative_to(run_dir / "gx")
+    html = page.read_text()
+    assert html.lstrip().lower().startswith("<!doctype html") and "</html>" in html
+    assert Path(summary["data_docs_index"]).is_file()
+    assert json.loads(Path(summary["gx_result"]).read_text())["statistics"]["evaluated_expectations"] >= 1
+    assert json.loads((run_dir / "validation.json").read_text()) == json.loads(json.dumps(summary, default=str))
+
+
+def test_clean_batch_passes_with_a_data_docs_page(spark: Any, tmp_path: Path) -> None:
+    df = spark.createDataFrame(clean_rows(0, 100, 30) + clean_rows(1, 0, 20), SCHEMA).persist()
+    plan = make_plan({0: (100, 132), 1: (0, 20)})  # two offsets of partition 0 are gaps
+
+    outcome = validate(df, plan, feed(expect_records=True), tmp_path)
+
+    assert outcome.summary["success"] is True
+    assert outcome.quarantined is None
+    assert outcome.good.count() == 50
+    assert outcome.good_counts == {(TOPIC, 0): 30, (TOPIC, 1): 20}
+    assert outcome.summary["counts"]["rows"] == 50
+    assert outcome.summary["gaps"] == 2
+    assert [e["success"] for e in outcome.summary["expectations"]] == [True, True, True]
+    assert outcome.summary["expectations"][-1]["builtin"] is True
+    assert outcome.data_docs is not None
+    assert_data_docs(outcome.summary, tmp_path)
+    json.dumps(outcome.summary)  # JSON-serialisable as is
+
+
+def test_fail_mode_names_expectations_partitions_and_offsets(spark: Any, tmp_path: Path) -> None:
+    rows = clean_rows(0, 0, 10)
+    rows[3] = row(0, 3, None, "c", 5.0)
+    rows[7] = row(0, 7, 7, "c", 20000.0)
+    df = spark.createDataFrame(rows, SCHEMA).persist()
+
+    with pytest.raises(ValidationRejectedError) as info:
+        validate(df, make_plan({0: (0, 10)}), feed(), tmp_path)
+
+    message = str(info.value)
+    assert "expect_column_values_to_not_be_null(order_id)" in message
+    assert "expect_column_values_to_be_between(amount)" in message
+    assert f"{TOPIC}[0]@3" in message and f"{TOPIC}[0]@7" in message
+    summary = info.value.summary
+    assert summary["success"] is False
+    assert [(s["partition"], s["offset"]) for s in summary["sample_bad_records"]] == [(0, 3), (0, 7)]
+    assert_data_docs(summary, tmp_path)
+
+
+def test_quarantine_splits_good_and_bad_records_within_the_threshold(spark: Any, tmp_path: Path) -> None:
+    rows = clean_rows(0, 0, 40) + clean_rows(1, 0, 40)
+    rows[5] = row(0, 5, None, "c", 1.0)
+    rows[41] = row(1, 1, 41, "c", -3.0, decode_error=None)
+    rows[60] = row(1, 20, None, None, None, decode_error="invalid JSON at byte 14")
+    df = spark.createDataFrame(rows, SCHEMA).persist()
+
+    outcome = validate(df, make_plan({0: (0, 40), 1: (0, 40)}), feed("quarantine", ratio=0.05), tmp_path)
+
+    assert outcome.summary["success"] is True
+    assert outcome.quarantined is not None
+    bad = {(r["partition"], r["offset"]): r["_reason"] for r in outcome.quarantined.collect()}
+    assert bad == {
+        (0, 5): "expect_column_values_to_not_be_null(order_id)",
+        (1, 1): "expect_column_values_to_be_between(amount)",
+        (1, 20): "decode_error: invalid JSON at byte 14; expect_column_values_to_not_be_null(order_id)",
+    }
+    good = {(r["partition"], r["offset"]) for r in outcome.good.select("partition", "offset").collect()}
+    assert len(good) == 77 and not good & set(bad)
+    assert outcome.good_counts == {(TOPIC, 0): 39, (TOPIC, 1): 38}
+    assert outcome.quarantined_counts == {(TOPIC, 0): 1, (TOPIC, 1): 2}
+    counts = outcome.summary["counts"]
+    assert (counts["good"], counts["quarantined"], counts["decode_errors"]) == (77, 3, 1)
+    assert "_reason" not in outcome.good.columns
+    assert_data_docs(outcome.summary, tmp_path)
+
+
+def test_quarantine_over_the_threshold_fails_the_run(spark: Any, tmp_path: Path) -> None:
+    rows = clean_rows(0, 0, 20)
+    for i in (2, 4, 6):
+        rows[i] = row(0, i, None, "c", 1.0)
+    df = spark.createDataFrame(rows, SCHEMA).persist()
+
+    with pytest.raises(
+        ValidationRejectedError, match=r"3 of 20 records are bad \(15.00%\), above quarantine_max_ratio 10"
+    ):
+        validate(df, make_plan({0: (0, 20)}), feed("quarantine", ratio=0.10), tmp_path)
+
+
+def test_decode_errors_fail_a_fail_mode_feed(spark: Any, tmp_path: Path) -> None:
+    rows = clean_rows(2, 0, 5)
+    rows[4] = row(2, 4, 4, "c", 1.0, decode_error="not UTF-8")
+    df = spark.createDataFrame(rows, SCHEMA).persist()
+
+    with pytest.raises(
+        ValidationRejectedError, match=r"1 records failed to decode.*orders\[2\]@4 \(decode_error: not UTF-8\)"
+    ):
+        validate(df, make_plan({2: (0, 5)}), feed(), tmp_path)
+
+
+def test_empty_batch_does_not_pass_vacuously_when_records_are_expected(spark: Any, tmp_path: Path) -> None:
+    empty = spark.createDataFrame([], SCHEMA).persist()
+    plan = make_plan({0: (5, 5)})
+
+    with pytest.raises(ValidationRejectedError, match=r"expects records but plan .* read none") as info:
+        validate(empty, plan, feed(expect_records=True), tmp_path / "expects")
+    assert info.value.summary["expectations"][-1]["success"] is False  # GX's row-count check failed too
+    assert_data_docs(info.value.summary, tmp_path / "expects")
+
+    outcome = validate(empty, plan, feed(expect_records=False), tmp_path / "optional")
+    assert outcome.summary["success"] is True and outcome.summary["counts"]["rows"] == 0
+
+
+def test_untranslatable_failure_fails_even_in_quarantine_mode(spark: Any, tmp_path: Path) -> None:
+    rows = clean_rows(0, 0, 10)
+    rows[9] = row(0, 9, 1, "c", 1.0)  # order_id 1 again
+    df = spark.createDataFrame(rows, SCHEMA).persist()
+    unique = Expectation(type="expect_column_values_to_be_unique", kwargs={"column": "order_id"})
+
+    with pytest.raises(ValidationRejectedError, match=r"cannot be quarantined row by row.*unique") as info:
+        validate(df, make_plan({0: (0, 10)}), feed("quarantine", 0.5, False, unique), tmp_path)
+    offsets = {(s["partition"], s["offset"]) for s in info.value.summary["sample_bad_records"]}
+    assert offsets == {(0, 1), (0, 9)}  # GX's unexpected index names the offsets
+
+
+def test_every_translated_rule_agrees_with_gx(spark: Any, tmp_path: Path) -> None:
+    customers = ["cust-1", "cust-22", "bad id", None, "x", "cust-333333333", "cust-4", "it's", "cust-5", "cust-6"]
+    rows = [row(0, i, i, c, float(i * 3)) for i, c in enumerate(customers)]
+    df = spark.createDataFrame(rows, SCHEMA).persist()
+    extra = [
+        Expectation(type="expect_column_values_to_be_in_set", kwargs={"column": "customer",
+                                                                      "value_set": ["cust-1", "x", "it's"]}),
+        Expectation(type="expect_column_values_to_not_be_in_set", kwargs={"column": "order_id", "value_set": [2, 3]}),
+        Expectation(type="expect_column_values_to_match_regex", kwargs={"column": "customer", "regex": r"^cust-\d+$"}),
+        Expectation(type="expect_column_values_to_not_match_regex", kwargs={"column": "customer", "regex": "'"}),
+        Expectation(type="expect_column_value_lengths_to_be_between", kwargs={"column": "customer", "min_value": 2,
+                                                                              "max_value": 7}),
+        Expectation(type="expect_column_value_lengths_to_equal", kwargs={"column": "customer", "value": 6}),
+        Expectation(type="expect_column_values_to_be_between", kwargs={"column": "amount", "min_value": 3,
+                                                                       "max_value": 24, "strict_min": True}),
+        Expectation(type="expect_column_values_to_be_null", kwargs={"column": "_decode_error"}),
+    ]  # fmt: skip
+
+    outcome = validate(df, make_plan({0: (0, 10)}), feed("quarantine", 1.0, False, *extra), tmp_path)
+
+    by_type = {
+        (e["type"], json.dumps(e["kwargs"], sort_keys=True)): e
+        for e in outcome.summary["expectations"]
+        if e["row_level"]
+    }
+    assert len(by_type) == 10
+    for entry in by_type.values():
+        assert "translation_mismatch" not in entry, entry
+        assert entry["quarantine_count"] == entry["unexpected_count"], entry
+    counts = [e["quarantine_count"] for e in outcome.summary["expectations"] if e["row_level"]]
+    # not_null, between(amount 0..10000), in_set, not_in_set, regex, not_regex, lengths 2..7, length 6,
+    # between(3 < amount <= 24), be_null
+    assert counts == [0, 0, 6, 2, 3, 1, 2, 4, 3, 0]
+
+
+def test_duplicates_and_out_of_range_offsets_fail_the_built_in_checks(spark: Any, tmp_path: Path) -> None:
+    rows = clean_rows(0, 0, 5)
+    dup = spark.createDataFrame([*rows, rows[2]], SCHEMA)
+    with pytest.raises(ValidationFailedError, match=r"orders\[0\]: 1 duplicate offsets"):
+        validate(dup, make_plan({0: (0, 5)}), feed(), tmp_path)
+    with pytest.raises(ValidationFailedError, match=r"orders\[0\]: offsets 0..4 outside the planned range \[1, 5\)"):
+        check_ranges(spark.createDataFrame(rows, SCHEMA), make_plan({0: (1, 5)}))
