@@ -1,0 +1,627 @@
+"""The ``tidemark_kafka`` PySpark data source: read exactly a plan's offset ranges.
+
+Each task of the plan (chunks whose partitions share one leader broker) becomes one
+Spark input partition. In the executor, :func:`read_task` opens one confluent-kafka
+consumer, ``assign``s it at the planned start offsets (no group join, no commits,
+``auto.offset.reset=error`` so a vanished offset fails loudly), consumes in batches and
+yields Arrow record batches until every range has reached its end offset. Records past
+an end are dropped; offsets missing inside a range (compaction, transaction markers,
+aborted records under ``read_committed``) are normal and show up as gaps in
+:func:`range_stats`, which computes the per-range statistics on the driver from the
+(persisted) DataFrame, so the statistics never cost a second read of Kafka.
+
+Connection settings reach the executors as options ``kafka.<librdkafka key>`` (Spark
+redacts option values whose keys look secret) or, when no ``kafka.bootstrap.servers``
+option is given, from the executors' ``TIDEMARK_*`` environment; they are never logged.
+
+Example::
+
+    from tidemark.source import read_plan
+    df = read_plan(spark, plan, connection)          # or, by hand:
+    spark.dataSource.register(TidemarkKafkaSource)
+    df = spark.read.format("tidemark_kafka").option("plan", plan.to_json()).load()
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from tidemark.connection import KafkaConnection, from_env
+from tidemark.errors import ConfigError, ReadError
+from tidemark.plan import Plan
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+SOURCE_NAME = "tidemark_kafka"
+KAFKA_OPTION_PREFIX = "kafka."
+DEFAULT_BATCH_RECORDS = 10_000
+DEFAULT_STALL_TIMEOUT_S = 120.0
+POLL_TIMEOUT_S = 1.0
+METRICS_ENV = "TIDEMARK_READ_METRICS_DIR"
+
+# Java's TimestampType ids, as Spark's own Kafka source reports them:
+# -1 no timestamp, 0 CreateTime, 1 LogAppendTime (librdkafka counts from 0 = none).
+SCHEMA = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("offset", LongType(), False),
+        StructField("timestamp", TimestampType(), True),
+        StructField("timestamp_type", IntegerType(), False),
+        StructField("key", BinaryType(), True),
+        StructField("value", BinaryType(), True),
+        StructField(
+            "headers",
+            ArrayType(
+                StructType([StructField("key", StringType(), False), StructField("value", BinaryType(), True)]), False
+            ),
+            True,
+        ),
+        StructField("plan_id", StringType(), False),
+    ]
+)
+
+
+def arrow_schema() -> pa.Schema:
+    """The Arrow twin of :data:`SCHEMA`, exactly as Spark checks yielded batches against it."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(SCHEMA, timezone="UTC")
+
+
+# -- what one Spark task reads ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Range:
+    """``[start, end)`` of one partition, as one task reads it."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    def describe(self) -> str:
+        return f"{self.topic}[{self.partition}] offsets [{self.start}, {self.end})"
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """One Spark input partition's work: small, picklable, secret-free."""
+
+    index: int
+    leader: int
+    plan_id: str
+    group: str
+    isolation: str
+    ranges: tuple[Range, ...]
+
+    @property
+    def records(self) -> int:
+        return sum(r.end - r.start for r in self.ranges)
+
+
+def tasks_of(plan: Plan) -> list[ReadTask]:
+    """The plan's tasks, with contiguous chunks of one partition merged into one range."""
+    out = []
+    for task in plan.tasks:
+        merged: list[Range] = []
+        for c in sorted(task.chunks, key=lambda c: (c.topic, c.partition, c.start)):
+            if c.end <= c.start:
+                continue
+            last = merged[-1] if merged else None
+            if last is not None and (last.topic, last.partition) == (c.topic, c.partition) and last.end == c.start:
+                merged[-1] = Range(c.topic, c.partition, last.start, c.end)
+            else:
+                merged.append(Range(c.topic, c.partition, c.start, c.end))
+        out.append(ReadTask(task.index, task.leader, plan.plan_id, plan.group, plan.isolation, tuple(merged)))
+    return out
+
+
+def _waves(ranges: Sequence[Range]) -> list[list[Range]]:
+    """Split ranges so no partition appears twice in one assignment."""
+    waves: list[list[Range]] = []
+    for r in ranges:
+        for wave in waves:
+            if all((w.topic, w.partition) != (r.topic, r.partition) for w in wave):
+                wave.append(r)
+                break
+        else:
+            waves.append([r])
+    return waves
+
+
+def consumer_config(task: ReadTask, client_config: Mapping[str, Any]) -> dict[str, Any]:
+    """librdkafka settings for reading ``task``: assign only, never commit, fail on lost offsets."""
+    return {
+        # Defaults chosen for throughput with bounded memory; the connection may override them.
+        "fetch.min.bytes": 1,
+        "fetch.wait.max.ms": 100,
+        "queued.max.messages.kbytes": 16384,
+        **client_config,
+        # Not negotiable: these make the read exact.
+        "group.id": task.group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "error",
+        "enable.partition.eof": True,
+        "isolation.level": task.isolation,
+        "client.id": f"tidemark-reader-{task.plan_id[:8]}-{task.index}",
+    }
+
+
+# -- the executor-side reader ----------------------------------------------------------
+
+
+class _Wave:
+    """Per-wave bookkeeping: which ranges are still open, and vectorised range masks."""
+
+    def __init__(self, ranges: Sequence[Range]) -> None:
+        self.ranges = list(ranges)
+        self.topics = sorted({r.topic for r in ranges})
+        self.topic_index = {t: i for i, t in enumerate(self.topics)}
+        self.stride = max(r.partition for r in ranges) + 1
+        size = len(self.topics) * self.stride
+        # Per (topic index, partition) slot: lowest offset still wanted and the end.
+        self.low = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)
+        self.end = np.full(size, -1, dtype=np.int64)
+        self.by_slot: dict[int, Range] = {}
+        for r in ranges:
+            slot = self.slot(r.topic, r.partition)
+            self.low[slot], self.end[slot] = r.start, r.end
+            self.by_slot[slot] = r
+        self.open = set(self.by_slot)
+
+    def slot(self, topic: str, partition: int) -> int:
+        return self.topic_index[topic] * self.stride + partition
+
+    def close(self, slot: int) -> None:
+        self.open.discard(slot)
+
+
+class _Columns:
+    """Column lists filled by the hot loop; turned into one Arrow batch at a time."""
+
+    __slots__ = ("headers", "keys", "offsets", "partitions", "topics", "ts", "ts_types", "values")
+
+    def __init__(self) -> None:
+        self.topics: list[str] = []
+        self.partitions: list[int] = []
+        self.offsets: list[int] = []
+        self.ts_types: list[int] = []
+        self.ts: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.headers: list[Any] = []
+
+
+def read_task(
+    task: ReadTask,
+    client_config: Mapping[str, Any],
+    *,
+    batch_records: int = DEFAULT_BATCH_RECORDS,
+    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+) -> Iterator[pa.RecordBatch]:
+    """Yield ``task``'s records as Arrow batches of at most ``batch_records`` rows.
+
+    Memory stays bounded by the batch size plus librdkafka's prefetch queue, whatever
+    the size of the ranges. Raises :class:`ReadError` naming topic, partition and
+    offsets when an offset is no longer available, when a partition errors, or when a
+    range makes no progress for ``stall_timeout_s`` seconds.
+    """
+    from confluent_kafka import Consumer
+
+    ranges = [r for r in task.ranges if r.end > r.start]
+    if not ranges:
+        return
+    schema = arrow_schema()
+    consumer = Consumer(consumer_config(task, client_config))
+    started, rows, payload = time.monotonic(), 0, 0
+    try:
+        for wave_ranges in _waves(ranges):
+            for batch in _read_wave(consumer, _Wave(wave_ranges), task, schema, batch_records, stall_timeout_s):
+                rows += batch.num_rows
+                payload += batch.column(5).nbytes + batch.column(6).nbytes
+                yield batch
+    finally:
+        consumer.close()
+    _write_metrics(task, rows, payload, time.monotonic() - started)
+
+
+def _write_metrics(task: ReadTask, rows: int, payload: int, seconds: float) -> None:
+    """With ``TIDEMARK_READ_METRICS_DIR`` set (benchmarks), record what this task read.
+
+    One small JSON file per task: records and payload bytes read (to prove Kafka is read
+    once per run) and the worker's peak RSS (to prove memory does not grow with ranges).
+    """
+    folder = os.environ.get(METRICS_ENV)
+    if not folder:
+        return
+    import json
+    import resource
+    import uuid
+
+    doc = {
+        "plan_id": task.plan_id,
+        "task": task.index,
+        "records": rows,
+        "payload_bytes": payload,
+        "planned_offsets": task.records,
+        "seconds": round(seconds, 3),
+        "pid": os.getpid(),
+        "peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    }
+    path = Path(folder) / f"read-{task.plan_id[:8]}-{task.index}-{uuid.uuid4().hex[:8]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+
+
+def _read_wave(
+    consumer: Any, wave: _Wave, task: ReadTask, schema: pa.Schema, batch_records: int, stall_timeout_s: float
+) -> Iterator[pa.RecordBatch]:
+    from confluent_kafka import KafkaError, TopicPartition
+
+    consumer.assign([TopicPartition(r.topic, r.partition, r.start) for r in wave.ranges])
+    single_topic = wave.topics[0] if len(wave.topics) == 1 else None
+    eof_code = KafkaError._PARTITION_EOF
+    last_progress = time.monotonic()
+    while wave.open:
+        msgs = consumer.consume(num_messages=batch_records, timeout=POLL_TIMEOUT_S)
+        cols = _Columns()
+        t_append, p_append, o_append = cols.topics.append, cols.partitions.append, cols.offsets.append
+        tt_append, ts_append = cols.ts_types.append, cols.ts.append
+        k_append, v_append, h_append = cols.keys.append, cols.values.append, cols.headers.append
+        eofs: list[tuple[str, int, int]] = []
+        # The hot loop: one pass, C accessors only, no per-record branching beyond the error check.
+        for m in msgs:
+            if m.error() is not None:
+                err = m.error()
+                if err.code() == eof_code:
+                    eofs.append((m.topic(), m.partition(), m.offset()))
+                    continue
+                _raise_or_skip(consumer, wave, m, err)
+                continue
+            if single_topic is None:
+                t_append(m.topic())
+            p_append(m.partition())
+            o_append(m.offset())
+            ts_type, ts = m.timestamp()
+            tt_append(ts_type)
+            ts_append(ts)
+            k_append(m.key())
+            v_append(m.value())
+            h_append(m.headers())
+        progressed = False
+        if cols.offsets:
+            batch, progressed = _to_batch(cols, wave, task, schema, single_topic)
+            if batch is not None and batch.num_rows:
+                yield batch
+        for topic, partition, offset in eofs:
+            if topic in wave.topic_index:
+                slot = wave.slot(topic, partition)
+                if slot in wave.open and offset >= wave.end[slot]:
+                    wave.close(slot)
+                    progressed = True
+        done = [r for s, r in wave.by_slot.items() if s not in wave.open]
+        if done:
+            _unassign(consumer, done)
+            wave.by_slot = {s: r for s, r in wave.by_slot.items() if s in wave.open}
+        if progressed or msgs:
+            last_progress = time.monotonic()
+        elif wave.open and time.monotonic() - last_progress > stall_timeout_s:
+            _raise_stalled(consumer, wave, stall_timeout_s)
+    consumer.unassign()
+
+
+def _to_batch(
+    cols: _Columns, wave: _Wave, task: ReadTask, schema: pa.Schema, single_topic: str | None
+) -> tuple[pa.RecordBatch | None, bool]:
+    """Build the Arrow batch, dropping records outside the open ranges; close finished ranges."""
+    n = len(cols.offsets)
+    partitions = np.fromiter(cols.partitions, dtype=np.int32, count=n)
+    offsets = np.fromiter(cols.offsets, dtype=np.int64, count=n)
+    if single_topic is None:
+        index = wave.topic_index
+        topic_idx = np.fromiter((index.get(t, -1) for t in cols.topics), dtype=np.int64, count=n)
+    else:
+        topic_idx = np.zeros(n, dtype=np.int64)
+    slots = topic_idx * wave.stride + partitions
+    valid_slot = (topic_idx >= 0) & (partitions < wave.stride)
+    slots = np.where(valid_slot, slots, 0)
+    keep = valid_slot & (offsets >= wave.low[slots]) & (offsets < wave.end[slots])
+    progressed = False
+    # Close every range whose end was reached (a record at or past end - 1 was seen).
+    tops = np.full(len(wave.end), -1, dtype=np.int64)
+    np.maximum.at(tops, slots[valid_slot], offsets[valid_slot])
+    for slot in list(wave.open):
+        top = int(tops[slot])
+        if top < 0:
+            continue
+        wave.low[slot] = max(int(wave.low[slot]), top + 1)  # a redelivered offset is dropped, never doubled
+        progressed = True
+        if top >= wave.end[slot] - 1:
+            wave.close(slot)
+    if not keep.any():
+        return None, progressed
+    all_kept = bool(keep.all())
+    ts_types = np.fromiter(cols.ts_types, dtype=np.int32, count=n)
+    ts_ms = np.fromiter(cols.ts, dtype=np.int64, count=n)
+    ts_arr = pa.array(ts_ms * 1000, type=pa.timestamp("us", tz="UTC"), mask=ts_types == 0)
+    if single_topic is None:
+        topic_arr = pa.array(cols.topics, type=pa.string())
+    else:
+        topic_arr = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([single_topic]))
+        topic_arr = topic_arr.cast(pa.string())
+    plan_arr = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([task.plan_id]))
+    arrays = [
+        topic_arr,
+        pa.array(partitions, type=pa.int32()),
+        pa.array(offsets, type=pa.int64()),
+        ts_arr,
+        pa.array(ts_types - 1, type=pa.int32()),
+        pa.array(cols.keys, type=pa.binary()),
+        pa.array(cols.values, type=pa.binary()),
+        pa.array(cols.headers, type=schema.field("headers").type),
+        plan_arr.cast(pa.string()),
+    ]
+    batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+    if not all_kept:
+        batch = batch.filter(pa.array(keep))
+    return batch, progressed
+
+
+def _unassign(consumer: Any, done: Sequence[Range]) -> None:
+    from confluent_kafka import TopicPartition
+
+    # Stop fetching finished partitions; anything still queued for them is filtered out.
+    consumer.incremental_unassign([TopicPartition(r.topic, r.partition) for r in done])
+
+
+def _range_for(wave: _Wave, topic: str | None, partition: int | None) -> Range | None:
+    if topic is None or partition is None or topic not in wave.topic_index or partition >= wave.stride:
+        return None
+    return wave.by_slot.get(wave.slot(topic, partition))
+
+
+def _log_start(consumer: Any, topic: str, partition: int) -> str:
+    from confluent_kafka import KafkaException, TopicPartition
+
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5.0)
+    except KafkaException:
+        return ""
+    return f"; the log now starts at {low} and ends at {high}"
+
+
+def _raise_or_skip(consumer: Any, wave: _Wave, msg: Any, err: Any) -> None:
+    """Fail on a partition's hard error; let librdkafka retry transient (broker) errors."""
+    from confluent_kafka import KafkaError
+
+    topic, partition = msg.topic(), msg.partition()
+    rng = _range_for(wave, topic, partition)
+    code = err.code()
+    lost = code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
+    hard = lost or err.fatal() or code in (
+        KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC, KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError.SASL_AUTHENTICATION_FAILED,
+        KafkaError._AUTHENTICATION,
+    )  # fmt: skip
+    if not hard:
+        return  # broker down, leader moving, timeouts: librdkafka retries; the stall timeout bounds it
+    where = rng.describe() if rng is not None else f"{topic}[{partition}]"
+    if lost and rng is not None and topic is not None and partition is not None:
+        position = wave.low[wave.slot(topic, partition)]
+        raise ReadError(
+            f"{where}: offset {position} is no longer available ({err.str()}){_log_start(consumer, topic, partition)}. "
+            "Records were deleted (retention or DeleteRecords) after the plan was made; replan the run so the "
+            "feed's data-loss policy decides, nothing was committed"
+        )
+    raise ReadError(f"reading {where} failed: {err.str()} (code {err.name()})")
+
+
+def _raise_stalled(consumer: Any, wave: _Wave, stall_timeout_s: float) -> None:
+    stuck = []
+    for slot in sorted(wave.open):
+        r = wave.by_slot[slot]
+        position = int(wave.low[slot])
+        stuck.append(f"{r.describe()} at offset {position}{_log_start(consumer, r.topic, r.partition)}")
+    raise ReadError(f"no progress for {stall_timeout_s:.0f}s before reaching the planned end of: " + "; ".join(stuck))
+
+
+# -- the Spark data source -------------------------------------------------------------
+
+
+class TaskPartition(InputPartition):  # type: ignore[misc]
+    """One Spark input partition holding one :class:`ReadTask`."""
+
+    def __init__(self, task: ReadTask) -> None:
+        super().__init__(task)
+        self.task = task
+
+
+class TidemarkKafkaSource(DataSource):  # type: ignore[misc]
+    """Format ``tidemark_kafka``: the records of a Tidemark plan's offset ranges.
+
+    Options: ``plan`` (the plan JSON, required), ``kafka.<librdkafka key>`` (connection;
+    else the executors' ``TIDEMARK_*`` environment), ``batch.records`` (Arrow batch size,
+    default 10000), ``stall.timeout.s`` (default 120). Schema: :data:`SCHEMA`.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> TidemarkKafkaReader:
+        return TidemarkKafkaReader(self.options)
+
+
+class TidemarkKafkaReader(DataSourceReader):  # type: ignore[misc]
+    def __init__(self, options: Mapping[str, str]) -> None:
+        opts = {str(k).lower(): str(v) for k, v in options.items()}
+        text = opts.get("plan")
+        if not text:
+            raise ConfigError(f"the {SOURCE_NAME} data source needs option 'plan' (the plan JSON)")
+        self.plan = Plan.from_json(text)
+        self.kafka = {k[len(KAFKA_OPTION_PREFIX) :]: v for k, v in opts.items() if k.startswith(KAFKA_OPTION_PREFIX)}
+        try:
+            self.batch_records = int(opts.get("batch.records", DEFAULT_BATCH_RECORDS))
+            self.stall_timeout_s = float(opts.get("stall.timeout.s", DEFAULT_STALL_TIMEOUT_S))
+        except ValueError as exc:
+            raise ConfigError(f"{SOURCE_NAME}: option batch.records / stall.timeout.s is not a number: {exc}") from exc
+        if self.batch_records < 1 or self.stall_timeout_s <= 0:
+            raise ConfigError(f"{SOURCE_NAME}: batch.records and stall.timeout.s must be positive")
+
+    def partitions(self) -> list[InputPartition]:
+        return [TaskPartition(t) for t in tasks_of(self.plan)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        task: ReadTask = partition.task
+        config = dict(self.kafka) if "bootstrap.servers" in self.kafka else from_env().client_config(**self.kafka)
+        return read_task(task, config, batch_records=self.batch_records, stall_timeout_s=self.stall_timeout_s)
+
+
+def register(spark: SparkSession) -> None:
+    spark.dataSource.register(TidemarkKafkaSource)
+
+
+def read_plan(
+    spark: SparkSession,
+    plan: Plan,
+    connection: KafkaConnection | None = None,
+    *,
+    batch_records: int | None = None,
+    stall_timeout_s: float | None = None,
+) -> DataFrame:
+    """A DataFrame of exactly ``plan``'s records (lazy: Kafka is read by the first action).
+
+    ``connection`` travels to the executors as ``kafka.*`` options; leave it ``None`` to
+    have executors use their own ``TIDEMARK_*`` environment instead.
+    """
+    register(spark)
+    reader = spark.read.format(SOURCE_NAME).option("plan", plan.to_json(indent=None))
+    if connection is not None:
+        for key, value in connection.client_config().items():
+            reader = reader.option(KAFKA_OPTION_PREFIX + key, str(value))
+    if batch_records is not None:
+        reader = reader.option("batch.records", str(batch_records))
+    if stall_timeout_s is not None:
+        reader = reader.option("stall.timeout.s", str(stall_timeout_s))
+    return reader.load()
+
+
+# -- per-range statistics, computed on the driver from the DataFrame -------------------
+
+
+@dataclass(frozen=True)
+class RangeStats:
+    topic: str
+    partition: int
+    start: int
+    end: int
+    records: int
+    first_offset: int | None
+    last_offset: int | None
+    gaps: int  # offsets inside [start, end) with no record (compaction, markers, aborted)
+    min_timestamp_ms: int | None
+    max_timestamp_ms: int | None
+    bytes: int  # key + value bytes
+    checksum: str  # order-independent digest of (topic, partition, offset, key, value)
+
+    @property
+    def planned(self) -> int:
+        return self.end - self.start
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def range_stats(df: DataFrame, plan: Plan) -> list[RangeStats]:
+    """One aggregation over ``df`` (persist it first): statistics for every planned range."""
+    from pyspark.sql import functions as F
+
+    row_hash = F.xxhash64("topic", "partition", "offset", "key", "value")
+    agg = (
+        df.groupBy("topic", "partition")
+        .agg(
+            F.count(F.lit(1)).alias("records"),
+            F.min("offset").alias("first"),
+            F.max("offset").alias("last"),
+            F.min("timestamp").alias("min_ts"),
+            F.max("timestamp").alias("max_ts"),
+            F.sum(F.coalesce(F.length("key"), F.lit(0)) + F.coalesce(F.length("value"), F.lit(0))).alias("bytes"),
+            # Two independent 64-bit sums make an order-independent 128-bit digest.
+            F.sum(row_hash.cast("decimal(38,0)")).alias("h1"),
+            F.sum(F.xxhash64(row_hash, F.lit("tidemark")).cast("decimal(38,0)")).alias("h2"),
+        )
+        .collect()
+    )
+    found = {(r["topic"], r["partition"]): r for r in agg}
+    out = []
+    for p in plan.partitions:
+        row = found.pop((p.topic, p.partition), None)
+        records = int(row["records"]) if row else 0
+        out.append(
+            RangeStats(
+                topic=p.topic,
+                partition=p.partition,
+                start=p.start,
+                end=p.end,
+                records=records,
+                first_offset=int(row["first"]) if row else None,
+                last_offset=int(row["last"]) if row else None,
+                gaps=p.records - records,
+                min_timestamp_ms=_ms(row["min_ts"]) if row else None,
+                max_timestamp_ms=_ms(row["max_ts"]) if row else None,
+                bytes=int(row["bytes"] or 0) if row else 0,
+                checksum=f"{int(row['h1']) & (2**64 - 1):016x}{int(row['h2']) & (2**64 - 1):016x}" if row else "0" * 32,
+            )
+        )
+    if found:
+        extra = ", ".join(f"{t}[{p}]" for t, p in sorted(found))
+        raise ReadError(f"plan {plan.plan_id}: the read returned records of partitions not in the plan: {extra}")
+    return out
+
+
+def _ms(value: Any) -> int | None:
+    if value is None:
+        return None
+    return int(value.timestamp() * 1000)
+
+
+def check_complete(stats: Sequence[RangeStats]) -> list[str]:
+    """Built-in completeness checks: problems found (empty when every range is sound)."""
+    problems = []
+    for s in stats:
+        where = f"{s.topic}[{s.partition}] planned [{s.start}, {s.end})"
+        if s.records > s.planned:
+            problems.append(f"{where}: {s.records} records, more than the {s.planned} offsets planned (duplicates)")
+        if s.first_offset is not None and s.first_offset < s.start:
+            problems.append(f"{where}: offset {s.first_offset} lies before the range")
+        if s.last_offset is not None and s.last_offset >= s.end:
+            problems.append(f"{where}: offset {s.last_offset} lies past the range")
+    return problems

@@ -1,0 +1,90 @@
+"""Hand-built plans for the read/publish tests (independent of the planner module)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from tidemark.connection import KafkaConnection
+from tidemark.kafka_io import KafkaAdapter
+from tidemark.plan import Chunk, Isolation, PartitionPlan, Plan, Task, compute_plan_id
+
+
+def plan_for(
+    adapter: KafkaAdapter,
+    topics: Sequence[str],
+    *,
+    isolation: Isolation = "read_committed",
+    starts: Mapping[tuple[str, int], int] | None = None,
+    ends: Mapping[tuple[str, int], int] | None = None,
+    chunk_records: int = 1_000_000,
+    feed: str = "test-feed",
+    group: str = "test-group",
+) -> Plan:
+    """A plan over every partition of ``topics``: log start (or ``starts``) → end offset (or ``ends``)."""
+    infos = adapter.partitions(topics)
+    tps = [(i.topic, i.partition) for i in infos]
+    low = adapter.log_start_offsets(tps)
+    high = adapter.end_offsets(tps, "read_uncommitted")
+    stable = adapter.end_offsets(tps, isolation)
+    parts = []
+    for info in infos:
+        tp = (info.topic, info.partition)
+        start = (starts or {}).get(tp, low[tp])
+        end = (ends or {}).get(tp, stable[tp])
+        parts.append(
+            PartitionPlan(
+                topic=info.topic, partition=info.partition, leader=info.leader, committed=None, checkpoint=None,
+                log_start=low[tp], high_watermark=high[tp], end_available=stable[tp], start=start, end=end,
+                reason="earliest",
+            )
+        )  # fmt: skip
+    by_leader: dict[int, list[Chunk]] = defaultdict(list)
+    for p in parts:
+        for s in range(p.start, p.end, chunk_records):
+            by_leader[p.leader].append(Chunk(p.topic, p.partition, s, min(p.end, s + chunk_records)))
+    tasks = tuple(Task(i, leader, tuple(chunks)) for i, (leader, chunks) in enumerate(sorted(by_leader.items())))
+    pp = tuple(parts)
+    return Plan(
+        plan_id=compute_plan_id(feed, group, "replay", isolation, pp),
+        feed=feed, group=group, mode="replay", commit=False, isolation=isolation,
+        created_at="2026-01-01T00:00:00+00:00", partitions=pp, tasks=tasks,
+    )  # fmt: skip
+
+
+def consume_independently(
+    connection: KafkaConnection, plan: Plan, isolation: Isolation = "read_committed"
+) -> list[tuple[Any, ...]]:
+    """Every record of the plan's ranges, read one by one with a plain consumer (the oracle)."""
+    out: list[tuple[Any, ...]] = []
+    for p in plan.partitions:
+        if p.end <= p.start:
+            continue
+        consumer = Consumer(
+            connection.client_config(
+                **{"group.id": "oracle", "enable.auto.commit": False, "isolation.level": isolation,
+                   "enable.partition.eof": True, "auto.offset.reset": "error"}
+            )
+        )  # fmt: skip
+        try:
+            consumer.assign([TopicPartition(p.topic, p.partition, p.start)])
+            while True:
+                msg = consumer.poll(10)
+                assert msg is not None, f"oracle stalled on {p.topic}[{p.partition}]"
+                if msg.error():
+                    if msg.error().code() == -191:  # _PARTITION_EOF
+                        if msg.offset() >= p.end:
+                            break
+                        continue
+                    raise AssertionError(str(msg.error()))
+                if msg.offset() >= p.end:
+                    break
+                out.append((msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value()))
+                if msg.offset() >= p.end - 1:
+                    break
+        finally:
+            consumer.close()
+    return sorted(out)

@@ -1,0 +1,173 @@
+"""The tidemark_kafka data source against the real cluster: exact ranges, gaps, failures."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from tests.conftest import KafkaTestCluster, keyed_records
+from tests.integration.read_helpers import consume_independently, plan_for
+from tidemark.errors import LocalKafkaError, ReadError
+from tidemark.kafka_io import Record
+from tidemark.kafka_local.cluster import LocalCluster
+from tidemark.source import check_complete, range_stats, read_plan, read_task, tasks_of
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+# keyed_records are stamped in 2023: without this, time retention deletes them at once.
+KEEP = {"retention.ms": "-1"}
+
+
+def _restart(cluster: LocalCluster, node_id: int) -> None:
+    """Start the node again unless another session sharing the cluster already did."""
+    if node_id in {n.node_id for n in cluster.running_nodes()}:
+        return
+    try:
+        cluster.start_node(node_id)
+    except LocalKafkaError:
+        if node_id not in {n.node_id for n in cluster.running_nodes()}:
+            raise
+
+
+def _rows(df: Any) -> list[tuple[Any, ...]]:
+    return sorted(
+        (r.topic, r.partition, r.offset, None if r.key is None else bytes(r.key),
+         None if r.value is None else bytes(r.value))
+        for r in df.select("topic", "partition", "offset", "key", "value").collect()
+    )  # fmt: skip
+
+
+def test_reads_exactly_the_planned_ranges(kafka: KafkaTestCluster, spark: Any) -> None:
+    topic = kafka.new_topic(partitions=4, config=KEEP, prefix="read-exact")
+    for p in range(4):
+        kafka.produce(topic, keyed_records(250 + 50 * p, partition=p, prefix=f"p{p}"))
+    kafka.produce(topic, [Record(value=b"h", key=b"hk", partition=0, headers=(("a", b"1"), ("b", b"")))])
+    # Sub-ranges that start and end inside each partition, split into small chunks.
+    starts = {(topic, p): 10 * p for p in range(4)}
+    ends = {(topic, 0): 251, (topic, 1): 290, (topic, 2): 333, (topic, 3): 399}
+    plan = plan_for(kafka.adapter, [topic], starts=starts, ends=ends, chunk_records=70)
+
+    df = read_plan(spark, plan, kafka.connection, batch_records=64)
+    assert df.rdd.getNumPartitions() == len(plan.tasks)
+    assert _rows(df) == consume_independently(kafka.connection, plan)
+    assert df.count() == plan.total_records
+
+    header_row = df.where("offset = 250 and partition = 0").collect()[0]
+    assert [(h.key, bytes(h.value)) for h in header_row.headers] == [("a", b"1"), ("b", b"")]
+    assert header_row.timestamp_type == 0  # CreateTime, Java's id
+    assert {r.plan_id for r in df.select("plan_id").distinct().collect()} == {plan.plan_id}
+
+    stats = {(s.topic, s.partition): s for s in range_stats(df, plan)}
+    s1 = stats[(topic, 1)]
+    assert (s1.records, s1.first_offset, s1.last_offset, s1.gaps) == (280, 10, 289, 0)
+    assert s1.min_timestamp_ms == 1_700_000_000_000 + 10 * 1000
+    assert s1.max_timestamp_ms == 1_700_000_000_000 + 289 * 1000
+    assert s1.bytes == sum(len(f"p1-{i}") + len(f"v-{i}") for i in range(10, 290))
+    assert check_complete(list(stats.values())) == []
+
+
+def test_read_committed_skips_aborted_records(kafka: KafkaTestCluster, spark: Any) -> None:
+    topic = kafka.new_topic(partitions=1, prefix="read-txn")
+    producer = Producer(kafka.connection.client_config(**{"transactional.id": f"tx-{topic}"}))
+    producer.init_transactions(30)
+    for i, commit in enumerate([True, False, True, False, True]):
+        producer.begin_transaction()
+        for j in range(10):
+            producer.produce(topic, value=f"{'ok' if commit else 'aborted'}-{i}-{j}".encode(), partition=0)
+        producer.flush(30)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+
+    # 50 records + 5 transaction markers; wait until the last marker is stable.
+    deadline = time.monotonic() + 30
+    while kafka.adapter.end_offsets([(topic, 0)], "read_committed")[(topic, 0)] < 55:
+        assert time.monotonic() < deadline, "the last transaction marker never became stable"
+        time.sleep(0.2)
+    plan = plan_for(kafka.adapter, [topic], isolation="read_committed")
+    df = read_plan(spark, plan, kafka.connection)
+    values = sorted(bytes(r.value).decode() for r in df.collect())
+    assert values == sorted(f"ok-{i}-{j}" for i in (0, 2, 4) for j in range(10))
+    assert _rows(df) == consume_independently(kafka.connection, plan)
+    (stats,) = range_stats(df, plan)
+    # 20 aborted records and 5 markers are gaps.
+    assert plan.partitions[0].end == 55
+    assert (stats.records, stats.gaps) == (30, 25)
+
+    uncommitted = plan_for(kafka.adapter, [topic], isolation="read_uncommitted")
+    assert read_plan(spark, uncommitted, kafka.connection).count() == 50
+
+
+def test_compacted_topic_gaps_are_counted(kafka: KafkaTestCluster, spark: Any) -> None:
+    config = {
+        **KEEP,
+        "cleanup.policy": "compact",
+        "segment.ms": "100",
+        "min.cleanable.dirty.ratio": "0.0001",
+        "min.compaction.lag.ms": "0",
+        "delete.retention.ms": "0",
+    }
+    topic = kafka.new_topic(partitions=1, config=config, prefix="read-compact")
+    keys = [f"key-{i}".encode() for i in range(20)]
+    deadline = time.monotonic() + 120
+    # Rewrite the same keys until the cleaner has removed some of the older copies.
+    while True:
+        kafka.produce(topic, [Record(value=b"v%d" % i, key=k, partition=0) for i, k in enumerate(keys)])
+        time.sleep(1.0)
+        plan = plan_for(kafka.adapter, [topic], isolation="read_uncommitted")
+        expected = consume_independently(kafka.connection, plan, isolation="read_uncommitted")
+        if len(expected) < plan.total_records - 40:
+            break
+        assert time.monotonic() < deadline, "the log cleaner did not compact within 2 minutes"
+
+    df = read_plan(spark, plan, kafka.connection)
+    assert _rows(df) == expected
+    (stats,) = range_stats(df, plan)
+    assert stats.gaps == plan.total_records - len(expected) > 0
+    assert check_complete([stats]) == []
+
+
+def test_deleted_start_fails_naming_partition_and_offsets(kafka: KafkaTestCluster, spark: Any) -> None:
+    topic = kafka.new_topic(partitions=2, config=KEEP, prefix="read-deleted")
+    for p in range(2):
+        kafka.produce(topic, keyed_records(100, partition=p))
+    plan = plan_for(kafka.adapter, [topic], isolation="read_uncommitted")
+    kafka.adapter.delete_records({(topic, 1): 60})
+
+    with pytest.raises(Exception, match=rf"{topic}\[1\] offsets \[0, 100\).*offset 0 is no longer available") as info:
+        read_plan(spark, plan, kafka.connection).count()
+    assert "log now starts at 60" in str(info.value)
+
+    # The same failure outside Spark is a ReadError.
+    (task,) = [t for t in tasks_of(plan) if any(r.partition == 1 for r in t.ranges)]
+    with pytest.raises(ReadError, match=r"offset 0 is no longer available"):
+        list(read_task(task, kafka.connection.client_config()))
+
+
+def test_leader_stopped_mid_read_still_yields_the_planned_records(kafka: KafkaTestCluster) -> None:
+    cluster = kafka.require_local()
+    topic = kafka.new_topic(partitions=1, replication=3, config=KEEP, prefix="read-failover")
+    kafka.produce(topic, keyed_records(30_000, partition=0), acks="all")
+    plan = plan_for(kafka.adapter, [topic], isolation="read_committed")
+    leader = plan.partitions[0].leader
+    (task,) = tasks_of(plan)
+    # Small fetches so that most of the range is still on the broker when the leader stops.
+    config = kafka.connection.client_config(**{"max.partition.fetch.bytes": 4096,
+                                               "queued.max.messages.kbytes": 64})  # fmt: skip
+    batches = read_task(task, config, batch_records=500, stall_timeout_s=90)
+    got = [next(batches)]
+    cluster.stop_node(leader)
+    try:
+        got.extend(batches)
+        new_leader = kafka.adapter.partitions([topic])[0].leader
+    finally:
+        _restart(cluster, leader)
+    assert new_leader != leader
+    offsets = [o for b in got for o in b.column("offset").to_pylist()]
+    assert offsets == list(range(30_000))
+    values = [v for b in got for v in b.column("value").to_pylist()]
+    assert values == [f"v-{i}".encode() for i in range(30_000)]
