@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test lint unit integration bench bench-quick kafka-up kafka-down clean lock
+.PHONY: install demo test lint unit integration bench bench-quick bench-plan kafka-up kafka-down clean lock
 
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
@@ -37,6 +37,10 @@ bench: install
 
 bench-quick: install
 	$(BIN)/python -m tidemark.bench --quick $(BENCH_ARGS)
+
+# Planning benchmark (issue 3): plans a 1,000-partition feed on the running cluster; prints median/p99 and requests.
+bench-plan: install
+	$(BIN)/python -m tidemark.bench_plan $(BENCH_PLAN_ARGS)
 
 kafka-up: install
 	$(BIN)/tidemark kafka up
