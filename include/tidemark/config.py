@@ -31,6 +31,7 @@ OnBadRecords = Literal["fail", "quarantine"]
 FieldType = Literal["string", "integer", "number", "boolean"]
 
 FEED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 def package_root() -> Path:
@@ -121,6 +122,10 @@ class Feed(_Model):
     def _topics_unique(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if len(set(v)) != len(v):
             raise ValueError("a topic is listed twice")
+        for topic in v:
+            # Kafka's own rule; checked here so a typo fails with the file's name, not a broker error.
+            if not TOPIC_NAME.match(topic) or topic in (".", ".."):
+                raise ValueError(f"{topic!r} is not a Kafka topic name (letters, digits, '.', '_', '-'; 1-249)")
         return v
 
     @field_validator("reset_timestamp")

@@ -1,0 +1,165 @@
+"""Feed configs: valid files load, invalid ones fail naming the file and the field."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from tidemark.config import Feed, load_feed, load_feed_file, load_feeds, package_root, schedule_interval
+from tidemark.errors import ConfigError
+from tidemark.planner import Policy
+
+MINIMAL = "topics: [orders]\ngroup: orders-batch\n"
+
+
+def write(tmp_path: Path, text: str, name: str = "orders") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_demo_feed_loads() -> None:
+    feed = load_feed("demo", package_root() / "feeds")
+    assert feed.name == "demo" and feed.topics == ("tidemark.demo.events",)
+    assert feed.interval == timedelta(hours=1)
+    assert Policy.from_feed(feed).records_per_task == 500
+
+
+def test_minimal_feed_defaults_are_the_safe_ones(tmp_path: Path) -> None:
+    feed = load_feed_file(write(tmp_path, MINIMAL))
+    assert feed.name == "orders"
+    assert (feed.on_missing, feed.on_data_loss, feed.on_ahead, feed.on_new_partition) == (
+        "earliest",
+        "fail",
+        "fail",
+        "earliest",
+    )
+    assert feed.isolation == "read_committed" and feed.interval is None
+
+
+def test_timestamp_reset_feed(tmp_path: Path) -> None:
+    feed = load_feed_file(write(tmp_path, MINIMAL + "on_missing: timestamp\nreset_timestamp: 2026-01-31T00:00:00Z\n"))
+    assert feed.reset_timestamp_ms == 1_769_817_600_000
+
+
+INVALID = [
+    # id, extra YAML, the field the message must name, a phrase of the reason
+    ("unknown-key", "topcis: [x]\n", "topcis", "Extra inputs are not permitted"),
+    ("bad-on-missing", "on_missing: sometimes\n", "on_missing", "earliest"),
+    ("bad-on-data-loss", "on_data_loss: ignore\n", "on_data_loss", "skip"),
+    ("bad-on-ahead", "on_ahead: skip\n", "on_ahead", "latest"),
+    ("bad-on-new-partition", "on_new_partition: timestamp\n", "on_new_partition", "earliest"),
+    ("bad-isolation", "isolation: serializable\n", "isolation", "read_committed"),
+    ("timestamp-without-time", "on_missing: timestamp\n", "(file)", "reset_timestamp"),
+    ("time-without-timestamp", "reset_timestamp: 2026-01-31T00:00:00Z\n", "(file)", "only with on_missing"),
+    (
+        "naive-reset-time",
+        "on_missing: timestamp\nreset_timestamp: 2026-01-31T00:00:00\n",
+        "reset_timestamp",
+        "timezone",
+    ),
+    ("zero-cap", "max_records_per_partition: 0\n", "max_records_per_partition", "greater than 0"),
+    ("negative-run-cap", "max_records_per_run: -5\n", "max_records_per_run", "greater than 0"),
+    ("zero-records-per-task", "records_per_task: 0\n", "records_per_task", "greater than 0"),
+    (
+        "partition-cap-above-run-cap",
+        "max_records_per_partition: 100\nmax_records_per_run: 10\n",
+        "(file)",
+        "larger than max_records_per_run",
+    ),
+    ("bad-schedule", "schedule: every tuesday\n", "schedule", "neither a preset"),
+    ("json-without-fields", "deserialization: {format: json}\n", "deserialization", "needs 'fields'"),
+    (
+        "fields-without-json",
+        "deserialization: {fields: [{name: a, type: string}]}\n",
+        "deserialization",
+        "format: json",
+    ),
+    (
+        "bad-expectation",
+        "validation: {expectations: [{type: check_it}]}\n",
+        "validation.expectations.0.type",
+        "pattern",
+    ),
+    ("quarantine-ratio", "validation: {quarantine_max_ratio: 2}\n", "validation.quarantine_max_ratio", "less than"),
+]
+
+
+@pytest.mark.parametrize(("extra", "field", "reason"), [pytest.param(e, f, r, id=i) for i, e, f, r in INVALID])
+def test_invalid_feed_names_file_and_field(tmp_path: Path, extra: str, field: str, reason: str) -> None:
+    path = write(tmp_path, MINIMAL + extra)
+    with pytest.raises(ConfigError) as info:
+        load_feed_file(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ")
+    assert f"field '{field}'" in message
+    assert reason in message
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "reason"),
+    [
+        pytest.param("group: g\n", "topics", "Field required", id="no-topics"),
+        pytest.param("topics: []\ngroup: g\n", "topics", "at least 1", id="empty-topics"),
+        pytest.param("topics: [a, a]\ngroup: g\n", "topics", "listed twice", id="duplicate-topic"),
+        pytest.param("topics: ['orders/eu']\ngroup: g\n", "topics", "not a Kafka topic name", id="bad-topic-name"),
+        pytest.param(f"topics: [{'x' * 250}]\ngroup: g\n", "topics", "not a Kafka topic name", id="long-topic-name"),
+        pytest.param("topics: [a]\n", "group", "Field required", id="no-group"),
+        pytest.param("topics: [a]\ngroup: ''\n", "group", "at least 1", id="empty-group"),
+        pytest.param("topics: [a]\ngroup: g\nname: other\n", "name", "file's stem", id="name-in-file"),
+    ],
+)
+def test_invalid_topics_group_and_name(tmp_path: Path, text: str, field: str, reason: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_feed_file(path)
+    assert str(path) in str(info.value)
+    assert f"field '{field}'" in str(info.value) and reason in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        pytest.param("- a\n- b\n", "must be a YAML mapping, got list", id="not-a-mapping"),
+        pytest.param("topics: [a\n", "not valid YAML", id="broken-yaml"),
+    ],
+)
+def test_unreadable_feed_files(tmp_path: Path, text: str, reason: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=reason) as info:
+        load_feed_file(path)
+    assert str(path) in str(info.value)
+
+
+def test_bad_feed_file_name_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL, name="-bad")
+    with pytest.raises(ConfigError, match=r"field 'name'"):
+        load_feed_file(path)
+
+
+def test_unknown_feed_lists_known_ones(tmp_path: Path) -> None:
+    write(tmp_path, MINIMAL, name="orders")
+    write(tmp_path, MINIMAL, name="payments")
+    with pytest.raises(ConfigError, match=r"no feed named 'refunds' .*known feeds: orders, payments"):
+        load_feed("refunds", tmp_path)
+    assert sorted(load_feeds(tmp_path)) == ["orders", "payments"]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "interval"),
+    [
+        ("@hourly", timedelta(hours=1)),
+        ("@daily", timedelta(days=1)),
+        ("6h", timedelta(hours=6)),
+        ("90min", timedelta(minutes=90)),
+        ("2w", timedelta(weeks=2)),
+        ("*/15 * * * *", timedelta(minutes=15)),
+        ("0 0 1 * *", timedelta(days=31)),  # the longest gap of a monthly cron
+    ],
+)
+def test_schedule_intervals(schedule: str, interval: timedelta) -> None:
+    assert schedule_interval(schedule) == interval
+    feed = Feed(name="f", topics=("a",), group="g", schedule=schedule)
+    assert feed.interval == interval
