@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tidemark.cli_plan import add_planning
+from tidemark.cli_runs import add_runs
 from tidemark.errors import TidemarkError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -108,6 +109,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     add_kafka,
     add_demo,
     add_planning,
+    add_runs,
 ]
 
 

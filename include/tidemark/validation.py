@@ -620,6 +620,8 @@ def validate(
             "decode_errors": decode_errors,
             "by_rule": by_rule,
         },
+        "good_records": sum(good_counts.values()),
+        "quarantined_records": sum(quarantined_counts.values()),
         "bad_ratio": ratio,
         "quarantine_max_ratio": policy.quarantine_max_ratio,
         "partitions": ranges.to_dict(plan),
