@@ -105,14 +105,19 @@ def _status(args: argparse.Namespace) -> int:
     snap = snapshot_feed(feed, KafkaAdapter(from_env()), default_store())
     rows = []
     total = 0
+    unknown = 0
     for s in snap.partitions:
         end = s.end_for(feed.isolation)
         position = s.committed if s.committed is not None else s.checkpoint
         lag = None if position is None else max(end - position, 0)
         total += lag or 0
-        rows.append((f"{s.topic}[{s.partition}]", s.leader, s.committed, s.checkpoint, s.log_start, end, lag))
+        unknown += lag is None
+        lag_cell = "-" if lag is None else lag
+        rows.append((f"{s.topic}[{s.partition}]", s.leader, s.committed, s.checkpoint, s.log_start, end, lag_cell))
     print(table(["partition", "leader", "committed", "checkpoint", "log start", "end", "lag"], rows))
     print(f"\nfeed '{feed.name}', group '{feed.group}' ({feed.isolation}): total lag {total}")
+    if unknown:
+        print(f"{unknown} partitions have no committed offset and no checkpoint: the next run starts them by policy")
     return 0
 
 

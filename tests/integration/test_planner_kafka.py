@@ -261,6 +261,8 @@ def test_open_transaction_holds_lso_below_hw(
     producer.commit_transaction(30)
     producer.begin_transaction()  # the fixture's abort then closes an empty transaction
     assert committed.partitions[0].end == 5
+    # The coordinator writes the commit marker after EndTxn returns: wait for the LSO to pass it.
+    wait_for(lambda: kafka.adapter.end_offsets([(topic, 0)], "read_committed")[(topic, 0)] == 9, "the commit marker")
     again = plan_feed(make_feed(topic, isolation="read_committed"), kafka.adapter, store)
     assert again.partitions[0].end == again.partitions[0].end_available == 9  # 5 + 3 + commit marker
 
@@ -431,6 +433,7 @@ def test_cli_plan_and_status(
     assert cli.main(["status", "clifeed"]) == 0
     out = capsys.readouterr().out
     assert "lag" in out and "total lag 4" in out
+    assert "1 partitions have no committed offset and no checkpoint" in out
 
     (feeds / "strict.yaml").write_text(f"topics: [{topic}]\ngroup: {group}-x\non_missing: fail\n")
     assert cli.main(["plan", "strict"]) == 2
