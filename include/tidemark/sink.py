@@ -1,0 +1,223 @@
+"""The idempotent Parquet sink: one plan's output appears whole, once, or not at all.
+
+Layout under the feed's output location (:meth:`tidemark.config.Feed.output_dir`)::
+
+    <output>/plan_id=<id>/topic=<topic>/date=<YYYY-MM-DD>/part-*.parquet   published records
+    <output>/plan_id=<id>/_quarantine/...                                  records kept aside
+    <output>/plan_id=<id>/_manifest.json                                   ranges, counts, checksums
+    <output>/_staging/<id>.<nonce>/                                        work in progress
+
+``date`` is the record timestamp's UTC date. Spark and pyarrow read ``<output>`` as one
+dataset partitioned by ``plan_id``, ``topic`` and ``date`` and skip ``_``-prefixed
+folders, so staging and quarantine never leak into it. :func:`publish` writes into a
+fresh staging folder, writes the manifest last, then renames the staging folder to its
+final name: one atomic ``rename(2)``, so a crash at any point before it leaves nothing
+visible, and a crash after it leaves a complete publication. Publishing a plan whose
+folder already holds a manifest is a no-op that returns that manifest. The location
+must be a POSIX filesystem seen by the driver and the executors (local disk, or a
+shared mount on a cluster); object stores have no atomic rename.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tidemark.config import Feed
+from tidemark.errors import PublishError
+from tidemark.plan import Plan
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from tidemark.source import RangeStats
+
+MANIFEST_VERSION = 1
+MANIFEST_NAME = "_manifest.json"
+QUARANTINE_DIR = "_quarantine"
+STAGING_DIR = "_staging"
+PARTITION_COLUMNS = ("topic", "date")
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str  # relative to the published folder
+    bytes: int
+    rows: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    plan_id: str
+    feed: str
+    group: str
+    location: str
+    published_at: str
+    records: int
+    quarantined: int
+    ranges: tuple[Mapping[str, Any], ...]
+    files: tuple[FileEntry, ...]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    version: int = MANIFEST_VERSION
+    # Not stored: True when this call found the plan already published and wrote nothing.
+    reused: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc.pop("reused")
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Manifest:
+        body = dict(doc)
+        body["ranges"] = tuple(body.get("ranges", ()))
+        body["files"] = tuple(FileEntry(**f) for f in body.get("files", ()))
+        return cls(**body)
+
+
+def published_dir(output: Path, plan_id: str) -> Path:
+    return output / f"plan_id={plan_id}"
+
+
+def load_manifest(output: Path, plan_id: str) -> Manifest | None:
+    """The manifest of ``plan_id`` under ``output``, or ``None`` when it was never published."""
+    path = published_dir(output, plan_id) / MANIFEST_NAME
+    if not path.exists():
+        if published_dir(output, plan_id).exists():
+            raise PublishError(
+                f"{published_dir(output, plan_id)} exists without {MANIFEST_NAME}: it was not written by Tidemark's "
+                f"publish (which renames complete folders only); move it away before publishing plan {plan_id}"
+            )
+        return None
+    return Manifest.from_dict(json.loads(path.read_text()))
+
+
+def publish(
+    df: DataFrame,
+    plan: Plan,
+    feed: Feed,
+    *,
+    quarantine: DataFrame | None = None,
+    stats: Sequence[RangeStats] = (),
+    output_dir: Path | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """Write ``df`` (and ``quarantine``) as plan ``plan``'s output, atomically and at most once.
+
+    ``df`` has the source's metadata columns (``topic``, ``timestamp``, ...) plus the
+    decoded ones; ``plan_id`` is dropped from the files (it is the folder name).
+    Returns the manifest; ``manifest.reused`` is True when the plan was already
+    published, in which case nothing was written.
+    """
+    from pyspark.sql import functions as F
+
+    if plan.feed != feed.name:
+        raise PublishError(f"plan {plan.plan_id} belongs to feed '{plan.feed}', not '{feed.name}'")
+    output = (output_dir or feed.output_dir()).resolve()
+    existing = load_manifest(output, plan.plan_id)
+    if existing is not None:
+        return replace(existing, reused=True)
+
+    staging_root = output / STAGING_DIR
+    for leftover in staging_root.glob(f"{plan.plan_id}.*"):  # an earlier attempt that crashed
+        shutil.rmtree(leftover, ignore_errors=True)
+    staging = staging_root / f"{plan.plan_id}.{uuid.uuid4().hex[:12]}"
+    staging_root.mkdir(parents=True, exist_ok=True)
+    try:
+        utc_date = F.date_from_unix_date(F.floor(F.unix_micros("timestamp") / 86_400_000_000).cast("int"))
+        data = df.drop("plan_id").withColumn("date", utc_date)
+        data.write.mode("errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(str(staging))
+        if quarantine is not None:
+            quarantine.drop("plan_id").write.mode("errorifexists").parquet(str(staging / QUARANTINE_DIR))
+        files = _file_entries(staging)
+        manifest = Manifest(
+            plan_id=plan.plan_id,
+            feed=feed.name,
+            group=plan.group,
+            location=str(published_dir(output, plan.plan_id)),
+            published_at=datetime.now(UTC).isoformat(),
+            records=sum(f.rows for f in files if not f.path.startswith(QUARANTINE_DIR)),
+            quarantined=sum(f.rows for f in files if f.path.startswith(QUARANTINE_DIR)),
+            ranges=tuple(s.to_dict() for s in stats),
+            files=files,
+            extra=dict(extra or {}),
+        )
+        _write_durably(staging / MANIFEST_NAME, json.dumps(manifest.to_dict(), indent=2, sort_keys=True))
+        return _rename_into_place(staging, output, manifest)
+    except PublishError:
+        raise
+    except Exception as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise PublishError(f"publishing plan {plan.plan_id} of feed '{feed.name}' to {output} failed: {exc}") from exc
+
+
+def _rename_into_place(staging: Path, output: Path, manifest: Manifest) -> Manifest:
+    final = published_dir(output, manifest.plan_id)
+    try:
+        os.rename(staging, final)  # atomic: the publication appears whole or not at all
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        winner = load_manifest(output, manifest.plan_id)
+        if winner is not None:  # a concurrent publisher of the same plan got there first
+            return replace(winner, reused=True)
+        raise PublishError(f"could not move {staging} to {final}: {exc.strerror}") from exc
+    _fsync_dir(output)
+    return manifest
+
+
+def _file_entries(root: Path) -> tuple[FileEntry, ...]:
+    import pyarrow.parquet as pq
+
+    entries = []
+    for path in sorted(root.rglob("*.parquet")):
+        digest = hashlib.sha256()
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        entries.append(
+            FileEntry(
+                path=str(path.relative_to(root)),
+                bytes=path.stat().st_size,
+                rows=pq.read_metadata(path).num_rows,
+                sha256=digest.hexdigest(),
+            )
+        )
+    return tuple(entries)
+
+
+def verify(manifest: Manifest) -> list[str]:
+    """Problems found re-checking a publication's files against its manifest."""
+    root = Path(manifest.location)
+    problems = []
+    for entry in manifest.files:
+        path = root / entry.path
+        if not path.exists():
+            problems.append(f"{path} is missing")
+            continue
+        if hashlib.sha256(path.read_bytes()).hexdigest() != entry.sha256:
+            problems.append(f"{path} does not match its checksum")
+    return problems
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with path.open("w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

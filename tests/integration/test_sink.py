@@ -1,0 +1,117 @@
+"""The Parquet sink: atomic publish under a plan-derived path, manifest, same plan twice = one copy."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+import pytest
+
+from tidemark.config import Feed
+from tidemark.errors import PublishError
+from tidemark.plan import Chunk, PartitionPlan, Plan, Task, compute_plan_id
+from tidemark.sink import MANIFEST_NAME, load_manifest, publish, published_dir, verify
+
+pytestmark = pytest.mark.spark
+
+DAY1 = dt.datetime(2026, 3, 1, 23, 59, tzinfo=dt.UTC)
+DAY2 = dt.datetime(2026, 3, 2, 0, 1, tzinfo=dt.UTC)
+
+
+def _plan(feed: str = "sinkfeed", end: int = 4) -> Plan:
+    parts = tuple(
+        PartitionPlan(topic="orders", partition=p, leader=1, committed=None, checkpoint=None, log_start=0,
+                      high_watermark=end, end_available=end, start=0, end=end, reason="earliest")
+        for p in range(2)
+    )  # fmt: skip
+    tasks = (Task(0, 1, tuple(Chunk("orders", p, 0, end) for p in range(2))),)
+    return Plan(
+        plan_id=compute_plan_id(feed, "g", "scheduled", "read_committed", parts), feed=feed, group="g",
+        mode="scheduled", commit=True, isolation="read_committed", created_at="2026-03-02T00:00:00+00:00",
+        partitions=parts, tasks=tasks,
+    )  # fmt: skip
+
+
+def _df(spark: Any, plan: Plan) -> Any:
+    from tidemark.source import SCHEMA
+
+    rows = [
+        ("orders", p, o, DAY1 if o < 2 else DAY2, 0, f"k{o}".encode(), f"v{p}-{o}".encode(), [], plan.plan_id)
+        for p in range(2)
+        for o in range(4)
+    ]
+    return spark.createDataFrame(rows, SCHEMA)
+
+
+def _snapshot(root: Path) -> dict[str, float]:
+    return {str(p.relative_to(root)): p.stat().st_mtime for p in root.rglob("*") if p.is_file()}
+
+
+def test_publish_is_atomic_and_idempotent(spark: Any, tmp_path: Path) -> None:
+    feed = Feed(name="sinkfeed", topics=("orders",), group="g", output=str(tmp_path / "out"))
+    plan = _plan()
+    df = _df(spark, plan)
+    bad = df.limit(1).withColumn("decode_error", df.value.cast("string"))
+
+    first = publish(df, plan, feed, quarantine=bad, extra={"run": "r1"})
+    assert not first.reused
+    final = published_dir(feed.output_dir(), plan.plan_id)
+    assert Path(first.location) == final.resolve()
+    assert (first.records, first.quarantined) == (8, 1)
+    assert {f.path.split("/part-")[0] for f in first.files} == {
+        "topic=orders/date=2026-03-01", "topic=orders/date=2026-03-02", "_quarantine",
+    }  # fmt: skip
+    assert verify(first) == []
+    assert json.loads((final / MANIFEST_NAME).read_text())["plan_id"] == plan.plan_id
+    assert not list((feed.output_dir() / "_staging").iterdir())
+
+    before = _snapshot(feed.output_dir())
+    second = publish(df, plan, feed, quarantine=bad)
+    assert second.reused
+    assert second.files == first.files
+    assert _snapshot(feed.output_dir()) == before  # nothing rewritten
+    assert [p.name for p in feed.output_dir().iterdir() if not p.name.startswith("_")] == [final.name]
+
+    # Readers see one copy: the staging and quarantine folders are invisible to them.
+    back = spark.read.parquet(str(feed.output_dir()))
+    assert back.count() == 8
+    assert {r.plan_id for r in back.select("plan_id").distinct().collect()} == {plan.plan_id}
+    table = ds.dataset(str(feed.output_dir()), format="parquet", partitioning="hive").to_table()
+    assert table.num_rows == 8
+
+
+def test_crash_before_publish_leaves_nothing_visible(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    feed = Feed(name="sinkfeed", topics=("orders",), group="g", output=str(tmp_path / "out"))
+    plan = _plan()
+    df = _df(spark, plan)
+
+    def crash(src: Any, dst: Any) -> None:
+        raise KeyboardInterrupt("killed just before the rename")
+
+    monkeypatch.setattr(os, "rename", crash)
+    with pytest.raises(KeyboardInterrupt):
+        publish(df, plan, feed)
+    monkeypatch.undo()
+    assert load_manifest(feed.output_dir(), plan.plan_id) is None
+    assert [p.name for p in feed.output_dir().iterdir()] == ["_staging"]  # only the abandoned staging folder
+
+    manifest = publish(df, plan, feed)  # the retry cleans the leftover and publishes
+    assert not manifest.reused and manifest.records == 8
+    assert list((feed.output_dir() / "_staging").iterdir()) == []
+
+
+def test_refuses_a_foreign_folder_and_a_foreign_plan(spark: Any, tmp_path: Path) -> None:
+    feed = Feed(name="sinkfeed", topics=("orders",), group="g", output=str(tmp_path / "out"))
+    plan = _plan()
+    published_dir(feed.output_dir(), plan.plan_id).mkdir(parents=True)
+    with pytest.raises(PublishError, match="exists without _manifest.json"):
+        publish(_df(spark, plan), plan, feed)
+    other = Feed(name="other", topics=("orders",), group="g", output=str(tmp_path / "o2"))
+    with pytest.raises(PublishError, match="belongs to feed 'sinkfeed'"):
+        publish(_df(spark, plan), plan, other)
