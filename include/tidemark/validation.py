@@ -49,7 +49,9 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 TP = tuple[str, int]
-DECODE_ERROR_COLUMN = "_decode_error"
+# decode.py names it ``decode_error``; ``_decode_error`` is accepted as well.
+DECODE_ERROR_COLUMNS = ("decode_error", "_decode_error")
+DECODE_ERROR_COLUMN = DECODE_ERROR_COLUMNS[0]
 REASON_COLUMN = "_reason"
 SAMPLE_SIZE = 20
 ROW_COUNT_EXPECTATION = "expect_table_row_count_to_be_between"
@@ -71,7 +73,13 @@ class RowRule:
     index: int | None  # position in the feed's expectations; None for the decode-error rule
 
 
-DECODE_RULE = RowRule("decode_error", DECODE_ERROR_COLUMN, f"`{DECODE_ERROR_COLUMN}` IS NOT NULL", None)
+DECODE_LABEL = "decode_error"
+
+
+def decode_rule(column: str = DECODE_ERROR_COLUMN) -> RowRule:
+    """Rows whose ``column`` (the decoder's failure reason) is set are bad."""
+    return RowRule(DECODE_LABEL, column, f"{quote_ident(column)} IS NOT NULL", None)
+
 
 ROW_TRANSLATABLE = frozenset(
     {
@@ -199,8 +207,10 @@ def split_rules(expectations: Sequence[Expectation], columns: Iterable[str]) -> 
             rules.append(translate(exp, cols, i))
         except Untranslatable as exc:
             untranslatable[i] = str(exc)
-    if DECODE_ERROR_COLUMN in cols:
-        rules.insert(0, DECODE_RULE)
+    for name in DECODE_ERROR_COLUMNS:
+        if name in cols:
+            rules.insert(0, decode_rule(name))
+            break
     return rules, untranslatable
 
 
@@ -208,8 +218,8 @@ def reason_sql(rules: Sequence[RowRule]) -> str:
     """A Spark SQL string expression naming every rule a row violates, ``; ``-separated."""
     parts = []
     for rule in rules:
-        if rule is DECODE_RULE:
-            parts.append(f"CASE WHEN {rule.sql} THEN concat('decode_error: ', `{DECODE_ERROR_COLUMN}`) END")
+        if rule.label == DECODE_LABEL:
+            parts.append(f"CASE WHEN {rule.sql} THEN concat('decode_error: ', {quote_ident(rule.expectation)}) END")
         else:
             parts.append(f"CASE WHEN coalesce(({rule.sql}), FALSE) THEN {sql_literal(rule.label)} END")
     return f"concat_ws('; ', {', '.join(parts)})" if parts else "CAST(NULL AS STRING)"
@@ -492,6 +502,27 @@ def _gx_samples(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _decode_reason(decode_failed: DataFrame) -> Column:
+    from pyspark.sql import functions as F
+
+    column = next((c for c in DECODE_ERROR_COLUMNS if c in decode_failed.columns), None)
+    if column is None:
+        return F.lit("decode_error")
+    return F.concat(F.lit("decode_error: "), F.coalesce(F.col(column), F.lit("unknown")))
+
+
+def _undecoded_for_quarantine(decode_failed: DataFrame, good: DataFrame) -> DataFrame:
+    """Undecoded rows shaped to sit beside the others: raw columns whose type differs become ``_raw_*``."""
+    types = dict(good.dtypes)
+    out = decode_failed.withColumn(REASON_COLUMN, _decode_reason(decode_failed))
+    for name, dtype in decode_failed.dtypes:
+        if name in DECODE_ERROR_COLUMNS:
+            out = out.drop(name)
+        elif name in types and types[name] != dtype:
+            out = out.withColumnRenamed(name, f"_raw_{name}")
+    return out
+
+
 def validate(
     df: DataFrame,
     plan: Plan,
@@ -499,13 +530,18 @@ def validate(
     run_dir: Path,
     *,
     positions: Mapping[TP, int] | None = None,
+    decode_failed: DataFrame | None = None,
     sample_size: int = SAMPLE_SIZE,
 ) -> ValidationOutcome:
     """Built-in checks, the feed's GX suite and the bad-record policy on the read DataFrame.
 
-    Writes ``<run_dir>/validation.json`` (the summary) and the Data Docs under
-    ``<run_dir>/gx`` in every case; raises :class:`ValidationRejectedError` when the run
-    must fail, and :class:`ValidationFailedError` when the built-in checks fail.
+    ``df`` holds the decoded records (GX runs on it). Records that failed to decode come
+    either as a ``decode_error`` column of ``df`` or, as :func:`tidemark.decode.decode`
+    splits them, as ``decode_failed`` (raw columns plus ``decode_error``); either way
+    they count in the range checks and are bad records. Writes
+    ``<run_dir>/validation.json`` (the summary) and the Data Docs under ``<run_dir>/gx``
+    in every case; raises :class:`ValidationRejectedError` when the run must fail, and
+    :class:`ValidationFailedError` when the built-in checks fail.
     """
     from pyspark.sql import functions as F
 
@@ -515,17 +551,31 @@ def validate(
     flags = [F.coalesce(F.expr(r.sql), F.lit(False)) for r in rules]
     bad = _or(flags)
 
-    # One action: range statistics and every rule's bad count, per partition.
+    # One action: range statistics and every rule's bad count, per partition, over the
+    # decoded records and the ones that failed to decode together.
+    marks = df.select(
+        "topic", "partition", "offset", bad.alias("_bad"), F.lit(False).alias("_undecoded"),
+        *[f.alias(f"_rule_{i}") for i, f in enumerate(flags)],
+    )  # fmt: skip
+    if decode_failed is not None:
+        marks = marks.unionByName(
+            decode_failed.select(
+                "topic", "partition", "offset", F.lit(True).alias("_bad"), F.lit(True).alias("_undecoded"),
+                *[F.lit(False).alias(f"_rule_{i}") for i in range(len(flags))],
+            )
+        )  # fmt: skip
     aggs = [
         *_range_aggs(),
-        F.sum(F.when(bad, 1).otherwise(0)).alias("bad"),
-        *[F.sum(F.when(f, 1).otherwise(0)).alias(f"rule_{i}") for i, f in enumerate(flags)],
+        F.sum(F.col("_bad").cast("int")).alias("bad"),
+        F.sum(F.col("_undecoded").cast("int")).alias("undecoded"),
+        *[F.sum(F.col(f"_rule_{i}").cast("int")).alias(f"rule_{i}") for i in range(len(flags))],
     ]
-    rows = df.groupBy("topic", "partition").agg(*aggs).collect()
+    rows = marks.groupBy("topic", "partition").agg(*aggs).collect()
     ranges = check_ranges(_stats_from_rows(rows, positions), plan, positions=positions)
     total = sum(int(r["rows"]) for r in rows)
     bad_counts = {(r["topic"], int(r["partition"])): int(r["bad"] or 0) for r in rows}
     bad_total = sum(bad_counts.values())
+    undecoded = sum(int(r["undecoded"] or 0) for r in rows)
     rule_counts = [sum(int(r[f"rule_{i}"] or 0) for r in rows) for i in range(len(rules))]
     labels = [r.label for r in rules]
     # Two expectations of one kind on one column share a label: tell them apart in the summary.
@@ -534,17 +584,25 @@ def validate(
         for label, rule, n in zip(labels, rules, rule_counts, strict=True)
     }
 
-    samples: list[dict[str, Any]] = []
-    if bad_total:
-        picked = (
+    picked: list[Any] = []
+    if bad_total - undecoded:
+        picked += (
             df.where(bad)
             .select("topic", "partition", "offset", F.expr(reason_sql(rules)).alias("reason"))
             .limit(sample_size)
             .collect()
         )
+    if undecoded and decode_failed is not None:
+        picked += (
+            decode_failed.select("topic", "partition", "offset", _decode_reason(decode_failed).alias("reason"))
+            .limit(sample_size)
+            .collect()
+        )
+    samples: list[dict[str, Any]] = []
+    if picked:
         samples = [
             {"topic": r["topic"], "partition": int(r["partition"]), "offset": int(r["offset"]), "reason": r["reason"]}
-            for r in sorted(picked, key=lambda r: (r["topic"], r["partition"], r["offset"]))
+            for r in sorted(picked, key=lambda r: (r["topic"], r["partition"], r["offset"]))[:sample_size]
         ]
 
     gx_out = run_gx(df, feed, plan, run_dir)
@@ -583,7 +641,7 @@ def validate(
             if rule is None:  # no Spark condition: GX's own sample of unexpected rows names the offsets
                 samples.extend(_gx_samples(result)[: max(0, sample_size - len(samples))])
 
-    decode_errors = rule_counts[0] if rules and rules[0] is DECODE_RULE else 0
+    decode_errors = undecoded + (rule_counts[0] if rules and rules[0].label == DECODE_LABEL else 0)
     ratio = bad_total / total if total else 0.0
     quarantine = policy.on_bad_records == "quarantine"
     failure: str | None = None
@@ -643,9 +701,13 @@ def validate(
             summary,
             gx_out.data_docs,
         )
+    good: DataFrame = df
+    quarantined: DataFrame | None = None
     if quarantine and bad_total:
         good = df.where(~bad)
-        quarantined: DataFrame | None = df.where(bad).withColumn(REASON_COLUMN, F.expr(reason_sql(rules)))
-    else:
-        good, quarantined = df, None
+        quarantined = df.where(bad).withColumn(REASON_COLUMN, F.expr(reason_sql(rules)))
+        if undecoded and decode_failed is not None:
+            quarantined = quarantined.unionByName(
+                _undecoded_for_quarantine(decode_failed, df), allowMissingColumns=True
+            )
     return ValidationOutcome(good, quarantined, summary, gx_out.data_docs, good_counts, quarantined_counts)

@@ -244,3 +244,63 @@ def test_duplicates_and_out_of_range_offsets_fail_the_built_in_checks(spark: Any
         validate(dup, make_plan({0: (0, 5)}), feed(), tmp_path)
     with pytest.raises(ValidationFailedError, match=r"orders\[0\]: offsets 0..4 outside the planned range \[1, 5\)"):
         check_ranges(spark.createDataFrame(rows, SCHEMA), make_plan({0: (1, 5)}))
+
+
+RAW_SCHEMA = (
+    "topic string, partition int, offset long, timestamp timestamp, timestamp_type int, key binary, value binary, "
+    "headers array<struct<key string, value binary>>, plan_id string"
+)
+
+
+def raw_rows(values: list[bytes]) -> list[tuple[Any, ...]]:
+    ts = datetime(2026, 1, 1, tzinfo=UTC)
+    return [(TOPIC, 0, i, ts, 0, f"k{i}".encode(), v, [], "pid") for i, v in enumerate(values)]
+
+
+def json_feed(mode: str, ratio: float) -> Feed:
+    from tidemark.config import Deserialization, JsonField
+
+    return Feed(
+        name="orders",
+        topics=(TOPIC,),
+        group="g",
+        deserialization=Deserialization(
+            format="json",
+            fields=(JsonField(name="order_id", type="integer"), JsonField(name="amount", type="number")),
+        ),
+        validation=Validation(
+            on_bad_records=mode,  # type: ignore[arg-type]
+            quarantine_max_ratio=ratio,
+            expectations=(
+                Expectation(type="expect_column_values_to_be_between", kwargs={"column": "amount", "min_value": 0}),
+            ),
+        ),
+    )
+
+
+def test_records_that_failed_to_decode_are_bad_records(spark: Any, tmp_path: Path) -> None:
+    from tidemark.decode import decode
+
+    values = [json.dumps({"order_id": i, "amount": 1.5 * i}).encode() for i in range(10)]
+    values[3] = b'{"order_id": "broken'
+    values[6] = json.dumps({"order_id": 6, "amount": -1.0}).encode()
+    raw = spark.createDataFrame(raw_rows(values), RAW_SCHEMA).persist()
+    plan = make_plan({0: (0, 10)})
+    feed = json_feed("quarantine", 0.25)
+    decoded = decode(raw, feed.deserialization)
+
+    outcome = validate(decoded.good, plan, feed, tmp_path / "q", decode_failed=decoded.bad)
+
+    counts = outcome.summary["counts"]
+    assert (counts["rows"], counts["good"], counts["quarantined"], counts["decode_errors"]) == (10, 8, 2, 1)
+    assert outcome.summary["gaps"] == 0  # the undecoded record counts as read
+    assert outcome.quarantined is not None
+    bad = {r["offset"]: r for r in outcome.quarantined.collect()}
+    assert set(bad) == {3, 6}
+    assert bad[3]["_reason"].startswith("decode_error: ") and bad[3]["value"] == values[3]
+    assert bad[3]["_raw_key"] == b"k3"  # the raw binary key, beside the decoded string keys
+    assert bad[6]["_reason"] == "expect_column_values_to_be_between(amount)" and bad[6]["key"] == "k6"
+    assert sorted(r["offset"] for r in outcome.good.select("offset").collect()) == [0, 1, 2, 4, 5, 7, 8, 9]
+
+    with pytest.raises(ValidationRejectedError, match=r"1 records failed to decode.*orders\[0\]@3 \(decode_error: "):
+        validate(decoded.good, plan, json_feed("fail", 0.0), tmp_path / "f", decode_failed=decoded.bad)

@@ -10,7 +10,7 @@ from tidemark.config import Expectation
 from tidemark.errors import ValidationFailedError
 from tidemark.plan import PartitionPlan, Plan, compute_plan_id
 from tidemark.validation import (
-    DECODE_RULE,
+    DECODE_LABEL,
     RangeStats,
     Untranslatable,
     check_ranges,
@@ -118,7 +118,7 @@ def test_split_rules_adds_decode_rule_and_explains_the_rest() -> None:
     ]
     rules, untranslatable = split_rules(expectations, ["topic", "id", "_decode_error"])
     assert [r.label for r in rules] == ["decode_error", "expect_column_values_to_not_be_null(id)"]
-    assert rules[0] is DECODE_RULE
+    assert rules[0].label == DECODE_LABEL and rules[0].sql == "`_decode_error` IS NOT NULL"
     assert rules[1].index == 0
     assert set(untranslatable) == {1}
     rules, _ = split_rules(expectations, ["topic", "id"])
