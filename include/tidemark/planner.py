@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tidemark.checkpoints import CheckpointStore
 from tidemark.config import Feed, OnAhead, OnDataLoss, OnMissing, OnNewPartition
@@ -36,6 +36,9 @@ from tidemark.plan import (
     Task,
     compute_plan_id,
 )
+
+if TYPE_CHECKING:
+    from tidemark.replay import ReplaySpec
 
 TP = tuple[str, int]
 CapLimit = Literal["max_records_per_partition", "max_records_per_run"]
@@ -361,6 +364,116 @@ def mark_new_partitions(snapshots: Sequence[PartitionSnapshot]) -> tuple[Partiti
     )
 
 
+def replay_start_ms(spec: ReplaySpec, now: datetime) -> int | None:
+    """The timestamp a replay's start is looked up at, if it needs one."""
+    if spec.start_from == "timestamp" and spec.start_timestamp is not None:
+        return _ms(spec.start_timestamp)
+    if spec.start_from == "by_duration" and spec.duration is not None:
+        return _ms(now - spec.duration)
+    return None
+
+
+def replay_end_ms(spec: ReplaySpec) -> int | None:
+    return _ms(spec.end_timestamp) if spec.end_at == "timestamp" and spec.end_timestamp is not None else None
+
+
+def resolve_replay(
+    spec: ReplaySpec, snapshots: Sequence[PartitionSnapshot], isolation: Isolation
+) -> tuple[dict[TP, int], dict[TP, int], list[Event]]:
+    """Turn a replay spec into per-partition start and end offsets (pure).
+
+    ``committed`` leaves the start to the normal resolution (committed → checkpoint →
+    reset policy). ``timestamp`` / ``by_duration`` use the snapshots' ``ts_start_offset``
+    and ``end_at=timestamp`` their ``ts_end_offset`` (no record at/after → the end, with
+    an event). ``shift_by`` moves from the committed offset (else the checkpoint) and is
+    clamped to ``[log start, end]`` with a ``reset`` event when it overshoots.
+    """
+    starts: dict[TP, int] = {}
+    ends: dict[TP, int] = {}
+    events: list[Event] = []
+    no_position: list[str] = []
+    for snap in snapshots:
+        name = f"{snap.topic}[{snap.partition}]"
+        end = snap.end_for(isolation)
+        how = spec.start_from
+        if how == "earliest":
+            starts[snap.key] = snap.log_start
+        elif how == "latest":
+            starts[snap.key] = end
+        elif how in ("timestamp", "by_duration"):
+            if snap.ts_start_offset is None:
+                events.append(
+                    _ev(
+                        "timestamp_past_end",
+                        f"{name}: no record at or after the replay's start time; it starts at the end, offset {end}",
+                        snap,
+                        which="start",
+                        offset=end,
+                    )
+                )
+            starts[snap.key] = end if snap.ts_start_offset is None else snap.ts_start_offset
+        elif how == "offset":
+            if spec.start_offset is None:
+                raise PlanningError("a replay from an offset needs start_offset")
+            starts[snap.key] = spec.start_offset
+        elif how == "shift_by":
+            base = snap.committed if snap.committed is not None else snap.checkpoint
+            if base is None or spec.shift_by is None:
+                no_position.append(name)
+                continue
+            target = base + spec.shift_by
+            clamped = min(max(target, snap.log_start), end)
+            if clamped != target:
+                events.append(
+                    _ev(
+                        "reset",
+                        f"{name}: shifting {base} by {spec.shift_by} gives {target}, outside the log "
+                        f"[{snap.log_start}, {end}]; starts at {clamped}",
+                        snap,
+                        target=target,
+                        offset=clamped,
+                    )
+                )
+            starts[snap.key] = clamped
+        if spec.end_at == "timestamp":
+            if snap.ts_end_offset is None:
+                events.append(
+                    _ev(
+                        "timestamp_past_end",
+                        f"{name}: no record at or after the replay's end time; it ends at the end of the log, "
+                        f"offset {end}",
+                        snap,
+                        which="end",
+                        offset=end,
+                    )
+                )
+            ends[snap.key] = end if snap.ts_end_offset is None else snap.ts_end_offset
+        elif spec.end_at == "offset":
+            if spec.end_offset is None:
+                raise PlanningError("a replay ending at an offset needs end_offset")
+            ends[snap.key] = spec.end_offset
+    if no_position:
+        raise PlanningError(
+            f"shift_by moves from the committed offset (or the checkpoint), and there is none for "
+            f"{', '.join(no_position)}; replay from earliest, a timestamp or an offset instead"
+        )
+    return starts, ends, events
+
+
+def _replay_doc(spec: ReplaySpec) -> dict[str, Any]:
+    doc: dict[str, Any] = {"start_from": spec.start_from, "end_at": spec.end_at}
+    for key in ("start_timestamp", "end_timestamp"):
+        value = getattr(spec, key)
+        if value is not None:
+            doc[key] = value.isoformat()
+    for key in ("start_offset", "shift_by", "end_offset"):
+        if getattr(spec, key) is not None:
+            doc[key] = getattr(spec, key)
+    if spec.duration is not None:
+        doc["duration_s"] = spec.duration.total_seconds()
+    return doc
+
+
 def build_plan(
     feed_name: str,
     group: str,
@@ -375,6 +488,7 @@ def build_plan(
     window: Window | None = None,
     start_overrides: Mapping[TP, int] | None = None,
     end_overrides: Mapping[TP, int] | None = None,
+    replay: ReplaySpec | None = None,
 ) -> Plan:
     """Resolve every partition's range and group the ranges into tasks.
 
@@ -384,20 +498,28 @@ def build_plan(
     window.end)`` from the snapshots' timestamp lookups; where no record is at or after a
     time, the end of the log is used and a ``timestamp_past_end`` event says so. Caps
     apply to scheduled runs only: a capped backfill would silently miss part of its window.
-    ``start_overrides`` / ``end_overrides`` are the hook for replays: offsets a caller
-    resolved itself (reason ``requested``); the data-loss and ahead policies still apply.
+    ``mode="replay"`` takes a :class:`~tidemark.replay.ReplaySpec` (``replay``), resolved by
+    :func:`resolve_replay`; ``start_overrides`` / ``end_overrides`` are offsets a caller
+    resolved itself (reason ``requested``). The data-loss and ahead policies still apply.
     Raises :class:`DataLossError`, :class:`OffsetAheadError` or :class:`PlanningError`
     naming every offending partition.
     """
     if mode == "backfill" and window is None:
         raise PlanningError("a backfill needs a time window (window start, optional end)")
+    if mode == "replay" and replay is None and not start_overrides and not end_overrides:
+        raise PlanningError("a replay needs a replay spec (where to start and end)")
     retention = retention or RetentionInfo()
-    starts = start_overrides or {}
-    ends = end_overrides or {}
+    starts: dict[TP, int] = {}
+    ends: dict[TP, int] = {}
+    events: list[Event] = []
+    if replay is not None:
+        starts, ends, events = resolve_replay(replay, snapshots, isolation)
+        commit = replay.commit if commit is None else commit
+    starts.update(start_overrides or {})
+    ends.update(end_overrides or {})
     keys = [s.key for s in snapshots]
     if len(set(keys)) != len(keys):
         raise PlanningError("a partition appears twice in the planner's input")
-    events: list[Event] = []
     if mode == "scheduled":
         events.extend(retention_warnings(retention))
     lost: list[str] = []
@@ -524,7 +646,7 @@ def build_plan(
         partitions=final,
         tasks=chunk_ranges(final, policy.records_per_task),
         events=tuple(events),
-        window={} if window is None else window.to_dict(),
+        window=(window.to_dict() if window is not None else _replay_doc(replay) if replay is not None else {}),
     )
 
 
@@ -641,34 +763,49 @@ def plan_feed(
     window_start: datetime | None = None,
     window_end: datetime | None = None,
     now: datetime | None = None,
+    replay: ReplaySpec | None = None,
 ) -> Plan:
-    """Gather the feed's offsets and plan one run (see :func:`build_plan` for the rules)."""
+    """Gather the feed's offsets and plan one run (see :func:`build_plan` for the rules).
+
+    ``mode="backfill"`` needs ``window_start`` (``window_end`` optional); ``mode="replay"``
+    needs ``replay``, a :class:`~tidemark.replay.ReplaySpec`.
+    """
+    now = now or datetime.now(UTC)
     window: Window | None = None
+    start_ms: int | None = None
+    end_ms: int | None = None
+    if (window_start is not None or window_end is not None) and mode != "backfill":
+        raise PlanningError("a time window is only used with mode='backfill'")
+    if replay is not None and mode != "replay":
+        raise PlanningError("a replay spec is only used with mode='replay'")
     if mode == "backfill":
         if window_start is None:
             raise PlanningError(f"feed '{feed.name}': a backfill needs window_start")
         window = Window(window_start, window_end)
-    elif mode != "scheduled":
-        raise PlanningError(f"plan_feed plans scheduled runs and backfills; mode {mode!r} resolves its own offsets")
-    elif window_start is not None or window_end is not None:
-        raise PlanningError("a time window is only used with mode='backfill'")
+        start_ms, end_ms = _ms(window.start), None if window.end is None else _ms(window.end)
+    elif mode == "replay":
+        if replay is None:
+            raise PlanningError(f"feed '{feed.name}': a replay needs a replay spec")
+        start_ms, end_ms = replay_start_ms(replay, now), replay_end_ms(replay)
     snap = snapshot_feed(
         feed,
         adapter,
         checkpoints,
-        reset_timestamp_ms=feed.reset_timestamp_ms if mode == "scheduled" else None,
-        window_start_ms=None if window is None else _ms(window.start),
-        window_end_ms=None if window is None or window.end is None else _ms(window.end),
+        # a replay from "committed" falls back to the feed's reset policy, timestamp included
+        reset_timestamp_ms=feed.reset_timestamp_ms if start_ms is None else None,
+        window_start_ms=start_ms,
+        window_end_ms=end_ms,
     )
     return build_plan(
         feed.name,
         feed.group,
         snap.partitions,
         policy=Policy.from_feed(feed),
-        created_at=now or datetime.now(UTC),
+        created_at=now,
         mode=mode,
         commit=commit,
         isolation=feed.isolation,
         retention=snap.retention,
         window=window,
+        replay=replay,
     )

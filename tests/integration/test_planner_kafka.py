@@ -358,6 +358,48 @@ def test_caps_split_backlog_over_runs(kafka: KafkaTestCluster, store: SqliteChec
         assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
 
 
+# -- replays -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        pytest.param({"start_from": "shift_by", "shift_by": -3}, {0: (3, 10), 1: (3, 10)}, id="shift-back"),
+        pytest.param(
+            {"start_from": "timestamp", "start_seconds": 5, "end_at": "offset", "end_offset": 8},
+            {0: (5, 8), 1: (5, 8)},
+            id="timestamp-to-offset",
+        ),
+        pytest.param(
+            {"start_from": "earliest", "end_at": "timestamp", "end_seconds": 4},
+            {0: (0, 4), 1: (0, 4)},
+            id="earliest-to-timestamp",
+        ),
+        pytest.param({"start_from": "committed"}, {0: (6, 10), 1: (6, 10)}, id="committed"),
+    ],
+)
+def test_replay(
+    kafka: KafkaTestCluster, store: SqliteCheckpointStore, spec: dict[str, Any], expected: dict[int, tuple[int, int]]
+) -> None:
+    from tidemark.replay import ReplaySpec
+
+    topic = kafka.new_topic(partitions=2)
+    fill(kafka, topic, {0: 10, 1: 10})
+    feed = make_feed(topic)
+    commit(kafka, feed.group, {(topic, 0): 6, (topic, 1): 6})
+    at = datetime.fromtimestamp(BASE_TS / 1000, UTC)
+    args = dict(spec)
+    if "start_seconds" in args:
+        args["start_timestamp"] = at + timedelta(seconds=args.pop("start_seconds"))
+    if "end_seconds" in args:
+        args["end_timestamp"] = at + timedelta(seconds=args.pop("end_seconds"))
+    plan = plan_feed(feed, kafka.adapter, store, mode="replay", replay=ReplaySpec(**args))
+    assert {k: (s, e) for k, (s, e, _) in by_partition(plan).items()} == expected
+    assert plan.mode == "replay" and plan.commit is False
+    # the group's offsets are untouched by planning
+    assert {c.offset for c in kafka.adapter.committed(feed.group, [(topic, 0), (topic, 1)]).values()} == {6}
+
+
 # -- batching, retention warnings, saved plans, the CLI ------------------------------------
 
 

@@ -471,3 +471,109 @@ def test_retention_warning_is_in_scheduled_plans_only() -> None:
     assert "retention.ms" in scheduled.events[1].message and "'t'" in scheduled.events[1].message
     backfill = plan_one(snap(ts_start_offset=150), retention=retention, mode="backfill", window=WINDOW)
     assert "retention_warning" not in kinds(backfill)
+
+
+# -- replays -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "fields", "expected", "events"),
+    [
+        pytest.param({}, {"committed": 150}, (150, 200, "committed"), [], id="committed"),
+        pytest.param(
+            {}, {"checkpoint": 130}, (130, 200, "checkpoint"), ["group_offsets_expired"], id="committed-expired"
+        ),
+        pytest.param({"start_from": "earliest"}, {"committed": 150}, (100, 200, "requested"), [], id="earliest"),
+        pytest.param({"start_from": "latest"}, {"last_stable": 190}, (190, 190, "requested"), [], id="latest-is-lso"),
+        pytest.param(
+            {"start_from": "timestamp", "start_timestamp": NOW},
+            {"ts_start_offset": 170},
+            (170, 200, "requested"),
+            [],
+            id="timestamp",
+        ),
+        pytest.param(
+            {"start_from": "by_duration", "duration": timedelta(hours=1)},
+            {"ts_start_offset": None},
+            (200, 200, "requested"),
+            ["timestamp_past_end"],
+            id="by-duration-past-end",
+        ),
+        pytest.param({"start_from": "offset", "start_offset": 120}, {}, (120, 200, "requested"), [], id="offset"),
+        pytest.param(
+            {"start_from": "shift_by", "shift_by": -30},
+            {"committed": 150},
+            (120, 200, "requested"),
+            [],
+            id="shift-back",
+        ),
+        pytest.param(
+            {"start_from": "shift_by", "shift_by": -80},
+            {"committed": 150},
+            (100, 200, "requested"),
+            ["reset"],
+            id="shift-clamped",
+        ),
+        pytest.param(
+            {"start_from": "shift_by", "shift_by": 10},
+            {"checkpoint": 150},
+            (160, 200, "requested"),
+            [],
+            id="shift-checkpoint",
+        ),
+        pytest.param(
+            {"start_from": "earliest", "end_at": "offset", "end_offset": 150},
+            {},
+            (100, 150, "requested"),
+            [],
+            id="end-offset",
+        ),
+        pytest.param(
+            {"start_from": "earliest", "end_at": "timestamp", "end_timestamp": NOW},
+            {"ts_end_offset": None},
+            (100, 200, "requested"),
+            ["timestamp_past_end"],
+            id="end-timestamp-past-end",
+        ),
+        pytest.param(
+            {"start_from": "offset", "start_offset": 50},
+            {},
+            (100, 200, "log_start"),
+            ["data_loss"],
+            id="offset-below-log",
+        ),
+    ],
+)
+def test_replay_resolution(
+    spec: dict[str, Any], fields: dict[str, Any], expected: tuple[int, int, str], events: list[str]
+) -> None:
+    from tidemark.replay import ReplaySpec
+
+    replay = ReplaySpec(**spec)
+    plan = plan_one(
+        snap(**fields), mode="replay", replay=replay, policy=Policy(on_data_loss="skip", max_records_per_partition=1)
+    )
+    (p,) = plan.partitions
+    assert (p.start, p.end, p.reason) == expected
+    assert kinds(plan) == events
+    assert plan.mode == "replay" and plan.commit is False
+    assert plan.window["start_from"] == replay.start_from
+
+
+def test_replay_commit_follows_the_spec() -> None:
+    from tidemark.replay import ReplaySpec
+
+    plan = plan_one(snap(committed=150), mode="replay", replay=ReplaySpec(start_from="earliest", commit=True))
+    assert plan.commit is True
+
+
+def test_replay_shift_without_position_is_refused() -> None:
+    from tidemark.replay import ReplaySpec
+
+    with pytest.raises(PlanningError, match=r"t\[0\]"):
+        plan_one(snap(), mode="replay", replay=ReplaySpec(start_from="shift_by", shift_by=-5))
+
+
+def test_replay_needs_a_spec() -> None:
+    with pytest.raises(PlanningError, match="replay spec"):
+        plan_one(snap(committed=150), mode="replay")
