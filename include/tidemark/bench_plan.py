@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -56,7 +57,7 @@ class WireCounter:
 
 def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))  # nearest rank
     return ordered[rank]
 
 
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tidemark.bench_plan", description=__doc__.splitlines()[0])
     parser.add_argument("--partitions", type=int, default=1000)
     parser.add_argument("--topics", type=int, default=4)
-    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--keep", action="store_true", help="keep the benchmark's topics")
     args = parser.parse_args(argv)
 
