@@ -296,23 +296,31 @@ def _stats_from_rows(rows: Iterable[Any], positions: Mapping[TP, int] | None) ->
     ]
 
 
+def _as_stats(s: Any) -> RangeStats:
+    """Our :class:`RangeStats`, or the reader's (``tidemark.source.RangeStats``: records, first/last offset)."""
+    if isinstance(s, RangeStats):
+        return s
+    # The reader's statistics carry no distinct count: duplicates show as more records than offsets planned.
+    return RangeStats(s.topic, int(s.partition), int(s.records), int(s.records), s.first_offset, s.last_offset)
+
+
 def check_ranges(
     stats_or_df: DataFrame | Iterable[RangeStats], plan: Plan, *, positions: Mapping[TP, int] | None = None
 ) -> RangeCheck:
     """The built-in checks; raises :class:`ValidationFailedError` naming partitions and offsets.
 
-    Pass the DataFrame (one aggregation) or stats already computed; ``positions`` (the
-    reader's next offset per partition) proves each range was read to its end.
+    Pass the DataFrame (one aggregation) or stats already computed (ours, or the
+    reader's ``tidemark.source.range_stats``); ``positions`` (the reader's next offset
+    per partition) proves each range was read to its end.
     """
     if hasattr(stats_or_df, "groupBy"):
         df: Any = stats_or_df
         stats = _stats_from_rows(df.groupBy("topic", "partition").agg(*_range_aggs()).collect(), positions)
     else:
-        given: Iterable[RangeStats] = stats_or_df  # type: ignore[assignment]
-        stats = [
-            s if s.position is not None or positions is None else replace(s, position=positions.get(s.key))
-            for s in given
-        ]
+        given: Iterable[Any] = stats_or_df  # type: ignore[assignment]
+        stats = [_as_stats(s) for s in given]
+        if positions is not None:
+            stats = [s if s.position is not None else replace(s, position=positions.get(s.key)) for s in stats]
     planned = {p.key: p for p in plan.partitions}
     by_tp = {s.key: s for s in stats}
     problems: list[str] = []
@@ -335,6 +343,11 @@ def check_ranges(
             problems.append(
                 f"{s.topic}[{s.partition}]: {s.rows - s.distinct_offsets} duplicate offsets "
                 f"({s.rows} records, {s.distinct_offsets} distinct offsets in [{p.start}, {p.end}))"
+            )
+        elif s.rows > p.records:
+            problems.append(
+                f"{s.topic}[{s.partition}]: {s.rows} records, more than the {p.records} offsets planned in "
+                f"[{p.start}, {p.end}) (duplicates)"
             )
     for key, p in planned.items():
         position = (positions or {}).get(key)

@@ -186,6 +186,22 @@ def test_range_problems_fail_naming_partition_and_offsets(stats: RangeStats, mes
         check_ranges([stats], plan_of((0, 10, 20)))
 
 
+def test_more_records_than_planned_offsets_are_duplicates() -> None:
+    with pytest.raises(ValidationFailedError, match=r"t\[0\]: 12 records, more than the 10 offsets planned"):
+        check_ranges([RangeStats("t", 0, 12, 12, 10, 19)], plan_of((0, 10, 20)))
+
+
+def test_reader_statistics_are_accepted() -> None:
+    from types import SimpleNamespace
+
+    reader_stats = SimpleNamespace(topic="t", partition=0, records=9, first_offset=10, last_offset=19)
+    check = check_ranges([reader_stats], plan_of((0, 10, 20)))
+    assert check.gaps == {("t", 0): 1}
+    too_many = SimpleNamespace(topic="t", partition=0, records=11, first_offset=10, last_offset=19)
+    with pytest.raises(ValidationFailedError, match="duplicates"):
+        check_ranges([too_many], plan_of((0, 10, 20)))
+
+
 def test_positions_prove_completion() -> None:
     plan = plan_of((0, 10, 20))
     check_ranges([RangeStats("t", 0, 3, 3, 10, 12)], plan, positions={("t", 0): 20})
