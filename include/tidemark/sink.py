@@ -3,7 +3,7 @@
 Layout under the feed's output location (:meth:`tidemark.config.Feed.output_dir`)::
 
     <output>/plan_id=<id>/topic=<topic>/date=<YYYY-MM-DD>/part-*.parquet   published records
-    <output>/plan_id=<id>/_quarantine/...                                  records kept aside
+    <output>/plan_id=<id>/_quarantine/<reason>/part-*.parquet              records kept aside
     <output>/plan_id=<id>/_manifest.json                                   ranges, counts, checksums
     <output>/_staging/<id>.<nonce>/                                        work in progress
 
@@ -106,16 +106,20 @@ def publish(
     plan: Plan,
     feed: Feed,
     *,
-    quarantine: DataFrame | None = None,
+    quarantine: Mapping[str, DataFrame] | None = None,
     stats: Sequence[RangeStats] = (),
     output_dir: Path | None = None,
     extra: Mapping[str, Any] | None = None,
+    expect_records: int | None = None,
 ) -> Manifest:
     """Write ``df`` (and ``quarantine``) as plan ``plan``'s output, atomically and at most once.
 
+    ``quarantine`` maps a name (``decode``, ``validation``) to records kept aside; each
+    is written under ``_quarantine/<name>/``.
     ``df`` has the source's metadata columns (``topic``, ``timestamp``, ...) plus the
     decoded ones; ``plan_id`` is dropped from the files (it is the folder name).
-    Returns the manifest; ``manifest.reused`` is True when the plan was already
+    With ``expect_records``, the Parquet row count is checked against it before the
+    publication becomes visible. Returns the manifest; ``manifest.reused`` is True when the plan was already
     published, in which case nothing was written.
     """
     from pyspark.sql import functions as F
@@ -136,8 +140,9 @@ def publish(
         utc_date = F.date_from_unix_date(F.floor(F.unix_micros("timestamp") / 86_400_000_000).cast("int"))
         data = df.drop("plan_id").withColumn("date", utc_date)
         data.write.mode("errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(str(staging))
-        if quarantine is not None:
-            quarantine.drop("plan_id").write.mode("errorifexists").parquet(str(staging / QUARANTINE_DIR))
+        for name, rejected in (quarantine or {}).items():
+            target = staging / QUARANTINE_DIR / name
+            rejected.drop("plan_id").write.mode("errorifexists").parquet(str(target))
         files = _file_entries(staging)
         manifest = Manifest(
             plan_id=plan.plan_id,
@@ -151,9 +156,15 @@ def publish(
             files=files,
             extra=dict(extra or {}),
         )
+        if expect_records is not None and manifest.records != expect_records:
+            raise PublishError(
+                f"plan {plan.plan_id}: the staged Parquet files hold {manifest.records} records, expected "
+                f"{expect_records}; nothing was published"
+            )
         _write_durably(staging / MANIFEST_NAME, json.dumps(manifest.to_dict(), indent=2, sort_keys=True))
         return _rename_into_place(staging, output, manifest)
     except PublishError:
+        shutil.rmtree(staging, ignore_errors=True)
         raise
     except Exception as exc:
         shutil.rmtree(staging, ignore_errors=True)

@@ -57,20 +57,20 @@ def test_publish_is_atomic_and_idempotent(spark: Any, tmp_path: Path) -> None:
     df = _df(spark, plan)
     bad = df.limit(1).withColumn("decode_error", df.value.cast("string"))
 
-    first = publish(df, plan, feed, quarantine=bad, extra={"run": "r1"})
+    first = publish(df, plan, feed, quarantine={"decode": bad}, extra={"run": "r1"})
     assert not first.reused
     final = published_dir(feed.output_dir(), plan.plan_id)
     assert Path(first.location) == final.resolve()
     assert (first.records, first.quarantined) == (8, 1)
     assert {f.path.split("/part-")[0] for f in first.files} == {
-        "topic=orders/date=2026-03-01", "topic=orders/date=2026-03-02", "_quarantine",
+        "topic=orders/date=2026-03-01", "topic=orders/date=2026-03-02", "_quarantine/decode",
     }  # fmt: skip
     assert verify(first) == []
     assert json.loads((final / MANIFEST_NAME).read_text())["plan_id"] == plan.plan_id
     assert not list((feed.output_dir() / "_staging").iterdir())
 
     before = _snapshot(feed.output_dir())
-    second = publish(df, plan, feed, quarantine=bad)
+    second = publish(df, plan, feed, quarantine={"decode": bad})
     assert second.reused
     assert second.files == first.files
     assert _snapshot(feed.output_dir()) == before  # nothing rewritten
@@ -110,7 +110,7 @@ def test_refuses_a_foreign_folder_and_a_foreign_plan(spark: Any, tmp_path: Path)
     feed = Feed(name="sinkfeed", topics=("orders",), group="g", output=str(tmp_path / "out"))
     plan = _plan()
     published_dir(feed.output_dir(), plan.plan_id).mkdir(parents=True)
-    with pytest.raises(PublishError, match="exists without _manifest.json"):
+    with pytest.raises(PublishError, match=r"exists without _manifest\.json"):
         publish(_df(spark, plan), plan, feed)
     other = Feed(name="other", topics=("orders",), group="g", output=str(tmp_path / "o2"))
     with pytest.raises(PublishError, match="belongs to feed 'sinkfeed'"):
