@@ -57,7 +57,8 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
 
     def execute(self, context: Any) -> None:
         secrets_env = kafka_connection(self.kafka_conn_id).to_env()
-        self._env_vars = {**os.environ, **(self._env_vars or {}), **secrets_env}
+        configured: dict[str, Any] = getattr(self, "_env_vars", None) or {}
+        self._env_vars = {**os.environ, **configured, **secrets_env}
         self._hook = None  # rebuilt with the env above
         super().execute(context)
 

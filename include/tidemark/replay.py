@@ -80,10 +80,10 @@ def _int(name: str, value: Any, minimum: int | None = None) -> int | None:
 
 def parse_replay_params(params: Mapping[str, Any]) -> ReplaySpec:
     """Validate trigger parameters; every refusal names the parameter at fault."""
-    start_from = params.get("start_from") or "committed"
+    start_from: StartFrom = params.get("start_from") or "committed"
     if start_from not in START_CHOICES:
         raise ConfigError(f"parameter 'start_from': {start_from!r} is not one of {', '.join(START_CHOICES)}")
-    end_at = params.get("end_at") or "latest"
+    end_at: EndAt = params.get("end_at") or "latest"
     if end_at not in END_CHOICES:
         raise ConfigError(f"parameter 'end_at': {end_at!r} is not one of {', '.join(END_CHOICES)}")
     duration_text = params.get("duration")
