@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
 
 from tests.conftest import KafkaTestCluster, keyed_records
 from tidemark import cli
@@ -50,6 +50,15 @@ def commit(kafka: KafkaTestCluster, group: str, offsets: Mapping[tuple[str, int]
     futures = kafka.adapter.admin.alter_consumer_group_offsets([request], request_timeout=TIMEOUT_S)
     result = futures[group].result(timeout=TIMEOUT_S)
     assert all(tp.error is None for tp in result.topic_partitions)
+
+
+def try_commit(kafka: KafkaTestCluster, group: str, offsets: Mapping[tuple[str, int], int]) -> bool:
+    """Commit, or False while the coordinator does not know a just-created topic yet."""
+    try:
+        commit(kafka, group, offsets)
+    except (KafkaException, AssertionError):
+        return False
+    return True
 
 
 def delete_group(kafka: KafkaTestCluster, group: str) -> None:
@@ -210,11 +219,14 @@ def test_start_above_end_after_topic_recreated(
     commit(kafka, feed.group, {(topic, 0): 20})
     store.put(feed.group, "plan-before", {(topic, 0): 20})
     recreate(kafka, topic, 1)
-    # Kafka drops a deleted topic's committed offsets; Tidemark's checkpoint survives.
-    assert kafka.adapter.committed(feed.group, [(topic, 0)])[(topic, 0)].offset is None
+    # Kafka drops a deleted topic's committed offsets (asynchronously); Tidemark's checkpoint survives.
+    wait_for(
+        lambda: kafka.adapter.committed(feed.group, [(topic, 0)])[(topic, 0)].offset is None,
+        "the group's offsets of the deleted topic to be dropped",
+    )
     if source == "committed":
         # A stale client (kept its position across the recreate) commits the old offset again.
-        commit(kafka, feed.group, {(topic, 0): 20})
+        wait_for(lambda: try_commit(kafka, feed.group, {(topic, 0): 20}), "the stale commit to be accepted")
     fill(kafka, topic, {0: 5})
     if on_ahead == "fail":
         with pytest.raises(OffsetAheadError) as info:
