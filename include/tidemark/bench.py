@@ -71,6 +71,12 @@ def ensure_dataset(connection: KafkaConnection, records: int, log: Callable[[str
     adapter = KafkaAdapter(connection)
     adapter.create_topic(topic, PARTITIONS, 1, {"retention.ms": "-1", "retention.bytes": "-1"})
     tps = [(topic, p) for p in range(PARTITIONS)]
+    deadline = time.monotonic() + 60
+    while any(i.leader < 0 for i in adapter.partitions([topic])) or len(adapter.partitions([topic])) < PARTITIONS:
+        if time.monotonic() > deadline:
+            raise TidemarkError(f"benchmark topic {topic} has partitions without a leader after 60s")
+        time.sleep(0.5)
+    time.sleep(1.0)  # a new topic's leaders reach every broker's metadata a moment later
     have = sum(adapter.end_offsets(tps, "read_uncommitted").values())
     if have == records:
         return topic
@@ -220,21 +226,25 @@ class ProcessSampler:
         return round(max(self.worker_rss.values()) / 2**20, 1) if self.worker_rss else None
 
 
-@contextmanager
-def read_metrics() -> Iterator[Path]:
-    """A fresh folder the Tidemark reader writes per-task metrics into (see tidemark.source)."""
+def metrics_folder() -> Path:
+    """Where the Tidemark reader writes per-task metrics (see tidemark.source).
+
+    Set before the Spark session starts: Python workers inherit the JVM's environment.
+    """
     from tidemark.source import METRICS_ENV
 
-    folder = Path(tempfile.mkdtemp(prefix="tidemark-read-metrics-"))
-    old = os.environ.get(METRICS_ENV)
-    os.environ[METRICS_ENV] = str(folder)
-    try:
-        yield folder
-    finally:
-        if old is None:
-            os.environ.pop(METRICS_ENV, None)
-        else:
-            os.environ[METRICS_ENV] = old
+    folder = Path(os.environ.setdefault(METRICS_ENV, tempfile.mkdtemp(prefix="tidemark-read-metrics-")))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@contextmanager
+def read_metrics() -> Iterator[Path]:
+    """The metrics folder, emptied before a measured run."""
+    folder = metrics_folder()
+    for stale in folder.glob("read-*.json"):
+        stale.unlink()
+    yield folder
 
 
 def _payload_ratio(folder: Path, data_bytes: int) -> tuple[float | None, float | None]:
@@ -285,7 +295,7 @@ def r1_worker(bootstrap: str, plan_json: str) -> dict[str, Any]:
     count, nbytes = 0, 0
     started = time.monotonic()
     while count < total:
-        for m in consumer.consume(num_messages=10_000, timeout=1.0):
+        for m in consumer.consume(num_messages=min(10_000, total - count), timeout=1.0):
             if m.error() is None:
                 nbytes += len(m.value())
                 count += 1
@@ -438,6 +448,7 @@ def run_benchmark(
     plan = frozen_plan(connection, topic)
     data_bytes = records * VALUE_BYTES + records * 10  # values + keys
     jars, connector = spark_kafka_jars(log)
+    metrics_folder()
     spark = bench_session(jars)
     work = Path(tempfile.mkdtemp(prefix="tidemark-bench-"))
     results: dict[str, RunnerResult] = {}

@@ -286,7 +286,10 @@ def _read_wave(
     eof_code = KafkaError._PARTITION_EOF
     last_progress = time.monotonic()
     while wave.open:
-        msgs = consumer.consume(num_messages=batch_records, timeout=POLL_TIMEOUT_S)
+        # consume() waits for num_messages or the timeout: never ask for more than the ranges can
+        # still hold, or the last batch of every range would sit out the whole timeout.
+        remaining = sum(int(wave.end[s] - wave.low[s]) for s in wave.open)
+        msgs = consumer.consume(num_messages=max(1, min(batch_records, remaining)), timeout=POLL_TIMEOUT_S)
         cols = _Columns()
         t_append, p_append, o_append = cols.topics.append, cols.partitions.append, cols.offsets.append
         tt_append, ts_append = cols.ts_types.append, cols.ts.append
