@@ -13,6 +13,7 @@ reuse a running cluster instead (handy while developing):
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -60,11 +61,17 @@ class KafkaTestCluster:
 def keyed_records(
     count: int,
     partition: int | None = None,
-    base_ts_ms: int = 1_700_000_000_000,
+    base_ts_ms: int | None = None,
     step_ms: int = 1000,
     prefix: str = "k",
 ) -> list[Record]:
-    """``count`` records with keys ``{prefix}-{i}``, values ``v-{i}`` and increasing timestamps."""
+    """``count`` records with keys ``{prefix}-{i}``, values ``v-{i}`` and increasing timestamps.
+
+    Timestamps start an hour ago by default: the test cluster checks retention every
+    second, and records older than a topic's retention would vanish under the test.
+    """
+    if base_ts_ms is None:
+        base_ts_ms = int(time.time() * 1000) - 3_600_000
     return [
         Record(
             value=f"v-{i}".encode(),

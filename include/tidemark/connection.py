@@ -21,6 +21,8 @@ from tidemark.errors import ConfigError
 ENV_BOOTSTRAP = "TIDEMARK_BOOTSTRAP_SERVERS"
 ENV_PREFIX = "TIDEMARK_KAFKA_"
 SECRET_MARKERS = ("password", "secret", "token", "key", "credential", "jaas")
+# Tidemark's own variables that share the prefix but are not librdkafka settings.
+NOT_CLIENT_SETTINGS = frozenset({"TIDEMARK_KAFKA_HOME", "TIDEMARK_KAFKA_CONN_ID"})
 
 
 def is_secret(name: str) -> bool:
@@ -61,7 +63,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> KafkaConnection:
     settings = {
         name[len(ENV_PREFIX) :].lower().replace("_", "."): value
         for name, value in env.items()
-        if name.startswith(ENV_PREFIX) and name != ENV_BOOTSTRAP
+        if name.startswith(ENV_PREFIX) and name not in NOT_CLIENT_SETTINGS
     }
     servers = env.get(ENV_BOOTSTRAP, "").strip()
     if not servers:

@@ -14,6 +14,8 @@ def test_from_env_maps_prefixed_settings_to_librdkafka_keys() -> None:
             "TIDEMARK_BOOTSTRAP_SERVERS": "b1:9092,b2:9092",
             "TIDEMARK_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
             "TIDEMARK_KAFKA_SASL_PASSWORD": "hunter2",
+            "TIDEMARK_KAFKA_HOME": "/tmp/cluster",
+            "TIDEMARK_KAFKA_CONN_ID": "kafka_prod",
             "OTHER": "x",
         }
     )
