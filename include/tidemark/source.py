@@ -241,11 +241,20 @@ def read_task(
         for wave_ranges in _waves(ranges):
             for batch in _read_wave(consumer, _Wave(wave_ranges), task, schema, batch_records, stall_timeout_s):
                 rows += batch.num_rows
-                payload += batch.column(5).nbytes + batch.column(6).nbytes
+                payload += _payload_bytes(batch)
                 yield batch
     finally:
         consumer.close()
     _write_metrics(task, rows, payload, time.monotonic() - started)
+
+
+def _payload_bytes(batch: pa.RecordBatch) -> int:
+    import pyarrow.compute as pc
+
+    total = 0
+    for column in (batch.column(5), batch.column(6)):  # key, value
+        total += int(pc.sum(pc.binary_length(column)).as_py() or 0)
+    return total
 
 
 def _write_metrics(task: ReadTask, rows: int, payload: int, seconds: float) -> None:
