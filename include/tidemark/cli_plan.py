@@ -99,25 +99,21 @@ def _status(args: argparse.Namespace) -> int:
     from tidemark.config import load_feed
     from tidemark.connection import from_env
     from tidemark.kafka_io import KafkaAdapter
-    from tidemark.planner import snapshot_feed
+    from tidemark.status import feed_status
 
     feed = load_feed(args.feed)
-    snap = snapshot_feed(feed, KafkaAdapter(from_env()), default_store())
-    rows = []
-    total = 0
-    unknown = 0
-    for s in snap.partitions:
-        end = s.end_for(feed.isolation)
-        position = s.committed if s.committed is not None else s.checkpoint
-        lag = None if position is None else max(end - position, 0)
-        total += lag or 0
-        unknown += lag is None
-        lag_cell = "-" if lag is None else lag
-        rows.append((f"{s.topic}[{s.partition}]", s.leader, s.committed, s.checkpoint, s.log_start, end, lag_cell))
+    status = feed_status(feed, KafkaAdapter(from_env()), default_store())
+    rows = [
+        (p.label, p.leader, p.committed, p.checkpoint, p.log_start, p.end, "-" if p.lag is None else p.lag)
+        for p in status.partitions
+    ]
     print(table(["partition", "leader", "committed", "checkpoint", "log start", "end", "lag"], rows))
-    print(f"\nfeed '{feed.name}', group '{feed.group}' ({feed.isolation}): total lag {total}")
-    if unknown:
-        print(f"{unknown} partitions have no committed offset and no checkpoint: the next run starts them by policy")
+    print(f"\nfeed '{feed.name}', group '{feed.group}' ({feed.isolation}): total lag {status.total_lag}")
+    if status.unpositioned:
+        print(
+            f"{status.unpositioned} partitions have no committed offset and no checkpoint: "
+            "the next run starts them by policy"
+        )
     return 0
 
 

@@ -1,0 +1,32 @@
+"""Registers Tidemark's offsets/lag page with Airflow (Browse → Tidemark).
+
+The page is a FastAPI app (``tidemark.web.create_app``) mounted at ``/tidemark`` and
+shown in an iframe. Kafka settings come from the ``tidemark_kafka`` connection. Note:
+Airflow does not put plugin endpoints behind its auth; the page shows offsets, lag and
+run summaries, never connection settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from airflow.plugins_manager import AirflowPlugin
+
+from tidemark.orchestration import kafka_connection
+from tidemark.web import create_app
+
+
+class TidemarkPlugin(AirflowPlugin):
+    name = "tidemark"
+    fastapi_apps: ClassVar[list[dict[str, Any]]] = [
+        {"app": create_app(connection=kafka_connection), "url_prefix": "/tidemark", "name": "Tidemark"}
+    ]
+    external_views: ClassVar[list[dict[str, Any]]] = [
+        {
+            "name": "Tidemark offsets",
+            "href": "/tidemark/",
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "tidemark",
+        }
+    ]
