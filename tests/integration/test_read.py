@@ -17,8 +17,9 @@ from tidemark.source import check_complete, range_stats, read_plan, read_task, t
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-# keyed_records are stamped in 2023: without this, time retention deletes them at once.
+# Records stamped in 2023 (fixed, so statistics are exact) on topics that keep them.
 KEEP = {"retention.ms": "-1"}
+BASE_TS = 1_700_000_000_000
 
 
 def _restart(cluster: LocalCluster, node_id: int) -> None:
@@ -43,7 +44,7 @@ def _rows(df: Any) -> list[tuple[Any, ...]]:
 def test_reads_exactly_the_planned_ranges(kafka: KafkaTestCluster, spark: Any) -> None:
     topic = kafka.new_topic(partitions=4, config=KEEP, prefix="read-exact")
     for p in range(4):
-        kafka.produce(topic, keyed_records(250 + 50 * p, partition=p, prefix=f"p{p}"))
+        kafka.produce(topic, keyed_records(250 + 50 * p, partition=p, prefix=f"p{p}", base_ts_ms=BASE_TS))
     kafka.produce(topic, [Record(value=b"h", key=b"hk", partition=0, headers=(("a", b"1"), ("b", b"")))])
     # Sub-ranges that start and end inside each partition, split into small chunks.
     starts = {(topic, p): 10 * p for p in range(4)}
@@ -63,8 +64,8 @@ def test_reads_exactly_the_planned_ranges(kafka: KafkaTestCluster, spark: Any) -
     stats = {(s.topic, s.partition): s for s in range_stats(df, plan)}
     s1 = stats[(topic, 1)]
     assert (s1.records, s1.first_offset, s1.last_offset, s1.gaps) == (280, 10, 289, 0)
-    assert s1.min_timestamp_ms == 1_700_000_000_000 + 10 * 1000
-    assert s1.max_timestamp_ms == 1_700_000_000_000 + 289 * 1000
+    assert s1.min_timestamp_ms == BASE_TS + 10 * 1000
+    assert s1.max_timestamp_ms == BASE_TS + 289 * 1000
     assert s1.bytes == sum(len(f"p1-{i}") + len(f"v-{i}") for i in range(10, 290))
     assert check_complete(list(stats.values())) == []
 
@@ -134,7 +135,7 @@ def test_compacted_topic_gaps_are_counted(kafka: KafkaTestCluster, spark: Any) -
 def test_deleted_start_fails_naming_partition_and_offsets(kafka: KafkaTestCluster, spark: Any) -> None:
     topic = kafka.new_topic(partitions=2, config=KEEP, prefix="read-deleted")
     for p in range(2):
-        kafka.produce(topic, keyed_records(100, partition=p))
+        kafka.produce(topic, keyed_records(100, partition=p, base_ts_ms=BASE_TS))
     plan = plan_for(kafka.adapter, [topic], isolation="read_uncommitted")
     kafka.adapter.delete_records({(topic, 1): 60})
 
@@ -151,7 +152,7 @@ def test_deleted_start_fails_naming_partition_and_offsets(kafka: KafkaTestCluste
 def test_leader_stopped_mid_read_still_yields_the_planned_records(kafka: KafkaTestCluster) -> None:
     cluster = kafka.require_local()
     topic = kafka.new_topic(partitions=1, replication=3, config=KEEP, prefix="read-failover")
-    kafka.produce(topic, keyed_records(30_000, partition=0), acks="all")
+    kafka.produce(topic, keyed_records(30_000, partition=0, base_ts_ms=BASE_TS, step_ms=1), acks="all")
     plan = plan_for(kafka.adapter, [topic], isolation="read_committed")
     leader = plan.partitions[0].leader
     (task,) = tasks_of(plan)
