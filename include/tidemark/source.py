@@ -155,6 +155,10 @@ def consumer_config(task: ReadTask, client_config: Mapping[str, Any]) -> dict[st
     """librdkafka settings for reading ``task``: assign only, never commit, fail on lost offsets."""
     return {
         # Defaults chosen for throughput with bounded memory; the connection may override them.
+        # librdkafka 2.x pauses a partition's fetching for fetch.queue.backoff.ms (1 s) whenever
+        # its local queue is over a threshold; at that default a reader that drains its queue in
+        # bursts sits idle most of the time (measured: 97k → 570k records/s for one task).
+        "fetch.queue.backoff.ms": 1,
         "fetch.min.bytes": 1,
         "fetch.wait.max.ms": 100,
         "queued.max.messages.kbytes": 16384,
