@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tidemark.cli_plan import add_planning
+from tidemark.cli_run import add_run
 from tidemark.cli_runs import add_runs
 from tidemark.errors import TidemarkError
 
@@ -109,6 +110,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     add_kafka,
     add_demo,
     add_planning,
+    add_run,
     add_runs,
 ]
 

@@ -47,7 +47,7 @@ def summarize(handle: Any, job: dict[str, Any], outcome: Any) -> str:
         f"validated {'passed' if validation.get('success', True) else 'FAILED'}: "
         f"{validation.get('good_records', job.get('records', 0))} good, "
         f"{validation.get('quarantined_records', 0)} quarantined",
-        f"output    {job.get('output_path', '-')}",
+        f"output    {(job.get('manifest') or {}).get('location', '-')}",
         f"commit    {'committed' if outcome.committed else 'not committed: ' + str(outcome.skipped_reason)}",
         f"report    {outcome.report_path}",
     ]

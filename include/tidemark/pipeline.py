@@ -210,7 +210,7 @@ def run_job(
     job = _job_result(Path(handle.run_dir))
     if proc.returncode != 0:
         reason = (job or {}).get("error") or _last_error_line(proc.stderr)
-        _write_status(Path(handle.run_dir), failed_at=datetime.now(UTC).isoformat(), error=reason)
+        _fail(handle, connection, job, reason)
         raise TidemarkError(
             f"the Spark job for plan {handle.plan_id} failed (exit {proc.returncode}): {reason}\n"
             f"full log: {log}. Offsets were not committed; rerun to retry the same plan."
@@ -219,6 +219,16 @@ def run_job(
         raise TidemarkError(f"the Spark job exited 0 but wrote no {handle.run_dir}/job.json; see {log}")
     progress(f"read, validated and published in {time.monotonic() - started:.1f}s")
     return job
+
+
+def _fail(handle: RunHandle, connection: KafkaConnection, job: Mapping[str, Any] | None, reason: str) -> None:
+    """Record a failed run (status and report) so that ``tidemark runs`` shows why."""
+    from tidemark.report import build_report, save_report
+
+    run_dir = Path(handle.run_dir)
+    _write_status(run_dir, failed_at=datetime.now(UTC).isoformat(), error=reason)
+    report = build_report(handle=handle, plan=handle.plan(), job=job, error=reason, connection=connection)
+    save_report(report, run_dir, connection=connection)
 
 
 def _last_error_line(stderr: str) -> str:
@@ -259,14 +269,20 @@ def commit_run(
     result = None
     skipped = None
     if handle.commit:
-        result = commit_plan(plan, connection, checkpoints)
+        try:
+            result = commit_plan(plan, connection, checkpoints)
+        except TidemarkError as exc:
+            _fail(handle, connection, job, f"commit refused: {exc}")
+            raise
         progress(f"committed group '{plan.group}' at the plan's ends ({len(plan.partitions)} partitions)")
     else:
         skipped = f"mode {handle.mode} does not commit unless asked"
         progress(f"not committing: {skipped}")
     _write_status(run_dir, committed=result is not None, finished_at=datetime.now(UTC).isoformat())
-    report = build_report(handle=handle, plan=plan, job=job, commit=result, skipped_reason=skipped)
-    path = save_report(report, run_dir)
+    report = build_report(
+        handle=handle, plan=plan, job=job, commit=result, skipped_reason=skipped, connection=connection
+    )
+    path = save_report(report, run_dir, connection=connection)
     offsets = {f"{t}[{p}]": end for (t, p), end in plan.ends().items()} if result is not None else {}
     return CommitOutcome(handle.run_id, plan.plan_id, result is not None, skipped, offsets, str(path))
 
