@@ -35,6 +35,7 @@ from tidemark.plan import Mode, Plan, PlanStore
 from tidemark.replay import parse_replay_params, parse_timestamp
 
 Progress = Callable[[str], None]
+JobRunner = Callable[["RunHandle", KafkaConnection], dict[str, Any]]
 
 
 def _silent(_: str) -> None:
@@ -296,9 +297,16 @@ def run_feed(
     root: Path | None = None,
     master: str | None = None,
     progress: Progress = _silent,
+    job_runner: JobRunner | None = None,
 ) -> tuple[RunHandle, dict[str, Any], CommitOutcome]:
-    """All three steps, as ``tidemark run`` does them."""
+    """All three steps, as ``tidemark run`` does them.
+
+    ``job_runner`` replaces ``spark-submit`` (tests run the job in their own session).
+    """
     handle = plan_run(feed_name, connection, mode=mode, params=params, root=root, progress=progress)
-    job = run_job(handle, connection, master=master, progress=progress)
+    if job_runner is None:
+        job = run_job(handle, connection, master=master, progress=progress)
+    else:
+        job = job_runner(handle, connection)
     outcome = commit_run(handle, connection, root=root, progress=progress)
     return handle, job, outcome

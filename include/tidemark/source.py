@@ -514,6 +514,10 @@ class TidemarkKafkaReader(DataSourceReader):  # type: ignore[misc]
         return [TaskPartition(t) for t in tasks_of(self.plan)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, TaskPartition):
+            # A plan with nothing to read has no tasks; Spark then still asks for one
+            # partition (a bare InputPartition), which holds no records.
+            return iter(())
         task: ReadTask = partition.task
         config = dict(self.kafka) if "bootstrap.servers" in self.kafka else from_env().client_config(**self.kafka)
         return read_task(task, config, batch_records=self.batch_records, stall_timeout_s=self.stall_timeout_s)

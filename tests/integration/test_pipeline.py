@@ -1,0 +1,194 @@
+"""Whole runs against the real cluster: offsets move only after a successful publish.
+
+Each test asserts the group's committed offsets and the published rows afterwards.
+Most runs execute the Spark job in the test session (same code as ``spark-submit``);
+one goes through ``tidemark run`` and ``spark-submit`` exactly as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import KafkaTestCluster
+from tidemark.connection import KafkaConnection
+from tidemark.errors import TidemarkError, ValidationFailedError
+from tidemark.kafka_io import Record
+from tidemark.pipeline import RunHandle, commit_run, plan_run, run_feed
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+class Env:
+    """A feeds folder, a state dir and a topic for one test."""
+
+    def __init__(self, kafka: KafkaTestCluster, tmp_path: Path, spark: Any) -> None:
+        self.kafka = kafka
+        self.spark = spark
+        self.root = tmp_path / "state"
+        self.feeds = tmp_path / "feeds"
+        self.feeds.mkdir()
+        self.topic = kafka.new_topic(partitions=3, prefix="pipe")
+        self.group = f"g-pipe-{uuid.uuid4().hex[:8]}"
+        self.output = tmp_path / "out"
+        self.sent = 0
+        self.write_feed()
+
+    def write_feed(self, **overrides: Any) -> None:
+        doc: dict[str, Any] = {
+            "topics": [self.topic],
+            "group": self.group,
+            "records_per_task": 50,
+            "deserialization": {"format": "json", "fields": [{"name": "n", "type": "integer"}]},
+            "output": str(self.output),
+            "validation": {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.3},
+        }
+        doc.update(overrides)
+        (self.feeds / "pipe.yaml").write_text(yaml.safe_dump(doc))
+
+    def produce(self, count: int, bad: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+        records = []
+        for i in range(self.sent, self.sent + count):
+            value = b"{broken" if i in bad else json.dumps({"n": i}).encode()
+            records.append(Record(value=value, key=f"k{i}".encode(), partition=i % 3))
+        self.sent += count
+        self.kafka.produce(self.topic, records)
+
+    def committed(self) -> dict[int, int | None]:
+        tps = [(self.topic, p) for p in range(3)]
+        return {p: c.offset for (_, p), c in self.kafka.adapter.committed(self.group, tps).items()}
+
+    def published_rows(self) -> list[tuple[int, int]]:
+        """(partition, offset) of every good row across all published plans."""
+        import pyarrow.parquet as pq
+
+        rows = []
+        for plan_dir in sorted(self.output.glob("plan_id=*")):
+            for part in plan_dir.glob("topic=*/**/*.parquet"):
+                table = pq.read_table(part, columns=["partition", "offset"])
+                rows.extend(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(), strict=True))
+        return sorted(rows)
+
+    def in_process(self, handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
+        from tidemark.config import load_feed
+        from tidemark.job import JobResult, run, write_result
+
+        plan = handle.plan()
+        result = JobResult(plan.plan_id, plan.feed)
+        try:
+            run(self.spark, plan, load_feed(plan.feed), connection, Path(handle.run_dir), result=result)
+        except Exception as exc:
+            result.error = str(exc)
+            raise
+        finally:
+            write_result(Path(handle.run_dir), result)
+        return result.to_dict()
+
+    def run(self) -> tuple[RunHandle, dict[str, Any], Any]:
+        return run_feed("pipe", self.kafka.connection, root=self.root, job_runner=self.in_process)
+
+
+@pytest.fixture
+def env(kafka: KafkaTestCluster, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> Env:
+    e = Env(kafka, tmp_path, spark)
+    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(e.feeds))
+    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(e.root))
+    return e
+
+
+def test_clean_run_commits_planned_ends_and_a_second_run_reads_nothing(env: Env) -> None:
+    env.produce(30, bad={7})
+    handle, job, outcome = env.run()
+    plan = handle.plan()
+    assert outcome.committed
+    assert env.committed() == {p.partition: p.end for p in plan.partitions}
+    assert sum(env.committed().values()) == 30  # type: ignore[arg-type]
+    assert job["records_read"] == 30 and job["records_quarantined"] == 1
+    good = env.published_rows()
+    assert len(good) == 29 and len(set(good)) == 29
+
+    again, job2, outcome2 = env.run()
+    assert again.records == 0 and job2["records_read"] == 0
+    assert outcome2.committed
+    assert env.published_rows() == good  # nothing new, nothing duplicated
+    assert sum(env.committed().values()) == 30  # type: ignore[arg-type]
+
+
+def test_validation_failure_leaves_offsets_then_a_fixed_feed_commits(env: Env) -> None:
+    env.produce(12)
+    env.run()
+    before = env.committed()
+    env.produce(9, bad={13, 14})
+    env.write_feed(validation={"on_bad_records": "fail"})
+    with pytest.raises(ValidationFailedError, match=r"pipe|decode|bad"):
+        env.run()
+    assert env.committed() == before
+    env.write_feed()  # back to quarantine: the same records now pass
+    _, job, outcome = env.run()
+    assert outcome.committed and job["records_quarantined"] == 2
+    assert sum(env.committed().values()) == 21  # type: ignore[arg-type]
+    assert len(env.published_rows()) == 19
+
+
+def test_sink_failure_leaves_offsets_and_rerun_publishes_once(env: Env) -> None:
+    env.produce(15)
+    env.output.parent.mkdir(parents=True, exist_ok=True)
+    env.output.write_text("a file where the output folder should be")
+    with pytest.raises(Exception, match=r".+"):
+        env.run()
+    assert env.committed() == {0: None, 1: None, 2: None}
+    env.output.unlink()
+    env.run()
+    assert sorted(env.committed().items()) == [(0, 5), (1, 5), (2, 5)]
+    rows = env.published_rows()
+    assert rows == sorted((i % 3, i // 3) for i in range(15))
+
+
+def test_crash_between_publish_and_commit_is_finished_by_the_next_run(env: Env) -> None:
+    env.produce(9)
+    handle = plan_run("pipe", env.kafka.connection, root=env.root)
+    env.in_process(handle, env.kafka.connection)  # published ... and the process dies here
+    assert env.committed() == {0: None, 1: None, 2: None}
+    published = env.published_rows()
+    assert len(published) == 9
+
+    env.produce(3)
+    nxt = plan_run("pipe", env.kafka.connection, root=env.root)
+    assert nxt.resumed == handle.plan_id  # the pending commit was finished first
+    assert {p.partition: p.start for p in nxt.plan().partitions} == {0: 3, 1: 3, 2: 3}
+    env.in_process(nxt, env.kafka.connection)
+    commit_run(nxt, env.kafka.connection, root=env.root)
+    assert env.committed() == {0: 4, 1: 4, 2: 4}
+    assert env.published_rows() == sorted((i % 3, i // 3) for i in range(12))
+
+
+def test_commit_refuses_unpublished_run(env: Env) -> None:
+    env.produce(3)
+    handle = plan_run("pipe", env.kafka.connection, root=env.root)
+    with pytest.raises(TidemarkError, match="has not published"):
+        commit_run(handle, env.kafka.connection, root=env.root)
+    assert env.committed() == {0: None, 1: None, 2: None}
+
+
+def test_tidemark_run_cli_through_spark_submit(env: Env) -> None:
+    env.produce(6, bad={2})
+    cli_env = {**os.environ, **env.kafka.connection.to_env()}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tidemark.cli", "run", "pipe"], env=cli_env, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "validated passed: 5 good, 1 quarantined" in proc.stdout
+    assert f"output    {env.output}" in proc.stdout
+    assert sorted(env.committed().items()) == [(0, 2), (1, 2), (2, 2)]
+    runs = subprocess.run(
+        [sys.executable, "-m", "tidemark.cli", "runs", "pipe"], env=cli_env, capture_output=True, text=True, check=False
+    )
+    assert runs.returncode == 0 and "succeeded" in runs.stdout
