@@ -56,9 +56,11 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         self.kafka_conn_id = kafka_conn_id
 
     def execute(self, context: Any) -> None:
+        # Set after template rendering, so the values never reach the rendered-fields
+        # table; the hook adds them to spark-submit's environment (os.environ + these).
         secrets_env = kafka_connection(self.kafka_conn_id).to_env()
-        configured: dict[str, Any] = getattr(self, "_env_vars", None) or {}
-        self._env_vars = {**os.environ, **configured, **secrets_env}
+        configured: dict[str, Any] = dict(getattr(self, "env_vars", None) or {})
+        self.env_vars = {**configured, **secrets_env}
         self._hook = None  # rebuilt with the env above
         super().execute(context)
 
