@@ -47,6 +47,17 @@ _LEADER_MOVING = frozenset(
 )
 
 
+# Metadata answers that mean "ask again shortly", not "this is wrong".
+_TRANSIENT_METADATA = frozenset({"_TIMED_OUT", "LEADER_NOT_AVAILABLE", "NOT_CONTROLLER", "_TRANSPORT"})
+
+
+class _TransientMetadataError(Exception):
+    def __init__(self, topic: str, error: Any) -> None:
+        super().__init__(f"{topic}: {error}")
+        self.topic = topic
+        self.error = error
+
+
 @dataclass(frozen=True)
 class PartitionInfo:
     topic: str
@@ -92,9 +103,10 @@ class KafkaAdapter:
         self.timeout_s = timeout_s
         self.requests = 0
         # client_overrides: extra librdkafka settings for this client only (e.g. stats_cb in benchmarks).
-        self._admin = AdminClient(
-            connection.client_config(**{"socket.timeout.ms": int(timeout_s * 1000), **(client_overrides or {})})
+        self._config = connection.client_config(
+            **{"socket.timeout.ms": int(timeout_s * 1000), **(client_overrides or {})}
         )
+        self._admin = AdminClient(self._config)
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -112,9 +124,26 @@ class KafkaAdapter:
     # -- metadata --------------------------------------------------------------------
 
     def partitions(self, topics: Sequence[str]) -> list[PartitionInfo]:
-        """Every partition of ``topics`` with its leader, sorted by topic and partition."""
+        """Every partition of ``topics`` with its leader, sorted by topic and partition.
+
+        Transient answers (no controller reachable yet, leader elections after a broker
+        stopped) are asked again until the adapter's timeout; a missing topic is not.
+        """
         if not topics:
             return []
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return self._describe(topics)
+            except _TransientMetadataError as exc:
+                if time.monotonic() > deadline:
+                    raise KafkaUnavailableError(f"describing topic '{exc.topic}' failed: {exc.error}") from exc
+                # librdkafka keeps waiting for the controller its cached metadata names, even
+                # when that broker is gone; a new client bootstraps fresh metadata.
+                self._admin = AdminClient(self._config)
+                time.sleep(0.2)
+
+    def _describe(self, topics: Sequence[str]) -> list[PartitionInfo]:
         from confluent_kafka import TopicCollection
 
         self.requests += 1
@@ -125,11 +154,14 @@ class KafkaAdapter:
                 desc = future.result(timeout=self.timeout_s)
             except KafkaException as exc:
                 err = exc.args[0]
-                if getattr(err, "name", lambda: "")() == "UNKNOWN_TOPIC_OR_PART":
+                name = err.name()
+                if name == "UNKNOWN_TOPIC_OR_PART":
                     raise TidemarkError(
                         f"topic '{topic}' does not exist on {self.connection.bootstrap_servers}; "
                         "create it or fix the feed's topic list"
                     ) from exc
+                if name in _TRANSIENT_METADATA:
+                    raise _TransientMetadataError(topic, err) from exc
                 raise KafkaUnavailableError(f"describing topic '{topic}' failed: {err}") from exc
             except TimeoutError as exc:
                 raise KafkaUnavailableError(f"describing topic '{topic}' timed out") from exc
@@ -315,6 +347,27 @@ class KafkaAdapter:
         except KafkaException as exc:
             if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                 raise KafkaUnavailableError(f"creating topic '{topic}' failed: {exc.args[0]}") from exc
+        self._await_topic(topic)
+
+    def _await_topic(self, topic: str) -> None:
+        """Wait until every partition of a just-created topic has a leader brokers know of.
+
+        CreateTopics returns once the controller accepted the topic; brokers learn of it a
+        moment later, and a describe or produce in between sees "unknown topic".
+        """
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                infos = self._describe([topic])
+                if infos and all(i.leader >= 0 for i in infos):
+                    return
+            except (TidemarkError, _TransientMetadataError):
+                pass
+            if time.monotonic() > deadline:
+                raise KafkaUnavailableError(
+                    f"topic '{topic}' was created but has no leaders after {self.timeout_s:.0f}s"
+                )
+            time.sleep(0.1)
 
     def delete_topic(self, topic: str) -> None:
         self.requests += 1

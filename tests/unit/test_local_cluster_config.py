@@ -35,3 +35,22 @@ def test_state_roundtrip_and_bootstrap(tmp_path: Path) -> None:
 
 def test_kafka_version_is_4x() -> None:
     assert kafka_version().startswith("4.")
+
+
+def test_format_accepts_a_cluster_id_that_starts_with_a_dash(tmp_path: Path) -> None:
+    """Kafka's argparse took '-abc...' for an option when passed as a separate argument."""
+    import subprocess
+
+    from tidemark.kafka_local.cluster import LocalCluster, fetch_jars
+
+    cluster = LocalCluster(tmp_path)
+    state = _state(tmp_path, 1)
+    state = ClusterState(state.home, "-AbCdEfGhIjKlMnOpQrStUv", state.kafka_version, state.nodes, {})
+    node = state.nodes[0]
+    (node.path / "data").mkdir(parents=True)
+    (node.path / "logs").mkdir(parents=True)
+    node.config_file.write_text(cluster._server_properties(state, node))
+    cmd = cluster._format_command(fetch_jars(), state, node)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=node.path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (node.path / "data" / "meta.properties").exists()

@@ -303,17 +303,7 @@ class LocalCluster:
             (
                 node,
                 subprocess.Popen(
-                    [
-                        *self._java_cmd(lib, heap="128m"),
-                        f"-Dkafka.logs.dir={node.log_file.parent}",
-                        "kafka.tools.StorageTool",
-                        "format",
-                        "-t",
-                        state.cluster_id,
-                        "-c",
-                        str(node.config_file),
-                        "--ignore-formatted",
-                    ],
+                    self._format_command(lib, state, node),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     text=True,
@@ -328,6 +318,19 @@ class LocalCluster:
                 raise LocalKafkaError(f"formatting node {node.node_id} failed (exit {proc.returncode}):\n{out}")
         self._save(state)
         return state
+
+    def _format_command(self, lib: Path, state: ClusterState, node: Node) -> list[str]:
+        return [
+            *self._java_cmd(lib, heap="128m"),
+            f"-Dkafka.logs.dir={node.log_file.parent}",
+            "kafka.tools.StorageTool",
+            "format",
+            # "=" form: a base64url cluster id may start with "-", which a separate
+            # argument would make look like an option.
+            f"--cluster-id={state.cluster_id}",
+            f"--config={node.config_file}",
+            "--ignore-formatted",
+        ]
 
     def _server_properties(self, state: ClusterState, node: Node) -> str:
         replicas = str(min(3, len(state.nodes)))
