@@ -303,30 +303,31 @@ def _read_wave(
         # still hold, or the last batch of every range would sit out the whole timeout.
         remaining = sum(int(wave.end[s] - wave.low[s]) for s in wave.open)
         msgs = consumer.consume(num_messages=max(1, min(batch_records, remaining)), timeout=POLL_TIMEOUT_S)
-        cols = _Columns()
-        t_append, p_append, o_append = cols.topics.append, cols.partitions.append, cols.offsets.append
-        tt_append, ts_append = cols.ts_types.append, cols.ts.append
-        k_append, v_append, h_append = cols.keys.append, cols.values.append, cols.headers.append
         eofs: list[tuple[str, int, int]] = []
-        # The hot loop: one pass, C accessors only, no per-record branching beyond the error check.
-        for m in msgs:
-            if m.error() is not None:
+        # Errors are rare (partition EOF at the end of each range, broker hiccups): find them
+        # in one pass, then build every column with one C-accessor comprehension each. That
+        # is about half the Python cost of one loop that appends to eight lists.
+        flagged = [m for m in msgs if m.error() is not None]
+        data = msgs
+        if flagged:
+            data = [m for m in msgs if m.error() is None]
+            for m in flagged:
                 err = m.error()
                 if err.code() == eof_code:
                     eofs.append((m.topic(), m.partition(), m.offset()))
-                    continue
-                _raise_or_skip(consumer, wave, m, err)
-                continue
+                else:
+                    _raise_or_skip(consumer, wave, m, err)
+        cols = _Columns()
+        if data:
             if single_topic is None:
-                t_append(m.topic())
-            p_append(m.partition())
-            o_append(m.offset())
-            ts_type, ts = m.timestamp()
-            tt_append(ts_type)
-            ts_append(ts)
-            k_append(m.key())
-            v_append(m.value())
-            h_append(m.headers())
+                cols.topics = [m.topic() for m in data]
+            cols.partitions = [m.partition() for m in data]
+            cols.offsets = [m.offset() for m in data]
+            ts_types, ts = zip(*[m.timestamp() for m in data], strict=True)
+            cols.ts_types, cols.ts = list(ts_types), list(ts)
+            cols.keys = [m.key() for m in data]
+            cols.values = [m.value() for m in data]
+            cols.headers = [m.headers() for m in data]
         progressed = False
         if cols.offsets:
             batch, progressed = _to_batch(cols, wave, task, schema, single_topic)
@@ -397,13 +398,18 @@ def _to_batch(
         pa.array(ts_types - 1, type=pa.int32()),
         pa.array(cols.keys, type=pa.binary()),
         pa.array(cols.values, type=pa.binary()),
-        pa.array(cols.headers, type=schema.field("headers").type),
+        _headers_array(cols.headers, n, schema.field("headers").type),
         plan_arr.cast(pa.string()),
     ]
     batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
     if not all_kept:
         batch = batch.filter(pa.array(keep))
     return batch, progressed
+
+
+def _headers_array(headers: list[Any], n: int, arrow_type: pa.DataType) -> pa.Array:
+    # Most topics carry no headers: skip converting a list of None element by element.
+    return pa.array(headers, type=arrow_type) if any(headers) else pa.nulls(n, type=arrow_type)
 
 
 def _unassign(consumer: Any, done: Sequence[Range]) -> None:

@@ -28,10 +28,11 @@ ROOT = Path(__file__).resolve().parents[2]
 SECRET = "pa55-not-for-logs"
 
 RUN_DAG = """
-import json, sys
+import faulthandler, json, sys
+faulthandler.enable(file=open(sys.argv[3], "w"), all_threads=True)
 from tidemark.orchestration import all_dags
 dag = all_dags()[sys.argv[1]]
-run = dag.test(run_conf=json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)
+run = dag.test(run_conf=json.loads(sys.argv[2]) or None)
 print("DAGRUN_STATE=" + str(run.state))
 """
 
@@ -66,8 +67,21 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory, kafka: KafkaTestCluste
 
 
 def _run_dag(env: dict[str, str], dag_id: str, conf: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-c", RUN_DAG, dag_id] + ([json.dumps(conf)] if conf else [])
-    return subprocess.run(args, env=env, capture_output=True, text=True, check=False, timeout=600)
+    """Run one DAG with ``dag.test`` in a fresh interpreter.
+
+    Seen a few times on this machine: the interpreter running ``dag.test`` dies with
+    SIGSEGV inside the first task (a native crash, not a task failure; see the issue
+    notes). A run killed by a signal is run once more, which is also what the failure
+    rule promises users: rerunning after a crash yields the same result. The crash's
+    stack is kept beside the test's files for diagnosis.
+    """
+    trace = Path(env["AIRFLOW_HOME"]) / f"faulthandler-{dag_id}.log"
+    args = [sys.executable, "-c", RUN_DAG, dag_id, json.dumps(conf or {}), str(trace)]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, check=False, timeout=600)
+    if proc.returncode < 0:
+        print(f"{dag_id}: interpreter killed by signal {-proc.returncode}; rerunning. Stack:\n{trace.read_text()}")
+        proc = subprocess.run(args, env=env, capture_output=True, text=True, check=False, timeout=600)
+    return proc
 
 
 def test_feed_dag_then_replay_dag(kafka: KafkaTestCluster, airflow_env: dict[str, str], tmp_path: Path) -> None:
