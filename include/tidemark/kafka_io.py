@@ -11,7 +11,7 @@ The adapter counts the admin requests it issues so benchmarks can report them.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -49,6 +49,20 @@ _LEADER_MOVING = frozenset(
 
 # Metadata answers that mean "ask again shortly", not "this is wrong".
 _TRANSIENT_METADATA = frozenset({"_TIMED_OUT", "LEADER_NOT_AVAILABLE", "NOT_CONTROLLER", "_TRANSPORT"})
+
+
+# Group-coordinator answers that mean "ask again shortly".
+_COORDINATOR_BUSY = frozenset({"COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"})
+
+
+class _CoordinatorBusyError(Exception):
+    pass
+
+
+def _raise_if_busy(error: Any) -> None:
+    name = str(getattr(error, "name", lambda: "")())
+    if name in _COORDINATOR_BUSY:
+        raise _CoordinatorBusyError(name)
 
 
 class _TransientMetadataError(Exception):
@@ -229,13 +243,25 @@ class KafkaAdapter:
         """The group's committed offsets (``offset=None`` where it has none), with metadata."""
         if not tps:
             return {}
+        return self._while_coordinator_busy(lambda: self._committed(group, tps), f"OffsetFetch for group '{group}'")
+
+    def _committed(self, group: str, tps: Sequence[TP]) -> dict[TP, Committed]:
         self.requests += 1
         request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in tps])
         futures = self._admin.list_consumer_group_offsets([request], request_timeout=self.timeout_s)
-        result = self._result(futures[group], f"OffsetFetch for group '{group}'")
+        try:
+            result = futures[group].result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            _raise_if_busy(exc.args[0])
+            raise KafkaUnavailableError(f"OffsetFetch for group '{group}' failed: {exc.args[0]}") from exc
+        except TimeoutError as exc:
+            raise KafkaUnavailableError(
+                f"OffsetFetch for group '{group}' got no answer in {self.timeout_s:.0f}s"
+            ) from exc
         out: dict[TP, Committed] = {}
         for tp in result.topic_partitions:
             if tp.error is not None:
+                _raise_if_busy(tp.error)
                 raise KafkaUnavailableError(
                     f"OffsetFetch for group '{group}' on {tp.topic}[{tp.partition}]: {tp.error}"
                 )
@@ -243,8 +269,24 @@ class KafkaAdapter:
             out[(tp.topic, tp.partition)] = Committed(offset, tp.metadata or "")
         return out
 
+    def _while_coordinator_busy(self, call: Callable[[], T], what: str) -> T:
+        """Ask again while the group coordinator is loading or moving (fresh clusters, failovers)."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return call()
+            except _CoordinatorBusyError as exc:
+                if time.monotonic() > deadline:
+                    raise KafkaUnavailableError(
+                        f"{what}: the group coordinator stayed unavailable for {self.timeout_s:.0f}s ({exc})"
+                    ) from exc
+                time.sleep(0.25)
+
     def describe_group(self, group: str) -> GroupInfo:
         """The group's state and live members (DescribeGroups / ConsumerGroupDescribe)."""
+        return self._while_coordinator_busy(lambda: self._describe_group(group), f"describing group '{group}'")
+
+    def _describe_group(self, group: str) -> GroupInfo:
         self.requests += 1
         futures = self._admin.describe_consumer_groups([group], request_timeout=self.timeout_s)
         try:
@@ -253,6 +295,7 @@ class KafkaAdapter:
             err = exc.args[0]
             if getattr(err, "name", lambda: "")() == "GROUP_ID_NOT_FOUND":
                 return GroupInfo(group, "dead", (), None)
+            _raise_if_busy(err)
             raise KafkaUnavailableError(f"describing consumer group '{group}' failed: {err}") from exc
         except TimeoutError as exc:
             raise KafkaUnavailableError(f"describing consumer group '{group}' timed out") from exc
@@ -279,6 +322,19 @@ class KafkaAdapter:
         """
         if not offsets:
             return {}
+
+        def attempt() -> dict[TP, str | None]:
+            # Setting the same offsets and metadata again is harmless, so a busy
+            # coordinator's answer is simply asked again.
+            out = self._alter_committed(group, offsets)
+            busy = [e for e in out.values() if e in _COORDINATOR_BUSY]
+            if busy:
+                raise _CoordinatorBusyError(busy[0])
+            return out
+
+        return self._while_coordinator_busy(attempt, f"OffsetCommit for group '{group}'")
+
+    def _alter_committed(self, group: str, offsets: Mapping[TP, tuple[int, str]]) -> dict[TP, str | None]:
         self.requests += 1
         request = ConsumerGroupTopicPartitions(
             group, [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
