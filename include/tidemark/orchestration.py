@@ -13,16 +13,18 @@ plans or reports. Only this module and ``dags/`` import Airflow.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, BaseHook, Param, task
+from airflow.sdk.exceptions import AirflowFailException
 
 from tidemark.config import Feed, load_feeds, package_root
 from tidemark.connection import KafkaConnection, from_airflow_extra, from_env
+from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError
 from tidemark.replay import END_CHOICES, START_CHOICES
 
 KAFKA_CONN_ID = os.environ.get("TIDEMARK_KAFKA_CONN_ID", "tidemark_kafka")
@@ -65,13 +67,27 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         super().execute(context)
 
 
+# Refusals that a retry cannot change: bad feed files or trigger parameters, data loss
+# under policy fail, offsets moved by someone else. They fail the task at once instead
+# of waiting out the retries; broker hiccups and a group in use still retry.
+PERMANENT_ERRORS: tuple[type[Exception], ...] = (ConfigError, PlanningError, OffsetsMovedError)
+
+
+def _no_retry_for_refusals(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return call()
+    except PERMANENT_ERRORS as exc:
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
+
 @task(task_id="plan")
 def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Finish any pending commit of the feed, then plan this run and save the plan."""
     from tidemark.pipeline import plan_run
 
-    handle = plan_run(feed_name, kafka_connection(), mode=mode, params=dict(params or {}))
-    return handle.to_xcom()
+    return _no_retry_for_refusals(
+        lambda: plan_run(feed_name, kafka_connection(), mode=mode, params=dict(params or {})).to_xcom()
+    )
 
 
 @task(task_id="commit")
@@ -79,7 +95,7 @@ def commit_step(handle: dict[str, Any]) -> dict[str, Any]:
     """Commit the plan's ends for the group (when the run asks for it) and write the report."""
     from tidemark.pipeline import RunHandle, commit_run
 
-    return commit_run(RunHandle.from_xcom(handle), kafka_connection()).to_xcom()
+    return _no_retry_for_refusals(lambda: commit_run(RunHandle.from_xcom(handle), kafka_connection()).to_xcom())
 
 
 def _pipeline(feed_name: str, mode: str) -> None:
