@@ -32,14 +32,18 @@ test: lint
 unit: install
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
+# Benchmarks run on the embedded cluster (started if needed) unless TIDEMARK_BOOTSTRAP_SERVERS is set.
 bench: install
+	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tidemark.bench $(BENCH_ARGS)
 
 bench-quick: install
+	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tidemark.bench --quick $(BENCH_ARGS)
 
 # Planning benchmark (issue 3): plans a 1,000-partition feed on the running cluster; prints median/p99 and requests.
 bench-plan: install
+	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tidemark.bench_plan $(BENCH_PLAN_ARGS)
 
 kafka-up: install
