@@ -141,42 +141,45 @@ def _feed_param(feeds: Mapping[str, Feed]) -> Param:
     return Param(names[0] if names else "", type="string", enum=names, title="Feed", description="The feed to read")
 
 
-def backfill_dag(feeds: Mapping[str, Feed]) -> DAG:
+def _triggered_dag(mode: str, description: str, doc_md: str, params: dict[str, Param]) -> DAG:
+    """A DAG that people trigger from the UI form (no schedule), running one pipeline."""
     with DAG(
-        dag_id="tidemark_backfill",
-        description="Read a feed's records between two timestamps",
-        doc_md=(
-            "Reads every record of the feed's topics whose timestamp is in `[start, end)`: from the first offset "
-            "at or after `start` to the first offset at or after `end` (the log's end when no record is that late). "
-            "Does not move the group's offsets unless `commit` is set."
-        ),
+        dag_id=f"tidemark_{mode}",
+        description=description,
+        doc_md=doc_md,
         schedule=None,
         start_date=START_DATE,
         catchup=False,
         default_args=DEFAULT_ARGS,
-        tags=["tidemark", "backfill"],
-        params={
+        tags=["tidemark", mode],
+        params=params,
+    ) as dag:
+        _pipeline("{{ params.feed }}", mode)
+    return dag
+
+
+def backfill_dag(feeds: Mapping[str, Feed]) -> DAG:
+    return _triggered_dag(
+        "backfill",
+        "Read a feed's records between two timestamps",
+        "Reads every record of the feed's topics whose timestamp is in `[start, end)`: from the first offset "
+        "at or after `start` to the first offset at or after `end` (the log's end when no record is that late). "
+        "Does not move the group's offsets unless `commit` is set.",
+        {
             "feed": _feed_param(feeds),
             "start_timestamp": Param(type="string", format="date-time", title="Window start (inclusive)"),
             "end_timestamp": Param(type="string", format="date-time", title="Window end (exclusive)"),
             "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards"),
         },
-    ) as dag:
-        _pipeline("{{ params.feed }}", "backfill")
-    return dag
+    )
 
 
 def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
-    with DAG(
-        dag_id="tidemark_replay",
-        description="Re-read a feed from any start to any end",
-        doc_md="Manual replay: choose where to start and end; offsets move only if `commit` is set.",
-        schedule=None,
-        start_date=START_DATE,
-        catchup=False,
-        default_args=DEFAULT_ARGS,
-        tags=["tidemark", "replay"],
-        params={
+    return _triggered_dag(
+        "replay",
+        "Re-read a feed from any start to any end",
+        "Manual replay: choose where to start and end; offsets move only if `commit` is set.",
+        {
             "feed": _feed_param(feeds),
             "start_from": Param(
                 "committed",
@@ -203,9 +206,7 @@ def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
             "end_offset": Param(None, type=["null", "integer"], minimum=0, section="End"),
             "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards"),
         },
-    ) as dag:
-        _pipeline("{{ params.feed }}", "replay")
-    return dag
+    )
 
 
 def all_dags(feeds_directory: Path | None = None) -> dict[str, DAG]:
