@@ -246,20 +246,32 @@ class KafkaAdapter:
         return self._while_coordinator_busy(lambda: self._committed(group, tps), f"OffsetFetch for group '{group}'")
 
     def _committed(self, group: str, tps: Sequence[TP]) -> dict[TP, Committed]:
+        # A consumer's OffsetFetch, not AdminClient.list_consumer_group_offsets: librdkafka
+        # 2.16's admin path crashes the process (SIGSEGV in rd_kafka_cgrp_op, an admin client
+        # has no group handle) when the coordinator answers with a coordinator error, as a
+        # fresh cluster does. The consumer never joins the group: it only asks.
+        from confluent_kafka import Consumer
+
         self.requests += 1
-        request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in tps])
-        futures = self._admin.list_consumer_group_offsets([request], request_timeout=self.timeout_s)
+        consumer = Consumer(
+            self.connection.client_config(
+                **{
+                    "group.id": group,
+                    "enable.auto.commit": False,
+                    "socket.timeout.ms": int(self.timeout_s * 1000),
+                    "client.id": "tidemark-offset-fetch",
+                }
+            )
+        )
         try:
-            result = futures[group].result(timeout=self.timeout_s)
+            result = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=self.timeout_s)
         except KafkaException as exc:
             _raise_if_busy(exc.args[0])
             raise KafkaUnavailableError(f"OffsetFetch for group '{group}' failed: {exc.args[0]}") from exc
-        except TimeoutError as exc:
-            raise KafkaUnavailableError(
-                f"OffsetFetch for group '{group}' got no answer in {self.timeout_s:.0f}s"
-            ) from exc
+        finally:
+            consumer.close()
         out: dict[TP, Committed] = {}
-        for tp in result.topic_partitions:
+        for tp in result:
             if tp.error is not None:
                 _raise_if_busy(tp.error)
                 raise KafkaUnavailableError(

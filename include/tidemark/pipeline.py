@@ -203,6 +203,8 @@ def run_job(
     """Step 2 for the CLI: submit the Spark job; secrets go through the environment only."""
     cmd = spark_submit_command(handle, master)
     env = {**os.environ, **connection.to_env(), "PYSPARK_PYTHON": sys.executable}
+    if cmd[2].startswith("local"):
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # keep a local job on loopback
     started = time.monotonic()
     progress(f"reading {handle.records} records with Spark ({cmd[2]})")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)

@@ -18,11 +18,15 @@ if TYPE_CHECKING:
 def local_session(app_name: str = "tidemark", master: str | None = None) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    master = master or os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]")
+    if master.startswith("local"):
+        # Keep a local session on loopback (Spark otherwise binds the host's first interface).
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     builder = (
         SparkSession.builder.appName(app_name)
-        .master(master or os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]"))
+        .master(master)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
