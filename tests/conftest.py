@@ -83,6 +83,25 @@ def keyed_records(
     ]
 
 
+OWNER_FILE = "pytest.pid"
+
+
+def _stop_orphaned_test_clusters(runs_root: Path) -> None:
+    """Stop brokers left by earlier test sessions that died without their teardown.
+
+    A session killed outright (a native crash, a CI timeout) never reaches the fixture's
+    ``down``; its brokers would keep running and hold memory and CPU that later runs need.
+    """
+    for owner in runs_root.glob(f"*/kafka*/{OWNER_FILE}"):
+        try:
+            pid = int(owner.read_text())
+        except (OSError, ValueError):
+            continue
+        if pid != os.getpid() and not Path(f"/proc/{pid}").exists():
+            LocalCluster(owner.parent).down()
+            owner.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaTestCluster]:
     servers = os.environ.get("TIDEMARK_BOOTSTRAP_SERVERS")
@@ -90,8 +109,12 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaTestCluster
         yield KafkaTestCluster(KafkaConnection(servers), None)
         return
     shared_home = os.environ.get("TIDEMARK_TEST_KAFKA_HOME")
+    if not shared_home:
+        _stop_orphaned_test_clusters(tmp_path_factory.getbasetemp().parent)
     home = Path(shared_home) if shared_home else tmp_path_factory.mktemp("kafka")
     cluster = LocalCluster(home)
+    if not shared_home:
+        (home / OWNER_FILE).write_text(str(os.getpid()))  # before starting: a crash may come at any time
     state = cluster.up(brokers=3)
     try:
         yield KafkaTestCluster(KafkaConnection(state.bootstrap_servers), cluster)
