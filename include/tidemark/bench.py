@@ -389,6 +389,7 @@ def bench_session(jars: Sequence[Path]) -> SparkSession:
         SparkSession.builder.appName("tidemark-bench")
         .master(os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]"))
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.memory", os.environ.get("TIDEMARK_SPARK_DRIVER_MEMORY", "3g"))
         .config("spark.sql.session.timeZone", "UTC")
