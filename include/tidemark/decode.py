@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 ERROR_COLUMN = "decode_error"
 METADATA_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key", "headers", "plan_id")
+RAW_VALUE_COLUMN = "_raw_value"
+OUTCOME_COLUMN = "_outcome"  # the job's staging partition: "ok" or why a record is bad
+# Names a declared field may not take: record columns, and the job's own (``date`` partitions the output).
+RESERVED_COLUMNS = frozenset({*METADATA_COLUMNS, "value", ERROR_COLUMN, RAW_VALUE_COLUMN, OUTCOME_COLUMN, "date"})
 _SPARK_TYPES = {"string": "string", "integer": "long", "number": "double", "boolean": "boolean"}
 _CORRUPT = "_tidemark_corrupt"
 _PARSED = "_tidemark_parsed"
@@ -51,7 +55,7 @@ def json_schema_ddl(fields: tuple[JsonField, ...]) -> str:
 def check_fields(deser: Deserialization) -> None:
     """Declared JSON fields must not clash with the record's metadata columns."""
     names = [f.name for f in deser.fields]
-    clash = sorted(set(names) & {*METADATA_COLUMNS, "value", ERROR_COLUMN})
+    clash = sorted(set(names) & RESERVED_COLUMNS)
     if clash:
         raise ConfigError(f"deserialization.fields: {clash} clash with Tidemark's record columns; rename them")
     dupes = sorted({n for n in names if names.count(n) > 1})
@@ -59,8 +63,15 @@ def check_fields(deser: Deserialization) -> None:
         raise ConfigError(f"deserialization.fields: {dupes} declared twice")
 
 
-def decode(df: DataFrame, deser: Deserialization) -> Decoded:
-    """Split ``df`` (the source's schema) into decoded ``good`` rows and ``bad`` rows."""
+@dataclass(frozen=True)
+class _Decoding:
+    work: DataFrame  # the input plus any parse columns
+    key: Column
+    values: list[Column]
+    error: Column  # null where the record decoded, else the first reason it did not
+
+
+def _decoding(df: DataFrame, deser: Deserialization) -> _Decoding:
     from pyspark.sql import functions as F
 
     check_fields(deser)
@@ -101,11 +112,41 @@ def decode(df: DataFrame, deser: Deserialization) -> Decoded:
                 )
             )
         value_cols = [parsed.getField(f.name).alias(f.name) for f in deser.fields]
-
     error = F.coalesce(*reasons) if reasons else F.lit(None).cast("string")
-    work = work.withColumn(ERROR_COLUMN, error)
+    return _Decoding(work, key_col, value_cols, error)
+
+
+def raw_value_kept(deser: Deserialization) -> bool:
+    """Whether the decoded columns lose the raw value (JSON), so :func:`annotate` keeps it aside."""
+    return deser.format == "json"
+
+
+def annotate(df: DataFrame, deser: Deserialization) -> DataFrame:
+    """Every record of ``df`` decoded, in one projection: no row is dropped or split off.
+
+    Columns: the metadata columns, ``key`` (decoded), the value column(s) (``value``, or
+    the declared JSON fields), ``headers``, ``plan_id`` and :data:`ERROR_COLUMN`, null
+    where the record decoded and the first reason where it did not. A row that failed
+    keeps its raw bytes: a string ``key`` or ``value`` is Spark's byte-preserving cast of
+    the binary, and JSON feeds (whose fields cannot hold them) get the raw value as
+    :data:`RAW_VALUE_COLUMN` (see :func:`raw_value_kept`).
+    """
+    d = _decoding(df, deser)
+    raw = [d.work["value"].alias(RAW_VALUE_COLUMN)] if raw_value_kept(deser) else []
+    return d.work.select(
+        "topic", "partition", "offset", "timestamp", "timestamp_type", d.key.alias("key"), *d.values, *raw,
+        "headers", "plan_id", d.error.alias(ERROR_COLUMN),
+    )  # fmt: skip
+
+
+def decode(df: DataFrame, deser: Deserialization) -> Decoded:
+    """Split ``df`` (the source's schema) into decoded ``good`` rows and raw ``bad`` rows."""
+    from pyspark.sql import functions as F
+
+    d = _decoding(df, deser)
+    work = d.work.withColumn(ERROR_COLUMN, d.error)
     good = work.where(F.col(ERROR_COLUMN).isNull()).select(
-        "topic", "partition", "offset", "timestamp", "timestamp_type", key_col.alias("key"), *value_cols,
+        "topic", "partition", "offset", "timestamp", "timestamp_type", d.key.alias("key"), *d.values,
         "headers", "plan_id",
     )  # fmt: skip
     bad = work.where(F.col(ERROR_COLUMN).isNotNull()).select(*df.columns, ERROR_COLUMN)

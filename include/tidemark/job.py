@@ -1,19 +1,13 @@
-"""The Spark job's steps: read a saved plan, check, decode, validate, publish, report.
+"""The Spark job's steps: read a saved plan once, validate what was read, publish, report.
 
 ``spark_jobs/tidemark_job.py`` is the thin ``spark-submit`` entry point around
-:func:`main`; the benchmark calls :func:`run` directly. Kafka is read exactly once:
-the DataFrame from :func:`tidemark.source.read_plan` is persisted, the per-range
-statistics are its first action, and decoding, validation and the Parquet write all
-work from the cached copy.
-
-Validation seam. If ``tidemark.validation`` defines ``validate``, the job calls
-``validate(df, plan, feed, run_dir, decode_failed=..., positions=...)`` (the keyword
-arguments only when its signature takes them) with ``df`` the decoded records and
-``decode_failed`` the records that did not decode. It may return ``None`` (publish
-``df``), a DataFrame (publish it), or an object with ``good`` and optionally
-``quarantined`` DataFrames and a ``summary`` dict; it fails the run by raising. Without
-that module the job applies its built-in checks (every record inside its range, no
-more records than offsets) and the feed's bad-record policy to decode failures.
+:func:`main`; the benchmark calls :func:`run` directly. Kafka is read exactly once, by
+one Spark write: every record, decoded and marked with its outcome (``ok``, or why it is
+bad), goes to Parquet in a fresh staging folder. The per-range statistics, the built-in
+checks, the bad-record counts and the feed's GX suite then run on those staged files
+(reading only the columns each needs), and publication is a matter of renames: good
+records become the plan's folder, bad ones its quarantine. Nothing is cached, and a
+failure at any step discards the staging folder.
 
 The job writes ``<run_dir>/job.json`` in every case: ``published`` (bool), ``error``
 (on failure), the manifest, counts, timings and the per-range statistics. The
@@ -24,15 +18,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import json
 import os
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,12 +38,11 @@ from tidemark.errors import ConfigError, TidemarkError, ValidationFailedError
 from tidemark.plan import Plan
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 JOB_FILE = "job.json"
 SHIP_ENV = "TIDEMARK_SHIP_PACKAGE"
-VALIDATION_MODULE = "tidemark.validation"
-VALIDATION_HOOK = "validate"
+VALIDATOR = "tidemark.validation.validate"
 
 
 @dataclass
@@ -91,57 +84,23 @@ class _Timer:
             self.result.timings_s[name] = round(time.monotonic() - started, 3)
 
 
-def find_validator() -> Callable[..., Any] | None:
-    """``tidemark.validation.validate`` if that module exists (written separately), else ``None``."""
-    try:
-        module = importlib.import_module(VALIDATION_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name != VALIDATION_MODULE:
-            raise  # the module exists but one of its imports is missing: a real error
-        return None
-    hook = getattr(module, VALIDATION_HOOK, None)
-    return hook if callable(hook) else None
+def preload_great_expectations() -> threading.Thread:
+    """Import Great Expectations in the background while the job reads Kafka.
 
+    A fresh interpreter spends about 10 s importing GX; started first, that overlaps the
+    read instead of following it. The import lock makes a later ``import`` wait for it.
+    """
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 
-def _call_validator(
-    hook: Callable[..., Any], good: DataFrame, bad: DataFrame, plan: Plan, feed: Feed, run_dir: Path
-) -> tuple[DataFrame, DataFrame | None, dict[str, Any] | None]:
-    params = inspect.signature(hook).parameters
-    kwargs: dict[str, Any] = {}
-    if "decode_failed" in params:
-        kwargs["decode_failed"] = bad
-    if "positions" in params:
-        # The reader raises unless every range reached its end, so a finished read is at the plan's ends.
-        kwargs["positions"] = plan.ends()
-    outcome = hook(good, plan, feed, run_dir, **kwargs)
-    if outcome is None:
-        return good, None, None
-    if hasattr(outcome, "good"):
-        summary = getattr(outcome, "summary", None)
-        if isinstance(summary, Mapping) and summary.get("success") is False:
-            raise ValidationFailedError(f"validation of plan {plan.plan_id} failed: {summary.get('failure')}")
-        return outcome.good, getattr(outcome, "quarantined", None), dict(summary) if summary else None
-    if hasattr(outcome, "columns"):
-        return outcome, None, None
-    raise TypeError(f"{VALIDATION_MODULE}.{VALIDATION_HOOK} returned {type(outcome).__name__}; see tidemark.job")
+    def load() -> None:
+        try:
+            importlib.import_module("great_expectations")
+        except Exception:  # noqa: BLE001 - the real import in validation reports any problem
+            return
 
-
-def _builtin_decode_policy(feed: Feed, failures: int, total: int, bad: DataFrame, plan: Plan) -> None:
-    if not failures:
-        return
-    policy = feed.validation
-    sample = ", ".join(f"{r.topic}[{r.partition}]@{r.offset}: {r.decode_error}" for r in bad.limit(5).collect())
-    if policy.on_bad_records == "fail":
-        raise ValidationFailedError(
-            f"plan {plan.plan_id}: {failures} of {total} records failed to decode and feed '{feed.name}' "
-            f"has on_bad_records: fail (e.g. {sample})"
-        )
-    ratio = failures / total if total else 0.0
-    if ratio > policy.quarantine_max_ratio:
-        raise ValidationFailedError(
-            f"plan {plan.plan_id}: {failures} of {total} records ({ratio:.2%}) failed to decode, above "
-            f"quarantine_max_ratio {policy.quarantine_max_ratio:.2%} (e.g. {sample})"
-        )
+    thread = threading.Thread(target=load, name="tidemark-gx-import", daemon=True)
+    thread.start()
+    return thread
 
 
 def run(
@@ -152,24 +111,38 @@ def run(
     run_dir: Path,
     *,
     output_dir: Path | None = None,
-    use_validation: bool = True,
     result: JobResult | None = None,
 ) -> JobResult:
-    """Read ``plan``, check, decode, validate and publish it; fill and return the result."""
-    from pyspark import StorageLevel
+    """Read ``plan`` once into staging, check and validate it there, then publish; fill the result.
 
-    from tidemark.decode import decode
-    from tidemark.sink import load_manifest, publish
+    1. ``write``: Kafka → decode → each record's outcome (``ok``, or why it is bad) →
+       Parquet under a fresh staging folder, partitioned by outcome, topic and date. The
+       only read of Kafka; nothing is cached.
+    2. ``stats``: the per-range statistics, from the staged files (columns it needs only).
+    3. ``validate``: built-in range checks, bad-record counts and the feed's GX suite on the
+       staged records (:func:`tidemark.validation.validate`); raises when the run must fail.
+    4. ``publish``: good records become the publication by rename, bad ones its quarantine
+       (:func:`tidemark.sink.publish_staged`), after their counts are checked against
+       what validation passed.
+    Any failure discards the staging folder: nothing is visible, nothing to clean up.
+    """
+    from pyspark.sql import functions as F
+
+    from tidemark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
+    from tidemark.sink import load_manifest, new_staging, publish_staged
     from tidemark.source import check_complete, range_stats, read_plan
+    from tidemark.validation import DECODE_OUTCOME_PREFIX, OK_OUTCOME, outcome_column, validate
 
     if plan.feed != feed.name:
         raise ConfigError(f"plan {plan.plan_id} was made for feed '{plan.feed}', not '{feed.name}'")
     res = result or JobResult(plan.plan_id, feed.name)
     res.spark = {"master": spark.sparkContext.master, "version": spark.version}
+    res.validator = VALIDATOR
     timer = _Timer(res)
     run_dir.mkdir(parents=True, exist_ok=True)
+    output = (output_dir or feed.output_dir()).resolve()
 
-    done = load_manifest((output_dir or feed.output_dir()).resolve(), plan.plan_id)
+    done = load_manifest(output, plan.plan_id)
     if done is not None:  # published by an earlier attempt: do not read Kafka again
         res.manifest, res.reused, res.published = done.to_dict(), True, True
         res.records_published, res.records_quarantined = done.records, done.quarantined
@@ -177,45 +150,68 @@ def run(
         res.records_read = sum(int(r.get("records", 0)) for r in done.ranges)
         return res
 
-    raw = read_plan(spark, plan, connection).persist(StorageLevel.MEMORY_AND_DISK)
+    preload_great_expectations()
+    decoded = annotate(read_plan(spark, plan, connection), feed.deserialization)
+    outcome = outcome_column([c for c in decoded.columns if c not in (RAW_VALUE_COLUMN, "plan_id")], feed).alias(
+        OUTCOME_COLUMN
+    )
+    day = F.date_from_unix_date(F.floor(F.unix_micros("timestamp") / 86_400_000_000).cast("int")).alias("date")
+    staged_df = decoded.select(*[c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")], day, outcome)
+    staging = new_staging(output, plan.plan_id)
     try:
-        stats = timer.step("read", lambda: range_stats(raw, plan))  # the one read of Kafka
+        timer.step(
+            "write",  # the one read of Kafka
+            lambda: (
+                staged_df.write.mode("errorifexists")
+                .partitionBy(OUTCOME_COLUMN, "topic", "date")
+                .parquet(str(staging.written))
+            ),
+        )
+        # Explicit schema: partition values are read back as written ("007" stays a string topic).
+        staged = spark.read.schema(staged_df.schema).parquet(str(staging.written))
+        value_column = RAW_VALUE_COLUMN if raw_value_kept(feed.deserialization) else "value"
+        stats = timer.step("stats", lambda: range_stats(staged, plan, value_column=value_column))
         res.ranges = [s.to_dict() for s in stats]
         res.records_read = sum(s.records for s in stats)
         problems = check_complete(stats)
         if problems:
             raise ValidationFailedError(f"built-in checks failed for plan {plan.plan_id}: " + "; ".join(problems))
 
-        decoded = decode(raw, feed.deserialization)
-        res.decode_failures = timer.step("decode", lambda: decoded.bad.count())
-        hook = find_validator() if use_validation else None
-        quarantine: dict[str, DataFrame] = {}
-        if hook is not None:
-            res.validator = f"{VALIDATION_MODULE}.{VALIDATION_HOOK}"
-            good, rejected, res.validation = timer.step(
-                "validate", lambda: _call_validator(hook, decoded.good, decoded.bad, plan, feed, run_dir)
-            )
-            if rejected is not None:
-                quarantine["validation"] = rejected
-        else:
-            _builtin_decode_policy(feed, res.decode_failures, res.records_read, decoded.bad, plan)
-            good = decoded.good
-            if res.decode_failures:
-                quarantine["decode"] = decoded.bad
-        expected = None
-        if res.validation and isinstance(res.validation.get("good_records"), int):
-            expected = res.validation["good_records"]
-        elif hook is None:
-            expected = res.records_read - res.decode_failures
-        manifest = timer.step(
-            "publish",
-            lambda: publish(
-                good, plan, feed, quarantine=quarantine, stats=stats, output_dir=output_dir,
-                expect_records=expected, extra={"validator": res.validator},
+        undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_OUTCOME_PREFIX)
+        record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date", RAW_VALUE_COLUMN)]
+        checked = timer.step(
+            "validate",
+            lambda: validate(
+                staged.where(~undecoded).select(*record_columns), plan, feed, run_dir,
+                # The reader stops only at each range's end (it raises otherwise).
+                positions=plan.ends(),
+                decode_failed=staged.where(undecoded).withColumn(
+                    ERROR_COLUMN, F.substring(OUTCOME_COLUMN, len(DECODE_OUTCOME_PREFIX) + 1, 1 << 20)
+                ),
+                exact_duplicates=False,  # the reader yields each offset at most once
             ),
         )  # fmt: skip
-    finally:
-        raw.unpersist()
+        res.validation = checked.summary
+        res.decode_failures = int(checked.summary["counts"]["decode_errors"])
+
+        def rewrite_good(source: Path, target: Path) -> None:
+            # JSON feeds stage the raw value beside the fields: publish the fields only.
+            good = spark.read.schema(staged_df.drop(OUTCOME_COLUMN).schema).parquet(str(source))
+            good.drop(RAW_VALUE_COLUMN).write.mode("append").partitionBy("topic", "date").parquet(str(target))
+
+        manifest = timer.step(
+            "publish",
+            lambda: publish_staged(
+                staging, plan, feed, outcome_column=OUTCOME_COLUMN, ok_value=OK_OUTCOME,
+                rewrite_good=rewrite_good if raw_value_kept(feed.deserialization) else None,
+                stats=stats, extra={"validator": res.validator},
+                expect_records=int(checked.summary["good_records"]),
+                expect_quarantined=int(checked.summary["quarantined_records"]),
+            ),
+        )  # fmt: skip
+    except BaseException:
+        staging.discard()
+        raise
     res.manifest = manifest.to_dict()
     res.reused = manifest.reused
     res.records_published = manifest.records

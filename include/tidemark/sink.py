@@ -25,7 +25,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -169,6 +169,118 @@ def publish(
     except Exception as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise PublishError(f"publishing plan {plan.plan_id} of feed '{feed.name}' to {output} failed: {exc}") from exc
+
+
+# -- staged publication: the job writes once, then validation decides ----------------------
+
+PASS_DIR = "_pass"  # inside a staging folder: the job's single write, partitioned by outcome
+
+
+@dataclass(frozen=True)
+class Staging:
+    """A fresh staging folder for one plan, and where the job's single write goes.
+
+    The job writes every record once, to :attr:`written`, partitioned by
+    ``(outcome, topic, date)``: ``outcome=ok`` for records to publish, else why the
+    record is bad. Validation reads it back (columnar, so a check costs only the columns
+    it needs) and :func:`publish_staged` turns it into the publication by renames.
+    """
+
+    output: Path
+    plan_id: str
+    root: Path
+
+    @property
+    def written(self) -> Path:
+        return self.root / PASS_DIR
+
+    def discard(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def new_staging(output: Path, plan_id: str) -> Staging:
+    """A new, empty staging folder for ``plan_id`` (leftovers of crashed attempts are removed)."""
+    output = output.resolve()
+    if load_manifest(output, plan_id) is not None:
+        raise PublishError(f"plan {plan_id} is already published under {output}; there is nothing to stage")
+    staging_root = output / STAGING_DIR
+    for leftover in staging_root.glob(f"{plan_id}.*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    staging_root.mkdir(parents=True, exist_ok=True)
+    root = staging_root / f"{plan_id}.{uuid.uuid4().hex[:12]}"
+    root.mkdir()
+    return Staging(output, plan_id, root)
+
+
+def publish_staged(
+    staging: Staging,
+    plan: Plan,
+    feed: Feed,
+    *,
+    outcome_column: str,
+    ok_value: str,
+    rewrite_good: Callable[[Path, Path], None] | None = None,
+    stats: Sequence[RangeStats] = (),
+    extra: Mapping[str, Any] | None = None,
+    expect_records: int | None = None,
+    expect_quarantined: int | None = None,
+) -> Manifest:
+    """Publish what the job staged: good records by rename, the rest as quarantine.
+
+    ``<written>/<outcome_column>=<ok_value>/topic=*/`` become the published topic folders
+    (or, with ``rewrite_good(source, target)``, are rewritten into ``target``: for staged
+    files that carry columns the publication must not); every other outcome folder moves
+    to ``_quarantine/_reason=<outcome>/``. Counts are checked against the Parquet footers
+    before the manifest is written; then the folder is renamed into place, atomically.
+    Raises :class:`PublishError` (and discards the staging folder) on any mismatch.
+    """
+    if plan.feed != feed.name or plan.plan_id != staging.plan_id:
+        raise PublishError(f"plan {plan.plan_id} (feed '{plan.feed}') does not match staging {staging.root}")
+    try:
+        written = staging.written
+        good = written / f"{outcome_column}={ok_value}"
+        if good.exists():
+            if rewrite_good is not None:
+                rewrite_good(good, staging.root)
+            else:
+                for topic_dir in sorted(good.iterdir()):
+                    if topic_dir.is_dir():
+                        os.rename(topic_dir, staging.root / topic_dir.name)
+        prefix = f"{outcome_column}="
+        for bad in sorted(written.glob(f"{prefix}*")) if written.exists() else []:
+            if bad != good and bad.is_dir():
+                target = staging.root / QUARANTINE_DIR / f"_reason={bad.name[len(prefix) :]}"
+                target.parent.mkdir(exist_ok=True)
+                os.rename(bad, target)
+        shutil.rmtree(written, ignore_errors=True)
+        files = _file_entries(staging.root)
+        manifest = Manifest(
+            plan_id=plan.plan_id,
+            feed=feed.name,
+            group=plan.group,
+            location=str(published_dir(staging.output, plan.plan_id)),
+            published_at=datetime.now(UTC).isoformat(),
+            records=sum(f.rows for f in files if not f.path.startswith(QUARANTINE_DIR)),
+            quarantined=sum(f.rows for f in files if f.path.startswith(QUARANTINE_DIR)),
+            ranges=tuple(s.to_dict() for s in stats),
+            files=files,
+            extra=dict(extra or {}),
+        )
+        for what, want, have in (("records", expect_records, manifest.records),
+                                 ("quarantined records", expect_quarantined, manifest.quarantined)):  # fmt: skip
+            if want is not None and have != want:
+                raise PublishError(
+                    f"plan {plan.plan_id}: the staged Parquet files hold {have} {what}, validation passed on {want}; "
+                    "nothing was published"
+                )
+        _write_durably(staging.root / MANIFEST_NAME, json.dumps(manifest.to_dict(), indent=2, sort_keys=True))
+        return _rename_into_place(staging.root, staging.output, manifest)
+    except PublishError:
+        staging.discard()
+        raise
+    except Exception as exc:
+        staging.discard()
+        raise PublishError(f"publishing plan {plan.plan_id} of feed '{feed.name}' failed: {exc}") from exc
 
 
 def _rename_into_place(staging: Path, output: Path, manifest: Manifest) -> Manifest:

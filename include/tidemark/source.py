@@ -29,7 +29,8 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
+from operator import is_not
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -327,9 +328,10 @@ def _read_wave(
         eofs: list[tuple[str, int, int]] = []
         # Errors are rare (partition EOF at the end of each range, broker hiccups): spot them
         # with one C-level pass, and only then sort messages one by one.
+        # (Identity tests only: KafkaError's == raises when compared with None.)
         errors = list(map(message_error, msgs))
         data = msgs
-        if errors.count(None) != len(errors):
+        if any(map(is_not, errors, repeat(None))):
             data = [m for m, e in zip(msgs, errors, strict=True) if e is None]
             for m, err in zip(msgs, errors, strict=True):
                 if err is None:
@@ -593,11 +595,15 @@ class RangeStats:
         return asdict(self)
 
 
-def range_stats(df: DataFrame, plan: Plan) -> list[RangeStats]:
-    """One aggregation over ``df`` (persist it first): statistics for every planned range."""
+def range_stats(df: DataFrame, plan: Plan, *, value_column: str = "value") -> list[RangeStats]:
+    """One aggregation over ``df``: statistics for every planned range.
+
+    ``df`` holds the records with ``topic, partition, offset, timestamp, key`` and the raw
+    value as ``value_column``; ``key`` may be the binary or its string cast (same bytes).
+    """
     from pyspark.sql import functions as F
 
-    row_hash = F.xxhash64("topic", "partition", "offset", "key", "value")
+    row_hash = F.xxhash64("topic", "partition", "offset", "key", value_column)
     agg = (
         df.groupBy("topic", "partition")
         .agg(
@@ -606,10 +612,13 @@ def range_stats(df: DataFrame, plan: Plan) -> list[RangeStats]:
             F.max("offset").alias("last"),
             F.min("timestamp").alias("min_ts"),
             F.max("timestamp").alias("max_ts"),
-            F.sum(F.coalesce(F.length("key"), F.lit(0)) + F.coalesce(F.length("value"), F.lit(0))).alias("bytes"),
-            # Two independent 64-bit sums make an order-independent 128-bit digest.
-            F.sum(row_hash.cast("decimal(38,0)")).alias("h1"),
-            F.sum(F.xxhash64(row_hash, F.lit("tidemark")).cast("decimal(38,0)")).alias("h2"),
+            F.sum(
+                F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(F.octet_length(value_column), F.lit(0))
+            ).alias("bytes"),
+            # Two XORs of independent 64-bit hashes: an order-independent 128-bit digest of the
+            # range's content (a row present twice cancels out; duplicates are checked apart).
+            F.bit_xor(row_hash).alias("h1"),
+            F.bit_xor(F.xxhash64(row_hash, F.lit("tidemark"))).alias("h2"),
         )
         .collect()
     )
