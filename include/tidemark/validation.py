@@ -448,7 +448,9 @@ def run_gx(df: DataFrame, feed: Feed, plan: Plan, run_dir: Path) -> GxOutcome:
         },
     )
     batch = (
-        context.data_sources.add_spark("tidemark")
+        # persist=False: GX would otherwise cache the whole batch (5 s of 5M rows, never
+        # released); the DataFrame it gets is already cheap to scan (staged Parquet).
+        context.data_sources.add_spark("tidemark", persist=False)
         .add_dataframe_asset(f"{feed.name}.records")
         .add_batch_definition_whole_dataframe("plan")
     )
