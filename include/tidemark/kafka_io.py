@@ -34,6 +34,7 @@ TP = tuple[str, int]
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 15.0
+ATTEMPT_TIMEOUT_S = 5.0  # one try of a retried metadata call
 RETRY_BACKOFF_S = 0.2
 # Answers that mean "leadership is moving, ask again" (librdkafka does not flag them retriable here).
 _LEADER_MOVING = frozenset(
@@ -147,8 +148,11 @@ class KafkaAdapter:
             return []
         deadline = time.monotonic() + self.timeout_s
         while True:
+            # Short attempts: an attempt stuck on a broker that just stopped (KRaft brokers name
+            # a random live broker as "controller", and metadata lags) must not use up the budget.
+            attempt_s = max(1.0, min(ATTEMPT_TIMEOUT_S, deadline - time.monotonic()))
             try:
-                return self._describe(topics)
+                return self._describe(topics, attempt_s)
             except _TransientMetadataError as exc:
                 if time.monotonic() > deadline:
                     raise KafkaUnavailableError(f"describing topic '{exc.topic}' failed: {exc.error}") from exc
@@ -157,15 +161,15 @@ class KafkaAdapter:
                 self._admin = AdminClient(self._config)
                 time.sleep(0.2)
 
-    def _describe(self, topics: Sequence[str]) -> list[PartitionInfo]:
+    def _describe(self, topics: Sequence[str], timeout_s: float) -> list[PartitionInfo]:
         from confluent_kafka import TopicCollection
 
         self.requests += 1
-        futures = self._admin.describe_topics(TopicCollection(list(topics)), request_timeout=self.timeout_s)
+        futures = self._admin.describe_topics(TopicCollection(list(topics)), request_timeout=timeout_s)
         out = []
         for topic, future in futures.items():
             try:
-                desc = future.result(timeout=self.timeout_s)
+                desc = future.result(timeout=timeout_s + 1.0)
             except KafkaException as exc:
                 err = exc.args[0]
                 name = err.name()
@@ -178,7 +182,7 @@ class KafkaAdapter:
                     raise _TransientMetadataError(topic, err) from exc
                 raise KafkaUnavailableError(f"describing topic '{topic}' failed: {err}") from exc
             except TimeoutError as exc:
-                raise KafkaUnavailableError(f"describing topic '{topic}' timed out") from exc
+                raise _TransientMetadataError(topic, f"no answer within {timeout_s:.0f}s") from exc
             for p in desc.partitions:
                 leader = p.leader.id if p.leader is not None else -1
                 out.append(PartitionInfo(topic, p.id, leader, tuple(r.id for r in p.replicas)))
@@ -426,7 +430,7 @@ class KafkaAdapter:
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                infos = self._describe([topic])
+                infos = self._describe([topic], ATTEMPT_TIMEOUT_S)
                 if infos and all(i.leader >= 0 for i in infos):
                     return
             except (TidemarkError, _TransientMetadataError):
