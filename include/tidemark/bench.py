@@ -9,9 +9,11 @@ offsets, and for every runner 1 warm-up plus ``--runs`` measured runs (default 5
 - R1  a raw confluent-kafka ``consume(N)`` loop in one process (touches every value)
 - R3  Tidemark's Spark read (``tidemark_kafka``) to Spark's ``noop`` sink
 - R4  Spark's built-in Kafka source over the same offsets to ``noop``
-- R6  Tidemark end to end: read once (persisted), decode, validate (``tidemark.validation``
-      when present, else the built-in checks), Parquet publish, commit
+- R6  Tidemark end to end (``tidemark.job.run`` + commit): Kafka read once into staged
+      Parquet, statistics and validation on the staged files, publish by rename, commit
 - R4w Spark's Kafka source writing the same Parquet layout
+- M   one read task's peak RSS for ranges of 1/8, 1/4, 1/2 and all of one partition, each
+      in a fresh process: it must not grow with the range
 
 Reported per runner: median records/s, records per CPU-second (driver, JVM and Python
 workers; not the brokers), and for Tidemark runs the Python workers' peak RSS and the
@@ -324,6 +326,56 @@ def run_r1(connection: KafkaConnection, plan: Plan) -> Sample:
     return Sample(seconds=doc["seconds"], cpu_seconds=cpu, records=doc["records"])
 
 
+MEMORY_FRACTIONS = (0.125, 0.25, 0.5, 1.0)
+
+
+def memory_worker(bootstrap: str, plan_json: str, records: int) -> dict[str, Any]:
+    """Read the first ``records`` offsets of the plan's first partition as one task.
+
+    Reports the process's resident memory (current RSS, sampled after every batch) at its
+    highest during the read, and before it (imports done): the high-water mark of the
+    imports alone would hide what the read itself holds.
+    """
+    import psutil
+
+    from tidemark.source import Range, ReadTask, read_task
+
+    plan = Plan.from_json(plan_json)
+    p = plan.partitions[0]
+    task = ReadTask(0, p.leader, plan.plan_id, plan.group, plan.isolation,
+                    (Range(p.topic, p.partition, p.start, p.start + records),))  # fmt: skip
+    me = psutil.Process()
+    before = peak = me.memory_info().rss
+    read = 0
+    for batch in read_task(task, {"bootstrap.servers": bootstrap}):
+        read += batch.num_rows
+        peak = max(peak, me.memory_info().rss)
+    mb = 2**20
+    return {"records": read, "peak_rss_mb": round(peak / mb, 1), "before_read_rss_mb": round(before / mb, 1)}
+
+
+def task_memory(connection: KafkaConnection, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
+    """Peak RSS of one read task per range size, each in a fresh process (nothing inherited)."""
+    size = plan.partitions[0].records
+    points = []
+    for fraction in MEMORY_FRACTIONS:
+        records = max(1, int(size * fraction))
+        code = (
+            "import json, sys; from tidemark.bench import memory_worker; "
+            "print(json.dumps(memory_worker(sys.argv[1], sys.stdin.read(), int(sys.argv[2]))))"
+        )
+        cmd = [sys.executable, "-c", code, connection.bootstrap_servers, str(records)]
+        proc = subprocess.run(cmd, input=plan.to_json(), capture_output=True, text=True, check=False, timeout=900)
+        if proc.returncode != 0:
+            raise TidemarkError(f"memory worker failed: {proc.stderr[-800:]}")
+        point = json.loads(proc.stdout.strip().splitlines()[-1])
+        log(f"  one task over {point['records']:,} records: peak RSS {point['peak_rss_mb']} MB "
+            f"({point['before_read_rss_mb']} MB before reading)")  # fmt: skip
+        points.append(point)
+    peaks = [pt["peak_rss_mb"] for pt in points]
+    return {"points": points, "growth": round(max(peaks) / min(peaks), 3)}
+
+
 def spark_kafka_jars(log: Callable[[str], None]) -> tuple[list[Path], str]:
     """Spark's Kafka connector and the dependencies pyspark lacks, fetched once with Maven."""
     import pyspark
@@ -490,7 +542,7 @@ def run_benchmark(
          lambda: _timed_spark(lambda: noop(_kafka_df(spark, connection, plan)), records, None, data_bytes),
          f"spark-sql-kafka {connector}"),
         ("R6", "Tidemark end to end → Parquet + commit", lambda: _tm(r6_once),
-         "read once (persisted), decode, validate, publish, commit"),
+         "one read into staging, validate the staged files, publish by rename, commit"),
         ("R4w", "Spark Kafka source → Parquet", lambda: _timed_spark(r4w_once, records, None, data_bytes),
          f"spark-sql-kafka {connector}; same layout (topic/date)"),
     ]  # fmt: skip
@@ -517,6 +569,13 @@ def run_benchmark(
             log(f"  {name} failed: {result.error}")
     del F
     shutil.rmtree(work, ignore_errors=True)
+    memory = None
+    if not only or "M" in only:
+        log("M  peak memory of one read task, by range size (fresh process each):")
+        try:
+            memory = task_memory(connection, plan, log)
+        except TidemarkError as exc:
+            memory = {"error": str(exc)}
 
     def ratio(a: str, b: str) -> float | None:
         ra, rb = results.get(a), results.get(b)
@@ -541,6 +600,7 @@ def run_benchmark(
         "cpus": os.cpu_count(),
         "runners": {k: v.summary() for k, v in results.items()},
         "r6_steps_seconds": step_seconds[1:],  # per measured R6 run (warm-up left out)
+        "task_memory": memory,
         "ratios": ratios,
         "targets": {
             k: {"target": t, "value": ratios.get(k), "met": (ratios.get(k) or 0) >= t} for k, t in TARGETS.items()
@@ -568,6 +628,10 @@ def print_report(doc: dict[str, Any]) -> None:
     print("ratios: " + ", ".join(f"{k} = {v}" for k, v in doc["ratios"].items()))
     for k, t in doc["targets"].items():
         print(f"target {k} ≥ {t['target']}: {t['value']} → {'met' if t['met'] else 'NOT met'}")
+    memory = doc.get("task_memory") or {}
+    if memory.get("points"):
+        sizes = ", ".join(f"{p['records']:,} → {p['peak_rss_mb']:.0f} MB" for p in memory["points"])
+        print(f"one read task's peak RSS by range size: {sizes} (largest/smallest {memory['growth']})")
 
 
 # -- a tiny PNG bar chart (no plotting dependency) ---------------------------------------------
@@ -630,7 +694,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="300k records instead of 5M (CI-friendly)")
     parser.add_argument("--records", type=int, help="dataset size (default 5,000,000; 300,000 with --quick)")
     parser.add_argument("--runs", type=int, default=5, help="measured runs per runner (after 1 warm-up)")
-    parser.add_argument("--only", help="comma-separated runners, e.g. R1,R3")
+    parser.add_argument("--only", help="comma-separated runners, e.g. R1,R3 (M: task memory by range size)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "docs" / "benchmarks"))
     args = parser.parse_args(argv)
     records = args.records or (300_000 if args.quick else 5_000_000)
