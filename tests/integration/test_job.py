@@ -78,6 +78,17 @@ def test_spark_submit_publishes_once_and_reports(kafka: KafkaTestCluster, tmp_pa
     table = ds.dataset(str(tmp_path / "out"), format="parquet", partitioning="hive").to_table()
     assert table.num_rows == 200
     assert sorted(table.column("n").to_pylist()) == list(range(200))
+    # The files hold the decoded record only: no staging columns, no raw value.
+    import pyarrow.parquet as pq
+
+    (one_file, *_) = sorted(final.glob("topic=*/date=*/*.parquet"))
+    assert pq.read_schema(one_file).names == ["partition", "offset", "timestamp", "timestamp_type", "key", "n", "s",
+                                              "headers"]  # fmt: skip
+    # The bad record is kept aside with why, and its raw bytes.
+    bad = ds.dataset(str(final / "_quarantine"), format="parquet", partitioning="hive", ignore_prefixes=["."])
+    (row,) = bad.to_table().to_pylist()
+    assert row["_reason"] == "decode_error: value is not a JSON object matching the declared field types"
+    assert (row["offset"], row["key"], row["_raw_value"], row["n"]) == (100, "bad", b"not json", None)
 
 
 def test_job_fails_with_a_named_partition_when_the_start_was_deleted(

@@ -115,3 +115,75 @@ def test_refuses_a_foreign_folder_and_a_foreign_plan(spark: Any, tmp_path: Path)
     other = Feed(name="other", topics=("orders",), group="g", output=str(tmp_path / "o2"))
     with pytest.raises(PublishError, match="belongs to feed 'sinkfeed'"):
         publish(_df(spark, plan), plan, other)
+
+
+# -- staged publication (what the job does) ------------------------------------------------
+
+
+def _stage(root: Path, outcome: str, rows: int, day: str = "2026-03-01") -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = root / f"_outcome={outcome}" / "topic=orders" / f"date={day}"
+    folder.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"partition": pa.array([0] * rows, pa.int32()), "offset": pa.array(range(rows), pa.int64())})
+    pq.write_table(table, folder / f"part-{len(list(folder.iterdir()))}.parquet")
+
+
+def test_publish_staged_renames_good_records_into_place_and_keeps_bad_ones_aside(tmp_path: Path) -> None:
+    from tidemark.sink import new_staging, publish_staged
+
+    plan = _plan()
+    feed = Feed(name=plan.feed, topics=("orders",), group="g", output=str(tmp_path / "out"))
+    staging = new_staging(tmp_path / "out", plan.plan_id)
+    _stage(staging.written, "ok", 3)
+    _stage(staging.written, "ok", 2, day="2026-03-02")
+    _stage(staging.written, "expect_column_values_to_not_be_null(n)", 1)
+
+    manifest = publish_staged(staging, plan, feed, outcome_column="_outcome", ok_value="ok",
+                              expect_records=5, expect_quarantined=1)  # fmt: skip
+    final = published_dir((tmp_path / "out").resolve(), plan.plan_id)
+    assert (manifest.records, manifest.quarantined) == (5, 1)
+    assert sorted(f.path for f in manifest.files) == [
+        "_quarantine/_reason=expect_column_values_to_not_be_null(n)/topic=orders/date=2026-03-01/part-0.parquet",
+        "topic=orders/date=2026-03-01/part-0.parquet",
+        "topic=orders/date=2026-03-02/part-0.parquet",
+    ]
+    assert not staging.root.exists() and not (final / "_pass").exists()
+    assert load_manifest((tmp_path / "out").resolve(), plan.plan_id) == manifest
+    good = ds.dataset(str(tmp_path / "out"), format="parquet", partitioning="hive").to_table()
+    assert good.num_rows == 5  # the quarantine folder stays out of the dataset
+
+
+@pytest.mark.parametrize(("records", "quarantined"), [(6, 1), (5, 0)], ids=["records", "quarantined"])
+def test_publish_staged_refuses_counts_that_differ_from_validation(
+    tmp_path: Path, records: int, quarantined: int
+) -> None:
+    from tidemark.sink import new_staging, publish_staged
+
+    plan = _plan()
+    feed = Feed(name=plan.feed, topics=("orders",), group="g", output=str(tmp_path / "out"))
+    staging = new_staging(tmp_path / "out", plan.plan_id)
+    _stage(staging.written, "ok", 5)
+    _stage(staging.written, "decode_error: value is not valid UTF-8", 1)
+    with pytest.raises(PublishError, match=r"validation passed on"):
+        publish_staged(staging, plan, feed, outcome_column="_outcome", ok_value="ok",
+                       expect_records=records, expect_quarantined=quarantined)  # fmt: skip
+    out = (tmp_path / "out").resolve()
+    assert load_manifest(out, plan.plan_id) is None and not published_dir(out, plan.plan_id).exists()
+    assert not staging.root.exists()
+
+
+def test_new_staging_clears_a_crashed_attempt_and_refuses_a_published_plan(spark: Any, tmp_path: Path) -> None:
+    from tidemark.sink import STAGING_DIR, new_staging
+
+    plan = _plan()
+    feed = Feed(name=plan.feed, topics=("orders",), group="g", output=str(tmp_path / "out"))
+    crashed = new_staging(tmp_path / "out", plan.plan_id)
+    _stage(crashed.written, "ok", 1)
+    fresh = new_staging(tmp_path / "out", plan.plan_id)
+    assert not crashed.root.exists() and fresh.root.exists()
+    assert [p.name for p in (tmp_path / "out" / STAGING_DIR).iterdir()] == [fresh.root.name]
+    publish(_df(spark, plan), plan, feed, output_dir=tmp_path / "out")
+    with pytest.raises(PublishError, match="already published"):
+        new_staging(tmp_path / "out", plan.plan_id)

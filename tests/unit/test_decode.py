@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tidemark.config import Deserialization, JsonField
-from tidemark.decode import ERROR_COLUMN, decode, json_schema_ddl
+from tidemark.decode import ERROR_COLUMN, RAW_VALUE_COLUMN, annotate, decode, json_schema_ddl
 from tidemark.errors import ConfigError
 
 pytestmark = pytest.mark.spark
@@ -92,10 +92,27 @@ def test_json_fields_become_columns_and_failures_are_kept(spark: Any) -> None:
     assert bytes(out.bad.where("offset = 3").collect()[0].value) == b"not json"
 
 
-def test_json_field_names_must_not_clash_with_record_columns(spark: Any) -> None:
+@pytest.mark.parametrize("name", ["offset", "date", "_raw_value", "_outcome"])
+def test_json_field_names_must_not_clash_with_record_or_job_columns(spark: Any, name: str) -> None:
     df = _records(spark, [(b"k", b"{}")])
-    with pytest.raises(ConfigError, match=r"\['offset'\] clash"):
-        decode(df, Deserialization(format="json", fields=_fields(offset="integer")))
+    with pytest.raises(ConfigError, match=rf"\['{name}'\] clash"):
+        decode(df, Deserialization(format="json", fields=_fields(**{name: "integer"})))
+
+
+def test_annotate_keeps_every_row_with_its_raw_bytes(spark: Any) -> None:
+    df = _records(spark, [(b"k0", b'{"n": 1}'), (b"\xc3\x28", b'{"n": 2}'), (b"k2", b"nope")])
+    out = annotate(df, Deserialization(format="json", fields=_fields(n="integer")))
+    rows = sorted(out.collect(), key=lambda r: r.offset)
+    assert [(r.offset, r.n, r[ERROR_COLUMN]) for r in rows] == [
+        (0, 1, None),
+        (1, 2, "key is not valid UTF-8"),
+        (2, None, "value is not a JSON object matching the declared field types"),
+    ]
+    assert bytes(rows[2][RAW_VALUE_COLUMN]) == b"nope"
+    # The string cast of a key that is not UTF-8 keeps its bytes.
+    assert out.selectExpr("cast(key as binary) AS k").where("k = X'C328'").count() == 1
+    plain = annotate(df, Deserialization(format="bytes"))
+    assert RAW_VALUE_COLUMN not in plain.columns and plain.count() == 3
 
 
 def test_schema_ddl() -> None:
