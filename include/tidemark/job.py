@@ -27,7 +27,6 @@ import time
 import traceback
 import zipfile
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -171,36 +170,27 @@ def run(
         # Explicit schema: partition values are read back as written ("007" stays a string topic).
         staged = spark.read.schema(staged_df.schema).parquet(str(staging.written))
         value_column = RAW_VALUE_COLUMN if raw_value_kept(feed.deserialization) else "value"
+        stats = timer.step("stats", lambda: range_stats(staged, plan, value_column=value_column))
+        res.ranges = [s.to_dict() for s in stats]
+        res.records_read = sum(s.records for s in stats)
+        problems = check_complete(stats)
+        if problems:
+            raise ValidationFailedError(f"built-in checks failed for plan {plan.plan_id}: " + "; ".join(problems))
+
         undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_OUTCOME_PREFIX)
         record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date", RAW_VALUE_COLUMN)]
-        # The statistics and the validation are independent scans of the staged files: run
-        # them side by side (Spark takes jobs from several threads), then judge in order.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidemark-stats") as pool:
-            pending_stats = pool.submit(
-                timer.step, "stats", lambda: range_stats(staged, plan, value_column=value_column)
-            )
-            try:
-                checked = timer.step(
-                    "validate",
-                    lambda: validate(
-                        staged.where(~undecoded).select(*record_columns), plan, feed, run_dir,
-                        # The reader stops only at each range's end (it raises otherwise).
-                        positions=plan.ends(),
-                        decode_failed=staged.where(undecoded).withColumn(
-                            ERROR_COLUMN, F.substring(OUTCOME_COLUMN, len(DECODE_OUTCOME_PREFIX) + 1, 1 << 20)
-                        ),
-                        exact_duplicates=False,  # the reader yields each offset at most once
-                    ),
-                )  # fmt: skip
-            finally:
-                stats = pending_stats.result()
-                res.ranges = [s.to_dict() for s in stats]
-                res.records_read = sum(s.records for s in stats)
-                problems = check_complete(stats)
-                if problems:
-                    raise ValidationFailedError(
-                        f"built-in checks failed for plan {plan.plan_id}: " + "; ".join(problems)
-                    )
+        checked = timer.step(
+            "validate",
+            lambda: validate(
+                staged.where(~undecoded).select(*record_columns), plan, feed, run_dir,
+                # The reader stops only at each range's end (it raises otherwise).
+                positions=plan.ends(),
+                decode_failed=staged.where(undecoded).withColumn(
+                    ERROR_COLUMN, F.substring(OUTCOME_COLUMN, len(DECODE_OUTCOME_PREFIX) + 1, 1 << 20)
+                ),
+                exact_duplicates=False,  # the reader yields each offset at most once
+            ),
+        )  # fmt: skip
         res.validation = checked.summary
         res.decode_failures = int(checked.summary["counts"]["decode_errors"])
 
