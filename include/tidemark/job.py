@@ -118,10 +118,11 @@ def run(
     1. ``write``: Kafka → decode → each record's outcome (``ok``, or why it is bad) →
        Parquet under a fresh staging folder, partitioned by outcome, topic and date. The
        only read of Kafka; nothing is cached.
-    2. ``stats``: the per-range statistics, from the staged files (columns it needs only).
-    3. ``validate``: built-in range checks, bad-record counts and the feed's GX suite on the
-       staged records (:func:`tidemark.validation.validate`); raises when the run must fail.
-    4. ``publish``: good records become the publication by rename, bad ones its quarantine
+    2. ``validate``: one aggregation over the staged files (the columns it needs only) gives
+       the per-range statistics, the built-in range checks and the bad-record counts, then
+       the feed's GX suite runs (:func:`tidemark.validation.validate`); raises when the run
+       must fail.
+    3. ``publish``: good records become the publication by rename, bad ones its quarantine
        (:func:`tidemark.sink.publish_staged`), after their counts are checked against
        what validation passed.
     Any failure discards the staging folder: nothing is visible, nothing to clean up.
@@ -130,7 +131,7 @@ def run(
 
     from tidemark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
     from tidemark.sink import load_manifest, new_staging, publish_staged
-    from tidemark.source import check_complete, range_stats, read_plan
+    from tidemark.source import check_complete, read_plan
     from tidemark.validation import DECODE_OUTCOME_PREFIX, OK_OUTCOME, outcome_column, validate
 
     if plan.feed != feed.name:
@@ -170,17 +171,10 @@ def run(
         # Explicit schema: partition values are read back as written ("007" stays a string topic).
         staged = spark.read.schema(staged_df.schema).parquet(str(staging.written))
         value_column = RAW_VALUE_COLUMN if raw_value_kept(feed.deserialization) else "value"
-        stats = timer.step("stats", lambda: range_stats(staged, plan, value_column=value_column))
-        res.ranges = [s.to_dict() for s in stats]
-        res.records_read = sum(s.records for s in stats)
-        problems = check_complete(stats)
-        if problems:
-            raise ValidationFailedError(f"built-in checks failed for plan {plan.plan_id}: " + "; ".join(problems))
-
         undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_OUTCOME_PREFIX)
-        record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date", RAW_VALUE_COLUMN)]
+        record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date")]
         checked = timer.step(
-            "validate",
+            "validate",  # one aggregation: range statistics, built-in checks, bad-row counts; then GX
             lambda: validate(
                 staged.where(~undecoded).select(*record_columns), plan, feed, run_dir,
                 # The reader stops only at each range's end (it raises otherwise).
@@ -189,8 +183,15 @@ def run(
                     ERROR_COLUMN, F.substring(OUTCOME_COLUMN, len(DECODE_OUTCOME_PREFIX) + 1, 1 << 20)
                 ),
                 exact_duplicates=False,  # the reader yields each offset at most once
+                raw_value_column=value_column,
             ),
         )  # fmt: skip
+        stats = checked.range_stats or []
+        res.ranges = [s.to_dict() for s in stats]
+        res.records_read = sum(s.records for s in stats)
+        problems = check_complete(stats)
+        if problems:
+            raise ValidationFailedError(f"built-in checks failed for plan {plan.plan_id}: " + "; ".join(problems))
         res.validation = checked.summary
         res.decode_failures = int(checked.summary["counts"]["decode_errors"])
 

@@ -53,7 +53,7 @@ from tidemark.errors import ConfigError, ReadError
 from tidemark.plan import Plan
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 SOURCE_NAME = "tidemark_kafka"
 KAFKA_OPTION_PREFIX = "kafka."
@@ -621,27 +621,37 @@ def range_stats(df: DataFrame, plan: Plan, *, value_column: str = "value") -> li
     ``df`` holds the records with ``topic, partition, offset, timestamp, key`` and the raw
     value as ``value_column``; ``key`` may be the binary or its string cast (same bytes).
     """
+    rows = df.groupBy("topic", "partition").agg(*range_stat_aggs(value_column)).collect()
+    return stats_from_rows(rows, plan)
+
+
+def range_stat_aggs(value_column: str = "value") -> list[Column]:
+    """The aggregations behind :class:`RangeStats`, per ``(topic, partition)`` group.
+
+    Column names: ``records, first, last, min_ts, max_ts, bytes, h1, h2``; any other
+    aggregation over the same groups can ride along (validation does).
+    """
     from pyspark.sql import functions as F
 
     row_hash = F.xxhash64("topic", "partition", "offset", "key", value_column)
-    agg = (
-        df.groupBy("topic", "partition")
-        .agg(
-            F.count(F.lit(1)).alias("records"),
-            F.min("offset").alias("first"),
-            F.max("offset").alias("last"),
-            F.min("timestamp").alias("min_ts"),
-            F.max("timestamp").alias("max_ts"),
-            F.sum(
-                F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(F.octet_length(value_column), F.lit(0))
-            ).alias("bytes"),
-            # Two XORs of independent 64-bit hashes: an order-independent 128-bit digest of the
-            # range's content (a row present twice cancels out; duplicates are checked apart).
-            F.bit_xor(row_hash).alias("h1"),
-            F.bit_xor(F.xxhash64(row_hash, F.lit("tidemark"))).alias("h2"),
-        )
-        .collect()
-    )
+    return [
+        F.count(F.lit(1)).alias("records"),
+        F.min("offset").alias("first"),
+        F.max("offset").alias("last"),
+        F.min("timestamp").alias("min_ts"),
+        F.max("timestamp").alias("max_ts"),
+        F.sum(F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(F.octet_length(value_column), F.lit(0))).alias(
+            "bytes"
+        ),
+        # Two XORs of independent 64-bit hashes: an order-independent 128-bit digest of the
+        # range's content (a row present twice cancels out; duplicates are checked apart).
+        F.bit_xor(row_hash).alias("h1"),
+        F.bit_xor(F.xxhash64(row_hash, F.lit("tidemark"))).alias("h2"),
+    ]
+
+
+def stats_from_rows(agg: Sequence[Any], plan: Plan) -> list[RangeStats]:
+    """:class:`RangeStats` for every planned range from :func:`range_stat_aggs` rows (missing: empty)."""
     found = {(r["topic"], r["partition"]): r for r in agg}
     out = []
     for p in plan.partitions:

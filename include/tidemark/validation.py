@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 from tidemark.config import Expectation, Feed
 from tidemark.errors import ValidationFailedError
 from tidemark.plan import Plan
+from tidemark.source import RangeStats as ReaderRangeStats
+from tidemark.source import range_stat_aggs, stats_from_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -509,6 +511,7 @@ class ValidationOutcome:
     data_docs: Path | None
     good_counts: dict[TP, int] = field(default_factory=dict)
     quarantined_counts: dict[TP, int] = field(default_factory=dict)
+    range_stats: list[ReaderRangeStats] | None = None  # with ``raw_value_column``
 
 
 class ValidationRejectedError(ValidationFailedError):
@@ -576,6 +579,7 @@ def validate(
     decode_failed: DataFrame | None = None,
     sample_size: int = SAMPLE_SIZE,
     exact_duplicates: bool = True,
+    raw_value_column: str | None = None,
 ) -> ValidationOutcome:
     """Built-in checks, the feed's GX suite and the bad-record policy on the read DataFrame.
 
@@ -587,6 +591,9 @@ def validate(
     in every case; raises :class:`ValidationRejectedError` when the run must fail, and
     :class:`ValidationFailedError` when the built-in checks fail. ``exact_duplicates=False``
     skips counting distinct offsets (see :func:`_range_aggs`); only for Tidemark's reader.
+    With ``raw_value_column`` (the raw value's column in ``df`` and ``decode_failed``, both
+    also holding ``timestamp`` and ``key``), the same aggregation yields the per-range
+    statistics of :func:`tidemark.source.range_stats` as ``outcome.range_stats``.
     """
     from pyspark.sql import functions as F
 
@@ -598,18 +605,20 @@ def validate(
 
     # One action: range statistics and every rule's bad count, per partition, over the
     # decoded records and the ones that failed to decode together.
+    carried = ["timestamp", "key", raw_value_column] if raw_value_column else []
     marks = df.select(
-        "topic", "partition", "offset", bad.alias("_bad"), F.lit(False).alias("_undecoded"),
+        "topic", "partition", "offset", *carried, bad.alias("_bad"), F.lit(False).alias("_undecoded"),
         *[f.alias(f"_rule_{i}") for i, f in enumerate(flags)],
     )  # fmt: skip
     if decode_failed is not None:
         marks = marks.unionByName(
             decode_failed.select(
-                "topic", "partition", "offset", F.lit(True).alias("_bad"), F.lit(True).alias("_undecoded"),
+                "topic", "partition", "offset", *carried, F.lit(True).alias("_bad"), F.lit(True).alias("_undecoded"),
                 *[F.lit(False).alias(f"_rule_{i}") for i in range(len(flags))],
             )
         )  # fmt: skip
     aggs = [
+        *(range_stat_aggs(raw_value_column) if raw_value_column else []),
         *_range_aggs(exact_duplicates),
         F.sum(F.col("_bad").cast("int")).alias("bad"),
         F.sum(F.col("_undecoded").cast("int")).alias("undecoded"),
@@ -755,4 +764,5 @@ def validate(
             quarantined = quarantined.unionByName(
                 _undecoded_for_quarantine(decode_failed, df), allowMissingColumns=True
             )
-    return ValidationOutcome(good, quarantined, summary, gx_out.data_docs, good_counts, quarantined_counts)
+    stats = stats_from_rows(rows, plan) if raw_value_column else None
+    return ValidationOutcome(good, quarantined, summary, gx_out.data_docs, good_counts, quarantined_counts, stats)

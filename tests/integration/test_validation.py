@@ -108,6 +108,24 @@ def test_clean_batch_passes_with_a_data_docs_page(spark: Any, tmp_path: Path) ->
     json.dumps(outcome.summary)  # JSON-serialisable as is
 
 
+def test_range_statistics_ride_along_the_validation_aggregation(spark: Any, tmp_path: Path) -> None:
+    from tidemark.source import range_stats
+
+    plan = make_plan({0: (100, 132), 1: (0, 20)})
+    undecoded = spark.createDataFrame([row(1, 19, None, None, None, "x")], SCHEMA)
+    good = spark.createDataFrame(clean_rows(0, 100, 30) + clean_rows(1, 0, 19), SCHEMA).drop("_decode_error")
+    everything = good.unionByName(undecoded.drop("_decode_error"))
+
+    outcome = validate(good, plan, feed("quarantine", 0.5), tmp_path, decode_failed=undecoded,
+                       exact_duplicates=False, raw_value_column="value")  # fmt: skip
+
+    assert outcome.range_stats == range_stats(everything, plan)  # one aggregation, the same figures
+    by_partition = {s.partition: s for s in outcome.range_stats}
+    assert (by_partition[0].records, by_partition[0].gaps, by_partition[1].records) == (30, 2, 20)
+    assert by_partition[1].bytes == 20 * (len(b"k") + len(b"{}"))
+    assert validate(good, plan, feed("quarantine", 0.5), tmp_path, decode_failed=undecoded).range_stats is None
+
+
 def test_fail_mode_names_expectations_partitions_and_offsets(spark: Any, tmp_path: Path) -> None:
     rows = clean_rows(0, 0, 10)
     rows[3] = row(0, 3, None, "c", 5.0)
