@@ -3,19 +3,22 @@
 Layout under the feed's output location (:meth:`tidemark.config.Feed.output_dir`)::
 
     <output>/plan_id=<id>/topic=<topic>/date=<YYYY-MM-DD>/part-*.parquet   published records
-    <output>/plan_id=<id>/_quarantine/<reason>/part-*.parquet              records kept aside
+    <output>/plan_id=<id>/_quarantine/_reason=<why>/topic=<t>/date=<d>/... records kept aside (the job)
+    <output>/plan_id=<id>/_quarantine/<name>/part-*.parquet                records kept aside (publish())
     <output>/plan_id=<id>/_manifest.json                                   ranges, counts, checksums
     <output>/_staging/<id>.<nonce>/                                        work in progress
 
 ``date`` is the record timestamp's UTC date. Spark and pyarrow read ``<output>`` as one
 dataset partitioned by ``plan_id``, ``topic`` and ``date`` and skip ``_``-prefixed
-folders, so staging and quarantine never leak into it. :func:`publish` writes into a
-fresh staging folder, writes the manifest last, then renames the staging folder to its
-final name: one atomic ``rename(2)``, so a crash at any point before it leaves nothing
-visible, and a crash after it leaves a complete publication. Publishing a plan whose
-folder already holds a manifest is a no-op that returns that manifest. The location
-must be a POSIX filesystem seen by the driver and the executors (local disk, or a
-shared mount on a cluster); object stores have no atomic rename.
+folders, so staging and quarantine never leak into it. The job stages with
+:func:`new_staging` and finishes with :func:`publish_staged` (renames, no rewrite);
+:func:`publish` writes a DataFrame the same way. Either fills a fresh staging folder,
+writes the manifest last, then renames the staging folder to its final name: one
+atomic ``rename(2)``, so a crash at any point before it leaves nothing visible, and a
+crash after it leaves a complete publication. Publishing a plan whose folder already
+holds a manifest is a no-op that returns that manifest. The location must be a POSIX
+filesystem seen by the driver and the executors (local disk, or a shared mount on a
+cluster); object stores have no atomic rename.
 """
 
 from __future__ import annotations
