@@ -134,11 +134,7 @@ def publish(
     if existing is not None:
         return replace(existing, reused=True)
 
-    staging_root = output / STAGING_DIR
-    for leftover in staging_root.glob(f"{plan.plan_id}.*"):  # an earlier attempt that crashed
-        shutil.rmtree(leftover, ignore_errors=True)
-    staging = staging_root / f"{plan.plan_id}.{uuid.uuid4().hex[:12]}"
-    staging_root.mkdir(parents=True, exist_ok=True)
+    staging = _staging_root(output, plan.plan_id) / f"{plan.plan_id}.{uuid.uuid4().hex[:12]}"
     try:
         utc_date = F.date_from_unix_date(F.floor(F.unix_micros("timestamp") / 86_400_000_000).cast("int"))
         data = df.drop("plan_id").withColumn("date", utc_date)
@@ -146,26 +142,15 @@ def publish(
         for name, rejected in (quarantine or {}).items():
             target = staging / QUARANTINE_DIR / name
             rejected.drop("plan_id").write.mode("errorifexists").parquet(str(target))
-        files = _file_entries(staging)
-        manifest = Manifest(
-            plan_id=plan.plan_id,
-            feed=feed.name,
-            group=plan.group,
-            location=str(published_dir(output, plan.plan_id)),
-            published_at=datetime.now(UTC).isoformat(),
-            records=sum(f.rows for f in files if not f.path.startswith(QUARANTINE_DIR)),
-            quarantined=sum(f.rows for f in files if f.path.startswith(QUARANTINE_DIR)),
-            ranges=tuple(s.to_dict() for s in stats),
-            files=files,
-            extra=dict(extra or {}),
-        )
-        if expect_records is not None and manifest.records != expect_records:
-            raise PublishError(
-                f"plan {plan.plan_id}: the staged Parquet files hold {manifest.records} records, expected "
-                f"{expect_records}; nothing was published"
-            )
-        _write_durably(staging / MANIFEST_NAME, json.dumps(manifest.to_dict(), indent=2, sort_keys=True))
-        return _rename_into_place(staging, output, manifest)
+
+        def check(manifest: Manifest) -> None:
+            if expect_records is not None and manifest.records != expect_records:
+                raise PublishError(
+                    f"plan {plan.plan_id}: the staged Parquet files hold {manifest.records} records, expected "
+                    f"{expect_records}; nothing was published"
+                )
+
+        return _seal(staging, output, plan, feed, stats=stats, extra=extra, check=check)
     except PublishError:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -206,11 +191,7 @@ def new_staging(output: Path, plan_id: str) -> Staging:
     output = output.resolve()
     if load_manifest(output, plan_id) is not None:
         raise PublishError(f"plan {plan_id} is already published under {output}; there is nothing to stage")
-    staging_root = output / STAGING_DIR
-    for leftover in staging_root.glob(f"{plan_id}.*"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    staging_root.mkdir(parents=True, exist_ok=True)
-    root = staging_root / f"{plan_id}.{uuid.uuid4().hex[:12]}"
+    root = _staging_root(output, plan_id) / f"{plan_id}.{uuid.uuid4().hex[:12]}"
     root.mkdir()
     return Staging(output, plan_id, root)
 
@@ -256,34 +237,61 @@ def publish_staged(
                 target.parent.mkdir(exist_ok=True)
                 os.rename(bad, target)
         shutil.rmtree(written, ignore_errors=True)
-        files = _file_entries(staging.root)
-        manifest = Manifest(
-            plan_id=plan.plan_id,
-            feed=feed.name,
-            group=plan.group,
-            location=str(published_dir(staging.output, plan.plan_id)),
-            published_at=datetime.now(UTC).isoformat(),
-            records=sum(f.rows for f in files if not f.path.startswith(QUARANTINE_DIR)),
-            quarantined=sum(f.rows for f in files if f.path.startswith(QUARANTINE_DIR)),
-            ranges=tuple(s.to_dict() for s in stats),
-            files=files,
-            extra=dict(extra or {}),
-        )
-        for what, want, have in (("records", expect_records, manifest.records),
-                                 ("quarantined records", expect_quarantined, manifest.quarantined)):  # fmt: skip
-            if want is not None and have != want:
-                raise PublishError(
-                    f"plan {plan.plan_id}: the staged Parquet files hold {have} {what}, validation passed on {want}; "
-                    "nothing was published"
-                )
-        _write_durably(staging.root / MANIFEST_NAME, json.dumps(manifest.to_dict(), indent=2, sort_keys=True))
-        return _rename_into_place(staging.root, staging.output, manifest)
+
+        def check(manifest: Manifest) -> None:
+            for what, want, have in (("records", expect_records, manifest.records),
+                                     ("quarantined records", expect_quarantined, manifest.quarantined)):  # fmt: skip
+                if want is not None and have != want:
+                    raise PublishError(
+                        f"plan {plan.plan_id}: the staged Parquet files hold {have} {what}, validation passed on "
+                        f"{want}; nothing was published"
+                    )
+
+        return _seal(staging.root, staging.output, plan, feed, stats=stats, extra=extra, check=check)
     except PublishError:
         staging.discard()
         raise
     except Exception as exc:
         staging.discard()
         raise PublishError(f"publishing plan {plan.plan_id} of feed '{feed.name}' failed: {exc}") from exc
+
+
+def _staging_root(output: Path, plan_id: str) -> Path:
+    """``<output>/_staging``, created, without what crashed attempts of ``plan_id`` left there."""
+    staging_root = output / STAGING_DIR
+    for leftover in staging_root.glob(f"{plan_id}.*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    staging_root.mkdir(parents=True, exist_ok=True)
+    return staging_root
+
+
+def _seal(
+    staging: Path,
+    output: Path,
+    plan: Plan,
+    feed: Feed,
+    *,
+    stats: Sequence[RangeStats],
+    extra: Mapping[str, Any] | None,
+    check: Callable[[Manifest], None],
+) -> Manifest:
+    """Manifest the staged files, ``check`` it, write it durably, rename the folder into place."""
+    files = _file_entries(staging)
+    manifest = Manifest(
+        plan_id=plan.plan_id,
+        feed=feed.name,
+        group=plan.group,
+        location=str(published_dir(output, plan.plan_id)),
+        published_at=datetime.now(UTC).isoformat(),
+        records=sum(f.rows for f in files if not f.path.startswith(QUARANTINE_DIR)),
+        quarantined=sum(f.rows for f in files if f.path.startswith(QUARANTINE_DIR)),
+        ranges=tuple(s.to_dict() for s in stats),
+        files=files,
+        extra=dict(extra or {}),
+    )
+    check(manifest)
+    _write_durably(staging / MANIFEST_NAME, json.dumps(manifest.to_dict(), indent=2, sort_keys=True))
+    return _rename_into_place(staging, output, manifest)
 
 
 def _rename_into_place(staging: Path, output: Path, manifest: Manifest) -> Manifest:
