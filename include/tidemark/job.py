@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidemark.config import Feed, load_feed
 from tidemark.connection import KafkaConnection, from_env
-from tidemark.errors import ConfigError, TidemarkError, ValidationFailedError
+from tidemark.errors import ConfigError, TidemarkError
 from tidemark.plan import Plan
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ def run(
 
     from tidemark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
     from tidemark.sink import load_manifest, new_staging, publish_staged
-    from tidemark.source import check_complete, read_plan
+    from tidemark.source import read_plan
     from tidemark.validation import DECODE_OUTCOME_PREFIX, OK_OUTCOME, outcome_column, validate
 
     if plan.feed != feed.name:
@@ -186,12 +186,11 @@ def run(
                 raw_value_column=value_column,
             ),
         )  # fmt: skip
+        # validate() already refused ranges read past their bounds or with more records
+        # than offsets (its built-in checks run on these same figures).
         stats = checked.range_stats or []
         res.ranges = [s.to_dict() for s in stats]
         res.records_read = sum(s.records for s in stats)
-        problems = check_complete(stats)
-        if problems:
-            raise ValidationFailedError(f"built-in checks failed for plan {plan.plan_id}: " + "; ".join(problems))
         res.validation = checked.summary
         res.decode_failures = int(checked.summary["counts"]["decode_errors"])
 
