@@ -146,20 +146,45 @@ class KafkaAdapter:
         """
         if not topics:
             return []
-        deadline = time.monotonic() + self.timeout_s
-        while True:
+
+        def fresh_client() -> None:
+            # librdkafka keeps waiting for the controller its cached metadata names, even
+            # when that broker is gone; a new client bootstraps fresh metadata.
+            self._admin = AdminClient(self._config)
+
+        return self._retry(
             # Short attempts: an attempt stuck on a broker that just stopped (KRaft brokers name
             # a random live broker as "controller", and metadata lags) must not use up the budget.
-            attempt_s = max(1.0, min(ATTEMPT_TIMEOUT_S, deadline - time.monotonic()))
+            lambda remaining_s: self._describe(topics, max(1.0, min(ATTEMPT_TIMEOUT_S, remaining_s))),
+            _TransientMetadataError,
+            lambda exc: KafkaUnavailableError(f"describing topic '{exc.topic}' failed: {exc.error}"),
+            pause_s=0.2,
+            on_retry=fresh_client,
+        )
+
+    def _retry(
+        self,
+        attempt: Callable[[float], T],
+        transient: type[Exception] | tuple[type[Exception], ...],
+        give_up: Callable[[Any], Exception],
+        *,
+        pause_s: float,
+        on_retry: Callable[[], None] | None = None,
+    ) -> T:
+        """``attempt(seconds left)`` until it stops raising ``transient`` or the adapter's timeout passes.
+
+        Past the timeout the last transient error becomes ``give_up(error)``, raised from it.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        while True:
             try:
-                return self._describe(topics, attempt_s)
-            except _TransientMetadataError as exc:
+                return attempt(deadline - time.monotonic())
+            except transient as exc:
                 if time.monotonic() > deadline:
-                    raise KafkaUnavailableError(f"describing topic '{exc.topic}' failed: {exc.error}") from exc
-                # librdkafka keeps waiting for the controller its cached metadata names, even
-                # when that broker is gone; a new client bootstraps fresh metadata.
-                self._admin = AdminClient(self._config)
-                time.sleep(0.2)
+                    raise give_up(exc) from exc
+                if on_retry is not None:
+                    on_retry()
+                time.sleep(pause_s)
 
     def _describe(self, topics: Sequence[str], timeout_s: float) -> list[PartitionInfo]:
         from confluent_kafka import TopicCollection
@@ -287,16 +312,14 @@ class KafkaAdapter:
 
     def _while_coordinator_busy(self, call: Callable[[], T], what: str) -> T:
         """Ask again while the group coordinator is loading or moving (fresh clusters, failovers)."""
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                return call()
-            except _CoordinatorBusyError as exc:
-                if time.monotonic() > deadline:
-                    raise KafkaUnavailableError(
-                        f"{what}: the group coordinator stayed unavailable for {self.timeout_s:.0f}s ({exc})"
-                    ) from exc
-                time.sleep(0.25)
+        return self._retry(
+            lambda _remaining_s: call(),
+            _CoordinatorBusyError,
+            lambda exc: KafkaUnavailableError(
+                f"{what}: the group coordinator stayed unavailable for {self.timeout_s:.0f}s ({exc})"
+            ),
+            pause_s=0.25,
+        )
 
     def describe_group(self, group: str) -> GroupInfo:
         """The group's state and live members (DescribeGroups / ConsumerGroupDescribe)."""
@@ -427,19 +450,21 @@ class KafkaAdapter:
         CreateTopics returns once the controller accepted the topic; brokers learn of it a
         moment later, and a describe or produce in between sees "unknown topic".
         """
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                infos = self._describe([topic], ATTEMPT_TIMEOUT_S)
-                if infos and all(i.leader >= 0 for i in infos):
-                    return
-            except (TidemarkError, _TransientMetadataError):
-                pass
-            if time.monotonic() > deadline:
-                raise KafkaUnavailableError(
-                    f"topic '{topic}' was created but has no leaders after {self.timeout_s:.0f}s"
-                )
-            time.sleep(0.1)
+
+        def led(_remaining_s: float) -> None:
+            infos = self._describe([topic], ATTEMPT_TIMEOUT_S)
+            if not infos or any(i.leader < 0 for i in infos):
+                raise _TransientMetadataError(topic, "partitions without a leader")
+
+        self._retry(
+            led,
+            # "Unknown topic" too: the brokers have not heard of it yet.
+            (TidemarkError, _TransientMetadataError),
+            lambda _exc: KafkaUnavailableError(
+                f"topic '{topic}' was created but has no leaders after {self.timeout_s:.0f}s"
+            ),
+            pause_s=0.1,
+        )
 
     def delete_topic(self, topic: str) -> None:
         self.requests += 1
