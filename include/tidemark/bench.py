@@ -310,19 +310,28 @@ def r1_worker(bootstrap: str, plan_json: str) -> dict[str, Any]:
     return {"seconds": seconds, "records": count, "bytes": nbytes}
 
 
-def run_r1(connection: KafkaConnection, plan: Plan) -> Sample:
+def run_worker(worker: str, connection: KafkaConnection, plan: Plan, *numbers: int) -> tuple[dict[str, Any], float]:
+    """``tidemark.bench.<worker>(bootstrap, plan JSON, *numbers)`` in a fresh interpreter.
+
+    Returns the JSON it prints and the CPU seconds it used. Nothing is inherited from
+    this process: no imports, no heap, no librdkafka threads.
+    """
     code = (
-        "import json, sys; from tidemark.bench import r1_worker; "
-        "print(json.dumps(r1_worker(sys.argv[1], sys.stdin.read())))"
+        f"import json, sys; from tidemark.bench import {worker}; "
+        f"print(json.dumps({worker}(sys.argv[1], sys.stdin.read(), *map(int, sys.argv[2:]))))"
     )
+    cmd = [sys.executable, "-c", code, connection.bootstrap_servers, *map(str, numbers)]
     before = os.times()
-    proc = subprocess.run([sys.executable, "-c", code, connection.bootstrap_servers], input=plan.to_json(),
-                          capture_output=True, text=True, check=False, timeout=900)  # fmt: skip
+    proc = subprocess.run(cmd, input=plan.to_json(), capture_output=True, text=True, check=False, timeout=900)
     after = os.times()
     if proc.returncode != 0:
-        raise TidemarkError(f"R1 worker failed: {proc.stderr[-800:]}")
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+        raise TidemarkError(f"{worker} failed: {proc.stderr[-800:]}")
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return json.loads(proc.stdout.strip().splitlines()[-1]), cpu
+
+
+def run_r1(connection: KafkaConnection, plan: Plan) -> Sample:
+    doc, cpu = run_worker("r1_worker", connection, plan)
     return Sample(seconds=doc["seconds"], cpu_seconds=cpu, records=doc["records"])
 
 
@@ -359,16 +368,7 @@ def task_memory(connection: KafkaConnection, plan: Plan, log: Callable[[str], No
     size = plan.partitions[0].records
     points = []
     for fraction in MEMORY_FRACTIONS:
-        records = max(1, int(size * fraction))
-        code = (
-            "import json, sys; from tidemark.bench import memory_worker; "
-            "print(json.dumps(memory_worker(sys.argv[1], sys.stdin.read(), int(sys.argv[2]))))"
-        )
-        cmd = [sys.executable, "-c", code, connection.bootstrap_servers, str(records)]
-        proc = subprocess.run(cmd, input=plan.to_json(), capture_output=True, text=True, check=False, timeout=900)
-        if proc.returncode != 0:
-            raise TidemarkError(f"memory worker failed: {proc.stderr[-800:]}")
-        point = json.loads(proc.stdout.strip().splitlines()[-1])
+        point, _cpu = run_worker("memory_worker", connection, plan, max(1, int(size * fraction)))
         log(f"  one task over {point['records']:,} records: peak RSS {point['peak_rss_mb']} MB "
             f"({point['before_read_rss_mb']} MB before reading)")  # fmt: skip
         points.append(point)
