@@ -70,6 +70,11 @@ class _Decoding:
     values: list[Column]
     error: Column  # null where the record decoded, else the first reason it did not
 
+    def record(self, *beside_values: Column) -> list[Column | str]:
+        """The decoded record's columns in order, with ``beside_values`` after the value columns."""
+        return ["topic", "partition", "offset", "timestamp", "timestamp_type", self.key.alias("key"), *self.values,
+                *beside_values, "headers", "plan_id"]  # fmt: skip
+
 
 def _decoding(df: DataFrame, deser: Deserialization) -> _Decoding:
     from pyspark.sql import functions as F
@@ -133,10 +138,7 @@ def annotate(df: DataFrame, deser: Deserialization) -> DataFrame:
     """
     d = _decoding(df, deser)
     raw = [d.work["value"].alias(RAW_VALUE_COLUMN)] if raw_value_kept(deser) else []
-    return d.work.select(
-        "topic", "partition", "offset", "timestamp", "timestamp_type", d.key.alias("key"), *d.values, *raw,
-        "headers", "plan_id", d.error.alias(ERROR_COLUMN),
-    )  # fmt: skip
+    return d.work.select(*d.record(*raw), d.error.alias(ERROR_COLUMN))
 
 
 def decode(df: DataFrame, deser: Deserialization) -> Decoded:
@@ -145,9 +147,6 @@ def decode(df: DataFrame, deser: Deserialization) -> Decoded:
 
     d = _decoding(df, deser)
     work = d.work.withColumn(ERROR_COLUMN, d.error)
-    good = work.where(F.col(ERROR_COLUMN).isNull()).select(
-        "topic", "partition", "offset", "timestamp", "timestamp_type", d.key.alias("key"), *d.values,
-        "headers", "plan_id",
-    )  # fmt: skip
+    good = work.where(F.col(ERROR_COLUMN).isNull()).select(*d.record())
     bad = work.where(F.col(ERROR_COLUMN).isNotNull()).select(*df.columns, ERROR_COLUMN)
     return Decoded(good=good, bad=bad)
