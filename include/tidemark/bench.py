@@ -470,11 +470,9 @@ def _kafka_df(spark: SparkSession, connection: KafkaConnection, plan: Plan) -> A
 
 
 def _parquet_layout(df: Any) -> Any:
-    from pyspark.sql import functions as F
+    from tidemark.sink import utc_date
 
-    return df.withColumn(
-        "date", F.date_from_unix_date(F.floor(F.unix_micros("timestamp") / 86_400_000_000).cast("int"))
-    )
+    return df.withColumn("date", utc_date())
 
 
 def _timed_spark(action: Callable[[], Any], records: int, metrics: Path | None, data_bytes: int) -> Sample:

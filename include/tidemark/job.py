@@ -130,7 +130,7 @@ def run(
     from pyspark.sql import functions as F
 
     from tidemark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
-    from tidemark.sink import load_manifest, new_staging, publish_staged
+    from tidemark.sink import load_manifest, new_staging, publish_staged, utc_date
     from tidemark.source import read_plan
     from tidemark.validation import DECODE_OUTCOME_PREFIX, OK_OUTCOME, outcome_column, validate
 
@@ -156,7 +156,7 @@ def run(
     outcome = outcome_column([c for c in decoded.columns if c not in (RAW_VALUE_COLUMN, "plan_id")], feed).alias(
         OUTCOME_COLUMN
     )
-    day = F.date_from_unix_date(F.floor(F.unix_micros("timestamp") / 86_400_000_000).cast("int")).alias("date")
+    day = utc_date().alias("date")
     staged_df = decoded.select(*[c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")], day, outcome)
     staging = new_staging(output, plan.plan_id)
     try:

@@ -39,7 +39,7 @@ from tidemark.errors import PublishError
 from tidemark.plan import Plan
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
     from tidemark.source import RangeStats
 
@@ -87,6 +87,13 @@ class Manifest:
         return cls(**body)
 
 
+def utc_date() -> Column:
+    """The ``date`` partition: the record timestamp's UTC date, whatever the session time zone."""
+    from pyspark.sql import functions as F
+
+    return F.date_from_unix_date(F.floor(F.unix_micros("timestamp") / 86_400_000_000).cast("int"))
+
+
 def published_dir(output: Path, plan_id: str) -> Path:
     return output / f"plan_id={plan_id}"
 
@@ -125,7 +132,6 @@ def publish(
     publication becomes visible. Returns the manifest; ``manifest.reused`` is True when the plan was already
     published, in which case nothing was written.
     """
-    from pyspark.sql import functions as F
 
     if plan.feed != feed.name:
         raise PublishError(f"plan {plan.plan_id} belongs to feed '{plan.feed}', not '{feed.name}'")
@@ -136,8 +142,7 @@ def publish(
 
     staging = _staging_root(output, plan.plan_id) / f"{plan.plan_id}.{uuid.uuid4().hex[:12]}"
     try:
-        utc_date = F.date_from_unix_date(F.floor(F.unix_micros("timestamp") / 86_400_000_000).cast("int"))
-        data = df.drop("plan_id").withColumn("date", utc_date)
+        data = df.drop("plan_id").withColumn("date", utc_date())
         data.write.mode("errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(str(staging))
         for name, rejected in (quarantine or {}).items():
             target = staging / QUARANTINE_DIR / name
