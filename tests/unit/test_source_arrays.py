@@ -1,4 +1,4 @@
-"""The reader's pure array helpers: timestamps from buffers, waves of ranges."""
+"""The reader's pure array helpers: timestamps and repeated strings from buffers, waves of ranges."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tidemark.source import Range, _timestamps, _waves
+from tidemark.source import Range, _repeated, _timestamps, _waves
 
 
 @pytest.mark.parametrize("types", [[1, 1, 1, 1], [1, 0, 2, 0], [0, 0, 0, 0]], ids=["all", "some-missing", "none"])
@@ -24,3 +24,10 @@ def test_waves_never_assign_one_partition_twice() -> None:
     ranges = [Range("t", 0, 0, 10), Range("t", 1, 0, 5), Range("t", 0, 20, 30), Range("u", 0, 0, 1)]
     waves = _waves(ranges)
     assert waves == [[Range("t", 0, 0, 10), Range("t", 1, 0, 5), Range("u", 0, 0, 1)], [Range("t", 0, 20, 30)]]
+
+
+@pytest.mark.parametrize(("text", "n"), [("orders.v1", 4), ("", 3), ("naïve-topic", 2), ("t", 0)])
+def test_repeated_strings_equal_a_list_built_array(text: str, n: int) -> None:
+    got = _repeated(text, n)
+    got.validate(full=True)
+    assert got.equals(pa.array([text] * n, type=pa.string()))
