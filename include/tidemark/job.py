@@ -130,7 +130,7 @@ def run(
     from pyspark.sql import functions as F
 
     from tidemark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
-    from tidemark.sink import load_manifest, new_staging, publish_staged, utc_date
+    from tidemark.sink import load_manifest, new_staging, parquet_options, publish_staged, utc_date
     from tidemark.source import read_plan
     from tidemark.validation import DECODE_OUTCOME_PREFIX, OK_OUTCOME, outcome_column, validate
 
@@ -164,6 +164,7 @@ def run(
             "write",  # the one read of Kafka
             lambda: (
                 staged_df.write.mode("errorifexists")
+                .options(**parquet_options(staged_df.columns))
                 .partitionBy(OUTCOME_COLUMN, "topic", "date")
                 .parquet(str(staging.written))
             ),
@@ -197,7 +198,10 @@ def run(
         def rewrite_good(source: Path, target: Path) -> None:
             # JSON feeds stage the raw value beside the fields: publish the fields only.
             good = spark.read.schema(staged_df.drop(OUTCOME_COLUMN).schema).parquet(str(source))
-            good.drop(RAW_VALUE_COLUMN).write.mode("append").partitionBy("topic", "date").parquet(str(target))
+            good = good.drop(RAW_VALUE_COLUMN)
+            good.write.mode("append").options(**parquet_options(good.columns)).partitionBy("topic", "date").parquet(
+                str(target)
+            )
 
         manifest = timer.step(
             "publish",

@@ -88,3 +88,12 @@ def consume_independently(
         finally:
             consumer.close()
     return sorted(out)
+
+
+def chunk_layout(parquet_file: Any, columns: Sequence[str]) -> dict[str, tuple[bool, bool]]:
+    """``{column: (has min/max statistics, has a dictionary page)}`` in a Parquet file's first row group."""
+    import pyarrow.parquet as pq
+
+    group = pq.ParquetFile(parquet_file).metadata.row_group(0)
+    chunks = [group.column(i) for i in range(group.num_columns)]
+    return {c.path_in_schema: (c.is_stats_set, c.has_dictionary_page) for c in chunks if c.path_in_schema in columns}

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import KafkaTestCluster
-from tests.integration.read_helpers import plan_for
+from tests.integration.read_helpers import chunk_layout, plan_for
 from tidemark.kafka_io import Record
 from tidemark.sink import published_dir
 
@@ -89,6 +89,9 @@ def test_spark_submit_publishes_once_and_reports(kafka: KafkaTestCluster, tmp_pa
     (row,) = bad.to_table().to_pylist()
     assert row["_reason"] == "decode_error: value is not a JSON object matching the declared field types"
     assert (row["offset"], row["key"], row["_raw_value"], row["n"]) == (100, "bad", b"not json", None)
+    (bad_file,) = final.glob("_quarantine/**/*.parquet")
+    layout = chunk_layout(bad_file, ["_raw_value", "offset"])
+    assert layout["_raw_value"] == (False, False) and layout["offset"][0]
 
 
 def test_job_fails_with_a_named_partition_when_the_start_was_deleted(

@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow.dataset as ds
 import pytest
 
+from tests.integration.read_helpers import chunk_layout
 from tidemark.config import Feed
 from tidemark.errors import PublishError
 from tidemark.plan import Chunk, PartitionPlan, Plan, Task, compute_plan_id
@@ -82,6 +83,11 @@ def test_publish_is_atomic_and_idempotent(spark: Any, tmp_path: Path) -> None:
     assert {r.plan_id for r in back.select("plan_id").distinct().collect()} == {plan.plan_id}
     table = ds.dataset(str(feed.output_dir()), format="parquet", partitioning="hive").to_table()
     assert table.num_rows == 8
+    # The payload is written without dictionary or statistics; the other columns keep their statistics.
+    (one_file, *_) = sorted(final.glob("topic=*/date=*/*.parquet"))
+    layout = chunk_layout(one_file, ["value", "offset", "key"])
+    assert layout["value"] == (False, False)
+    assert layout["offset"][0] and layout["key"][0]
 
 
 def test_crash_before_publish_leaves_nothing_visible(
