@@ -2,7 +2,8 @@
 
 One dataset (``--records`` 200-byte records over 8 partitions, produced once and then
 frozen: the topic name encodes its size and is reused), one plan over exactly those
-offsets, and for every runner 1 warm-up plus ``--runs`` measured runs (default 5):
+offsets, and a warm-up round plus ``--runs`` measured rounds (default 5), each round running
+every runner once, back to back (a slow spell of a shared machine then hits all alike):
 
 - R0  Kafka's Java consumer perf tool (``org.apache.kafka.tools.ConsumerPerformance``,
       same jars as the brokers; its own fetch rate, JVM start excluded)
@@ -15,7 +16,8 @@ offsets, and for every runner 1 warm-up plus ``--runs`` measured runs (default 5
 - M   one read task's peak RSS for ranges of 1/8, 1/4, 1/2 and all of one partition, each
       in a fresh process: it must not grow with the range
 
-Reported per runner: median records/s, records per CPU-second (driver, JVM and Python
+Reported per runner: median records/s (ratios are of these medians; the ratios within
+each round are listed beside them), records per CPU-second (driver, JVM and Python
 workers; not the brokers), and for Tidemark runs the Python workers' peak RSS and the
 payload bytes read from Kafka relative to the data (1.0 = read once). Results go to
 ``docs/benchmarks/bench-<quick|full>.json`` and a bar chart PNG beside it (written with
@@ -549,22 +551,29 @@ def run_benchmark(
         with read_metrics() as metrics:
             return _timed_spark(action, records, metrics, data_bytes)
 
+    # Interleaved rounds: every runner once per round, so that a slow spell of this shared
+    # machine hits all runners alike, and each ratio is also taken within a round.
+    active: list[tuple[str, Callable[[], Sample]]] = []
     for name, label, once, note in runners:
-        if only and name not in only:
-            continue
-        result = RunnerResult(name, label, note=note)
-        results[name] = result
-        try:
-            log(f"{name} {label}: warm-up ...")
-            once()
-            for i in range(runs):
+        if not only or name in only:
+            results[name] = RunnerResult(name, label, note=note)
+            active.append((name, once))
+    for round_no in range(runs + 1):  # round 0 is the warm-up
+        for name, once in active:
+            result = results[name]
+            if result.error:
+                continue
+            try:
                 sample = once()
+            except Exception as exc:  # noqa: BLE001 - one runner failing must not hide the others' figures
+                result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"
+                log(f"  {name} failed: {result.error}")
+                continue
+            what = "warm-up" if round_no == 0 else f"run {round_no}/{runs}"
+            log(f"{name:<3} {what}: {sample.records / sample.seconds:,.0f} rec/s, {sample.seconds:.2f}s, "
+                f"{sample.cpu_seconds:.1f} CPU-s")  # fmt: skip
+            if round_no:
                 result.samples.append(sample)
-                log(f"  run {i + 1}/{runs}: {sample.records / sample.seconds:,.0f} rec/s, "
-                    f"{sample.seconds:.2f}s, {sample.cpu_seconds:.1f} CPU-s")  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - one runner failing must not hide the others' figures
-            result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"
-            log(f"  {name} failed: {result.error}")
     del F
     shutil.rmtree(work, ignore_errors=True)
     memory = None
@@ -580,6 +589,15 @@ def run_benchmark(
         if not ra or not rb or not ra.samples or not rb.samples:
             return None
         return round(ra.median_rate / rb.median_rate, 3)
+
+    def round_ratios(a: str, b: str) -> list[float]:
+        ra, rb = results.get(a), results.get(b)
+        if not ra or not rb or len(ra.samples) != len(rb.samples):
+            return []
+        return [
+            round((x.records / x.seconds) / (y.records / y.seconds), 3)
+            for x, y in zip(ra.samples, rb.samples, strict=True)
+        ]
 
     ratios = {"R3/R4": ratio("R3", "R4"), "R3/R1": ratio("R3", "R1"), "R6/R4w": ratio("R6", "R4w"),
               "R3/R0": ratio("R3", "R0"), "R6/R4": ratio("R6", "R4")}  # fmt: skip
@@ -600,6 +618,8 @@ def run_benchmark(
         "r6_steps_seconds": step_seconds[1:],  # per measured R6 run (warm-up left out)
         "task_memory": memory,
         "ratios": ratios,
+        # The same ratios taken within each round (runners ran back to back), and their median.
+        "ratios_by_round": {k: round_ratios(*k.split("/")) for k in ratios},
         "targets": {
             k: {"target": t, "value": ratios.get(k), "met": (ratios.get(k) or 0) >= t} for k, t in TARGETS.items()
         },
@@ -623,7 +643,11 @@ def print_report(doc: dict[str, Any]) -> None:
         ratio = "" if r["kafka_payload_read_ratio"] is None else f"{r['kafka_payload_read_ratio']:.2f}"
         print(f"{r['name']:<5} {r['median_records_per_s']:>15,} {r['median_records_per_cpu_s']:>11,} {rss:>14} "
               f"{ratio:>13}  {r['label']}" + (f" ({r['note']})" if r["note"] else ""))  # fmt: skip
-    print("ratios: " + ", ".join(f"{k} = {v}" for k, v in doc["ratios"].items()))
+    print("ratios of the medians: " + ", ".join(f"{k} = {v}" for k, v in doc["ratios"].items()))
+    for k, values in (doc.get("ratios_by_round") or {}).items():
+        if values:
+            listed = ", ".join(f"{v:.2f}" for v in values)
+            print(f"  {k} round by round: {listed} (median {statistics.median(values):.2f})")
     for k, t in doc["targets"].items():
         print(f"target {k} ≥ {t['target']}: {t['value']} → {'met' if t['met'] else 'NOT met'}")
     memory = doc.get("task_memory") or {}
