@@ -290,12 +290,13 @@ def r1_worker(bootstrap: str, plan_json: str) -> dict[str, Any]:
     """R1's body, run in its own process: a plain consume(N) loop over the plan's ranges."""
     from confluent_kafka import Consumer, TopicPartition
 
+    from tidemark.source import READ_TUNING
+
     plan = Plan.from_json(plan_json)
     # The same librdkafka tuning as Tidemark's reader, so the ratio measures per-record overhead.
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tidemark-bench-r1", "enable.auto.commit": False,
-                         "auto.offset.reset": "error", "enable.partition.eof": True,
-                         "isolation.level": plan.isolation, "fetch.queue.backoff.ms": 1, "fetch.wait.max.ms": 100,
-                         "queued.max.messages.kbytes": 16384})  # fmt: skip
+    consumer = Consumer({**READ_TUNING, "bootstrap.servers": bootstrap, "group.id": "tidemark-bench-r1",
+                         "enable.auto.commit": False, "auto.offset.reset": "error", "enable.partition.eof": True,
+                         "isolation.level": plan.isolation})  # fmt: skip
     consumer.assign([TopicPartition(p.topic, p.partition, p.start) for p in plan.partitions])
     remaining = {p.partition: p.end for p in plan.partitions if p.end > p.start}
     total = plan.total_records

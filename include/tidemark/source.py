@@ -154,17 +154,25 @@ def _waves(ranges: Sequence[Range]) -> list[list[Range]]:
     return waves
 
 
+# librdkafka defaults chosen for throughput with bounded memory; a connection may override them.
+READ_TUNING: dict[str, Any] = {
+    # librdkafka 2.x pauses a partition's fetching for fetch.queue.backoff.ms (1 s) whenever
+    # its local queue is over a threshold; at that default a reader that drains its queue in
+    # bursts sits idle most of the time (measured: 97k → 570k records/s for one task).
+    "fetch.queue.backoff.ms": 1,
+    "fetch.min.bytes": 1,
+    "fetch.wait.max.ms": 100,
+    # 4 MiB per partition and fetch instead of 1: a quarter of the fetch round trips, for
+    # readers and brokers (measured: 3-6% faster reads, median of interleaved runs).
+    "max.partition.fetch.bytes": 4 << 20,
+    "queued.max.messages.kbytes": 16384,
+}
+
+
 def consumer_config(task: ReadTask, client_config: Mapping[str, Any]) -> dict[str, Any]:
     """librdkafka settings for reading ``task``: assign only, never commit, fail on lost offsets."""
     return {
-        # Defaults chosen for throughput with bounded memory; the connection may override them.
-        # librdkafka 2.x pauses a partition's fetching for fetch.queue.backoff.ms (1 s) whenever
-        # its local queue is over a threshold; at that default a reader that drains its queue in
-        # bursts sits idle most of the time (measured: 97k → 570k records/s for one task).
-        "fetch.queue.backoff.ms": 1,
-        "fetch.min.bytes": 1,
-        "fetch.wait.max.ms": 100,
-        "queued.max.messages.kbytes": 16384,
+        **READ_TUNING,
         **client_config,
         # Not negotiable: these make the read exact.
         "group.id": task.group,
