@@ -8,6 +8,8 @@ every runner once, back to back (a slow spell of a shared machine then hits all 
 - R0  Kafka's Java consumer perf tool (``org.apache.kafka.tools.ConsumerPerformance``,
       same jars as the brokers; its own fetch rate, JVM start excluded)
 - R1  a raw confluent-kafka ``consume(N)`` loop in one process (touches every value)
+- RF  Spark's Python data source path alone: pre-built Arrow batches shaped like R3's, no
+      Kafka, to ``noop`` (the floor under R3: what Spark costs before any record is read)
 - R3  Tidemark's Spark read (``tidemark_kafka``) to Spark's ``noop`` sink
 - R4  Spark's built-in Kafka source over the same offsets to ``noop``
 - R6  Tidemark end to end (``tidemark.job.run`` + commit): Kafka read once into staged
@@ -436,6 +438,54 @@ def _maven_fetch(version: str, target: Path) -> None:
     (target / ".complete").touch()
 
 
+def floor_source(records: int, tasks: int) -> type:
+    """RF's data source: ``tasks`` partitions yielding one pre-built Arrow batch shaped like
+    the reader's (same schema, 10-byte keys, 200-byte values) until ``records`` rows in all.
+
+    No Kafka and no per-record Python: what is left is the cost of Spark's Python data
+    source path itself (Arrow IPC to the JVM, rows, noop), a floor under R3.
+    """
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from tidemark.source import DEFAULT_BATCH_RECORDS, SCHEMA
+
+    class FloorReader(DataSourceReader):  # type: ignore[misc]
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(i) for i in range(tasks)]
+
+        def read(self, partition: InputPartition) -> Iterator[Any]:
+            import pyarrow as pa
+
+            from tidemark.source import _headers_array, _repeated, _timestamps, arrow_schema
+
+            schema, rows = arrow_schema(), records // tasks + (partition.value < records % tasks)
+            n = DEFAULT_BATCH_RECORDS
+            offsets = np.arange(n, dtype=np.int64)
+            columns = [
+                _repeated("tidemark-bench-floor", n), pa.array(np.full(n, partition.value, np.int32)),
+                pa.array(offsets), _timestamps(offsets + 1_767_225_600_000, np.ones(n, np.int32)),
+                pa.array(np.zeros(n, np.int32)), pa.array([b"%010d" % i for i in range(n)], pa.binary()),
+                pa.array([bytes(VALUE_BYTES)] * n, pa.binary()), _headers_array([None] * n, n, schema.field(7).type),
+                _repeated("0" * 20, n),
+            ]  # fmt: skip
+            batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+            for start in range(0, rows, n):
+                yield batch.slice(0, min(n, rows - start))
+
+    class FloorSource(DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "tidemark_bench_floor"
+
+        def schema(self) -> Any:
+            return SCHEMA
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return FloorReader()
+
+    return FloorSource
+
+
 def bench_session(jars: Sequence[Path]) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -533,11 +583,16 @@ def run_benchmark(
     def noop(df: Any) -> None:
         df.write.format("noop").mode("overwrite").save()
 
+    spark.dataSource.register(floor_source(records, PARTITIONS))
+
     runners: list[tuple[str, str, Callable[[], Sample], str]] = [
         ("R0", "Kafka ConsumerPerformance (Java)", lambda: run_r0(connection, topic, records),
          "fetch.nMsg.sec of the tool; CPU includes JVM start"),
         ("R1", "confluent-kafka consume(N), 1 process", lambda: run_r1(connection, plan),
          "touches every value; same librdkafka tuning as the reader"),
+        ("RF", "Spark Python data source alone → noop",
+         lambda: _timed_spark(lambda: noop(spark.read.format("tidemark_bench_floor").load()), records, None, 0),
+         "pre-built Arrow batches shaped like R3's, no Kafka: the floor under R3"),
         ("R3", "Tidemark Spark read → noop", lambda: _tm(lambda: noop(read_plan(spark, plan, connection))), ""),
         ("R4", "Spark Kafka source → noop",
          lambda: _timed_spark(lambda: noop(_kafka_df(spark, connection, plan)), records, None, data_bytes),
@@ -601,7 +656,7 @@ def run_benchmark(
         ]
 
     ratios = {"R3/R4": ratio("R3", "R4"), "R3/R1": ratio("R3", "R1"), "R6/R4w": ratio("R6", "R4w"),
-              "R3/R0": ratio("R3", "R0"), "R6/R4": ratio("R6", "R4")}  # fmt: skip
+              "R3/R0": ratio("R3", "R0"), "R6/R4": ratio("R6", "R4"), "R3/RF": ratio("R3", "RF")}  # fmt: skip
     doc = {
         "when": datetime.now(UTC).isoformat(),
         "records": records,
@@ -664,7 +719,7 @@ _FONT = {  # 3x5 glyphs, rows top to bottom, 3 bits each
     "5": (7, 4, 7, 1, 7), "6": (7, 4, 7, 5, 7), "7": (7, 1, 1, 1, 1), "8": (7, 5, 7, 5, 7), "9": (7, 5, 7, 1, 7),
     "R": (6, 5, 6, 5, 5), "w": (0, 5, 5, 7, 5), "k": (4, 5, 6, 5, 5), ".": (0, 0, 0, 0, 2), " ": (0, 0, 0, 0, 0),
     "/": (1, 1, 2, 4, 4), "s": (0, 7, 4, 1, 7), "M": (5, 7, 7, 5, 5), "r": (0, 6, 5, 4, 4),
-    "e": (0, 7, 7, 4, 7), "c": (0, 7, 4, 4, 7),
+    "e": (0, 7, 7, 4, 7), "c": (0, 7, 4, 4, 7), "F": (7, 4, 6, 4, 4),
 }  # fmt: skip
 
 
@@ -698,7 +753,7 @@ def bar_chart(doc: dict[str, Any]) -> np.ndarray:
     img = np.full((height, width, 3), 255, dtype=np.uint8)
     top = max((v for _, v in bars), default=1) or 1
     palette = {"R0": (120, 120, 120), "R1": (90, 140, 200), "R3": (230, 120, 30), "R4": (70, 160, 90),
-               "R6": (200, 60, 60), "R4w": (40, 110, 60)}  # fmt: skip
+               "R6": (200, 60, 60), "R4w": (40, 110, 60), "RF": (240, 190, 120)}  # fmt: skip
     img[height - margin, 20 : width - 20] = (0, 0, 0)
     for i, (name, value) in enumerate(bars):
         x0 = 40 + i * 120

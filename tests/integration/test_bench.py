@@ -22,13 +22,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 def test_bench_runs_interleaved_rounds_and_reads_kafka_once(kafka: KafkaTestCluster, tmp_path: Path) -> None:
     env = {**os.environ, **kafka.connection.to_env()}
-    cmd = [sys.executable, "-m", "tidemark.bench", "--records", "16000", "--runs", "2", "--only", "R1,R3,R6",
+    cmd = [sys.executable, "-m", "tidemark.bench", "--records", "16000", "--runs", "2", "--only", "R1,RF,R3,R6",
            "--out", str(tmp_path)]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
     doc = json.loads((tmp_path / "bench-16000.json").read_text())
-    assert set(doc["runners"]) == {"R1", "R3", "R6"}
+    assert set(doc["runners"]) == {"R1", "RF", "R3", "R6"}
     for runner in doc["runners"].values():
         assert runner["error"] is None
         assert [s["records"] for s in runner["samples"]] == [16000, 16000]
@@ -38,5 +38,5 @@ def test_bench_runs_interleaved_rounds_and_reads_kafka_once(kafka: KafkaTestClus
     assert len(doc["ratios_by_round"]["R3/R1"]) == 2 and doc["ratios_by_round"]["R3/R4"] == []
     # Warm-up first, then the runners take turns round by round.
     order = [line.split()[0] for line in proc.stdout.splitlines() if " rec/s, " in line]
-    assert order == ["R1", "R3", "R6"] * 3
+    assert order == ["R1", "RF", "R3", "R6"] * 3
     assert (tmp_path / "bench-16000.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
