@@ -50,7 +50,7 @@ STAGING_DIR = "_staging"
 PARTITION_COLUMNS = ("topic", "date")
 # A Kafka payload is opaque, mostly unique bytes per record: min/max statistics on it prune
 # nothing, and a dictionary of it is built only to be thrown away once it overflows. Both
-# cost CPU on every row (measured: 5% of the job's wall time on 5M records).
+# cost CPU on every row (measured: the 5M-record job 5-13% faster without them).
 PAYLOAD_COLUMNS = ("value", "_raw_value")
 
 
