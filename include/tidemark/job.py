@@ -130,7 +130,7 @@ def run(
     from pyspark.sql import functions as F
 
     from tidemark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
-    from tidemark.sink import load_manifest, new_staging, parquet_options, publish_staged, utc_date
+    from tidemark.sink import load_manifest, new_staging, parquet_writer, publish_staged, utc_date
     from tidemark.source import read_plan
     from tidemark.validation import DECODE_OUTCOME_PREFIX, OK_OUTCOME, outcome_column, validate
 
@@ -163,8 +163,7 @@ def run(
         timer.step(
             "write",  # the one read of Kafka
             lambda: (
-                staged_df.write.mode("errorifexists")
-                .options(**parquet_options(staged_df.columns))
+                parquet_writer(staged_df, "errorifexists")
                 .partitionBy(OUTCOME_COLUMN, "topic", "date")
                 .parquet(str(staging.written))
             ),
@@ -198,10 +197,7 @@ def run(
         def rewrite_good(source: Path, target: Path) -> None:
             # JSON feeds stage the raw value beside the fields: publish the fields only.
             good = spark.read.schema(staged_df.drop(OUTCOME_COLUMN).schema).parquet(str(source))
-            good = good.drop(RAW_VALUE_COLUMN)
-            good.write.mode("append").options(**parquet_options(good.columns)).partitionBy("topic", "date").parquet(
-                str(target)
-            )
+            parquet_writer(good.drop(RAW_VALUE_COLUMN), "append").partitionBy("topic", "date").parquet(str(target))
 
         manifest = timer.step(
             "publish",

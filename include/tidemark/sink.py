@@ -39,7 +39,7 @@ from tidemark.errors import PublishError
 from tidemark.plan import Plan
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import Column, DataFrame, DataFrameWriter
 
     from tidemark.source import RangeStats
 
@@ -54,14 +54,14 @@ PARTITION_COLUMNS = ("topic", "date")
 PAYLOAD_COLUMNS = ("value", "_raw_value")
 
 
-def parquet_options(columns: Sequence[str]) -> dict[str, str]:
-    """Parquet writer options for Tidemark's files: no dictionary or statistics on payload columns."""
+def parquet_writer(df: DataFrame, mode: str) -> DataFrameWriter:
+    """``df.write`` in ``mode`` with Tidemark's Parquet options: no dictionary or statistics on payload columns."""
     options: dict[str, str] = {}
-    for column in columns:
+    for column in df.columns:
         if column in PAYLOAD_COLUMNS:
             options[f"parquet.enable.dictionary#{column}"] = "false"
             options[f"parquet.column.statistics.enabled#{column}"] = "false"
-    return options
+    return df.write.mode(mode).options(**options)
 
 
 @dataclass(frozen=True)
@@ -157,13 +157,10 @@ def publish(
     staging = _staging_root(output, plan.plan_id) / f"{plan.plan_id}.{uuid.uuid4().hex[:12]}"
     try:
         data = df.drop("plan_id").withColumn("date", utc_date())
-        data.write.mode("errorifexists").options(**parquet_options(data.columns)).partitionBy(
-            *PARTITION_COLUMNS
-        ).parquet(str(staging))
+        parquet_writer(data, "errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(str(staging))
         for name, rejected in (quarantine or {}).items():
             target = staging / QUARANTINE_DIR / name
-            kept = rejected.drop("plan_id")
-            kept.write.mode("errorifexists").options(**parquet_options(kept.columns)).parquet(str(target))
+            parquet_writer(rejected.drop("plan_id"), "errorifexists").parquet(str(target))
 
         def check(manifest: Manifest) -> None:
             if expect_records is not None and manifest.records != expect_records:
