@@ -170,7 +170,8 @@ def run(
         )
         # Explicit schema: partition values are read back as written ("007" stays a string topic).
         staged = spark.read.schema(staged_df.schema).parquet(str(staging.written))
-        value_column = RAW_VALUE_COLUMN if raw_value_kept(feed.deserialization) else "value"
+        keeps_raw = raw_value_kept(feed.deserialization)  # JSON feeds stage the raw value beside the fields
+        value_column = RAW_VALUE_COLUMN if keeps_raw else "value"
         undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_OUTCOME_PREFIX)
         record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date")]
         checked = timer.step(
@@ -203,7 +204,7 @@ def run(
             "publish",
             lambda: publish_staged(
                 staging, plan, feed, outcome_column=OUTCOME_COLUMN, ok_value=OK_OUTCOME,
-                rewrite_good=rewrite_good if raw_value_kept(feed.deserialization) else None,
+                rewrite_good=rewrite_good if keeps_raw else None,
                 stats=stats, extra={"validator": res.validator},
                 expect_records=int(checked.summary["good_records"]),
                 expect_quarantined=int(checked.summary["quarantined_records"]),
