@@ -570,7 +570,9 @@ def run_benchmark(
         job = run_job(spark, plan, feed, connection, target / "run")
         step_seconds.append({**job.timings_s, "validator": job.validator})
         started = time.monotonic()
-        commit_plan(plan, connection, SqliteCheckpointStore(work / "checkpoints.sqlite"))
+        commit_plan(
+            plan, connection, SqliteCheckpointStore(work / "checkpoints.sqlite"), run_id=f"bench-{plan.plan_id}"
+        )
         step_seconds[-1]["commit"] = round(time.monotonic() - started, 3)
         shutil.rmtree(target, ignore_errors=True)
 

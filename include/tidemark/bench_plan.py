@@ -87,7 +87,7 @@ def seed_offsets(adapter: KafkaAdapter, feed: Feed, store: SqliteCheckpointStore
     adapter.admin.alter_consumer_group_offsets([request], request_timeout=adapter.timeout_s)[feed.group].result(
         timeout=adapter.timeout_s
     )
-    store.put(feed.group, "bench", {tp: 3 for n, tp in enumerate(tps) if n % 10 == 8})
+    store.put(feed.group, "bench", {tp: 3 for n, tp in enumerate(tps) if n % 10 == 8}, "bench-run")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,8 +4,12 @@ Kafka deletes a group's committed offsets after ``offsets.retention.minutes`` wi
 activity (7 days by default); a batch job that runs less often would then silently fall
 back to its reset policy. The checkpoint store remembers, per group and partition, the
 offset Tidemark last committed and the plan that committed it, so the planner can resume
-from there and say "group offsets expired". The embedded default is SQLite under the
-state dir; :class:`CheckpointStore` is the interface another database would implement.
+from there and say "group offsets expired". It also records which *runs* committed: a
+commit belongs to a run, not to a plan id, because two runs at different times may plan
+the same ranges (an idle feed, a group whose offsets expired, a group reset back to
+offsets it had) and each of them must still commit (``docs/ARCHITECTURE.md``, "Plans,
+runs and commits"). The embedded default is SQLite under the state dir;
+:class:`CheckpointStore` is the interface another database would implement.
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ class Checkpoint:
 class CheckpointStore(Protocol):
     def get(self, group: str, tps: Iterable[TP]) -> dict[TP, Checkpoint]: ...
 
-    def put(self, group: str, plan_id: str, offsets: Mapping[TP, int]) -> None: ...
+    def put(self, group: str, plan_id: str, offsets: Mapping[TP, int], run_id: str) -> None: ...
 
-    def plan_committed(self, group: str, plan_id: str) -> bool: ...
+    def run_committed(self, group: str, run_id: str) -> bool: ...
 
 
 _SCHEMA = """
@@ -42,9 +46,9 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     next_offset INTEGER NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL,
     PRIMARY KEY (grp, topic, part)
 );
-CREATE TABLE IF NOT EXISTS committed_plans (
-    grp TEXT NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL,
-    PRIMARY KEY (grp, plan_id)
+CREATE TABLE IF NOT EXISTS committed_runs (
+    grp TEXT NOT NULL, run_id TEXT NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL,
+    PRIMARY KEY (grp, run_id)
 );
 """
 
@@ -69,7 +73,7 @@ class SqliteCheckpointStore:
             ).fetchall()
         return {(t, p): Checkpoint(o, pid, at) for t, p, o, pid, at in rows if (t, p) in wanted}
 
-    def put(self, group: str, plan_id: str, offsets: Mapping[TP, int]) -> None:
+    def put(self, group: str, plan_id: str, offsets: Mapping[TP, int], run_id: str) -> None:
         now = datetime.now(UTC).isoformat()
         with closing(self._connect()) as conn, conn:
             conn.executemany(
@@ -77,13 +81,11 @@ class SqliteCheckpointStore:
                 "next_offset = excluded.next_offset, plan_id = excluded.plan_id, committed_at = excluded.committed_at",
                 [(group, t, p, o, plan_id, now) for (t, p), o in offsets.items()],
             )
-            conn.execute("INSERT OR IGNORE INTO committed_plans VALUES (?, ?, ?)", (group, plan_id, now))
+            conn.execute("INSERT OR IGNORE INTO committed_runs VALUES (?, ?, ?, ?)", (group, run_id, plan_id, now))
 
-    def plan_committed(self, group: str, plan_id: str) -> bool:
+    def run_committed(self, group: str, run_id: str) -> bool:
         with closing(self._connect()) as conn:
-            row = conn.execute(
-                "SELECT 1 FROM committed_plans WHERE grp = ? AND plan_id = ?", (group, plan_id)
-            ).fetchone()
+            row = conn.execute("SELECT 1 FROM committed_runs WHERE grp = ? AND run_id = ?", (group, run_id)).fetchone()
         return row is not None
 
 

@@ -1,20 +1,27 @@
 """The commit protocol: move the consumer group's offsets to a published plan's ends.
 
-Run only after the plan's output is published. In order: refuse while the group has
-live members (a streaming consumer with the same group id would race us, and the
-coordinator rejects outside commits for a non-empty group anyway); compare-and-set
-against the committed offsets the plan saw, so a move by anyone else since planning
-blocks the commit instead of being overwritten; commit every partition of the plan,
-including those with nothing new (an idle partition's offset is refreshed, so it does
-not expire), with metadata naming the plan; read the offsets back and fail unless each
-partition holds exactly the plan's end; then record the checkpoint. Committing a plan
-that is already committed is a no-op, and a crash between the Kafka commit and the
-checkpoint is repaired by the next call.
+Run only after the plan's output is published. A commit belongs to a *run* (the run
+id), not to a plan id: the plan id names what is read and published, and two runs at
+different times can plan the same ranges (an idle feed, offsets that expired, a group
+reset to offsets it already had); each of them must commit. In order:
 
-One relaxation of compare-and-set: a partition whose offset the plan saw but which now
-has none is taken as expired (``offsets.retention.minutes``), not moved, and is
-committed; the result lists it. Consumers that commit with ``assign()`` never join the
-group, so only the compare-and-set (not the member check) can notice them.
+1. Already done? The group's offsets are at the plan's ends with metadata naming this
+   run, or the checkpoint store records this run as committed: a no-op (a missing
+   checkpoint is repaired). A retry of a run that committed never rewinds a group that
+   has moved on since.
+2. Refuse while the group has live members (a streaming consumer with the same group id
+   would race us, and the coordinator rejects outside commits for a non-empty group).
+3. Compare-and-set against the offsets this run's plan saw. A position that *vanished*
+   (the plan saw an offset, the group now has none: expired after
+   ``offsets.retention.minutes`` or deleted) is not a move and is committed back (the
+   result lists it); a position that *another writer changed* blocks the commit.
+4. Commit every partition of the plan, including those with nothing new (an idle
+   partition's offset is refreshed, so it does not expire), with metadata naming the
+   plan and the run; read the offsets back and fail unless each partition holds exactly
+   the plan's end with that metadata; then record the checkpoint.
+
+Consumers that commit with ``assign()`` never join the group, so only the
+compare-and-set (not the member check) can notice them.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ class CommitResult:
     """What the commit did, for the run report."""
 
     plan_id: str
+    run_id: str
     group: str
     status: CommitStatus
     offsets: Mapping[TP, int]
@@ -57,6 +65,7 @@ class CommitResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "plan_id": self.plan_id,
+            "run_id": self.run_id,
             "group": self.group,
             "status": self.status,
             "offsets": [{"topic": t, "partition": p, "offset": o} for (t, p), o in sorted(self.offsets.items())],
@@ -75,13 +84,15 @@ def _fmt(tp: TP) -> str:
     return f"{tp[0]}[{tp[1]}]"
 
 
-def plan_metadata(plan: Plan, limit: int = METADATA_MAX_BYTES) -> str:
-    """The offset metadata naming the plan: compact JSON of at most ``limit`` UTF-8 bytes.
+def plan_metadata(plan: Plan, run_id: str, limit: int = METADATA_MAX_BYTES) -> str:
+    """The offset metadata naming the plan and the run: compact JSON of at most ``limit`` UTF-8 bytes.
 
-    The plan id always survives; the feed name and mode are dropped, then the feed name
-    truncated, only if they would not fit (feed names are short, so in practice never).
+    The plan and run ids always survive; the feed name and mode are dropped, then the
+    feed name truncated, only if they would not fit (feed names are short, so in
+    practice never).
     """
-    doc: dict[str, str] = {"tidemark_plan": plan.plan_id, "feed": plan.feed, "mode": plan.mode}
+    ids = {"tidemark_plan": plan.plan_id, "tidemark_run": run_id}
+    doc: dict[str, str] = {**ids, "feed": plan.feed, "mode": plan.mode}
 
     def encode(d: Mapping[str, str]) -> str:
         return json.dumps(d, separators=(",", ":"), ensure_ascii=False)
@@ -95,20 +106,31 @@ def plan_metadata(plan: Plan, limit: int = METADATA_MAX_BYTES) -> str:
         doc["feed"] = doc["feed"][: max(0, len(doc["feed"]) - max(1, len(text.encode()) - limit))]
         text = encode(doc)
     if len(text.encode()) > limit:
-        text = encode({"tidemark_plan": plan.plan_id})
+        text = encode(ids)
     if len(text.encode()) > limit:
-        raise CommitError(f"offset metadata limit {limit} bytes is too small for plan id {plan.plan_id}")
+        raise CommitError(
+            f"offset metadata limit {limit} bytes is too small for plan id {plan.plan_id} and run id {run_id}"
+        )
     return text
 
 
-def metadata_plan_id(metadata: str) -> str | None:
-    """The plan id in a committed offset's metadata, if Tidemark wrote it."""
+def _metadata_field(metadata: str, key: str) -> str | None:
     try:
         doc = json.loads(metadata)
     except ValueError:
         return None
-    value = doc.get("tidemark_plan") if isinstance(doc, dict) else None
+    value = doc.get(key) if isinstance(doc, dict) else None
     return value if isinstance(value, str) else None
+
+
+def metadata_plan_id(metadata: str) -> str | None:
+    """The plan id in a committed offset's metadata, if Tidemark wrote it."""
+    return _metadata_field(metadata, "tidemark_plan")
+
+
+def metadata_run_id(metadata: str) -> str | None:
+    """The run id in a committed offset's metadata, if Tidemark wrote it."""
+    return _metadata_field(metadata, "tidemark_run")
 
 
 def _check_group_idle(info: GroupInfo, plan: Plan) -> None:
@@ -126,26 +148,39 @@ def _check_group_idle(info: GroupInfo, plan: Plan) -> None:
     )
 
 
-def _moved(plan: Plan, current: Mapping[TP, Committed]) -> tuple[list[str], list[TP]]:
-    """Partitions whose committed offset differs from what the plan saw, and expired ones.
+def _writer(metadata: str) -> str:
+    """Who wrote a committed offset, as far as its metadata tells."""
+    run = metadata_run_id(metadata)
+    if run is not None:
+        return f"Tidemark run {run} (plan {metadata_plan_id(metadata)})"
+    plan_id = metadata_plan_id(metadata)
+    if plan_id is not None:
+        return f"Tidemark plan {plan_id}"
+    return "another client" if not metadata else f"another client (metadata {metadata[:60]!r})"
 
-    A partition already at its end with this plan's metadata is not "moved": an earlier
+
+def _moved(plan: Plan, run_id: str, current: Mapping[TP, Committed]) -> tuple[list[str], list[TP]]:
+    """Partitions another writer moved since planning, and partitions whose offset vanished.
+
+    A vanished position (the plan saw an offset, the group has none now) was expired by
+    the broker or deleted: nobody else wrote it, so committing there is safe. A partition
+    already at its end with this run's metadata is not "moved" either: an earlier
     attempt of this same commit got that far before failing on other partitions.
     """
     moved: list[str] = []
-    expired: list[TP] = []
+    vanished: list[TP] = []
     for p in plan.partitions:
-        now = current[p.key].offset
-        if now == p.committed:
+        now = current[p.key]
+        if now.offset == p.committed:
             continue
-        if now == p.end and metadata_plan_id(current[p.key].metadata) == plan.plan_id:
+        if now.offset == p.end and metadata_run_id(now.metadata) == run_id:
             continue
-        if now is None:
-            expired.append(p.key)
+        if now.offset is None:
+            vanished.append(p.key)
             continue
         saw = "none" if p.committed is None else str(p.committed)
-        moved.append(f"{_fmt(p.key)} plan saw {saw}, group now at {now}")
-    return moved, expired
+        moved.append(f"{_fmt(p.key)} plan saw {saw}, group now at {now.offset} (written by {_writer(now.metadata)})")
+    return moved, vanished
 
 
 def _verify(plan: Plan, readback: Mapping[TP, Committed], metadata: str) -> None:
@@ -169,10 +204,11 @@ def commit_plan(
     connection: KafkaConnection,
     checkpoints: CheckpointStore,
     *,
+    run_id: str,
     timeout_s: float = DEFAULT_COMMIT_TIMEOUT_S,
     adapter: KafkaAdapter | None = None,
 ) -> CommitResult:
-    """Commit ``plan``'s end offsets for its group; see the module docstring for the steps."""
+    """Commit ``plan``'s end offsets for its group as run ``run_id``; see the module docstring."""
     started = _now()
     if not plan.commit:
         raise CommitError(
@@ -184,33 +220,31 @@ def commit_plan(
     kafka = adapter or KafkaAdapter(connection, timeout_s=timeout_s)
     tps = [p.key for p in plan.partitions]
     ends = plan.ends()
-    metadata = plan_metadata(plan)
+    metadata = plan_metadata(plan, run_id)
+
+    def result(status: CommitStatus, vanished: tuple[TP, ...] = (), notes: tuple[str, ...] = ()) -> CommitResult:
+        return CommitResult(plan.plan_id, run_id, plan.group, status, ends, started, _now(), vanished, notes)
 
     current = kafka.committed(plan.group, tps)
-    at_ends = all(current[tp].offset == ends[tp] for tp in tps)
-    ours = all(metadata_plan_id(current[tp].metadata) == plan.plan_id for tp in tps)
-    recorded = checkpoints.plan_committed(plan.group, plan.plan_id)
-    if at_ends and (recorded or ours):
-        notes: tuple[str, ...] = ()
-        if not recorded:
-            # The Kafka commit went through but the run died before the checkpoint.
-            checkpoints.put(plan.group, plan.plan_id, ends)
-            notes = ("group offsets were already at the plan's ends; recorded the missing checkpoint",)
-        return CommitResult(plan.plan_id, plan.group, "already_committed", ends, started, _now(), notes=notes)
+    ours = all(current[tp].offset == ends[tp] and metadata_run_id(current[tp].metadata) == run_id for tp in tps)
+    recorded = checkpoints.run_committed(plan.group, run_id)
+    if ours and not recorded:
+        # The Kafka commit went through but the run died before the checkpoint.
+        checkpoints.put(plan.group, plan.plan_id, ends, run_id)
+        return result("already_committed", notes=("group offsets were already at the plan's ends; recorded the "
+                                                   "missing checkpoint",))  # fmt: skip
     if recorded:
-        now = ", ".join(f"{_fmt(tp)}={current[tp].offset}" for tp in tps if current[tp].offset != ends[tp])
-        raise OffsetsMovedError(
-            f"plan {plan.plan_id} was already committed for group '{plan.group}', but the group's offsets have "
-            f"moved since ({now}); not committing it again, which could rewind the group"
-        )
+        since = ", ".join(f"{_fmt(tp)}={current[tp].offset}" for tp in tps if current[tp].offset != ends[tp])
+        moved_on = (f"the group's offsets changed after this run committed ({since}); left as they are",)
+        return result("already_committed", notes=moved_on if since else ())
 
     _check_group_idle(kafka.describe_group(plan.group), plan)
-    moved, expired = _moved(plan, current)
+    moved, vanished = _moved(plan, run_id, current)
     if moved:
         raise OffsetsMovedError(
-            f"refusing to commit plan {plan.plan_id}: the committed offsets of group '{plan.group}' moved after "
-            f"planning ({'; '.join(moved)}). Someone else committed for this group; plan again from the new "
-            "offsets (the published output of this plan stays, the group's offsets are untouched)."
+            f"refusing to commit plan {plan.plan_id} (run {run_id}): the committed offsets of group "
+            f"'{plan.group}' were changed by another writer after planning ({'; '.join(moved)}). Plan again from "
+            "the new offsets (the published output of this plan stays, the group's offsets are untouched)."
         )
 
     errors = kafka.alter_committed(plan.group, {p.key: (p.end, metadata) for p in plan.partitions})
@@ -225,6 +259,9 @@ def commit_plan(
         raise CommitError(f"committing plan {plan.plan_id} for group '{plan.group}' failed: {detail}")
 
     _verify(plan, kafka.committed(plan.group, tps), metadata)
-    checkpoints.put(plan.group, plan.plan_id, ends)
-    notes = tuple(f"{_fmt(tp)}: group offset had expired since planning" for tp in expired)
-    return CommitResult(plan.plan_id, plan.group, "committed", ends, started, _now(), tuple(expired), notes)
+    checkpoints.put(plan.group, plan.plan_id, ends, run_id)
+    notes = tuple(
+        f"{_fmt(tp)}: the group's offset vanished after planning (expired or deleted); committed back at {ends[tp]}"
+        for tp in vanished
+    )
+    return result("committed", tuple(vanished), notes)

@@ -3,9 +3,10 @@
 The same three steps serve the CLI (``tidemark run``) and the DAGs (one task each):
 
 1. :func:`plan_run` first finishes any run of the feed that published but did not
-   commit (the design's "finish that commit before planning anything new"), then plans
-   and saves the plan, and returns a :class:`RunHandle` (small, secret-free: it travels
-   through XCom).
+   commit (the design's "finish that commit before planning anything new"), then plans,
+   saves the plan into the new run's dir (``runs/<feed>/<run_id>/plan.json``: each run
+   keeps its own copy, with the offsets it started from and its events) and returns a
+   :class:`RunHandle` (small, secret-free: it travels through XCom).
 2. The Spark job (``spark_jobs/tidemark_job.py``) reads exactly the plan's ranges,
    validates, publishes and writes ``job.json`` into the run dir. :func:`run_job`
    submits it with ``spark-submit`` for the CLI; the DAGs use the Spark provider.
@@ -31,7 +32,7 @@ from tidemark.config import Feed, load_feed, package_root, state_dir
 from tidemark.connection import KafkaConnection
 from tidemark.errors import ConfigError, TidemarkError
 from tidemark.kafka_io import KafkaAdapter
-from tidemark.plan import Mode, Plan, PlanStore
+from tidemark.plan import Mode, Plan, write_plan
 from tidemark.replay import parse_replay_params, parse_timestamp
 
 Progress = Callable[[str], None]
@@ -67,8 +68,11 @@ class RunHandle:
         return Plan.from_json(Path(self.plan_path).read_text())
 
 
-def _stores(root: Path) -> tuple[SqliteCheckpointStore, PlanStore]:
-    return SqliteCheckpointStore(root / "checkpoints.sqlite"), PlanStore(root)
+PLAN_FILE = "plan.json"
+
+
+def _checkpoints(root: Path) -> SqliteCheckpointStore:
+    return SqliteCheckpointStore(root / "checkpoints.sqlite")
 
 
 def runs_dir(feed: str, root: Path | None = None) -> Path:
@@ -97,7 +101,7 @@ def pending_commit(feed: Feed, root: Path | None = None) -> RunHandle | None:
     base = runs_dir(feed.name, root)
     if not base.exists():
         return None
-    checkpoints, _ = _stores(root or state_dir())
+    checkpoints = _checkpoints(root or state_dir())
     for run_dir in sorted(base.iterdir(), reverse=True):
         status = _run_status(run_dir)
         job = _job_result(run_dir)
@@ -106,7 +110,7 @@ def pending_commit(feed: Feed, root: Path | None = None) -> RunHandle | None:
         handle = RunHandle.from_xcom(status["handle"])
         if status.get("committed") or not handle.commit:
             continue
-        if job is not None and job.get("published") and not checkpoints.plan_committed(feed.group, handle.plan_id):
+        if job is not None and job.get("published") and not checkpoints.run_committed(feed.group, handle.run_id):
             return handle
     return None
 
@@ -134,7 +138,7 @@ def plan_run(
         progress(f"finishing the commit of published plan {pending.plan_id} (run {pending.run_id}) first")
         commit_run(pending, connection, root=root, progress=progress)
         resumed = pending.plan_id
-    checkpoints, plans = _stores(root)
+    checkpoints = _checkpoints(root)
     adapter = KafkaAdapter(connection)
     run_mode: Mode = mode  # type: ignore[assignment]
     if mode == "scheduled":
@@ -153,10 +157,9 @@ def plan_run(
     else:
         spec = parse_replay_params(params)
         plan = plan_feed(feed, adapter, checkpoints, mode=run_mode, replay=spec, commit=spec.commit)
-    plan_path = plans.save(plan)
     run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{plan.plan_id[:8]}"
     run_dir = runs_dir(feed.name, root) / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    plan_path = write_plan(plan, run_dir / PLAN_FILE)
     handle = RunHandle(
         run_id=run_id,
         feed=feed.name,
@@ -173,6 +176,8 @@ def plan_run(
         f"planned {plan.plan_id}: {plan.total_records} records in {sum(1 for p in plan.partitions if p.records)} of "
         f"{len(plan.partitions)} partitions, {len(plan.tasks)} Spark tasks, {len(plan.events)} events"
     )
+    for event in plan.events:
+        progress(f"event {event.kind}: {event.message}")
     return handle
 
 
@@ -268,16 +273,18 @@ def commit_run(
             "refusing to commit offsets for data that was not published"
         )
     plan = handle.plan()
-    checkpoints, _ = _stores(root)
+    checkpoints = _checkpoints(root)
     result = None
     skipped = None
     if handle.commit:
         try:
-            result = commit_plan(plan, connection, checkpoints)
+            result = commit_plan(plan, connection, checkpoints, run_id=handle.run_id)
         except TidemarkError as exc:
             _fail(handle, connection, job, f"commit refused: {exc}")
             raise
         progress(f"committed group '{plan.group}' at the plan's ends ({len(plan.partitions)} partitions)")
+        for note in result.notes:
+            progress(f"commit: {note}")
     else:
         skipped = f"mode {handle.mode} does not commit unless asked"
         progress(f"not committing: {skipped}")

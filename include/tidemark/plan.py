@@ -2,9 +2,11 @@
 
 A plan is plain frozen data, serialised as versioned JSON. Its ``plan_id`` is a content
 hash of what decides the output (feed, group, mode, isolation and every range), so the
-same ranges always get the same id: a retry of a run reuses its plan, and publishing or
-committing a plan twice can be recognised and made a no-op. Creation time, events and
-the task grouping are recorded but do not change the id.
+same ranges always get the same id and publishing them twice can be recognised and made
+a no-op. Creation time, the offsets the plan started from, events and the task grouping
+are recorded but do not change the id. A plan id therefore names *what is read and
+published*, not *when*: committing belongs to a run (see :mod:`tidemark.commit`), and
+each run keeps its own copy of its plan document.
 """
 
 from __future__ import annotations
@@ -178,8 +180,22 @@ def compute_plan_id(
     return digest[:20]
 
 
+def write_plan(plan: Plan, path: Path) -> Path:
+    """Write ``plan`` to ``path`` atomically (a reader never sees half a plan)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(plan.to_json())
+    tmp.replace(path)
+    return path
+
+
 class PlanStore:
-    """Plans saved as ``<state>/plans/<feed>/<plan_id>.json``, written atomically."""
+    """Plans previewed by ``tidemark plan``, saved as ``<state>/plans/<feed>/<plan_id>.json``.
+
+    A run does not use this store: it keeps its own copy of its plan in its run dir,
+    because the same plan id can be planned again later from other committed offsets,
+    with other events (see "Plans, runs and commits" in ``docs/ARCHITECTURE.md``).
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -188,14 +204,7 @@ class PlanStore:
         return self.root / "plans" / feed / f"{plan_id}.json"
 
     def save(self, plan: Plan) -> Path:
-        path = self.path(plan.feed, plan.plan_id)
-        if path.exists():  # same content hash: the first saved copy stays authoritative
-            return path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(plan.to_json())
-        tmp.replace(path)
-        return path
+        return write_plan(plan, self.path(plan.feed, plan.plan_id))
 
     def load(self, feed: str, plan_id: str) -> Plan:
         path = self.path(feed, plan_id)

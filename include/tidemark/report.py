@@ -130,7 +130,9 @@ def _ranges(plan: Plan) -> list[dict[str, Any]]:
     ]
 
 
-def _events(plan: Plan | None, job: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def _events(
+    plan: Plan | None, job: Mapping[str, Any] | None, commit: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if plan is not None:
         for e in plan.events:
@@ -138,6 +140,11 @@ def _events(plan: Plan | None, job: Mapping[str, Any] | None) -> list[dict[str, 
                         "partition": e.partition, "details": dict(e.details)})  # fmt: skip
     for e in (job or {}).get("events") or []:
         out.append({"source": "job", **e} if isinstance(e, Mapping) else {"source": "job", "message": str(e)})
+    for tp in (commit or {}).get("expired") or []:
+        out.append({"source": "commit", "kind": "group_offsets_expired", "topic": tp["topic"],
+                    "partition": tp["partition"], "details": {},
+                    "message": f"{tp['topic']}[{tp['partition']}]: the group's offset vanished after planning "
+                               "(expired or deleted); committed back at the plan's end"})  # fmt: skip
     return out
 
 
@@ -207,7 +214,7 @@ def build_report(
         ranges=_ranges(plan) if plan is not None else [],
         counts=counts,
         gaps=gaps,
-        events=_events(plan, job),
+        events=_events(plan, job, commit_doc),
         validation=validation,
         data_docs=(validation or {}).get("data_docs") or (validation or {}).get("data_docs_index"),
         outputs=outputs,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from confluent_kafka import Consumer
 
 from tests.conftest import KafkaTestCluster, keyed_records
 from tidemark.checkpoints import SqliteCheckpointStore
-from tidemark.commit import commit_plan, metadata_plan_id
+from tidemark.commit import commit_plan, metadata_plan_id, metadata_run_id
 from tidemark.errors import CommitError, GroupInUseError, OffsetsMovedError
 from tidemark.kafka_io import TP
 from tidemark.plan import PartitionPlan, Plan, compute_plan_id
@@ -103,7 +104,7 @@ def test_clean_commit_sets_exactly_the_plan_ends_and_checkpoints(
     plan = hand_plan(kafka, topic, group)
     assert group_offsets(kafka, plan) == {(topic, 0): None, (topic, 1): None, (topic, 2): None}
 
-    result = commit_plan(plan, kafka.connection, store)
+    result = commit_plan(plan, kafka.connection, store, run_id="run-1")
 
     assert result.status == "committed"
     assert group_offsets(kafka, plan) == {(topic, 0): 5, (topic, 1): 3, (topic, 2): 0}
@@ -113,19 +114,19 @@ def test_clean_commit_sets_exactly_the_plan_ends_and_checkpoints(
     checkpoints = store.get(group, plan.ends())
     assert {tp: c.offset for tp, c in checkpoints.items()} == plan.ends()
     assert {c.plan_id for c in checkpoints.values()} == {plan.plan_id}
-    assert store.plan_committed(group, plan.plan_id)
+    assert store.run_committed(group, "run-1")
     assert result.to_dict()["offsets"][0] == {"topic": topic, "partition": 0, "offset": 5}
 
 
 def test_next_plan_commits_from_the_previous_ends(
     kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
 ) -> None:
-    commit_plan(hand_plan(kafka, topic, group), kafka.connection, store)
+    commit_plan(hand_plan(kafka, topic, group), kafka.connection, store, run_id="run-1")
     kafka.produce(topic, keyed_records(4, partition=2))
     second = hand_plan(kafka, topic, group)
     assert [p.committed for p in second.partitions] == [5, 3, 0]
 
-    assert commit_plan(second, kafka.connection, store).status == "committed"
+    assert commit_plan(second, kafka.connection, store, run_id="run-2").status == "committed"
     assert group_offsets(kafka, second) == {(topic, 0): 5, (topic, 1): 3, (topic, 2): 4}
     assert {c.plan_id for c in store.get(group, second.ends()).values()} == {second.plan_id}
 
@@ -134,11 +135,11 @@ def test_committing_an_already_committed_plan_is_a_no_op(
     kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
 ) -> None:
     plan = hand_plan(kafka, topic, group)
-    commit_plan(plan, kafka.connection, store)
+    commit_plan(plan, kafka.connection, store, run_id="run-1")
     before = kafka.adapter.committed(group, [p.key for p in plan.partitions])
     requests_before = store.get(group, plan.ends())
 
-    again = commit_plan(plan, kafka.connection, store)
+    again = commit_plan(plan, kafka.connection, store, run_id="run-1")
 
     assert again.status == "already_committed"
     assert kafka.adapter.committed(group, [p.key for p in plan.partitions]) == before
@@ -149,14 +150,14 @@ def test_commit_that_died_before_the_checkpoint_is_finished(
     kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore, tmp_path: Path
 ) -> None:
     plan = hand_plan(kafka, topic, group)
-    commit_plan(plan, kafka.connection, SqliteCheckpointStore(tmp_path / "lost.sqlite"))
-    assert not store.plan_committed(group, plan.plan_id)
+    commit_plan(plan, kafka.connection, SqliteCheckpointStore(tmp_path / "lost.sqlite"), run_id="run-1")
+    assert not store.run_committed(group, "run-1")
 
-    result = commit_plan(plan, kafka.connection, store)
+    result = commit_plan(plan, kafka.connection, store, run_id="run-1")
 
     assert result.status == "already_committed"
     assert result.notes and "checkpoint" in result.notes[0]
-    assert store.plan_committed(group, plan.plan_id)
+    assert store.run_committed(group, "run-1")
     assert group_offsets(kafka, plan) == plan.ends()
 
 
@@ -166,10 +167,10 @@ def test_live_consumer_blocks_the_commit(
     plan = hand_plan(kafka, topic, group)
 
     with pytest.raises(GroupInUseError, match=rf"group '{group}'.*active member.*{topic}\[0\]"):
-        commit_plan(plan, kafka.connection, store)
+        commit_plan(plan, kafka.connection, store, run_id="run-1")
 
     assert group_offsets(kafka, plan) == {(topic, 0): None, (topic, 1): None, (topic, 2): None}
-    assert not store.plan_committed(group, plan.plan_id)
+    assert not store.run_committed(group, "run-1")
     assert store.get(group, plan.ends()) == {}
 
 
@@ -183,10 +184,10 @@ def test_commit_succeeds_once_the_live_consumer_left(
         consumer.poll(0.2)
     plan = hand_plan(kafka, topic, group)
     with pytest.raises(GroupInUseError):
-        commit_plan(plan, kafka.connection, store)
+        commit_plan(plan, kafka.connection, store, run_id="run-1")
     consumer.close()
 
-    assert commit_plan(plan, kafka.connection, store).status == "committed"
+    assert commit_plan(plan, kafka.connection, store, run_id="run-1").status == "committed"
     assert group_offsets(kafka, plan) == plan.ends()
 
 
@@ -198,24 +199,75 @@ def test_offsets_moved_after_planning_block_the_commit(
     assert kafka.adapter.alter_committed(group, {(topic, 0): (2, "someone else")}) == {(topic, 0): None}
 
     with pytest.raises(OffsetsMovedError, match=rf"{topic}\[0\] plan saw none, group now at 2"):
-        commit_plan(plan, kafka.connection, store)
+        commit_plan(plan, kafka.connection, store, run_id="run-1")
 
     assert group_offsets(kafka, plan) == {(topic, 0): 2, (topic, 1): None, (topic, 2): None}
-    assert not store.plan_committed(group, plan.plan_id)
+    assert not store.run_committed(group, "run-1")
 
 
-def test_an_old_committed_plan_never_rewinds_the_group(
+def test_a_retried_commit_of_an_old_run_is_a_no_op_that_never_rewinds_the_group(
     kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
 ) -> None:
     first = hand_plan(kafka, topic, group)
-    commit_plan(first, kafka.connection, store)
+    commit_plan(first, kafka.connection, store, run_id="run-1")
     kafka.produce(topic, keyed_records(2, partition=0))
     second = hand_plan(kafka, topic, group)
-    commit_plan(second, kafka.connection, store)
+    commit_plan(second, kafka.connection, store, run_id="run-2")
 
-    with pytest.raises(OffsetsMovedError, match="already committed"):
-        commit_plan(first, kafka.connection, store)
+    again = commit_plan(first, kafka.connection, store, run_id="run-1")
+
+    assert again.status == "already_committed"
+    assert again.notes and f"{topic}[0]=7" in again.notes[0]
     assert group_offsets(kafka, first) == {(topic, 0): 7, (topic, 1): 3, (topic, 2): 0}
+
+
+def test_a_new_run_of_the_same_plan_after_the_group_offsets_vanished_commits(
+    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+) -> None:
+    """Issue 14: an idle feed plans the same ranges (same plan id) again after expiry."""
+    commit_plan(hand_plan(kafka, topic, group), kafka.connection, store, run_id="run-1")
+    idle = hand_plan(kafka, topic, group)  # nothing new: [end, end) everywhere
+    commit_plan(idle, kafka.connection, store, run_id="run-2")
+    kafka.adapter.admin.delete_consumer_groups([group], request_timeout=10)[group].result(timeout=10)
+    resumed = replace(idle, partitions=tuple(replace(p, committed=None, checkpoint=p.end) for p in idle.partitions))
+    assert resumed.plan_id == idle.plan_id  # same ranges, same plan id: only the run differs
+
+    result = commit_plan(resumed, kafka.connection, store, run_id="run-3")
+
+    assert result.status == "committed"
+    assert group_offsets(kafka, idle) == idle.ends()
+    got = kafka.adapter.committed(group, [p.key for p in idle.partitions])
+    assert {metadata_run_id(c.metadata) for c in got.values()} == {"run-3"}
+    assert store.run_committed(group, "run-3")
+
+
+def test_a_group_reset_to_offsets_it_already_had_is_committed_by_the_next_run(
+    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+) -> None:
+    first = hand_plan(kafka, topic, group)
+    commit_plan(first, kafka.connection, store, run_id="run-1")
+    # An operator resets the group to where the first run started (kafka-consumer-groups --reset-offsets).
+    start = {p.key: (p.start, "") for p in first.partitions}
+    assert set(kafka.adapter.alter_committed(group, start).values()) == {None}
+    again = hand_plan(kafka, topic, group)
+    assert again.plan_id == first.plan_id and again.ends() == first.ends()
+
+    result = commit_plan(again, kafka.connection, store, run_id="run-2")
+
+    assert result.status == "committed"
+    assert group_offsets(kafka, first) == first.ends()
+
+
+def test_a_position_changed_by_another_writer_names_the_writer(
+    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+) -> None:
+    plan = hand_plan(kafka, topic, group)
+    other = hand_plan(kafka, topic, group)
+    commit_plan(other, kafka.connection, store, run_id="run-other")
+
+    with pytest.raises(OffsetsMovedError, match=rf"{topic}\[0\] plan saw none, group now at 5 .*run-other"):
+        commit_plan(plan, kafka.connection, store, run_id="run-1")
+    assert not store.run_committed(group, "run-1")
 
 
 def test_expired_group_offsets_are_committed_and_reported(
@@ -227,7 +279,7 @@ def test_expired_group_offsets_are_committed_and_reported(
     future = kafka.adapter.admin.delete_consumer_groups([group], request_timeout=10)[group]
     future.result(timeout=10)
 
-    result = commit_plan(plan, kafka.connection, store)
+    result = commit_plan(plan, kafka.connection, store, run_id="run-1")
 
     assert result.status == "committed"
     assert set(result.expired) == {(topic, 0), (topic, 1)}
@@ -239,5 +291,5 @@ def test_plan_made_without_commit_is_refused(
 ) -> None:
     plan = hand_plan(kafka, topic, group, commit=False)
     with pytest.raises(CommitError, match="without commit"):
-        commit_plan(plan, kafka.connection, store)
+        commit_plan(plan, kafka.connection, store, run_id="run-1")
     assert group_offsets(kafka, plan) == {(topic, 0): None, (topic, 1): None, (topic, 2): None}

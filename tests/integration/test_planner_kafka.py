@@ -135,7 +135,7 @@ def test_group_offsets_expired(kafka: KafkaTestCluster, store: SqliteCheckpointS
     offsets = {(topic, 0): 3, (topic, 1): 7}
     commit(kafka, feed.group, offsets)
     if with_checkpoint:
-        store.put(feed.group, "plan-before", offsets)
+        store.put(feed.group, "plan-before", offsets, "run-before")
     assert by_partition(plan_feed(feed, kafka.adapter, store)) == {0: (3, 10, "committed"), 1: (7, 10, "committed")}
 
     delete_group(kafka, feed.group)
@@ -217,7 +217,7 @@ def test_start_above_end_after_topic_recreated(
     fill(kafka, topic, {0: 20})
     feed = make_feed(topic, on_ahead=on_ahead)
     commit(kafka, feed.group, {(topic, 0): 20})
-    store.put(feed.group, "plan-before", {(topic, 0): 20})
+    store.put(feed.group, "plan-before", {(topic, 0): 20}, "run-before")
     recreate(kafka, topic, 1)
     # Kafka drops a deleted topic's committed offsets (asynchronously); Tidemark's checkpoint survives.
     wait_for(
@@ -363,7 +363,7 @@ def test_caps_split_backlog_over_runs(kafka: KafkaTestCluster, store: SqliteChec
                 ranges[p.partition].append((p.start, p.end))
         # what a successful run does at its end: commit the plan's ends, then checkpoint
         commit(kafka, feed.group, plan.ends())
-        store.put(feed.group, plan.plan_id, plan.ends())
+        store.put(feed.group, plan.plan_id, plan.ends(), "run-1")
     assert totals == [400, 400, 100]
     for spans in ranges.values():
         assert spans[0][0] == 0 and spans[-1][1] == 300

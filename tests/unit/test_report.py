@@ -62,7 +62,7 @@ def write_run(root: Path, run_id: str, feed: str = "orders", *, error: str | Non
 
 
 def commit_result(plan: Plan) -> CommitResult:
-    return CommitResult(plan.plan_id, plan.group, "committed", plan.ends(), "2026-01-01T00:02:00+00:00",
+    return CommitResult(plan.plan_id, "run-1", plan.group, "committed", plan.ends(), "2026-01-01T00:02:00+00:00",
                         "2026-01-01T00:02:01+00:00")  # fmt: skip
 
 
