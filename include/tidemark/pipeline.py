@@ -34,6 +34,7 @@ from tidemark.errors import ConfigError, TidemarkError
 from tidemark.kafka_io import KafkaAdapter
 from tidemark.plan import Mode, Plan, write_plan
 from tidemark.replay import parse_replay_params, parse_timestamp
+from tidemark.report import PLAN_FILE
 
 Progress = Callable[[str], None]
 JobRunner = Callable[["RunHandle", KafkaConnection], dict[str, Any]]
@@ -66,9 +67,6 @@ class RunHandle:
 
     def plan(self) -> Plan:
         return Plan.from_json(Path(self.plan_path).read_text())
-
-
-PLAN_FILE = "plan.json"
 
 
 def _checkpoints(root: Path) -> SqliteCheckpointStore:

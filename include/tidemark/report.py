@@ -30,6 +30,7 @@ from tidemark.plan import Plan
 
 REPORT_VERSION = 1
 REPORT_FILE = "report.json"
+PLAN_FILE = "plan.json"  # the run's own copy of its plan, written by the pipeline before any read
 REDACTED = "***"
 
 RunStatus = Literal["succeeded", "failed", "running"]
@@ -278,8 +279,14 @@ def save_report(
 
 
 def _from_run_dir(run_dir: Path, feed: str) -> RunReport:
-    """A report for a run that never wrote one (failed or still running), from its run dir."""
+    """A report for a run that never wrote one (failed or still running), from its run dir.
+
+    The run's own copy of its plan (``plan.json``) gives the ranges and the plan's events,
+    so a run that failed in the Spark job still shows, say, that its group offsets had expired.
+    """
     status = _read_json(run_dir / "run.json") or {}
+    plan_doc = _read_json(run_dir / PLAN_FILE)
+    plan = Plan.from_dict(plan_doc) if plan_doc else None
     job = _read_json(run_dir / "job.json") or {}
     handle = status.get("handle") or {}
     validation = _read_json(run_dir / "validation.json")
@@ -292,9 +299,12 @@ def _from_run_dir(run_dir: Path, feed: str) -> RunReport:
         feed=feed,
         status="failed" if error else ("succeeded" if status.get("committed") else "running"),
         plan_id=handle.get("plan_id"),
+        group=plan.group if plan is not None else None,
         mode=handle.get("mode"),
         commit_requested=handle.get("commit"),
+        ranges=_ranges(plan) if plan is not None else [],
         counts={"planned": int(handle["records"])} if isinstance(handle.get("records"), int) else {},
+        events=_events(plan, job),
         validation=validation,
         data_docs=(validation or {}).get("data_docs"),
         error=str(error) if error else None,
