@@ -12,6 +12,7 @@ plans or reports. Only this module and ``dags/`` import Airflow.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -27,6 +28,7 @@ from tidemark.connection import KafkaConnection, from_airflow_extra, from_env
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError
 from tidemark.replay import END_CHOICES, START_CHOICES
 
+log = logging.getLogger(__name__)
 KAFKA_CONN_ID = os.environ.get("TIDEMARK_KAFKA_CONN_ID", "tidemark_kafka")
 SPARK_CONN_ID = os.environ.get("TIDEMARK_SPARK_CONN_ID", "tidemark_spark")
 START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
@@ -86,7 +88,9 @@ def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None
     from tidemark.pipeline import plan_run
 
     return _no_retry_for_refusals(
-        lambda: plan_run(feed_name, kafka_connection(), mode=mode, params=dict(params or {})).to_xcom()
+        lambda: plan_run(
+            feed_name, kafka_connection(), mode=mode, params=dict(params or {}), progress=log.info
+        ).to_xcom()
     )
 
 
@@ -95,7 +99,9 @@ def commit_step(handle: dict[str, Any]) -> dict[str, Any]:
     """Commit the plan's ends for the group (when the run asks for it) and write the report."""
     from tidemark.pipeline import RunHandle, commit_run
 
-    return _no_retry_for_refusals(lambda: commit_run(RunHandle.from_xcom(handle), kafka_connection()).to_xcom())
+    return _no_retry_for_refusals(
+        lambda: commit_run(RunHandle.from_xcom(handle), kafka_connection(), progress=log.info).to_xcom()
+    )
 
 
 def _pipeline(feed_name: str, mode: str) -> None:

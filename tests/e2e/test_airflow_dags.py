@@ -123,3 +123,34 @@ def test_feed_dag_then_replay_dag(kafka: KafkaTestCluster, airflow_env: dict[str
     for path in state.rglob("*"):
         if path.is_file() and path.suffix in (".json", ".log", ".html"):
             assert SECRET not in path.read_text(errors="replace"), path
+
+
+def test_feed_dag_resumes_after_the_group_offsets_expired(
+    kafka: KafkaTestCluster, airflow_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 14 through the feed DAG: run, run with nothing new, offsets deleted, run again."""
+    topic = kafka.new_topic(partitions=2, prefix="afx")
+    group = f"g-afx-{uuid.uuid4().hex[:8]}"
+    feeds, state = tmp_path / "feeds", tmp_path / "state"
+    feeds.mkdir()
+    feed = {"topics": [topic], "group": group, "schedule": "@daily", "deserialization": {"format": "string"},
+            "output": str(tmp_path / "out")}  # fmt: skip
+    (feeds / "afx.yaml").write_text(yaml.safe_dump(feed))
+    kafka.produce(topic, [Record(value=f"v{i}".encode(), partition=i % 2) for i in range(6)])
+    env = {**airflow_env, "TIDEMARK_FEEDS_DIR": str(feeds), "TIDEMARK_STATE_DIR": str(state)}
+    tps = [(topic, 0), (topic, 1)]
+
+    for _ in range(2):  # a run that reads, then one that finds nothing new
+        run = _run_dag(env, "tidemark_afx")
+        assert "DAGRUN_STATE=success" in run.stdout, run.stdout[-4000:] + run.stderr[-4000:]
+    kafka.adapter.admin.delete_consumer_groups([group], request_timeout=10)[group].result(timeout=10)
+    assert {c.offset for c in kafka.adapter.committed(group, tps).values()} == {None}
+
+    resumed = _run_dag(env, "tidemark_afx")
+
+    assert "DAGRUN_STATE=success" in resumed.stdout, resumed.stdout[-4000:] + resumed.stderr[-4000:]
+    assert "event group_offsets_expired" in resumed.stdout + resumed.stderr  # said in the task log
+    assert {tp: c.offset for tp, c in kafka.adapter.committed(group, tps).items()} == {(topic, 0): 3, (topic, 1): 3}
+    newest = json.loads(sorted(state.glob("runs/afx/*/report.json"))[-1].read_text())
+    assert newest["status"] == "succeeded" and newest["commit"]["status"] == "committed"
+    assert {e["partition"] for e in newest["events"] if e["kind"] == "group_offsets_expired"} == {0, 1}
