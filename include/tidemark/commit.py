@@ -35,6 +35,7 @@ from typing import Any, Literal
 from tidemark.checkpoints import CheckpointStore
 from tidemark.connection import KafkaConnection
 from tidemark.errors import CommitError, GroupInUseError, OffsetsMovedError
+from tidemark.faults import fault_point
 from tidemark.kafka_io import TP, Committed, GroupInfo, KafkaAdapter
 from tidemark.plan import Plan
 
@@ -258,6 +259,7 @@ def commit_plan(
             )
         raise CommitError(f"committing plan {plan.plan_id} for group '{plan.group}' failed: {detail}")
 
+    fault_point("commit.after_kafka")
     _verify(plan, kafka.committed(plan.group, tps), metadata)
     checkpoints.put(plan.group, plan.plan_id, ends, run_id)
     notes = tuple(

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from tidemark.config import Feed, load_feed
 from tidemark.connection import KafkaConnection, from_env
 from tidemark.errors import ConfigError, TidemarkError
+from tidemark.faults import fault_point
 from tidemark.plan import Plan
 
 if TYPE_CHECKING:
@@ -217,6 +218,7 @@ def run(
     res.reused = manifest.reused
     res.records_published = manifest.records
     res.records_quarantined = manifest.quarantined
+    fault_point("job.after_publish")  # published, and job.json not yet written
     res.published = True
     return res
 

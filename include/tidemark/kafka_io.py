@@ -157,7 +157,11 @@ class KafkaAdapter:
             # a random live broker as "controller", and metadata lags) must not use up the budget.
             lambda remaining_s: self._describe(topics, max(1.0, min(ATTEMPT_TIMEOUT_S, remaining_s))),
             _TransientMetadataError,
-            lambda exc: KafkaUnavailableError(f"describing topic '{exc.topic}' failed: {exc.error}"),
+            lambda exc: KafkaUnavailableError(
+                f"describing topic '{exc.topic}' on {self.connection.bootstrap_servers} failed for "
+                f"{self.timeout_s:.0f}s: {exc.error}; check that the brokers are up and reachable from here and "
+                "that the security settings are right (nothing was read or committed)"
+            ),
             pause_s=0.2,
             on_retry=fresh_client,
         )

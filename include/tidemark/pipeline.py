@@ -30,7 +30,8 @@ from typing import Any
 from tidemark.checkpoints import SqliteCheckpointStore
 from tidemark.config import Feed, load_feed, package_root, state_dir
 from tidemark.connection import KafkaConnection
-from tidemark.errors import ConfigError, TidemarkError
+from tidemark.errors import ConfigError, OffsetsMovedError, TidemarkError
+from tidemark.faults import fault_point
 from tidemark.kafka_io import KafkaAdapter
 from tidemark.plan import Mode, Plan, write_plan
 from tidemark.replay import parse_replay_params, parse_timestamp
@@ -94,21 +95,38 @@ def _write_status(run_dir: Path, **fields: Any) -> None:
     tmp.replace(run_dir / "run.json")
 
 
+def _published(feed: Feed, handle: RunHandle, job: Mapping[str, Any] | None) -> bool:
+    """Whether ``handle``'s plan is published: by its job's word, or by the output's manifest.
+
+    The manifest is the publication's commit point; a job that crashed after publishing
+    and before writing ``job.json`` has published all the same, and taking it for
+    unpublished would let the next run plan a wider range and publish those records twice.
+    """
+    if job is not None and job.get("published"):
+        return True
+    from tidemark.sink import load_manifest
+
+    return load_manifest(feed.output_dir().resolve(), handle.plan_id) is not None
+
+
 def pending_commit(feed: Feed, root: Path | None = None) -> RunHandle | None:
-    """The newest run of ``feed`` that published, should commit, and has not committed."""
+    """The newest run of ``feed`` that published, should commit, and has not committed.
+
+    Runs whose commit was refused because another writer moved the group's offsets are
+    ``abandoned`` and never retried (their plan was made from offsets that no longer hold).
+    """
     base = runs_dir(feed.name, root)
     if not base.exists():
         return None
     checkpoints = _checkpoints(root or state_dir())
     for run_dir in sorted(base.iterdir(), reverse=True):
         status = _run_status(run_dir)
-        job = _job_result(run_dir)
-        if not status or not status.get("handle"):
+        if not status or not status.get("handle") or status.get("abandoned"):
             continue
         handle = RunHandle.from_xcom(status["handle"])
         if status.get("committed") or not handle.commit:
             continue
-        if job is not None and job.get("published") and not checkpoints.run_committed(feed.group, handle.run_id):
+        if _published(feed, handle, _job_result(run_dir)) and not checkpoints.run_committed(feed.group, handle.run_id):
             return handle
     return None
 
@@ -134,7 +152,12 @@ def plan_run(
     pending = pending_commit(feed, root)
     if pending is not None:
         progress(f"finishing the commit of published plan {pending.plan_id} (run {pending.run_id}) first")
-        commit_run(pending, connection, root=root, progress=progress)
+        try:
+            commit_run(pending, connection, root=root, progress=progress)
+        except OffsetsMovedError as exc:
+            # Retrying can never succeed; the next run plans from the offsets as they are now.
+            _write_status(Path(pending.run_dir), abandoned=str(exc))
+            raise
         resumed = pending.plan_id
     checkpoints = _checkpoints(root)
     adapter = KafkaAdapter(connection)
@@ -265,7 +288,7 @@ def commit_run(
     root = root or state_dir()
     run_dir = Path(handle.run_dir)
     job = _job_result(run_dir)
-    if job is None or not job.get("published"):
+    if not _published(load_feed(handle.feed), handle, job):
         raise TidemarkError(
             f"run {handle.run_id} of feed '{handle.feed}' has not published plan {handle.plan_id}; "
             "refusing to commit offsets for data that was not published"
@@ -275,6 +298,7 @@ def commit_run(
     result = None
     skipped = None
     if handle.commit:
+        fault_point("commit.before")
         try:
             result = commit_plan(plan, connection, checkpoints, run_id=handle.run_id)
         except TidemarkError as exc:

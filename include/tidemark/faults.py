@@ -1,0 +1,37 @@
+"""Named fault points: places where the fault suite makes a run crash on purpose.
+
+A fault point does nothing unless ``TIDEMARK_FAULTS`` names it, as ``point`` or
+``point:action`` in a comma-separated list. ``raise`` (the default) raises
+:class:`InjectedFault`, a ``BaseException`` so that no ``except Exception`` handler
+tidies up after it, as after a crash; ``exit`` ends the process at once with exit code
+137 (``os._exit``: no ``finally`` block, no flush), as ``kill -9`` would. The points sit
+where a crash is most dangerous for the promise "nothing lost, nothing duplicated":
+after publishing and before committing, and between the Kafka commit and the
+checkpoint. Reading one environment variable costs nothing on the normal path.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+FAULTS_ENV = "TIDEMARK_FAULTS"
+FaultPoint = Literal["job.after_publish", "commit.before", "commit.after_kafka"]
+
+
+class InjectedFault(BaseException):
+    """A crash injected at a named fault point (never raised unless ``TIDEMARK_FAULTS`` asks)."""
+
+
+def fault_point(name: FaultPoint) -> None:
+    """Crash here if ``TIDEMARK_FAULTS`` names this point; see the module docstring."""
+    spec = os.environ.get(FAULTS_ENV)
+    if not spec:
+        return
+    for item in spec.split(","):
+        point, _, action = item.strip().partition(":")
+        if point != name:
+            continue
+        if action == "exit":
+            os._exit(137)
+        raise InjectedFault(f"injected fault at {name}")

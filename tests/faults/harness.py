@@ -1,0 +1,302 @@
+"""The fault suite's oracle, invariants and scoreboard.
+
+Every scenario runs real runs of one feed against the real cluster, injects a fault
+(cluster fixture, process signals, admin calls, named fault points), lets Tidemark
+recover, and then calls :meth:`FaultEnv.check`, which compares what the group committed
+and what Tidemark published with an independent ``read_committed`` scan of the same
+offsets (the oracle: ``(topic, partition, offset, sha256(value))`` per record):
+
+- **I1** no partition's committed offset is past data that was not validated and
+  published (every record below the committed offset is published or quarantined);
+- **I2** the published output (good and quarantined records, across every plan folder)
+  equals the oracle over what was committed: nothing lost, nothing twice, no record
+  that Kafka does not hold at that offset;
+- **I3** after the fault and the rerun, the output is what an undisturbed run gives:
+  exactly the oracle set (checked at the end of every scenario, when nothing is left
+  half done, as ``final=True``);
+- **I4** errors name the topic, partition and offsets and say what to do: each scenario
+  asserts its error's text with :func:`assert_names`.
+
+Counts (records checked, lost, duplicated) go to a scoreboard that the suite prints at
+the end and writes to ``tests/faults/last-run.json``; ``docs/faults.md`` is generated
+from the scenario registry below and those counts (``make faults-table``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from confluent_kafka import Consumer, TopicPartition
+
+from tests.conftest import KafkaTestCluster
+from tidemark.connection import KafkaConnection
+from tidemark.kafka_io import Record
+from tidemark.pipeline import CommitOutcome, RunHandle, run_feed
+
+Row = tuple[str, int, int, str]  # topic, partition, offset, sha256 of the value (hex)
+F = TypeVar("F", bound=Callable[..., Any])
+LAST_RUN = Path(__file__).with_name("last-run.json")
+
+
+# -- the registry -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    number: str
+    title: str
+    injected: str
+    asserted: str
+    test: str = ""
+
+
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def scenario(number: str, title: str, *, injected: str, asserted: str) -> Callable[[F], F]:
+    """Register a test as a numbered scenario of issue 13 (the docs table is built from these)."""
+
+    def register(fn: F) -> F:
+        SCENARIOS[fn.__name__] = Scenario(number, title, injected, asserted, fn.__name__)
+        return fn
+
+    return register
+
+
+@dataclass
+class Tally:
+    records_checked: int = 0
+    records_lost: int = 0
+    records_duplicated: int = 0
+    checks: int = 0
+
+
+SCOREBOARD: dict[str, Tally] = {}
+
+
+# -- the oracle -------------------------------------------------------------------------
+
+
+def digest(value: bytes | str | None) -> str:
+    raw = b"" if value is None else value.encode() if isinstance(value, str) else bytes(value)
+    return hashlib.sha256(raw).hexdigest()
+
+
+def oracle(connection: KafkaConnection, ranges: Mapping[tuple[str, int], tuple[int, int]]) -> Counter[Row]:
+    """Every record in ``ranges`` as a read_committed consumer of our own sees it."""
+    wanted = {tp: r for tp, r in ranges.items() if r[1] > r[0]}
+    rows: Counter[Row] = Counter()
+    if not wanted:
+        return rows
+    consumer = Consumer(
+        connection.client_config(**{
+            "group.id": f"oracle-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+            "isolation.level": "read_committed", "auto.offset.reset": "error",
+        })
+    )  # fmt: skip
+    try:
+        consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _) in wanted.items()])
+        done: set[tuple[str, int]] = set()
+        import time
+
+        deadline = time.monotonic() + 60
+        while len(done) < len(wanted):
+            assert time.monotonic() < deadline, f"oracle scan did not finish: {sorted(set(wanted) - done)}"
+            for msg in consumer.consume(500, 1.0):
+                if msg.error():
+                    continue
+                tp = (msg.topic(), msg.partition())
+                start, end = wanted[tp]
+                if start <= msg.offset() < end:
+                    rows[(tp[0], tp[1], msg.offset(), digest(msg.value()))] += 1
+            for tp, (_, end) in wanted.items():
+                position = consumer.position([TopicPartition(tp[0], tp[1])])[0].offset
+                if position >= end:
+                    done.add(tp)
+    finally:
+        consumer.close()
+    return rows
+
+
+# -- one feed under test ----------------------------------------------------------------
+
+
+@dataclass
+class Check:
+    lost: list[Row]
+    duplicated: list[Row]
+    foreign: list[Row]
+    checked: int
+
+
+@dataclass
+class FaultEnv:
+    """A feed (string values; ``v-…`` is good, anything else is quarantined) over one topic."""
+
+    kafka: KafkaTestCluster
+    spark: Any
+    tmp: Path
+    name: str
+    partitions: int = 3
+    topic_config: Mapping[str, str] | None = None
+    topic: str = field(init=False)
+    group: str = field(init=False)
+    sent: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.root = self.tmp / "state"
+        self.feeds = self.tmp / "feeds"
+        self.output = self.tmp / "out"
+        self.feeds.mkdir(parents=True, exist_ok=True)
+        self.topic = self.kafka.new_topic(partitions=self.partitions, config=self.topic_config, prefix="fault")
+        self.group = f"g-fault-{uuid.uuid4().hex[:8]}"
+        self.write_feed()
+
+    @property
+    def feed(self) -> str:
+        return "faults"
+
+    def feed_doc(self, **overrides: Any) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "topics": [self.topic],
+            "group": self.group,
+            "records_per_task": 40,
+            "deserialization": {"format": "string"},
+            "output": str(self.output),
+            "validation": {
+                "on_bad_records": "quarantine",
+                "quarantine_max_ratio": 0.5,
+                "expectations": [{"type": "expect_column_values_to_match_regex",
+                                  "kwargs": {"column": "value", "regex": "^v-"}}],
+            },
+        }  # fmt: skip
+        doc.update(overrides)
+        return doc
+
+    def write_feed(self, **overrides: Any) -> None:
+        (self.feeds / f"{self.feed}.yaml").write_text(yaml.safe_dump(self.feed_doc(**overrides)))
+
+    def produce(self, count: int, bad: Iterable[int] = (), partition: int | None = None) -> None:
+        bad = set(bad)
+        records = []
+        for i in range(self.sent, self.sent + count):
+            value = f"x-{i}" if i in bad else f"v-{i}-{uuid.uuid4().hex[:6]}"
+            target = partition if partition is not None else i % self.partitions
+            records.append(Record(value=value.encode(), key=f"k{i}".encode(), partition=target))
+        self.sent += count
+        self.kafka.produce(self.topic, records)
+
+    def tps(self) -> list[tuple[str, int]]:
+        return [(self.topic, p) for p in range(self.partitions)]
+
+    def committed(self) -> dict[int, int | None]:
+        return {p: c.offset for (_, p), c in self.kafka.adapter.committed(self.group, self.tps()).items()}
+
+    def in_process(self, handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
+        """The Spark job in this session: the same code ``spark-submit`` runs."""
+        from tidemark.config import load_feed
+        from tidemark.job import JobResult, run, write_result
+
+        plan = handle.plan()
+        result = JobResult(plan.plan_id, plan.feed)
+        try:
+            run(self.spark, plan, load_feed(plan.feed), connection, Path(handle.run_dir), result=result)
+        except Exception as exc:
+            result.error = str(exc)
+            write_result(Path(handle.run_dir), result)
+            raise
+        write_result(Path(handle.run_dir), result)  # not on a crash: a crashed job writes nothing
+        return result.to_dict()
+
+    def run(
+        self, mode: str = "scheduled", params: Mapping[str, Any] | None = None
+    ) -> tuple[RunHandle, dict[str, Any], CommitOutcome]:
+        return run_feed(
+            self.feed, self.kafka.connection, mode=mode, params=params, root=self.root, job_runner=self.in_process
+        )
+
+    def published(self, output: Path | None = None) -> Counter[Row]:
+        """Good and quarantined records across every plan folder of ``output``."""
+        rows: Counter[Row] = Counter()
+        for path in sorted((output or self.output).glob("plan_id=*/**/*.parquet")):
+            topic = next((part[len("topic=") :] for part in path.parts if part.startswith("topic=")), None)
+            table = pq.read_table(path)
+            names = table.column_names
+            topics = table.column("topic").to_pylist() if "topic" in names else [topic] * table.num_rows
+            # Bytes as stored: a quarantined record's value need not be valid UTF-8.
+            values = table.column("value").cast(pa.binary()).to_pylist()
+            for t, p, o, v in zip(topics, table.column("partition").to_pylist(),
+                                  table.column("offset").to_pylist(), values, strict=True):  # fmt: skip
+                rows[(str(t), int(p), int(o), digest(v))] += 1
+        return rows
+
+    def check(self, test: str, starts: Mapping[int, int] | None = None, *, final: bool = True) -> Check:
+        """Assert I1 and I2 (and I3 when ``final``) and add the counts to the scoreboard.
+
+        ``starts``: where the group's history begins per partition (default 0); the oracle
+        covers ``[start, committed)``. With ``final`` the published output must be exactly
+        the oracle set; without, records published beyond the committed offsets (a crash
+        after publishing, before committing) are allowed, but not lost or doubled ones.
+        """
+        committed = self.committed()
+        ranges = {}
+        for p, c in committed.items():
+            start = (starts or {}).get(p, 0)
+            ranges[(self.topic, p)] = (start, start if c is None else c)
+        expected = oracle(self.kafka.connection, ranges)
+        got = self.published()
+        in_range = Counter({r: n for r, n in got.items() if ranges[(r[0], r[1])][0] <= r[2] < ranges[(r[0], r[1])][1]})
+        result = Check(
+            lost=sorted(expected - in_range),
+            duplicated=sorted(r for r, n in got.items() if n > 1),
+            foreign=sorted(in_range - expected),
+            checked=sum(expected.values()),
+        )
+        tally = SCOREBOARD.setdefault(test, Tally())
+        tally.checks += 1
+        tally.records_checked += result.checked
+        tally.records_lost += len(result.lost)
+        tally.records_duplicated += sum(got[r] - 1 for r in result.duplicated)
+        assert not result.lost, f"I1/I2: committed but not published: {result.lost[:5]}"
+        assert not result.duplicated, f"I2: published more than once: {result.duplicated[:5]}"
+        assert not result.foreign, f"I2: published rows Kafka does not hold there: {result.foreign[:5]}"
+        if final:
+            beyond = sorted(r for r in got if r[2] >= ranges[(r[0], r[1])][1])
+            assert not beyond, f"I3: published beyond the committed offsets: {beyond[:5]}"
+        return result
+
+
+def assert_names(message: str, *fragments: str) -> None:
+    """I4: an error names what is involved (topic, partition, offsets) and says what to do."""
+    missing = [f for f in fragments if not re.search(f, message)]
+    assert not missing, f"I4: error does not name {missing}: {message}"
+
+
+def write_scoreboard() -> dict[str, Any]:
+    totals = Tally()
+    for tally in SCOREBOARD.values():
+        totals.records_checked += tally.records_checked
+        totals.records_lost += tally.records_lost
+        totals.records_duplicated += tally.records_duplicated
+        totals.checks += tally.checks
+    doc = {
+        "scenarios_run": len(SCOREBOARD),
+        "checks": totals.checks,
+        "records_checked": totals.records_checked,
+        "records_lost": totals.records_lost,
+        "records_duplicated": totals.records_duplicated,
+        "by_test": {name: vars(t) for name, t in sorted(SCOREBOARD.items())},
+    }
+    LAST_RUN.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return doc

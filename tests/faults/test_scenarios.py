@@ -1,0 +1,513 @@
+"""Issue 13's fault scenarios: each injects one fault and checks the same oracle and invariants.
+
+See :mod:`tests.faults.harness` for the oracle and I1–I4. Each test is registered with
+its scenario number, how the fault is injected and what is asserted; ``docs/faults.md``
+is generated from these registrations (``make faults-table``). Slow variants (the soak,
+scenario 21) run in ``make soak``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka import Consumer, Producer
+
+from tests.faults.harness import FaultEnv, assert_names, scenario
+from tidemark.commit import metadata_run_id
+from tidemark.connection import KafkaConnection
+from tidemark.errors import (
+    ConfigError,
+    DataLossError,
+    GroupInUseError,
+    KafkaUnavailableError,
+    OffsetAheadError,
+    OffsetsMovedError,
+    PlanningError,
+    TidemarkError,
+    ValidationFailedError,
+)
+from tidemark.faults import FAULTS_ENV, InjectedFault
+from tidemark.kafka_io import Record
+from tidemark.pipeline import commit_run, plan_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.faults]
+
+
+@scenario("1", "A run with no new data after a normal run",
+          injected="none: two runs in a row, nothing produced in between",
+          asserted="the second run reads 0 records, re-commits the same ends; I1–I3")  # fmt: skip
+def test_no_new_data_after_a_normal_run(fenv: FaultEnv) -> None:
+    fenv.produce(30, bad={4})
+    fenv.run()
+    again, job, outcome = fenv.run()
+    assert again.records == 0 and job["records_read"] == 0 and outcome.committed
+    assert fenv.committed() == {0: 10, 1: 10, 2: 10}
+    fenv.check("test_no_new_data_after_a_normal_run")
+
+
+@scenario("2a", "Crash after publish, before the job reports",
+          injected="fault point job.after_publish (the output is published, job.json never written); "
+                   "more data arrives before the rerun",
+          asserted="offsets unchanged by the crash; the rerun neither loses nor republishes the crashed "
+                   "plan's records; I1–I3")  # fmt: skip
+def test_crash_after_publish_before_the_job_reports(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    fenv.produce(12)
+    monkeypatch.setenv(FAULTS_ENV, "job.after_publish")
+    with pytest.raises(InjectedFault):
+        fenv.run()
+    monkeypatch.delenv(FAULTS_ENV)
+    assert fenv.committed() == {0: None, 1: None, 2: None}
+    fenv.check("test_crash_after_publish_before_the_job_reports", final=False)
+    fenv.produce(6)
+    fenv.run()
+    assert fenv.committed() == {0: 6, 1: 6, 2: 6}
+    fenv.check("test_crash_after_publish_before_the_job_reports")
+
+
+@scenario("2b", "Crash after publish, before commit",
+          injected="fault point commit.before (job.json says published, nothing committed)",
+          asserted="offsets unchanged; the next run first finishes the published plan's commit; I1–I3")  # fmt: skip
+def test_crash_after_publish_before_commit(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    fenv.produce(9)
+    monkeypatch.setenv(FAULTS_ENV, "commit.before")
+    with pytest.raises(InjectedFault):
+        fenv.run()
+    monkeypatch.delenv(FAULTS_ENV)
+    assert fenv.committed() == {0: None, 1: None, 2: None}
+    fenv.produce(3)
+    handle, _, _ = fenv.run()
+    assert handle.resumed is not None
+    assert fenv.committed() == {0: 4, 1: 4, 2: 4}
+    fenv.check("test_crash_after_publish_before_commit")
+
+
+@scenario("2c", "Crash between the Kafka commit and the checkpoint",
+          injected="fault point commit.after_kafka",
+          asserted="the retried commit of the same run is a no-op that records the checkpoint; one commit, "
+                   "by that run; I1–I3")  # fmt: skip
+def test_crash_between_kafka_commit_and_checkpoint(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    fenv.produce(9)
+    handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(handle, fenv.kafka.connection)
+    monkeypatch.setenv(FAULTS_ENV, "commit.after_kafka")
+    with pytest.raises(InjectedFault):
+        commit_run(handle, fenv.kafka.connection, root=fenv.root)
+    monkeypatch.delenv(FAULTS_ENV)
+    outcome = commit_run(handle, fenv.kafka.connection, root=fenv.root)  # the task's retry
+    report = json.loads(Path(outcome.report_path).read_text())
+    assert report["commit"]["status"] == "already_committed" and "checkpoint" in report["commit"]["notes"][0]
+    got = fenv.kafka.adapter.committed(fenv.group, fenv.tps())
+    assert {metadata_run_id(c.metadata) for c in got.values()} == {handle.run_id}
+    fenv.check("test_crash_between_kafka_commit_and_checkpoint")
+
+
+@scenario("2d", "Crash mid-write: the Spark driver killed",
+          injected="SIGKILL to `tidemark run`'s spark-submit process group while it writes its staging folder",
+          asserted="offsets unchanged, nothing published; the rerun publishes once and commits; I1–I3")  # fmt: skip
+def test_spark_driver_killed_mid_write(fenv: FaultEnv) -> None:
+    fenv.produce(3000)
+    env = {**os.environ, **fenv.kafka.connection.to_env(), "TIDEMARK_FEEDS_DIR": str(fenv.feeds),
+           "TIDEMARK_STATE_DIR": str(fenv.root)}  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidemark.cli", "run", fenv.feed], env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not list((fenv.output / "_staging").glob("*/*")):
+        assert proc.poll() is None, "the run ended before it started writing"
+        assert time.monotonic() < deadline, "the job never started writing its staging folder"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    assert fenv.committed() == {0: None, 1: None, 2: None}
+    assert not list(fenv.output.glob("plan_id=*"))
+    fenv.run()
+    assert fenv.committed() == {0: 1000, 1: 1000, 2: 1000}
+    fenv.check("test_spark_driver_killed_mid_write")
+
+
+@scenario("3", "Validation fails on one bad record in one partition",
+          injected="one value not matching the feed's expectation, feed on_bad_records: fail",
+          asserted="the run fails naming the expectation, partition and offset; offsets and output "
+                   "untouched; after switching to quarantine the rerun commits; I1–I4")  # fmt: skip
+def test_validation_fails_on_one_bad_record(fenv: FaultEnv) -> None:
+    fenv.produce(12)
+    fenv.run()
+    fenv.produce(6, bad={13})
+    fenv.write_feed(validation={**fenv.feed_doc()["validation"], "on_bad_records": "fail"})
+    with pytest.raises(ValidationFailedError) as err:
+        fenv.run()
+    assert_names(str(err.value), "expect_column_values_to_match_regex", rf"{fenv.topic}\[1\]@4", "rerun")
+    assert fenv.committed() == {0: 4, 1: 4, 2: 4}
+    fenv.check("test_validation_fails_on_one_bad_record")
+    fenv.write_feed()
+    fenv.run()
+    fenv.check("test_validation_fails_on_one_bad_record")
+
+
+@pytest.mark.parametrize("policy", ["earliest", "latest", "timestamp", "fail"])
+@scenario("4", "A new group under each reset policy",
+          injected="a group with no offsets and no checkpoint; on_missing earliest / latest / timestamp / fail",
+          asserted="earliest reads all, latest nothing old, timestamp from the first record at/after it, fail "
+                   "refuses naming the partitions; a reset event; I1–I4")  # fmt: skip
+def test_new_group_under_each_reset_policy(fenv: FaultEnv, policy: str) -> None:
+    base = int(time.time() * 1000) - 600_000
+    records = [Record(value=f"v-{i}".encode(), partition=i % 3, timestamp_ms=base + i * 1000) for i in range(30)]
+    fenv.kafka.produce(fenv.topic, records)
+    extra: dict[str, Any] = {"on_missing": policy}
+    if policy == "timestamp":
+        extra["reset_timestamp"] = datetime.fromtimestamp((base + 15_000) / 1000, UTC).isoformat()
+    fenv.write_feed(**extra)
+    if policy == "fail":
+        with pytest.raises(PlanningError) as err:
+            fenv.run()
+        assert_names(str(err.value), rf"{fenv.topic}\[0\]", "on_missing is fail", "commit a start position")
+        assert fenv.committed() == {0: None, 1: None, 2: None}
+        return
+    handle, _, _ = fenv.run()
+    plan = handle.plan()
+    starts = {p.partition: p.start for p in plan.partitions}
+    assert starts == {"earliest": {0: 0, 1: 0, 2: 0}, "latest": {0: 10, 1: 10, 2: 10},
+                      "timestamp": {0: 5, 1: 5, 2: 5}}[policy]  # fmt: skip
+    assert {e.kind for e in plan.events} >= {"reset"}
+    assert fenv.committed() == {0: 10, 1: 10, 2: 10}
+    fenv.check(f"test_new_group_under_each_reset_policy[{policy}]", starts)
+
+
+@scenario("5a", "Group offsets expired, with Tidemark's checkpoint",
+          injected="the group deleted by the admin API (as the broker does after offsets.retention.minutes); "
+                   "an idle partition's offset deleted alone while others keep moving",
+          asserted="the run resumes from the checkpoint with group_offsets_expired events and commits back; "
+                   "I1–I3")  # fmt: skip
+def test_group_offsets_expired_with_checkpoint(fenv: FaultEnv) -> None:
+    fenv.produce(9)
+    fenv.run()
+    fenv.kafka.adapter.admin.delete_consumer_groups([fenv.group], request_timeout=10)[fenv.group].result(timeout=10)
+    fenv.produce(6, partition=0)
+    handle, _, _ = fenv.run()
+    assert {e.kind for e in handle.plan().events} == {"group_offsets_expired"}
+    assert fenv.committed() == {0: 9, 1: 3, 2: 3}
+    fenv.check("test_group_offsets_expired_with_checkpoint")
+
+
+@scenario("5b", "Group offsets expired, without Tidemark's checkpoint",
+          injected="the group deleted and the checkpoint store removed; feed on_missing: fail",
+          asserted="refused before any read, naming the partitions and what to do; offsets and output "
+                   "untouched; I1–I4")  # fmt: skip
+def test_group_offsets_expired_without_checkpoint(fenv: FaultEnv) -> None:
+    fenv.produce(9)
+    fenv.run()
+    fenv.kafka.adapter.admin.delete_consumer_groups([fenv.group], request_timeout=10)[fenv.group].result(timeout=10)
+    (fenv.root / "checkpoints.sqlite").unlink()
+    fenv.write_feed(on_missing="fail")
+    before = fenv.published()
+    with pytest.raises(PlanningError) as err:
+        fenv.run()
+    assert_names(str(err.value), rf"{fenv.topic}\[0\]", "no committed offset and no checkpoint", "on_missing")
+    assert fenv.published() == before
+    # The operator restores the position (here: where the output says it is) and Tidemark goes on.
+    fenv.kafka.adapter.alter_committed(fenv.group, {tp: (3, "") for tp in fenv.tps()})
+    fenv.run()
+    fenv.check("test_group_offsets_expired_without_checkpoint")
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+@scenario("6", "Committed offset below the log start",
+          injected="DeleteRecords past the committed offset of one partition; on_data_loss fail / skip",
+          asserted="fail: refused naming topic, partition and the lost range; skip: a data_loss event and the "
+                   "run continues from the log start; I1–I4")  # fmt: skip
+def test_committed_offset_below_log_start(fenv: FaultEnv, policy: str) -> None:
+    fenv.produce(9)
+    fenv.run()
+    fenv.produce(9)
+    fenv.kafka.adapter.delete_records({(fenv.topic, 1): 5})
+    fenv.write_feed(on_data_loss=policy)
+    if policy == "fail":
+        with pytest.raises(DataLossError) as err:
+            fenv.run()
+        assert_names(str(err.value), rf"{fenv.topic}\[1\]", r"\b3\b", r"\b5\b", "on_data_loss: skip")
+        assert fenv.committed() == {0: 3, 1: 3, 2: 3}
+        return
+    handle, _, _ = fenv.run()
+    assert [e.kind for e in handle.plan().events] == ["data_loss"]
+    assert fenv.committed() == {0: 6, 1: 6, 2: 6}
+    fenv.check(f"test_committed_offset_below_log_start[{policy}]", {1: 5})
+
+
+@scenario("7", "Retention deletes data between planning and reading",
+          injected="DeleteRecords past a planned start after the plan was saved",
+          asserted="the read fails naming topic, partition and offsets; offsets untouched; the next plan "
+                   "applies on_data_loss; I1–I4")  # fmt: skip
+def test_retention_between_planning_and_reading(fenv: FaultEnv) -> None:
+    fenv.produce(9)
+    fenv.run()
+    fenv.produce(9)
+    handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.kafka.adapter.delete_records({(fenv.topic, 2): 5})
+    # The Spark job's error carries the reader's ReadError text.
+    with pytest.raises(Exception, match=rf"{fenv.topic}\[2\]") as err:  # noqa: PT011
+        fenv.in_process(handle, fenv.kafka.connection)
+    assert_names(str(err.value), rf"{fenv.topic}\[2\]", r"\b3\b")
+    assert fenv.committed() == {0: 3, 1: 3, 2: 3}
+    fenv.write_feed(on_data_loss="skip")
+    fenv.run()
+    assert fenv.committed() == {0: 6, 1: 6, 2: 6}
+    fenv.check("test_retention_between_planning_and_reading", {2: 5})
+
+
+@scenario("8", "Committed offset above the end: topic deleted and recreated",
+          injected="the topic deleted and created again with fewer records than the group's offsets",
+          asserted="on_ahead fail refuses naming topic, partition and both offsets; on_ahead earliest reads the "
+                   "new topic from 0 into a fresh output; I1–I4")  # fmt: skip
+def test_committed_offset_above_the_end(fenv: FaultEnv) -> None:
+    fenv.produce(30)
+    fenv.run()
+    fenv.kafka.adapter.delete_topic(fenv.topic)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            fenv.kafka.adapter.create_topic(fenv.topic, 3, 1, None)
+            break
+        except TidemarkError:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    fenv.sent = 0
+    fenv.produce(6)
+    with pytest.raises(OffsetAheadError) as err:
+        fenv.run()
+    assert_names(str(err.value), rf"{fenv.topic}\[0\]", r"\b10\b", r"\b2\b", "on_ahead")
+    assert fenv.committed() == {0: None, 1: None, 2: None}  # Kafka drops a deleted topic's group offsets
+    assert not list(fenv.root.glob("runs/faults/*/job.json"))[1:]  # only the first run read anything
+    fenv.output = fenv.tmp / "out-new"
+    fenv.write_feed(on_ahead="earliest", output=str(fenv.output))
+    fenv.run()
+    assert fenv.committed() == {0: 2, 1: 2, 2: 2}
+    fenv.check("test_committed_offset_above_the_end")
+
+
+@scenario("9", "A live consumer in the group; offsets moved by someone else after planning",
+          injected="a subscribed consumer with the feed's group id; then alter_consumer_group_offsets by "
+                   "another client between plan and commit",
+          asserted="GroupInUseError names the member and partitions; OffsetsMovedError names the partition, "
+                   "both offsets and the writer; nothing committed by Tidemark; I1–I4")  # fmt: skip
+def test_live_consumer_and_offsets_moved(fenv: FaultEnv) -> None:
+    fenv.produce(9)
+    consumer = Consumer(fenv.kafka.connection.client_config(**{"group.id": fenv.group, "enable.auto.commit": False}))
+    consumer.subscribe([fenv.topic])
+    deadline = time.monotonic() + 30
+    while not consumer.assignment():
+        consumer.poll(0.2)
+        assert time.monotonic() < deadline
+    try:
+        with pytest.raises(GroupInUseError) as err:
+            fenv.run()
+        assert_names(str(err.value), fenv.group, "active member", rf"{fenv.topic}\[\d\]", "stop it")
+    finally:
+        consumer.close()
+    assert fenv.committed() == {0: None, 1: None, 2: None}
+    fenv.run()  # the published plan's commit is finished first, now that the group is empty
+    fenv.produce(3)
+    handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(handle, fenv.kafka.connection)
+    fenv.kafka.adapter.alter_committed(fenv.group, {(fenv.topic, 0): (1, "someone else")})
+    with pytest.raises(OffsetsMovedError) as moved:
+        commit_run(handle, fenv.kafka.connection, root=fenv.root)
+    assert_names(str(moved.value), rf"{fenv.topic}\[0\] plan saw 3, group now at 1", "someone else", "Plan again")
+    fenv.kafka.adapter.alter_committed(fenv.group, {(fenv.topic, 0): (3, "")})  # the operator puts it back
+    fenv.run()
+    fenv.check("test_live_consumer_and_offsets_moved")
+
+
+@scenario("11", "Overlapping runs of one feed",
+          injected="two runs planned from the same offsets before either commits (two schedulers)",
+          asserted="both publish the same plan once; exactly one commits, the other is refused; I1–I4")  # fmt: skip
+def test_overlapping_runs_exactly_one_commits(fenv: FaultEnv) -> None:
+    fenv.produce(12)
+    first = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    second = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    assert first.plan_id == second.plan_id and first.run_id != second.run_id
+    for handle in (first, second):
+        fenv.in_process(handle, fenv.kafka.connection)
+    commit_run(first, fenv.kafka.connection, root=fenv.root)
+    with pytest.raises(OffsetsMovedError) as err:
+        commit_run(second, fenv.kafka.connection, root=fenv.root)
+    assert_names(str(err.value), first.run_id, rf"{fenv.topic}\[\d\]")
+    got = fenv.kafka.adapter.committed(fenv.group, fenv.tps())
+    assert {metadata_run_id(c.metadata) for c in got.values()} == {first.run_id}
+    fenv.check("test_overlapping_runs_exactly_one_commits")
+
+
+@scenario("12a", "Group coordinator unreachable while fetching committed offsets",
+          injected="every broker address unreachable (a closed loopback port) at plan time",
+          asserted="a clear error within the adapter's timeout naming the servers; no run dir written, "
+                   "no reset; I4")  # fmt: skip
+def test_brokers_unreachable_at_plan_time(fenv: FaultEnv) -> None:
+    dead = KafkaConnection("127.0.0.1:9", {"socket.connection.setup.timeout.ms": "2000"})
+    started = time.monotonic()
+    with pytest.raises(KafkaUnavailableError) as err:
+        plan_run(fenv.feed, dead, root=fenv.root)
+    assert time.monotonic() - started < 60
+    assert_names(str(err.value), "127.0.0.1:9", "reachable")
+    assert not list(fenv.root.glob("runs/*/*"))
+
+
+@scenario("13", "Aborted and committed transactions; a hanging transaction",
+          injected="transactional producers: one committed, one aborted, one left open across a run",
+          asserted="only committed records are published; the open transaction holds the end at the last "
+                   "stable offset; after it commits the next run reads the rest; I1–I3")  # fmt: skip
+def test_transactions(fenv: FaultEnv) -> None:
+    def tx(values: list[str], commit: bool | None) -> Producer:
+        producer = Producer(fenv.kafka.connection.client_config(**{"transactional.id": f"tx-{time.time_ns()}"}))
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        for i, v in enumerate(values):
+            producer.produce(fenv.topic, v.encode(), partition=i % 3)
+        producer.flush(30)
+        if commit is True:
+            producer.commit_transaction(30)
+        elif commit is False:
+            producer.abort_transaction(30)
+        return producer
+
+    tx([f"v-c{i}" for i in range(9)], True)
+    tx([f"v-a{i}" for i in range(9)], False)
+    hanging = tx([f"v-h{i}" for i in range(3)], None)
+    handle, job, _ = fenv.run()
+    assert job["records_read"] == 9
+    assert all(p.end < p.high_watermark for p in handle.plan().partitions)
+    fenv.check("test_transactions")
+    hanging.commit_transaction(30)
+    _, job, _ = fenv.run()
+    assert job["records_read"] == 3
+    fenv.check("test_transactions")
+
+
+@pytest.mark.parametrize("policy", ["fail", "quarantine"])
+@scenario("16", "Malformed records",
+          injected="values that fail the expectation, empty values, invalid UTF-8 and a 900 kB value",
+          asserted="fail: refused naming partitions and offsets, nothing committed; quarantine: every bad "
+                   "record kept aside with its reason, the good ones published; I1–I4")  # fmt: skip
+def test_malformed_records(fenv: FaultEnv, policy: str) -> None:
+    fenv.produce(6)
+    bad = [b"", b"\xff\xfe not utf-8", b"x-not-a-v", b"v-" + b"y" * 900_000]
+    fenv.kafka.produce(fenv.topic, [Record(value=v, partition=i % 3) for i, v in enumerate(bad)],
+                       **{"message.max.bytes": 2_000_000})  # fmt: skip
+    fenv.write_feed(validation={**fenv.feed_doc()["validation"], "on_bad_records": policy})
+    if policy == "fail":
+        with pytest.raises(ValidationFailedError) as err:
+            fenv.run()
+        assert_names(str(err.value), rf"{fenv.topic}\[\d\]")
+        assert fenv.committed() == {0: None, 1: None, 2: None}
+        assert not list(fenv.output.glob("plan_id=*"))
+        return
+    _, job, _ = fenv.run()
+    assert job["records_quarantined"] == 3 and job["records_published"] == 7
+    fenv.check(f"test_malformed_records[{policy}]")
+
+
+@scenario("17", "Bad trigger params and bad feed configs",
+          injected="replay params with start after end, a negative offset and an unknown start; a feed file "
+                   "with an unknown key and a bad policy",
+          asserted="each refused before any read, naming the field; no run dir, offsets untouched; I4")  # fmt: skip
+def test_bad_params_and_configs(fenv: FaultEnv) -> None:
+    fenv.produce(3)
+    cases = [
+        ({"start_from": "timestamp", "start_timestamp": "2026-01-02T00:00:00Z", "end_at": "timestamp",
+          "end_timestamp": "2026-01-01T00:00:00Z"}, "end_timestamp"),
+        ({"start_from": "offset", "start_offset": -4}, "start_offset"),
+        ({"start_from": "somewhere"}, "start_from"),
+    ]  # fmt: skip
+    for params, field_name in cases:
+        with pytest.raises(ConfigError) as err:
+            fenv.run(mode="replay", params=params)
+        assert_names(str(err.value), field_name)
+    (fenv.feeds / "broken.yaml").write_text(yaml.safe_dump({**fenv.feed_doc(), "on_missng": "earliest"}))
+    with pytest.raises(ConfigError) as err:
+        plan_run("broken", fenv.kafka.connection, root=fenv.root)
+    assert_names(str(err.value), "broken.yaml", "on_missng")
+    (fenv.feeds / "broken.yaml").write_text(yaml.safe_dump({**fenv.feed_doc(), "on_data_loss": "maybe"}))
+    with pytest.raises(ConfigError) as err:
+        plan_run("broken", fenv.kafka.connection, root=fenv.root)
+    assert_names(str(err.value), "broken.yaml", "on_data_loss")
+    assert not list(fenv.root.glob("runs/*/*"))
+    assert fenv.committed() == {0: None, 1: None, 2: None}
+
+
+@scenario("18", "Secrets never written",
+          injected="a SASL password in the connection settings of a full run (PLAINTEXT ignores it)",
+          asserted="the password appears in no plan, report, job.json, validation result, Data Docs page, "
+                   "log, commit metadata or published file")  # fmt: skip
+def test_secrets_never_written(fenv: FaultEnv, capfd: pytest.CaptureFixture[str]) -> None:
+    secret = "s3cr3t-fault-suite"
+    conn = KafkaConnection(fenv.kafka.bootstrap_servers, {"sasl.password": secret})
+    fenv.produce(9, bad={2})
+    from tidemark.pipeline import run_feed
+
+    run_feed(fenv.feed, conn, root=fenv.root, job_runner=fenv.in_process)
+    out, errs = capfd.readouterr()
+    assert secret not in out + errs
+    for path in [*fenv.root.rglob("*"), *fenv.output.rglob("*")]:
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+    got = fenv.kafka.adapter.committed(fenv.group, fenv.tps())
+    assert all(secret not in c.metadata for c in got.values())
+    fenv.check("test_secrets_never_written")
+
+
+@scenario("19", "The task process killed and the task retried",
+          injected="fault point commit.after_kafka with action exit (os._exit(137)) in `tidemark run`, then the "
+                   "same run's commit retried, then a new run",
+          asserted="only one attempt commits (offset metadata names one run); nothing published twice; "
+                   "I1–I3")  # fmt: skip
+def test_task_killed_and_retried(fenv: FaultEnv) -> None:
+    fenv.produce(9)
+    handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(handle, fenv.kafka.connection)
+    script = (
+        "import json, sys; from tidemark.pipeline import RunHandle, commit_run; "
+        "from tidemark.connection import from_env; "
+        "commit_run(RunHandle.from_xcom(json.loads(sys.argv[1])), from_env())"
+    )
+    env = {**os.environ, **fenv.kafka.connection.to_env(), FAULTS_ENV: "commit.after_kafka:exit"}
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(handle.to_xcom())], env=env, check=False)
+    assert proc.returncode == 137
+    commit_run(handle, fenv.kafka.connection, root=fenv.root)  # the retry
+    fenv.produce(3)
+    later, _, _ = fenv.run()
+    assert later.resumed is None  # nothing was left pending
+    got = fenv.kafka.adapter.committed(fenv.group, fenv.tps())
+    assert {metadata_run_id(c.metadata) for c in got.values()} == {later.run_id}
+    fenv.check("test_task_killed_and_retried")
+
+
+@scenario("20", "A broker restarted during the read",
+          injected="the leader of partition 0 stopped after planning and started again during the read",
+          asserted="the read completes after the restart, offsets committed once; I1–I3")  # fmt: skip
+def test_broker_restarted_during_the_read(fenv: FaultEnv) -> None:
+    cluster = fenv.kafka.require_local()
+    fenv.produce(300)
+    handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    leader = next(p.leader for p in handle.plan().partitions if p.partition == 0)
+    cluster.stop_node(leader)
+    try:
+        import threading
+
+        threading.Timer(3.0, cluster.start_node, args=(leader,)).start()
+        fenv.in_process(handle, fenv.kafka.connection)
+    finally:
+        deadline = time.monotonic() + 60
+        while leader not in {n.node_id for n in cluster.running_nodes()} and time.monotonic() < deadline:
+            time.sleep(0.5)
+    commit_run(handle, fenv.kafka.connection, root=fenv.root)
+    assert fenv.committed() == {0: 100, 1: 100, 2: 100}
+    fenv.check("test_broker_restarted_during_the_read")
