@@ -255,7 +255,7 @@ def test_retention_between_planning_and_reading(fenv: FaultEnv) -> None:
     handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
     fenv.kafka.adapter.delete_records({(fenv.topic, 2): 5})
     # The Spark job's error carries the reader's ReadError text.
-    with pytest.raises(Exception, match=rf"{fenv.topic}\[2\]") as err:  # noqa: PT011
+    with pytest.raises(Exception, match=rf"{fenv.topic}\[2\]") as err:
         fenv.in_process(handle, fenv.kafka.connection)
     assert_names(str(err.value), rf"{fenv.topic}\[2\]", r"\b3\b")
     assert fenv.committed() == {0: 3, 1: 3, 2: 3}
