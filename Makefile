@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test lint unit integration bench bench-quick bench-plan kafka-up kafka-down clean lock
+.PHONY: install demo test lint unit integration faults faults-table soak bench bench-quick bench-plan kafka-up kafka-down clean lock
 
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
@@ -31,6 +31,17 @@ test: lint
 
 unit: install
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+# The fault suite alone (it also runs in `make test`); faults-table regenerates docs/faults.md from its last run.
+faults: install
+	$(BIN)/pytest tests/faults $(PYTEST_ARGS)
+
+faults-table: faults
+	$(BIN)/python -m tests.faults.table
+
+# The slow variant: many runs in a row with data arriving and failures injected (scenario 21).
+soak: install
+	TIDEMARK_SOAK_RUNS=$${TIDEMARK_SOAK_RUNS:-60} $(BIN)/pytest tests/faults -k soak -s $(PYTEST_ARGS)
 
 # Benchmarks run on the embedded cluster (started if needed) unless TIDEMARK_BOOTSTRAP_SERVERS is set.
 bench: install

@@ -752,8 +752,8 @@ def validate(
         raise ValidationRejectedError(
             f"validation of plan {plan.plan_id} (feed '{feed.name}') failed: {failure}{where}. "
             f"Data Docs: {gx_out.data_docs or gx_out.data_docs_index}. Nothing was published and the group's "
-            "offsets were not committed: fix the records' producer or the feed's expectations, or set "
-            "validation.on_bad_records: quarantine, then rerun (the same plan is read again)",
+            "offsets were not committed: fix the records' producer or the feed's expectations (or its "
+            "validation.on_bad_records / quarantine_max_ratio), then rerun (the same plan is read again)",
             summary,
             gx_out.data_docs,
         )

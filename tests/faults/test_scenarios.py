@@ -511,3 +511,105 @@ def test_broker_restarted_during_the_read(fenv: FaultEnv) -> None:
     commit_run(handle, fenv.kafka.connection, root=fenv.root)
     assert fenv.committed() == {0: 100, 1: 100, 2: 100}
     fenv.check("test_broker_restarted_during_the_read")
+
+
+def _coordinator_pid(fenv: FaultEnv) -> int:
+    """The pid of the broker that coordinates the feed's group (the group must exist)."""
+    cluster = fenv.kafka.require_local()
+    future = fenv.kafka.adapter.admin.describe_consumer_groups([fenv.group], request_timeout=10)[fenv.group]
+    node_id = future.result(timeout=10).coordinator.id
+    pid = cluster.state().node(node_id).pid  # type: ignore[union-attr]
+    assert pid is not None
+    return pid
+
+
+@scenario("12b", "The group coordinator paused (SIGSTOP) during the commit",
+          injected="SIGSTOP to the coordinator broker's process between publish and commit, SIGCONT after "
+                   "the commit gave up",
+          asserted="the commit gives up within its timeout with an error naming the group; offsets unchanged; "
+                   "the retried commit lands exactly the plan's ends; I1–I4")  # fmt: skip
+def test_coordinator_paused_during_the_commit(fenv: FaultEnv) -> None:
+    from tidemark.checkpoints import SqliteCheckpointStore
+    from tidemark.commit import commit_plan
+
+    fenv.produce(9)
+    fenv.run()
+    fenv.produce(6)
+    handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(handle, fenv.kafka.connection)
+    store = SqliteCheckpointStore(fenv.root / "checkpoints.sqlite")
+    pid = _coordinator_pid(fenv)
+    os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        with pytest.raises(TidemarkError) as err:
+            commit_plan(handle.plan(), fenv.kafka.connection, store, run_id=handle.run_id, timeout_s=5)
+        took = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert took < 45, f"the commit hung for {took:.0f}s with a 5s timeout"
+    assert_names(str(err.value), fenv.group)
+    assert fenv.committed() == {0: 3, 1: 3, 2: 3}
+    commit_run(handle, fenv.kafka.connection, root=fenv.root)
+    assert fenv.committed() == {0: 5, 1: 5, 2: 5}
+    fenv.check("test_coordinator_paused_during_the_commit")
+
+
+@scenario("12c", "The group coordinator paused while fetching committed offsets",
+          injected="SIGSTOP to the coordinator broker's process while the planner's OffsetFetch asks it for the "
+                   "group's committed offsets (5 s timeout)",
+          asserted="planning fails with a clear error within the timeout; no reset to earliest/latest, no run "
+                   "dir, offsets unchanged; the next run plans from the committed offsets; I1–I4")  # fmt: skip
+def test_coordinator_paused_while_planning(fenv: FaultEnv) -> None:
+    from tidemark.kafka_io import KafkaAdapter
+
+    fenv.produce(9)
+    fenv.run()
+    runs_before = sorted(fenv.root.glob("runs/faults/*"))
+    fenv.produce(3)
+    pid = _coordinator_pid(fenv)
+    os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        with pytest.raises(TidemarkError) as err:
+            KafkaAdapter(fenv.kafka.connection, timeout_s=5).committed(fenv.group, fenv.tps())
+        took = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert took < 45, f"fetching committed offsets hung for {took:.0f}s with a 5s timeout"
+    assert_names(str(err.value), fenv.group)
+    assert sorted(fenv.root.glob("runs/faults/*")) == runs_before
+    handle, _, _ = fenv.run()
+    assert {p.reason for p in handle.plan().partitions} == {"committed"}
+    fenv.check("test_coordinator_paused_while_planning")
+
+
+@scenario("21", "Many runs in a row (soak)",
+          injected="runs with random amounts of new data (some bad records) between them; a fifth of them crash "
+                   "at a random fault point; `make soak` runs 60, the suite 8",
+          asserted="after every run I1–I2; at the end the union of published outputs equals the oracle over "
+                   "everything committed, with no gap and no duplicate (I3)")  # fmt: skip
+def test_soak_many_runs(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+
+    runs = int(os.environ.get("TIDEMARK_SOAK_RUNS", "8"))
+    rng = random.Random(int(os.environ.get("TIDEMARK_SOAK_SEED", "13")))
+    points = ["job.after_publish", "commit.before", "commit.after_kafka"]
+    fenv.write_feed(validation={**fenv.feed_doc()["validation"], "quarantine_max_ratio": 1.0})
+    crashed = 0
+    for _ in range(runs):
+        count = rng.choice([0, 1, 7, 40, 150])
+        fenv.produce(count, bad={fenv.sent + i for i in range(count) if rng.random() < 0.05})
+        if rng.random() < 0.2:
+            monkeypatch.setenv(FAULTS_ENV, rng.choice(points))
+            with pytest.raises(InjectedFault):
+                fenv.run()
+            monkeypatch.delenv(FAULTS_ENV)
+            crashed += 1
+        else:
+            fenv.run()
+        fenv.check("test_soak_many_runs", final=False)
+    fenv.run()  # a last undisturbed run finishes whatever a crash left
+    assert sum(v or 0 for v in fenv.committed().values()) == fenv.sent
+    fenv.check("test_soak_many_runs")
+    print(f"soak: {runs} runs, {crashed} crashed, {fenv.sent} records")
