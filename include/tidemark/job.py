@@ -66,6 +66,7 @@ class JobResult:
     started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
     finished_at: str | None = None
     spark: dict[str, str] = field(default_factory=dict)
+    spark_skipped: str | None = None  # why no Spark application was started (a plan with no records)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -277,6 +278,31 @@ def root_cause(exc: BaseException) -> tuple[str, str]:
             name, _, message = line[len("tidemark.errors.") :].partition(": ")
             return name, message.strip()
     return type(exc).__name__, text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def run_without_spark(plan: Plan, feed: Feed) -> JobResult:
+    """The job's result for a plan with no records: nothing to read, validate or publish.
+
+    Starting Spark for it would cost tens of seconds to learn nothing. The one check that
+    still applies is the feed's ``validation.expect_records``: an empty run must fail
+    instead of passing vacuously (the same rule the Spark job applies). The commit step
+    then re-commits every partition's offset, so idle partitions do not expire.
+    """
+    if plan.total_records:
+        raise TidemarkError(f"plan {plan.plan_id} has {plan.total_records} records; it needs the Spark job")
+    res = JobResult(plan.plan_id, feed.name, spark_skipped="the plan has no records to read")
+    res.finished_at = res.started_at
+    if feed.validation.expect_records:
+        ranges = ", ".join(f"{p.topic}[{p.partition}]@{p.start}" for p in plan.partitions)
+        res.error_type = "ValidationFailedError"
+        res.error = (
+            f"plan {plan.plan_id} of feed '{feed.name}' has no records ({ranges}) and validation.expect_records "
+            "is true: an empty run fails. Check the producers of the feed's topics, or set expect_records: false; "
+            "the group's offsets were not committed"
+        )
+        return res
+    res.published = True
+    return res
 
 
 def write_result(run_dir: Path, result: JobResult) -> Path:

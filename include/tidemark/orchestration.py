@@ -21,11 +21,11 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, BaseHook, Param, task
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark.config import Feed, load_feeds, package_root
 from tidemark.connection import KafkaConnection, from_airflow_extra, from_env
-from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError
+from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
 from tidemark.replay import END_CHOICES, START_CHOICES
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,17 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         self.kafka_conn_id = kafka_conn_id
 
     def execute(self, context: Any) -> None:
+        from tidemark.pipeline import RunHandle, run_empty
+
+        handle = RunHandle.from_xcom(context["ti"].xcom_pull(task_ids="plan"))
+        if handle.records == 0:
+            # Nothing to read: no Spark application. job.json records the (empty) result;
+            # the commit task still runs and re-commits the idle partitions.
+            _no_retry_for_refusals(lambda: run_empty(handle, kafka_connection(self.kafka_conn_id), progress=log.info))
+            raise AirflowSkipException(
+                f"plan {handle.plan_id} has no records to read: Spark was not started; "
+                "the commit task re-commits the group's offsets"
+            )
         # Set after template rendering, so the values never reach the rendered-fields
         # table; the hook adds them to spark-submit's environment (os.environ + these).
         secrets_env = kafka_connection(self.kafka_conn_id).to_env()
@@ -72,7 +83,9 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
 # Refusals that a retry cannot change: bad feed files or trigger parameters, data loss
 # under policy fail, offsets moved by someone else. They fail the task at once instead
 # of waiting out the retries; broker hiccups and a group in use still retry.
-PERMANENT_ERRORS: tuple[type[Exception], ...] = (ConfigError, PlanningError, OffsetsMovedError)
+PERMANENT_ERRORS: tuple[type[Exception], ...] = (
+    ConfigError, PlanningError, OffsetsMovedError, ValidationFailedError,
+)  # fmt: skip
 
 
 def _no_retry_for_refusals(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -94,7 +107,8 @@ def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None
     )
 
 
-@task(task_id="commit")
+# none_failed: the commit also runs after the Spark task skipped an empty plan.
+@task(task_id="commit", trigger_rule="none_failed")
 def commit_step(handle: dict[str, Any]) -> dict[str, Any]:
     """Commit the plan's ends for the group (when the run asks for it) and write the report."""
     from tidemark.pipeline import RunHandle, commit_run

@@ -250,6 +250,25 @@ def run_job(
     return job
 
 
+def run_empty(handle: RunHandle, connection: KafkaConnection, *, progress: Progress = _silent) -> dict[str, Any]:
+    """Step 2 for a plan with no records: no Spark application; ``job.json`` says so.
+
+    Raises :class:`~tidemark.errors.ValidationFailedError` (after recording the failed
+    run) when the feed expects records. The DAGs call this instead of submitting Spark.
+    """
+    from tidemark.errors import ValidationFailedError
+    from tidemark.job import run_without_spark, write_result
+
+    plan = handle.plan()
+    result = run_without_spark(plan, load_feed(handle.feed))
+    write_result(Path(handle.run_dir), result)
+    if result.error is not None:
+        _fail(handle, connection, result.to_dict(), result.error)
+        raise ValidationFailedError(result.error)
+    progress(f"nothing to read in plan {plan.plan_id}: no Spark application started")
+    return result.to_dict()
+
+
 def _fail(handle: RunHandle, connection: KafkaConnection, job: Mapping[str, Any] | None, reason: str) -> None:
     """Record a failed run (status and report) so that ``tidemark runs`` shows why."""
     from tidemark.report import build_report, save_report
@@ -335,7 +354,9 @@ def run_feed(
     ``job_runner`` replaces ``spark-submit`` (tests run the job in their own session).
     """
     handle = plan_run(feed_name, connection, mode=mode, params=params, root=root, progress=progress)
-    if job_runner is None:
+    if handle.records == 0:
+        job = run_empty(handle, connection, progress=progress)
+    elif job_runner is None:
         job = run_job(handle, connection, master=master, progress=progress)
     else:
         job = job_runner(handle, connection)

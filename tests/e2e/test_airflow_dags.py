@@ -143,6 +143,7 @@ def test_feed_dag_resumes_after_the_group_offsets_expired(
     for _ in range(2):  # a run that reads, then one that finds nothing new
         run = _run_dag(env, "tidemark_afx")
         assert "DAGRUN_STATE=success" in run.stdout, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "Spark was not started" in run.stdout + run.stderr  # the idle run skipped its Spark task
     kafka.adapter.admin.delete_consumer_groups([group], request_timeout=10)[group].result(timeout=10)
     assert {c.offset for c in kafka.adapter.committed(group, tps).values()} == {None}
 
@@ -150,6 +151,7 @@ def test_feed_dag_resumes_after_the_group_offsets_expired(
 
     assert "DAGRUN_STATE=success" in resumed.stdout, resumed.stdout[-4000:] + resumed.stderr[-4000:]
     assert "event group_offsets_expired" in resumed.stdout + resumed.stderr  # said in the task log
+    assert "Spark was not started" in resumed.stdout + resumed.stderr  # nothing new: no Spark either
     assert {tp: c.offset for tp, c in kafka.adapter.committed(group, tps).items()} == {(topic, 0): 3, (topic, 1): 3}
     newest = json.loads(sorted(state.glob("runs/afx/*/report.json"))[-1].read_text())
     assert newest["status"] == "succeeded" and newest["commit"]["status"] == "committed"

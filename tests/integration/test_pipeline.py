@@ -122,6 +122,33 @@ def test_clean_run_commits_planned_ends_and_a_second_run_reads_nothing(env: Env)
     assert sum(env.committed().values()) == 30  # type: ignore[arg-type]
 
 
+def _no_spark(handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
+    raise AssertionError(f"plan {handle.plan_id} has {handle.records} records; an empty plan must not start Spark")
+
+
+def test_empty_plan_starts_no_spark_and_recommits_idle_partitions(env: Env) -> None:
+    from tidemark.commit import metadata_run_id
+
+    env.produce(6)
+    env.run()
+    handle, job, outcome = run_feed("pipe", env.kafka.connection, root=env.root, job_runner=_no_spark)
+
+    assert handle.records == 0 and job["spark_skipped"] and job["published"]
+    assert outcome.committed
+    got = env.kafka.adapter.committed(env.group, [(env.topic, p) for p in range(3)])
+    assert {tp[1]: c.offset for tp, c in got.items()} == {0: 2, 1: 2, 2: 2}
+    assert {metadata_run_id(c.metadata) for c in got.values()} == {handle.run_id}  # refreshed by this run
+    report = json.loads(Path(outcome.report_path).read_text())
+    assert report["status"] == "succeeded" and report["counts"]["planned"] == 0
+
+    env.write_feed(validation={"on_bad_records": "quarantine", "expect_records": True})
+    with pytest.raises(ValidationFailedError, match=r"no records .*expect_records"):
+        run_feed("pipe", env.kafka.connection, root=env.root, job_runner=_no_spark)
+    assert {tp[1]: c.offset for tp, c in env.kafka.adapter.committed(env.group, list(got)).items()} == {
+        0: 2, 1: 2, 2: 2,
+    }  # fmt: skip
+
+
 def test_validation_failure_leaves_offsets_then_a_fixed_feed_commits(env: Env) -> None:
     env.produce(12)
     env.run()
@@ -192,3 +219,12 @@ def test_tidemark_run_cli_through_spark_submit(env: Env) -> None:
         [sys.executable, "-m", "tidemark.cli", "runs", "pipe"], env=cli_env, capture_output=True, text=True, check=False
     )
     assert runs.returncode == 0 and "succeeded" in runs.stdout
+
+    idle = subprocess.run(
+        [sys.executable, "-m", "tidemark.cli", "run", "pipe"], env=cli_env, capture_output=True, text=True, check=False
+    )
+    assert idle.returncode == 0, idle.stdout + idle.stderr
+    assert "no Spark application started" in idle.stdout
+    newest = sorted((env.root / "runs" / "pipe").iterdir())[-1]
+    assert not (newest / "spark-submit.log").exists()
+    assert sorted(env.committed().items()) == [(0, 2), (1, 2), (2, 2)]
