@@ -75,13 +75,18 @@ def _run(args: argparse.Namespace) -> int:
     return _execute(args, "scheduled", {})
 
 
+def _window_params(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in (("window_mode", args.window_mode), ("max_skew", args.max_skew)) if v is not None}
+
+
 def _backfill(args: argparse.Namespace) -> int:
-    return _execute(args, "backfill", {"start_timestamp": args.start, "end_timestamp": args.end, "commit": args.commit})
+    params = {"start_timestamp": args.start, "end_timestamp": args.end, "commit": args.commit}
+    return _execute(args, "backfill", {**params, **_window_params(args)})
 
 
 def _replay(args: argparse.Namespace) -> int:
     params = {k: v for k, v in vars(args).items() if k in _REPLAY_KEYS and v is not None}
-    return _execute(args, "replay", params)
+    return _execute(args, "replay", {**params, **_window_params(args)})
 
 
 _REPLAY_KEYS = (
@@ -103,6 +108,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the run's documents as JSON")
 
 
+def _window_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--window-mode", dest="window_mode", choices=("exact", "offset_cut"),
+        help="timestamp bounds: exact keeps exactly the records stamped in the window (default: the feed's "
+        "time_windows.mode, exact unless set); offset_cut reads from the first offset at/after start to the first "
+        "at/after end",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-skew", dest="max_skew",
+        help="exact windows: how far a record's timestamp may lag behind an earlier one's (30s, 10m, PT10M; "
+        "default: the feed's time_windows.max_skew, 10m unless set)",
+    )  # fmt: skip
+
+
 def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("run", help="plan, read, validate, publish and commit one run of a feed")
     _common(run)
@@ -113,6 +132,7 @@ def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     backfill.add_argument("--start", required=True, help="window start, ISO 8601 with timezone (inclusive)")
     backfill.add_argument("--end", required=True, help="window end, ISO 8601 with timezone (exclusive)")
     backfill.add_argument("--commit", action="store_true", help="commit the group's offsets afterwards")
+    _window_flags(backfill)
     backfill.set_defaults(func=_backfill)
 
     replay = sub.add_parser("replay", help="re-read a feed from any start to any end")
@@ -128,4 +148,5 @@ def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replay.add_argument("--end-timestamp", dest="end_timestamp")
     replay.add_argument("--end-offset", dest="end_offset", type=int)
     replay.add_argument("--commit", action="store_true", help="commit the group's offsets afterwards")
+    _window_flags(replay)
     replay.set_defaults(func=_replay)

@@ -90,6 +90,53 @@ class Validation(_Model):
     expectations: tuple[Expectation, ...] = ()
 
 
+WindowMode = Literal["exact", "offset_cut"]
+_SKEW = re.compile(r"^(\d+)\s*(s|m|min|h)$")
+_ISO_SKEW = re.compile(r"^PT(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?$")
+
+
+def parse_skew(text: str, name: str = "time_windows.max_skew") -> timedelta:
+    """A skew bound: ``30s``, ``10m``, ``1h`` or ISO 8601 (``PT10M``); refusals name ``name``."""
+    value = str(text).strip()
+    short = _SKEW.match(value)
+    if short:
+        n, unit = int(short.group(1)), short.group(2)
+        return {"s": timedelta(seconds=n), "m": timedelta(minutes=n), "min": timedelta(minutes=n),
+                "h": timedelta(hours=n)}[unit]  # fmt: skip
+    iso = _ISO_SKEW.match(value.upper())
+    if iso and value.upper() != "PT":
+        parts = {k: int(v) if v else 0 for k, v in iso.groupdict().items()}
+        return timedelta(hours=parts["h"], minutes=parts["m"], seconds=parts["s"])
+    raise ConfigError(f"'{name}': {text!r} is not a duration like 30s, 10m, 1h or PT10M")
+
+
+class TimeWindows(_Model):
+    """How backfills and replays bounded by timestamps decide which records belong to a window.
+
+    ``exact`` (default): the range is widened past the window's end by ``max_skew`` (how
+    far a record's CreateTime may lag behind an earlier record's), and the job keeps exactly
+    the records stamped in ``[start, end)``. ``offset_cut``: Kafka's offsets-for-times
+    cut, as Spark's batch source does: from the first offset at/after start to the first
+    offset at/after end, whatever the records' own timestamps.
+    """
+
+    mode: WindowMode = "exact"
+    max_skew: str = "10m"
+
+    @field_validator("max_skew")
+    @classmethod
+    def _skew_ok(cls, v: str) -> str:
+        try:
+            parse_skew(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+        return v
+
+    @property
+    def max_skew_ms(self) -> int:
+        return int(parse_skew(self.max_skew).total_seconds() * 1000)
+
+
 class Feed(_Model):
     """One feed: what to read, from where it resumes, and how it is checked and written."""
 
@@ -109,6 +156,7 @@ class Feed(_Model):
     deserialization: Deserialization = Deserialization()
     output: str | None = None
     validation: Validation = Validation()
+    time_windows: TimeWindows = TimeWindows()
 
     @field_validator("name")
     @classmethod

@@ -20,13 +20,14 @@ import argparse
 import importlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
 import time
 import traceback
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,7 +40,7 @@ from tidemark.faults import fault_point
 from tidemark.plan import Plan
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 JOB_FILE = "job.json"
 SHIP_ENV = "TIDEMARK_SHIP_PACKAGE"
@@ -67,6 +68,8 @@ class JobResult:
     finished_at: str | None = None
     spark: dict[str, str] = field(default_factory=dict)
     spark_skipped: str | None = None  # why no Spark application was started (a plan with no records)
+    window: list[dict[str, Any]] = field(default_factory=list)  # exact windows: per-partition counts
+    events: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -155,9 +158,11 @@ def run(
 
     preload_great_expectations()
     decoded = annotate(read_plan(spark, plan, connection), feed.deserialization)
-    outcome = outcome_column([c for c in decoded.columns if c not in (RAW_VALUE_COLUMN, "plan_id")], feed).alias(
-        OUTCOME_COLUMN
-    )
+    outcome = outcome_column([c for c in decoded.columns if c not in (RAW_VALUE_COLUMN, "plan_id")], feed)
+    time_filter = plan.time_filter
+    if time_filter is not None:  # exact window: records stamped outside it are read, counted and left out
+        outcome = F.when(_outside(time_filter), F.lit(OUTSIDE_WINDOW)).otherwise(outcome)
+    outcome = outcome.alias(OUTCOME_COLUMN)
     day = utc_date().alias("date")
     staged_df = decoded.select(*[c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")], day, outcome)
     staging = new_staging(output, plan.plan_id)
@@ -176,6 +181,9 @@ def run(
         value_column = RAW_VALUE_COLUMN if keeps_raw else "value"
         undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_OUTCOME_PREFIX)
         record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date")]
+        if time_filter is not None:
+            res.window, res.events = timer.step("window", lambda: window_counts(staged, plan, time_filter))
+            staged = staged.where(F.col(OUTCOME_COLUMN) != OUTSIDE_WINDOW)
         checked = timer.step(
             "validate",  # one aggregation: range statistics, built-in checks, bad-row counts; then GX
             lambda: validate(
@@ -202,6 +210,8 @@ def run(
             good = spark.read.schema(staged_df.drop(OUTCOME_COLUMN).schema).parquet(str(source))
             parquet_writer(good.drop(RAW_VALUE_COLUMN), "append").partitionBy("topic", "date").parquet(str(target))
 
+        if time_filter is not None:  # neither published nor quarantined: they are outside the window
+            shutil.rmtree(staging.written / f"{OUTCOME_COLUMN}={OUTSIDE_WINDOW}", ignore_errors=True)
         manifest = timer.step(
             "publish",
             lambda: publish_staged(
@@ -278,6 +288,89 @@ def root_cause(exc: BaseException) -> tuple[str, str]:
             name, _, message = line[len("tidemark.errors.") :].partition(": ")
             return name, message.strip()
     return type(exc).__name__, text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+OUTSIDE_WINDOW = "outside_window"  # the staging outcome of records stamped outside an exact window
+
+
+def _outside(time_filter: Mapping[str, Any]) -> Column:
+    from pyspark.sql import functions as F
+
+    ts = F.col("timestamp")
+    conditions = []
+    if time_filter.get("start_ms") is not None:
+        conditions.append(ts < F.timestamp_millis(F.lit(int(time_filter["start_ms"]))))
+    if time_filter.get("end_ms") is not None:
+        conditions.append(ts >= F.timestamp_millis(F.lit(int(time_filter["end_ms"]))))
+    outside = F.lit(False)
+    for condition in conditions:
+        outside = outside | condition
+    return outside
+
+
+def window_counts(
+    staged: DataFrame, plan: Plan, time_filter: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per partition of an exact window: records read, in the end margin, kept, dropped; skew events.
+
+    The *end margin* is ``[cut end, planned end)``: the records past Kafka's own cut at the
+    window's end, read only because of the skew bound. A record's *lateness* is how far its
+    timestamp lies behind the newest timestamp read before it in its partition; the
+    largest lateness seen is the skew the bound must cover. A partition whose largest
+    lateness reaches half the bound gets a ``timestamp_skew`` event (at or past the bound,
+    records stamped inside the window may lie beyond the range read: raise ``max_skew``).
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from tidemark.decode import OUTCOME_COLUMN
+
+    cuts = {k: v for k, v in (time_filter.get("cut_ends") or {}).items()}
+    bound = int(time_filter["max_skew_ms"])
+    ts_ms = F.unix_millis(F.col("timestamp"))
+    before = Window.partitionBy("topic", "partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, -1)
+    cut = F.lit(None).cast("long")
+    for key, value in cuts.items():
+        if value is not None:
+            topic, _, part = key.rpartition(":")
+            cut = F.when((F.col("topic") == topic) & (F.col("partition") == int(part)), F.lit(value)).otherwise(cut)
+    outside = F.col(OUTCOME_COLUMN) == OUTSIDE_WINDOW
+    in_margin = cut.isNotNull() & (F.col("offset") >= cut)
+    lateness = F.greatest(F.max(ts_ms).over(before) - ts_ms, F.lit(0))
+    rows = (
+        staged.select("topic", "partition", "offset", "timestamp", OUTCOME_COLUMN)
+        .withColumn("_late", lateness)
+        .groupBy("topic", "partition")
+        .agg(
+            F.count(F.lit(1)).alias("read"),
+            F.sum(in_margin.cast("long")).alias("read_in_margin"),
+            F.sum((~outside).cast("long")).alias("kept"),
+            F.sum(outside.cast("long")).alias("dropped"),
+            F.sum((in_margin & ~outside).cast("long")).alias("kept_in_margin"),
+            F.max("_late").alias("largest_skew_ms"),
+        )
+        .collect()
+    )
+    counts = []
+    events: list[dict[str, Any]] = []
+    for r in sorted(rows, key=lambda r: (r["topic"], r["partition"])):
+        doc = {k: (int(r[k]) if r[k] is not None else 0) for k in
+               ("read", "read_in_margin", "kept", "dropped", "kept_in_margin", "largest_skew_ms")}  # fmt: skip
+        doc = {"topic": r["topic"], "partition": int(r["partition"]), **doc}
+        counts.append(doc)
+        if bound and doc["largest_skew_ms"] * 2 >= bound:
+            exceeded = doc["largest_skew_ms"] >= bound
+            events.append({
+                "kind": "timestamp_skew", "topic": doc["topic"], "partition": doc["partition"],
+                "message": (
+                    f"{doc['topic']}[{doc['partition']}]: a record's timestamp lies {doc['largest_skew_ms']} ms behind "
+                    f"an earlier record's, {'at or past' if exceeded else 'over half of'} the window's skew bound "
+                    f"max_skew={bound} ms; records stamped inside the window may lie beyond the range read. "
+                    "Rerun with a larger max_skew to be sure"
+                ),
+                "details": {"largest_skew_ms": doc["largest_skew_ms"], "max_skew_ms": bound, "exceeded": exceeded},
+            })  # fmt: skip
+    return counts, events
 
 
 def run_without_spark(plan: Plan, feed: Feed) -> JobResult:

@@ -161,6 +161,23 @@ def _feed_param(feeds: Mapping[str, Feed]) -> Param:
     return Param(names[0] if names else "", type="string", enum=names, title="Feed", description="The feed to read")
 
 
+def _window_params() -> dict[str, Param]:
+    """Form fields for timestamp bounds: exact windows (default) or Kafka's offset cut."""
+    return {
+        "window_mode": Param(
+            None, type=["null", "string"], enum=[None, "exact", "offset_cut"], title="Time window mode",
+            values_display={"exact": "Exact: only records stamped inside the window",
+                             "offset_cut": "Offset cut: first offset at/after start to first at/after end"},
+            description="Empty: the feed's time_windows.mode (exact unless set)", section="Time window",
+        ),
+        "max_skew": Param(
+            None, type=["null", "string"], title="Timestamp skew bound", section="Time window",
+            description="Exact windows: how far a record's timestamp may lag behind an earlier one's "
+            "(30s, 10m, PT10M). Empty: the feed's time_windows.max_skew (10m unless set)",
+        ),
+    }  # fmt: skip
+
+
 def _triggered_dag(mode: str, description: str, doc_md: str, params: dict[str, Param]) -> DAG:
     """A DAG that people trigger from the UI form (no schedule), running one pipeline."""
     with DAG(
@@ -182,14 +199,16 @@ def backfill_dag(feeds: Mapping[str, Feed]) -> DAG:
     return _triggered_dag(
         "backfill",
         "Read a feed's records between two timestamps",
-        "Reads every record of the feed's topics whose timestamp is in `[start, end)`: from the first offset "
-        "at or after `start` to the first offset at or after `end` (the log's end when no record is that late). "
-        "Does not move the group's offsets unless `commit` is set.",
+        "Reads every record of the feed's topics whose timestamp is in `[start, end)`. Exact windows (the "
+        "default) read past the end by the skew bound and keep exactly the records stamped inside the window, "
+        "counting the ones dropped; `offset_cut` reads from the first offset at or after `start` to the first "
+        "at or after `end`. Does not move the group's offsets unless `commit` is set.",
         {
             "feed": _feed_param(feeds),
             "start_timestamp": Param(type="string", format="date-time", title="Window start (inclusive)"),
             "end_timestamp": Param(type="string", format="date-time", title="Window end (exclusive)"),
             "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards"),
+            **_window_params(),
         },
     )
 
@@ -225,6 +244,7 @@ def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
             "end_timestamp": Param(None, type=["null", "string"], format="date-time", section="End"),
             "end_offset": Param(None, type=["null", "integer"], minimum=0, section="End"),
             "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards"),
+            **_window_params(),
         },
     )
 

@@ -131,6 +131,22 @@ def pending_commit(feed: Feed, root: Path | None = None) -> RunHandle | None:
     return None
 
 
+def window_options(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``window_mode`` and ``max_skew`` trigger parameters, checked; absent ones keep the feed's settings."""
+    from tidemark.config import parse_skew
+
+    options: dict[str, Any] = {}
+    mode = params.get("window_mode")
+    if mode not in (None, ""):
+        if mode not in ("exact", "offset_cut"):
+            raise ConfigError(f"parameter 'window_mode': {mode!r} is not one of exact, offset_cut")
+        options["window_mode"] = mode
+    skew = params.get("max_skew")
+    if skew not in (None, ""):
+        options["max_skew"] = parse_skew(str(skew), "max_skew")
+    return options
+
+
 def plan_run(
     feed_name: str,
     connection: KafkaConnection,
@@ -173,11 +189,13 @@ def plan_run(
             raise ConfigError(f"parameter 'end_timestamp' ({end.isoformat()}) must be after 'start_timestamp'")
         plan = plan_feed(
             feed, adapter, checkpoints, mode=run_mode, window_start=start, window_end=end,
-            commit=bool(params.get("commit", False)),
+            commit=bool(params.get("commit", False)), **window_options(params),
         )  # fmt: skip
     else:
         spec = parse_replay_params(params)
-        plan = plan_feed(feed, adapter, checkpoints, mode=run_mode, replay=spec, commit=spec.commit)
+        plan = plan_feed(
+            feed, adapter, checkpoints, mode=run_mode, replay=spec, commit=spec.commit, **window_options(params)
+        )
     run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{plan.plan_id[:8]}"
     run_dir = runs_dir(feed.name, root) / run_id
     plan_path = write_plan(plan, run_dir / PLAN_FILE)

@@ -44,6 +44,7 @@ EventKind = Literal[
     "timestamp_past_end",
     "capped",
     "retention_warning",
+    "timestamp_skew",
 ]
 
 
@@ -128,6 +129,12 @@ class Plan:
     def ends(self) -> dict[tuple[str, int], int]:
         return {p.key: p.end for p in self.partitions}
 
+    @property
+    def time_filter(self) -> Mapping[str, Any] | None:
+        """The exact time window the job keeps records of, if any (``window["filter"]``)."""
+        found = self.window.get("filter")
+        return found if isinstance(found, Mapping) and found.get("mode") == "exact" else None
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -155,7 +162,7 @@ class Plan:
             window=doc.get("window", {}),
             version=doc["version"],
         )
-        expected = compute_plan_id(plan.feed, plan.group, plan.mode, plan.isolation, plan.partitions)
+        expected = compute_plan_id(plan.feed, plan.group, plan.mode, plan.isolation, plan.partitions, plan.time_filter)
         if plan.plan_id != expected:
             raise ConfigError(f"plan {plan.plan_id} does not match its content (hash {expected}); it was edited")
         return plan
@@ -166,9 +173,19 @@ class Plan:
 
 
 def compute_plan_id(
-    feed: str, group: str, mode: Mode, isolation: Isolation, partitions: tuple[PartitionPlan, ...]
+    feed: str,
+    group: str,
+    mode: Mode,
+    isolation: Isolation,
+    partitions: tuple[PartitionPlan, ...],
+    time_filter: Mapping[str, Any] | None = None,
 ) -> str:
-    content = {
+    """The content hash naming what is read and published.
+
+    An exact time window changes what is published from the same ranges, so its bounds
+    are part of the content; plans without one hash exactly as before.
+    """
+    content: dict[str, Any] = {
         "version": PLAN_VERSION,
         "feed": feed,
         "group": group,
@@ -176,6 +193,8 @@ def compute_plan_id(
         "isolation": isolation,
         "ranges": sorted((p.topic, p.partition, p.start, p.end) for p in partitions),
     }
+    if time_filter is not None:
+        content["time_filter"] = [time_filter.get("start_ms"), time_filter.get("end_ms")]
     digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
     return digest[:20]
 

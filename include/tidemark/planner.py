@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from tidemark.checkpoints import CheckpointStore
-from tidemark.config import Feed, OnAhead, OnDataLoss, OnMissing, OnNewPartition
+from tidemark.config import Feed, OnAhead, OnDataLoss, OnMissing, OnNewPartition, WindowMode
 from tidemark.errors import DataLossError, OffsetAheadError, PlanningError
 from tidemark.kafka_io import KafkaAdapter
 from tidemark.plan import (
@@ -44,6 +44,7 @@ TP = tuple[str, int]
 CapLimit = Literal["max_records_per_partition", "max_records_per_run"]
 
 RETENTION_MS = "retention.ms"
+TIMESTAMP_TYPE = "message.timestamp.type"
 OFFSETS_RETENTION_MINUTES = "offsets.retention.minutes"
 
 
@@ -70,6 +71,7 @@ class PartitionSnapshot:
     last_stable: int
     ts_start_offset: int | None = None
     ts_end_offset: int | None = None
+    ts_cut_end_offset: int | None = None  # exact windows: the unwidened cut at the window's end
     is_new: bool = False
     committed_metadata: str = ""
 
@@ -135,6 +137,27 @@ class Window:
 
     def to_dict(self) -> dict[str, Any]:
         return {"start": self.start.isoformat(), "end": None if self.end is None else self.end.isoformat()}
+
+
+@dataclass(frozen=True)
+class TimeFilter:
+    """An exact time window: the job keeps the records stamped in ``[start_ms, end_ms)``.
+
+    Either bound may be open (``None``): a replay may start at a timestamp and end at an
+    offset. The range's end was looked up at ``end_ms + max_skew_ms`` (not for topics in
+    ``log_append_time``, whose timestamps follow offsets); the start needs no margin, as
+    Kafka's offsets-for-times gives the earliest offset stamped at or after ``start_ms``,
+    so no earlier record is stamped inside the window.
+    """
+
+    start_ms: int | None
+    end_ms: int | None
+    max_skew_ms: int
+    log_append_time: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": "exact", "start_ms": self.start_ms, "end_ms": self.end_ms, "max_skew_ms": self.max_skew_ms,
+                "log_append_time": list(self.log_append_time)}  # fmt: skip
 
 
 # -- the pure planner --------------------------------------------------------------------
@@ -489,6 +512,7 @@ def build_plan(
     start_overrides: Mapping[TP, int] | None = None,
     end_overrides: Mapping[TP, int] | None = None,
     replay: ReplaySpec | None = None,
+    time_filter: TimeFilter | None = None,
 ) -> Plan:
     """Resolve every partition's range and group the ranges into tasks.
 
@@ -501,6 +525,8 @@ def build_plan(
     ``mode="replay"`` takes a :class:`~tidemark.replay.ReplaySpec` (``replay``), resolved by
     :func:`resolve_replay`; ``start_overrides`` / ``end_overrides`` are offsets a caller
     resolved itself (reason ``requested``). The data-loss and ahead policies still apply.
+    ``time_filter`` (exact windows, see :class:`TimeFilter`) is recorded in the plan's
+    window as ``filter`` (with each partition's unwidened end cut) and is part of the plan id.
     Raises :class:`DataLossError`, :class:`OffsetAheadError` or :class:`PlanningError`
     naming every offending partition.
     """
@@ -635,8 +661,14 @@ def build_plan(
                     events.append(_capped(partitions[i], "max_records_per_run", policy.max_records_per_run))
 
     final = tuple(partitions)
+    window_doc = window.to_dict() if window is not None else _replay_doc(replay) if replay is not None else {}
+    filter_doc = None
+    if time_filter is not None:
+        cuts = {f"{s.topic}:{s.partition}": s.ts_cut_end_offset for s in snapshots}
+        filter_doc = {**time_filter.to_dict(), "cut_ends": cuts}
+        window_doc["filter"] = filter_doc
     return Plan(
-        plan_id=compute_plan_id(feed_name, group, mode, isolation, final),
+        plan_id=compute_plan_id(feed_name, group, mode, isolation, final, filter_doc),
         feed=feed_name,
         group=group,
         mode=mode,
@@ -646,7 +678,7 @@ def build_plan(
         partitions=final,
         tasks=chunk_ranges(final, policy.records_per_task),
         events=tuple(events),
-        window=(window.to_dict() if window is not None else _replay_doc(replay) if replay is not None else {}),
+        window=window_doc,
     )
 
 
@@ -674,6 +706,7 @@ class FeedSnapshot:
     partitions: tuple[PartitionSnapshot, ...]
     retention: RetentionInfo
     requests: int  # admin calls issued (each fans out to at most one request per broker)
+    log_append_time: tuple[str, ...] = ()  # topics stamped by the broker (message.timestamp.type)
 
 
 def _to_ms(value: str | None, scale: int = 1) -> int | None:
@@ -695,6 +728,7 @@ def snapshot_feed(
     reset_timestamp_ms: int | None = None,
     window_start_ms: int | None = None,
     window_end_ms: int | None = None,
+    end_skew_ms: int = 0,
 ) -> FeedSnapshot:
     """Gather offsets for every partition of the feed's topics with batched admin calls.
 
@@ -702,6 +736,8 @@ def snapshot_feed(
     captured LSO never exceeds the captured HW, and the log start before both. Timestamp
     lookups run only where needed: the reset timestamp for partitions with no offsets at
     all (``reset_timestamp_ms``), the window bounds for every partition (backfill).
+    With ``end_skew_ms`` (exact windows) the end is looked up that much later on topics
+    stamped with CreateTime, and the unwidened cut is kept as ``ts_cut_end_offset``.
     """
     before = adapter.requests
     infos = adapter.partitions(feed.topics)
@@ -718,13 +754,18 @@ def snapshot_feed(
         bare = [tp for tp in tps if committed.get(tp) is None or committed[tp].offset is None]
         bare = [tp for tp in bare if tp not in saved]
         ts_start = adapter.offsets_for_timestamp(bare, reset_timestamp_ms, feed.isolation)
-    ts_end: dict[TP, int | None] = {}
-    if window_end_ms is not None:
-        ts_end = adapter.offsets_for_timestamp(tps, window_end_ms, feed.isolation)
     leaders = sorted({i.leader for i in infos if i.leader >= 0})
     topic_cfg, broker_cfg = adapter.topic_and_broker_configs(
-        feed.topics, [RETENTION_MS], leaders[0] if leaders else None, [OFFSETS_RETENTION_MINUTES]
+        feed.topics, [RETENTION_MS, TIMESTAMP_TYPE], leaders[0] if leaders else None, [OFFSETS_RETENTION_MINUTES]
     )
+    ts_end: dict[TP, int | None] = {}
+    ts_cut: dict[TP, int | None] = {}
+    if window_end_ms is not None:
+        ts_cut = adapter.offsets_for_timestamp(tps, window_end_ms, feed.isolation)
+        widened = [tp for tp in tps if topic_cfg.get(tp[0], {}).get(TIMESTAMP_TYPE) != "LogAppendTime"]
+        ts_end = dict(ts_cut)
+        if end_skew_ms and widened:
+            ts_end.update(adapter.offsets_for_timestamp(widened, window_end_ms + end_skew_ms, feed.isolation))
     snaps = []
     for info in infos:
         tp = (info.topic, info.partition)
@@ -742,6 +783,7 @@ def snapshot_feed(
                 last_stable=high if stable is None else min(stable[tp], high),
                 ts_start_offset=ts_start.get(tp),
                 ts_end_offset=ts_end.get(tp),
+                ts_cut_end_offset=ts_cut.get(tp),
                 committed_metadata="" if c is None else c.metadata,
             )
         )
@@ -750,7 +792,8 @@ def snapshot_feed(
         offsets_retention_ms=_to_ms(broker_cfg.get(OFFSETS_RETENTION_MINUTES), 60_000),
         topic_retention_ms={t: _to_ms(topic_cfg.get(t, {}).get(RETENTION_MS)) for t in feed.topics},
     )
-    return FeedSnapshot(mark_new_partitions(snaps), retention, adapter.requests - before)
+    log_append = tuple(t for t in feed.topics if topic_cfg.get(t, {}).get(TIMESTAMP_TYPE) == "LogAppendTime")
+    return FeedSnapshot(mark_new_partitions(snaps), retention, adapter.requests - before, log_append)
 
 
 def plan_feed(
@@ -764,11 +807,15 @@ def plan_feed(
     window_end: datetime | None = None,
     now: datetime | None = None,
     replay: ReplaySpec | None = None,
+    window_mode: WindowMode | None = None,
+    max_skew: timedelta | None = None,
 ) -> Plan:
     """Gather the feed's offsets and plan one run (see :func:`build_plan` for the rules).
 
     ``mode="backfill"`` needs ``window_start`` (``window_end`` optional); ``mode="replay"``
-    needs ``replay``, a :class:`~tidemark.replay.ReplaySpec`.
+    needs ``replay``, a :class:`~tidemark.replay.ReplaySpec`. Bounds given as timestamps
+    follow ``window_mode`` and ``max_skew`` (default: the feed's ``time_windows``): exact
+    windows widen the end by the skew and filter by timestamp in the job (:class:`TimeFilter`).
     """
     now = now or datetime.now(UTC)
     window: Window | None = None
@@ -787,6 +834,10 @@ def plan_feed(
         if replay is None:
             raise PlanningError(f"feed '{feed.name}': a replay needs a replay spec")
         start_ms, end_ms = replay_start_ms(replay, now), replay_end_ms(replay)
+    exact = (window_mode or feed.time_windows.mode) == "exact" and (start_ms is not None or end_ms is not None)
+    skew_ms = feed.time_windows.max_skew_ms if max_skew is None else int(max_skew.total_seconds() * 1000)
+    if skew_ms < 0:
+        raise PlanningError(f"feed '{feed.name}': the timestamp skew bound must not be negative, got {max_skew}")
     snap = snapshot_feed(
         feed,
         adapter,
@@ -795,7 +846,9 @@ def plan_feed(
         reset_timestamp_ms=feed.reset_timestamp_ms if start_ms is None else None,
         window_start_ms=start_ms,
         window_end_ms=end_ms,
+        end_skew_ms=skew_ms if exact else 0,
     )
+    time_filter = TimeFilter(start_ms, end_ms, skew_ms, snap.log_append_time) if exact else None
     return build_plan(
         feed.name,
         feed.group,
@@ -808,4 +861,5 @@ def plan_feed(
         retention=snap.retention,
         window=window,
         replay=replay,
+        time_filter=time_filter,
     )

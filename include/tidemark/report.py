@@ -76,6 +76,7 @@ class RunReport(BaseModel):
     ranges: list[dict[str, Any]] = Field(default_factory=list)
     counts: dict[str, int] = Field(default_factory=dict)
     gaps: dict[str, int] = Field(default_factory=dict)  # "topic[partition]" -> offsets with no record
+    window: list[dict[str, Any]] = Field(default_factory=list)  # exact time windows: per-partition counts
     events: list[dict[str, Any]] = Field(default_factory=list)
     validation: dict[str, Any] | None = None
     data_docs: str | None = None
@@ -215,6 +216,7 @@ def build_report(
         ranges=_ranges(plan) if plan is not None else [],
         counts=counts,
         gaps=gaps,
+        window=list(job.get("window") or []),
         events=_events(plan, job, commit_doc),
         validation=validation,
         data_docs=(validation or {}).get("data_docs") or (validation or {}).get("data_docs_index"),

@@ -8,13 +8,14 @@ from typing import Any
 import pytest
 
 from tests.conftest import KafkaTestCluster
-from tests.faults.harness import SCOREBOARD, FaultEnv, write_scoreboard
+from tests.faults.harness import SCOREBOARD, FaultEnv, Tally, write_scoreboard
 
 
 @pytest.fixture
 def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
          request: pytest.FixtureRequest) -> FaultEnv:  # fmt: skip
     env = FaultEnv(kafka, spark, tmp_path, request.node.name)
+    SCOREBOARD.setdefault(request.node.name, Tally())  # counted as run even where no record is checked
     monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
     monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
     monkeypatch.delenv("TIDEMARK_FAULTS", raising=False)

@@ -310,6 +310,7 @@ def test_backfill_window_past_last_record(
         mode="backfill",
         window_start=at + timedelta(seconds=start_s),
         window_end=at + timedelta(seconds=end_s),
+        window_mode="offset_cut",  # Kafka's offsets-for-times rule; exact windows: test_time_windows.py
     )
     assert {k: (s, e) for k, (s, e, _) in by_partition(plan).items()} == expected
     assert {p.reason for p in plan.partitions} == {"timestamp"}
@@ -405,7 +406,7 @@ def test_replay(
         args["start_timestamp"] = at + timedelta(seconds=args.pop("start_seconds"))
     if "end_seconds" in args:
         args["end_timestamp"] = at + timedelta(seconds=args.pop("end_seconds"))
-    plan = plan_feed(feed, kafka.adapter, store, mode="replay", replay=ReplaySpec(**args))
+    plan = plan_feed(feed, kafka.adapter, store, mode="replay", replay=ReplaySpec(**args), window_mode="offset_cut")
     assert {k: (s, e) for k, (s, e, _) in by_partition(plan).items()} == expected
     assert plan.mode == "replay" and plan.commit is False
     # the group's offsets are untouched by planning
