@@ -331,6 +331,14 @@ def commit_run(
             "refusing to commit offsets for data that was not published"
         )
     plan = handle.plan()
+    for w in (job or {}).get("window") or []:
+        progress(
+            f"window {w['topic']}[{w['partition']}]: read {w['read']} ({w['read_in_margin']} in the end margin), "
+            f"kept {w['kept']} ({w['kept_in_margin']} from the margin), dropped {w['dropped']} stamped outside, "
+            f"largest skew {w['largest_skew_ms']} ms"
+        )
+    for e in (job or {}).get("events") or []:
+        progress(f"event {e.get('kind')}: {e.get('message')}")
     checkpoints = _checkpoints(root)
     result = None
     skipped = None
