@@ -55,7 +55,7 @@ def test_feed_dags_never_overlap_and_ui_dags_have_forms(dagbag) -> None:  # type
     for dag_id, dag in dagbag.dags.items():
         if dag_id in ("tidemark_backfill", "tidemark_replay"):
             assert type(dag.timetable).__name__ == "NullTimetable"  # triggered by people only
-            assert {"feed", "commit"} <= set(dag.params.keys())
+            assert {"feed", "commit", "window_mode", "max_skew"} <= set(dag.params.keys())
         else:
             assert dag.max_active_runs == 1, dag_id
 
