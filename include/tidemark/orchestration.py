@@ -52,6 +52,20 @@ def kafka_connection(conn_id: str = KAFKA_CONN_ID) -> KafkaConnection:
     return from_airflow_extra(conn.extra_dejson)
 
 
+def airflow_auth() -> list[Any]:
+    """FastAPI dependencies that let only authenticated Airflow users read Tidemark's pages.
+
+    Airflow mounts plugin apps with no auth of their own. These are Airflow's own checks:
+    the user comes from the ``Authorization: Bearer`` header or the UI's ``_token``
+    cookie (anonymous → 401), and must be allowed to see plugin views (else → 403).
+    """
+    from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
+    from airflow.api_fastapi.core_api.security import requires_access_view
+    from fastapi import Depends
+
+    return [Depends(requires_access_view(AccessView.PLUGINS))]
+
+
 class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
     """SparkSubmitOperator that hands the Kafka connection to the job at execution time."""
 

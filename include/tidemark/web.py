@@ -6,13 +6,15 @@ last run, ``/feeds/{feed}`` shows per-partition offsets, recent runs with their 
 and a link to replay; ``/api/feeds/{feed}`` returns the same as JSON. Handlers are thin:
 the data comes from :mod:`tidemark.status` and :mod:`tidemark.report`. A feed whose
 brokers do not answer shows its error instead of failing the page. No connection
-setting is ever rendered.
+setting is ever rendered. Airflow mounts plugin apps without auth; the plugin passes
+Airflow's own security dependencies (:func:`tidemark.orchestration.airflow_auth`) so
+that every route needs an authenticated Airflow user.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
@@ -71,8 +73,10 @@ def create_app(
     checkpoints: Callable[[], CheckpointStore] = default_store,
     runs: Callable[[str], list[RunReport]] = list_runs,
     timeout_s: float = 5.0,
+    dependencies: Sequence[Any] = (),
 ) -> FastAPI:
-    app = FastAPI(title="Tidemark", docs_url=None, redoc_url=None)
+    """The app; ``dependencies`` guard every route (the plugin passes Airflow's own auth)."""
+    app = FastAPI(title="Tidemark", docs_url=None, redoc_url=None, dependencies=list(dependencies))
 
     def status_of(feed: Feed) -> FeedStatus:
         return feed_status(feed, KafkaAdapter(connection(), timeout_s=timeout_s), checkpoints())

@@ -1,9 +1,10 @@
 """Registers Tidemark's offsets/lag page with Airflow (Browse → Tidemark).
 
 The page is a FastAPI app (``tidemark.web.create_app``) mounted at ``/tidemark`` and
-shown in an iframe. Kafka settings come from the ``tidemark_kafka`` connection. Note:
-Airflow does not put plugin endpoints behind its auth; the page shows offsets, lag and
-run summaries, never connection settings.
+shown in an iframe. Kafka settings come from the ``tidemark_kafka`` connection. Airflow
+does not put plugin endpoints behind its auth, so the app carries Airflow's own auth
+dependencies: every page and endpoint needs an authenticated Airflow user. It shows
+offsets, lag and run summaries, never connection settings.
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ from typing import Any, ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
 
-from tidemark.orchestration import kafka_connection
+from tidemark.orchestration import airflow_auth, kafka_connection
 from tidemark.web import create_app
 
 
 class TidemarkPlugin(AirflowPlugin):
     name = "tidemark"
     fastapi_apps: ClassVar[list[dict[str, Any]]] = [
-        {"app": create_app(connection=kafka_connection), "url_prefix": "/tidemark", "name": "Tidemark"}
+        {
+            "app": create_app(connection=kafka_connection, dependencies=airflow_auth()),
+            "url_prefix": "/tidemark",
+            "name": "Tidemark",
+        }
     ]
     external_views: ClassVar[list[dict[str, Any]]] = [
         {

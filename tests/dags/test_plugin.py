@@ -21,5 +21,6 @@ def test_plugin_registers_app_and_nav_entry() -> None:
     assert app["url_prefix"] == "/tidemark"
     paths = {route.path for route in app["app"].routes}
     assert {"/", "/feeds/{name}", "/api/feeds/{name}"} <= paths
+    assert app["app"].router.dependencies, "the app must carry Airflow's auth dependencies"
     [view] = plugin.external_views
     assert view["href"] == "/tidemark/" and view["destination"] == "nav"
