@@ -14,13 +14,18 @@ runs and commits"). The embedded default is SQLite under the state dir;
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import sqlite3
-from collections.abc import Iterable, Mapping
-from contextlib import closing
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
+
+from tidemark.errors import CommitError
 
 TP = tuple[str, int]
 
@@ -38,6 +43,10 @@ class CheckpointStore(Protocol):
     def put(self, group: str, plan_id: str, offsets: Mapping[TP, int], run_id: str) -> None: ...
 
     def run_committed(self, group: str, run_id: str) -> bool: ...
+
+    def commit_lock(self, group: str, timeout_s: float = 120.0) -> AbstractContextManager[None]:
+        """Held while a run commits for ``group``: scheduled runs, backfills and replays take turns."""
+        ...
 
 
 _SCHEMA = """
@@ -83,10 +92,38 @@ class SqliteCheckpointStore:
             )
             conn.execute("INSERT OR IGNORE INTO committed_runs VALUES (?, ?, ?, ?)", (group, run_id, plan_id, now))
 
+    def commit_lock(self, group: str, timeout_s: float = 120.0) -> AbstractContextManager[None]:
+        """A lock file per group beside the database (SQLite is one machine's store anyway)."""
+        name = hashlib.sha256(group.encode()).hexdigest()[:24]
+        return _file_lock(self.path.with_name(f"{self.path.name}.locks") / f"{name}.lock", timeout_s,
+                          f"group '{group}'")  # fmt: skip
+
     def run_committed(self, group: str, run_id: str) -> bool:
         with closing(self._connect()) as conn:
             row = conn.execute("SELECT 1 FROM committed_runs WHERE grp = ? AND run_id = ?", (group, run_id)).fetchone()
         return row is not None
+
+
+@contextmanager
+def _file_lock(path: Path, timeout_s: float, what: str) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise CommitError(
+                        f"another run has been committing for {what} for over {timeout_s:.0f}s "
+                        f"(lock {path}); rerun once it finished"
+                    ) from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def default_store() -> SqliteCheckpointStore:

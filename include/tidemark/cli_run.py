@@ -76,7 +76,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _window_params(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in (("window_mode", args.window_mode), ("max_skew", args.max_skew)) if v is not None}
+    pairs = (("window_mode", args.window_mode), ("max_skew", args.max_skew), ("output", args.output),
+             ("topics", args.topics), ("partitions", args.partitions))  # fmt: skip
+    return {k: v for k, v in pairs if v is not None} | {"dry_run": args.dry_run}
 
 
 def _backfill(args: argparse.Namespace) -> int:
@@ -120,6 +122,10 @@ def _window_flags(parser: argparse.ArgumentParser) -> None:
         help="exact windows: how far a record's timestamp may lag behind an earlier one's (30s, 10m, PT10M; "
         "default: the feed's time_windows.max_skew, 10m unless set)",
     )  # fmt: skip
+    parser.add_argument("--output", help="where to publish (default: the feed's output with .backfills/.replays)")
+    parser.add_argument("--topics", help="comma-separated topics of the feed (default: all)")
+    parser.add_argument("--partitions", help="comma-separated partition numbers (default: all)")
+    parser.add_argument("--dry-run", dest="dry_run", action="store_true", help="plan only: read nothing")
 
 
 def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -215,6 +215,15 @@ class Feed(_Model):
     def output_dir(self) -> Path:
         return Path(self.output) if self.output else state_dir() / "output" / self.name
 
+    def output_for(self, mode: str) -> Path:
+        """Where a run of ``mode`` publishes by default: backfills and replays never into the feed's own output.
+
+        They go beside it (``<output>.backfills``, ``<output>.replays``), so a reader of the
+        feed's output never sees a replayed record twice.
+        """
+        base = self.output_dir()
+        return base if mode == "scheduled" else base.with_name(f"{base.name}.{mode}s")
+
 
 _PRESETS = {
     "@hourly": timedelta(hours=1),

@@ -146,7 +146,7 @@ def run(
     res.validator = VALIDATOR
     timer = _Timer(res)
     run_dir.mkdir(parents=True, exist_ok=True)
-    output = (output_dir or feed.output_dir()).resolve()
+    output = (output_dir or plan_output(plan, feed)).resolve()
 
     done = load_manifest(output, plan.plan_id)
     if done is not None:  # published by an earlier attempt: do not read Kafka again
@@ -288,6 +288,11 @@ def root_cause(exc: BaseException) -> tuple[str, str]:
             name, _, message = line[len("tidemark.errors.") :].partition(": ")
             return name, message.strip()
     return type(exc).__name__, text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def plan_output(plan: Plan, feed: Feed) -> Path:
+    """Where ``plan`` publishes: the location it names, else the feed's output."""
+    return Path(plan.output) if plan.output else feed.output_dir()
 
 
 OUTSIDE_WINDOW = "outside_window"  # the staging outcome of records stamped outside an exact window

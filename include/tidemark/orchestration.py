@@ -77,6 +77,11 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         from tidemark.pipeline import RunHandle, run_empty
 
         handle = RunHandle.from_xcom(context["ti"].xcom_pull(task_ids="plan"))
+        if handle.dry_run:
+            raise AirflowSkipException(
+                f"dry run: plan {handle.plan_id} ({handle.records} records) is only planned, nothing is read; "
+                "the plan is in the plan task's log and in the run's report"
+            )
         if handle.records == 0:
             # Nothing to read: no Spark application. job.json records the (empty) result;
             # the commit task still runs and re-commits the idle partitions.
@@ -192,6 +197,19 @@ def _window_params() -> dict[str, Param]:
     }  # fmt: skip
 
 
+def _selection_params(mode: str, dry_run_default: bool) -> dict[str, Param]:
+    """Form fields choosing partitions, where the run publishes, and whether it only plans."""
+    return {
+        "topics": Param(None, type=["null", "array"], items={"type": "string"}, title="Topics",
+                        description="Empty: every topic of the feed", section="Scope"),
+        "partitions": Param(None, type=["null", "array"], items={"type": "integer", "minimum": 0},
+                            title="Partitions", description="Empty: every partition", section="Scope"),
+        "output": Param(None, type=["null", "string"], title="Output location", section="Scope",
+                        description=f"Empty: the feed's {mode} location beside its output (never the output itself)"),
+        "dry_run": Param(dry_run_default, type="boolean", title="Dry run (plan only, read nothing)"),
+    }  # fmt: skip
+
+
 def _triggered_dag(mode: str, description: str, doc_md: str, params: dict[str, Param]) -> DAG:
     """A DAG that people trigger from the UI form (no schedule), running one pipeline."""
     with DAG(
@@ -223,6 +241,7 @@ def backfill_dag(feeds: Mapping[str, Feed]) -> DAG:
             "end_timestamp": Param(type="string", format="date-time", title="Window end (exclusive)"),
             "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards"),
             **_window_params(),
+            **_selection_params("backfill", dry_run_default=False),
         },
     )
 
@@ -231,7 +250,10 @@ def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
     return _triggered_dag(
         "replay",
         "Re-read a feed from any start to any end",
-        "Manual replay: choose where to start and end; offsets move only if `commit` is set.",
+        "Manual replay: choose where to start and end, which topics and partitions, and where to publish "
+        "(default: the feed's replay location beside its output). A dry run (the default) only plans: the "
+        "ranges are in the plan task's log and the run's report, nothing is read. Offsets move only if `commit` "
+        "is set.",
         {
             "feed": _feed_param(feeds),
             "start_from": Param(
@@ -259,6 +281,7 @@ def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
             "end_offset": Param(None, type=["null", "integer"], minimum=0, section="End"),
             "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards"),
             **_window_params(),
+            **_selection_params("replay", dry_run_default=True),
         },
     )
 

@@ -22,12 +22,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidemark.checkpoints import SqliteCheckpointStore
+
+if TYPE_CHECKING:
+    from tidemark.commit import CommitResult
 from tidemark.config import Feed, load_feed, package_root, state_dir
 from tidemark.connection import KafkaConnection
 from tidemark.errors import ConfigError, OffsetsMovedError, TidemarkError
@@ -58,6 +61,7 @@ class RunHandle:
     commit: bool
     records: int
     resumed: str | None = None  # plan id of an earlier run whose commit this run finished
+    dry_run: bool = False  # plan only: nothing is read, published or committed
 
     def to_xcom(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,9 +108,10 @@ def _published(feed: Feed, handle: RunHandle, job: Mapping[str, Any] | None) -> 
     """
     if job is not None and job.get("published"):
         return True
+    from tidemark.job import plan_output
     from tidemark.sink import load_manifest
 
-    return load_manifest(feed.output_dir().resolve(), handle.plan_id) is not None
+    return load_manifest(plan_output(handle.plan(), feed).resolve(), handle.plan_id) is not None
 
 
 def pending_commit(feed: Feed, root: Path | None = None) -> RunHandle | None:
@@ -129,6 +134,46 @@ def pending_commit(feed: Feed, root: Path | None = None) -> RunHandle | None:
         if _published(feed, handle, _job_result(run_dir)) and not checkpoints.run_committed(feed.group, handle.run_id):
             return handle
     return None
+
+
+def selection_options(feed: Feed, mode: str, params: Mapping[str, Any]) -> tuple[dict[str, Any], Path | None, bool]:
+    """A backfill's or replay's ``topics``, ``partitions``, ``output`` and ``dry_run`` parameters, checked.
+
+    Returns the planner's selection options, where the run publishes (``None``: the feed's
+    output, scheduled runs only) and whether it is a dry run.
+    """
+    options: dict[str, Any] = {}
+    topics = params.get("topics")
+    if topics not in (None, "", []):
+        if isinstance(topics, str):
+            topics = [t.strip() for t in topics.split(",") if t.strip()]
+        if not isinstance(topics, list | tuple) or not all(isinstance(t, str) for t in topics):
+            raise ConfigError(f"parameter 'topics': expected a list of topic names, got {topics!r}")
+        options["topics"] = list(topics)
+    partitions = params.get("partitions")
+    if partitions not in (None, "", []):
+        if isinstance(partitions, str):
+            partitions = [p.strip() for p in partitions.split(",") if p.strip()]
+        try:
+            numbers = [int(p) for p in partitions]
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"parameter 'partitions': expected partition numbers, got {partitions!r}") from exc
+        if any(n < 0 for n in numbers) or any(isinstance(p, bool) for p in partitions):
+            raise ConfigError(f"parameter 'partitions': partition numbers are 0 or more, got {partitions!r}")
+        options["partitions"] = numbers
+    dry_run = params.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise ConfigError(f"parameter 'dry_run': expected true or false, got {dry_run!r}")
+    if mode == "scheduled":
+        return options, None, dry_run
+    output = params.get("output")
+    target = Path(output) if output not in (None, "") else feed.output_for(mode)
+    if target.resolve() == feed.output_dir().resolve():
+        raise ConfigError(
+            f"parameter 'output': {target} is feed '{feed.name}''s own output; a {mode} publishes elsewhere "
+            f"(default {feed.output_for(mode)}) so readers of the feed never see its records twice"
+        )
+    return options, target, dry_run
 
 
 def window_options(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -178,6 +223,7 @@ def plan_run(
     checkpoints = _checkpoints(root)
     adapter = KafkaAdapter(connection)
     run_mode: Mode = mode  # type: ignore[assignment]
+    chosen, output, dry_run = selection_options(feed, mode, params)
     if mode == "scheduled":
         plan = plan_feed(feed, adapter, checkpoints, mode=run_mode)
     elif mode == "backfill":
@@ -189,13 +235,16 @@ def plan_run(
             raise ConfigError(f"parameter 'end_timestamp' ({end.isoformat()}) must be after 'start_timestamp'")
         plan = plan_feed(
             feed, adapter, checkpoints, mode=run_mode, window_start=start, window_end=end,
-            commit=bool(params.get("commit", False)), **window_options(params),
+            commit=bool(params.get("commit", False)), **window_options(params), **chosen,
         )  # fmt: skip
     else:
         spec = parse_replay_params(params)
         plan = plan_feed(
-            feed, adapter, checkpoints, mode=run_mode, replay=spec, commit=spec.commit, **window_options(params)
-        )
+            feed, adapter, checkpoints, mode=run_mode, replay=spec, commit=spec.commit, **window_options(params),
+            **chosen,
+        )  # fmt: skip
+    if output is not None:
+        plan = replace(plan, output=str(output))
     run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{plan.plan_id[:8]}"
     run_dir = runs_dir(feed.name, root) / run_id
     plan_path = write_plan(plan, run_dir / PLAN_FILE)
@@ -209,6 +258,7 @@ def plan_run(
         commit=plan.commit,
         records=plan.total_records,
         resumed=resumed,
+        dry_run=dry_run,
     )
     _write_status(run_dir, handle=handle.to_xcom(), planned_at=datetime.now(UTC).isoformat())
     progress(
@@ -217,7 +267,20 @@ def plan_run(
     )
     for event in plan.events:
         progress(f"event {event.kind}: {event.message}")
+    if dry_run:
+        progress(f"dry run: nothing is read, published or committed. The plan ({plan.total_records} records):")
+        for line in plan_table(plan):
+            progress(line)
     return handle
+
+
+def plan_table(plan: Plan) -> list[str]:
+    """The plan's ranges as aligned text lines (a dry run's task log)."""
+    rows = [("partition", "committed", "start", "end", "records", "reason")]
+    rows += [(f"{p.topic}[{p.partition}]", "-" if p.committed is None else str(p.committed), str(p.start),
+              str(p.end), str(p.records), p.reason) for p in plan.partitions]  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
 def spark_submit_command(handle: RunHandle, master: str | None = None) -> list[str]:
@@ -320,11 +383,13 @@ def commit_run(
 ) -> CommitOutcome:
     """Step 3: commit the plan's ends (only after a successful publish), then report."""
     from tidemark.commit import commit_plan
-    from tidemark.report import build_report, save_report
 
     root = root or state_dir()
     run_dir = Path(handle.run_dir)
     job = _job_result(run_dir)
+    if handle.dry_run:
+        return _finish(handle, connection, None, job, "dry run: planned only, nothing read, published or committed",
+                       progress)  # fmt: skip
     if not _published(load_feed(handle.feed), handle, job):
         raise TidemarkError(
             f"run {handle.run_id} of feed '{handle.feed}' has not published plan {handle.plan_id}; "
@@ -345,7 +410,8 @@ def commit_run(
     if handle.commit:
         fault_point("commit.before")
         try:
-            result = commit_plan(plan, connection, checkpoints, run_id=handle.run_id)
+            with checkpoints.commit_lock(plan.group):  # one committing run per group at a time
+                result = commit_plan(plan, connection, checkpoints, run_id=handle.run_id)
         except TidemarkError as exc:
             _fail(handle, connection, job, f"commit refused: {exc}")
             raise
@@ -354,7 +420,24 @@ def commit_run(
             progress(f"commit: {note}")
     else:
         skipped = f"mode {handle.mode} does not commit unless asked"
+    return _finish(handle, connection, result, job, skipped, progress)
+
+
+def _finish(
+    handle: RunHandle,
+    connection: KafkaConnection,
+    result: CommitResult | None,
+    job: Mapping[str, Any] | None,
+    skipped: str | None,
+    progress: Progress,
+) -> CommitOutcome:
+    """Record the run as finished and write its report."""
+    from tidemark.report import build_report, save_report
+
+    if skipped is not None:
         progress(f"not committing: {skipped}")
+    plan = handle.plan()
+    run_dir = Path(handle.run_dir)
     _write_status(run_dir, committed=result is not None, finished_at=datetime.now(UTC).isoformat())
     report = build_report(
         handle=handle, plan=plan, job=job, commit=result, skipped_reason=skipped, connection=connection
@@ -380,7 +463,9 @@ def run_feed(
     ``job_runner`` replaces ``spark-submit`` (tests run the job in their own session).
     """
     handle = plan_run(feed_name, connection, mode=mode, params=params, root=root, progress=progress)
-    if handle.records == 0:
+    if handle.dry_run:
+        job: dict[str, Any] = {}
+    elif handle.records == 0:
         job = run_empty(handle, connection, progress=progress)
     elif job_runner is None:
         job = run_job(handle, connection, master=master, progress=progress)

@@ -117,6 +117,7 @@ class Plan:
     events: tuple[Event, ...] = ()
     window: Mapping[str, Any] = field(default_factory=dict)
     version: int = PLAN_VERSION
+    output: str | None = None  # where this plan publishes (None: the feed's output); not part of the id
 
     @property
     def total_records(self) -> int:
@@ -161,6 +162,7 @@ class Plan:
             events=tuple(Event(**e) for e in doc.get("events", ())),
             window=doc.get("window", {}),
             version=doc["version"],
+            output=doc.get("output"),
         )
         expected = compute_plan_id(plan.feed, plan.group, plan.mode, plan.isolation, plan.partitions, plan.time_filter)
         if plan.plan_id != expected:

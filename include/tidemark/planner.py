@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tidemark.checkpoints import CheckpointStore
 from tidemark.config import Feed, OnAhead, OnDataLoss, OnMissing, OnNewPartition, WindowMode
-from tidemark.errors import DataLossError, OffsetAheadError, PlanningError
+from tidemark.errors import ConfigError, DataLossError, OffsetAheadError, PlanningError
 from tidemark.kafka_io import KafkaAdapter
 from tidemark.plan import (
     Chunk,
@@ -796,6 +796,28 @@ def snapshot_feed(
     return FeedSnapshot(mark_new_partitions(snaps), retention, adapter.requests - before, log_append)
 
 
+def _choose(
+    feed: Feed, snapshots: Sequence[PartitionSnapshot], topics: Sequence[str] | None, partitions: Sequence[int] | None
+) -> tuple[PartitionSnapshot, ...]:
+    """The partitions a replay or backfill asked for; unknown topics or partitions are refused by name."""
+    if topics and (unknown := sorted(set(topics) - set(feed.topics))):
+        raise ConfigError(
+            f"parameter 'topics': {', '.join(unknown)} is not a topic of feed '{feed.name}' "
+            f"(its topics: {', '.join(feed.topics)})"
+        )
+    wanted_topics = set(topics or feed.topics)
+    pool = [s for s in snapshots if s.topic in wanted_topics]
+    if partitions:
+        present = {s.partition for s in pool}
+        if missing := sorted(set(partitions) - present):
+            raise ConfigError(
+                f"parameter 'partitions': {', '.join(map(str, missing))} not found in "
+                f"{', '.join(sorted(wanted_topics))} (partitions there: {', '.join(map(str, sorted(present)))})"
+            )
+        pool = [s for s in pool if s.partition in set(partitions)]
+    return tuple(pool)
+
+
 def plan_feed(
     feed: Feed,
     adapter: KafkaAdapter,
@@ -809,6 +831,8 @@ def plan_feed(
     replay: ReplaySpec | None = None,
     window_mode: WindowMode | None = None,
     max_skew: timedelta | None = None,
+    topics: Sequence[str] | None = None,
+    partitions: Sequence[int] | None = None,
 ) -> Plan:
     """Gather the feed's offsets and plan one run (see :func:`build_plan` for the rules).
 
@@ -849,10 +873,11 @@ def plan_feed(
         end_skew_ms=skew_ms if exact else 0,
     )
     time_filter = TimeFilter(start_ms, end_ms, skew_ms, snap.log_append_time) if exact else None
+    chosen = _choose(feed, snap.partitions, topics, partitions) if (topics or partitions) else snap.partitions
     return build_plan(
         feed.name,
         feed.group,
-        snap.partitions,
+        chosen,
         policy=Policy.from_feed(feed),
         created_at=now,
         mode=mode,

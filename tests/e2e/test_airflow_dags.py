@@ -105,7 +105,8 @@ def test_feed_dag_then_replay_dag(kafka: KafkaTestCluster, airflow_env: dict[str
     committed = kafka.adapter.committed(group, [(topic, 0), (topic, 1)])
     assert {tp: c.offset for tp, c in committed.items()} == {(topic, 0): 5, (topic, 1): 5}
 
-    replay = _run_dag(env, "tidemark_replay", {"feed": "af", "start_from": "earliest", "commit": False})
+    conf = {"feed": "af", "start_from": "earliest", "commit": False, "dry_run": False}
+    replay = _run_dag(env, "tidemark_replay", conf)
     assert "DAGRUN_STATE=success" in replay.stdout, replay.stdout[-4000:] + replay.stderr[-4000:]
     committed = kafka.adapter.committed(group, [(topic, 0), (topic, 1)])
     assert {tp: c.offset for tp, c in committed.items()} == {(topic, 0): 5, (topic, 1): 5}  # replay did not commit
@@ -113,6 +114,15 @@ def test_feed_dag_then_replay_dag(kafka: KafkaTestCluster, airflow_env: dict[str
     assert len(reports) == 2
     replay_report = json.loads(reports[-1].read_text())
     assert replay_report["mode"] == "replay" and replay_report["counts"]["planned"] == 10
+    assert len(list((tmp_path / "out.replays").glob("plan_id=*/_manifest.json"))) == 1  # beside the feed's output
+    assert len(list(output.glob("plan_id=*/_manifest.json"))) == 1  # the feed's own output: the scheduled run only
+
+    dry = _run_dag(env, "tidemark_replay", {"feed": "af", "start_from": "earliest"})  # dry_run defaults to true
+    assert "DAGRUN_STATE=success" in dry.stdout, dry.stdout[-4000:] + dry.stderr[-4000:]
+    newest = sorted(state.glob("runs/af/*"))[-1]
+    assert not (newest / "job.json").exists()  # nothing read
+    assert json.loads((newest / "report.json").read_text())["commit"]["status"] == "skipped"
+    assert "dry run" in dry.stdout + dry.stderr
 
     bad = _run_dag(env, "tidemark_replay", {"feed": "af", "start_from": "offset"})
     assert "DAGRUN_STATE=success" not in bad.stdout
