@@ -34,12 +34,13 @@ from typing import Any, Literal
 
 from tidemark.checkpoints import CheckpointStore
 from tidemark.connection import KafkaConnection
-from tidemark.errors import CommitError, GroupInUseError, OffsetsMovedError
+from tidemark.errors import CommitError, GroupInUseError, KafkaUnavailableError, OffsetsMovedError
 from tidemark.faults import fault_point
 from tidemark.kafka_io import TP, Committed, GroupInfo, KafkaAdapter
 from tidemark.plan import Plan
 
 METADATA_MAX_BYTES = 4096  # broker default offset.metadata.max.bytes
+METADATA_LIMIT_CONFIG = "offset.metadata.max.bytes"
 DEFAULT_COMMIT_TIMEOUT_S = 30.0
 # States in which the group has, or is getting, members; "dead" means it does not exist.
 _IDLE_STATES = frozenset({"empty", "dead", "unknown"})
@@ -85,7 +86,7 @@ def _fmt(tp: TP) -> str:
     return f"{tp[0]}[{tp[1]}]"
 
 
-def plan_metadata(plan: Plan, run_id: str, limit: int = METADATA_MAX_BYTES) -> str:
+def plan_metadata(plan: Plan, run_id: str, limit: int = METADATA_MAX_BYTES - 1) -> str:
     """The offset metadata naming the plan and the run: compact JSON of at most ``limit`` UTF-8 bytes.
 
     The plan and run ids always survive; the feed name and mode are dropped, then the
@@ -113,6 +114,27 @@ def plan_metadata(plan: Plan, run_id: str, limit: int = METADATA_MAX_BYTES) -> s
             f"offset metadata limit {limit} bytes is too small for plan id {plan.plan_id} and run id {run_id}"
         )
     return text
+
+
+def metadata_limit(kafka: KafkaAdapter, plan: Plan) -> int:
+    """The longest metadata the brokers accept: below ``offset.metadata.max.bytes`` (asked of a leader).
+
+    A broker with a smaller limit rejects the whole commit (OFFSET_METADATA_TOO_LARGE), so
+    the metadata is fitted to the limit the cluster really has. A client that may not
+    describe broker configs (ACLs) gets Kafka's default.
+    """
+    leaders = sorted({p.leader for p in plan.partitions if p.leader >= 0})
+    configured = METADATA_MAX_BYTES
+    if leaders:
+        try:
+            _, broker = kafka.topic_and_broker_configs([], [], leaders[0], [METADATA_LIMIT_CONFIG])
+        except KafkaUnavailableError:
+            broker = {}
+        value = broker.get(METADATA_LIMIT_CONFIG)
+        configured = int(value) if value not in (None, "") else METADATA_MAX_BYTES
+    # Kafka 4.3 accepts metadata strictly shorter than the setting (a 100-byte string is
+    # refused under offset.metadata.max.bytes=100, 99 bytes are accepted: checked by running).
+    return configured - 1
 
 
 def _metadata_field(metadata: str, key: str) -> str | None:
@@ -221,7 +243,7 @@ def commit_plan(
     kafka = adapter or KafkaAdapter(connection, timeout_s=timeout_s)
     tps = [p.key for p in plan.partitions]
     ends = plan.ends()
-    metadata = plan_metadata(plan, run_id)
+    metadata = plan_metadata(plan, run_id, metadata_limit(kafka, plan))
 
     def result(status: CommitStatus, vanished: tuple[TP, ...] = (), notes: tuple[str, ...] = ()) -> CommitResult:
         return CommitResult(plan.plan_id, run_id, plan.group, status, ends, started, _now(), vanished, notes)

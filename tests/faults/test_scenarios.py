@@ -653,3 +653,44 @@ def test_backfill_past_the_last_record_with_out_of_order_timestamps(fenv: FaultE
     # No record at or after the start: one event per partition, the range empty at the log's end.
     assert {e.details["which"] for e in later.plan().events if e.kind == "timestamp_past_end"} == {"start"}
     assert fenv.committed() == {0: None, 1: None, 2: None}
+
+
+@scenario("10", "Commit metadata over the broker's limit",
+          injected="a one-broker cluster of its own started with offset.metadata.max.bytes=100 (Kafka's default "
+                   "is 4096; Tidemark's full metadata is longer than 100 bytes)",
+          asserted="the commit fits its metadata to the broker's limit (plan and run ids kept) instead of being "
+                   "rejected as OFFSET_METADATA_TOO_LARGE; the group is at the plan's ends")  # fmt: skip
+def test_commit_metadata_over_the_brokers_limit(tmp_path: Path) -> None:
+    from tidemark.checkpoints import SqliteCheckpointStore
+    from tidemark.commit import commit_plan, metadata_plan_id, plan_metadata
+    from tidemark.kafka_io import KafkaAdapter
+    from tidemark.kafka_local.cluster import LocalCluster
+    from tidemark.planner import Policy, build_plan, snapshot_feed
+
+    cluster = LocalCluster(tmp_path / "small-limit")
+    state = cluster.up(brokers=1, settings={"offset.metadata.max.bytes": "100"})
+    try:
+        connection = KafkaConnection(state.bootstrap_servers)
+        adapter = KafkaAdapter(connection)
+        adapter.create_topic("limits", 2, 1, None)
+        from tidemark.kafka_io import produce
+
+        produce(connection, "limits", [Record(value=b"v-%d" % i, partition=i % 2) for i in range(6)])
+        from tidemark.config import Feed
+
+        feed = Feed(name="a-feed-with-a-rather-long-name-for-its-metadata", topics=("limits",), group="g-limits")
+        store = SqliteCheckpointStore(tmp_path / "cp.sqlite")
+        snap = snapshot_feed(feed, adapter, store)
+        plan = build_plan(feed.name, feed.group, snap.partitions, policy=Policy(), created_at=datetime.now(UTC))
+        run_id = "20261122T000000000000Z-" + plan.plan_id[:8]
+        assert len(plan_metadata(plan, run_id).encode()) > 100  # what Kafka's default limit would allow
+
+        result = commit_plan(plan, connection, store, run_id=run_id)
+
+        assert result.status == "committed"
+        got = adapter.committed(feed.group, [p.key for p in plan.partitions])
+        assert {tp: c.offset for tp, c in got.items()} == plan.ends()
+        assert all(len(c.metadata.encode()) < 100 and metadata_run_id(c.metadata) == run_id for c in got.values())
+        assert {metadata_plan_id(c.metadata) for c in got.values()} == {plan.plan_id}
+    finally:
+        cluster.down(purge=True)
