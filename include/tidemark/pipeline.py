@@ -213,12 +213,7 @@ def plan_run(
     pending = pending_commit(feed, root)
     if pending is not None:
         progress(f"finishing the commit of published plan {pending.plan_id} (run {pending.run_id}) first")
-        try:
-            commit_run(pending, connection, root=root, progress=progress)
-        except OffsetsMovedError as exc:
-            # Retrying can never succeed; the next run plans from the offsets as they are now.
-            _write_status(Path(pending.run_dir), abandoned=str(exc))
-            raise
+        commit_run(pending, connection, root=root, progress=progress)  # refused for good: marked abandoned
         resumed = pending.plan_id
     checkpoints = _checkpoints(root)
     adapter = KafkaAdapter(connection)
@@ -413,6 +408,8 @@ def commit_run(
             with checkpoints.commit_lock(plan.group):  # one committing run per group at a time
                 result = commit_plan(plan, connection, checkpoints, run_id=handle.run_id)
         except TidemarkError as exc:
+            if isinstance(exc, OffsetsMovedError):  # retrying can never succeed: not left pending
+                _write_status(run_dir, abandoned=str(exc))
             _fail(handle, connection, job, f"commit refused: {exc}")
             raise
         progress(f"committed group '{plan.group}' at the plan's ends ({len(plan.partitions)} partitions)")

@@ -22,7 +22,8 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, Producer
 
-from tests.faults.harness import FaultEnv, assert_names, scenario
+from tests.conftest import KafkaTestCluster
+from tests.faults.harness import FaultEnv, assert_names, oracle, scenario
 from tidemark.commit import metadata_run_id
 from tidemark.connection import KafkaConnection
 from tidemark.errors import (
@@ -328,22 +329,37 @@ def test_live_consumer_and_offsets_moved(fenv: FaultEnv) -> None:
     fenv.check("test_live_consumer_and_offsets_moved")
 
 
-@scenario("11", "Overlapping runs of one feed",
-          injected="two runs planned from the same offsets before either commits (two schedulers)",
-          asserted="both publish the same plan once; exactly one commits, the other is refused; I1–I4")  # fmt: skip
+@scenario("11", "Overlapping runs of one feed: scheduled run, backfill and replay at once",
+          injected="a scheduled run, a committing backfill and a committing replay planned from the same group "
+                   "offsets before any of them commits; their jobs all publish",
+          asserted="exactly one commits (offset metadata names it), the others are refused naming the run that "
+                   "moved the offsets; each output holds its plan once; I1–I4")  # fmt: skip
 def test_overlapping_runs_exactly_one_commits(fenv: FaultEnv) -> None:
     fenv.produce(12)
-    first = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
-    second = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
-    assert first.plan_id == second.plan_id and first.run_id != second.run_id
-    for handle in (first, second):
+    now = datetime.now(UTC)
+    scheduled = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    backfill = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root, mode="backfill", params={
+        "start_timestamp": (now.replace(year=now.year - 1)).isoformat(), "end_timestamp": now.isoformat(),
+        "commit": True})  # fmt: skip
+    replay = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root, mode="replay",
+                      params={"start_from": "committed", "commit": True})  # fmt: skip
+    again = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)  # a second scheduler
+    assert again.plan_id == scheduled.plan_id and again.run_id != scheduled.run_id
+    handles = [scheduled, backfill, replay, again]
+    for handle in handles:
         fenv.in_process(handle, fenv.kafka.connection)
-    commit_run(first, fenv.kafka.connection, root=fenv.root)
-    with pytest.raises(OffsetsMovedError) as err:
-        commit_run(second, fenv.kafka.connection, root=fenv.root)
-    assert_names(str(err.value), first.run_id, rf"{fenv.topic}\[\d\]")
+    commit_run(scheduled, fenv.kafka.connection, root=fenv.root)
+    for loser in handles[1:]:
+        with pytest.raises(OffsetsMovedError) as err:
+            commit_run(loser, fenv.kafka.connection, root=fenv.root)
+        assert_names(str(err.value), scheduled.run_id, rf"{fenv.topic}\[\d\]", "Plan again")
     got = fenv.kafka.adapter.committed(fenv.group, fenv.tps())
-    assert {metadata_run_id(c.metadata) for c in got.values()} == {first.run_id}
+    assert {metadata_run_id(c.metadata) for c in got.values()} == {scheduled.run_id}
+    for output in (fenv.output.with_name("out.backfills"), fenv.output.with_name("out.replays")):
+        assert sum(fenv.published(output).values()) == 12
+    fenv.produce(3)
+    nxt, _, _ = fenv.run()  # the refused runs are not left pending: the next run just goes on
+    assert nxt.resumed is None and fenv.committed() == {0: 5, 1: 5, 2: 5}
     fenv.check("test_overlapping_runs_exactly_one_commits")
 
 
@@ -692,5 +708,112 @@ def test_commit_metadata_over_the_brokers_limit(tmp_path: Path) -> None:
         assert {tp: c.offset for tp, c in got.items()} == plan.ends()
         assert all(len(c.metadata.encode()) < 100 and metadata_run_id(c.metadata) == run_id for c in got.values())
         assert {metadata_plan_id(c.metadata) for c in got.values()} == {plan.plan_id}
+    finally:
+        cluster.down(purge=True)
+
+
+@scenario("12a", "A partition leader killed mid-read",
+          injected="SIGKILL to the leader of partition 0 after planning, while the job reads; started again after",
+          asserted="the read completes from the new leader (replication 3), the commit lands the plan's ends; "
+                   "I1–I3")  # fmt: skip
+def test_leader_killed_mid_read(kafka: KafkaTestCluster, spark: Any, tmp_path: Path,
+                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    cluster = kafka.require_local()
+    fenv = FaultEnv(kafka, spark, tmp_path, "leader-killed")
+    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(fenv.feeds))
+    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(fenv.root))
+    topic = kafka.new_topic(partitions=3, replication=3, prefix="fault-rf3")
+    fenv.topic = topic
+    fenv.write_feed()
+    fenv.produce(300)
+    handle = plan_run(fenv.feed, kafka.connection, root=fenv.root)
+    leader = next(p.leader for p in handle.plan().partitions if p.partition == 0)
+    cluster.stop_node(leader, kill=True)
+    try:
+        fenv.in_process(handle, kafka.connection)
+    finally:
+        cluster.start_node(leader)
+    commit_run(handle, kafka.connection, root=fenv.root)
+    assert fenv.committed() == {0: 100, 1: 100, 2: 100}
+    fenv.check("test_leader_killed_mid_read")
+
+
+@scenario("14", "A compacted topic",
+          injected="cleanup.policy=compact with keys rewritten until the log cleaner removed older copies",
+          asserted="offsets missing inside the ranges are gaps, not loss: the run commits the planned ends and "
+                   "publishes exactly what Kafka still holds; I1–I3")  # fmt: skip
+def test_compacted_topic(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.0001",
+              "min.compaction.lag.ms": "0", "delete.retention.ms": "0", "retention.ms": "-1"}  # fmt: skip
+    fenv = FaultEnv(kafka, spark, tmp_path, "compacted", partitions=1, topic_config=config)
+    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(fenv.feeds))
+    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(fenv.root))
+    deadline = time.monotonic() + 120
+    while True:
+        fenv.kafka.produce(fenv.topic, [Record(value=f"v-{i}-{time.time_ns()}".encode(), key=f"k{i}".encode(),
+                                               partition=0) for i in range(20)])  # fmt: skip
+        time.sleep(1.0)
+        end = fenv.kafka.adapter.end_offsets([(fenv.topic, 0)], "read_committed")[(fenv.topic, 0)]
+        held = sum(oracle(fenv.kafka.connection, {(fenv.topic, 0): (0, end)}).values())
+        if held < end - 20:
+            break
+        assert time.monotonic() < deadline, "the log cleaner did not compact within 2 minutes"
+    handle, job, _ = fenv.run()
+    assert job["records_read"] < handle.records  # gaps inside the range
+    fenv.check("test_compacted_topic")
+
+
+@scenario("20b", "A broker restarted during the commit",
+          injected="the group coordinator's broker stopped right before the commit and started again 3 s later",
+          asserted="the commit goes through another coordinator or after the restart, within its timeout; "
+                   "the group is at the plan's ends; I1–I3")  # fmt: skip
+def test_broker_restarted_during_the_commit(fenv: FaultEnv) -> None:
+    import threading
+
+    cluster = fenv.kafka.require_local()
+    fenv.produce(9)
+    fenv.run()
+    fenv.produce(6)
+    handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(handle, fenv.kafka.connection)
+    future = fenv.kafka.adapter.admin.describe_consumer_groups([fenv.group], request_timeout=10)[fenv.group]
+    coordinator = future.result(timeout=10).coordinator.id
+    cluster.stop_node(coordinator)
+    restart = threading.Timer(3.0, cluster.start_node, args=(coordinator,))
+    restart.start()
+    try:
+        commit_run(handle, fenv.kafka.connection, root=fenv.root)
+    finally:
+        restart.join()
+    assert fenv.committed() == {0: 5, 1: 5, 2: 5}
+    fenv.check("test_broker_restarted_during_the_commit")
+
+
+@scenario("20c", "All brokers down at plan time",
+          injected="a one-broker cluster of its own, stopped before planning, started again after",
+          asserted="planning fails within the adapter's timeout naming the servers, writes no run dir and "
+                   "moves nothing; once the broker is back the run reads and commits; I1–I4")  # fmt: skip
+def test_all_brokers_down_at_plan_time(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tidemark.kafka_local.cluster import LocalCluster
+
+    cluster = LocalCluster(tmp_path / "one-broker")
+    state = cluster.up(brokers=1)
+    try:
+        own = KafkaTestCluster(KafkaConnection(state.bootstrap_servers), cluster)
+        fenv = FaultEnv(own, spark, tmp_path / "env", "all-down")
+        monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(fenv.feeds))
+        monkeypatch.setenv("TIDEMARK_STATE_DIR", str(fenv.root))
+        fenv.produce(9)
+        cluster.stop_node(1)
+        started = time.monotonic()
+        with pytest.raises(KafkaUnavailableError) as err:
+            plan_run(fenv.feed, own.connection, root=fenv.root)
+        assert time.monotonic() - started < 60
+        assert_names(str(err.value), state.bootstrap_servers, "reachable")
+        assert not list(fenv.root.glob("runs/*/*"))
+        cluster.start_node(1)
+        fenv.run()
+        assert fenv.committed() == {0: 3, 1: 3, 2: 3}
+        fenv.check("test_all_brokers_down_at_plan_time")
     finally:
         cluster.down(purge=True)
