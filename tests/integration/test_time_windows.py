@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, TopicPartition
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv
 from tidemark.kafka_io import Record
+from tidemark.pipeline import RunHandle
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -65,8 +66,11 @@ def every_record(env: FaultEnv) -> list[tuple[int, int, int]]:
     return sorted(out)
 
 
-def published_positions(env: FaultEnv) -> set[tuple[int, int]]:
-    return {(p, o) for (_, p, o, _) in env.published()}
+def published_positions(env: FaultEnv, handle: RunHandle) -> set[tuple[int, int]]:
+    """Positions published by ``handle``'s run: a backfill publishes beside the feed's output, never into it."""
+    output = handle.plan().output
+    assert output is not None and Path(output) != env.output
+    return {(p, o) for (_, p, o, _) in env.published(Path(output))}
 
 
 def iso(ms: int) -> str:
@@ -83,7 +87,7 @@ def test_exact_backfill_publishes_exactly_the_records_stamped_inside(env: FaultE
     handle, job, outcome = env.run("backfill", {"start_timestamp": iso(start), "end_timestamp": iso(end),
                                                 "max_skew": "15m"})  # fmt: skip
 
-    assert published_positions(env) == inside
+    assert published_positions(env, handle) == inside
     report = json.loads(Path(outcome.report_path).read_text())
     window = report["window"]
     assert sum(w["kept"] for w in window) == len(inside) == job["records_published"]
@@ -126,7 +130,7 @@ def test_offset_cut_mode_keeps_the_old_ranges(env: FaultEnv) -> None:
     plan = handle.plan()
     assert plan.time_filter is None
     assert {p.key: (p.start, p.end) for p in plan.partitions} == {tp: (starts[tp], ends[tp]) for tp in tps}
-    assert published_positions(env) == {(p, o) for (_, p), s in starts.items() for o in range(s, ends[(env.topic, p)])}
+    assert published_positions(env, handle) == {(p, o) for (_, p), s in starts.items() for o in range(s, ends[(env.topic, p)])}
 
 
 def test_log_append_time_topic_is_read_with_no_margin(kafka: KafkaTestCluster, spark: Any, tmp_path: Path,
@@ -147,4 +151,4 @@ def test_log_append_time_topic_is_read_with_no_margin(kafka: KafkaTestCluster, s
     (part,) = handle.plan().partitions
     assert (part.start, part.end) == (5, 10)  # no margin although max_skew is 10 minutes
     assert handle.plan().time_filter["log_append_time"] == [env.topic]  # type: ignore[index]
-    assert published_positions(env) == {(0, o) for o in range(5, 10)}
+    assert published_positions(env, handle) == {(0, o) for o in range(5, 10)}
