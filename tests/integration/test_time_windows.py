@@ -130,7 +130,8 @@ def test_offset_cut_mode_keeps_the_old_ranges(env: FaultEnv) -> None:
     plan = handle.plan()
     assert plan.time_filter is None
     assert {p.key: (p.start, p.end) for p in plan.partitions} == {tp: (starts[tp], ends[tp]) for tp in tps}
-    assert published_positions(env, handle) == {(p, o) for (_, p), s in starts.items() for o in range(s, ends[(env.topic, p)])}
+    expected = {(p, o) for (_, p), s in starts.items() for o in range(s, ends[(env.topic, p)])}
+    assert published_positions(env, handle) == expected
 
 
 def test_log_append_time_topic_is_read_with_no_margin(kafka: KafkaTestCluster, spark: Any, tmp_path: Path,
