@@ -222,6 +222,42 @@ def test_group_offsets_expired_without_checkpoint(fenv: FaultEnv) -> None:
     fenv.check("test_group_offsets_expired_without_checkpoint")
 
 
+@scenario("5c", "Group offsets expired by the broker itself",
+          injected="a one-broker cluster of its own with offsets.retention.minutes=1 (the shortest Kafka allows) "
+                   "and a 1 s expiry check; the feed idles until the broker deleted the group's offsets",
+          asserted="the broker removed every committed offset; the next run resumes from the checkpoint with one "
+                   "group_offsets_expired event per partition, commits back at the plan's ends; I1–I3")  # fmt: skip
+def test_group_offsets_expired_by_the_broker(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tidemark.kafka_local.cluster import LocalCluster
+
+    cluster = LocalCluster(tmp_path / "short-retention")
+    state = cluster.up(
+        brokers=1, settings={"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms": "1000"}
+    )
+    try:
+        own = KafkaTestCluster(KafkaConnection(state.bootstrap_servers), cluster)
+        fenv = FaultEnv(own, spark, tmp_path / "env", "expiry")
+        monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(fenv.feeds))
+        monkeypatch.setenv("TIDEMARK_STATE_DIR", str(fenv.root))
+        fenv.produce(9)
+        fenv.run()
+        assert fenv.committed() == {0: 3, 1: 3, 2: 3}
+        # An assign-mode group (no members) expires per partition, a minute after its last commit.
+        deadline = time.monotonic() + 180
+        while any(c is not None for c in fenv.committed().values()) and time.monotonic() < deadline:
+            time.sleep(2)
+        assert fenv.committed() == {0: None, 1: None, 2: None}, "the broker did not expire the group's offsets"
+        fenv.produce(6, partition=0)
+        handle, _, outcome = fenv.run()
+        events = handle.plan().events
+        assert [e.kind for e in events] == ["group_offsets_expired"] * 3
+        assert {e.partition for e in events} == {0, 1, 2}
+        assert outcome.committed and fenv.committed() == {0: 9, 1: 3, 2: 3}
+        fenv.check("test_group_offsets_expired_by_the_broker")
+    finally:
+        cluster.down(purge=True)
+
+
 @pytest.mark.parametrize("policy", ["fail", "skip"])
 @scenario("6", "Committed offset below the log start",
           injected="DeleteRecords past the committed offset of one partition; on_data_loss fail / skip",
