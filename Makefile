@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test lint unit integration faults faults-table soak bench bench-quick bench-plan kafka-up kafka-down clean lock
+.PHONY: install demo test lint unit integration faults faults-table soak bench bench-small bench-quick bench-plan kafka-up kafka-down clean lock
 
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
@@ -47,6 +47,12 @@ soak: install
 bench: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tidemark.bench $(BENCH_ARGS)
+	$(BIN)/python -m tidemark.bench_small $(BENCH_SMALL_ARGS)
+
+# The small-run table alone (issue 12): `tidemark run` vs Spark's Kafka source, 0 / 1,000 / 100,000 records.
+bench-small: install
+	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
+	$(BIN)/python -m tidemark.bench_small $(BENCH_SMALL_ARGS)
 
 bench-quick: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up

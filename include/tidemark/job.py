@@ -424,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         feed = load_feed(args.feed or plan.feed)
         result.feed = feed.name
         connection = from_env()
-        spark = session(f"tidemark-{feed.name}")
+        spark = _Timer(result).step("spark_session", lambda: session(f"tidemark-{feed.name}"))
         if args.ship_package:
             ship_package(spark)
         run(spark, plan, feed, connection, run_dir, output_dir=Path(args.output) if args.output else None,
