@@ -459,6 +459,16 @@ class KafkaAdapter:
             infos = self._describe([topic], ATTEMPT_TIMEOUT_S)
             if not infos or any(i.leader < 0 for i in infos):
                 raise _TransientMetadataError(topic, "partitions without a leader")
+            # One broker knowing it is not enough: the next request may go to one that lags
+            # (seen on a loaded machine: "unknown topic" right after this returned).
+            for broker in self._admin.list_topics(timeout=ATTEMPT_TIMEOUT_S).brokers.values():
+                one = AdminClient({**self._config, "bootstrap.servers": f"{broker.host}:{broker.port}"})
+                try:
+                    meta = one.list_topics(topic, timeout=ATTEMPT_TIMEOUT_S).topics.get(topic)
+                except KafkaException as exc:
+                    raise _TransientMetadataError(topic, exc.args[0]) from exc
+                if meta is None or meta.error is not None or any(p.leader < 0 for p in meta.partitions.values()):
+                    raise _TransientMetadataError(topic, f"broker {broker.id} does not know it yet")
 
         self._retry(
             led,
