@@ -1,4 +1,4 @@
-"""Shared fixtures: the real local Kafka cluster, per-test topics, a local SparkSession.
+"""Shared fixtures: the real local Kafka cluster, per-test topics, a local SparkSession, a real PostgreSQL.
 
 The ``kafka`` fixture starts a 3-broker KRaft cluster from the project's own scripts
 once per test session, under a temporary home, and stops it at the end. Two ways to
@@ -8,6 +8,10 @@ reuse a running cluster instead (handy while developing):
   left running; broker stop/restart works.
 - ``TIDEMARK_BOOTSTRAP_SERVERS=host:port``: any cluster; broker stop/restart tests
   are skipped (they need to own the processes).
+
+The ``postgres`` fixture starts one throwaway PostgreSQL server per session
+(:mod:`tidemark.pg_local`: Debian's binaries, installed first if missing and we are root)
+and yields its URL; ``checkpoint_store`` gives each test a fresh store of either kind.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tidemark.checkpoints import CheckpointStore, PostgresCheckpointStore, SqliteCheckpointStore
 from tidemark.connection import KafkaConnection
 from tidemark.kafka_io import KafkaAdapter, Record, produce
 from tidemark.kafka_local.cluster import LocalCluster
@@ -121,6 +126,29 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaTestCluster
     finally:
         if not shared_home:
             cluster.down(purge=True)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[str]:
+    """The URL (with its password) of a database on a PostgreSQL server started for this session."""
+    from tidemark import pg_local
+
+    server = pg_local.start()
+    try:
+        yield server.url
+    finally:
+        server.stop(purge=True)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def checkpoint_store(request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointStore:
+    """A fresh checkpoint store: SQLite in the test's tmp dir, or the session's PostgreSQL database.
+
+    Tests use fresh group names, so PostgreSQL rows of other tests never meet theirs.
+    """
+    if request.param == "sqlite":
+        return SqliteCheckpointStore(tmp_path / "checkpoints.sqlite")
+    return PostgresCheckpointStore(request.getfixturevalue("postgres"))
 
 
 @pytest.fixture(scope="session")

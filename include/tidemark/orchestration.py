@@ -23,6 +23,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import DAG, BaseHook, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from tidemark.checkpoints import CheckpointStore
 from tidemark.config import Feed, load_feeds, package_root
 from tidemark.connection import KafkaConnection, from_airflow_extra, from_env
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
@@ -31,6 +32,7 @@ from tidemark.replay import END_CHOICES, START_CHOICES
 log = logging.getLogger(__name__)
 KAFKA_CONN_ID = os.environ.get("TIDEMARK_KAFKA_CONN_ID", "tidemark_kafka")
 SPARK_CONN_ID = os.environ.get("TIDEMARK_SPARK_CONN_ID", "tidemark_spark")
+CHECKPOINT_CONN_ID = os.environ.get("TIDEMARK_CHECKPOINT_CONN_ID", "tidemark_checkpoints")
 START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "data-platform",
@@ -50,6 +52,31 @@ def kafka_connection(conn_id: str = KAFKA_CONN_ID) -> KafkaConnection:
     except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
         return from_env()
     return from_airflow_extra(conn.extra_dejson)
+
+
+def checkpoint_store(conn_id: str = CHECKPOINT_CONN_ID) -> CheckpointStore | None:
+    """The shared checkpoint store from an Airflow connection of type postgres, if one is defined.
+
+    ``None`` means "not configured in Airflow": the pipeline then uses
+    ``TIDEMARK_CHECKPOINT_URL``, else SQLite under the state dir (one machine only).
+    """
+    from tidemark.checkpoints import open_store
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
+        return None
+    if conn.conn_type not in ("postgres", "postgresql"):
+        raise ConfigError(
+            f"Airflow connection '{conn_id}' has type '{conn.conn_type}'; the checkpoint store needs type postgres"
+        )
+    from sqlalchemy.engine import URL
+
+    url = URL.create(
+        "postgresql", username=conn.login or None, password=conn.password or None, host=conn.host or None,
+        port=conn.port or None, database=conn.schema or None,
+    )  # fmt: skip
+    return open_store(url.render_as_string(hide_password=False))
 
 
 def airflow_auth() -> list[Any]:
@@ -121,7 +148,12 @@ def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None
 
     return _no_retry_for_refusals(
         lambda: plan_run(
-            feed_name, kafka_connection(), mode=mode, params=dict(params or {}), progress=log.info
+            feed_name,
+            kafka_connection(),
+            mode=mode,
+            params=dict(params or {}),
+            progress=log.info,
+            checkpoints=checkpoint_store(),
         ).to_xcom()
     )
 
@@ -133,7 +165,9 @@ def commit_step(handle: dict[str, Any]) -> dict[str, Any]:
     from tidemark.pipeline import RunHandle, commit_run
 
     return _no_retry_for_refusals(
-        lambda: commit_run(RunHandle.from_xcom(handle), kafka_connection(), progress=log.info).to_xcom()
+        lambda: commit_run(
+            RunHandle.from_xcom(handle), kafka_connection(), progress=log.info, checkpoints=checkpoint_store()
+        ).to_xcom()
     )
 
 

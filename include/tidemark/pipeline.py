@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidemark.checkpoints import SqliteCheckpointStore
+from tidemark.checkpoints import CheckpointStore, open_store
 
 if TYPE_CHECKING:
     from tidemark.commit import CommitResult
@@ -74,8 +74,9 @@ class RunHandle:
         return Plan.from_json(Path(self.plan_path).read_text())
 
 
-def _checkpoints(root: Path) -> SqliteCheckpointStore:
-    return SqliteCheckpointStore(root / "checkpoints.sqlite")
+def _checkpoints(root: Path, given: CheckpointStore | None = None) -> CheckpointStore:
+    """``given``, else the store ``TIDEMARK_CHECKPOINT_URL`` names, else SQLite under ``root``."""
+    return given if given is not None else open_store(root=root)
 
 
 def runs_dir(feed: str, root: Path | None = None) -> Path:
@@ -114,7 +115,9 @@ def _published(feed: Feed, handle: RunHandle, job: Mapping[str, Any] | None) -> 
     return load_manifest(plan_output(handle.plan(), feed).resolve(), handle.plan_id) is not None
 
 
-def pending_commit(feed: Feed, root: Path | None = None) -> RunHandle | None:
+def pending_commit(
+    feed: Feed, root: Path | None = None, checkpoints: CheckpointStore | None = None
+) -> RunHandle | None:
     """The newest run of ``feed`` that published, should commit, and has not committed.
 
     Runs whose commit was refused because another writer moved the group's offsets are
@@ -123,7 +126,7 @@ def pending_commit(feed: Feed, root: Path | None = None) -> RunHandle | None:
     base = runs_dir(feed.name, root)
     if not base.exists():
         return None
-    checkpoints = _checkpoints(root or state_dir())
+    checkpoints = _checkpoints(root or state_dir(), checkpoints)
     for run_dir in sorted(base.iterdir(), reverse=True):
         status = _run_status(run_dir)
         if not status or not status.get("handle") or status.get("abandoned"):
@@ -200,6 +203,7 @@ def plan_run(
     params: Mapping[str, Any] | None = None,
     root: Path | None = None,
     progress: Progress = _silent,
+    checkpoints: CheckpointStore | None = None,
 ) -> RunHandle:
     """Step 1: finish a pending commit, then plan and save this run's plan."""
     from tidemark.planner import plan_feed
@@ -210,12 +214,13 @@ def plan_run(
     feed = load_feed(feed_name)
     params = dict(params or {})
     resumed = None
-    pending = pending_commit(feed, root)
+    checkpoints = _checkpoints(root, checkpoints)
+    pending = pending_commit(feed, root, checkpoints)
     if pending is not None:
         progress(f"finishing the commit of published plan {pending.plan_id} (run {pending.run_id}) first")
-        commit_run(pending, connection, root=root, progress=progress)  # refused for good: marked abandoned
+        # refused for good: marked abandoned
+        commit_run(pending, connection, root=root, progress=progress, checkpoints=checkpoints)
         resumed = pending.plan_id
-    checkpoints = _checkpoints(root)
     adapter = KafkaAdapter(connection)
     run_mode: Mode = mode  # type: ignore[assignment]
     chosen, output, dry_run = selection_options(feed, mode, params)
@@ -374,7 +379,12 @@ class CommitOutcome:
 
 
 def commit_run(
-    handle: RunHandle, connection: KafkaConnection, *, root: Path | None = None, progress: Progress = _silent
+    handle: RunHandle,
+    connection: KafkaConnection,
+    *,
+    root: Path | None = None,
+    progress: Progress = _silent,
+    checkpoints: CheckpointStore | None = None,
 ) -> CommitOutcome:
     """Step 3: commit the plan's ends (only after a successful publish), then report."""
     from tidemark.commit import commit_plan
@@ -399,7 +409,7 @@ def commit_run(
         )
     for e in (job or {}).get("events") or []:
         progress(f"event {e.get('kind')}: {e.get('message')}")
-    checkpoints = _checkpoints(root)
+    checkpoints = _checkpoints(root, checkpoints)
     result = None
     skipped = None
     if handle.commit:
@@ -454,12 +464,16 @@ def run_feed(
     master: str | None = None,
     progress: Progress = _silent,
     job_runner: JobRunner | None = None,
+    checkpoints: CheckpointStore | None = None,
 ) -> tuple[RunHandle, dict[str, Any], CommitOutcome]:
     """All three steps, as ``tidemark run`` does them.
 
     ``job_runner`` replaces ``spark-submit`` (tests run the job in their own session).
     """
-    handle = plan_run(feed_name, connection, mode=mode, params=params, root=root, progress=progress)
+    checkpoints = _checkpoints(root or state_dir(), checkpoints)
+    handle = plan_run(
+        feed_name, connection, mode=mode, params=params, root=root, progress=progress, checkpoints=checkpoints
+    )
     if handle.dry_run:
         job: dict[str, Any] = {}
     elif handle.records == 0:
@@ -468,5 +482,5 @@ def run_feed(
         job = run_job(handle, connection, master=master, progress=progress)
     else:
         job = job_runner(handle, connection)
-    outcome = commit_run(handle, connection, root=root, progress=progress)
+    outcome = commit_run(handle, connection, root=root, progress=progress, checkpoints=checkpoints)
     return handle, job, outcome
