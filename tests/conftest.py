@@ -12,6 +12,9 @@ reuse a running cluster instead (handy while developing):
 The ``postgres`` fixture starts one throwaway PostgreSQL server per session
 (:mod:`tidemark.pg_local`: Debian's binaries, installed first if missing and we are root)
 and yields its URL; ``checkpoint_store`` gives each test a fresh store of either kind.
+The ``s3`` fixture starts one s3proxy (:mod:`tidemark.s3_local`) per session with a
+bucket ``tidemark`` and puts its endpoint and credentials in the environment, as a
+deployment would; tests use fresh prefixes under that bucket.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from tidemark.checkpoints import CheckpointStore, PostgresCheckpointStore, Sqlit
 from tidemark.connection import KafkaConnection
 from tidemark.kafka_io import KafkaAdapter, Record, produce
 from tidemark.kafka_local.cluster import LocalCluster
+from tidemark.s3_local import LocalS3
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 
@@ -138,6 +142,31 @@ def postgres() -> Iterator[str]:
         yield server.url
     finally:
         server.stop(purge=True)
+
+
+S3_BUCKET = "tidemark"
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[LocalS3]:
+    """A real S3 endpoint (s3proxy) for the session, its settings in the environment (``AWS_*``)."""
+    from tidemark import s3_local
+
+    server = s3_local.start()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in server.env().items():
+                patch.setenv(key, value)
+            server.create_bucket(S3_BUCKET)
+            yield server
+    finally:
+        server.stop(purge=True)
+
+
+@pytest.fixture
+def s3_prefix(s3: LocalS3) -> str:
+    """A fresh ``s3://tidemark/<test>-<uuid>`` prefix for one test."""
+    return f"s3://{S3_BUCKET}/t-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

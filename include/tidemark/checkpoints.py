@@ -36,6 +36,8 @@ from tidemark.errors import CommitError, ConfigError, StateStoreError
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
 
+    from tidemark.storage import Location
+
 URL_ENV = "TIDEMARK_CHECKPOINT_URL"
 
 TP = tuple[str, int]
@@ -288,7 +290,7 @@ class PostgresCheckpointStore:
             conn.close()  # closing the session releases the lock even if the unlock failed
 
 
-def open_store(url: str | None = None, root: Path | None = None) -> CheckpointStore:
+def open_store(url: str | None = None, root: Path | Location | None = None) -> CheckpointStore:
     """The checkpoint store named by ``url``, else by ``TIDEMARK_CHECKPOINT_URL``, else SQLite under ``root``.
 
     ``postgresql://...`` gives :class:`PostgresCheckpointStore`; ``sqlite:///path`` or no
@@ -296,9 +298,16 @@ def open_store(url: str | None = None, root: Path | None = None) -> CheckpointSt
     """
     chosen = url or os.environ.get(URL_ENV) or None
     if chosen is None:
-        from tidemark.config import state_dir
+        from tidemark.config import state_location
+        from tidemark.storage import Location
 
-        return SqliteCheckpointStore((root or state_dir()) / "checkpoints.sqlite")
+        base = Location.of(root) if root is not None else state_location()
+        if not base.is_local:
+            raise ConfigError(
+                f"the state dir {base.url} is on an object store, so the checkpoint store must be shared too: "
+                f"set {URL_ENV}=postgresql://user:password@host:port/db (or the Airflow connection)"
+            )
+        return SqliteCheckpointStore(base.local_path() / "checkpoints.sqlite")
     if chosen.startswith("sqlite:///"):
         return SqliteCheckpointStore(Path(chosen[len("sqlite:///") :]))
     if chosen.split(":", 1)[0].split("+", 1)[0] in ("postgresql", "postgres"):
