@@ -101,4 +101,10 @@ def test_a_run_with_state_and_output_on_s3_publishes_once(
     assert "no Spark application started" in idle.stdout
     assert [c.name for c in output.children()] == [f"plan_id={handle.plan_id}"]
     assert len((state / "runs" / "orders").children(folders_only=True)) == 2
+    runs = subprocess.run([sys.executable, "-m", "tidemark.cli", "runs", "orders"], env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert runs.returncode == 0 and runs.stdout.count("succeeded") == 2, runs.stdout + runs.stderr
+    shown = subprocess.run([sys.executable, "-m", "tidemark.cli", "report", handle.run_id], env=env,
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert shown.returncode == 0 and handle.plan_id in shown.stdout, shown.stdout + shown.stderr
     assert {tp: c.offset for tp, c in kafka.adapter.committed(group, list(ends)).items()} == ends
