@@ -1,4 +1,4 @@
-"""Shared fixtures: the real local Kafka cluster, per-test topics, a local SparkSession.
+"""Shared fixtures: the real local Kafka cluster, per-test topics, a local SparkSession, a real PostgreSQL.
 
 The ``kafka`` fixture starts a 3-broker KRaft cluster from the project's own scripts
 once per test session, under a temporary home, and stops it at the end. Two ways to
@@ -8,6 +8,13 @@ reuse a running cluster instead (handy while developing):
   left running; broker stop/restart works.
 - ``TIDEMARK_BOOTSTRAP_SERVERS=host:port``: any cluster; broker stop/restart tests
   are skipped (they need to own the processes).
+
+The ``postgres`` fixture starts one throwaway PostgreSQL server per session
+(:mod:`tidemark.pg_local`: Debian's binaries, installed first if missing and we are root)
+and yields its URL; ``checkpoint_store`` gives each test a fresh store of either kind.
+The ``s3`` fixture starts one s3proxy (:mod:`tidemark.s3_local`) per session with a
+bucket ``tidemark`` and puts its endpoint and credentials in the environment, as a
+deployment would; tests use fresh prefixes under that bucket.
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ from typing import Any
 
 import pytest
 
+from tidemark.checkpoints import CheckpointStore, PostgresCheckpointStore, SqliteCheckpointStore
 from tidemark.connection import KafkaConnection
 from tidemark.kafka_io import KafkaAdapter, Record, produce
 from tidemark.kafka_local.cluster import LocalCluster
+from tidemark.s3_local import LocalS3
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 
@@ -121,6 +130,54 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaTestCluster
     finally:
         if not shared_home:
             cluster.down(purge=True)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[str]:
+    """The URL (with its password) of a database on a PostgreSQL server started for this session."""
+    from tidemark import pg_local
+
+    server = pg_local.start()
+    try:
+        yield server.url
+    finally:
+        server.stop(purge=True)
+
+
+S3_BUCKET = "tidemark"
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[LocalS3]:
+    """A real S3 endpoint (s3proxy) for the session, its settings in the environment (``AWS_*``)."""
+    from tidemark import s3_local
+
+    server = s3_local.start()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in server.env().items():
+                patch.setenv(key, value)
+            server.create_bucket(S3_BUCKET)
+            yield server
+    finally:
+        server.stop(purge=True)
+
+
+@pytest.fixture
+def s3_prefix(s3: LocalS3) -> str:
+    """A fresh ``s3://tidemark/<test>-<uuid>`` prefix for one test."""
+    return f"s3://{S3_BUCKET}/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def checkpoint_store(request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointStore:
+    """A fresh checkpoint store: SQLite in the test's tmp dir, or the session's PostgreSQL database.
+
+    Tests use fresh group names, so PostgreSQL rows of other tests never meet theirs.
+    """
+    if request.param == "sqlite":
+        return SqliteCheckpointStore(tmp_path / "checkpoints.sqlite")
+    return PostgresCheckpointStore(request.getfixturevalue("postgres"))
 
 
 @pytest.fixture(scope="session")

@@ -8,14 +8,20 @@ from there and say "group offsets expired". It also records which *runs* committ
 commit belongs to a run, not to a plan id, because two runs at different times may plan
 the same ranges (an idle feed, a group whose offsets expired, a group reset back to
 offsets it had) and each of them must still commit (``docs/ARCHITECTURE.md``, "Plans,
-runs and commits"). The embedded default is SQLite under the state dir;
-:class:`CheckpointStore` is the interface another database would implement.
+runs and commits"). The embedded default is SQLite under the state dir (one machine).
+Deployments whose Airflow workers share no disk use :class:`PostgresCheckpointStore`,
+chosen by URL (``TIDEMARK_CHECKPOINT_URL=postgresql://user:password@host:port/db``, or an
+Airflow connection of type postgres): the same tables, and the per-group commit lock is
+a PostgreSQL advisory lock held by the committing process's session (released by
+PostgreSQL itself if that process dies). A URL's password never appears in messages
+(:func:`redact_url`).
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -23,9 +29,16 @@ from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tidemark.errors import CommitError
+from tidemark.errors import CommitError, ConfigError, StateStoreError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+    from tidemark.storage import Location
+
+URL_ENV = "TIDEMARK_CHECKPOINT_URL"
 
 TP = tuple[str, int]
 
@@ -126,7 +139,185 @@ def _file_lock(path: Path, timeout_s: float, what: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def default_store() -> SqliteCheckpointStore:
-    from tidemark.config import state_dir
+_PG_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS tidemark_checkpoints (
+        grp TEXT NOT NULL, topic TEXT NOT NULL, part INTEGER NOT NULL,
+        next_offset BIGINT NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL,
+        PRIMARY KEY (grp, topic, part))""",
+    """CREATE TABLE IF NOT EXISTS tidemark_committed_runs (
+        grp TEXT NOT NULL, run_id TEXT NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL,
+        PRIMARY KEY (grp, run_id))""",
+)
+# Advisory lock keys are one bigint space per database: a fixed key serialises schema
+# creation, and commit locks hash the group into it (see _lock_key).
+_SCHEMA_LOCK_KEY = 0x7469_6465_6D61_726B  # "tidemark"
 
-    return SqliteCheckpointStore(state_dir() / "checkpoints.sqlite")
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (safe for messages and logs)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparseable URL>"
+
+
+def _lock_key(group: str) -> int:
+    """A signed 64-bit advisory lock key for ``group``'s commit lock."""
+    return int.from_bytes(hashlib.sha256(f"tidemark-commit:{group}".encode()).digest()[:8], "big", signed=True)
+
+
+class PostgresCheckpointStore:
+    """The shared store: two tables in a PostgreSQL database, reached by SQLAlchemy + psycopg 3.
+
+    Every call opens its own short transaction; connections are not pooled, so the store
+    is safe to use from forked processes and never holds a connection between calls
+    (except the one holding a commit lock).
+    """
+
+    def __init__(self, url: str) -> None:
+        from sqlalchemy import create_engine
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.pool import NullPool
+
+        parsed = make_url(url)
+        if parsed.get_backend_name() not in ("postgresql", "postgres"):
+            raise ConfigError(f"checkpoint store URL {redact_url(url)}: expected postgresql://...")
+        self._password = parsed.password
+        self.url = redact_url(url)
+        self.engine: Engine = create_engine(
+            parsed.set(drivername="postgresql+psycopg"), poolclass=NullPool,
+            connect_args={"connect_timeout": 10, "application_name": "tidemark"},
+        )  # fmt: skip
+        with self._begin("create its tables") as conn:
+            from sqlalchemy import text
+
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
+            for statement in _PG_SCHEMA:
+                conn.execute(text(statement))
+
+    def _error(self, what: str, exc: Exception) -> StateStoreError:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if self._password:
+            message = message.replace(str(self._password), "***")
+        return StateStoreError(
+            f"checkpoint store {self.url} could not {what}: {message}. Check that the server is up and that "
+            f"{URL_ENV} (or the Airflow connection) names the right host, database and credentials"
+        )
+
+    @contextmanager
+    def _begin(self, what: str) -> Iterator[Connection]:
+        from sqlalchemy.exc import DBAPIError
+
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except DBAPIError as exc:
+            raise self._error(what, exc) from None
+
+    def get(self, group: str, tps: Iterable[TP]) -> dict[TP, Checkpoint]:
+        from sqlalchemy import text
+
+        wanted = set(tps)
+        with self._begin("read checkpoints") as conn:
+            rows = conn.execute(
+                text("SELECT topic, part, next_offset, plan_id, committed_at FROM tidemark_checkpoints "
+                     "WHERE grp = :g"), {"g": group},
+            ).all()  # fmt: skip
+        return {(t, p): Checkpoint(o, pid, at) for t, p, o, pid, at in rows if (t, p) in wanted}
+
+    def put(self, group: str, plan_id: str, offsets: Mapping[TP, int], run_id: str) -> None:
+        from sqlalchemy import text
+
+        now = datetime.now(UTC).isoformat()
+        rows: list[dict[str, Any]] = [
+            {"g": group, "t": t, "p": p, "o": o, "pid": plan_id, "at": now} for (t, p), o in offsets.items()
+        ]
+        with self._begin("record a commit") as conn:
+            if rows:
+                conn.execute(
+                    text("INSERT INTO tidemark_checkpoints VALUES (:g, :t, :p, :o, :pid, :at) "
+                         "ON CONFLICT (grp, topic, part) DO UPDATE SET next_offset = excluded.next_offset, "
+                         "plan_id = excluded.plan_id, committed_at = excluded.committed_at"),
+                    rows,
+                )  # fmt: skip
+            conn.execute(
+                text("INSERT INTO tidemark_committed_runs VALUES (:g, :r, :pid, :at) ON CONFLICT DO NOTHING"),
+                {"g": group, "r": run_id, "pid": plan_id, "at": now},
+            )
+
+    def run_committed(self, group: str, run_id: str) -> bool:
+        from sqlalchemy import text
+
+        with self._begin("read committed runs") as conn:
+            row = conn.execute(
+                text("SELECT 1 FROM tidemark_committed_runs WHERE grp = :g AND run_id = :r"), {"g": group, "r": run_id}
+            ).first()
+        return row is not None
+
+    def commit_lock(self, group: str, timeout_s: float = 120.0) -> AbstractContextManager[None]:
+        """A session-level advisory lock per group, on a connection held for the lock's lifetime."""
+        return self._advisory_lock(group, timeout_s)
+
+    @contextmanager
+    def _advisory_lock(self, group: str, timeout_s: float) -> Iterator[None]:
+        from sqlalchemy import text
+        from sqlalchemy.exc import DBAPIError
+
+        key = _lock_key(group)
+        try:
+            conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        except DBAPIError as exc:
+            raise self._error(f"take the commit lock of group '{group}'", exc) from None
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
+                if time.monotonic() > deadline:
+                    raise CommitError(
+                        f"another run has been committing for group '{group}' for over {timeout_s:.0f}s "
+                        f"(advisory lock {key} in {self.url}); rerun once it finished"
+                    )
+                time.sleep(0.1)
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+        except DBAPIError as exc:
+            raise self._error(f"hold the commit lock of group '{group}'", exc) from None
+        finally:
+            conn.close()  # closing the session releases the lock even if the unlock failed
+
+
+def open_store(url: str | None = None, root: Path | Location | None = None) -> CheckpointStore:
+    """The checkpoint store named by ``url``, else by ``TIDEMARK_CHECKPOINT_URL``, else SQLite under ``root``.
+
+    ``postgresql://...`` gives :class:`PostgresCheckpointStore`; ``sqlite:///path`` or no
+    URL gives :class:`SqliteCheckpointStore` (``<root or state dir>/checkpoints.sqlite``).
+    """
+    chosen = url or os.environ.get(URL_ENV) or None
+    if chosen is None:
+        from tidemark.config import state_location
+        from tidemark.storage import Location
+
+        base = Location.of(root) if root is not None else state_location()
+        if not base.is_local:
+            raise ConfigError(
+                f"the state dir {base.url} is on an object store, so the checkpoint store must be shared too: "
+                f"set {URL_ENV}=postgresql://user:password@host:port/db (or the Airflow connection)"
+            )
+        return SqliteCheckpointStore(base.local_path() / "checkpoints.sqlite")
+    if chosen.startswith("sqlite:///"):
+        return SqliteCheckpointStore(Path(chosen[len("sqlite:///") :]))
+    if chosen.split(":", 1)[0].split("+", 1)[0] in ("postgresql", "postgres"):
+        return PostgresCheckpointStore(chosen)
+    raise ConfigError(
+        f"checkpoint store URL {redact_url(chosen)}: only postgresql://user:password@host:port/db and "
+        "sqlite:///path are supported"
+    )
+
+
+def default_store() -> CheckpointStore:
+    """The store the CLI and the page use: ``TIDEMARK_CHECKPOINT_URL``, else SQLite in the state dir."""
+    return open_store()

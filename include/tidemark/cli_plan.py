@@ -33,7 +33,7 @@ def _when(name: str, value: str | None) -> datetime | None:
 def _plan(args: argparse.Namespace) -> int:
     from tidemark.checkpoints import default_store
     from tidemark.cli import table
-    from tidemark.config import load_feed, state_dir
+    from tidemark.config import load_feed, state_location
     from tidemark.connection import from_env
     from tidemark.kafka_io import KafkaAdapter
     from tidemark.plan import PlanStore
@@ -52,7 +52,7 @@ def _plan(args: argparse.Namespace) -> int:
         window_start=start,
         window_end=end,
     )
-    path = PlanStore(state_dir()).save(plan)
+    path = PlanStore(state_location()).save(plan)
     if args.json:
         print(plan.to_json())
         return 0

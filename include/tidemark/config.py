@@ -14,12 +14,15 @@ import os
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from tidemark.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tidemark.storage import Location
 
 OnMissing = Literal["earliest", "latest", "timestamp", "fail"]
 OnNewPartition = Literal["earliest", "latest"]
@@ -43,9 +46,26 @@ def feeds_dir() -> Path:
     return Path(os.environ.get("TIDEMARK_FEEDS_DIR", package_root() / "feeds"))
 
 
+def state_location() -> Location:
+    """Where plans, run reports and the default outputs live: a local folder or ``s3://bucket/prefix``.
+
+    ``TIDEMARK_STATE_DIR`` (default ``~/.local/state/tidemark``). On an object store the
+    steps of a run (possibly on different machines) exchange only this location's URLs.
+    """
+    from tidemark.storage import Location
+
+    return Location.of(os.environ.get("TIDEMARK_STATE_DIR") or Path.home() / ".local" / "state" / "tidemark")
+
+
 def state_dir() -> Path:
-    """Plans, run reports, the checkpoint store and the default outputs live here."""
-    return Path(os.environ.get("TIDEMARK_STATE_DIR", Path.home() / ".local" / "state" / "tidemark"))
+    """The state dir as a local folder (the SQLite checkpoint store lives here); refused on an object store."""
+    location = state_location()
+    if not location.is_local:
+        raise ConfigError(
+            f"TIDEMARK_STATE_DIR={location.url} is on an object store: this needs a local state dir, or "
+            "a shared checkpoint store (TIDEMARK_CHECKPOINT_URL=postgresql://...)"
+        )
+    return location.local_path()
 
 
 class _Model(BaseModel):
@@ -212,16 +232,23 @@ class Feed(_Model):
     def interval(self) -> timedelta | None:
         return None if self.schedule is None else schedule_interval(self.schedule)
 
-    def output_dir(self) -> Path:
-        return Path(self.output) if self.output else state_dir() / "output" / self.name
+    def output_location(self) -> Location:
+        """Where scheduled runs publish: ``output`` (a local path or ``s3://...``), else ``<state>/output/<feed>``."""
+        from tidemark.storage import Location
 
-    def output_for(self, mode: str) -> Path:
+        return Location.of(self.output) if self.output else state_location() / "output" / self.name
+
+    def output_dir(self) -> Path:
+        """The output as a local folder (refused for an object-store output)."""
+        return self.output_location().local_path()
+
+    def output_for(self, mode: str) -> Location:
         """Where a run of ``mode`` publishes by default: backfills and replays never into the feed's own output.
 
         They go beside it (``<output>.backfills``, ``<output>.replays``), so a reader of the
         feed's output never sees a replayed record twice.
         """
-        base = self.output_dir()
+        base = self.output_location()
         return base if mode == "scheduled" else base.with_name(f"{base.name}.{mode}s")
 
 

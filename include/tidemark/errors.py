@@ -58,3 +58,11 @@ class GroupInUseError(CommitError):
 
 class OffsetsMovedError(CommitError):
     """The group's committed offsets changed after the plan was made."""
+
+
+class LocalServerError(TidemarkError):
+    """A local test server (PostgreSQL, the S3 endpoint) could not be installed, started or stopped."""
+
+
+class StateStoreError(TidemarkError):
+    """The checkpoint store or the storage holding state and outputs refused a request or was unreachable."""

@@ -38,6 +38,7 @@ from tidemark.connection import KafkaConnection, from_env
 from tidemark.errors import ConfigError, TidemarkError
 from tidemark.faults import fault_point
 from tidemark.plan import Plan
+from tidemark.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -115,7 +116,7 @@ def run(
     connection: KafkaConnection | None,
     run_dir: Path,
     *,
-    output_dir: Path | None = None,
+    output_dir: Path | Location | str | None = None,
     result: JobResult | None = None,
 ) -> JobResult:
     """Read ``plan`` once into staging, check and validate it there, then publish; fill the result.
@@ -146,7 +147,7 @@ def run(
     res.validator = VALIDATOR
     timer = _Timer(res)
     run_dir.mkdir(parents=True, exist_ok=True)
-    output = (output_dir or plan_output(plan, feed)).resolve()
+    output = Location.of(output_dir or plan_output(plan, feed))
 
     done = load_manifest(output, plan.plan_id)
     if done is not None:  # published by an earlier attempt: do not read Kafka again
@@ -290,9 +291,9 @@ def root_cause(exc: BaseException) -> tuple[str, str]:
     return type(exc).__name__, text.strip().splitlines()[0] if text.strip() else type(exc).__name__
 
 
-def plan_output(plan: Plan, feed: Feed) -> Path:
-    """Where ``plan`` publishes: the location it names, else the feed's output."""
-    return Path(plan.output) if plan.output else feed.output_dir()
+def plan_output(plan: Plan, feed: Feed) -> Location:
+    """Where ``plan`` publishes: the location it names, else the feed's output (a path or an object-store URL)."""
+    return Location.of(plan.output) if plan.output else feed.output_location()
 
 
 OUTSIDE_WINDOW = "outside_window"  # the staging outcome of records stamped outside an exact window
@@ -403,23 +404,39 @@ def run_without_spark(plan: Plan, feed: Feed) -> JobResult:
     return res
 
 
-def write_result(run_dir: Path, result: JobResult) -> Path:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / JOB_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str))
-    tmp.replace(path)
+def write_result(run_dir: Path | Location | str, result: JobResult) -> Location:
+    """Write ``job.json`` into ``run_dir`` (a local folder or an object-store location), whole."""
+    path = Location.of(run_dir) / JOB_FILE
+    path.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str))
     return path
+
+
+def _upload_run_dir(local: Path, target: Location) -> bool:
+    """Copy the job's local run folder to the state location, with local paths rewritten to URLs."""
+    for name in (JOB_FILE, "validation.json"):
+        path = local / name
+        if path.exists():
+            path.write_text(path.read_text().replace(str(local), target.url))
+    try:
+        target.upload_tree(local)
+    except TidemarkError as exc:
+        print(f"tidemark job: could not upload its run folder to {target}: {exc}", file=sys.stderr)
+        return False
+    shutil.rmtree(local, ignore_errors=True)
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the job; 0 on success, 1 on any failure (with ``job.json`` saying why)."""
     args = parse_args(argv)
-    run_dir = Path(args.run_dir)
+    target = Location.of(args.run_dir)
+    # On an object store the job works in a local folder and uploads it at the end
+    # (job.json, validation.json, the Data Docs), wherever this driver runs.
+    run_dir = target.local_path() if target.is_local else Path(tempfile.mkdtemp(prefix="tidemark-run-"))
     result = JobResult(plan_id="?", feed=args.feed or "?")
     spark = None
     try:
-        plan = Plan.from_json(Path(args.plan).read_text())
+        plan = Plan.from_json(Location.of(args.plan).read_text())
         result.plan_id, result.feed = plan.plan_id, plan.feed
         feed = load_feed(args.feed or plan.feed)
         result.feed = feed.name
@@ -427,8 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark = _Timer(result).step("spark_session", lambda: session(f"tidemark-{feed.name}"))
         if args.ship_package:
             ship_package(spark)
-        run(spark, plan, feed, connection, run_dir, output_dir=Path(args.output) if args.output else None,
-            result=result)  # fmt: skip
+        run(spark, plan, feed, connection, run_dir, output_dir=args.output or None, result=result)
     except Exception as exc:  # noqa: BLE001 - every failure must end as job.json + non-zero exit
         result.error_type, result.error = root_cause(exc)
         result.published = False
@@ -438,6 +454,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         result.finished_at = datetime.now(UTC).isoformat()
         write_result(run_dir, result)
+        if not target.is_local and not _upload_run_dir(run_dir, target):
+            result.published = False
     status = "published" if result.published else "failed"
     print(f"tidemark job {status}: plan {result.plan_id}, {result.records_read} records read, "
           f"{result.records_published} published, {result.records_quarantined} quarantined")  # fmt: skip

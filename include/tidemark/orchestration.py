@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import DAG, BaseHook, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from tidemark.checkpoints import CheckpointStore
 from tidemark.config import Feed, load_feeds, package_root
 from tidemark.connection import KafkaConnection, from_airflow_extra, from_env
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
@@ -31,6 +33,8 @@ from tidemark.replay import END_CHOICES, START_CHOICES
 log = logging.getLogger(__name__)
 KAFKA_CONN_ID = os.environ.get("TIDEMARK_KAFKA_CONN_ID", "tidemark_kafka")
 SPARK_CONN_ID = os.environ.get("TIDEMARK_SPARK_CONN_ID", "tidemark_spark")
+CHECKPOINT_CONN_ID = os.environ.get("TIDEMARK_CHECKPOINT_CONN_ID", "tidemark_checkpoints")
+STORAGE_CONN_ID = os.environ.get("TIDEMARK_STORAGE_CONN_ID", "tidemark_storage")
 START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "data-platform",
@@ -50,6 +54,69 @@ def kafka_connection(conn_id: str = KAFKA_CONN_ID) -> KafkaConnection:
     except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
         return from_env()
     return from_airflow_extra(conn.extra_dejson)
+
+
+def checkpoint_store(conn_id: str = CHECKPOINT_CONN_ID) -> CheckpointStore | None:
+    """The shared checkpoint store from an Airflow connection of type postgres, if one is defined.
+
+    ``None`` means "not configured in Airflow": the pipeline then uses
+    ``TIDEMARK_CHECKPOINT_URL``, else SQLite under the state dir (one machine only).
+    """
+    from tidemark.checkpoints import open_store
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
+        return None
+    if conn.conn_type not in ("postgres", "postgresql"):
+        raise ConfigError(
+            f"Airflow connection '{conn_id}' has type '{conn.conn_type}'; the checkpoint store needs type postgres"
+        )
+    from sqlalchemy.engine import URL
+
+    url = URL.create(
+        "postgresql", username=conn.login or None, password=conn.password or None, host=conn.host or None,
+        port=conn.port or None, database=conn.schema or None,
+    )  # fmt: skip
+    return open_store(url.render_as_string(hide_password=False))
+
+
+def storage_env(conn_id: str = STORAGE_CONN_ID) -> dict[str, str]:
+    """Object-store settings from an Airflow connection of type ``aws``, as the variables ``tidemark.storage`` reads.
+
+    login/password → ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``; extra ``region_name``
+    → ``AWS_REGION``, ``endpoint_url`` → ``TIDEMARK_S3_ENDPOINT``, ``aws_session_token`` →
+    ``AWS_SESSION_TOKEN``. Empty when no such connection exists (the environment then applies).
+    """
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
+        return {}
+    if conn.conn_type != "aws":
+        raise ConfigError(f"Airflow connection '{conn_id}' has type '{conn.conn_type}'; object storage needs type aws")
+    extra = conn.extra_dejson
+    pairs = {
+        "AWS_ACCESS_KEY_ID": conn.login, "AWS_SECRET_ACCESS_KEY": conn.password,
+        "AWS_SESSION_TOKEN": extra.get("aws_session_token"), "AWS_REGION": extra.get("region_name"),
+        "TIDEMARK_S3_ENDPOINT": extra.get("endpoint_url"),
+    }  # fmt: skip
+    return {k: str(v) for k, v in pairs.items() if v}
+
+
+@contextmanager
+def _storage_settings() -> Iterator[None]:
+    """The storage connection's variables in this task's environment while it runs, then restored."""
+    settings = storage_env()
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def airflow_auth() -> list[Any]:
@@ -85,14 +152,17 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         if handle.records == 0:
             # Nothing to read: no Spark application. job.json records the (empty) result;
             # the commit task still runs and re-commits the idle partitions.
-            _no_retry_for_refusals(lambda: run_empty(handle, kafka_connection(self.kafka_conn_id), progress=log.info))
+            with _storage_settings():
+                _no_retry_for_refusals(
+                    lambda: run_empty(handle, kafka_connection(self.kafka_conn_id), progress=log.info)
+                )
             raise AirflowSkipException(
                 f"plan {handle.plan_id} has no records to read: Spark was not started; "
                 "the commit task re-commits the group's offsets"
             )
         # Set after template rendering, so the values never reach the rendered-fields
         # table; the hook adds them to spark-submit's environment (os.environ + these).
-        secrets_env = kafka_connection(self.kafka_conn_id).to_env()
+        secrets_env = {**kafka_connection(self.kafka_conn_id).to_env(), **storage_env()}
         configured: dict[str, Any] = dict(getattr(self, "env_vars", None) or {})
         self.env_vars = {**configured, **secrets_env}
         self._hook = None  # rebuilt with the env above
@@ -119,11 +189,17 @@ def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None
     """Finish any pending commit of the feed, then plan this run and save the plan."""
     from tidemark.pipeline import plan_run
 
-    return _no_retry_for_refusals(
-        lambda: plan_run(
-            feed_name, kafka_connection(), mode=mode, params=dict(params or {}), progress=log.info
-        ).to_xcom()
-    )
+    with _storage_settings():
+        return _no_retry_for_refusals(
+            lambda: plan_run(
+                feed_name,
+                kafka_connection(),
+                mode=mode,
+                params=dict(params or {}),
+                progress=log.info,
+                checkpoints=checkpoint_store(),
+            ).to_xcom()
+        )
 
 
 # none_failed: the commit also runs after the Spark task skipped an empty plan.
@@ -132,9 +208,12 @@ def commit_step(handle: dict[str, Any]) -> dict[str, Any]:
     """Commit the plan's ends for the group (when the run asks for it) and write the report."""
     from tidemark.pipeline import RunHandle, commit_run
 
-    return _no_retry_for_refusals(
-        lambda: commit_run(RunHandle.from_xcom(handle), kafka_connection(), progress=log.info).to_xcom()
-    )
+    with _storage_settings():
+        return _no_retry_for_refusals(
+            lambda: commit_run(
+                RunHandle.from_xcom(handle), kafka_connection(), progress=log.info, checkpoints=checkpoint_store()
+            ).to_xcom()
+        )
 
 
 def _pipeline(feed_name: str, mode: str) -> None:

@@ -27,11 +27,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidemark.checkpoints import SqliteCheckpointStore
+from tidemark.checkpoints import CheckpointStore, open_store
 
 if TYPE_CHECKING:
     from tidemark.commit import CommitResult
-from tidemark.config import Feed, load_feed, package_root, state_dir
+from tidemark.config import Feed, load_feed, package_root, state_location
 from tidemark.connection import KafkaConnection
 from tidemark.errors import ConfigError, OffsetsMovedError, TidemarkError
 from tidemark.faults import fault_point
@@ -39,6 +39,7 @@ from tidemark.kafka_io import KafkaAdapter
 from tidemark.plan import Mode, Plan, write_plan
 from tidemark.replay import parse_replay_params, parse_timestamp
 from tidemark.report import PLAN_FILE
+from tidemark.storage import Location
 
 Progress = Callable[[str], None]
 JobRunner = Callable[["RunHandle", KafkaConnection], dict[str, Any]]
@@ -71,32 +72,38 @@ class RunHandle:
         return cls(**doc)
 
     def plan(self) -> Plan:
-        return Plan.from_json(Path(self.plan_path).read_text())
+        return Plan.from_json(Location.of(self.plan_path).read_text())
 
 
-def _checkpoints(root: Path) -> SqliteCheckpointStore:
-    return SqliteCheckpointStore(root / "checkpoints.sqlite")
+Root = Path | Location | str  # the state dir: a local folder or an object-store URL
 
 
-def runs_dir(feed: str, root: Path | None = None) -> Path:
-    return (root or state_dir()) / "runs" / feed
+def _root(root: Root | None) -> Location:
+    return Location.of(root) if root is not None else state_location()
 
 
-def _job_result(run_dir: Path) -> dict[str, Any] | None:
+def _checkpoints(root: Root | None, given: CheckpointStore | None = None) -> CheckpointStore:
+    """``given``, else the store ``TIDEMARK_CHECKPOINT_URL`` names, else SQLite under ``root``."""
+    return given if given is not None else open_store(root=_root(root))
+
+
+def runs_dir(feed: str, root: Root | None = None) -> Location:
+    return _root(root) / "runs" / feed
+
+
+def _job_result(run_dir: Location) -> dict[str, Any] | None:
     path = run_dir / "job.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _run_status(run_dir: Path) -> dict[str, Any]:
+def _run_status(run_dir: Location) -> dict[str, Any]:
     path = run_dir / "run.json"
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _write_status(run_dir: Path, **fields: Any) -> None:
+def _write_status(run_dir: Location, **fields: Any) -> None:
     doc = {**_run_status(run_dir), **fields}
-    tmp = run_dir / "run.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
-    tmp.replace(run_dir / "run.json")
+    (run_dir / "run.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
 
 
 def _published(feed: Feed, handle: RunHandle, job: Mapping[str, Any] | None) -> bool:
@@ -111,10 +118,12 @@ def _published(feed: Feed, handle: RunHandle, job: Mapping[str, Any] | None) -> 
     from tidemark.job import plan_output
     from tidemark.sink import load_manifest
 
-    return load_manifest(plan_output(handle.plan(), feed).resolve(), handle.plan_id) is not None
+    return load_manifest(plan_output(handle.plan(), feed), handle.plan_id) is not None
 
 
-def pending_commit(feed: Feed, root: Path | None = None) -> RunHandle | None:
+def pending_commit(
+    feed: Feed, root: Root | None = None, checkpoints: CheckpointStore | None = None
+) -> RunHandle | None:
     """The newest run of ``feed`` that published, should commit, and has not committed.
 
     Runs whose commit was refused because another writer moved the group's offsets are
@@ -123,8 +132,8 @@ def pending_commit(feed: Feed, root: Path | None = None) -> RunHandle | None:
     base = runs_dir(feed.name, root)
     if not base.exists():
         return None
-    checkpoints = _checkpoints(root or state_dir())
-    for run_dir in sorted(base.iterdir(), reverse=True):
+    checkpoints = _checkpoints(root, checkpoints)
+    for run_dir in reversed(base.children(folders_only=True)):
         status = _run_status(run_dir)
         if not status or not status.get("handle") or status.get("abandoned"):
             continue
@@ -136,7 +145,7 @@ def pending_commit(feed: Feed, root: Path | None = None) -> RunHandle | None:
     return None
 
 
-def selection_options(feed: Feed, mode: str, params: Mapping[str, Any]) -> tuple[dict[str, Any], Path | None, bool]:
+def selection_options(feed: Feed, mode: str, params: Mapping[str, Any]) -> tuple[dict[str, Any], Location | None, bool]:
     """A backfill's or replay's ``topics``, ``partitions``, ``output`` and ``dry_run`` parameters, checked.
 
     Returns the planner's selection options, where the run publishes (``None``: the feed's
@@ -167,8 +176,8 @@ def selection_options(feed: Feed, mode: str, params: Mapping[str, Any]) -> tuple
     if mode == "scheduled":
         return options, None, dry_run
     output = params.get("output")
-    target = Path(output) if output not in (None, "") else feed.output_for(mode)
-    if target.resolve() == feed.output_dir().resolve():
+    target = Location.of(str(output)) if output not in (None, "") else feed.output_for(mode)
+    if target == feed.output_location():
         raise ConfigError(
             f"parameter 'output': {target} is feed '{feed.name}''s own output; a {mode} publishes elsewhere "
             f"(default {feed.output_for(mode)}) so readers of the feed never see its records twice"
@@ -198,24 +207,26 @@ def plan_run(
     *,
     mode: str = "scheduled",
     params: Mapping[str, Any] | None = None,
-    root: Path | None = None,
+    root: Root | None = None,
     progress: Progress = _silent,
+    checkpoints: CheckpointStore | None = None,
 ) -> RunHandle:
     """Step 1: finish a pending commit, then plan and save this run's plan."""
     from tidemark.planner import plan_feed
 
     if mode not in ("scheduled", "backfill", "replay"):
         raise ConfigError(f"mode must be scheduled, backfill or replay, got {mode!r}")
-    root = root or state_dir()
+    root = _root(root)
     feed = load_feed(feed_name)
     params = dict(params or {})
     resumed = None
-    pending = pending_commit(feed, root)
+    checkpoints = _checkpoints(root, checkpoints)
+    pending = pending_commit(feed, root, checkpoints)
     if pending is not None:
         progress(f"finishing the commit of published plan {pending.plan_id} (run {pending.run_id}) first")
-        commit_run(pending, connection, root=root, progress=progress)  # refused for good: marked abandoned
+        # refused for good: marked abandoned
+        commit_run(pending, connection, root=root, progress=progress, checkpoints=checkpoints)
         resumed = pending.plan_id
-    checkpoints = _checkpoints(root)
     adapter = KafkaAdapter(connection)
     run_mode: Mode = mode  # type: ignore[assignment]
     chosen, output, dry_run = selection_options(feed, mode, params)
@@ -242,7 +253,8 @@ def plan_run(
         plan = replace(plan, output=str(output))
     run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{plan.plan_id[:8]}"
     run_dir = runs_dir(feed.name, root) / run_id
-    plan_path = write_plan(plan, run_dir / PLAN_FILE)
+    plan_path = run_dir / PLAN_FILE
+    write_plan(plan, plan_path)
     handle = RunHandle(
         run_id=run_id,
         feed=feed.name,
@@ -310,9 +322,9 @@ def run_job(
     started = time.monotonic()
     progress(f"reading {handle.records} records with Spark ({cmd[2]})")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    log = Path(handle.run_dir) / "spark-submit.log"
+    log = Location.of(handle.run_dir) / "spark-submit.log"
     log.write_text(proc.stdout + proc.stderr)
-    job = _job_result(Path(handle.run_dir))
+    job = _job_result(Location.of(handle.run_dir))
     if proc.returncode != 0:
         reason = (job or {}).get("error") or _last_error_line(proc.stderr)
         _fail(handle, connection, job, reason)
@@ -337,7 +349,7 @@ def run_empty(handle: RunHandle, connection: KafkaConnection, *, progress: Progr
 
     plan = handle.plan()
     result = run_without_spark(plan, load_feed(handle.feed))
-    write_result(Path(handle.run_dir), result)
+    write_result(handle.run_dir, result)
     if result.error is not None:
         _fail(handle, connection, result.to_dict(), result.error)
         raise ValidationFailedError(result.error)
@@ -349,7 +361,7 @@ def _fail(handle: RunHandle, connection: KafkaConnection, job: Mapping[str, Any]
     """Record a failed run (status and report) so that ``tidemark runs`` shows why."""
     from tidemark.report import build_report, save_report
 
-    run_dir = Path(handle.run_dir)
+    run_dir = Location.of(handle.run_dir)
     _write_status(run_dir, failed_at=datetime.now(UTC).isoformat(), error=reason)
     report = build_report(handle=handle, plan=handle.plan(), job=job, error=reason, connection=connection)
     save_report(report, run_dir, connection=connection)
@@ -374,13 +386,17 @@ class CommitOutcome:
 
 
 def commit_run(
-    handle: RunHandle, connection: KafkaConnection, *, root: Path | None = None, progress: Progress = _silent
+    handle: RunHandle,
+    connection: KafkaConnection,
+    *,
+    root: Root | None = None,
+    progress: Progress = _silent,
+    checkpoints: CheckpointStore | None = None,
 ) -> CommitOutcome:
     """Step 3: commit the plan's ends (only after a successful publish), then report."""
     from tidemark.commit import commit_plan
 
-    root = root or state_dir()
-    run_dir = Path(handle.run_dir)
+    run_dir = Location.of(handle.run_dir)
     job = _job_result(run_dir)
     if handle.dry_run:
         return _finish(handle, connection, None, job, "dry run: planned only, nothing read, published or committed",
@@ -399,7 +415,7 @@ def commit_run(
         )
     for e in (job or {}).get("events") or []:
         progress(f"event {e.get('kind')}: {e.get('message')}")
-    checkpoints = _checkpoints(root)
+    checkpoints = _checkpoints(root, checkpoints)
     result = None
     skipped = None
     if handle.commit:
@@ -434,7 +450,7 @@ def _finish(
     if skipped is not None:
         progress(f"not committing: {skipped}")
     plan = handle.plan()
-    run_dir = Path(handle.run_dir)
+    run_dir = Location.of(handle.run_dir)
     _write_status(run_dir, committed=result is not None, finished_at=datetime.now(UTC).isoformat())
     report = build_report(
         handle=handle, plan=plan, job=job, commit=result, skipped_reason=skipped, connection=connection
@@ -450,16 +466,20 @@ def run_feed(
     *,
     mode: str = "scheduled",
     params: Mapping[str, Any] | None = None,
-    root: Path | None = None,
+    root: Root | None = None,
     master: str | None = None,
     progress: Progress = _silent,
     job_runner: JobRunner | None = None,
+    checkpoints: CheckpointStore | None = None,
 ) -> tuple[RunHandle, dict[str, Any], CommitOutcome]:
     """All three steps, as ``tidemark run`` does them.
 
     ``job_runner`` replaces ``spark-submit`` (tests run the job in their own session).
     """
-    handle = plan_run(feed_name, connection, mode=mode, params=params, root=root, progress=progress)
+    checkpoints = _checkpoints(root, checkpoints)
+    handle = plan_run(
+        feed_name, connection, mode=mode, params=params, root=root, progress=progress, checkpoints=checkpoints
+    )
     if handle.dry_run:
         job: dict[str, Any] = {}
     elif handle.records == 0:
@@ -468,5 +488,5 @@ def run_feed(
         job = run_job(handle, connection, master=master, progress=progress)
     else:
         job = job_runner(handle, connection)
-    outcome = commit_run(handle, connection, root=root, progress=progress)
+    outcome = commit_run(handle, connection, root=root, progress=progress, checkpoints=checkpoints)
     return handle, job, outcome

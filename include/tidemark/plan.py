@@ -16,9 +16,12 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tidemark.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tidemark.storage import Location
 
 PLAN_VERSION = 1
 
@@ -201,12 +204,11 @@ def compute_plan_id(
     return digest[:20]
 
 
-def write_plan(plan: Plan, path: Path) -> Path:
-    """Write ``plan`` to ``path`` atomically (a reader never sees half a plan)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(plan.to_json())
-    tmp.replace(path)
+def write_plan(plan: Plan, path: Path | Location) -> Path | Location:
+    """Write ``plan`` to ``path`` (a local path or an object-store location) whole: never half a plan."""
+    from tidemark.storage import Location
+
+    Location.of(path).write_text(plan.to_json())
     return path
 
 
@@ -218,14 +220,18 @@ class PlanStore:
     with other events (see "Plans, runs and commits" in ``docs/ARCHITECTURE.md``).
     """
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path | Location) -> None:
+        from tidemark.storage import Location
 
-    def path(self, feed: str, plan_id: str) -> Path:
+        self.root = Location.of(root)
+
+    def path(self, feed: str, plan_id: str) -> Location:
         return self.root / "plans" / feed / f"{plan_id}.json"
 
-    def save(self, plan: Plan) -> Path:
-        return write_plan(plan, self.path(plan.feed, plan.plan_id))
+    def save(self, plan: Plan) -> Location:
+        path = self.path(plan.feed, plan.plan_id)
+        write_plan(plan, path)
+        return path
 
     def load(self, feed: str, plan_id: str) -> Plan:
         path = self.path(feed, plan_id)

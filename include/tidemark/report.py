@@ -23,10 +23,11 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tidemark.config import state_dir
+from tidemark.config import state_location
 from tidemark.connection import ENV_PREFIX, KafkaConnection, is_secret
 from tidemark.errors import ConfigError
 from tidemark.plan import Plan
+from tidemark.storage import Location
 
 REPORT_VERSION = 1
 REPORT_FILE = "report.json"
@@ -99,15 +100,18 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def runs_root(root: Path | None = None) -> Path:
-    return (root or state_dir()) / "runs"
+Root = Path | Location | str  # the state dir: a local folder or an object-store URL
 
 
-def run_dir_for(feed: str, run_id: str, root: Path | None = None) -> Path:
+def runs_root(root: Root | None = None) -> Location:
+    return (Location.of(root) if root is not None else state_location()) / "runs"
+
+
+def run_dir_for(feed: str, run_id: str, root: Root | None = None) -> Location:
     return runs_root(root) / feed / run_id
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_json(path: Location) -> dict[str, Any] | None:
     if not path.exists():
         return None
     doc = json.loads(path.read_text())
@@ -167,7 +171,7 @@ def build_report(
     run dir), ``counts``, ``gaps``, ``outputs`` (or ``output``/``quarantine``/``manifest``
     paths), ``events``, ``error``, ``published`` and ``*_at`` timestamps.
     """
-    run_dir = Path(handle.run_dir)
+    run_dir = Location.of(handle.run_dir)
     job = dict(job or {})
     status_doc = _read_json(run_dir / "run.json") or {}
     validation = job.get("validation") or _read_json(run_dir / "validation.json")
@@ -236,6 +240,15 @@ def secret_values(connection: KafkaConnection | None = None, environ: Mapping[st
     env = os.environ if environ is None else environ
     values = {v for k, v in (connection.settings.items() if connection else ()) if is_secret(k)}
     values |= {v for k, v in env.items() if k.startswith(ENV_PREFIX) and is_secret(k[len(ENV_PREFIX) :])}
+    # Object-store and checkpoint-store credentials (tidemark.storage, tidemark.checkpoints).
+    values |= {env[k] for k in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN") if env.get(k)}
+    checkpoint_url = env.get("TIDEMARK_CHECKPOINT_URL", "")
+    if "://" in checkpoint_url and "@" in checkpoint_url:
+        credentials = checkpoint_url.split("://", 1)[1].rsplit("@", 1)[0]
+        if ":" in credentials:
+            from urllib.parse import unquote
+
+            values.add(unquote(credentials.split(":", 1)[1]))
     return {v for v in values if len(v) >= 3}  # shorter values would blank out ordinary text
 
 
@@ -264,23 +277,23 @@ def redact(value: Any, secrets: Iterable[str]) -> Any:
 
 def save_report(
     report: RunReport,
-    run_dir: Path | None = None,
+    run_dir: Path | Location | None = None,
     *,
-    root: Path | None = None,
+    root: Root | None = None,
     connection: KafkaConnection | None = None,
-) -> Path:
-    """Write ``report.json`` atomically into the run dir (derived from feed and run id if not given)."""
-    folder = run_dir or run_dir_for(report.feed, report.run_id, root)
-    folder.mkdir(parents=True, exist_ok=True)
+) -> Path | Location:
+    """Write ``report.json`` whole into the run dir (derived from feed and run id if not given).
+
+    Returns a ``Path`` for a local run dir, else the report's object-store location.
+    """
+    folder = Location.of(run_dir) if run_dir is not None else run_dir_for(report.feed, report.run_id, root)
     doc = redact(report.model_dump(mode="json"), secret_values(connection))
     path = folder / REPORT_FILE
-    tmp = folder / (REPORT_FILE + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True))
-    tmp.replace(path)
-    return path
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True))
+    return path.local_path() if path.is_local else path
 
 
-def _from_run_dir(run_dir: Path, feed: str) -> RunReport:
+def _from_run_dir(run_dir: Location, feed: str) -> RunReport:
     """A report for a run that never wrote one (failed or still running), from its run dir.
 
     The run's own copy of its plan (``plan.json``) gives the ranges and the plan's events,
@@ -315,14 +328,13 @@ def _from_run_dir(run_dir: Path, feed: str) -> RunReport:
     )
 
 
-def load_report(run_id: str, feed: str | None = None, *, root: Path | None = None) -> RunReport:
-    """A run's report by run id (searched across feeds unless ``feed`` is given) or by path."""
-    as_path = Path(run_id)
-    if as_path.name == REPORT_FILE and as_path.exists():
-        return RunReport.model_validate_json(as_path.read_text())
+def load_report(run_id: str, feed: str | None = None, *, root: Root | None = None) -> RunReport:
+    """A run's report by run id (searched across feeds unless ``feed`` is given) or by path or URL."""
+    if run_id.endswith(REPORT_FILE) and Location.of(run_id).exists():
+        return RunReport.model_validate_json(Location.of(run_id).read_text())
     base = runs_root(root)
-    candidates = [base / feed / run_id] if feed else sorted(base.glob(f"*/{run_id}"))
-    candidates = [c for c in candidates if c.is_dir()]
+    candidates = [base / feed / run_id] if feed else [f / run_id for f in base.children(folders_only=True)]
+    candidates = [c for c in candidates if c.exists() and not c.is_file()]
     if not candidates:
         raise ConfigError(
             f"no run '{run_id}' under {base}{f'/{feed}' if feed else ''} (list runs with 'tidemark runs FEED')"
@@ -337,12 +349,10 @@ def load_report(run_id: str, feed: str | None = None, *, root: Path | None = Non
     return _from_run_dir(folder, folder.parent.name)
 
 
-def list_runs(feed: str, limit: int = 20, *, root: Path | None = None) -> list[RunReport]:
+def list_runs(feed: str, limit: int = 20, *, root: Root | None = None) -> list[RunReport]:
     """The feed's most recent runs, newest first (run ids start with their UTC start time)."""
     base = runs_root(root) / feed
-    if not base.exists():
-        return []
-    folders = sorted((d for d in base.iterdir() if d.is_dir()), key=lambda d: d.name, reverse=True)[:limit]
+    folders = sorted(base.children(folders_only=True), key=lambda d: d.name, reverse=True)[:limit]
     out = []
     for folder in folders:
         path = folder / REPORT_FILE

@@ -1,6 +1,6 @@
 """The idempotent Parquet sink: one plan's output appears whole, once, or not at all.
 
-Layout under the feed's output location (:meth:`tidemark.config.Feed.output_dir`)::
+Layout under the feed's output location (:meth:`tidemark.config.Feed.output_location`)::
 
     <output>/plan_id=<id>/topic=<topic>/date=<YYYY-MM-DD>/part-*.parquet   published records
     <output>/plan_id=<id>/_quarantine/_reason=<why>/topic=<t>/date=<d>/... records kept aside (the job)
@@ -18,7 +18,18 @@ atomic ``rename(2)``, so a crash at any point before it leaves nothing visible, 
 crash after it leaves a complete publication. Publishing a plan whose folder already
 holds a manifest is a no-op that returns that manifest. The location must be a POSIX
 filesystem seen by the driver and the executors (local disk, or a shared mount on a
-cluster); object stores have no atomic rename.
+cluster).
+
+**Object stores** (``s3://bucket/prefix``, through :mod:`tidemark.storage`) have no atomic
+rename, so there the manifest is the commit point. The job stages on local disk
+(``TIDEMARK_STAGING_DIR``, default the temp dir), everything is checked there, and
+publishing then (1) deletes whatever a crashed earlier upload of the same plan left under
+``plan_id=<id>/`` (a folder without its manifest is not published), (2) uploads the data
+and quarantine files under names fixed by their place (``part-00000.parquet``, ...), and
+(3) writes ``_manifest.json`` last, in one PUT. A reader must take a plan folder as
+published only once its manifest exists, and read the files the manifest lists
+(:func:`published_files`); a rerun of a published plan finds the manifest and adds
+nothing. ``docs/ARCHITECTURE.md`` ("Publishing on S3") says what a reader sees meanwhile.
 """
 
 from __future__ import annotations
@@ -32,11 +43,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from tidemark.config import Feed
 from tidemark.errors import PublishError
 from tidemark.plan import Plan
+from tidemark.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, DataFrameWriter
@@ -108,21 +120,54 @@ def utc_date() -> Column:
     return F.date_from_unix_date(F.floor(F.unix_micros("timestamp") / 86_400_000_000).cast("int"))
 
 
-def published_dir(output: Path, plan_id: str) -> Path:
-    return output / f"plan_id={plan_id}"
+Where = Path | Location | str  # a local folder or an object-store URL
 
 
-def load_manifest(output: Path, plan_id: str) -> Manifest | None:
-    """The manifest of ``plan_id`` under ``output``, or ``None`` when it was never published."""
-    path = published_dir(output, plan_id) / MANIFEST_NAME
-    if not path.exists():
-        if published_dir(output, plan_id).exists():
+@overload
+def published_dir(output: Path, plan_id: str) -> Path: ...
+@overload
+def published_dir(output: Location | str, plan_id: str) -> Location: ...
+def published_dir(output: Where, plan_id: str) -> Path | Location:
+    """The folder of ``plan_id``'s publication under ``output`` (a local ``Path`` stays a ``Path``)."""
+    name = f"plan_id={plan_id}"
+    return output / name if isinstance(output, Path) else Location.of(output) / name
+
+
+def load_manifest(output: Where, plan_id: str) -> Manifest | None:
+    """The manifest of ``plan_id`` under ``output``, or ``None`` when it was never published.
+
+    Locally a plan folder without a manifest cannot come from Tidemark (it renames complete
+    folders) and is refused. On an object store it is what an interrupted upload leaves:
+    not published, and cleared by the next publish of that plan.
+    """
+    folder = published_dir(Location.of(output), plan_id)
+    manifest = folder / MANIFEST_NAME
+    if not manifest.exists():
+        if folder.is_local and folder.exists():
             raise PublishError(
-                f"{published_dir(output, plan_id)} exists without {MANIFEST_NAME}: it was not written by Tidemark's "
+                f"{folder} exists without {MANIFEST_NAME}: it was not written by Tidemark's "
                 f"publish (which renames complete folders only); move it away before publishing plan {plan_id}"
             )
         return None
-    return Manifest.from_dict(json.loads(path.read_text()))
+    return Manifest.from_dict(json.loads(manifest.read_text()))
+
+
+def published_files(output: Where) -> list[str]:
+    """The data files of every published plan under ``output`` (paths or URLs), from their manifests.
+
+    What a reader of an object-store output should read (``spark.read.parquet(*files)``):
+    plan folders without a manifest (an upload in progress or interrupted) are left out,
+    and so are quarantined records.
+    """
+    root = Location.of(output)
+    found = []
+    for folder in root.children():
+        if not folder.name.startswith("plan_id="):
+            continue
+        manifest = load_manifest(root, folder.name[len("plan_id=") :])
+        if manifest is not None:
+            found += [str(folder / f.path) for f in manifest.files if not f.path.startswith(QUARANTINE_DIR)]
+    return found
 
 
 def publish(
@@ -132,7 +177,7 @@ def publish(
     *,
     quarantine: Mapping[str, DataFrame] | None = None,
     stats: Sequence[RangeStats] = (),
-    output_dir: Path | None = None,
+    output_dir: Where | None = None,
     extra: Mapping[str, Any] | None = None,
     expect_records: int | None = None,
 ) -> Manifest:
@@ -149,7 +194,7 @@ def publish(
 
     if plan.feed != feed.name:
         raise PublishError(f"plan {plan.plan_id} belongs to feed '{plan.feed}', not '{feed.name}'")
-    output = (output_dir or feed.output_dir()).resolve()
+    output = Location.of(output_dir or feed.output_location())
     existing = load_manifest(output, plan.plan_id)
     if existing is not None:
         return replace(existing, reused=True)
@@ -193,9 +238,9 @@ class Staging:
     it needs) and :func:`publish_staged` turns it into the publication by renames.
     """
 
-    output: Path
+    output: Location
     plan_id: str
-    root: Path
+    root: Path  # always local: Spark writes here, and a local folder can be renamed into place
 
     @property
     def written(self) -> Path:
@@ -205,9 +250,9 @@ class Staging:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def new_staging(output: Path, plan_id: str) -> Staging:
+def new_staging(output: Where, plan_id: str) -> Staging:
     """A new, empty staging folder for ``plan_id`` (leftovers of crashed attempts are removed)."""
-    output = output.resolve()
+    output = Location.of(output)
     if load_manifest(output, plan_id) is not None:
         raise PublishError(f"plan {plan_id} is already published under {output}; there is nothing to stage")
     root = _staging_root(output, plan_id) / f"{plan_id}.{uuid.uuid4().hex[:12]}"
@@ -275,9 +320,24 @@ def publish_staged(
         raise PublishError(f"publishing plan {plan.plan_id} of feed '{feed.name}' failed: {exc}") from exc
 
 
-def _staging_root(output: Path, plan_id: str) -> Path:
-    """``<output>/_staging``, created, without what crashed attempts of ``plan_id`` left there."""
-    staging_root = output / STAGING_DIR
+def staging_base(output: Location) -> Path:
+    """Where ``output``'s staging folders live: ``<output>/_staging`` on a local disk (renamed into place).
+
+    For an object store, a local folder: ``TIDEMARK_STAGING_DIR`` (default the temp dir)
+    ``/tidemark-staging/<hash of the output URL>``. On a Spark cluster it must be a mount
+    that the driver and every executor share (the executors write, the driver uploads).
+    """
+    if output.is_local:
+        return output.local_path() / STAGING_DIR
+    import tempfile
+
+    base = Path(os.environ.get("TIDEMARK_STAGING_DIR") or tempfile.gettempdir()) / "tidemark-staging"
+    return base / hashlib.sha256(output.url.encode()).hexdigest()[:16]
+
+
+def _staging_root(output: Location, plan_id: str) -> Path:
+    """The staging base, created, without what crashed attempts of ``plan_id`` left there."""
+    staging_root = staging_base(output)
     for leftover in staging_root.glob(f"{plan_id}.*"):
         shutil.rmtree(leftover, ignore_errors=True)
     staging_root.mkdir(parents=True, exist_ok=True)
@@ -286,7 +346,7 @@ def _staging_root(output: Path, plan_id: str) -> Path:
 
 def _seal(
     staging: Path,
-    output: Path,
+    output: Location,
     plan: Plan,
     feed: Feed,
     *,
@@ -294,7 +354,13 @@ def _seal(
     extra: Mapping[str, Any] | None,
     check: Callable[[Manifest], None],
 ) -> Manifest:
-    """Manifest the staged files, ``check`` it, write it durably, rename the folder into place."""
+    """Manifest the staged files, ``check`` it, then make the folder the publication.
+
+    Local: write the manifest durably, rename the folder into place. Object store: upload
+    the files, then the manifest (the commit point).
+    """
+    if not output.is_local:
+        _name_by_place(staging)
     files = _file_entries(staging)
     manifest = Manifest(
         plan_id=plan.plan_id,
@@ -309,12 +375,49 @@ def _seal(
         extra=dict(extra or {}),
     )
     check(manifest)
-    _write_durably(staging / MANIFEST_NAME, json.dumps(manifest.to_dict(), indent=2, sort_keys=True))
+    text = json.dumps(manifest.to_dict(), indent=2, sort_keys=True)
+    if not output.is_local:
+        return _upload(staging, output, manifest, text)
+    _write_durably(staging / MANIFEST_NAME, text)
     return _rename_into_place(staging, output, manifest)
 
 
-def _rename_into_place(staging: Path, output: Path, manifest: Manifest) -> Manifest:
+def _name_by_place(staging: Path) -> None:
+    """Rename each folder's Parquet files ``part-00000.parquet``, ... (sorted by Spark's name).
+
+    On an object store a re-upload of the same plan then overwrites objects instead of
+    adding files beside them.
+    """
+    for folder in sorted({p.parent for p in staging.rglob("*.parquet")}):
+        temps = []
+        for index, path in enumerate(sorted(folder.glob("*.parquet"))):
+            temps.append(path.rename(folder / f".{index:05d}.renaming"))
+        for index, temp in enumerate(temps):
+            temp.rename(folder / f"part-{index:05d}.parquet")
+
+
+def _upload(staging: Path, output: Location, manifest: Manifest, text: str) -> Manifest:
+    """Publish on an object store: clear leftovers, upload the files, write the manifest last."""
     final = published_dir(output, manifest.plan_id)
+    winner = load_manifest(output, manifest.plan_id)
+    if winner is not None:  # published meanwhile by another attempt of the same plan
+        shutil.rmtree(staging, ignore_errors=True)
+        return replace(winner, reused=True)
+    try:
+        final.remove_tree()  # an interrupted upload of this plan: not published, never read
+        final.upload_tree(staging, [f.path for f in manifest.files])
+        (final / MANIFEST_NAME).write_text(text)  # the commit point: one PUT
+    except Exception as exc:
+        raise PublishError(
+            f"uploading plan {manifest.plan_id} to {final} failed: {exc}. Nothing is published (no manifest); "
+            "rerun to publish it again"
+        ) from exc
+    shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def _rename_into_place(staging: Path, output: Location, manifest: Manifest) -> Manifest:
+    final = published_dir(output, manifest.plan_id).local_path()
     try:
         os.rename(staging, final)  # atomic: the publication appears whole or not at all
     except OSError as exc:
@@ -323,7 +426,7 @@ def _rename_into_place(staging: Path, output: Path, manifest: Manifest) -> Manif
         if winner is not None:  # a concurrent publisher of the same plan got there first
             return replace(winner, reused=True)
         raise PublishError(f"could not move {staging} to {final}: {exc.strerror}") from exc
-    _fsync_dir(output)
+    _fsync_dir(output.local_path())
     return manifest
 
 
@@ -349,7 +452,7 @@ def _file_entries(root: Path) -> tuple[FileEntry, ...]:
 
 def verify(manifest: Manifest) -> list[str]:
     """Problems found re-checking a publication's files against its manifest."""
-    root = Path(manifest.location)
+    root = Location.of(manifest.location)
     problems = []
     for entry in manifest.files:
         path = root / entry.path

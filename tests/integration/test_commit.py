@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Consumer
 
 from tests.conftest import KafkaTestCluster, keyed_records
-from tidemark.checkpoints import SqliteCheckpointStore
+from tidemark.checkpoints import CheckpointStore, SqliteCheckpointStore
 from tidemark.commit import commit_plan, metadata_plan_id, metadata_run_id
 from tidemark.errors import CommitError, GroupInUseError, OffsetsMovedError
 from tidemark.kafka_io import TP
@@ -80,8 +80,9 @@ def group() -> str:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> SqliteCheckpointStore:
-    return SqliteCheckpointStore(tmp_path / "checkpoints.sqlite")
+def store(checkpoint_store: CheckpointStore) -> CheckpointStore:
+    """Every commit case runs against both stores: SQLite (the default) and PostgreSQL (shared)."""
+    return checkpoint_store
 
 
 @pytest.fixture
@@ -99,7 +100,7 @@ def live_consumer(kafka: KafkaTestCluster, topic: str, group: str) -> Iterator[C
 
 
 def test_clean_commit_sets_exactly_the_plan_ends_and_checkpoints(
-    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore
 ) -> None:
     plan = hand_plan(kafka, topic, group)
     assert group_offsets(kafka, plan) == {(topic, 0): None, (topic, 1): None, (topic, 2): None}
@@ -119,7 +120,7 @@ def test_clean_commit_sets_exactly_the_plan_ends_and_checkpoints(
 
 
 def test_next_plan_commits_from_the_previous_ends(
-    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore
 ) -> None:
     commit_plan(hand_plan(kafka, topic, group), kafka.connection, store, run_id="run-1")
     kafka.produce(topic, keyed_records(4, partition=2))
@@ -132,7 +133,7 @@ def test_next_plan_commits_from_the_previous_ends(
 
 
 def test_committing_an_already_committed_plan_is_a_no_op(
-    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore
 ) -> None:
     plan = hand_plan(kafka, topic, group)
     commit_plan(plan, kafka.connection, store, run_id="run-1")
@@ -147,7 +148,7 @@ def test_committing_an_already_committed_plan_is_a_no_op(
 
 
 def test_commit_that_died_before_the_checkpoint_is_finished(
-    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore, tmp_path: Path
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore, tmp_path: Path
 ) -> None:
     plan = hand_plan(kafka, topic, group)
     commit_plan(plan, kafka.connection, SqliteCheckpointStore(tmp_path / "lost.sqlite"), run_id="run-1")
@@ -162,7 +163,7 @@ def test_commit_that_died_before_the_checkpoint_is_finished(
 
 
 def test_live_consumer_blocks_the_commit(
-    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore, live_consumer: Consumer
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore, live_consumer: Consumer
 ) -> None:
     plan = hand_plan(kafka, topic, group)
 
@@ -175,7 +176,7 @@ def test_live_consumer_blocks_the_commit(
 
 
 def test_commit_succeeds_once_the_live_consumer_left(
-    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore
 ) -> None:
     consumer = Consumer(kafka.connection.client_config(**{"group.id": group, "enable.auto.commit": False}))
     consumer.subscribe([topic])
@@ -192,7 +193,7 @@ def test_commit_succeeds_once_the_live_consumer_left(
 
 
 def test_offsets_moved_after_planning_block_the_commit(
-    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore
 ) -> None:
     plan = hand_plan(kafka, topic, group)
     # Someone else commits for the group after the plan was made.
@@ -206,7 +207,7 @@ def test_offsets_moved_after_planning_block_the_commit(
 
 
 def test_a_retried_commit_of_an_old_run_is_a_no_op_that_never_rewinds_the_group(
-    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore
 ) -> None:
     first = hand_plan(kafka, topic, group)
     commit_plan(first, kafka.connection, store, run_id="run-1")
@@ -222,7 +223,7 @@ def test_a_retried_commit_of_an_old_run_is_a_no_op_that_never_rewinds_the_group(
 
 
 def test_a_new_run_of_the_same_plan_after_the_group_offsets_vanished_commits(
-    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore
 ) -> None:
     """Issue 14: an idle feed plans the same ranges (same plan id) again after expiry."""
     commit_plan(hand_plan(kafka, topic, group), kafka.connection, store, run_id="run-1")
@@ -242,7 +243,7 @@ def test_a_new_run_of_the_same_plan_after_the_group_offsets_vanished_commits(
 
 
 def test_a_group_reset_to_offsets_it_already_had_is_committed_by_the_next_run(
-    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore
 ) -> None:
     first = hand_plan(kafka, topic, group)
     commit_plan(first, kafka.connection, store, run_id="run-1")
@@ -259,7 +260,7 @@ def test_a_group_reset_to_offsets_it_already_had_is_committed_by_the_next_run(
 
 
 def test_a_position_changed_by_another_writer_names_the_writer(
-    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore
 ) -> None:
     plan = hand_plan(kafka, topic, group)
     other = hand_plan(kafka, topic, group)
@@ -271,7 +272,7 @@ def test_a_position_changed_by_another_writer_names_the_writer(
 
 
 def test_expired_group_offsets_are_committed_and_reported(
-    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore
 ) -> None:
     kafka.adapter.alter_committed(group, {(topic, 0): (1, "earlier"), (topic, 1): (1, "earlier")})
     plan = hand_plan(kafka, topic, group)
@@ -287,7 +288,7 @@ def test_expired_group_offsets_are_committed_and_reported(
 
 
 def test_plan_made_without_commit_is_refused(
-    kafka: KafkaTestCluster, topic: str, group: str, store: SqliteCheckpointStore
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore
 ) -> None:
     plan = hand_plan(kafka, topic, group, commit=False)
     with pytest.raises(CommitError, match="without commit"):

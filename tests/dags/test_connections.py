@@ -1,0 +1,55 @@
+"""Airflow connections for the shared parts: a postgres checkpoint store and an aws object store."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from tidemark.checkpoints import PostgresCheckpointStore
+
+
+@pytest.fixture(autouse=True)
+def airflow_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_HOME", os.environ.get("AIRFLOW_HOME", str(tmp_path / "airflow")))
+    monkeypatch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+
+def test_checkpoint_store_from_a_postgres_connection(postgres: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tidemark.orchestration import checkpoint_store
+
+    url = make_url(postgres)
+    conn = {"conn_type": "postgres", "host": url.host, "port": url.port, "login": url.username,
+            "password": url.password, "schema": url.database}  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_CP_TEST", json.dumps(conn))
+
+    store = checkpoint_store("tidemark_cp_test")
+
+    assert isinstance(store, PostgresCheckpointStore)
+    assert str(url.password) not in store.url and "***" in store.url
+    group = f"g-conn-{uuid.uuid4().hex[:8]}"
+    store.put(group, "plan-a", {("t", 0): 3}, "run-1")
+    assert store.run_committed(group, "run-1")
+    assert checkpoint_store("tidemark_cp_missing") is None  # not configured: env / SQLite apply
+
+
+def test_storage_settings_from_an_aws_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tidemark.errors import ConfigError
+    from tidemark.orchestration import storage_env
+
+    conn = {"conn_type": "aws", "login": "key-id", "password": "the-secret",
+            "extra": {"region_name": "eu-west-1", "endpoint_url": "http://127.0.0.1:9000"}}  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_S3_TEST", json.dumps(conn))
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_WRONG_TYPE", json.dumps({"conn_type": "http", "host": "x"}))
+
+    assert storage_env("tidemark_s3_test") == {
+        "AWS_ACCESS_KEY_ID": "key-id", "AWS_SECRET_ACCESS_KEY": "the-secret", "AWS_REGION": "eu-west-1",
+        "TIDEMARK_S3_ENDPOINT": "http://127.0.0.1:9000",
+    }  # fmt: skip
+    assert storage_env("tidemark_s3_missing") == {}
+    with pytest.raises(ConfigError, match="needs type aws"):
+        storage_env("tidemark_wrong_type")

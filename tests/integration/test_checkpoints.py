@@ -1,0 +1,176 @@
+"""Both checkpoint stores against real databases: SQLite files and a real PostgreSQL server.
+
+The commit lock is checked across processes, as it is used: a second process holding a
+group's lock keeps this one out, other groups stay free, and a holder that dies (even
+by SIGKILL) releases it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tidemark.checkpoints import (
+    URL_ENV,
+    CheckpointStore,
+    PostgresCheckpointStore,
+    SqliteCheckpointStore,
+    open_store,
+    redact_url,
+)
+from tidemark.errors import CommitError, ConfigError, StateStoreError
+
+pytestmark = pytest.mark.integration
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from tidemark.checkpoints import open_store
+
+group, marker, release = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+with open_store().commit_lock(group, timeout_s=60):
+    marker.write_text("held")
+    while not release.exists():
+        time.sleep(0.05)
+marker.write_text("released")
+"""
+
+
+def store_url(store: CheckpointStore, postgres_url: str | None) -> str:
+    """The URL another process opens the same store with."""
+    if isinstance(store, SqliteCheckpointStore):
+        return f"sqlite:///{store.path}"
+    assert postgres_url is not None
+    return postgres_url
+
+
+@pytest.fixture
+def group() -> str:
+    return f"g-cp-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def other_url(checkpoint_store: CheckpointStore, request: pytest.FixtureRequest) -> str:
+    pg = request.getfixturevalue("postgres") if isinstance(checkpoint_store, PostgresCheckpointStore) else None
+    return store_url(checkpoint_store, pg)
+
+
+class Holder:
+    """Another process holding ``group``'s commit lock until released or killed."""
+
+    def __init__(self, url: str, group: str, work: Path) -> None:
+        self.marker, self.release_file = work / f"{group}.marker", work / f"{group}.release"
+        env = {**os.environ, URL_ENV: url}  # the URL (and its password) travels in the env, not argv
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, group, str(self.marker), str(self.release_file)], env=env
+        )
+        deadline = time.monotonic() + 60
+        while not (self.marker.exists() and self.marker.read_text() == "held"):
+            assert self.proc.poll() is None, "the lock holder exited before taking the lock"
+            assert time.monotonic() < deadline, "the lock holder never took the lock"
+            time.sleep(0.05)
+
+    def release(self) -> None:
+        self.release_file.touch()
+        assert self.proc.wait(timeout=60) == 0
+        assert self.marker.read_text() == "released"
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture
+def holder(other_url: str, group: str, tmp_path: Path) -> Iterator[Holder]:
+    held = Holder(other_url, group, tmp_path)
+    try:
+        yield held
+    finally:
+        if held.proc.poll() is None:
+            held.kill()
+
+
+def test_put_get_and_committed_runs(checkpoint_store: CheckpointStore, group: str) -> None:
+    assert checkpoint_store.get(group, [("t", 0)]) == {}
+    checkpoint_store.put(group, "plan-a", {("t", 0): 5, ("t", 1): 7, ("u", 0): 0}, "run-1")
+    checkpoint_store.put(group, "plan-b", {("t", 0): 9}, "run-2")
+    checkpoint_store.put(group, "plan-b", {("t", 0): 9}, "run-2")  # a repeated put changes nothing
+
+    got = checkpoint_store.get(group, [("t", 0), ("t", 1), ("t", 2)])
+    assert {tp: (c.offset, c.plan_id) for tp, c in got.items()} == {("t", 0): (9, "plan-b"), ("t", 1): (7, "plan-a")}
+    assert checkpoint_store.run_committed(group, "run-1") and checkpoint_store.run_committed(group, "run-2")
+    assert not checkpoint_store.run_committed(group, "run-3")
+    assert not checkpoint_store.run_committed(f"{group}-other", "run-1")
+    assert checkpoint_store.get(f"{group}-other", [("t", 0)]) == {}
+
+
+def test_offsets_beyond_32_bits_round_trip(checkpoint_store: CheckpointStore, group: str) -> None:
+    checkpoint_store.put(group, "plan-a", {("t", 0): 2**40 + 3}, "run-1")
+    assert checkpoint_store.get(group, [("t", 0)])[("t", 0)].offset == 2**40 + 3
+
+
+def test_another_process_holding_the_lock_keeps_this_one_out(
+    checkpoint_store: CheckpointStore, group: str, holder: Holder
+) -> None:
+    busy = f"another run has been committing for group '{group}'"
+    with pytest.raises(CommitError, match=busy), checkpoint_store.commit_lock(group, timeout_s=0.3):
+        pytest.fail("took a lock another process holds")
+    with checkpoint_store.commit_lock(f"{group}-other", timeout_s=0.3):
+        pass  # other groups are not held up
+
+    holder.release()
+
+    with checkpoint_store.commit_lock(group, timeout_s=30):
+        pass
+
+
+def test_this_process_holding_the_lock_keeps_another_out(
+    checkpoint_store: CheckpointStore, other_url: str, group: str, tmp_path: Path
+) -> None:
+    with checkpoint_store.commit_lock(group, timeout_s=5):
+        env = {**os.environ, URL_ENV: other_url}
+        probe = subprocess.run(
+            [sys.executable, "-c",
+             "import sys\nfrom tidemark.checkpoints import open_store\nfrom tidemark.errors import CommitError\n"
+             "try:\n    open_store().commit_lock(sys.argv[1], timeout_s=0.3).__enter__()\n"
+             "except CommitError:\n    sys.exit(3)\n", group],
+            env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert probe.returncode == 3, probe.stderr
+
+
+def test_a_killed_holder_releases_the_lock(checkpoint_store: CheckpointStore, group: str, holder: Holder) -> None:
+    holder.kill()  # SIGKILL: no unlock ran; the database session (or the file) goes with the process
+
+    with checkpoint_store.commit_lock(group, timeout_s=30):
+        pass
+
+
+def test_open_store_chooses_by_url(tmp_path: Path, postgres: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(URL_ENV, raising=False)
+    assert isinstance(open_store(root=tmp_path), SqliteCheckpointStore)
+    assert isinstance(open_store(f"sqlite:///{tmp_path}/x.sqlite"), SqliteCheckpointStore)
+    monkeypatch.setenv(URL_ENV, postgres)
+    assert isinstance(open_store(root=tmp_path), PostgresCheckpointStore)
+    with pytest.raises(ConfigError, match="only postgresql://"):
+        open_store("mysql://u:secret-pw@h/db")
+
+
+def test_a_wrong_password_is_refused_without_showing_it(postgres: str) -> None:
+    wrong = postgres.replace("://tidemark:", "://tidemark:not-the-password-42")
+
+    with pytest.raises(StateStoreError) as caught:
+        PostgresCheckpointStore(wrong)
+
+    message = str(caught.value)
+    assert "not-the-password-42" not in message
+    assert "password authentication failed" in message and "127.0.0.1" in message and "***" in message
+    assert "not-the-password-42" not in redact_url(wrong)

@@ -1,0 +1,106 @@
+"""Publishing to an object store (a real S3 endpoint, s3proxy): the manifest is the commit point.
+
+What a reader sees is checked at each stage: an interrupted upload (files, no manifest)
+is not published and is cleared by the next publish; a published plan is published
+once, and publishing it again writes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.integration.test_sink import _df, _plan, _stage
+from tidemark.config import Feed
+from tidemark.sink import (
+    MANIFEST_NAME,
+    load_manifest,
+    new_staging,
+    publish,
+    publish_staged,
+    published_dir,
+    published_files,
+    staging_base,
+    verify,
+)
+from tidemark.storage import Location
+
+pytestmark = pytest.mark.spark
+
+
+def _records(files: list[str], where: Location) -> list[tuple[int, int]]:
+    rows: list[tuple[int, int]] = []
+    for url in files:
+        loc = Location.of(url)
+        table = pq.read_table(loc.fs_path, filesystem=where.fs, partitioning=None)
+        rows += zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(), strict=True)
+    return sorted(rows)
+
+
+def test_publish_to_s3_once_and_a_rerun_adds_nothing(spark: Any, s3_prefix: str) -> None:
+    feed = Feed(name="sinkfeed", topics=("orders",), group="g", output=f"{s3_prefix}/out")
+    plan = _plan()
+    out = feed.output_location()
+
+    first = publish(_df(spark, plan), plan, feed)
+
+    final = published_dir(out, plan.plan_id)
+    assert not first.reused and first.records == 8 and first.location == final.url
+    assert verify(first) == []
+    names = [n for n, _ in final.files()]
+    assert sorted(names) == sorted([MANIFEST_NAME, *(f.path for f in first.files)])  # no .crc, no _SUCCESS
+    assert all(re.fullmatch(r".*/part-\d{5}\.parquet", f.path) for f in first.files)
+    files = published_files(out)
+    assert _records(files, out) == [(p, o) for p in range(2) for o in range(4)]
+    before = list(final.files())
+
+    again = publish(_df(spark, plan), plan, feed)
+
+    assert again.reused and again.to_dict() == first.to_dict()
+    assert list(final.files()) == before and published_files(out) == files
+
+
+def test_an_interrupted_upload_is_not_published_and_is_replaced(spark: Any, s3_prefix: str, tmp_path: Path) -> None:
+    feed = Feed(name="sinkfeed", topics=("orders",), group="g", output=f"{s3_prefix}/out")
+    plan = _plan()
+    out = feed.output_location()
+    final = published_dir(out, plan.plan_id)
+    # What a publisher that died mid-upload leaves: some data files, no manifest.
+    (final / "topic=orders" / "date=2026-03-01" / "part-00007.parquet").write_bytes(b"half a file")
+
+    assert load_manifest(out, plan.plan_id) is None
+    assert published_files(out) == []  # readers going by manifests see nothing
+
+    manifest = publish(_df(spark, plan), plan, feed)
+
+    assert not manifest.reused and verify(manifest) == []
+    assert "topic=orders/date=2026-03-01/part-00007.parquet" not in [n for n, _ in final.files()]
+    assert _records(published_files(out), out) == [(p, o) for p in range(2) for o in range(4)]
+
+
+def test_staged_publish_to_s3_stages_locally_and_uploads_by_manifest(
+    s3_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIDEMARK_STAGING_DIR", str(tmp_path / "staging"))
+    plan = _plan()
+    feed = Feed(name=plan.feed, topics=("orders",), group="g", output=f"{s3_prefix}/out")
+    out = feed.output_location()
+    staging = new_staging(out, plan.plan_id)
+    assert staging.root.parent == staging_base(out) and staging_base(out).is_relative_to(tmp_path / "staging")
+    _stage(staging.written, "ok", 3)
+    _stage(staging.written, "decode_error: bad", 1)
+
+    manifest = publish_staged(staging, plan, feed, outcome_column="_outcome", ok_value="ok",
+                              expect_records=3, expect_quarantined=1)  # fmt: skip
+
+    assert (manifest.records, manifest.quarantined) == (3, 1)
+    assert not staging.root.exists()
+    assert load_manifest(out, plan.plan_id) == manifest
+    assert sorted(n for n, _ in published_dir(out, plan.plan_id).files()) == sorted(
+        [MANIFEST_NAME, *(f.path for f in manifest.files)]
+    )
+    assert len(published_files(out)) == 1  # the quarantined file is not a published record file
