@@ -305,10 +305,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return spark_side(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m tidemark.bench_small", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="0 and 1,000 records, one round, no warm-up")
+    parser.add_argument("--sizes", default=None, help="comma-separated record counts (default 0,1000,100000)")
     parser.add_argument("--runs", type=int, default=None, help="measured rounds per size (default 5; quick 1)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default docs/benchmarks)")
     args = parser.parse_args(argv)
-    sizes = QUICK_SIZES if args.quick else SIZES
+    sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else QUICK_SIZES if args.quick else SIZES
     runs = args.runs or (1 if args.quick else 5)
     warmups = 0 if args.quick else 1
     connection = from_env()

@@ -411,7 +411,7 @@ def write_result(run_dir: Path | Location | str, result: JobResult) -> Location:
     return path
 
 
-def _upload_run_dir(local: Path, target: Location) -> bool:
+def upload_run_dir(local: Path, target: Location) -> bool:
     """Copy the job's local run folder to the state location, with local paths rewritten to URLs."""
     for name in (JOB_FILE, "validation.json"):
         path = local / name
@@ -454,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         result.finished_at = datetime.now(UTC).isoformat()
         write_result(run_dir, result)
-        if not target.is_local and not _upload_run_dir(run_dir, target):
+        if not target.is_local and not upload_run_dir(run_dir, target):
             result.published = False
     status = "published" if result.published else "failed"
     print(f"tidemark job {status}: plan {result.plan_id}, {result.records_read} records read, "

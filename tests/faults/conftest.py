@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import KafkaTestCluster
-from tests.faults.harness import SCOREBOARD, FaultEnv, Tally, write_scoreboard
+from tests.conftest import S3_BUCKET, KafkaTestCluster
+from tests.faults.harness import LOCAL, SCOREBOARD, FaultEnv, Tally, write_scoreboard
 
 
 @pytest.fixture
 def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
          request: pytest.FixtureRequest) -> FaultEnv:  # fmt: skip
-    env = FaultEnv(kafka, spark, tmp_path, request.node.name)
+    """A fault environment on the embedded default (local state and output, SQLite checkpoints),
+    or, with ``@ON_BOTH_SHAPES``, also on the deployment shape: state and output on the
+    session's S3 server (s3proxy), checkpoints in its PostgreSQL."""
+    remote = None
+    if getattr(request, "param", LOCAL) != LOCAL:
+        request.getfixturevalue("s3")  # its AWS_* settings are in the environment for the session
+        remote = f"s3://{S3_BUCKET}/faults-{uuid.uuid4().hex[:12]}"
+        monkeypatch.setenv("TIDEMARK_CHECKPOINT_URL", request.getfixturevalue("postgres"))
+    env = FaultEnv(kafka, spark, tmp_path, request.node.name, remote=remote)
     SCOREBOARD.setdefault(request.node.name, Tally())  # counted as run even where no record is checked
     monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
     monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))

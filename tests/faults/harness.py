@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -36,6 +37,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 
@@ -43,7 +45,13 @@ from tests.conftest import KafkaTestCluster
 from tidemark.connection import KafkaConnection
 from tidemark.kafka_io import Record
 from tidemark.pipeline import CommitOutcome, RunHandle, run_feed
+from tidemark.sink import load_manifest
+from tidemark.storage import Location
 
+LOCAL = "local"
+# The crash, overlap and retry scenarios run on both: the embedded default, and state and
+# output on S3 with checkpoints in PostgreSQL (the fixture ``fenv`` reads the parameter).
+ON_BOTH_SHAPES = pytest.mark.parametrize("fenv", [LOCAL, "s3+postgres"], indirect=True)
 Row = tuple[str, int, int, str]  # topic, partition, offset, sha256 of the value (hex)
 F = TypeVar("F", bound=Callable[..., Any])
 LAST_RUN = Path(__file__).with_name("last-run.json")
@@ -150,14 +158,16 @@ class FaultEnv:
     name: str
     partitions: int = 3
     topic_config: Mapping[str, str] | None = None
+    remote: str | None = None  # an s3:// prefix: state and output there (checkpoints then in PostgreSQL)
     topic: str = field(init=False)
     group: str = field(init=False)
     sent: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        self.root = self.tmp / "state"
         self.feeds = self.tmp / "feeds"
-        self.output = self.tmp / "out"
+        # Local paths, or Locations on the object store: both have `/`, `with_name` and `str`.
+        self.root: Any = self.tmp / "state" if self.remote is None else Location.of(f"{self.remote}/state")
+        self.output: Any = self.tmp / "out" if self.remote is None else Location.of(f"{self.remote}/out")
         self.feeds.mkdir(parents=True, exist_ok=True)
         self.topic = self.kafka.new_topic(partitions=self.partitions, config=self.topic_config, prefix="fault")
         self.group = f"g-fault-{uuid.uuid4().hex[:8]}"
@@ -206,17 +216,26 @@ class FaultEnv:
     def in_process(self, handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
         """The Spark job in this session: the same code ``spark-submit`` runs."""
         from tidemark.config import load_feed
-        from tidemark.job import JobResult, run, write_result
+        from tidemark.job import JobResult, run, upload_run_dir, write_result
 
         plan = handle.plan()
         result = JobResult(plan.plan_id, plan.feed)
+        target = Location.of(handle.run_dir)
+        # As the job's main(): a run dir on an object store is filled locally, then uploaded.
+        run_dir = target.local_path() if target.is_local else Path(tempfile.mkdtemp(prefix="fault-run-"))
+
+        def report() -> None:
+            write_result(run_dir, result)
+            if not target.is_local:
+                assert upload_run_dir(run_dir, target), f"could not upload {run_dir} to {target}"
+
         try:
-            run(self.spark, plan, load_feed(plan.feed), connection, Path(handle.run_dir), result=result)
+            run(self.spark, plan, load_feed(plan.feed), connection, run_dir, result=result)
         except Exception as exc:
             result.error = str(exc)
-            write_result(Path(handle.run_dir), result)
+            report()
             raise
-        write_result(Path(handle.run_dir), result)  # not on a crash: a crashed job writes nothing
+        report()  # not on a crash: a crashed job writes nothing
         return result.to_dict()
 
     def run(
@@ -226,12 +245,26 @@ class FaultEnv:
             self.feed, self.kafka.connection, mode=mode, params=params, root=self.root, job_runner=self.in_process
         )
 
-    def published(self, output: Path | None = None) -> Counter[Row]:
-        """Good and quarantined records across every plan folder of ``output``."""
+    def published(self, output: Any = None) -> Counter[Row]:
+        """Good and quarantined records across every plan folder of ``output``.
+
+        Locally every file under a plan folder counts (a rename publishes it whole); on an
+        object store the files that plans' manifests list (the manifest is the commit point).
+        """
         rows: Counter[Row] = Counter()
-        for path in sorted((output or self.output).glob("plan_id=*/**/*.parquet")):
-            topic = next((part[len("topic=") :] for part in path.parts if part.startswith("topic=")), None)
-            table = pq.read_table(path)
+        where = Location.of(output if output is not None else self.output)
+        if where.is_local:
+            files = [(str(p), Location.of(p)) for p in sorted(where.local_path().glob("plan_id=*/**/*.parquet"))]
+        else:
+            files = []
+            for folder in where.children(folders_only=True):
+                if not folder.name.startswith("plan_id="):
+                    continue
+                manifest = load_manifest(where, folder.name[len("plan_id=") :])
+                files += [(f.path, folder / f.path) for f in (manifest.files if manifest else ())]
+        for name, loc in files:
+            topic = next((part[len("topic=") :] for part in name.split("/") if part.startswith("topic=")), None)
+            table = pq.read_table(loc.fs_path, filesystem=loc.fs)
             names = table.column_names
             topics = table.column("topic").to_pylist() if "topic" in names else [topic] * table.num_rows
             # Bytes as stored: a quarantined record's value need not be valid UTF-8.

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-import tests.faults.test_scenarios  # noqa: F401 - registers the scenarios
+import tests.faults.test_scenarios  # registers the scenarios
 from tests.faults.harness import LAST_RUN, SCENARIOS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "faults.md"
@@ -30,16 +30,27 @@ the invariants:
 - **I3** after the fault and the rerun the output is what an undisturbed run gives;
 - **I4** every error names topic, partition and offsets and says what to do.
 
+Scenarios marked *local, S3 + PostgreSQL* run twice: on the embedded default (local state
+and output, SQLite checkpoints) and on the deployment shape (state and output on a real
+S3 server, s3proxy, with checkpoints in a real PostgreSQL), both started by the suite.
+
 """
+
+
+def _on_both_shapes(test: str) -> bool:
+    marks = getattr(getattr(tests.faults.test_scenarios, test), "pytestmark", [])
+    return any(m.name == "parametrize" and m.args[0] == "fenv" for m in marks)
 
 
 def render(counts: dict[str, object]) -> str:
     by_test = counts.get("by_test", {})
     assert isinstance(by_test, dict)
-    rows = ["| # | scenario | injected | asserted | test | records checked |", "|---|---|---|---|---|---:|"]
+    rows = ["| # | scenario | injected | asserted | test | shapes | records checked |",
+            "|---|---|---|---|---|---|---:|"]  # fmt: skip
     for s in sorted(SCENARIOS.values(), key=lambda s: (int("".join(c for c in s.number if c.isdigit())), s.number)):
         checked = sum(v["records_checked"] for k, v in by_test.items() if k.split("[")[0] == s.test)
-        rows.append(f"| {s.number} | {s.title} | {s.injected} | {s.asserted} | `{s.test}` | {checked} |")
+        shapes = "local, S3 + PostgreSQL" if _on_both_shapes(s.test) else "local"
+        rows.append(f"| {s.number} | {s.title} | {s.injected} | {s.asserted} | `{s.test}` | {shapes} | {checked} |")
     totals = (
         f"**Last run:** {counts.get('scenarios_run', 0)} scenario tests, {counts.get('checks', 0)} invariant "
         f"checks, {counts.get('records_checked', 0)} records checked, **{counts.get('records_lost', 0)} lost**, "

@@ -23,8 +23,9 @@ import yaml
 from confluent_kafka import Consumer, Producer
 
 from tests.conftest import KafkaTestCluster
-from tests.faults.harness import FaultEnv, assert_names, oracle, scenario
+from tests.faults.harness import ON_BOTH_SHAPES, FaultEnv, assert_names, oracle, scenario
 from tidemark.commit import metadata_run_id
+from tidemark.config import load_feed
 from tidemark.connection import KafkaConnection
 from tidemark.errors import (
     ConfigError,
@@ -40,6 +41,8 @@ from tidemark.errors import (
 from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.kafka_io import Record
 from tidemark.pipeline import commit_run, plan_run
+from tidemark.sink import staging_base
+from tidemark.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.faults]
 
@@ -61,6 +64,7 @@ def test_no_new_data_after_a_normal_run(fenv: FaultEnv) -> None:
                    "more data arrives before the rerun",
           asserted="offsets unchanged by the crash; the rerun neither loses nor republishes the crashed "
                    "plan's records; I1–I3")  # fmt: skip
+@ON_BOTH_SHAPES
 def test_crash_after_publish_before_the_job_reports(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     fenv.produce(12)
     monkeypatch.setenv(FAULTS_ENV, "job.after_publish")
@@ -78,6 +82,7 @@ def test_crash_after_publish_before_the_job_reports(fenv: FaultEnv, monkeypatch:
 @scenario("2b", "Crash after publish, before commit",
           injected="fault point commit.before (job.json says published, nothing committed)",
           asserted="offsets unchanged; the next run first finishes the published plan's commit; I1–I3")  # fmt: skip
+@ON_BOTH_SHAPES
 def test_crash_after_publish_before_commit(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     fenv.produce(9)
     monkeypatch.setenv(FAULTS_ENV, "commit.before")
@@ -96,6 +101,7 @@ def test_crash_after_publish_before_commit(fenv: FaultEnv, monkeypatch: pytest.M
           injected="fault point commit.after_kafka",
           asserted="the retried commit of the same run is a no-op that records the checkpoint; one commit, "
                    "by that run; I1–I3")  # fmt: skip
+@ON_BOTH_SHAPES
 def test_crash_between_kafka_commit_and_checkpoint(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     fenv.produce(9)
     handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
@@ -105,7 +111,7 @@ def test_crash_between_kafka_commit_and_checkpoint(fenv: FaultEnv, monkeypatch: 
         commit_run(handle, fenv.kafka.connection, root=fenv.root)
     monkeypatch.delenv(FAULTS_ENV)
     outcome = commit_run(handle, fenv.kafka.connection, root=fenv.root)  # the task's retry
-    report = json.loads(Path(outcome.report_path).read_text())
+    report = json.loads(Location.of(outcome.report_path).read_text())
     assert report["commit"]["status"] == "already_committed" and "checkpoint" in report["commit"]["notes"][0]
     got = fenv.kafka.adapter.committed(fenv.group, fenv.tps())
     assert {metadata_run_id(c.metadata) for c in got.values()} == {handle.run_id}
@@ -115,6 +121,7 @@ def test_crash_between_kafka_commit_and_checkpoint(fenv: FaultEnv, monkeypatch: 
 @scenario("2d", "Crash mid-write: the Spark driver killed",
           injected="SIGKILL to `tidemark run`'s spark-submit process group while it writes its staging folder",
           asserted="offsets unchanged, nothing published; the rerun publishes once and commits; I1–I3")  # fmt: skip
+@ON_BOTH_SHAPES
 def test_spark_driver_killed_mid_write(fenv: FaultEnv) -> None:
     fenv.produce(3000)
     env = {**os.environ, **fenv.kafka.connection.to_env(), "TIDEMARK_FEEDS_DIR": str(fenv.feeds),
@@ -123,15 +130,16 @@ def test_spark_driver_killed_mid_write(fenv: FaultEnv) -> None:
         [sys.executable, "-m", "tidemark.cli", "run", fenv.feed], env=env, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+    staging = staging_base(Location.of(fenv.output))  # local on both shapes: Spark writes there first
     deadline = time.monotonic() + 240
-    while not list((fenv.output / "_staging").glob("*/*")):
+    while not list(staging.glob("*/*")):
         assert proc.poll() is None, "the run ended before it started writing"
         assert time.monotonic() < deadline, "the job never started writing its staging folder"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
     assert fenv.committed() == {0: None, 1: None, 2: None}
-    assert not list(fenv.output.glob("plan_id=*"))
+    assert not [f for f in Location.of(fenv.output).children() if f.name.startswith("plan_id=")]
     fenv.run()
     assert fenv.committed() == {0: 1000, 1: 1000, 2: 1000}
     fenv.check("test_spark_driver_killed_mid_write")
@@ -370,6 +378,7 @@ def test_live_consumer_and_offsets_moved(fenv: FaultEnv) -> None:
                    "offsets before any of them commits; their jobs all publish",
           asserted="exactly one commits (offset metadata names it), the others are refused naming the run that "
                    "moved the offsets; each output holds its plan once; I1–I4")  # fmt: skip
+@ON_BOTH_SHAPES
 def test_overlapping_runs_exactly_one_commits(fenv: FaultEnv) -> None:
     fenv.produce(12)
     now = datetime.now(UTC)
@@ -391,7 +400,7 @@ def test_overlapping_runs_exactly_one_commits(fenv: FaultEnv) -> None:
         assert_names(str(err.value), scheduled.run_id, rf"{fenv.topic}\[\d\]", "Plan again")
     got = fenv.kafka.adapter.committed(fenv.group, fenv.tps())
     assert {metadata_run_id(c.metadata) for c in got.values()} == {scheduled.run_id}
-    for output in (fenv.output.with_name("out.backfills"), fenv.output.with_name("out.replays")):
+    for output in (load_feed(fenv.feed).output_for("backfill"), load_feed(fenv.feed).output_for("replay")):
         assert sum(fenv.published(output).values()) == 12
     fenv.produce(3)
     nxt, _, _ = fenv.run()  # the refused runs are not left pending: the next run just goes on
@@ -521,6 +530,7 @@ def test_secrets_never_written(fenv: FaultEnv, capfd: pytest.CaptureFixture[str]
                    "same run's commit retried, then a new run",
           asserted="only one attempt commits (offset metadata names one run); nothing published twice; "
                    "I1–I3")  # fmt: skip
+@ON_BOTH_SHAPES
 def test_task_killed_and_retried(fenv: FaultEnv) -> None:
     fenv.produce(9)
     handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)

