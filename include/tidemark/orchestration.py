@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, BaseHook, Param, task
+from airflow.sdk import DAG, Asset, BaseHook, Param, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark.config import Feed, load_feeds, package_root
@@ -64,6 +64,28 @@ def airflow_auth() -> list[Any]:
     from fastapi import Depends
 
     return [Depends(requires_access_view(AccessView.PLUGINS))]
+
+
+def airflow_trigger_auth() -> list[Any]:
+    """FastAPI dependencies for the view's replay trigger: the user may create runs of the replay DAG.
+
+    The same check Airflow's own ``POST /api/v2/dags/{dag_id}/dagRuns`` makes, here so that
+    a viewer gets a 403 from the view itself (the forwarded REST call would refuse too).
+    """
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+    from fastapi import Depends
+
+    return [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id="tidemark_replay"))]
+
+
+def feed_asset(feed: Feed) -> Asset:
+    """The Airflow Asset a feed publishes: its output location; downstream DAGs schedule on it.
+
+    Emitted by the feed DAG's commit task (the run's data is published and its offsets
+    committed), with the plan id and record count in the event's extra.
+    """
+    return Asset(name=f"tidemark_{feed.name}", uri=feed.output_dir().resolve().as_uri(), group="tidemark")
 
 
 class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
@@ -119,11 +141,22 @@ def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None
     """Finish any pending commit of the feed, then plan this run and save the plan."""
     from tidemark.pipeline import plan_run
 
-    return _no_retry_for_refusals(
+    handle = _no_retry_for_refusals(
         lambda: plan_run(
             feed_name, kafka_connection(), mode=mode, params=dict(params or {}), progress=log.info
         ).to_xcom()
     )
+    _record_airflow_run(Path(handle["run_dir"]))
+    return handle
+
+
+def _record_airflow_run(run_dir: Path) -> None:
+    """Name the Airflow DAG run beside Tidemark's run, so the Tidemark view can link to it."""
+    import json
+
+    ctx = get_current_context()
+    doc = {"dag_id": ctx["ti"].dag_id, "dag_run_id": ctx["dag_run"].run_id}
+    (run_dir / "airflow.json").write_text(json.dumps(doc))
 
 
 # none_failed: the commit also runs after the Spark task skipped an empty plan.
@@ -132,12 +165,18 @@ def commit_step(handle: dict[str, Any]) -> dict[str, Any]:
     """Commit the plan's ends for the group (when the run asks for it) and write the report."""
     from tidemark.pipeline import RunHandle, commit_run
 
-    return _no_retry_for_refusals(
+    outcome = _no_retry_for_refusals(
         lambda: commit_run(RunHandle.from_xcom(handle), kafka_connection(), progress=log.info).to_xcom()
     )
+    ctx = get_current_context()
+    for outlet in ctx["task"].outlets or []:  # feed DAGs: the feed's Asset (see feed_asset)
+        ctx["outlet_events"][outlet].extra = {
+            "plan_id": outcome["plan_id"], "run_id": outcome["run_id"], "records": handle["records"],
+        }  # fmt: skip
+    return outcome
 
 
-def _pipeline(feed_name: str, mode: str) -> None:
+def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None) -> None:
     # feed_name may be a template ("{{ params.feed }}"): TaskFlow arguments are rendered.
     planned = plan_step(feed_name, mode)
     job = TidemarkSparkSubmitOperator(
@@ -152,7 +191,7 @@ def _pipeline(feed_name: str, mode: str) -> None:
             "{{ ti.xcom_pull(task_ids='plan')['run_dir'] }}",
         ],
     )
-    committed = commit_step(planned)
+    committed = commit_step.override(outlets=outlets or [])(planned)
     planned >> job >> committed
 
 
@@ -162,7 +201,9 @@ def feed_dag(feed: Feed) -> DAG:
         description=f"Scheduled consumption of {', '.join(feed.topics)} for group {feed.group}",
         doc_md=(
             f"Reads what group `{feed.group}` has not read yet from {', '.join(feed.topics)}, validates it, "
-            "publishes it and then commits the group's offsets. Failures before the commit leave offsets unchanged."
+            "publishes it and then commits the group's offsets. Failures before the commit leave offsets unchanged. "
+            f"Each successful run emits an event on the Asset `tidemark_{feed.name}` (its output): schedule "
+            "downstream DAGs on it."
         ),
         schedule=feed.schedule,
         start_date=START_DATE,
@@ -171,7 +212,7 @@ def feed_dag(feed: Feed) -> DAG:
         default_args=DEFAULT_ARGS,
         tags=["tidemark", "feed", feed.name],
     ) as dag:
-        _pipeline(feed.name, "scheduled")
+        _pipeline(feed.name, "scheduled", outlets=[feed_asset(feed)])
     return dag
 
 

@@ -58,7 +58,7 @@ def test_page_shows_offsets_and_lag_after_a_commit(kafka: KafkaTestCluster, feed
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert f"{topic}[0]" in page.text and "tidemark_replay" in page.text
     index = client.get("/")
-    assert f"<a href='feeds/{feed.name}'>{feed.name}</a>" in index.text
+    assert f'<a href="feeds/{feed.name}">{feed.name}</a>' in index.text
 
 
 def test_unknown_feed_is_404_and_dead_brokers_show_an_error(
