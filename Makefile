@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test lint unit integration faults faults-table soak bench bench-quick bench-plan kafka-up kafka-down clean lock
+.PHONY: install demo test lint unit integration faults faults-table soak bench bench-quick bench-plan bench-view kafka-up kafka-down airflow airflow-down browser clean lock
 
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
@@ -71,3 +71,10 @@ lock:
 clean:
 	-$(BIN)/tidemark kafka down
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# Airflow with Tidemark's DAGs, view and connections on the local cluster; Ctrl-C (or `make airflow-down`) stops it.
+airflow: install
+	$(BIN)/tidemark airflow up $(AIRFLOW_ARGS)
+
+airflow-down: install
+	$(BIN)/tidemark airflow down
