@@ -38,7 +38,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from tidemark.checkpoints import CheckpointStore, default_store
 from tidemark.config import Feed, load_feeds
 from tidemark.connection import KafkaConnection, from_env
-from tidemark.errors import ConfigError, TidemarkError
+from tidemark.errors import ConfigError, PlanningError, TidemarkError
 from tidemark.kafka_io import KafkaAdapter
 from tidemark.replay import END_CHOICES, START_CHOICES
 from tidemark.report import RunReport, list_runs, redact, run_dir_for, secret_values
@@ -76,11 +76,21 @@ def _duration(ms: int | None) -> str:
     return f"{seconds}s"
 
 
+def _when(text: str | None) -> str:
+    """A report's ISO timestamp, to the second, in UTC."""
+    if not text:
+        return "-"
+    try:
+        return datetime.fromisoformat(text).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    except ValueError:
+        return text
+
+
 def _iso(ms: int | None) -> str:
     return "" if ms is None else datetime.fromtimestamp(ms / 1000, UTC).isoformat().replace("+00:00", "Z")
 
 
-_templates.globals.update(dash=_dash, duration=_duration, iso=_iso)
+_templates.globals.update(dash=_dash, duration=_duration, iso=_iso, when=_when)
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,8 @@ def _lag_before(report: RunReport) -> int | None:
         position = r.get("committed_before")
         if position is None:
             position = r.get("checkpoint_before")
+        if position is None:  # the group had no position: the run started by policy
+            position = r.get("start")
         end = r.get("high_watermark")
         if position is not None and end is not None:
             lags.append(max(int(end) - int(position), 0))
@@ -140,7 +152,8 @@ def _chart(rows: Sequence[RunRow], width: int = 640, height: int = 180) -> dict[
     for i, r in enumerate(runs):
         h = 0.0 if not max_records else span * r.records / max_records
         x = left + i * step
-        bars.append({"x": round(x + step * 0.15, 1), "y": round(bottom - h, 1), "w": round(step * 0.7, 1),
+        w = min(step * 0.7, 36.0)
+        bars.append({"x": round(x + (step - w) / 2, 1), "y": round(bottom - h, 1), "w": round(w, 1),
                      "h": round(h, 1), "label": f"{r.run_id}: {r.records} records"})  # fmt: skip
         if r.lag_before is not None:
             y = bottom - (0.0 if not max_lag else span * r.lag_before / max_lag)
@@ -254,6 +267,7 @@ def create_app(
         try:
             status = status_of(feed)
             row.update(lag=status.total_lag, lag_ms=status.max_lag_ms, lag_time=_duration(status.max_lag_ms),
+                       unpositioned=status.unpositioned,
                        trouble=list(status.trouble))  # fmt: skip
         except TidemarkError as exc:
             row["error"] = scrub(str(exc))
@@ -320,7 +334,7 @@ def create_app(
             plan, output, dry_run = plan_request(feed, kafka, checkpoints(), "replay", conf)
             firsts = kafka.timestamps_at({p.key: p.start for p in plan.partitions if p.records}, feed.isolation)
             lasts = kafka.timestamps_at({p.key: p.end - 1 for p in plan.partitions if p.records}, feed.isolation)
-        except ConfigError as exc:
+        except (ConfigError, PlanningError) as exc:  # bad parameters, or the plan itself refused (data loss, ...)
             raise HTTPException(400, scrub(str(exc))) from exc
         except TidemarkError as exc:
             raise HTTPException(502, scrub(str(exc))) from exc
