@@ -57,6 +57,11 @@ bench-plan: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tidemark.bench_plan $(BENCH_PLAN_ARGS)
 
+# View benchmark (issue 11): renders a 200-partition feed's Tidemark view; prints the median.
+bench-view: install
+	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
+	$(BIN)/python -m tidemark.bench_view $(BENCH_VIEW_ARGS)
+
 kafka-up: install
 	$(BIN)/tidemark kafka up
 

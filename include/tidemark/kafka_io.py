@@ -522,7 +522,7 @@ class KafkaAdapter:
             deadline = time.monotonic() + self.timeout_s
             waiting = set(positions)
             while waiting and time.monotonic() < deadline:
-                for msg in consumer.consume(num_messages=500, timeout=0.5):
+                for msg in consumer.consume(num_messages=len(waiting), timeout=0.1):
                     if msg.error() is not None:
                         continue
                     tp = (msg.topic(), msg.partition())
