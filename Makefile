@@ -26,8 +26,13 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+test: lint browser
 	$(BIN)/pytest -v --durations=15 $(PYTEST_ARGS)
+
+# The e2e browser test drives Debian's Chromium with Playwright (Playwright's own browser download is unreachable).
+browser:
+	@command -v chromium >/dev/null || { echo "installing Debian's chromium for the browser test ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 unit: install
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
