@@ -109,9 +109,14 @@ class RunRow:
     docs_url: str | None
 
 
+def _dry_run(report: RunReport) -> bool:
+    return "dry run" in str((report.commit or {}).get("reason", ""))
+
+
 def _records(report: RunReport) -> int:
+    """Records the run read (a dry run reads none; its plan's count is in the report)."""
     c = report.counts
-    return int(c.get("rows", c.get("read", c.get("planned", 0))))
+    return 0 if _dry_run(report) else int(c.get("rows", c.get("read", c.get("planned", 0))))
 
 
 def _lag_before(report: RunReport) -> int | None:
@@ -136,7 +141,8 @@ def _run_row(report: RunReport, root: str, runs_root: Path | None) -> RunRow:
         doc = json.loads(airflow_doc.read_text())
         airflow_url = f"/dags/{doc['dag_id']}/runs/{quote(str(doc['dag_run_id']), safe='')}"
     docs_url = f"{root}/runs/{report.feed}/{report.run_id}/docs" if report.data_docs else None
-    return RunRow(report.run_id, report.mode, report.status, report.plan_id, _records(report), _lag_before(report),
+    mode = f"{report.mode} (dry run)" if _dry_run(report) else report.mode
+    return RunRow(report.run_id, mode, report.status, report.plan_id, _records(report), _lag_before(report),
                   report.started_at, report.error, airflow_url, docs_url)  # fmt: skip
 
 

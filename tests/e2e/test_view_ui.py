@@ -92,7 +92,8 @@ def test_view_in_a_browser(airflow: RunningAirflow) -> None:
         state = view.locator("#run-state")
         expect(state).to_be_visible(timeout=60_000)
         expect(state).to_have_attribute("data-state", "success", timeout=300_000)
-        page.set_viewport_size({"width": 1400, "height": 2400})  # the whole view at once, for the README
+        height = int(view.locator("body").evaluate("b => b.scrollHeight"))
+        page.set_viewport_size({"width": 1400, "height": min(height + 60, 2400)})  # the whole view, for the README
         expect(view.locator("#run-state")).to_be_visible()
         page.screenshot(path=str(ARTIFACTS / "tidemark-replay-run.png"))
         browser.close()
