@@ -10,6 +10,7 @@ Kafka cluster keeps running either way (``tidemark kafka down`` stops it).
 from __future__ import annotations
 
 import argparse
+import signal
 import time
 from pathlib import Path
 
@@ -27,6 +28,10 @@ def _seed_demo_topic(bootstrap_servers: str) -> None:
     if sum(adapter.end_offsets(tps, "read_uncommitted").values()) == 0:
         sent = produce(conn, DEMO_TOPIC, demo_events(600, bad_every=BAD_EVERY))
         print(f"produced {sent} demo events into {DEMO_TOPIC}")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -48,10 +53,17 @@ def _up(args: argparse.Namespace) -> int:
         # Shown to the person who started Airflow (as `airflow standalone` does); never logged elsewhere.
         print(f"login: {user} / {passwords.get(user, f'(see {where})')}")
     print(f"logs: {airflow.home / 'logs'}\nCtrl-C (or 'make airflow-down' elsewhere) stops Airflow.", flush=True)
+    # Ctrl-C and a plain `kill` both stop Airflow cleanly (SIGINT set explicitly: a shell may
+    # start background jobs with it ignored).
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         while airflow.running():
             time.sleep(2)
-        print("Airflow's processes exited; see the logs above")
+        if not airflow.pids_file.exists():  # `tidemark airflow down` stopped it: a clean stop
+            print("Airflow was stopped")
+            return 0
+        print(f"Airflow's processes exited; see {airflow.home / 'logs'}")
         return 1
     except KeyboardInterrupt:
         print("\nstopping Airflow ...")
