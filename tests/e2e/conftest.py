@@ -28,6 +28,7 @@ from tests.conftest import KafkaTestCluster, keyed_records
 from tidemark.airflow_local import LocalAirflow, project_root
 
 FEED = "view"
+SECRET = "pa55-never-shown"
 DOWNSTREAM_DAG = "downstream_of_view"
 DOWNSTREAM = '''
 """Consumes the view feed's Asset: scheduled whenever the feed's DAG publishes."""
@@ -135,6 +136,11 @@ def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
             "TIDEMARK_FEEDS_DIR": str(feeds),
             "TIDEMARK_STATE_DIR": str(state),
+            # A PLAINTEXT cluster ignores SASL settings when no mechanism is set; the password is
+            # here to prove it never reaches the view, its JSON or the task logs.
+            "AIRFLOW_CONN_TIDEMARK_KAFKA": json.dumps(
+                {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka.bootstrap_servers, "sasl.password": SECRET}}
+            ),
         },
     )
     try:

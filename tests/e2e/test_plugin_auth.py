@@ -7,9 +7,11 @@ may trigger ``tidemark_replay`` may replay (the viewer gets 403); a forged token
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.e2e.conftest import FEED, RunningAirflow
+from tests.e2e.conftest import FEED, SECRET, RunningAirflow
 
 pytestmark = pytest.mark.integration
 
@@ -52,3 +54,14 @@ def test_bad_replay_parameters_are_refused_by_name(airflow: RunningAirflow) -> N
     assert status == 400 and "start_offset" in doc["detail"]
     status, doc = airflow.request(f"/tidemark/api/feeds/{FEED}/replay/preview", body={"partitions": [9]})
     assert status == 400 and "partitions" in doc["detail"]
+
+
+def test_no_credential_in_the_view(airflow: RunningAirflow) -> None:
+    secrets = [SECRET, *airflow.airflow.passwords().values(), (airflow.airflow.home / "jwt_secret").read_text()]
+    for path in READS:
+        status, body = airflow.request(path)
+        assert status == 200
+        text = body if isinstance(body, str) else json.dumps(body)
+        assert not [s for s in secrets if s in text], path
+    status, doc = airflow.request(f"/tidemark/api/feeds/{FEED}/replay/preview", body={"start_from": "earliest"})
+    assert status == 200 and not [s for s in secrets if s in json.dumps(doc)]

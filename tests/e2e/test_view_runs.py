@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
 
-from tests.e2e.conftest import DOWNSTREAM_DAG, FEED, RunningAirflow
+from tests.e2e.conftest import DOWNSTREAM_DAG, FEED, SECRET, RunningAirflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -61,6 +62,11 @@ def test_replay_reads_into_its_own_location_without_moving_the_group(airflow: Ru
     assert not (run_dir / "job.json").exists()  # nothing read
     assert json.loads((run_dir / "report.json").read_text())["commit"]["status"] == "skipped"
     assert _offsets(airflow) == before
+    logs = airflow.task_logs("tidemark_replay", run_id) + airflow.task_logs("tidemark_replay", dry)
+    assert "dry run" in logs and SECRET not in logs
+    for path in airflow.state.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".log", ".html"):
+            assert SECRET not in path.read_text(errors="replace"), path
 
 
 def test_the_views_trigger_starts_the_replay_as_the_user(airflow: RunningAirflow) -> None:
@@ -74,7 +80,7 @@ def test_the_views_trigger_starts_the_replay_as_the_user(airflow: RunningAirflow
     assert airflow.wait_run("tidemark_replay", doc["dag_run_id"]) == "success"
 
 
-def _tidemark_run(airflow: RunningAirflow, dag_id: str, dag_run_id: str):  # type: ignore[no-untyped-def]
+def _tidemark_run(airflow: RunningAirflow, dag_id: str, dag_run_id: str) -> Path:
     """The Tidemark run dir an Airflow run made (its plan task names the Airflow run in airflow.json)."""
     for doc in airflow.state.glob(f"runs/{FEED}/*/airflow.json"):
         if json.loads(doc.read_text()) == {"dag_id": dag_id, "dag_run_id": dag_run_id}:
