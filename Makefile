@@ -5,7 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test lint unit integration faults faults-table soak bench bench-quick bench-plan bench-view kafka-up kafka-down airflow airflow-down browser clean lock
+.PHONY: install demo test lint unit integration faults faults-table soak bench bench-quick bench-plan kafka-up kafka-down clean lock
+.PHONY: browser bench-view airflow airflow-down
 
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
