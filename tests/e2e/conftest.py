@@ -1,6 +1,6 @@
 """One real Airflow for the e2e tests that need a running one (api-server, scheduler, dag-processor).
 
-Started once per session by :class:`tidemark.airflow_local.LocalAirflow` (the code behind
+Started once for the e2e tests by :class:`tidemark.airflow_local.LocalAirflow` (the code behind
 ``make airflow``) against the session's Kafka cluster, with its own home, state dir and
 feeds folder. The feed ``view`` (manual schedule) reads a 3-partition topic holding a few
 records; the DAGs folder holds the project's DAG file and a downstream DAG scheduled on
@@ -114,7 +114,8 @@ class RunningAirflow:
         return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(folder.rglob("*.log")))
 
 
-@pytest.fixture(scope="session")
+# Package scope: stopped after the last e2e test, so it does not idle through the rest of the suite.
+@pytest.fixture(scope="package")
 def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAirflow]:
     base = tmp_path_factory.mktemp("airflow-e2e")
     feeds, dags, state, output = base / "feeds", base / "dags", base / "state", base / "out" / FEED
@@ -150,7 +151,7 @@ def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -
         _wait_for_dags(running, ["tidemark_view", "tidemark_replay", DOWNSTREAM_DAG])
         yield running
     finally:
-        airflow.down()
+        airflow.down(timeout_s=10)  # the scheduler's graceful stop can take 30 s; nothing here needs it
 
 
 def _wait_for_dags(airflow: RunningAirflow, dag_ids: list[str], timeout_s: float = 180) -> None:
