@@ -79,6 +79,14 @@ def airflow_trigger_auth() -> list[Any]:
     return [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id="tidemark_replay"))]
 
 
+def airflow_api_base() -> str | None:
+    """Airflow's ``[api] base_url`` (where its REST API is reached), or ``None`` when not configured."""
+    from airflow.configuration import conf
+
+    base = conf.get("api", "base_url", fallback=None)
+    return str(base) if base else None
+
+
 def feed_asset(feed: Feed) -> Asset:
     """The Airflow Asset a feed publishes: its output location; downstream DAGs schedule on it.
 

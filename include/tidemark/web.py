@@ -206,18 +206,21 @@ def replay_conf(feed: str, body: Mapping[str, Any]) -> dict[str, Any]:
     return {"feed": feed, **conf}
 
 
-def airflow_trigger(request: Request, conf: dict[str, Any]) -> dict[str, Any]:
+def airflow_trigger(request: Request, conf: dict[str, Any], api_base: str | None = None) -> dict[str, Any]:
     """Trigger the replay DAG through Airflow's REST API as the caller (their bearer token or UI cookie).
 
     Going through the public API (not Airflow's internals) keeps Airflow's own checks:
     the conf is validated against the DAG's Params and the run records who triggered it.
+    ``api_base`` is Airflow's configured ``[api] base_url``; without one, the address
+    the request came to.
     """
     headers = {"Content-Type": "application/json"}
     if auth := request.headers.get("authorization"):
         headers["Authorization"] = auth
     elif token := request.cookies.get("_token"):
         headers["Cookie"] = f"_token={token}"
-    url = f"{request.url.scheme}://{request.url.netloc}/api/v2/dags/{REPLAY_DAG}/dagRuns"
+    base = (api_base or f"{request.url.scheme}://{request.url.netloc}").rstrip("/")
+    url = f"{base}/api/v2/dags/{REPLAY_DAG}/dagRuns"
     data = json.dumps({"logical_date": None, "conf": conf}).encode()
     req = urllib.request.Request(url, data=data, headers=headers, method="POST")
     try:
@@ -243,9 +246,14 @@ def create_app(
     timeout_s: float = 5.0,
     dependencies: Sequence[Any] = (),
     trigger_dependencies: Sequence[Any] = (),
-    trigger: Trigger = airflow_trigger,
+    trigger: Trigger | None = None,
+    api_base: Callable[[], str | None] = lambda: None,
 ) -> FastAPI:
-    """The app; ``dependencies`` guard every route, ``trigger_dependencies`` also the replay trigger."""
+    """The app; ``dependencies`` guard every route, ``trigger_dependencies`` also the replay trigger.
+
+    ``trigger`` starts a replay run (default: :func:`airflow_trigger` at ``api_base()``).
+    """
+    start_run: Trigger = trigger or (lambda request, conf: airflow_trigger(request, conf, api_base()))
     app = FastAPI(title="Tidemark", docs_url=None, redoc_url=None, dependencies=list(dependencies))
 
     def scrub(text: str) -> str:
@@ -389,7 +397,7 @@ def create_app(
             selection_options(feed, "replay", conf)
         except ConfigError as exc:
             raise HTTPException(400, str(exc)) from exc
-        return trigger(request, conf)
+        return start_run(request, conf)
 
     @app.get("/runs/{feed}/{run_id}/docs")
     def data_docs(feed: str, run_id: str, request: Request) -> RedirectResponse:

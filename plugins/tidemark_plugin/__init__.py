@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
 
-from tidemark.orchestration import airflow_auth, airflow_trigger_auth, kafka_connection
+from tidemark.orchestration import airflow_api_base, airflow_auth, airflow_trigger_auth, kafka_connection
 from tidemark.web import create_app
 
 
@@ -23,7 +23,10 @@ class TidemarkPlugin(AirflowPlugin):
     fastapi_apps: ClassVar[list[dict[str, Any]]] = [
         {
             "app": create_app(
-                connection=kafka_connection, dependencies=airflow_auth(), trigger_dependencies=airflow_trigger_auth()
+                connection=kafka_connection,
+                dependencies=airflow_auth(),
+                trigger_dependencies=airflow_trigger_auth(),
+                api_base=airflow_api_base,
             ),
             "url_prefix": "/tidemark",
             "name": "Tidemark",
