@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: install demo test lint unit integration faults faults-table soak bench bench-small bench-quick bench-plan kafka-up kafka-down clean lock
+.PHONY: browser bench-view airflow airflow-down
 
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
@@ -26,8 +27,13 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+test: lint browser
 	$(BIN)/pytest -v --durations=15 $(PYTEST_ARGS)
+
+# The e2e browser test drives Debian's Chromium with Playwright (Playwright's own browser download is unreachable).
+browser:
+	@command -v chromium >/dev/null || { echo "installing Debian's chromium for the browser test ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 unit: install
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
@@ -63,6 +69,11 @@ bench-plan: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tidemark.bench_plan $(BENCH_PLAN_ARGS)
 
+# View benchmark (issue 11): renders a 200-partition feed's Tidemark view; prints the median.
+bench-view: install
+	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
+	$(BIN)/python -m tidemark.bench_view $(BENCH_VIEW_ARGS)
+
 kafka-up: install
 	$(BIN)/tidemark kafka up
 
@@ -77,3 +88,10 @@ lock:
 clean:
 	-$(BIN)/tidemark kafka down
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# Airflow with Tidemark's DAGs, view and connections on the local cluster; Ctrl-C (or `make airflow-down`) stops it.
+airflow: install
+	$(BIN)/tidemark airflow up $(AIRFLOW_ARGS)
+
+airflow-down: install
+	$(BIN)/tidemark airflow down

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tidemark.cli_airflow import add_airflow
 from tidemark.cli_plan import add_planning
 from tidemark.cli_run import add_run
 from tidemark.cli_runs import add_runs
@@ -112,6 +113,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     add_planning,
     add_run,
     add_runs,
+    add_airflow,
 ]
 
 

@@ -499,6 +499,52 @@ class KafkaAdapter:
             out[(tp.topic, tp.partition)] = int(res.low_watermark)
         return out
 
+    def timestamps_at(self, positions: Mapping[TP, int], isolation: Isolation) -> dict[TP, int | None]:
+        """The timestamp (ms) of the first record at or after each position, ``None`` where none arrived.
+
+        Kafka has no lookup from offset to timestamp, so one assign-only consumer fetches
+        from every position at once and keeps the first record of each partition; fetch
+        sizes are small because only one record per partition is wanted. Used for lag in
+        time (the age of the oldest unread record); partitions past the deadline stay ``None``.
+        """
+        if not positions:
+            return {}
+        from confluent_kafka import Consumer
+
+        self.requests += 1
+        consumer = Consumer(
+            self.connection.client_config(
+                **{
+                    "group.id": "tidemark-lag-probe",  # never joins or commits: assign() only
+                    "enable.auto.commit": False,
+                    "isolation.level": isolation,
+                    "auto.offset.reset": "latest",
+                    "max.partition.fetch.bytes": 4096,
+                    "fetch.wait.max.ms": 50,
+                    "socket.timeout.ms": int(self.timeout_s * 1000),
+                    "client.id": "tidemark-lag-probe",
+                }
+            )
+        )
+        found: dict[TP, int | None] = dict.fromkeys(positions)
+        try:
+            consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])
+            deadline = time.monotonic() + self.timeout_s
+            waiting = set(positions)
+            while waiting and time.monotonic() < deadline:
+                for msg in consumer.consume(num_messages=len(waiting), timeout=0.1):
+                    if msg.error() is not None:
+                        continue
+                    tp = (msg.topic(), msg.partition())
+                    if tp in waiting:
+                        found[tp] = int(msg.timestamp()[1])
+                        waiting.discard(tp)
+                        # one record is enough: stop fetching this partition
+                        consumer.pause([TopicPartition(tp[0], tp[1])])
+        finally:
+            consumer.close()
+        return found
+
     @property
     def admin(self) -> AdminClient:
         """The underlying client, for the few calls this adapter does not wrap."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, BaseHook, Param, task
+from airflow.sdk import DAG, Asset, BaseHook, Param, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark.checkpoints import CheckpointStore
@@ -133,6 +133,36 @@ def airflow_auth() -> list[Any]:
     return [Depends(requires_access_view(AccessView.PLUGINS))]
 
 
+def airflow_trigger_auth() -> list[Any]:
+    """FastAPI dependencies for the view's replay trigger: the user may create runs of the replay DAG.
+
+    The same check Airflow's own ``POST /api/v2/dags/{dag_id}/dagRuns`` makes, here so that
+    a viewer gets a 403 from the view itself (the forwarded REST call would refuse too).
+    """
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+    from fastapi import Depends
+
+    return [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id="tidemark_replay"))]
+
+
+def airflow_api_base() -> str | None:
+    """Airflow's ``[api] base_url`` (where its REST API is reached), or ``None`` when not configured."""
+    from airflow.configuration import conf
+
+    base = conf.get("api", "base_url", fallback=None)
+    return str(base) if base else None
+
+
+def feed_asset(feed: Feed) -> Asset:
+    """The Airflow Asset a feed publishes: its output location; downstream DAGs schedule on it.
+
+    Emitted by the feed DAG's commit task (the run's data is published and its offsets
+    committed), with the plan id and record count in the event's extra.
+    """
+    return Asset(name=f"tidemark_{feed.name}", uri=feed.output_dir().resolve().as_uri(), group="tidemark")
+
+
 class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
     """SparkSubmitOperator that hands the Kafka connection to the job at execution time."""
 
@@ -190,7 +220,7 @@ def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None
     from tidemark.pipeline import plan_run
 
     with _storage_settings():
-        return _no_retry_for_refusals(
+        handle = _no_retry_for_refusals(
             lambda: plan_run(
                 feed_name,
                 kafka_connection(),
@@ -200,6 +230,19 @@ def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None
                 checkpoints=checkpoint_store(),
             ).to_xcom()
         )
+        _record_airflow_run(handle["run_dir"])
+    return handle
+
+
+def _record_airflow_run(run_dir: str) -> None:
+    """Name the Airflow DAG run beside Tidemark's run, so the Tidemark view can link to it."""
+    import json
+
+    from tidemark.storage import Location
+
+    ctx = get_current_context()
+    doc = {"dag_id": ctx["ti"].dag_id, "dag_run_id": ctx["dag_run"].run_id}
+    (Location.of(run_dir) / "airflow.json").write_text(json.dumps(doc))
 
 
 # none_failed: the commit also runs after the Spark task skipped an empty plan.
@@ -209,14 +252,20 @@ def commit_step(handle: dict[str, Any]) -> dict[str, Any]:
     from tidemark.pipeline import RunHandle, commit_run
 
     with _storage_settings():
-        return _no_retry_for_refusals(
+        outcome = _no_retry_for_refusals(
             lambda: commit_run(
                 RunHandle.from_xcom(handle), kafka_connection(), progress=log.info, checkpoints=checkpoint_store()
             ).to_xcom()
         )
+    ctx = get_current_context()
+    for outlet in ctx["task"].outlets or []:  # feed DAGs: the feed's Asset (see feed_asset)
+        ctx["outlet_events"][outlet].extra = {
+            "plan_id": outcome["plan_id"], "run_id": outcome["run_id"], "records": handle["records"],
+        }  # fmt: skip
+    return outcome
 
 
-def _pipeline(feed_name: str, mode: str) -> None:
+def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None) -> None:
     # feed_name may be a template ("{{ params.feed }}"): TaskFlow arguments are rendered.
     planned = plan_step(feed_name, mode)
     job = TidemarkSparkSubmitOperator(
@@ -231,7 +280,7 @@ def _pipeline(feed_name: str, mode: str) -> None:
             "{{ ti.xcom_pull(task_ids='plan')['run_dir'] }}",
         ],
     )
-    committed = commit_step(planned)
+    committed = commit_step.override(outlets=outlets or [])(planned)
     planned >> job >> committed
 
 
@@ -241,7 +290,9 @@ def feed_dag(feed: Feed) -> DAG:
         description=f"Scheduled consumption of {', '.join(feed.topics)} for group {feed.group}",
         doc_md=(
             f"Reads what group `{feed.group}` has not read yet from {', '.join(feed.topics)}, validates it, "
-            "publishes it and then commits the group's offsets. Failures before the commit leave offsets unchanged."
+            "publishes it and then commits the group's offsets. Failures before the commit leave offsets unchanged. "
+            f"Each successful run emits an event on the Asset `tidemark_{feed.name}` (its output): schedule "
+            "downstream DAGs on it."
         ),
         schedule=feed.schedule,
         start_date=START_DATE,
@@ -250,7 +301,7 @@ def feed_dag(feed: Feed) -> DAG:
         default_args=DEFAULT_ARGS,
         tags=["tidemark", "feed", feed.name],
     ) as dag:
-        _pipeline(feed.name, "scheduled")
+        _pipeline(feed.name, "scheduled", outlets=[feed_asset(feed)])
     return dag
 
 

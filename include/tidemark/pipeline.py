@@ -201,33 +201,19 @@ def window_options(params: Mapping[str, Any]) -> dict[str, Any]:
     return options
 
 
-def plan_run(
-    feed_name: str,
-    connection: KafkaConnection,
-    *,
-    mode: str = "scheduled",
-    params: Mapping[str, Any] | None = None,
-    root: Root | None = None,
-    progress: Progress = _silent,
-    checkpoints: CheckpointStore | None = None,
-) -> RunHandle:
-    """Step 1: finish a pending commit, then plan and save this run's plan."""
+def plan_request(
+    feed: Feed, adapter: KafkaAdapter, checkpoints: CheckpointStore, mode: str, params: Mapping[str, Any]
+) -> tuple[Plan, Location | None, bool]:
+    """Plan one run of ``mode`` from trigger parameters, without saving or reading anything.
+
+    Returns the plan, where it publishes (``None``: the feed's output) and whether it is a
+    dry run. :func:`plan_run` saves what this returns; the Tidemark view's replay preview
+    shows it, so a preview is exactly the plan a dry run of the same parameters makes.
+    """
     from tidemark.planner import plan_feed
 
     if mode not in ("scheduled", "backfill", "replay"):
         raise ConfigError(f"mode must be scheduled, backfill or replay, got {mode!r}")
-    root = _root(root)
-    feed = load_feed(feed_name)
-    params = dict(params or {})
-    resumed = None
-    checkpoints = _checkpoints(root, checkpoints)
-    pending = pending_commit(feed, root, checkpoints)
-    if pending is not None:
-        progress(f"finishing the commit of published plan {pending.plan_id} (run {pending.run_id}) first")
-        # refused for good: marked abandoned
-        commit_run(pending, connection, root=root, progress=progress, checkpoints=checkpoints)
-        resumed = pending.plan_id
-    adapter = KafkaAdapter(connection)
     run_mode: Mode = mode  # type: ignore[assignment]
     chosen, output, dry_run = selection_options(feed, mode, params)
     if mode == "scheduled":
@@ -251,6 +237,34 @@ def plan_run(
         )  # fmt: skip
     if output is not None:
         plan = replace(plan, output=str(output))
+    return plan, output, dry_run
+
+
+def plan_run(
+    feed_name: str,
+    connection: KafkaConnection,
+    *,
+    mode: str = "scheduled",
+    params: Mapping[str, Any] | None = None,
+    root: Root | None = None,
+    progress: Progress = _silent,
+    checkpoints: CheckpointStore | None = None,
+) -> RunHandle:
+    """Step 1: finish a pending commit, then plan and save this run's plan."""
+    if mode not in ("scheduled", "backfill", "replay"):
+        raise ConfigError(f"mode must be scheduled, backfill or replay, got {mode!r}")
+    root = _root(root)
+    feed = load_feed(feed_name)
+    params = dict(params or {})
+    resumed = None
+    checkpoints = _checkpoints(root, checkpoints)
+    pending = pending_commit(feed, root, checkpoints)
+    if pending is not None:
+        progress(f"finishing the commit of published plan {pending.plan_id} (run {pending.run_id}) first")
+        # refused for good: marked abandoned
+        commit_run(pending, connection, root=root, progress=progress, checkpoints=checkpoints)
+        resumed = pending.plan_id
+    plan, _output, dry_run = plan_request(feed, KafkaAdapter(connection), checkpoints, mode, params)
     run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{plan.plan_id[:8]}"
     run_dir = runs_dir(feed.name, root) / run_id
     plan_path = run_dir / PLAN_FILE

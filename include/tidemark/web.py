@@ -1,69 +1,241 @@
-"""The offsets/lag page behind the Airflow plugin (a small FastAPI app).
+"""The Tidemark view behind the Airflow plugin (a small FastAPI app rendering Jinja2 templates).
 
-``create_app()`` builds the app; the plugin in ``plugins/`` mounts it under
-``/tidemark`` and adds a navigation entry. Pages: ``/`` lists feeds with their lag and
-last run, ``/feeds/{feed}`` shows per-partition offsets, recent runs with their events,
-and a link to replay; ``/api/feeds/{feed}`` returns the same as JSON. Handlers are thin:
-the data comes from :mod:`tidemark.status` and :mod:`tidemark.report`. A feed whose
-brokers do not answer shows its error instead of failing the page. No connection
-setting is ever rendered. Airflow mounts plugin apps without auth; the plugin passes
-Airflow's own security dependencies (:func:`tidemark.orchestration.airflow_auth`) so
-that every route needs an authenticated Airflow user.
+``create_app()`` builds the app; the plugin in ``plugins/`` mounts it under ``/tidemark``
+and adds a navigation entry. Pages (templates in ``tidemark/templates/``): ``/`` lists
+feeds with their lag, last run and trouble; ``/feeds/{feed}`` shows per partition the
+committed offset, checkpoint, log start, end and lag in records and in time, the recent
+runs as a chart (inline SVG drawn here) and a table with links to their Airflow run and
+Data Docs, the runs' events with times, and a replay form. JSON: ``/api/feeds``,
+``/api/feeds/{feed}``, ``POST /api/feeds/{feed}/replay/preview`` (plans exactly as a dry
+run would, reads nothing) and ``POST /api/feeds/{feed}/replay`` (triggers
+``tidemark_replay`` through Airflow's REST API with the caller's own credentials).
+
+Handlers are thin: the data comes from :mod:`tidemark.status`, :mod:`tidemark.report`
+and :func:`tidemark.pipeline.plan_request`. A feed whose brokers do not answer shows its
+error instead of failing the page. No connection setting is ever rendered, and error
+texts are scrubbed of secret values. Airflow mounts plugin apps without auth; the plugin
+passes Airflow's own security dependencies: ``dependencies`` guard every route (an
+authenticated user), ``trigger_dependencies`` the trigger (a user who may run the
+replay DAG).
 """
 
 from __future__ import annotations
 
-import html
+import json
+import mimetypes
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
-from fastapi import FastAPI, HTTPException
-from fastapi.responses import HTMLResponse
+from fastapi import Body, FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, PackageLoader, select_autoescape
 
 from tidemark.checkpoints import CheckpointStore, default_store
 from tidemark.config import Feed, load_feeds
 from tidemark.connection import KafkaConnection, from_env
-from tidemark.errors import TidemarkError
+from tidemark.errors import ConfigError, PlanningError, TidemarkError
 from tidemark.kafka_io import KafkaAdapter
-from tidemark.report import RunReport, list_runs
+from tidemark.replay import END_CHOICES, START_CHOICES
+from tidemark.report import RunReport, list_runs, redact, run_dir_for, secret_values
 from tidemark.status import FeedStatus, feed_status
+from tidemark.storage import Location
 
-STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5rem; color: #1f2933; }
-table { border-collapse: collapse; margin: .5rem 0 1.5rem; }
-th, td { border-bottom: 1px solid #d9e2ec; padding: .3rem .8rem; text-align: left; }
-th { background: #f0f4f8; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.err { color: #b42318; } .ok { color: #067647; } .muted { color: #627d98; }
-"""
+REPLAY_DAG = "tidemark_replay"
+AIRFLOW_FILE = "airflow.json"  # the Airflow DAG run that made a Tidemark run (written by the plan task)
+CHART_RUNS = 30
+# The replay DAG's Params: a trigger's conf carries these and nothing else.
+REPLAY_KEYS = frozenset({
+    "start_from", "start_timestamp", "start_offset", "shift_by", "duration", "end_at", "end_timestamp",
+    "end_offset", "commit", "window_mode", "max_skew", "topics", "partitions", "output", "dry_run",
+})  # fmt: skip
 
+Trigger = Callable[[Request, dict[str, Any]], dict[str, Any]]
 
-def _page(title: str, body: str) -> HTMLResponse:
-    return HTMLResponse(
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>"
-    )
-
-
-class Html(str):
-    """Markup built here from escaped parts; table cells of this type are not escaped again."""
+_templates = Environment(
+    loader=PackageLoader("tidemark", "templates"), autoescape=select_autoescape(["html"]), auto_reload=False
+)
 
 
-def _cell(value: Any) -> str:
-    if value is None:
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _duration(ms: int | None) -> str:
+    """A lag in time as people read it: 0s, 42s, 7m 5s, 3h 10m, 2d 4h."""
+    if ms is None:
         return "-"
-    return value if isinstance(value, Html) else html.escape(str(value))
+    seconds = ms // 1000
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if seconds >= size:
+            rest = (seconds % size) // sub_size
+            return f"{seconds // size}{unit} {rest}{sub}" if rest else f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
-def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None = None) -> str:
-    numeric = numeric or set()
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>"
-        + "".join(f"<td{' class=num' if i in numeric else ''}>{_cell(c)}</td>" for i, c in enumerate(row))
-        + "</tr>"
-        for row in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+def _when(text: str | None) -> str:
+    """A report's ISO timestamp, to the second, in UTC."""
+    if not text:
+        return "-"
+    try:
+        return datetime.fromisoformat(text).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    except ValueError:
+        return text
+
+
+def _iso(ms: int | None) -> str:
+    return "" if ms is None else datetime.fromtimestamp(ms / 1000, UTC).isoformat().replace("+00:00", "Z")
+
+
+_templates.globals.update(dash=_dash, duration=_duration, iso=_iso, when=_when)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run as the page shows it."""
+
+    run_id: str
+    mode: str | None
+    status: str
+    plan_id: str | None
+    records: int
+    lag_before: int | None  # records the group had not read when the run was planned (its ranges' partitions)
+    started_at: str | None
+    error: str | None
+    airflow_url: str | None
+    docs_url: str | None
+
+
+def _dry_run(report: RunReport) -> bool:
+    return "dry run" in str((report.commit or {}).get("reason", ""))
+
+
+def _records(report: RunReport) -> int:
+    """Records the run read (a dry run reads none; its plan's count is in the report)."""
+    c = report.counts
+    return 0 if _dry_run(report) else int(c.get("rows", c.get("read", c.get("planned", 0))))
+
+
+def _lag_before(report: RunReport) -> int | None:
+    lags = []
+    for r in report.ranges:
+        position = r.get("committed_before")
+        if position is None:
+            position = r.get("checkpoint_before")
+        if position is None:  # the group had no position: the run started by policy
+            position = r.get("start")
+        end = r.get("high_watermark")
+        if position is not None and end is not None:
+            lags.append(max(int(end) - int(position), 0))
+    return sum(lags) if lags else None
+
+
+def _run_row(report: RunReport, root: str, runs_root: Path | None) -> RunRow:
+    run_dir = run_dir_for(report.feed, report.run_id, runs_root)
+    airflow_url = None
+    airflow_doc = run_dir / AIRFLOW_FILE
+    if airflow_doc.exists():
+        doc = json.loads(airflow_doc.read_text())
+        airflow_url = f"/dags/{doc['dag_id']}/runs/{quote(str(doc['dag_run_id']), safe='')}"
+    docs_url = f"{root}/runs/{report.feed}/{report.run_id}/docs" if report.data_docs else None
+    mode = f"{report.mode} (dry run)" if _dry_run(report) else report.mode
+    return RunRow(report.run_id, mode, report.status, report.plan_id, _records(report), _lag_before(report),
+                  report.started_at, report.error, airflow_url, docs_url)  # fmt: skip
+
+
+def _chart(rows: Sequence[RunRow], width: int = 640, height: int = 180) -> dict[str, Any]:
+    """Bar and line geometry for the recent runs, oldest first (the template only draws it)."""
+    left, right, top, bottom = 40, 10, 24, height - 20
+    runs = list(reversed(rows[:CHART_RUNS]))
+    max_records = max((r.records for r in runs), default=0)
+    max_lag = max((r.lag_before or 0 for r in runs), default=0)
+    span = bottom - top
+    step = (width - left - right) / max(len(runs), 1)
+    bars, points = [], []
+    for i, r in enumerate(runs):
+        h = 0.0 if not max_records else span * r.records / max_records
+        x = left + i * step
+        w = min(step * 0.7, 36.0)
+        bars.append({"x": round(x + (step - w) / 2, 1), "y": round(bottom - h, 1), "w": round(w, 1),
+                     "h": round(h, 1), "label": f"{r.run_id}: {r.records} records"})  # fmt: skip
+        if r.lag_before is not None:
+            y = bottom - (0.0 if not max_lag else span * r.lag_before / max_lag)
+            points.append({"x": round(x + step / 2, 1), "y": round(y, 1), "label": f"{r.run_id}: lag {r.lag_before}"})
+    return {
+        "width": width, "height": height, "left": left, "right": right, "bottom": bottom, "bars": bars,
+        "points": points, "line": " ".join(f"{p['x']},{p['y']}" for p in points),
+        "max_records": max_records, "max_lag": max_lag,
+    }  # fmt: skip
+
+
+_NOTABLE = ("reset", "group_offsets_expired", "data_loss", "offset_ahead", "new_partition", "retention_warning")
+
+
+def _events(reports: Sequence[RunReport]) -> list[dict[str, Any]]:
+    """Resets, expired offsets, lost ranges and quarantined records of the recent runs, newest first."""
+    out = []
+    for report in reports:
+        when = report.started_at
+        for e in report.events:
+            if e.get("kind") not in _NOTABLE:
+                continue
+            where = (
+                f"{e['topic']}[{e['partition']}]"
+                if e.get("topic") is not None and e.get("partition") is not None
+                else ""
+            )
+            out.append({"time": when, "run_id": report.run_id, "kind": e.get("kind"), "where": where,
+                        "message": e.get("message", "")})  # fmt: skip
+        quarantined = report.counts.get("quarantined", 0)
+        if quarantined:
+            out.append({"time": report.finished_at or when, "run_id": report.run_id, "kind": "quarantined",
+                        "where": "", "message": f"{quarantined} bad records kept in the run's quarantine"})  # fmt: skip
+    return out
+
+
+def replay_conf(feed: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The replay DAG's conf from a form's parameters: known keys only, a dry run unless said otherwise."""
+    unknown = sorted(set(body) - REPLAY_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown replay parameters: {', '.join(unknown)} (known: {', '.join(sorted(REPLAY_KEYS))})")
+    conf = {k: v for k, v in body.items() if v not in (None, "")}
+    conf["dry_run"] = bool(body.get("dry_run", True))
+    return {"feed": feed, **conf}
+
+
+def airflow_trigger(request: Request, conf: dict[str, Any], api_base: str | None = None) -> dict[str, Any]:
+    """Trigger the replay DAG through Airflow's REST API as the caller (their bearer token or UI cookie).
+
+    Going through the public API (not Airflow's internals) keeps Airflow's own checks:
+    the conf is validated against the DAG's Params and the run records who triggered it.
+    ``api_base`` is Airflow's configured ``[api] base_url``; without one, the address
+    the request came to.
+    """
+    headers = {"Content-Type": "application/json"}
+    if auth := request.headers.get("authorization"):
+        headers["Authorization"] = auth
+    elif token := request.cookies.get("_token"):
+        headers["Cookie"] = f"_token={token}"
+    base = (api_base or f"{request.url.scheme}://{request.url.netloc}").rstrip("/")
+    url = f"{base}/api/v2/dags/{REPLAY_DAG}/dagRuns"
+    data = json.dumps({"logical_date": None, "conf": conf}).encode()
+    req = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            doc: dict[str, Any] = json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        detail = err.read().decode(errors="replace")
+        try:
+            detail = json.loads(detail).get("detail", detail)
+        except (ValueError, AttributeError):
+            pass
+        raise HTTPException(err.code, detail) from err
+    return {"dag_id": REPLAY_DAG, "dag_run_id": doc["dag_run_id"], "state": doc.get("state"), "conf": conf}
 
 
 def create_app(
@@ -72,14 +244,29 @@ def create_app(
     connection: Callable[[], KafkaConnection] = from_env,
     checkpoints: Callable[[], CheckpointStore] = default_store,
     runs: Callable[[str], list[RunReport]] = list_runs,
+    runs_root: Path | None = None,
     timeout_s: float = 5.0,
     dependencies: Sequence[Any] = (),
+    trigger_dependencies: Sequence[Any] = (),
+    trigger: Trigger | None = None,
+    api_base: Callable[[], str | None] = lambda: None,
 ) -> FastAPI:
-    """The app; ``dependencies`` guard every route (the plugin passes Airflow's own auth)."""
+    """The app; ``dependencies`` guard every route, ``trigger_dependencies`` also the replay trigger.
+
+    ``trigger`` starts a replay run (default: :func:`airflow_trigger` at ``api_base()``).
+    """
+    start_run: Trigger = trigger or (lambda request, conf: airflow_trigger(request, conf, api_base()))
     app = FastAPI(title="Tidemark", docs_url=None, redoc_url=None, dependencies=list(dependencies))
 
+    def scrub(text: str) -> str:
+        secrets = secret_values(connection())
+        return str(redact(text, secrets))
+
+    def adapter() -> KafkaAdapter:
+        return KafkaAdapter(connection(), timeout_s=timeout_s)
+
     def status_of(feed: Feed) -> FeedStatus:
-        return feed_status(feed, KafkaAdapter(connection(), timeout_s=timeout_s), checkpoints())
+        return feed_status(feed, adapter(), checkpoints(), lag_times=True)
 
     def feed_or_404(name: str) -> Feed:
         known = feeds()
@@ -87,63 +274,158 @@ def create_app(
             raise HTTPException(404, f"no feed named '{name}' (known: {', '.join(sorted(known)) or 'none'})")
         return known[name]
 
-    @app.get("/", response_class=HTMLResponse)
-    def index() -> HTMLResponse:
-        rows = []
-        for name, feed in sorted(feeds().items()):
-            try:
-                lag: Any = status_of(feed).total_lag
-            except TidemarkError as exc:
-                lag = f"unavailable: {exc}"
-            recent = runs(name)[:1]
-            last = f"{recent[0].run_id} ({recent[0].status})" if recent else "never"
-            link = Html(f"<a href='feeds/{html.escape(name)}'>{html.escape(name)}</a>")
-            rows.append([link, feed.group, ", ".join(feed.topics), feed.schedule, lag, last])
-        return _page("Tidemark feeds", _table(["feed", "group", "topics", "schedule", "lag", "last run"], rows))
+    def root_of(request: Request) -> str:
+        return str(request.scope.get("root_path", "")).rstrip("/")
 
-    @app.get("/api/feeds/{name}")
-    def feed_json(name: str) -> dict[str, Any]:
-        feed = feed_or_404(name)
-        try:
-            status: dict[str, Any] = status_of(feed).to_dict()
-        except TidemarkError as exc:
-            status = {"error": str(exc)}
-        return {"status": status, "runs": [r.model_dump() for r in runs(name)[:20]]}
-
-    @app.get("/feeds/{name}", response_class=HTMLResponse)
-    def feed_page(name: str) -> HTMLResponse:
-        feed = feed_or_404(name)
-        parts = [
-            f"<p>group <b>{html.escape(feed.group)}</b> · topics {html.escape(', '.join(feed.topics))} · "
-            f"{html.escape(feed.isolation)} · <a href='../'>all feeds</a></p>"
-        ]
+    def summary(feed: Feed, root: str) -> dict[str, Any]:
+        row: dict[str, Any] = {"name": feed.name, "group": feed.group, "topics": list(feed.topics),
+                               "schedule": feed.schedule, "error": None, "trouble": []}  # fmt: skip
         try:
             status = status_of(feed)
-            rows = [
-                [p.label, p.leader, p.committed, p.checkpoint, p.log_start, p.end, p.lag] for p in status.partitions
-            ]
-            parts.append(
-                _table(
-                    ["partition", "leader", "committed", "checkpoint", "log start", "end", "lag"],
-                    rows,
-                    numeric={1, 2, 3, 4, 5, 6},
-                )
-            )
-            parts.append(f"<p>total lag <b>{status.total_lag}</b></p>")
+            row.update(lag=status.total_lag, lag_ms=status.max_lag_ms, lag_time=_duration(status.max_lag_ms),
+                       unpositioned=status.unpositioned,
+                       trouble=list(status.trouble))  # fmt: skip
         except TidemarkError as exc:
-            parts.append(f"<p class=err>offsets unavailable: {html.escape(str(exc))}</p>")
-        recent = runs(name)[:20]
-        run_rows = []
-        for report in recent:
-            events = "; ".join(f"{e.get('kind')}: {e.get('message')}" for e in report.events)
-            records = report.counts.get("records", report.counts.get("read"))
-            run_rows.append([report.run_id, report.plan_id, report.status, records, events])
-        parts.append("<h2>Recent runs</h2>")
-        parts.append(_table(["run", "plan", "state", "records", "events"], run_rows) if run_rows else "<p>none</p>")
-        parts.append(
-            "<h2>Replay</h2><p>Trigger the <a href='/dags/tidemark_replay' target='_top'>tidemark_replay</a> DAG "
-            f"with feed <code>{html.escape(name)}</code>: choose where to start and end, and whether to commit.</p>"
-        )
-        return _page(f"Tidemark · {name}", "".join(parts))
+            row["error"] = scrub(str(exc))
+        recent = runs(feed.name)[:1]
+        row["last"] = _run_row(recent[0], root, runs_root).__dict__ if recent else None
+        return row
+
+    @app.get("/", response_class=HTMLResponse)
+    def index(request: Request) -> HTMLResponse:
+        root = root_of(request)
+        rows = [summary(f, root) for _, f in sorted(feeds().items())]
+        return HTMLResponse(_templates.get_template("index.html").render(title="Tidemark feeds", feeds=rows))
+
+    @app.get("/api/feeds")
+    def feeds_json(request: Request) -> list[dict[str, Any]]:
+        root = root_of(request)
+        return [summary(f, root) for _, f in sorted(feeds().items())]
+
+    def feed_view(feed: Feed, root: str) -> dict[str, Any]:
+        status: FeedStatus | None = None
+        error = None
+        try:
+            status = status_of(feed)
+        except TidemarkError as exc:
+            error = scrub(str(exc))
+        reports = runs(feed.name)[:CHART_RUNS]
+        rows = [_run_row(r, root, runs_root) for r in reports]
+        return {"status": status, "error": error, "reports": reports, "rows": rows}
+
+    @app.get("/api/feeds/{name}")
+    def feed_json(name: str, request: Request) -> dict[str, Any]:
+        view = feed_view(feed_or_404(name), root_of(request))
+        status_doc = view["status"].to_dict() if view["status"] is not None else {"error": view["error"]}
+        return {
+            "status": status_doc,
+            "runs": [r.model_dump(exclude={"connection"}) for r in view["reports"][:20]],
+            "run_rows": [r.__dict__ for r in view["rows"]],
+            "events": _events(view["reports"]),
+        }
+
+    @app.get("/feeds/{name}", response_class=HTMLResponse)
+    def feed_page(name: str, request: Request) -> HTMLResponse:
+        feed = feed_or_404(name)
+        root = root_of(request)
+        view = feed_view(feed, root)
+        status: FeedStatus | None = view["status"]
+        rows: list[RunRow] = view["rows"]
+        html = _templates.get_template("feed.html").render(
+            title=f"Tidemark · {name}", feed=feed, root=root, status=status, error=view["error"],
+            trouble=status.trouble if status else (), runs=rows, last=rows[0] if rows else None,
+            chart_data=_chart(rows), events=_events(view["reports"]), start_choices=START_CHOICES,
+            end_choices=END_CHOICES,
+        )  # fmt: skip
+        return HTMLResponse(html)
+
+    @app.post("/api/feeds/{name}/replay/preview")
+    def replay_preview(name: str, body: dict[str, Any] = Body(default_factory=dict)) -> dict[str, Any]:  # noqa: B008
+        from tidemark.pipeline import plan_request
+
+        feed = feed_or_404(name)
+        try:
+            conf = replay_conf(name, body)
+            kafka = adapter()
+            plan, output, dry_run = plan_request(feed, kafka, checkpoints(), "replay", conf)
+            firsts = kafka.timestamps_at({p.key: p.start for p in plan.partitions if p.records}, feed.isolation)
+            lasts = kafka.timestamps_at({p.key: p.end - 1 for p in plan.partitions if p.records}, feed.isolation)
+        except (ConfigError, PlanningError) as exc:  # bad parameters, or the plan itself refused (data loss, ...)
+            raise HTTPException(400, scrub(str(exc))) from exc
+        except TidemarkError as exc:
+            raise HTTPException(502, scrub(str(exc))) from exc
+        if plan.commit and not dry_run:
+            effect = f"group '{plan.group}' is committed at each range's end after the replay publishes"
+        else:
+            effect = f"group '{plan.group}' keeps its offsets (nothing is committed)"
+        return {
+            "plan_id": plan.plan_id,
+            "records": plan.total_records,
+            "dry_run": dry_run,
+            "commit": plan.commit,
+            "output": str(output),
+            "group_effect": effect,
+            "ranges": [
+                {
+                    "topic": p.topic,
+                    "partition": p.partition,
+                    "start": p.start,
+                    "end": p.end,
+                    "records": p.records,
+                    "committed": p.committed,
+                    "reason": p.reason,
+                    "first_record_at": _iso(firsts.get(p.key)) or None,
+                    "last_record_at": _iso(lasts.get(p.key)) or None,
+                }
+                for p in plan.partitions
+            ],
+            "events": [{"kind": e.kind, "message": e.message} for e in plan.events],
+            "conf": conf,
+        }
+
+    @app.post("/api/feeds/{name}/replay", dependencies=list(trigger_dependencies))
+    def replay_trigger(
+        name: str,
+        request: Request,
+        body: dict[str, Any] = Body(default_factory=dict),  # noqa: B008
+    ) -> dict[str, Any]:
+        from tidemark.pipeline import selection_options
+        from tidemark.replay import parse_replay_params
+
+        feed = feed_or_404(name)
+        try:
+            conf = replay_conf(name, body)
+            parse_replay_params(conf)  # refused here with the parameter named, before Airflow sees it
+            selection_options(feed, "replay", conf)
+        except ConfigError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        return start_run(request, conf)
+
+    @app.get("/runs/{feed}/{run_id}/docs")
+    def data_docs(feed: str, run_id: str, request: Request) -> RedirectResponse:
+        feed_or_404(feed)
+        report = next((r for r in runs(feed) if r.run_id == run_id), None)
+        if report is None or not report.data_docs:
+            raise HTTPException(404, f"run {run_id} of feed '{feed}' has no Data Docs")
+        run_dir = run_dir_for(feed, run_id, runs_root).url
+        index = Location.of(report.data_docs).url
+        if not index.startswith(run_dir + "/"):
+            raise HTTPException(404, "Data Docs outside the run's folder")
+        return RedirectResponse(f"{root_of(request)}/runs/{feed}/{run_id}/files/{index[len(run_dir) + 1 :]}")
+
+    @app.get("/runs/{feed}/{run_id}/files/{path:path}")
+    def run_file(feed: str, run_id: str, path: str) -> Response:
+        """Data Docs pages and their assets; only under the run's ``gx/`` folder (local or object store)."""
+        feed_or_404(feed)
+        parts = path.split("/")
+        target = run_dir_for(feed, run_id, runs_root)
+        for part in parts:
+            target = target / part
+        if parts[0] != "gx" or any(p in ("", ".", "..") for p in parts) or not target.is_file():
+            raise HTTPException(404, f"no file {path} in run {run_id}'s Data Docs")
+        if target.is_local:
+            return FileResponse(target.local_path())
+        media = mimetypes.guess_type(path)[0] or "application/octet-stream"
+        return Response(target.read_bytes(), media_type=media)
 
     return app

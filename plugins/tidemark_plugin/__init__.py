@@ -3,8 +3,9 @@
 The page is a FastAPI app (``tidemark.web.create_app``) mounted at ``/tidemark`` and
 shown in an iframe. Kafka settings come from the ``tidemark_kafka`` connection. Airflow
 does not put plugin endpoints behind its auth, so the app carries Airflow's own auth
-dependencies: every page and endpoint needs an authenticated Airflow user. It shows
-offsets, lag and run summaries, never connection settings.
+dependencies: every page and endpoint needs an authenticated Airflow user, and the
+replay trigger a user who may run ``tidemark_replay``. It shows offsets, lag and run
+summaries, never connection settings.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
 
-from tidemark.orchestration import airflow_auth, kafka_connection
+from tidemark.orchestration import airflow_api_base, airflow_auth, airflow_trigger_auth, kafka_connection
 from tidemark.web import create_app
 
 
@@ -21,7 +22,12 @@ class TidemarkPlugin(AirflowPlugin):
     name = "tidemark"
     fastapi_apps: ClassVar[list[dict[str, Any]]] = [
         {
-            "app": create_app(connection=kafka_connection, dependencies=airflow_auth()),
+            "app": create_app(
+                connection=kafka_connection,
+                dependencies=airflow_auth(),
+                trigger_dependencies=airflow_trigger_auth(),
+                api_base=airflow_api_base,
+            ),
             "url_prefix": "/tidemark",
             "name": "Tidemark",
         }

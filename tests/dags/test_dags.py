@@ -65,3 +65,17 @@ def test_dag_files_do_not_import_heavy_libraries_at_top_level() -> None:
         text = path.read_text()
         for banned in ("import pyspark", "from pyspark", "import confluent_kafka", "from confluent_kafka"):
             assert banned not in text, f"{path.name} imports {banned}"
+
+
+def test_feed_dags_publish_their_output_as_an_asset(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from tidemark.config import load_feeds
+
+    feeds = {f"tidemark_{name.replace('.', '_')}": feed for name, feed in load_feeds().items()}
+    for dag_id, dag in dagbag.dags.items():
+        outlets = dag.get_task("commit").outlets
+        if dag_id in feeds:  # published and committed: downstream DAGs can be scheduled on it
+            [asset] = outlets
+            assert asset.name == f"tidemark_{feeds[dag_id].name}"
+            assert asset.uri == feeds[dag_id].output_dir().resolve().as_uri()
+        else:  # backfills and replays publish elsewhere, on request: no asset event
+            assert not outlets, dag_id

@@ -20,7 +20,9 @@ def test_plugin_registers_app_and_nav_entry() -> None:
     [app] = plugin.fastapi_apps
     assert app["url_prefix"] == "/tidemark"
     paths = {route.path for route in app["app"].routes}
-    assert {"/", "/feeds/{name}", "/api/feeds/{name}"} <= paths
+    assert {"/", "/feeds/{name}", "/api/feeds/{name}", "/api/feeds/{name}/replay/preview"} <= paths
     assert app["app"].router.dependencies, "the app must carry Airflow's auth dependencies"
+    [trigger] = [r for r in app["app"].routes if getattr(r, "path", "") == "/api/feeds/{name}/replay"]
+    assert trigger.dependencies, "the replay trigger must check that the user may run tidemark_replay"
     [view] = plugin.external_views
     assert view["href"] == "/tidemark/" and view["destination"] == "nav"

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from fastapi.testclient import TestClient
 
 from tests.conftest import KafkaTestCluster, keyed_records
 from tidemark.checkpoints import SqliteCheckpointStore
-from tidemark.config import Feed
+from tidemark.config import Feed, load_feed
 from tidemark.connection import KafkaConnection
+from tidemark.kafka_io import Record
 from tidemark.web import create_app
 
 pytestmark = pytest.mark.integration
@@ -58,7 +61,7 @@ def test_page_shows_offsets_and_lag_after_a_commit(kafka: KafkaTestCluster, feed
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert f"{topic}[0]" in page.text and "tidemark_replay" in page.text
     index = client.get("/")
-    assert f"<a href='feeds/{feed.name}'>{feed.name}</a>" in index.text
+    assert f'<a href="feeds/{feed.name}">{feed.name}</a>' in index.text
 
 
 def test_unknown_feed_is_404_and_dead_brokers_show_an_error(
@@ -70,3 +73,100 @@ def test_unknown_feed_is_404_and_dead_brokers_show_an_error(
     assert page.status_code == 200
     assert "offsets unavailable" in page.text
     assert "s3cret-value" not in page.text
+
+
+def test_a_200_partition_feed_renders_every_partition_as_status_says(kafka: KafkaTestCluster, tmp_path: Path) -> None:
+    """Correctness of a big view (its speed is ``make bench-view``'s business, not a test's)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from tidemark.status import feed_status
+
+    topic = kafka.new_topic(partitions=200, prefix="web200")
+    stamp = int(time.time() * 1000) - 3_600_000  # an hour old: inside the test cluster's retention
+    kafka.produce(topic, [Record(value=b"v", partition=p % 200, timestamp_ms=stamp) for p in range(600)])
+    feed = Feed(name="big", topics=(topic,), group=f"g-big-{uuid.uuid4().hex[:8]}")
+    consumer = Consumer(kafka.connection.client_config(**{"group.id": feed.group}))
+    consumer.commit(offsets=[TopicPartition(topic, p, 1) for p in range(0, 200, 2)], asynchronous=False)
+    consumer.close()
+    store = SqliteCheckpointStore(tmp_path / "cp.sqlite")
+    client = TestClient(create_app(feeds=lambda: {"big": feed}, connection=lambda: kafka.connection,
+                                   checkpoints=lambda: store, runs=lambda name: []))  # fmt: skip
+
+    page = client.get("/feeds/big")
+    status = feed_status(feed, kafka.adapter, store)
+
+    assert page.status_code == 200
+    assert page.text.count("<tr data-partition=") == 200
+    for p in status.partitions:
+        assert f'data-partition="{p.label}"' in page.text
+    doc = client.get("/api/feeds/big").json()["status"]
+    assert [(r["partition"], r["committed"], r["end"], r["lag"]) for r in doc["partitions"]] == [
+        (p.partition, p.committed, p.end, p.lag) for p in status.partitions
+    ]
+    assert doc["total_lag"] == 200 and doc["unpositioned"] == 100
+    lagging = [r for r in doc["partitions"] if r["lag"]]
+    assert lagging and all(r["position_ts_ms"] == stamp for r in lagging)  # lag in time: the record's age
+    assert all(r["lag_ms"] > 0 for r in lagging)
+
+
+def test_trouble_stands_out_and_the_preview_is_the_dry_run_plan(
+    kafka: KafkaTestCluster, feed: Feed, tmp_path: Path
+) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from tidemark.pipeline import plan_request, run_feed
+    from tidemark.report import list_runs
+
+    topic = feed.topics[0]
+    consumer = Consumer(kafka.connection.client_config(**{"group.id": feed.group}))
+    consumer.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+    consumer.close()
+    kafka.adapter.delete_records({(topic, 0): 3})  # retention took records 1-2 the group never read
+    state = tmp_path / "state"
+    state.mkdir()
+    store = SqliteCheckpointStore(state / "checkpoints.sqlite")  # the store the pipeline's runs use
+    store.put(feed.group, "p" * 16, {(topic, 1): 2}, run_id="earlier")  # Tidemark committed here; Kafka forgot it
+    feeds_dir = tmp_path / "feeds"
+    feeds_dir.mkdir()
+    (feeds_dir / "web-feed.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "topics": [topic],
+                "group": feed.group,
+                "isolation": "read_uncommitted",
+                "on_data_loss": "skip",
+                "output": str(tmp_path / "out"),
+            }
+        )
+    )
+    feed = load_feed(str(feeds_dir / "web-feed.yaml"))
+    env = {"TIDEMARK_FEEDS_DIR": str(feeds_dir), "TIDEMARK_STATE_DIR": str(state)}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        for _ in range(2):  # two real dry-run replays: reports with events, nothing read
+            run_feed("web-feed", kafka.connection, mode="replay", params={"start_from": "committed", "dry_run": True})
+        client = TestClient(create_app(feeds=lambda: {feed.name: feed}, connection=lambda: kafka.connection,
+                                       checkpoints=lambda: store, runs=lambda name: list_runs(name, root=state),
+                                       runs_root=state))  # fmt: skip
+        page = client.get(f"/feeds/{feed.name}").text
+        preview = client.post(f"/api/feeds/{feed.name}/replay/preview", json={"start_from": "committed"}).json()
+        dry = {"start_from": "committed", "dry_run": True}  # the replay form's default
+        plan, _, dry_run = plan_request(feed, kafka.adapter, store, "replay", dry)
+
+    assert "data lost" in page and "offsets expired" in page and 'class="trouble"' in page
+    assert page.count('class="bar"') == 2  # one bar per run in the chart
+    assert "data_loss" in page and "group_offsets_expired" in page  # the runs' events, with their times
+    assert dry_run and preview["dry_run"] is True and preview["plan_id"] == plan.plan_id
+    assert [(r["partition"], r["start"], r["end"]) for r in preview["ranges"]] == [
+        (p.partition, p.start, p.end) for p in plan.partitions
+    ]
+    assert "keeps its offsets" in preview["group_effect"]
+    bad = client.post(f"/api/feeds/{feed.name}/replay/preview", json={"start_from": "offset"})
+    assert bad.status_code == 400 and "start_offset" in bad.json()["detail"]
+    strict = feed.model_copy(update={"on_data_loss": "fail"})
+    refused = TestClient(create_app(feeds=lambda: {feed.name: strict}, connection=lambda: kafka.connection,
+                                    checkpoints=lambda: store, runs=lambda name: [])).post(
+        f"/api/feeds/{feed.name}/replay/preview", json={"start_from": "committed"}
+    )  # fmt: skip
+    assert refused.status_code == 400 and "deleted by retention" in refused.json()["detail"]

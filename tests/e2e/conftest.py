@@ -1,0 +1,166 @@
+"""One real Airflow for the e2e tests that need a running one (api-server, scheduler, dag-processor).
+
+Started once for the e2e tests by :class:`tidemark.airflow_local.LocalAirflow` (the code behind
+``make airflow``) against the session's Kafka cluster, with its own home, state dir and
+feeds folder. The feed ``view`` (manual schedule) reads a 3-partition topic holding a few
+records; the DAGs folder holds the project's DAG file and a downstream DAG scheduled on
+the feed's Asset. SimpleAuthManager users: ``admin`` and ``viewer``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import KafkaTestCluster, keyed_records
+from tidemark.airflow_local import LocalAirflow, project_root
+
+FEED = "view"
+SECRET = "pa55-never-shown"
+DOWNSTREAM_DAG = "downstream_of_view"
+DOWNSTREAM = '''
+"""Consumes the view feed's Asset: scheduled whenever the feed's DAG publishes."""
+from __future__ import annotations
+
+from airflow.sdk import DAG, task
+
+from tidemark.config import load_feed
+from tidemark.orchestration import feed_asset
+
+with DAG("downstream_of_view", schedule=[feed_asset(load_feed("view"))], tags=["test"]) as dag:
+
+    @task
+    def consume(**context):
+        events = context["triggering_asset_events"]
+        return sorted(str(e.extra.get("plan_id")) for evs in events.values() for e in evs)
+
+    consume()
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class RunningAirflow:
+    airflow: LocalAirflow
+    kafka: KafkaTestCluster
+    state: Path
+    topic: str
+    group: str
+    output: Path
+    tokens: dict[str, str]
+
+    @property
+    def base(self) -> str:
+        return self.airflow.url
+
+    def request(self, path: str, *, user: str | None = "admin", body: dict[str, Any] | None = None,
+                method: str | None = None, cookie: bool = False) -> tuple[int, Any]:  # fmt: skip
+        """One HTTP call as ``user`` (``None``: anonymous); JSON answers are decoded."""
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        if user is not None:
+            if cookie:
+                headers["Cookie"] = f"_token={self.tokens[user]}"
+            else:
+                headers["Authorization"] = f"Bearer {self.tokens[user]}"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, headers=headers,
+                                     method=method or ("POST" if data is not None else "GET"))  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                status, text = resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            status, text = err.code, err.read().decode(errors="replace")
+        try:
+            return status, json.loads(text)
+        except ValueError:
+            return status, text
+
+    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
+        status, doc = self.request(f"/api/v2/dags/{dag_id}/dagRuns", body={"logical_date": None, "conf": conf or {}})
+        assert status == 200, doc
+        return str(doc["dag_run_id"])
+
+    def wait_run(self, dag_id: str, run_id: str, timeout_s: float = 300) -> str:
+        """The run's final state (success or failed), polling the REST API."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status, doc = self.request(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
+            assert status == 200, doc
+            if doc["state"] in ("success", "failed"):
+                return str(doc["state"])
+            time.sleep(2)
+        raise AssertionError(f"{dag_id} run {run_id} did not finish in {timeout_s:.0f}s; logs: {self.airflow.home}")
+
+    def task_logs(self, dag_id: str, run_id: str) -> str:
+        """Every task log of one run, as written under the home (to explain a failure)."""
+        folder = self.airflow.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(folder.rglob("*.log")))
+
+
+# Package scope: stopped after the last e2e test, so it does not idle through the rest of the suite.
+@pytest.fixture(scope="package")
+def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAirflow]:
+    base = tmp_path_factory.mktemp("airflow-e2e")
+    feeds, dags, state, output = base / "feeds", base / "dags", base / "state", base / "out" / FEED
+    feeds.mkdir()
+    dags.mkdir()
+    topic = kafka.new_topic(partitions=3, prefix="view")
+    group = f"g-view-{uuid.uuid4().hex[:8]}"
+    for partition, count in enumerate((8, 5, 3)):
+        kafka.produce(topic, keyed_records(count, partition=partition, prefix=f"p{partition}"))
+    feed = {"topics": [topic], "group": group, "deserialization": {"format": "string"}, "output": str(output)}
+    (feeds / f"{FEED}.yaml").write_text(yaml.safe_dump(feed))
+    shutil.copy(project_root() / "dags" / "tidemark_dags.py", dags / "tidemark_dags.py")
+    (dags / "downstream.py").write_text(DOWNSTREAM)
+    airflow = LocalAirflow(
+        home=base / "home",
+        port=_free_port(),
+        bootstrap_servers=kafka.bootstrap_servers,
+        extra_env={
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+            "TIDEMARK_FEEDS_DIR": str(feeds),
+            "TIDEMARK_STATE_DIR": str(state),
+            # A PLAINTEXT cluster ignores SASL settings when no mechanism is set; the password is
+            # here to prove it never reaches the view, its JSON or the task logs.
+            "AIRFLOW_CONN_TIDEMARK_KAFKA": json.dumps(
+                {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka.bootstrap_servers, "sasl.password": SECRET}}
+            ),
+        },
+    )
+    try:
+        airflow.up()
+        tokens = {user: airflow.token(user) for user in ("admin", "viewer")}
+        running = RunningAirflow(airflow, kafka, state, topic, group, output, tokens)
+        _wait_for_dags(running, ["tidemark_view", "tidemark_replay", DOWNSTREAM_DAG])
+        yield running
+    finally:
+        airflow.down(timeout_s=10)  # the scheduler's graceful stop can take 30 s; nothing here needs it
+
+
+def _wait_for_dags(airflow: RunningAirflow, dag_ids: list[str], timeout_s: float = 180) -> None:
+    """The dag-processor has parsed the DAGs (they exist in the API), unpaused."""
+    deadline = time.monotonic() + timeout_s
+    missing = dag_ids
+    while time.monotonic() < deadline:
+        missing = [d for d in dag_ids if airflow.request(f"/api/v2/dags/{d}")[0] != 200]
+        if not missing:
+            return
+        time.sleep(2)
+    raise AssertionError(f"DAGs {missing} not parsed after {timeout_s:.0f}s; see {airflow.airflow.home / 'logs'}")

@@ -1,0 +1,37 @@
+"""The Tidemark view's pure helpers: lag durations, the replay conf, the chart's geometry."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidemark.errors import ConfigError
+from tidemark.web import RunRow, _chart, _duration, replay_conf
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [(None, "-"), (0, "0s"), (42_000, "42s"), (425_000, "7m 5s"), (3_600_000, "1h"), (11_400_000, "3h 10m"),
+     (187_200_000, "2d 4h")],
+)  # fmt: skip
+def test_lag_durations_read_like_people_say_them(ms: int | None, text: str) -> None:
+    assert _duration(ms) == text
+
+
+def test_replay_conf_is_a_dry_run_unless_said_and_refuses_unknown_keys() -> None:
+    assert replay_conf("orders", {"start_from": "earliest", "start_offset": None}) == {
+        "feed": "orders", "start_from": "earliest", "dry_run": True,
+    }  # fmt: skip
+    assert replay_conf("orders", {"dry_run": False})["dry_run"] is False
+    with pytest.raises(ConfigError, match="unknown replay parameters: feed"):
+        replay_conf("orders", {"feed": "other"})  # the feed comes from the page, not the body
+
+
+def test_chart_draws_runs_oldest_first_scaled_to_the_largest() -> None:
+    rows = [RunRow(f"r{i}", "scheduled", "succeeded", "p", records, lag, None, None, None, None)
+            for i, (records, lag) in enumerate([(10, 40), (40, 80), (0, None)])]  # fmt: skip
+    chart = _chart(rows)
+    assert [b["label"] for b in chart["bars"]] == ["r2: 0 records", "r1: 40 records", "r0: 10 records"]
+    assert chart["max_records"] == 40 and chart["max_lag"] == 80
+    tallest = max(chart["bars"], key=lambda b: b["h"])
+    assert tallest["label"].startswith("r1") and tallest["y"] == 24  # reaches the top of the plot area
+    assert len(chart["points"]) == 2  # a run without a known lag has no point
