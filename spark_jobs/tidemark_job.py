@@ -1,13 +1,13 @@
 """spark-submit entry point: read a saved plan from Kafka, validate, publish, report.
 
-    spark-submit [--master local[*] | yarn | k8s://... ] spark_jobs/tidemark_job.py \\
+    spark-submit [--master local[*] | spark://... | yarn | k8s://... ] spark_jobs/tidemark_job.py \\
         --plan PLAN.json --run-dir DIR [--feed NAME_OR_PATH] [--output DIR] [--ship-package]
 
 The Kafka connection comes from ``TIDEMARK_BOOTSTRAP_SERVERS`` / ``TIDEMARK_KAFKA_*`` in
 the driver's environment and travels to the executors as data source options. With
-``--ship-package`` (or ``TIDEMARK_SHIP_PACKAGE=1``) the ``tidemark`` package is zipped and
-added to the executors' Python path, for clusters where it is not installed (its
-dependencies — confluent-kafka, pyarrow — must be). Writes ``<run-dir>/job.json`` and
+``--ship-package`` (or ``TIDEMARK_SHIP_PACKAGE=1``), and by default whenever the master is
+not ``local[...]``, the ``tidemark`` package is zipped and added to the executors' Python
+path (its dependencies — confluent-kafka, pyarrow — must be installed there). Writes ``<run-dir>/job.json`` and
 exits non-zero on any failure, so nothing downstream commits offsets. Imports nothing
 from Airflow; the work is in :mod:`tidemark.job`.
 """

@@ -14,7 +14,9 @@ The ``postgres`` fixture starts one throwaway PostgreSQL server per session
 and yields its URL; ``checkpoint_store`` gives each test a fresh store of either kind.
 The ``s3`` fixture starts one s3proxy (:mod:`tidemark.s3_local`) per session with a
 bucket ``tidemark`` and puts its endpoint and credentials in the environment, as a
-deployment would; tests use fresh prefixes under that bucket.
+deployment would; tests use fresh prefixes under that bucket. ``spark_cluster`` starts a
+Spark standalone master and worker (:mod:`tidemark.spark_local`) from pyspark's own
+distribution, once per session, only for the tests that ask for it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from tidemark.connection import KafkaConnection
 from tidemark.kafka_io import KafkaAdapter, Record, produce
 from tidemark.kafka_local.cluster import LocalCluster
 from tidemark.s3_local import LocalS3
+from tidemark.spark_local import LocalSpark
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 
@@ -178,6 +181,18 @@ def checkpoint_store(request: pytest.FixtureRequest, tmp_path: Path) -> Checkpoi
     if request.param == "sqlite":
         return SqliteCheckpointStore(tmp_path / "checkpoints.sqlite")
     return PostgresCheckpointStore(request.getfixturevalue("postgres"))
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSpark]:
+    """A Spark standalone master and one worker (:mod:`tidemark.spark_local`) for the session."""
+    from tidemark import spark_local
+
+    cluster = spark_local.start(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop(purge=True)
 
 
 @pytest.fixture(scope="session")

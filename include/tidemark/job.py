@@ -143,7 +143,7 @@ def run(
     if plan.feed != feed.name:
         raise ConfigError(f"plan {plan.plan_id} was made for feed '{plan.feed}', not '{feed.name}'")
     res = result or JobResult(plan.plan_id, feed.name)
-    res.spark = {"master": spark.sparkContext.master, "version": spark.version}
+    res.spark.update(master=spark.sparkContext.master, version=spark.version)
     res.validator = VALIDATOR
     timer = _Timer(res)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -247,8 +247,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--ship-package",
         action="store_true",
-        default=os.environ.get(SHIP_ENV, "") not in ("", "0", "false"),
-        help=f"zip the tidemark package and add it to the executors' Python path (or set {SHIP_ENV}=1)",
+        default=_ship_setting(os.environ.get(SHIP_ENV, "")),
+        help=(
+            "zip the tidemark package and add it to the executors' Python path; by default only when "
+            f"the master is not local[...] ({SHIP_ENV}=1 always, {SHIP_ENV}=0 never)"
+        ),
     )
     return parser.parse_args(argv)
 
@@ -265,6 +268,23 @@ def session(app_name: str) -> SparkSession:
     return local_session(app_name)
 
 
+def _ship_setting(value: str) -> bool | None:
+    """``TIDEMARK_SHIP_PACKAGE``: unset means decide by the master (None)."""
+    value = value.strip().lower()
+    if not value:
+        return None
+    return value not in ("0", "false", "no")
+
+
+def should_ship(master: str, requested: bool | None) -> bool:
+    """Ship the package to executors when asked, else whenever the master is not ``local[...]``.
+
+    A local master's executors are threads of the driver's JVM whose Python workers share
+    the driver's interpreter and path; a cluster's executors run wherever its workers do.
+    """
+    return requested if requested is not None else not master.startswith("local")
+
+
 def ship_package(spark: SparkSession) -> Path:
     """Zip the ``tidemark`` package and ``addPyFile`` it, for executors that lack it."""
     import tidemark
@@ -277,6 +297,18 @@ def ship_package(spark: SparkSession) -> Path:
                 zf.write(path, str(Path("tidemark") / path.relative_to(root)))
     spark.sparkContext.addPyFile(str(target))
     return target
+
+
+def _package_origin(_: object) -> str:
+    import tidemark
+
+    return str(tidemark.__file__)
+
+
+def executor_package_origin(spark: SparkSession) -> str:
+    """Where an executor's Python imports ``tidemark`` from (one one-record task)."""
+    origin: str = spark.sparkContext.parallelize([0], 1).map(_package_origin).collect()[0]
+    return origin
 
 
 def root_cause(exc: BaseException) -> tuple[str, str]:
@@ -442,8 +474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.feed = feed.name
         connection = from_env()
         spark = _Timer(result).step("spark_session", lambda: session(f"tidemark-{feed.name}"))
-        if args.ship_package:
+        if should_ship(spark.sparkContext.master, args.ship_package):
             ship_package(spark)
+            result.spark["executor_package"] = executor_package_origin(spark)
         run(spark, plan, feed, connection, run_dir, output_dir=args.output or None, result=result)
     except Exception as exc:  # noqa: BLE001 - every failure must end as job.json + non-zero exit
         result.error_type, result.error = root_cause(exc)

@@ -167,6 +167,11 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
     """SparkSubmitOperator that hands the Kafka connection to the job at execution time."""
 
     def __init__(self, *, kafka_conn_id: str = KAFKA_CONN_ID, **kwargs: Any) -> None:
+        from tidemark.spark_session import SUBMIT_CONF
+
+        # Same as the CLI's spark-submit: Tidemark's secret names redacted. The package is
+        # shipped by the job itself whenever the connection's master is not local[...].
+        kwargs["conf"] = {**SUBMIT_CONF, **(kwargs.get("conf") or {})}
         super().__init__(**kwargs)
         self.kafka_conn_id = kafka_conn_id
 

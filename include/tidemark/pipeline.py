@@ -305,18 +305,25 @@ def plan_table(plan: Plan) -> list[str]:
 
 
 def spark_submit_command(handle: RunHandle, master: str | None = None) -> list[str]:
+    """The ``spark-submit`` command of a run, for ``local[*]`` or any cluster master.
+
+    On a cluster (``spark://``, ``yarn``, ``k8s://``) the job zips the ``tidemark`` package
+    and ships it to the executors itself (:func:`tidemark.job.should_ship`); Kafka settings
+    travel inside the read's tasks, never as Spark configuration, and
+    :data:`~tidemark.spark_session.SUBMIT_CONF` widens Spark's redaction to Tidemark's secret names.
+    """
+    from tidemark.spark_session import SUBMIT_CONF
+
     job = os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
+    conf = {"spark.ui.enabled": "false", "spark.pyspark.python": sys.executable, **SUBMIT_CONF}
     return [
         spark_submit,
         "--master",
         master or os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]"),
         "--name",
         f"tidemark-{handle.feed}",
-        "--conf",
-        "spark.ui.enabled=false",
-        "--conf",
-        f"spark.pyspark.python={sys.executable}",
+        *(arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")),
         job,
         "--plan",
         handle.plan_path,

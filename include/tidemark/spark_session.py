@@ -3,6 +3,13 @@
 ``local[*]`` by default; ``TIDEMARK_SPARK_MASTER`` (or an explicit master) points at a
 cluster instead. Python workers run the same interpreter as the driver so that
 ``tidemark`` and its pinned dependencies are importable in them.
+
+:data:`SUBMIT_CONF` is what every Tidemark application sets, whichever way it starts
+(``spark-submit`` from the CLI or the Airflow operator, or an in-process session):
+Spark's redaction pattern widened to every name Tidemark treats as secret, so a Kafka
+setting that reaches Spark's configuration (``spark.executorEnv.TIDEMARK_KAFKA_*``, an
+option in a plan description) shows as ``*********(redacted)`` in the UI's environment
+page, the event log and Spark's own logs.
 """
 
 from __future__ import annotations
@@ -11,8 +18,15 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from tidemark.connection import SECRET_MARKERS
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+# Spark's default spark.redaction.regex, plus Tidemark's secret markers (tidemark.connection.is_secret).
+SPARK_DEFAULT_REDACTION = ("secret", "password", "token", r"access[.]?key")
+REDACTION_REGEX = "(?i)" + "|".join(dict.fromkeys((*SPARK_DEFAULT_REDACTION, *SECRET_MARKERS)))
+SUBMIT_CONF = {"spark.redaction.regex": REDACTION_REGEX}
 
 
 def local_session(app_name: str = "tidemark", master: str | None = None) -> SparkSession:
@@ -33,6 +47,8 @@ def local_session(app_name: str = "tidemark", master: str | None = None) -> Spar
         .config("spark.driver.memory", os.environ.get("TIDEMARK_SPARK_DRIVER_MEMORY", "2g"))
         .config("spark.sql.session.timeZone", "UTC")
     )
+    for key, value in SUBMIT_CONF.items():
+        builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
