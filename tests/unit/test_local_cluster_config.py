@@ -54,3 +54,31 @@ def test_format_accepts_a_cluster_id_that_starts_with_a_dash(tmp_path: Path) -> 
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=node.path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (node.path / "data" / "meta.properties").exists()
+
+
+def test_a_node_just_launched_is_not_taken_for_an_exited_one(tmp_path: Path) -> None:
+    """Right after Popen a child's /proc/<pid>/cmdline can read empty: that is "starting", not "gone"."""
+    import subprocess
+    import sys
+    import time
+
+    from tidemark.kafka_local.cluster import _launch_failed
+
+    config = tmp_path / "server.properties"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)", str(config)]
+    for _ in range(20):  # checked at once, as wait_ready does: never "exited" while it runs
+        proc = subprocess.Popen(sleeper)
+        try:
+            assert not _launch_failed(proc.pid, config)
+            time.sleep(0.05)
+            assert not _launch_failed(proc.pid, config)
+            assert _launch_failed(proc.pid, tmp_path / "another-node.properties")  # a different process
+        finally:
+            proc.kill()
+        deadline = time.monotonic() + 10
+        while not _launch_failed(proc.pid, config):  # killed, not yet reaped: a zombie counts as gone
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        proc.wait()
+        assert _launch_failed(proc.pid, config)
+    assert _launch_failed(None, config)

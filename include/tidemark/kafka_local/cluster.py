@@ -218,6 +218,26 @@ def _pid_runs(pid: int | None, config_file: Path) -> bool:
     return str(config_file).encode() in cmdline
 
 
+def _launch_failed(pid: int | None, config_file: Path) -> bool:
+    """Whether a node just launched is gone (exited, or its pid is another process now).
+
+    Not simply ``not _pid_runs``: for a moment after ``Popen`` returns, a child's
+    ``/proc/<pid>/cmdline`` reads empty while it is running (measured here: a few ms, far
+    longer on a loaded machine), and taking that for an exit failed clusters that went on
+    to start fine. An empty command line means "not yet" unless the process is a zombie.
+    """
+    if pid is None:
+        return True
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    if cmdline:
+        return str(config_file).encode() not in cmdline
+    return state in ("Z", "X")
+
+
 def _tail(path: Path, lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -402,7 +422,7 @@ class LocalCluster:
             for node in state.nodes:
                 if node.node_id not in pending:
                     continue
-                if not _pid_runs(node.pid, node.config_file):
+                if _launch_failed(node.pid, node.config_file):
                     raise LocalKafkaError(
                         f"Kafka node {node.node_id} exited while starting. Last lines of {node.log_file}:\n"
                         f"{_tail(node.log_file)}\n--- {node.stdout_file}:\n{_tail(node.stdout_file, 15)}"
