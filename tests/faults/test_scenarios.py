@@ -14,6 +14,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,11 +42,31 @@ from tidemark.errors import (
 )
 from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.kafka_io import Record
+from tidemark.kafka_local.cluster import LocalCluster
 from tidemark.pipeline import commit_run, plan_run
 from tidemark.sink import staging_base
 from tidemark.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.faults]
+
+
+@contextmanager
+def one_broker_env(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, settings: dict[str, str] | None = None
+) -> Iterator[tuple[LocalCluster, FaultEnv]]:
+    """A fault environment on a one-broker cluster of its own: for broker settings or outages
+    the session's shared cluster must not have. Purged afterwards."""
+    cluster = LocalCluster(tmp_path / f"{name}-cluster")
+    state = cluster.up(brokers=1, settings=settings)
+    try:
+        fenv = FaultEnv(
+            KafkaTestCluster(KafkaConnection(state.bootstrap_servers), cluster), spark, tmp_path / "env", name
+        )
+        monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(fenv.feeds))
+        monkeypatch.setenv("TIDEMARK_STATE_DIR", str(fenv.root))
+        yield cluster, fenv
+    finally:
+        cluster.down(purge=True)
 
 
 @scenario("1", "A run with no new data after a normal run",
@@ -236,17 +258,8 @@ def test_group_offsets_expired_without_checkpoint(fenv: FaultEnv) -> None:
           asserted="the broker removed every committed offset; the next run resumes from the checkpoint with one "
                    "group_offsets_expired event per partition, commits back at the plan's ends; I1–I3")  # fmt: skip
 def test_group_offsets_expired_by_the_broker(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tidemark.kafka_local.cluster import LocalCluster
-
-    cluster = LocalCluster(tmp_path / "short-retention")
-    state = cluster.up(
-        brokers=1, settings={"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms": "1000"}
-    )
-    try:
-        own = KafkaTestCluster(KafkaConnection(state.bootstrap_servers), cluster)
-        fenv = FaultEnv(own, spark, tmp_path / "env", "expiry")
-        monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(fenv.feeds))
-        monkeypatch.setenv("TIDEMARK_STATE_DIR", str(fenv.root))
+    settings = {"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms": "1000"}
+    with one_broker_env(spark, tmp_path, monkeypatch, "expiry", settings) as (_, fenv):
         fenv.produce(9)
         fenv.run()
         assert fenv.committed() == {0: 3, 1: 3, 2: 3}
@@ -262,8 +275,6 @@ def test_group_offsets_expired_by_the_broker(spark: Any, tmp_path: Path, monkeyp
         assert {e.partition for e in events} == {0, 1, 2}
         assert outcome.committed and fenv.committed() == {0: 9, 1: 3, 2: 3}
         fenv.check("test_group_offsets_expired_by_the_broker")
-    finally:
-        cluster.down(purge=True)
 
 
 @pytest.mark.parametrize("policy", ["fail", "skip"])
@@ -726,7 +737,6 @@ def test_commit_metadata_over_the_brokers_limit(tmp_path: Path) -> None:
     from tidemark.checkpoints import SqliteCheckpointStore
     from tidemark.commit import commit_plan, metadata_plan_id, plan_metadata
     from tidemark.kafka_io import KafkaAdapter
-    from tidemark.kafka_local.cluster import LocalCluster
     from tidemark.planner import Policy, build_plan, snapshot_feed
 
     cluster = LocalCluster(tmp_path / "small-limit")
@@ -840,26 +850,16 @@ def test_broker_restarted_during_the_commit(fenv: FaultEnv) -> None:
           asserted="planning fails within the adapter's timeout naming the servers, writes no run dir and "
                    "moves nothing; once the broker is back the run reads and commits; I1–I4")  # fmt: skip
 def test_all_brokers_down_at_plan_time(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tidemark.kafka_local.cluster import LocalCluster
-
-    cluster = LocalCluster(tmp_path / "one-broker")
-    state = cluster.up(brokers=1)
-    try:
-        own = KafkaTestCluster(KafkaConnection(state.bootstrap_servers), cluster)
-        fenv = FaultEnv(own, spark, tmp_path / "env", "all-down")
-        monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(fenv.feeds))
-        monkeypatch.setenv("TIDEMARK_STATE_DIR", str(fenv.root))
+    with one_broker_env(spark, tmp_path, monkeypatch, "all-down") as (cluster, fenv):
         fenv.produce(9)
         cluster.stop_node(1)
         started = time.monotonic()
         with pytest.raises(KafkaUnavailableError) as err:
-            plan_run(fenv.feed, own.connection, root=fenv.root)
+            plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
         assert time.monotonic() - started < 60
-        assert_names(str(err.value), state.bootstrap_servers, "reachable")
+        assert_names(str(err.value), fenv.kafka.connection.bootstrap_servers, "reachable")
         assert not list(fenv.root.glob("runs/*/*"))
         cluster.start_node(1)
         fenv.run()
         assert fenv.committed() == {0: 3, 1: 3, 2: 3}
         fenv.check("test_all_brokers_down_at_plan_time")
-    finally:
-        cluster.down(purge=True)
