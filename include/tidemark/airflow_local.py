@@ -31,6 +31,7 @@ from pathlib import Path
 
 from tidemark.config import package_root
 from tidemark.errors import TidemarkError
+from tidemark.kafka_local.cluster import process_runs_as
 
 PROCESSES = ("api-server", "scheduler", "dag-processor")
 USERS = "admin:admin,viewer:viewer"
@@ -119,7 +120,7 @@ class LocalAirflow:
         if not self.pids_file.exists():
             return {}
         pids: dict[str, int] = json.loads(self.pids_file.read_text())
-        return {name: pid for name, pid in pids.items() if _is_airflow(pid)}
+        return {name: pid for name, pid in pids.items() if process_runs_as(pid, b"airflow")}
 
     def up(self, timeout_s: float = 240.0) -> None:
         """Migrate the database, start the three processes and wait until the API answers."""
@@ -198,12 +199,3 @@ class LocalAirflow:
                 return str(json.loads(resp.read())["access_token"])
         except urllib.error.HTTPError as err:
             raise AirflowStartError(f"no token for user '{user}': HTTP {err.code}") from err
-
-
-def _is_airflow(pid: int) -> bool:
-    """Whether ``pid`` is still an Airflow process: pids wrap quickly (pid_max may be 32768),
-    and a recorded pid reused by another process (a Kafka broker, say) must never be signalled."""
-    try:
-        return b"airflow" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False

@@ -62,23 +62,23 @@ def test_a_node_just_launched_is_not_taken_for_an_exited_one(tmp_path: Path) -> 
     import sys
     import time
 
-    from tidemark.kafka_local.cluster import _launch_failed
+    from tidemark.kafka_local.cluster import _pid_runs
 
     config = tmp_path / "server.properties"
     sleeper = [sys.executable, "-c", "import time; time.sleep(30)", str(config)]
     for _ in range(20):  # checked at once, as wait_ready does: never "exited" while it runs
         proc = subprocess.Popen(sleeper)
         try:
-            assert not _launch_failed(proc.pid, config)
+            assert _pid_runs(proc.pid, config)
             time.sleep(0.05)
-            assert not _launch_failed(proc.pid, config)
-            assert _launch_failed(proc.pid, tmp_path / "another-node.properties")  # a different process
+            assert _pid_runs(proc.pid, config)
+            assert not _pid_runs(proc.pid, tmp_path / "another-node.properties")  # a different process
         finally:
             proc.kill()
         deadline = time.monotonic() + 10
-        while not _launch_failed(proc.pid, config):  # killed, not yet reaped: a zombie counts as gone
+        while _pid_runs(proc.pid, config):  # killed, not yet reaped: a zombie counts as gone
             assert time.monotonic() < deadline
             time.sleep(0.01)
         proc.wait()
-        assert _launch_failed(proc.pid, config)
-    assert _launch_failed(None, config)
+        assert not _pid_runs(proc.pid, config)
+    assert not _pid_runs(None, config)

@@ -207,35 +207,31 @@ class ClusterState:
         )
 
 
-def _pid_runs(pid: int | None, config_file: Path) -> bool:
-    """True if ``pid`` is alive and is the JVM started with ``config_file``."""
-    if pid is None:
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return str(config_file).encode() in cmdline
+def process_runs_as(pid: int | None, marker: bytes) -> bool:
+    """Whether ``pid`` is alive and is the process whose command line holds ``marker``.
 
-
-def _launch_failed(pid: int | None, config_file: Path) -> bool:
-    """Whether a node just launched is gone (exited, or its pid is another process now).
-
-    Not simply ``not _pid_runs``: for a moment after ``Popen`` returns, a child's
-    ``/proc/<pid>/cmdline`` reads empty while it is running (measured here: a few ms, far
-    longer on a loaded machine), and taking that for an exit failed clusters that went on
-    to start fine. An empty command line means "not yet" unless the process is a zombie.
+    Pids wrap quickly (pid_max may be 32768), so a recorded pid is checked before it is
+    signalled or waited on. For a moment after ``Popen`` returns, a child's
+    ``/proc/<pid>/cmdline`` reads empty while it runs (measured here: a few ms, far longer
+    on a loaded machine); an empty command line counts as "ours, starting" unless the
+    process is a zombie. A plain "is the marker there" check once failed clusters and
+    services that went on to start fine.
     """
     if pid is None:
-        return True
+        return False
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
-        return True
+        return False
     if cmdline:
-        return str(config_file).encode() not in cmdline
-    return state in ("Z", "X")
+        return marker in cmdline
+    return state not in ("Z", "X")
+
+
+def _pid_runs(pid: int | None, config_file: Path) -> bool:
+    """True if ``pid`` is alive and is the JVM started with ``config_file`` (or starting as it)."""
+    return process_runs_as(pid, str(config_file).encode())
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -422,7 +418,7 @@ class LocalCluster:
             for node in state.nodes:
                 if node.node_id not in pending:
                     continue
-                if _launch_failed(node.pid, node.config_file):
+                if not _pid_runs(node.pid, node.config_file):
                     raise LocalKafkaError(
                         f"Kafka node {node.node_id} exited while starting. Last lines of {node.log_file}:\n"
                         f"{_tail(node.log_file)}\n--- {node.stdout_file}:\n{_tail(node.stdout_file, 15)}"
