@@ -55,7 +55,8 @@ def test_small_run_bench_times_both_sides_over_the_same_offsets(kafka: KafkaTest
     empty, small = doc["table"]
     for row in doc["table"]:
         assert len(row["tidemark_rounds_s"]) == len(row["spark_rounds_s"]) == len(row["ratios_by_round"]) == 1
-        assert row["ratio"] == round(row["spark_s"] / row["tidemark_s"], 3)
+        # The ratio is of the unrounded medians; the seconds are printed rounded to 0.01.
+        assert row["ratio"] == pytest.approx(row["spark_s"] / row["tidemark_s"], rel=0.02)
     # Nothing to read starts no Spark application; 1,000 records go through every job step.
     assert empty["job_steps_s"] == {}
     assert {"write", "validate", "publish"} <= set(small["job_steps_s"])
