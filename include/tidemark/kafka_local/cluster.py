@@ -27,7 +27,7 @@ from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from tidemark.errors import LocalKafkaError
+from tidemark.errors import LocalKafkaError, TidemarkError
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
@@ -37,12 +37,17 @@ START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 
 
+def pom_property(pom: Path, name: str) -> str:
+    """A ``<name>`` property of a pom shipped with the package (a pinned Maven version)."""
+    match = re.search(rf"<{re.escape(name)}>([^<]+)</{re.escape(name)}>", pom.read_text())
+    if match is None:  # pragma: no cover - the pom is part of the package
+        raise TidemarkError(f"{pom} has no <{name}> property")
+    return match.group(1)
+
+
 def kafka_version() -> str:
     """The Kafka version pinned in the pom."""
-    match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", POM.read_text())
-    if match is None:  # pragma: no cover - the pom is part of the package
-        raise LocalKafkaError(f"{POM} has no <kafka.version> property")
-    return match.group(1)
+    return pom_property(POM, "kafka.version")
 
 
 def cache_root() -> Path:

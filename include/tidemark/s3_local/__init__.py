@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidemark.errors import LocalServerError
-from tidemark.kafka_local.cluster import cache_root, free_port, java
+from tidemark.kafka_local.cluster import cache_root, free_port, java, pom_property
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
@@ -36,10 +36,7 @@ REGION = "us-east-1"
 
 
 def s3proxy_version() -> str:
-    match = re.search(r"<s3proxy\.version>([^<]+)</s3proxy\.version>", POM.read_text())
-    if match is None:  # pragma: no cover - the pom is part of the package
-        raise LocalServerError(f"{POM} has no <s3proxy.version> property")
-    return match.group(1)
+    return pom_property(POM, "s3proxy.version")
 
 
 def fetch_jar() -> Path:
