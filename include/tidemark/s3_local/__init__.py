@@ -12,7 +12,6 @@ variables a client needs: the standard ``AWS_*`` ones plus ``TIDEMARK_S3_ENDPOIN
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import shutil
 import signal
