@@ -160,7 +160,13 @@ def feed_asset(feed: Feed) -> Asset:
     Emitted by the feed DAG's commit task (the run's data is published and its offsets
     committed), with the plan id and record count in the event's extra.
     """
-    return Asset(name=f"tidemark_{feed.name}", uri=feed.output_dir().resolve().as_uri(), group="tidemark")
+    return Asset(name=f"tidemark_{feed.name}", uri=output_uri(feed), group="tidemark")
+
+
+def output_uri(feed: Feed) -> str:
+    """The feed's output as a URI: ``file://`` for a local folder, the URL itself for an object store."""
+    where = feed.output_location()
+    return where.local_path().resolve().as_uri() if where.is_local else where.url
 
 
 class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]

@@ -76,6 +76,20 @@ def test_feed_dags_publish_their_output_as_an_asset(dagbag) -> None:  # type: ig
         if dag_id in feeds:  # published and committed: downstream DAGs can be scheduled on it
             [asset] = outlets
             assert asset.name == f"tidemark_{feeds[dag_id].name}"
-            assert asset.uri == feeds[dag_id].output_dir().resolve().as_uri()
+            assert asset.uri == feeds[dag_id].output_dir().resolve().as_uri()  # a local output: file://
         else:  # backfills and replays publish elsewhere, on request: no asset event
             assert not outlets, dag_id
+
+
+def test_a_feed_publishing_to_object_storage_gets_its_dag_and_asset(tmp_path: Path) -> None:
+    """An s3:// output (no local folder) must not break the DAG file: its asset is the URL."""
+    import yaml
+
+    from tidemark.orchestration import all_dags
+
+    (tmp_path / "lake.yaml").write_text(
+        yaml.safe_dump({"topics": ["orders"], "group": "g", "output": "s3://lake/orders"})
+    )
+    dags = all_dags(tmp_path)
+    [asset] = dags["tidemark_lake"].get_task("commit").outlets
+    assert (asset.name, asset.uri) == ("tidemark_lake", "s3://lake/orders")
