@@ -107,18 +107,18 @@ def _write_status(run_dir: Location, **fields: Any) -> None:
 
 
 def _published(feed: Feed, handle: RunHandle, job: Mapping[str, Any] | None) -> bool:
-    """Whether ``handle``'s plan is published: by its job's word, or by the output's manifest.
+    """Whether ``handle``'s plan is published: by its job's word, or by the output itself.
 
-    The manifest is the publication's commit point; a job that crashed after publishing
-    and before writing ``job.json`` has published all the same, and taking it for
-    unpublished would let the next run plan a wider range and publish those records twice.
+    The output's own record (a Parquet folder's manifest, the plan id in an Iceberg
+    table's snapshot history) is the publication's commit point; a job that crashed after
+    publishing and before writing ``job.json`` has published all the same, and taking it
+    for unpublished would let the next run plan a wider range and publish those records twice.
     """
     if job is not None and job.get("published"):
         return True
-    from tidemark.job import plan_output
-    from tidemark.sink import load_manifest
+    from tidemark.publish import publisher_for
 
-    return load_manifest(plan_output(handle.plan(), feed), handle.plan_id) is not None
+    return publisher_for(feed, handle.plan()).published(handle.plan_id) is not None
 
 
 def pending_commit(
