@@ -241,7 +241,12 @@ class IcebergPublisher:
                     quarantined=int(summary.get(QUARANTINED_KEY) or 0),
                     ranges=tuple(json.loads(summary.get(RANGES_KEY) or "[]")),
                     files=(),
-                    extra={"format": "iceberg", "table": self.table_name, "snapshot_id": snapshot.snapshot_id},
+                    extra={
+                        "format": "iceberg",
+                        "table": self.table_name,
+                        "snapshot_id": snapshot.snapshot_id,
+                        "run_id": summary.get(RUN_KEY),
+                    },
                     reused=True,
                 )
         return None
@@ -379,6 +384,7 @@ class IcebergPublisher:
                 **extra,
                 "format": "iceberg",
                 "table": self.table_name,
+                "run_id": run_id,
                 "snapshot_id": None if snapshot is None else snapshot.snapshot_id,
                 "quarantine": str(quarantine) if bad else None,
             },
