@@ -32,6 +32,7 @@ Isolation = Literal["read_committed", "read_uncommitted"]
 ValueFormat = Literal["bytes", "string", "json"]
 OnBadRecords = Literal["fail", "quarantine"]
 FieldType = Literal["string", "integer", "number", "boolean"]
+OutputFormat = Literal["parquet", "iceberg"]
 
 FEED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -157,6 +158,28 @@ class TimeWindows(_Model):
         return int(parse_skew(self.max_skew).total_seconds() * 1000)
 
 
+ICEBERG_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}\.[A-Za-z_][A-Za-z0-9_]{0,99}$")
+
+
+class IcebergOutput(_Model):
+    """Where an Iceberg feed publishes: ``table`` (``namespace.name``) in Tidemark's catalog.
+
+    The catalog itself (its URL and credentials) is never part of a feed: see
+    :mod:`tidemark.iceberg_output`. ``quarantine`` is where records kept aside go (default
+    ``<output>.quarantine``, a Parquet folder beside the table's location).
+    """
+
+    table: str | None = None
+    quarantine: str | None = None
+
+    @field_validator("table")
+    @classmethod
+    def _table_ok(cls, v: str | None) -> str | None:
+        if v is not None and not ICEBERG_TABLE.match(v):
+            raise ValueError(f"{v!r} is not namespace.name (letters, digits and '_', one dot)")
+        return v
+
+
 class Feed(_Model):
     """One feed: what to read, from where it resumes, and how it is checked and written."""
 
@@ -175,6 +198,8 @@ class Feed(_Model):
     isolation: Isolation = "read_committed"
     deserialization: Deserialization = Deserialization()
     output: str | None = None
+    output_format: OutputFormat = "parquet"
+    iceberg: IcebergOutput | None = None
     validation: Validation = Validation()
     time_windows: TimeWindows = TimeWindows()
 
@@ -222,7 +247,15 @@ class Feed(_Model):
             and self.max_records_per_partition > self.max_records_per_run
         ):
             raise ValueError("max_records_per_partition is larger than max_records_per_run")
+        if self.iceberg is not None and self.output_format != "iceberg":
+            raise ValueError("'iceberg' settings need output_format: iceberg")
         return self
+
+    @property
+    def iceberg_table(self) -> str:
+        """The Iceberg table of an ``output_format: iceberg`` feed (default ``tidemark.<feed name>``)."""
+        chosen = self.iceberg.table if self.iceberg is not None else None
+        return chosen or "tidemark." + re.sub(r"[^A-Za-z0-9_]", "_", self.name)
 
     @property
     def reset_timestamp_ms(self) -> int | None:

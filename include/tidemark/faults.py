@@ -16,7 +16,7 @@ import os
 from typing import Literal
 
 FAULTS_ENV = "TIDEMARK_FAULTS"
-FaultPoint = Literal["job.after_publish", "commit.before", "commit.after_kafka"]
+FaultPoint = Literal["job.after_publish", "iceberg.before_commit", "commit.before", "commit.after_kafka"]
 
 
 class InjectedFault(BaseException):

@@ -118,6 +118,7 @@ def run(
     *,
     output_dir: Path | Location | str | None = None,
     result: JobResult | None = None,
+    run_id: str | None = None,
 ) -> JobResult:
     """Read ``plan`` once into staging, check and validate it there, then publish; fill the result.
 
@@ -128,15 +129,17 @@ def run(
        the per-range statistics, the built-in range checks and the bad-record counts, then
        the feed's GX suite runs (:func:`tidemark.validation.validate`); raises when the run
        must fail.
-    3. ``publish``: good records become the publication by rename, bad ones its quarantine
-       (:func:`tidemark.sink.publish_staged`), after their counts are checked against
-       what validation passed.
+    3. ``publish``: the feed's publisher (:func:`tidemark.publish.publisher_for`: a Parquet
+       folder, where good records become the publication by rename and bad ones its
+       quarantine, or an Iceberg table) publishes the staged records, after their counts
+       are checked against what validation passed. ``output_dir`` forces a Parquet folder.
     Any failure discards the staging folder: nothing is visible, nothing to clean up.
     """
     from pyspark.sql import functions as F
 
     from tidemark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
-    from tidemark.sink import load_manifest, new_staging, parquet_writer, publish_staged, utc_date
+    from tidemark.publish import StagedRecords, publisher_for
+    from tidemark.sink import parquet_writer, utc_date
     from tidemark.source import read_plan
     from tidemark.validation import DECODE_OUTCOME_PREFIX, OK_OUTCOME, outcome_column, validate
 
@@ -147,9 +150,9 @@ def run(
     res.validator = VALIDATOR
     timer = _Timer(res)
     run_dir.mkdir(parents=True, exist_ok=True)
-    output = Location.of(output_dir or plan_output(plan, feed))
+    publisher = publisher_for(feed, plan, output_dir)
 
-    done = load_manifest(output, plan.plan_id)
+    done = publisher.published(plan.plan_id)
     if done is not None:  # published by an earlier attempt: do not read Kafka again
         res.manifest, res.reused, res.published = done.to_dict(), True, True
         res.records_published, res.records_quarantined = done.records, done.quarantined
@@ -166,7 +169,7 @@ def run(
     outcome = outcome.alias(OUTCOME_COLUMN)
     day = utc_date().alias("date")
     staged_df = decoded.select(*[c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")], day, outcome)
-    staging = new_staging(output, plan.plan_id)
+    staging = publisher.new_staging(plan.plan_id)
     try:
         timer.step(
             "write",  # the one read of Kafka
@@ -206,21 +209,25 @@ def run(
         res.validation = checked.summary
         res.decode_failures = int(checked.summary["counts"]["decode_errors"])
 
-        def rewrite_good(source: Path, target: Path) -> None:
+        record_schema = staged_df.drop(OUTCOME_COLUMN).schema
+        published_schema = staged_df.drop(OUTCOME_COLUMN, RAW_VALUE_COLUMN).schema
+
+        def read_good(source: Path) -> DataFrame:
             # JSON feeds stage the raw value beside the fields: publish the fields only.
-            good = spark.read.schema(staged_df.drop(OUTCOME_COLUMN).schema).parquet(str(source))
-            parquet_writer(good.drop(RAW_VALUE_COLUMN), "append").partitionBy("topic", "date").parquet(str(target))
+            good = spark.read.schema(record_schema).parquet(str(source))
+            return good.select(*published_schema.names)
 
         if time_filter is not None:  # neither published nor quarantined: they are outside the window
             shutil.rmtree(staging.written / f"{OUTCOME_COLUMN}={OUTSIDE_WINDOW}", ignore_errors=True)
         manifest = timer.step(
             "publish",
-            lambda: publish_staged(
-                staging, plan, feed, outcome_column=OUTCOME_COLUMN, ok_value=OK_OUTCOME,
-                rewrite_good=rewrite_good if keeps_raw else None,
+            lambda: publisher.publish_staged(
+                staging, plan, feed,
+                staged=StagedRecords(OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good, rewrite=keeps_raw),
                 stats=stats, extra={"validator": res.validator},
                 expect_records=int(checked.summary["good_records"]),
                 expect_quarantined=int(checked.summary["quarantined_records"]),
+                run_id=run_id,
             ),
         )  # fmt: skip
     except BaseException:
@@ -321,11 +328,6 @@ def root_cause(exc: BaseException) -> tuple[str, str]:
             name, _, message = line[len("tidemark.errors.") :].partition(": ")
             return name, message.strip()
     return type(exc).__name__, text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-
-
-def plan_output(plan: Plan, feed: Feed) -> Location:
-    """Where ``plan`` publishes: the location it names, else the feed's output (a path or an object-store URL)."""
-    return Location.of(plan.output) if plan.output else feed.output_location()
 
 
 OUTSIDE_WINDOW = "outside_window"  # the staging outcome of records stamped outside an exact window
@@ -477,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if should_ship(spark.sparkContext.master, args.ship_package):
             ship_package(spark)
             result.spark["executor_package"] = executor_package_origin(spark)
-        run(spark, plan, feed, connection, run_dir, output_dir=args.output or None, result=result)
+        run(spark, plan, feed, connection, run_dir, output_dir=args.output or None, result=result, run_id=target.name)
     except Exception as exc:  # noqa: BLE001 - every failure must end as job.json + non-zero exit
         result.error_type, result.error = root_cause(exc)
         result.published = False

@@ -35,6 +35,7 @@ KAFKA_CONN_ID = os.environ.get("TIDEMARK_KAFKA_CONN_ID", "tidemark_kafka")
 SPARK_CONN_ID = os.environ.get("TIDEMARK_SPARK_CONN_ID", "tidemark_spark")
 CHECKPOINT_CONN_ID = os.environ.get("TIDEMARK_CHECKPOINT_CONN_ID", "tidemark_checkpoints")
 STORAGE_CONN_ID = os.environ.get("TIDEMARK_STORAGE_CONN_ID", "tidemark_storage")
+ICEBERG_CONN_ID = os.environ.get("TIDEMARK_ICEBERG_CONN_ID", "tidemark_iceberg")
 START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "data-platform",
@@ -103,10 +104,34 @@ def storage_env(conn_id: str = STORAGE_CONN_ID) -> dict[str, str]:
     return {k: str(v) for k, v in pairs.items() if v}
 
 
+def iceberg_env(conn_id: str = ICEBERG_CONN_ID) -> dict[str, str]:
+    """The Iceberg catalog from an Airflow connection of type postgres, as ``TIDEMARK_ICEBERG_CATALOG_URI``.
+
+    Empty when no such connection exists (the environment, else SQLite in the state dir, applies).
+    """
+    from tidemark.iceberg_output import CATALOG_URI_ENV
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
+        return {}
+    if conn.conn_type not in ("postgres", "postgresql"):
+        raise ConfigError(
+            f"Airflow connection '{conn_id}' has type '{conn.conn_type}'; the Iceberg catalog needs type postgres"
+        )
+    from sqlalchemy.engine import URL
+
+    url = URL.create(
+        "postgresql+psycopg", username=conn.login or None, password=conn.password or None, host=conn.host or None,
+        port=conn.port or None, database=conn.schema or None,
+    )  # fmt: skip
+    return {CATALOG_URI_ENV: url.render_as_string(hide_password=False)}
+
+
 @contextmanager
 def _storage_settings() -> Iterator[None]:
-    """The storage connection's variables in this task's environment while it runs, then restored."""
-    settings = storage_env()
+    """The storage and Iceberg catalog connections' variables in this task's environment while it runs."""
+    settings = {**storage_env(), **iceberg_env()}
     saved = {k: os.environ.get(k) for k in settings}
     os.environ.update(settings)
     try:
@@ -203,7 +228,7 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
             )
         # Set after template rendering, so the values never reach the rendered-fields
         # table; the hook adds them to spark-submit's environment (os.environ + these).
-        secrets_env = {**kafka_connection(self.kafka_conn_id).to_env(), **storage_env()}
+        secrets_env = {**kafka_connection(self.kafka_conn_id).to_env(), **storage_env(), **iceberg_env()}
         configured: dict[str, Any] = dict(getattr(self, "env_vars", None) or {})
         self.env_vars = {**configured, **secrets_env}
         self._hook = None  # rebuilt with the env above

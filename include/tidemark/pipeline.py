@@ -106,19 +106,28 @@ def _write_status(run_dir: Location, **fields: Any) -> None:
     (run_dir / "run.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
 
 
-def _published(feed: Feed, handle: RunHandle, job: Mapping[str, Any] | None) -> bool:
-    """Whether ``handle``'s plan is published: by its job's word, or by the output's manifest.
+def _published(feed: Feed, handle: RunHandle, job: Mapping[str, Any] | None, *, by_this_run: bool = False) -> bool:
+    """Whether ``handle``'s plan is published: by its job's word, or by the output itself.
 
-    The manifest is the publication's commit point; a job that crashed after publishing
-    and before writing ``job.json`` has published all the same, and taking it for
-    unpublished would let the next run plan a wider range and publish those records twice.
+    The output's own record (a Parquet folder's manifest, the plan id in an Iceberg
+    table's snapshot history) is the publication's commit point; a job that crashed after
+    publishing and before writing ``job.json`` has published all the same, and taking it
+    for unpublished would let the next run plan a wider range and publish those records twice.
+
+    ``by_this_run`` (``pending_commit``): a publication that records another run as its
+    publisher (an Iceberg snapshot's ``tidemark.run-id``) is that run's to commit. A run
+    that failed before publishing shares its plan id with the run that later published
+    the same ranges; it must not come back as "published, not committed".
     """
     if job is not None and job.get("published"):
         return True
-    from tidemark.job import plan_output
-    from tidemark.sink import load_manifest
+    from tidemark.publish import publisher_for
 
-    return load_manifest(plan_output(handle.plan(), feed), handle.plan_id) is not None
+    found = publisher_for(feed, handle.plan()).published(handle.plan_id)
+    if found is None:
+        return False
+    publisher_run = found.extra.get("run_id")
+    return not (by_this_run and publisher_run and publisher_run != handle.run_id)
 
 
 def pending_commit(
@@ -140,7 +149,9 @@ def pending_commit(
         handle = RunHandle.from_xcom(status["handle"])
         if status.get("committed") or not handle.commit:
             continue
-        if _published(feed, handle, _job_result(run_dir)) and not checkpoints.run_committed(feed.group, handle.run_id):
+        if _published(feed, handle, _job_result(run_dir), by_this_run=True) and not checkpoints.run_committed(
+            feed.group, handle.run_id
+        ):
             return handle
     return None
 

@@ -37,6 +37,7 @@ StartReason = Literal[
     "log_start",  # start was below the log start; data-loss policy skip
     "ahead_reset",  # start was past the end; ahead policy earliest/latest
     "requested",  # a replay named the start explicitly (offset, shift, ...)
+    "table",  # no group offsets and no checkpoint: resumed from the output table's history
 ]
 EventKind = Literal[
     "group_offsets_expired",
@@ -48,6 +49,7 @@ EventKind = Literal[
     "capped",
     "retention_warning",
     "timestamp_skew",
+    "position_from_table",
 ]
 
 

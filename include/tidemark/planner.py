@@ -15,7 +15,7 @@ grows with brokers, never with partitions), and :func:`plan_feed` joins the two.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -36,6 +36,7 @@ from tidemark.plan import (
     Task,
     compute_plan_id,
 )
+from tidemark.publish import RecoveredPosition, publisher_for
 
 if TYPE_CHECKING:
     from tidemark.replay import ReplaySpec
@@ -73,6 +74,7 @@ class PartitionSnapshot:
     ts_end_offset: int | None = None
     ts_cut_end_offset: int | None = None  # exact windows: the unwidened cut at the window's end
     is_new: bool = False
+    table: int | None = None  # the end the output table's history records (only asked when both above are None)
     committed_metadata: str = ""
 
     @property
@@ -381,9 +383,11 @@ def retention_warnings(retention: RetentionInfo) -> list[Event]:
 
 def mark_new_partitions(snapshots: Sequence[PartitionSnapshot]) -> tuple[PartitionSnapshot, ...]:
     """Flag partitions without offsets in topics whose other partitions have some."""
-    known_topics = {s.topic for s in snapshots if s.committed is not None or s.checkpoint is not None}
+    known_topics = {s.topic for s in snapshots if s.committed is not None or s.checkpoint is not None
+                    or s.table is not None}  # fmt: skip
     return tuple(
-        replace(s, is_new=s.topic in known_topics and s.committed is None and s.checkpoint is None) for s in snapshots
+        replace(s, is_new=s.topic in known_topics and s.committed is None and s.checkpoint is None and s.table is None)
+        for s in snapshots
     )
 
 
@@ -513,11 +517,13 @@ def build_plan(
     end_overrides: Mapping[TP, int] | None = None,
     replay: ReplaySpec | None = None,
     time_filter: TimeFilter | None = None,
+    recovered: RecoveredPosition | None = None,
 ) -> Plan:
     """Resolve every partition's range and group the ranges into tasks.
 
-    ``mode="scheduled"`` resolves the start from the committed offset, the checkpoint or
-    the reset policy and reads to the end captured now, capped by the policy's limits.
+    ``mode="scheduled"`` resolves the start from the committed offset, the checkpoint, the
+    output table's history (``snap.table``, found in ``recovered``: a ``position_from_table``
+    event) or the reset policy and reads to the end captured now, capped by the policy's limits.
     ``mode="backfill"`` reads ``[first offset at/after window.start, first offset at/after
     window.end)`` from the snapshots' timestamp lookups; where no record is at or after a
     time, the end of the log is used and a ``timestamp_past_end`` event says so. Caps
@@ -583,6 +589,19 @@ def build_plan(
                     f"resuming from Tidemark's checkpoint {snap.checkpoint}",
                     snap,
                     checkpoint=snap.checkpoint,
+                )
+            )
+        elif snap.table is not None and mode == "scheduled":
+            start = _Start(snap.table, "table")
+            source = recovered.source if recovered is not None else "the output table's history"
+            events.append(
+                _ev(
+                    "position_from_table",
+                    f"group '{group}' has no committed offset and Tidemark has no checkpoint for {name}; resuming "
+                    f"at {snap.table}, the end {source} records",
+                    snap,
+                    offset=snap.table,
+                    **(dict(recovered.details) if recovered is not None else {}),
                 )
             )
         else:
@@ -707,6 +726,7 @@ class FeedSnapshot:
     retention: RetentionInfo
     requests: int  # admin calls issued (each fans out to at most one request per broker)
     log_append_time: tuple[str, ...] = ()  # topics stamped by the broker (message.timestamp.type)
+    recovered: RecoveredPosition | None = None  # asked of the output when offsets and checkpoints are gone
 
 
 def _to_ms(value: str | None, scale: int = 1) -> int | None:
@@ -729,6 +749,7 @@ def snapshot_feed(
     window_start_ms: int | None = None,
     window_end_ms: int | None = None,
     end_skew_ms: int = 0,
+    recover: Callable[[], RecoveredPosition | None] | None = None,
 ) -> FeedSnapshot:
     """Gather offsets for every partition of the feed's topics with batched admin calls.
 
@@ -738,12 +759,16 @@ def snapshot_feed(
     all (``reset_timestamp_ms``), the window bounds for every partition (backfill).
     With ``end_skew_ms`` (exact windows) the end is looked up that much later on topics
     stamped with CreateTime, and the unwidened cut is kept as ``ts_cut_end_offset``.
+    ``recover`` (the output's :meth:`~tidemark.publish.Publisher.positions`) is asked only
+    when some partition has neither a committed offset nor a checkpoint.
     """
     before = adapter.requests
     infos = adapter.partitions(feed.topics)
     tps = [(i.topic, i.partition) for i in infos]
     committed = adapter.committed(feed.group, tps)
     saved = checkpoints.get(feed.group, tps)
+    bare_tps = [tp for tp in tps if (committed.get(tp) is None or committed[tp].offset is None) and tp not in saved]
+    recovered = recover() if recover is not None and bare_tps else None
     log_start = adapter.log_start_offsets(tps)
     stable = adapter.end_offsets(tps, "read_committed") if feed.isolation == "read_committed" else None
     hw = adapter.end_offsets(tps, "read_uncommitted")
@@ -785,6 +810,7 @@ def snapshot_feed(
                 ts_end_offset=ts_end.get(tp),
                 ts_cut_end_offset=ts_cut.get(tp),
                 committed_metadata="" if c is None else c.metadata,
+                table=recovered.ends.get(tp) if recovered is not None else None,
             )
         )
     retention = RetentionInfo(
@@ -793,7 +819,7 @@ def snapshot_feed(
         topic_retention_ms={t: _to_ms(topic_cfg.get(t, {}).get(RETENTION_MS)) for t in feed.topics},
     )
     log_append = tuple(t for t in feed.topics if topic_cfg.get(t, {}).get(TIMESTAMP_TYPE) == "LogAppendTime")
-    return FeedSnapshot(mark_new_partitions(snaps), retention, adapter.requests - before, log_append)
+    return FeedSnapshot(mark_new_partitions(snaps), retention, adapter.requests - before, log_append, recovered)
 
 
 def _choose(
@@ -871,6 +897,7 @@ def plan_feed(
         window_start_ms=start_ms,
         window_end_ms=end_ms,
         end_skew_ms=skew_ms if exact else 0,
+        recover=(lambda: publisher_for(feed).positions(feed)) if mode == "scheduled" else None,
     )
     time_filter = TimeFilter(start_ms, end_ms, skew_ms, snap.log_append_time) if exact else None
     chosen = _choose(feed, snap.partitions, topics, partitions) if (topics or partitions) else snap.partitions
@@ -887,4 +914,5 @@ def plan_feed(
         window=window,
         replay=replay,
         time_filter=time_filter,
+        recovered=snap.recovered,
     )

@@ -329,6 +329,11 @@ def staging_base(output: Location) -> Path:
     """
     if output.is_local:
         return output.local_path() / STAGING_DIR
+    return local_staging_base(output)
+
+
+def local_staging_base(output: Location) -> Path:
+    """``TIDEMARK_STAGING_DIR`` (default the temp dir) ``/tidemark-staging/<hash of output's URL>``."""
     import tempfile
 
     base = Path(os.environ.get("TIDEMARK_STAGING_DIR") or tempfile.gettempdir()) / "tidemark-staging"

@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 
 # Spark's default spark.redaction.regex, plus Tidemark's secret markers (tidemark.connection.is_secret).
 SPARK_DEFAULT_REDACTION = ("secret", "password", "token", r"access[.]?key")
-REDACTION_REGEX = "(?i)" + "|".join(dict.fromkeys((*SPARK_DEFAULT_REDACTION, *SECRET_MARKERS)))
+# The Iceberg catalog's URL holds its database password (spark.*Env.TIDEMARK_ICEBERG_CATALOG_URI on YARN/Kubernetes).
+URL_SECRETS = ("catalog_uri",)
+REDACTION_REGEX = "(?i)" + "|".join(dict.fromkeys((*SPARK_DEFAULT_REDACTION, *SECRET_MARKERS, *URL_SECRETS)))
 SUBMIT_CONF = {"spark.redaction.regex": REDACTION_REGEX}
 
 

@@ -53,3 +53,26 @@ def test_storage_settings_from_an_aws_connection(monkeypatch: pytest.MonkeyPatch
     assert storage_env("tidemark_s3_missing") == {}
     with pytest.raises(ConfigError, match="needs type aws"):
         storage_env("tidemark_wrong_type")
+
+
+def test_iceberg_catalog_from_a_postgres_connection(postgres: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tidemark.errors import ConfigError
+    from tidemark.iceberg_output import CATALOG_URI_ENV, open_catalog
+    from tidemark.orchestration import iceberg_env
+
+    url = make_url(postgres)
+    conn = {"conn_type": "postgres", "host": url.host, "port": url.port, "login": url.username,
+            "password": url.password, "schema": url.database}  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_ICE_TEST", json.dumps(conn))
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_ICE_WRONG", json.dumps({"conn_type": "http", "host": "x"}))
+
+    settings = iceberg_env("tidemark_ice_test")
+
+    assert list(settings) == [CATALOG_URI_ENV] and settings[CATALOG_URI_ENV].startswith("postgresql+psycopg://")
+    monkeypatch.setenv(CATALOG_URI_ENV, settings[CATALOG_URI_ENV])
+    namespace = f"conn_{uuid.uuid4().hex[:8]}"
+    open_catalog().create_namespace(namespace)  # the real catalog tables, in PostgreSQL through psycopg 3
+    assert (namespace,) in open_catalog().list_namespaces()
+    assert iceberg_env("tidemark_ice_missing") == {}
+    with pytest.raises(ConfigError, match="Iceberg catalog needs type postgres"):
+        iceberg_env("tidemark_ice_wrong")

@@ -84,6 +84,20 @@ INVALID = [
         "pattern",
     ),
     ("quarantine-ratio", "validation: {quarantine_max_ratio: 2}\n", "validation.quarantine_max_ratio", "less than"),
+    ("unknown-output-format", "output_format: delta\n", "output_format", "'parquet' or 'iceberg'"),
+    ("iceberg-settings-for-parquet", "iceberg: {table: lake.orders}\n", "(file)", "need output_format: iceberg"),
+    (
+        "iceberg-table-without-namespace",
+        "output_format: iceberg\niceberg: {table: orders}\n",
+        "iceberg.table",
+        "namespace.name",
+    ),
+    (
+        "iceberg-catalog-in-feed",
+        "output_format: iceberg\niceberg: {uri: 'postgresql://u:p@h/db'}\n",
+        "iceberg.uri",
+        "Extra inputs",
+    ),
 ]
 
 
@@ -163,3 +177,11 @@ def test_schedule_intervals(schedule: str, interval: timedelta) -> None:
     assert schedule_interval(schedule) == interval
     feed = Feed(name="f", topics=("a",), group="g", schedule=schedule)
     assert feed.interval == interval
+
+
+def test_iceberg_table_defaults_to_the_feed_name(tmp_path: Path) -> None:
+    feed = load_feed_file(write(tmp_path, MINIMAL + "output_format: iceberg\n", name="orders-eu.v1"))
+    assert feed.iceberg_table == "tidemark.orders_eu_v1"
+    chosen = load_feed_file(write(tmp_path, MINIMAL + "output_format: iceberg\niceberg: {table: lake.orders}\n"))
+    assert chosen.iceberg_table == "lake.orders" and chosen.output_format == "iceberg"
+    assert load_feed_file(write(tmp_path, MINIMAL)).output_format == "parquet"

@@ -53,6 +53,8 @@ def test_the_redaction_pattern_covers_every_secret_setting() -> None:
             assert pattern.search(key), key
     for name in PLAIN_SETTINGS:
         assert not is_secret(name) and not pattern.search(f"kafka.{name}"), name
+    # The Iceberg catalog's URL carries its database password.
+    assert pattern.search("spark.yarn.appMasterEnv.TIDEMARK_ICEBERG_CATALOG_URI")
     # Spark's own default pattern stays covered.
     for key in ("spark.authenticate.secret", "fs.s3a.access.key", "spark.ssl.keyPassword", "x.token"):
         assert pattern.search(key), key
