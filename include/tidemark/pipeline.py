@@ -115,7 +115,8 @@ def _published(feed: Feed, handle: RunHandle, job: Mapping[str, Any] | None, *, 
     for unpublished would let the next run plan a wider range and publish those records twice.
 
     ``by_this_run`` (``pending_commit``): a publication that records another run as its
-    publisher (an Iceberg snapshot's ``tidemark.run-id``) is that run's to commit. A run
+    publisher (``run_id`` in a Parquet manifest's extra, an Iceberg snapshot's
+    ``tidemark.run-id``) is that run's to commit. A run
     that failed before publishing shares its plan id with the run that later published
     the same ranges; it must not come back as "published, not committed".
     """

@@ -139,6 +139,9 @@ class ParquetPublisher:
             good = staged.read_good(source)
             parquet_writer(good, "append").partitionBy("topic", "date").parquet(str(target))
 
+        # The manifest names the run that published (as an Iceberg snapshot does): a failed
+        # run that shares the plan id is then not taken for "published, not committed".
+        extra = {**extra, "run_id": run_id} if run_id else extra
         return publish_staged(
             staging, plan, feed, outcome_column=staged.outcome_column, ok_value=staged.ok_value,
             rewrite_good=rewrite_good if staged.rewrite else None, stats=stats, extra=extra,

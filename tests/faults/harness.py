@@ -230,7 +230,7 @@ class FaultEnv:
                 assert upload_run_dir(run_dir, target), f"could not upload {run_dir} to {target}"
 
         try:
-            run(self.spark, plan, load_feed(plan.feed), connection, run_dir, result=result)
+            run(self.spark, plan, load_feed(plan.feed), connection, run_dir, result=result, run_id=handle.run_id)
         except Exception as exc:
             result.error = str(exc)
             report()

@@ -84,7 +84,15 @@ class Env:
         plan = handle.plan()
         result = JobResult(plan.plan_id, plan.feed)
         try:
-            run(self.spark, plan, load_feed(plan.feed), connection, Path(handle.run_dir), result=result)
+            run(
+                self.spark,
+                plan,
+                load_feed(plan.feed),
+                connection,
+                Path(handle.run_dir),
+                result=result,
+                run_id=handle.run_id,
+            )
         except Exception as exc:
             result.error = str(exc)
             raise
@@ -177,6 +185,11 @@ def test_sink_failure_leaves_offsets_and_rerun_publishes_once(env: Env) -> None:
     assert sorted(env.committed().items()) == [(0, 5), (1, 5), (2, 5)]
     rows = env.published_rows()
     assert rows == sorted((i % 3, i // 3) for i in range(15))
+    # The failed run shares its plan id with the rerun that published: it is not left
+    # "published, not committed" for the next run to finish (and be refused on).
+    again, _, outcome = env.run()
+    assert again.resumed is None and again.records == 0 and outcome.committed
+    assert env.published_rows() == rows
 
 
 def test_crash_between_publish_and_commit_is_finished_by_the_next_run(env: Env) -> None:
