@@ -23,11 +23,20 @@ Iceberg here. The job stages and validates exactly as for a Parquet folder; then
    :class:`~tidemark.errors.PublishError` naming the table and the plan, and a rerun
    decides again from the new history.
 
-The catalog is pyiceberg's SQL catalog: ``TIDEMARK_ICEBERG_CATALOG_URI`` (a SQLAlchemy URL;
-``postgresql://`` is reached through psycopg 3), else SQLite at
-``<state dir>/iceberg_catalog.sqlite``. Its credentials come from the environment (or the
-Airflow connection ``tidemark_iceberg``, see :func:`tidemark.orchestration.iceberg_env`),
-never from feed files; S3 settings are the ones :mod:`tidemark.storage` uses.
+The catalog is whatever pyiceberg opens as the catalog named ``tidemark``:
+``TIDEMARK_ICEBERG_CATALOG_URI`` chooses it by scheme (a SQLAlchemy URL for the SQL
+catalog, ``postgresql://`` reached through psycopg 3; ``http(s)://`` for a REST catalog;
+``thrift://`` for a Hive metastore), ``TIDEMARK_ICEBERG_CATALOG_TYPE`` where the URI does
+not say (``glue``); without either, SQLite at ``<state dir>/iceberg_catalog.sqlite``.
+Further catalog properties (a REST catalog's ``credential`` or ``token``, ``warehouse``,
+Glue's region) come from pyiceberg's own ``PYICEBERG_CATALOG__TIDEMARK__<PROPERTY>``
+variables. Credentials come from the environment (or the Airflow connection
+``tidemark_iceberg``, see :func:`tidemark.orchestration.iceberg_env`), never from feed
+files; S3 settings are the ones :mod:`tidemark.storage` uses. Whatever the catalog, the
+commit below is a compare-and-set: pyiceberg sends the metadata it read as the commit's
+requirement (SQL: a conditional update of the pointer row; REST: the server checks it;
+Glue: the table version), and the table's ``commit.retry.num-retries=0`` keeps it from
+rebasing a refused commit.
 """
 
 from __future__ import annotations
@@ -52,7 +61,7 @@ from tidemark.storage import Location
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
     from pyiceberg.table.snapshots import Snapshot
     from pyspark.sql.types import StructType
@@ -60,6 +69,7 @@ if TYPE_CHECKING:
     from tidemark.source import RangeStats
 
 CATALOG_URI_ENV = "TIDEMARK_ICEBERG_CATALOG_URI"
+CATALOG_TYPE_ENV = "TIDEMARK_ICEBERG_CATALOG_TYPE"
 CATALOG_NAME = "tidemark"
 PARTITION_FIELDS = ("date", "topic")
 NO_RETRY = {"commit.retry.num-retries": "0"}
@@ -74,9 +84,14 @@ QUARANTINED_KEY = "tidemark.quarantined"
 _TOPIC_COPY, _DATE_COPY = "_tidemark_topic", "_tidemark_date"
 
 
-def catalog_uri() -> str:
-    """The catalog's SQLAlchemy URL: ``TIDEMARK_ICEBERG_CATALOG_URI``, else SQLite in a local state dir."""
+def catalog_uri() -> str | None:
+    """The catalog's URI: ``TIDEMARK_ICEBERG_CATALOG_URI``, else SQLite in a local state dir.
+
+    ``None`` when ``TIDEMARK_ICEBERG_CATALOG_TYPE`` names a catalog that needs no URI (Glue).
+    """
     chosen = os.environ.get(CATALOG_URI_ENV) or None
+    if chosen is None and os.environ.get(CATALOG_TYPE_ENV):
+        return None
     if chosen is None:
         state = state_location()
         if not state.is_local:
@@ -92,31 +107,44 @@ def catalog_uri() -> str:
     return chosen
 
 
-def open_catalog() -> SqlCatalog:
-    return _catalog(catalog_uri(), *_s3_properties())
+def open_catalog() -> Catalog:
+    return _catalog(catalog_uri(), os.environ.get(CATALOG_TYPE_ENV) or None, *_s3_properties())
 
 
-@lru_cache(maxsize=4)
-def _catalog(uri: str, endpoint: str | None, region: str | None) -> SqlCatalog:
-    from pyiceberg.catalog.sql import SqlCatalog
-
-    from tidemark.checkpoints import redact_url
-
-    properties = {"uri": uri, "py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO"}
+def catalog_properties(uri: str | None, kind: str | None, endpoint: str | None, region: str | None) -> dict[str, str]:
+    """What Tidemark passes to pyiceberg's ``load_catalog`` (pyiceberg adds its own ``PYICEBERG_CATALOG__*``)."""
+    properties = {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO"}
+    if uri is not None:
+        properties["uri"] = uri
+    if kind is not None:
+        properties["type"] = kind
     # Only where to reach S3: the credentials stay with the SDK's own chain (AWS_* variables,
     # profiles, roles), so no secret is ever a catalog or table property.
     if endpoint:
         properties["s3.endpoint"] = endpoint
     if region:
         properties["s3.region"] = region
+    return properties
+
+
+@lru_cache(maxsize=4)
+def _catalog(uri: str | None, kind: str | None, endpoint: str | None, region: str | None) -> Catalog:
+    from pyiceberg.catalog import load_catalog
+
+    from tidemark.checkpoints import redact_url
+
+    where = redact_url(uri) if uri is not None else f"{CATALOG_TYPE_ENV}={kind}"
     try:
-        return SqlCatalog(CATALOG_NAME, **properties)
+        return load_catalog(CATALOG_NAME, **catalog_properties(uri, kind, endpoint, region))
     except Exception as exc:  # noqa: BLE001 - any driver error; re-raised with the password scrubbed
         message = str(exc)
-        password = _password(uri)
+        password = _password(uri) if uri is not None else None
         if password:
             message = message.replace(password, "***")
-        raise ConfigError(f"cannot open the Iceberg catalog at {redact_url(uri)}: {message}") from None
+        raise ConfigError(
+            f"cannot open the Iceberg catalog at {where}: {message}. Set {CATALOG_URI_ENV} (sqlite:///..., "
+            f"postgresql://..., https://... for REST, thrift://... for Hive) or {CATALOG_TYPE_ENV} (glue)"
+        ) from None
 
 
 def _password(uri: str) -> str | None:
