@@ -96,6 +96,18 @@ def keyed_records(
 
 
 OWNER_FILE = "pytest.pid"
+# Under pytest-xdist (`make test` runs two workers), these folders' tests stay on one
+# worker each: the fault suite counts its scenarios in one process, and the e2e tests share
+# one Airflow (a session fixture that would otherwise start once per worker).
+ONE_WORKER_DIRS = ("faults", "e2e")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests_dir = Path(__file__).parent
+    for item in items:
+        parts = item.path.relative_to(tests_dir).parts
+        if parts and parts[0] in ONE_WORKER_DIRS:
+            item.add_marker(pytest.mark.xdist_group(parts[0]))
 
 
 def _stop_orphaned_test_clusters(runs_root: Path) -> None:
