@@ -183,7 +183,7 @@ class Feed(_Model):
     records_per_task: PositiveInt = 1_000_000
     # Plans of at most this many records are read by the Spark driver itself, without
     # Python workers (tidemark.source.read_plan_in_driver); 0 always uses the data source.
-    driver_read_max_records: NonNegativeInt = 250_000
+    driver_read_max_records: NonNegativeInt = 10_000
     isolation: Isolation = "read_committed"
     deserialization: Deserialization = Deserialization()
     output: str | None = None

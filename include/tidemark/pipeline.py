@@ -304,11 +304,10 @@ def plan_table(plan: Plan) -> list[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
-def spark_submit_command(handle: RunHandle, master: str | None = None, feed: Feed | None = None) -> list[str]:
+def spark_submit_command(handle: RunHandle, master: str | None = None) -> list[str]:
     """The ``spark-submit`` command of a run, for ``local[*]`` or any cluster master.
 
-    With the run's ``feed``, a small run's driver gets the JVM options of
-    :func:`~tidemark.spark_session.small_run_conf`.
+    A small run's driver gets the JVM options of :func:`~tidemark.spark_session.small_run_conf`.
 
     On a cluster (``spark://``, ``yarn``, ``k8s://``) the job zips the ``tidemark`` package
     and ships it to the executors itself (:func:`tidemark.job.should_ship`); Kafka settings
@@ -320,8 +319,7 @@ def spark_submit_command(handle: RunHandle, master: str | None = None, feed: Fee
     job = os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
     conf = {"spark.ui.enabled": "false", "spark.pyspark.python": sys.executable, **SUBMIT_CONF}
-    if feed is not None:
-        conf.update(small_run_conf(handle.records, feed.driver_read_max_records))
+    conf.update(small_run_conf(handle.records))
     return [
         spark_submit,
         "--master",
@@ -341,7 +339,7 @@ def run_job(
     handle: RunHandle, connection: KafkaConnection, *, master: str | None = None, progress: Progress = _silent
 ) -> dict[str, Any]:
     """Step 2 for the CLI: submit the Spark job; secrets go through the environment only."""
-    cmd = spark_submit_command(handle, master, load_feed(handle.feed))
+    cmd = spark_submit_command(handle, master)
     env = {**os.environ, **connection.to_env(), "PYSPARK_PYTHON": sys.executable}
     if cmd[2].startswith("local"):
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # keep a local job on loopback

@@ -38,20 +38,19 @@ def test_the_command_names_the_master_and_widens_redaction(master: str) -> None:
 def test_small_runs_get_a_short_lived_driver_jvm(monkeypatch: pytest.MonkeyPatch) -> None:
     from dataclasses import replace
 
-    from tidemark.config import Feed
-    from tidemark.spark_session import SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV
+    from tidemark.spark_session import SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV, SMALL_RUN_MAX_RECORDS
 
-    feed = Feed(name="orders", topics=("orders",), group="g", driver_read_max_records=1000)
     monkeypatch.delenv(SMALL_RUN_JAVA_OPTIONS_ENV, raising=False)
     options = "spark.driver.extraJavaOptions"
-    assert _conf(spark_submit_command(HANDLE, "local[*]", feed))[options] == SMALL_RUN_JAVA_OPTIONS
+    assert _conf(spark_submit_command(HANDLE, "local[*]"))[options] == SMALL_RUN_JAVA_OPTIONS
+    small = replace(HANDLE, records=SMALL_RUN_MAX_RECORDS)
+    assert _conf(spark_submit_command(small, "local[*]"))[options] == SMALL_RUN_JAVA_OPTIONS
     # Larger runs keep whatever the deployment configures (C2 pays off in a long run).
-    assert options not in _conf(spark_submit_command(replace(HANDLE, records=1001), "local[*]", feed))
-    assert options not in _conf(spark_submit_command(HANDLE, "local[*]"))
+    assert options not in _conf(spark_submit_command(replace(small, records=SMALL_RUN_MAX_RECORDS + 1), "local[*]"))
     monkeypatch.setenv(SMALL_RUN_JAVA_OPTIONS_ENV, "-XX:+UseSerialGC")
-    assert _conf(spark_submit_command(HANDLE, "local[*]", feed))[options] == "-XX:+UseSerialGC"
+    assert _conf(spark_submit_command(HANDLE, "local[*]"))[options] == "-XX:+UseSerialGC"
     monkeypatch.setenv(SMALL_RUN_JAVA_OPTIONS_ENV, "")
-    assert options not in _conf(spark_submit_command(HANDLE, "local[*]", feed))
+    assert options not in _conf(spark_submit_command(HANDLE, "local[*]"))
 
 
 def test_the_package_ships_to_cluster_executors_only_unless_told() -> None:
