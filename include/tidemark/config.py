@@ -17,7 +17,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tidemark.errors import ConfigError
 
@@ -195,6 +204,9 @@ class Feed(_Model):
     max_records_per_partition: PositiveInt | None = None
     max_records_per_run: PositiveInt | None = None
     records_per_task: PositiveInt = 1_000_000
+    # Plans of at most this many records are read by the Spark driver itself, without
+    # Python workers (tidemark.source.read_plan_in_driver); 0 always uses the data source.
+    driver_read_max_records: NonNegativeInt = 10_000
     isolation: Isolation = "read_committed"
     deserialization: Deserialization = Deserialization()
     output: str | None = None

@@ -3,10 +3,14 @@
 ``spark_jobs/tidemark_job.py`` is the thin ``spark-submit`` entry point around
 :func:`main`; the benchmark calls :func:`run` directly. Kafka is read exactly once, by
 one Spark write: every record, decoded and marked with its outcome (``ok``, or why it is
-bad), goes to Parquet in a fresh staging folder. The per-range statistics, the built-in
-checks, the bad-record counts and the feed's GX suite then run on those staged files
-(reading only the columns each needs), and publication is a matter of renames: good
-records become the plan's folder, bad ones its quarantine. Nothing is cached, and a
+bad), goes to Parquet in a fresh staging folder. The records come from the
+``tidemark_kafka`` data source in the executors or, for plans of at most the feed's
+``driver_read_max_records``, from the same reader run in the driver beforehand
+(:func:`tidemark.source.read_plan_in_driver`: no Python worker starts for a small run).
+The per-range statistics, the built-in checks, the bad-record counts and the feed's GX
+suite then run on those staged files (reading only the columns each needs), and
+publication is a matter of renames: good records become the plan's folder, bad ones its
+quarantine. Nothing is cached, and a
 failure at any step discards the staging folder.
 
 The job writes ``<run_dir>/job.json`` in every case: ``published`` (bool), ``error``
@@ -63,6 +67,7 @@ class JobResult:
     decode_failures: int = 0
     validation: dict[str, Any] | None = None
     validator: str = "builtin"
+    reader: str | None = None  # "driver" (small plans) or "data_source" (Spark's Python data source in executors)
     ranges: list[dict[str, Any]] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
     started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
@@ -124,7 +129,8 @@ def run(
 
     1. ``write``: Kafka → decode → each record's outcome (``ok``, or why it is bad) →
        Parquet under a fresh staging folder, partitioned by outcome, topic and date. The
-       only read of Kafka; nothing is cached.
+       only read of Kafka; nothing is cached. A small plan is read by the driver just
+       before (step ``read``) and handed to Spark as Arrow batches.
     2. ``validate``: one aggregation over the staged files (the columns it needs only) gives
        the per-range statistics, the built-in range checks and the bad-record counts, then
        the feed's GX suite runs (:func:`tidemark.validation.validate`); raises when the run
@@ -140,7 +146,7 @@ def run(
     from tidemark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
     from tidemark.publish import StagedRecords, publisher_for
     from tidemark.sink import parquet_writer, utc_date
-    from tidemark.source import read_plan
+    from tidemark.source import read_plan, read_plan_in_driver
     from tidemark.validation import DECODE_OUTCOME_PREFIX, OK_OUTCOME, outcome_column, validate
 
     if plan.feed != feed.name:
@@ -161,7 +167,13 @@ def run(
         return res
 
     preload_great_expectations()
-    decoded = annotate(read_plan(spark, plan, connection), feed.deserialization)
+    if 0 < plan.total_records <= feed.driver_read_max_records:  # small: no Python workers at all
+        res.reader = "driver"
+        source = timer.step("read", lambda: read_plan_in_driver(spark, plan, connection))
+    else:
+        res.reader = "data_source"
+        source = read_plan(spark, plan, connection)
+    decoded = annotate(source, feed.deserialization)
     outcome = outcome_column([c for c in decoded.columns if c not in (RAW_VALUE_COLUMN, "plan_id")], feed)
     time_filter = plan.time_filter
     if time_filter is not None:  # exact window: records stamped outside it are read, counted and left out

@@ -319,16 +319,19 @@ def plan_table(plan: Plan) -> list[str]:
 def spark_submit_command(handle: RunHandle, master: str | None = None) -> list[str]:
     """The ``spark-submit`` command of a run, for ``local[*]`` or any cluster master.
 
+    A small run's driver gets the JVM options of :func:`~tidemark.spark_session.small_run_conf`.
+
     On a cluster (``spark://``, ``yarn``, ``k8s://``) the job zips the ``tidemark`` package
     and ships it to the executors itself (:func:`tidemark.job.should_ship`); Kafka settings
     travel inside the read's tasks, never as Spark configuration, and
     :data:`~tidemark.spark_session.SUBMIT_CONF` widens Spark's redaction to Tidemark's secret names.
     """
-    from tidemark.spark_session import SUBMIT_CONF
+    from tidemark.spark_session import SUBMIT_CONF, small_run_conf
 
     job = os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
     conf = {"spark.ui.enabled": "false", "spark.pyspark.python": sys.executable, **SUBMIT_CONF}
+    conf.update(small_run_conf(handle.records))
     return [
         spark_submit,
         "--master",

@@ -608,6 +608,38 @@ def read_plan(
     return reader.load()
 
 
+def read_plan_in_driver(
+    spark: SparkSession,
+    plan: Plan,
+    connection: KafkaConnection | None = None,
+    *,
+    batch_records: int | None = None,
+    stall_timeout_s: float | None = None,
+) -> DataFrame:
+    """``plan``'s records read now, by this process, as a DataFrame of :data:`SCHEMA`: for small plans.
+
+    The same :func:`read_task` as the data source's executors run (the same consumer
+    settings, batches and checks: a short read or a vanished offset raises here), one task
+    after the other, and the Arrow batches handed to Spark as they are. Spark's Python data
+    source costs, before a record is read, one Python process to create the source, one to
+    plan its partitions and one per executor task, each importing pyarrow, numpy and
+    confluent-kafka: seconds of fixed cost that a few thousand records do not repay. The
+    whole plan is held in the driver's memory, so the job uses this only up to the feed's
+    ``driver_read_max_records``.
+    """
+    config = (connection or from_env()).client_config()
+    batches: list[pa.RecordBatch] = []
+    for task in tasks_of(plan):
+        batches.extend(
+            read_task(
+                task, config, batch_records=batch_records or DEFAULT_BATCH_RECORDS,
+                stall_timeout_s=stall_timeout_s or DEFAULT_STALL_TIMEOUT_S,
+            )
+        )  # fmt: skip
+    table = pa.Table.from_batches(batches, schema=arrow_schema())
+    return spark.createDataFrame(table, schema=SCHEMA)
+
+
 # -- per-range statistics, computed on the driver from the DataFrame -------------------
 
 

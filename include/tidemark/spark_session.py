@@ -30,6 +30,28 @@ URL_SECRETS = ("catalog_uri",)
 REDACTION_REGEX = "(?i)" + "|".join(dict.fromkeys((*SPARK_DEFAULT_REDACTION, *SECRET_MARKERS, *URL_SECRETS)))
 SUBMIT_CONF = {"spark.redaction.regex": REDACTION_REGEX}
 
+# A small run's driver JVM (in local mode: the whole application) lives for seconds, and on
+# a 2-core machine the C2 JIT compiler's and the parallel GC's threads take cores from the
+# work: C1 only and the serial collector cut the CPU of a 1,000- and a 100,000-record run
+# by a third or more (docs/read-publish.md, "Small runs"). A long run needs C2, so only
+# runs of at most SMALL_RUN_MAX_RECORDS get them.
+SMALL_RUN_JAVA_OPTIONS_ENV = "TIDEMARK_SMALL_RUN_JAVA_OPTIONS"
+SMALL_RUN_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+SMALL_RUN_MAX_RECORDS = 250_000
+
+
+def small_run_conf(records: int, max_records: int = SMALL_RUN_MAX_RECORDS) -> dict[str, str]:
+    """Extra ``spark-submit`` conf for a run of ``records``: the driver's JVM options when it is small.
+
+    ``TIDEMARK_SMALL_RUN_JAVA_OPTIONS`` replaces the options; set empty, it turns them off
+    (then ``spark.driver.extraJavaOptions`` from a deployment's ``spark-defaults.conf`` is
+    left alone, as it is for every larger run).
+    """
+    if not 0 < records <= max_records:
+        return {}
+    options = os.environ.get(SMALL_RUN_JAVA_OPTIONS_ENV, SMALL_RUN_JAVA_OPTIONS).strip()
+    return {"spark.driver.extraJavaOptions": options} if options else {}
+
 
 def local_session(app_name: str = "tidemark", master: str | None = None) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -63,6 +63,7 @@ def test_spark_submit_publishes_once_and_reports(kafka: KafkaTestCluster, tmp_pa
     assert first["published"] and not first["reused"]
     assert (first["records_read"], first["records_published"], first["records_quarantined"]) == (201, 200, 1)
     assert first["spark"]["master"] == "local[2]"
+    assert first["reader"] == "driver"  # 201 records: read by the driver, no Python workers
     ranges = {r["partition"]: r for r in first["ranges"]}
     assert ranges[0]["records"] == 101 and ranges[1]["records"] == 100
     assert ranges[0]["first_offset"] == 0 and ranges[0]["last_offset"] == 100 and ranges[0]["gaps"] == 0

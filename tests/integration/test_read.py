@@ -13,7 +13,15 @@ from tests.integration.read_helpers import consume_independently, plan_for
 from tidemark.errors import LocalKafkaError, ReadError
 from tidemark.kafka_io import Record
 from tidemark.kafka_local.cluster import LocalCluster
-from tidemark.source import check_complete, range_stats, read_plan, read_task, tasks_of
+from tidemark.source import (
+    SCHEMA,
+    check_complete,
+    range_stats,
+    read_plan,
+    read_plan_in_driver,
+    read_task,
+    tasks_of,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -68,6 +76,29 @@ def test_reads_exactly_the_planned_ranges(kafka: KafkaTestCluster, spark: Any) -
     assert s1.max_timestamp_ms == BASE_TS + 289 * 1000
     assert s1.bytes == sum(len(f"p1-{i}") + len(f"v-{i}") for i in range(10, 290))
     assert check_complete(list(stats.values())) == []
+
+
+def test_driver_read_yields_what_the_data_source_reads(kafka: KafkaTestCluster, spark: Any) -> None:
+    """Small plans are read by the driver (no Python workers): the same rows, columns and statistics."""
+    topic = kafka.new_topic(partitions=3, config=KEEP, prefix="read-driver")
+    for p in range(3):
+        kafka.produce(topic, keyed_records(120 + 30 * p, partition=p, prefix=f"p{p}", base_ts_ms=BASE_TS))
+    kafka.produce(topic, [Record(value=None, key=b"tomb", partition=1, headers=(("a", b"1"), ("b", b"")))])
+    plan = plan_for(kafka.adapter, [topic], starts={(topic, 0): 7}, chunk_records=50)
+
+    in_driver = read_plan_in_driver(spark, plan, kafka.connection, batch_records=64)
+    through_source = read_plan(spark, plan, kafka.connection, batch_records=64)
+    assert in_driver.schema == through_source.schema == SCHEMA
+    assert sorted(in_driver.collect()) == sorted(through_source.collect())
+    assert _rows(in_driver) == consume_independently(kafka.connection, plan)
+    assert range_stats(in_driver, plan) == range_stats(through_source, plan)
+    tomb = in_driver.where(f"partition = 1 and offset = {plan.partitions[1].end - 1}").collect()[0]
+    assert tomb.value is None and [(h.key, bytes(h.value)) for h in tomb.headers] == [("a", b"1"), ("b", b"")]
+
+    # A short read fails in the driver as in an executor, naming the partition and offsets.
+    kafka.adapter.delete_records({(topic, 2): 40})
+    with pytest.raises(ReadError, match=rf"{topic}\[2\] offsets \[0, 180\).*offset 0 is no longer available"):
+        read_plan_in_driver(spark, plan, kafka.connection)
 
 
 def test_read_committed_skips_aborted_records(kafka: KafkaTestCluster, spark: Any) -> None:

@@ -35,6 +35,24 @@ def test_the_command_names_the_master_and_widens_redaction(master: str) -> None:
     assert cmd[-4:] == ["--plan", HANDLE.plan_path, "--run-dir", HANDLE.run_dir]
 
 
+def test_small_runs_get_a_short_lived_driver_jvm(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from tidemark.spark_session import SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV, SMALL_RUN_MAX_RECORDS
+
+    monkeypatch.delenv(SMALL_RUN_JAVA_OPTIONS_ENV, raising=False)
+    options = "spark.driver.extraJavaOptions"
+    assert _conf(spark_submit_command(HANDLE, "local[*]"))[options] == SMALL_RUN_JAVA_OPTIONS
+    small = replace(HANDLE, records=SMALL_RUN_MAX_RECORDS)
+    assert _conf(spark_submit_command(small, "local[*]"))[options] == SMALL_RUN_JAVA_OPTIONS
+    # Larger runs keep whatever the deployment configures (C2 pays off in a long run).
+    assert options not in _conf(spark_submit_command(replace(small, records=SMALL_RUN_MAX_RECORDS + 1), "local[*]"))
+    monkeypatch.setenv(SMALL_RUN_JAVA_OPTIONS_ENV, "-XX:+UseSerialGC")
+    assert _conf(spark_submit_command(HANDLE, "local[*]"))[options] == "-XX:+UseSerialGC"
+    monkeypatch.setenv(SMALL_RUN_JAVA_OPTIONS_ENV, "")
+    assert options not in _conf(spark_submit_command(HANDLE, "local[*]"))
+
+
 def test_the_package_ships_to_cluster_executors_only_unless_told() -> None:
     assert not should_ship("local[*]", None) and not should_ship("local[2]", None)
     assert should_ship("spark://127.0.0.1:7077", None) and should_ship("yarn", None)
