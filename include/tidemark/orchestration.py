@@ -206,6 +206,16 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         super().__init__(**kwargs)
         self.kafka_conn_id = kafka_conn_id
 
+    def conf_for_run(self, records: int) -> dict[str, Any]:
+        """The Spark settings of a run of ``records``: a small run's driver JVM options, as ``tidemark run``.
+
+        Known only once the plan exists (at execution), so added here; the DAG's own
+        ``conf`` wins where it sets the same key.
+        """
+        from tidemark.spark_session import small_run_conf
+
+        return {**small_run_conf(records), **(self.conf or {})}
+
     def execute(self, context: Any) -> None:
         from tidemark.pipeline import RunHandle, run_empty
 
@@ -228,6 +238,7 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
             )
         # Set after template rendering, so the values never reach the rendered-fields
         # table; the hook adds them to spark-submit's environment (os.environ + these).
+        self.conf = self.conf_for_run(handle.records)
         secrets_env = {**kafka_connection(self.kafka_conn_id).to_env(), **storage_env(), **iceberg_env()}
         configured: dict[str, Any] = dict(getattr(self, "env_vars", None) or {})
         self.env_vars = {**configured, **secrets_env}

@@ -36,3 +36,21 @@ def test_the_operator_submits_to_the_connections_cluster_master(monkeypatch: pyt
     # the command runs the same entry point as the CLI's, with nothing that turns shipping off.
     assert cmd[-5:] == [spark_job_path(), "--plan", "p.json", "--run-dir", "runs/r1"]
     assert not any("TIDEMARK_SHIP_PACKAGE" in arg for arg in cmd)
+
+
+def test_a_small_run_gets_the_small_run_driver_options_and_the_dags_own_settings_win(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tidemark.orchestration import TidemarkSparkSubmitOperator, spark_job_path
+    from tidemark.spark_session import SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV, SMALL_RUN_MAX_RECORDS
+
+    monkeypatch.delenv(SMALL_RUN_JAVA_OPTIONS_ENV, raising=False)
+    op = TidemarkSparkSubmitOperator(task_id="read_validate_publish", application=spark_job_path(), name="tidemark")
+    assert "spark.driver.extraJavaOptions" not in op.conf_for_run(SMALL_RUN_MAX_RECORDS + 1)
+    op.conf = op.conf_for_run(1_000)  # as execute() does once the plan's size is known
+    cmd = op._get_hook()._build_spark_submit_command(op.application)
+    assert f"spark.driver.extraJavaOptions={SMALL_RUN_JAVA_OPTIONS}" in cmd
+
+    own = TidemarkSparkSubmitOperator(task_id="t", application=spark_job_path(), name="tidemark",
+                                      conf={"spark.driver.extraJavaOptions": "-Xss4m"})  # fmt: skip
+    assert own.conf_for_run(1_000)["spark.driver.extraJavaOptions"] == "-Xss4m"
