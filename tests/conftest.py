@@ -102,6 +102,7 @@ OWNER_FILE = "pytest.pid"
 ONE_WORKER_DIRS = ("faults", "e2e")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the groups into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tests_dir = Path(__file__).parent
     for item in items:
