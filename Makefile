@@ -28,10 +28,10 @@ lint: install
 	$(BIN)/mypy
 
 # Two workers by default (TEST_WORKERS=0 runs in one process); the fault suite and the e2e
-# tests each stay on one worker (tests/conftest.py, ONE_WORKER_DIRS).
+# tests each stay on one worker (tests/conftest.py, ONE_WORKER_DIRS and its scheduler).
 TEST_WORKERS ?= 2
 test: lint browser
-	$(BIN)/pytest -v --durations=25 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
+	$(BIN)/pytest -v --durations=25 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
 
 # The e2e browser test drives Debian's Chromium with Playwright (Playwright's own browser download is unreachable).
 browser:

@@ -98,17 +98,24 @@ def keyed_records(
 OWNER_FILE = "pytest.pid"
 # Under pytest-xdist (`make test` runs two workers), these folders' tests stay on one
 # worker each: the fault suite counts its scenarios in one process, and the e2e tests share
-# one Airflow (a session fixture that would otherwise start once per worker).
+# one Airflow (a session fixture that would otherwise start once per worker). Every other
+# test is scheduled on its own, as xdist's "load" does. (Not xdist_group: xdist 3.8 marks
+# groups by rewriting a node id that pytest 9 no longer reads.)
 ONE_WORKER_DIRS = ("faults", "e2e")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the groups into node ids
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tests_dir = Path(__file__).parent
-    for item in items:
-        parts = item.path.relative_to(tests_dir).parts
-        if parts and parts[0] in ONE_WORKER_DIRS:
-            item.add_marker(pytest.mark.xdist_group(parts[0]))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerDirs(LoadScopeScheduling):  # type: ignore[misc]
+        """Scopes: a whole folder of ONE_WORKER_DIRS, else the single test. The biggest go out first."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            parts = nodeid.split("/", 2)
+            return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in ONE_WORKER_DIRS else nodeid
+
+    return OneWorkerDirs(config, log)
 
 
 def _stop_orphaned_test_clusters(runs_root: Path) -> None:
