@@ -104,6 +104,32 @@ OWNER_FILE = "pytest.pid"
 ONE_WORKER_DIRS = ("faults", "e2e")
 
 
+_STARTED = time.time()  # before any worker of this run wrote a fault count
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The fault suite's closing line: scenarios, invariant checks, records checked, lost, duplicated.
+
+    In one process the scoreboard is here; under xdist the controller ran no test, so it
+    reads the count the fault suite's worker wrote at its end (if written by this run).
+    """
+    import json
+
+    from tests.faults.harness import LAST_RUN, SCOREBOARD, write_scoreboard
+
+    if SCOREBOARD:
+        doc = write_scoreboard()
+    elif LAST_RUN.exists() and LAST_RUN.stat().st_mtime >= _STARTED:
+        doc = json.loads(LAST_RUN.read_text())
+    else:
+        return
+    terminalreporter.write_line(
+        f"fault suite: {doc['scenarios_run']} scenario tests, {doc['checks']} invariant checks, "
+        f"{doc['records_checked']} records checked, {doc['records_lost']} lost, "
+        f"{doc['records_duplicated']} duplicated"
+    )
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling

@@ -1,8 +1,7 @@
-"""The fault suite's fixtures and its closing count (scenarios, records checked, lost, duplicated)."""
+"""The fault suite's fixtures; its closing count is printed by ``tests/conftest.py`` (also under xdist)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -11,8 +10,6 @@ import pytest
 
 from tests.conftest import S3_BUCKET, KafkaTestCluster
 from tests.faults.harness import LOCAL, SCOREBOARD, FaultEnv, Tally, write_scoreboard
-
-_LOADED_AT = time.time()  # collection time: before any worker of this run wrote a count
 
 
 @pytest.fixture
@@ -35,30 +32,6 @@ def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytes
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Write the count where the scenarios ran: under pytest-xdist that is one worker (their xdist_group)."""
+    """Write the count where the scenarios ran (under xdist: the one worker tests/conftest.py gives them)."""
     if SCOREBOARD:
         write_scoreboard()
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    # In-process: this session's scoreboard. Under xdist (the controller ran no test): the
-    # file the fault suite's worker wrote at its session's end, if it was written by this run.
-    doc = write_scoreboard() if SCOREBOARD else _written_since(_LOADED_AT)
-    if doc is None:
-        return
-    terminalreporter.write_line(
-        f"fault suite: {doc['scenarios_run']} scenario tests, {doc['checks']} invariant checks, "
-        f"{doc['records_checked']} records checked, {doc['records_lost']} lost, "
-        f"{doc['records_duplicated']} duplicated"
-    )
-
-
-def _written_since(started: float) -> dict[str, Any] | None:
-    import json
-
-    from tests.faults.harness import LAST_RUN
-
-    if not LAST_RUN.exists() or LAST_RUN.stat().st_mtime < started:
-        return None
-    doc: dict[str, Any] = json.loads(LAST_RUN.read_text())
-    return doc
