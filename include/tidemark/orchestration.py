@@ -65,21 +65,27 @@ def checkpoint_store(conn_id: str = CHECKPOINT_CONN_ID) -> CheckpointStore | Non
     """
     from tidemark.checkpoints import open_store
 
+    url = _postgres_url(conn_id, "the checkpoint store", "postgresql")
+    return None if url is None else open_store(url)
+
+
+def _postgres_url(conn_id: str, needed_by: str, drivername: str) -> str | None:
+    """The SQLAlchemy URL (password included) of an Airflow connection of type postgres; ``None`` if undefined."""
     try:
         conn = BaseHook.get_connection(conn_id)
     except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
         return None
     if conn.conn_type not in ("postgres", "postgresql"):
         raise ConfigError(
-            f"Airflow connection '{conn_id}' has type '{conn.conn_type}'; the checkpoint store needs type postgres"
+            f"Airflow connection '{conn_id}' has type '{conn.conn_type}'; {needed_by} needs type postgres"
         )
     from sqlalchemy.engine import URL
 
     url = URL.create(
-        "postgresql", username=conn.login or None, password=conn.password or None, host=conn.host or None,
+        drivername, username=conn.login or None, password=conn.password or None, host=conn.host or None,
         port=conn.port or None, database=conn.schema or None,
     )  # fmt: skip
-    return open_store(url.render_as_string(hide_password=False))
+    return url.render_as_string(hide_password=False)
 
 
 def storage_env(conn_id: str = STORAGE_CONN_ID) -> dict[str, str]:
@@ -111,21 +117,8 @@ def iceberg_env(conn_id: str = ICEBERG_CONN_ID) -> dict[str, str]:
     """
     from tidemark.iceberg_output import CATALOG_URI_ENV
 
-    try:
-        conn = BaseHook.get_connection(conn_id)
-    except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
-        return {}
-    if conn.conn_type not in ("postgres", "postgresql"):
-        raise ConfigError(
-            f"Airflow connection '{conn_id}' has type '{conn.conn_type}'; the Iceberg catalog needs type postgres"
-        )
-    from sqlalchemy.engine import URL
-
-    url = URL.create(
-        "postgresql+psycopg", username=conn.login or None, password=conn.password or None, host=conn.host or None,
-        port=conn.port or None, database=conn.schema or None,
-    )  # fmt: skip
-    return {CATALOG_URI_ENV: url.render_as_string(hide_password=False)}
+    url = _postgres_url(conn_id, "the Iceberg catalog", "postgresql+psycopg")
+    return {} if url is None else {CATALOG_URI_ENV: url}
 
 
 @contextmanager
