@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -56,7 +55,7 @@ from tidemark.errors import ConfigError, PublishError
 from tidemark.faults import fault_point
 from tidemark.plan import Plan
 from tidemark.publish import RecoveredPosition, StagedRecords
-from tidemark.sink import QUARANTINE_DIR, FileEntry, Manifest, Staging, local_staging_base
+from tidemark.sink import QUARANTINE_DIR, FileEntry, Manifest, Staging, local_staging_base, prepare_staging_base
 from tidemark.storage import Location
 
 if TYPE_CHECKING:
@@ -282,11 +281,7 @@ class IcebergPublisher:
     def new_staging(self, plan_id: str) -> Staging:
         # Always a local folder outside the table's location (a local table's location would
         # otherwise hold it, and orphan-file cleanup would race with it).
-        base = local_staging_base(self.location)
-        for leftover in base.glob(f"{plan_id}.*"):
-            shutil.rmtree(leftover, ignore_errors=True)
-        base.mkdir(parents=True, exist_ok=True)
-        root = base / f"{plan_id}.{uuid.uuid4().hex[:12]}"
+        root = prepare_staging_base(local_staging_base(self.location), plan_id) / f"{plan_id}.{uuid.uuid4().hex[:12]}"
         root.mkdir()
         return Staging(self.location, plan_id, root)
 

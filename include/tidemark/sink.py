@@ -341,12 +341,15 @@ def local_staging_base(output: Location) -> Path:
 
 
 def _staging_root(output: Location, plan_id: str) -> Path:
-    """The staging base, created, without what crashed attempts of ``plan_id`` left there."""
-    staging_root = staging_base(output)
-    for leftover in staging_root.glob(f"{plan_id}.*"):
+    return prepare_staging_base(staging_base(output), plan_id)
+
+
+def prepare_staging_base(base: Path, plan_id: str) -> Path:
+    """``base``, created, without what crashed attempts of ``plan_id`` left there."""
+    for leftover in base.glob(f"{plan_id}.*"):
         shutil.rmtree(leftover, ignore_errors=True)
-    staging_root.mkdir(parents=True, exist_ok=True)
-    return staging_root
+    base.mkdir(parents=True, exist_ok=True)
+    return base
 
 
 def _seal(
