@@ -97,3 +97,17 @@ def chunk_layout(parquet_file: Any, columns: Sequence[str]) -> dict[str, tuple[b
     group = pq.ParquetFile(parquet_file).metadata.row_group(0)
     chunks = [group.column(i) for i in range(group.num_columns)]
     return {c.path_in_schema: (c.is_stats_set, c.has_dictionary_page) for c in chunks if c.path_in_schema in columns}
+
+
+def published_pairs(files: Sequence[str]) -> list[tuple[int, int]]:
+    """(partition, offset) of every row in the given Parquet files (paths or URLs), sorted."""
+    import pyarrow.parquet as pq
+
+    from tidemark.storage import Location
+
+    rows: list[tuple[int, int]] = []
+    for url in files:
+        loc = Location.of(url)
+        table = pq.read_table(loc.fs_path, filesystem=loc.fs, columns=["partition", "offset"], partitioning=None)
+        rows += zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(), strict=True)
+    return sorted(rows)

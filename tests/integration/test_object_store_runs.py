@@ -21,6 +21,7 @@ import yaml
 from sqlalchemy.engine import make_url
 
 from tests.conftest import KafkaTestCluster
+from tests.integration.read_helpers import published_pairs
 from tidemark.checkpoints import URL_ENV, PostgresCheckpointStore
 from tidemark.config import load_feed
 from tidemark.job import run
@@ -30,17 +31,6 @@ from tidemark.sink import MANIFEST_NAME, load_manifest, published_dir, published
 from tidemark.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-
-
-def _rows(files: list[str]) -> list[tuple[int, int]]:
-    import pyarrow.parquet as pq
-
-    rows: list[tuple[int, int]] = []
-    for url in files:
-        loc = Location.of(url)
-        table = pq.read_table(loc.fs_path, filesystem=loc.fs, columns=["partition", "offset"], partitioning=None)
-        rows += zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(), strict=True)
-    return sorted(rows)
 
 
 def test_a_run_with_state_and_output_on_s3_publishes_once(
@@ -83,7 +73,7 @@ def test_a_run_with_state_and_output_on_s3_publishes_once(
         assert not any(secret.encode() in (run_dir / name).read_bytes() for secret in secrets), name
     handle = RunHandle.from_xcom(json.loads((run_dir / "run.json").read_text())["handle"])
     assert handle.run_dir == run_dir.url and handle.plan_path == (run_dir / "plan.json").url
-    assert _rows(published_files(output)) == sorted((i % 2, i // 2) for i in range(8) if i != 3)
+    assert published_pairs(published_files(output)) == sorted((i % 2, i // 2) for i in range(8) if i != 3)
     manifest = load_manifest(output, handle.plan_id)
     assert manifest is not None and (manifest.records, manifest.quarantined) == (7, 1)
     published = sorted(published_dir(output, handle.plan_id).files())
