@@ -30,11 +30,6 @@ def test_feed_run_emits_its_asset_and_schedules_the_downstream_dag(airflow: Runn
     assert airflow.wait_run(f"tidemark_{FEED}", run_id) == "success", airflow.task_logs(f"tidemark_{FEED}", run_id)
     assert _offsets(airflow) == {0: 8, 1: 5, 2: 3}
 
-    query = urlencode({"source_dag_id": f"tidemark_{FEED}", "source_run_id": run_id})
-    status, doc = airflow.request(f"/api/v2/assets/events?{query}")
-    assert status == 200, doc
-    [event] = doc["asset_events"]
-    assert event["extra"]["records"] == 16 and event["extra"]["plan_id"]
     deadline = time.monotonic() + 180
     runs: list[dict[str, object]] = []
     while time.monotonic() < deadline and not runs:
@@ -43,6 +38,15 @@ def test_feed_run_emits_its_asset_and_schedules_the_downstream_dag(airflow: Runn
     assert runs, "the downstream DAG was not scheduled by the feed's asset event"
     assert runs[0]["run_type"] == "asset_triggered"
     assert airflow.wait_run(DOWNSTREAM_DAG, str(runs[0]["dag_run_id"])) == "success"
+
+    # Read the event only once the run it created has started: Airflow 3.3 answers 500 while
+    # a created run is queued with no start_date (apache/airflow#71360, fixed after 3.3).
+    query = urlencode({"source_dag_id": f"tidemark_{FEED}", "source_run_id": run_id})
+    status, doc = airflow.request(f"/api/v2/assets/events?{query}")
+    assert status == 200, doc
+    [event] = doc["asset_events"]
+    assert event["extra"]["records"] == 16 and event["extra"]["plan_id"]
+    assert [r["run_id"] for r in event["created_dagruns"]] == [runs[0]["dag_run_id"]]
 
 
 def test_replay_reads_into_its_own_location_without_moving_the_group(airflow: RunningAirflow) -> None:
