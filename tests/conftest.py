@@ -34,9 +34,14 @@ import pytest
 from tidemark.checkpoints import CheckpointStore, PostgresCheckpointStore, SqliteCheckpointStore
 from tidemark.connection import KafkaConnection
 from tidemark.kafka_io import KafkaAdapter, Record, produce
-from tidemark.kafka_local.cluster import LocalCluster
+from tidemark.kafka_local.cluster import LocalCluster, cache_root
 from tidemark.s3_local import LocalS3
 from tidemark.spark_local import LocalSpark
+from tidemark.spark_session import CLASS_ARCHIVE_ENV
+
+# Every small spark-submit of the suite starts its driver from one class-data archive
+# (tidemark.spark_session.driver_class_archive), also in tests that give a run its own HOME.
+os.environ.setdefault(CLASS_ARCHIVE_ENV, str(cache_root() / "jvm"))
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 

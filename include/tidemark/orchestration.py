@@ -199,7 +199,7 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         super().__init__(**kwargs)
         self.kafka_conn_id = kafka_conn_id
 
-    def conf_for_run(self, records: int) -> dict[str, Any]:
+    def conf_for_run(self, records: int, class_archive: str = "") -> dict[str, Any]:
         """The Spark settings of a run of ``records``: a small run's driver JVM options, as ``tidemark run``.
 
         Known only once the plan exists (at execution), so added here; the DAG's own
@@ -207,7 +207,10 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         """
         from tidemark.spark_session import small_run_conf
 
-        return {**small_run_conf(records), **(self.conf or {})}
+        own = dict(self.conf or {})
+        if own.get("spark.driver.extraClassPath") or self.driver_class_path:
+            class_archive = ""  # folders may be on it; see driver_class_archive
+        return {**small_run_conf(records, class_archive=class_archive), **own}
 
     def execute(self, context: Any) -> None:
         from tidemark.pipeline import RunHandle, run_empty
@@ -229,14 +232,17 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
                 f"plan {handle.plan_id} has no records to read: Spark was not started; "
                 "the commit task re-commits the group's offsets"
             )
+        from tidemark.spark_session import driver_class_archive
+
         # Set after template rendering, so the values never reach the rendered-fields
         # table; the hook adds them to spark-submit's environment (os.environ + these).
-        self.conf = self.conf_for_run(handle.records)
         secrets_env = {**kafka_connection(self.kafka_conn_id).to_env(), **storage_env(), **iceberg_env()}
         configured: dict[str, Any] = dict(getattr(self, "env_vars", None) or {})
         self.env_vars = {**configured, **secrets_env}
         self._hook = None  # rebuilt with the env above
-        super().execute(context)
+        with driver_class_archive() as class_archive:
+            self.conf = self.conf_for_run(handle.records, class_archive)
+            super().execute(context)
 
 
 # Refusals that a retry cannot change: bad feed files or trigger parameters, data loss

@@ -316,10 +316,11 @@ def plan_table(plan: Plan) -> list[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
-def spark_submit_command(handle: RunHandle, master: str | None = None) -> list[str]:
+def spark_submit_command(handle: RunHandle, master: str | None = None, *, class_archive: str = "") -> list[str]:
     """The ``spark-submit`` command of a run, for ``local[*]`` or any cluster master.
 
-    A small run's driver gets the JVM options of :func:`~tidemark.spark_session.small_run_conf`.
+    A small run's driver gets the JVM options of :func:`~tidemark.spark_session.small_run_conf`
+    (with ``class_archive``, from :func:`~tidemark.spark_session.driver_class_archive`).
 
     On a cluster (``spark://``, ``yarn``, ``k8s://``) the job zips the ``tidemark`` package
     and ships it to the executors itself (:func:`tidemark.job.should_ship`); Kafka settings
@@ -331,7 +332,7 @@ def spark_submit_command(handle: RunHandle, master: str | None = None) -> list[s
     job = os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
     conf = {"spark.ui.enabled": "false", "spark.pyspark.python": sys.executable, **SUBMIT_CONF}
-    conf.update(small_run_conf(handle.records))
+    conf.update(small_run_conf(handle.records, class_archive=class_archive))
     return [
         spark_submit,
         "--master",
@@ -351,13 +352,16 @@ def run_job(
     handle: RunHandle, connection: KafkaConnection, *, master: str | None = None, progress: Progress = _silent
 ) -> dict[str, Any]:
     """Step 2 for the CLI: submit the Spark job; secrets go through the environment only."""
-    cmd = spark_submit_command(handle, master)
+    from tidemark.spark_session import driver_class_archive
+
     env = {**os.environ, **connection.to_env(), "PYSPARK_PYTHON": sys.executable}
-    if cmd[2].startswith("local"):
-        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # keep a local job on loopback
     started = time.monotonic()
-    progress(f"reading {handle.records} records with Spark ({cmd[2]})")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    with driver_class_archive() as class_archive:
+        cmd = spark_submit_command(handle, master, class_archive=class_archive)
+        if cmd[2].startswith("local"):
+            env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # keep a local job on loopback
+        progress(f"reading {handle.records} records with Spark ({cmd[2]})")
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     log = Location.of(handle.run_dir) / "spark-submit.log"
     log.write_text(proc.stdout + proc.stderr)
     job = _job_result(Location.of(handle.run_dir))

@@ -14,8 +14,15 @@ page, the event log and Spark's own logs.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tidemark.connection import SECRET_MARKERS
@@ -40,17 +47,102 @@ SMALL_RUN_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 SMALL_RUN_MAX_RECORDS = 250_000
 
 
-def small_run_conf(records: int, max_records: int = SMALL_RUN_MAX_RECORDS) -> dict[str, str]:
+def small_run_conf(
+    records: int, max_records: int = SMALL_RUN_MAX_RECORDS, *, class_archive: str = ""
+) -> dict[str, str]:
     """Extra ``spark-submit`` conf for a run of ``records``: the driver's JVM options when it is small.
 
-    ``TIDEMARK_SMALL_RUN_JAVA_OPTIONS`` replaces the options; set empty, it turns them off
-    (then ``spark.driver.extraJavaOptions`` from a deployment's ``spark-defaults.conf`` is
-    left alone, as it is for every larger run).
+    ``class_archive`` is :func:`driver_class_archive`'s option, added to them.
+    ``TIDEMARK_SMALL_RUN_JAVA_OPTIONS`` replaces the options; set empty, it turns them all
+    off (then ``spark.driver.extraJavaOptions`` from a deployment's ``spark-defaults.conf``
+    is left alone, as it is for every larger run).
     """
     if not 0 < records <= max_records:
         return {}
     options = os.environ.get(SMALL_RUN_JAVA_OPTIONS_ENV, SMALL_RUN_JAVA_OPTIONS).strip()
-    return {"spark.driver.extraJavaOptions": options} if options else {}
+    return {"spark.driver.extraJavaOptions": f"{options} {class_archive}".strip()} if options else {}
+
+
+# A Spark driver JVM spends seconds loading the same ten thousand classes at every start.
+# Java's class-data sharing maps them from an archive instead: the first small run on a
+# machine writes one (-XX:ArchiveClassesAtExit, a few seconds more at its exit), every
+# later one starts from it (-XX:SharedArchiveFile), which cuts a 1,000-record run's wall
+# and CPU time by about a fifth (docs/read-publish.md, "Small runs"). The archive is
+# keyed by the Java binary and Spark's jars; one that no longer matches them (a changed
+# classpath, say) is ignored by the JVM, which then starts as it would without it.
+CLASS_ARCHIVE_ENV = "TIDEMARK_CLASS_ARCHIVE_DIR"  # "off" (or empty): no archive
+STALE_ARCHIVE_S = 3600.0  # a half-written archive older than this belongs to a run that died
+
+
+def class_archive_path(cache: Path) -> Path:
+    """The archive for the Java that ``spark-submit`` starts and the installed Spark's jars."""
+    import pyspark
+
+    java_home = os.environ.get("JAVA_HOME")
+    java = Path(java_home, "bin", "java") if java_home else Path(shutil.which("java") or "java")
+    java = java.resolve()
+    jars = Path(pyspark.__file__).parent / "jars"
+    # The JVM checks the archive's classpath against its own: its folders are part of the key.
+    stamp = [str(java), *(str(java.stat()[i]) for i in (6, 8) if java.exists())]
+    stamp += [str(jars.resolve()), os.environ.get("SPARK_CONF_DIR", ""), *sorted(p.name for p in jars.glob("*.jar"))]
+    key = hashlib.sha256("\n".join(stamp).encode()).hexdigest()[:16]
+    return cache / f"spark-{pyspark.__version__}-driver-{key}.jsa"
+
+
+def classpath_has_folders() -> bool:
+    """Whether ``spark-submit``'s driver classpath may hold a folder with files in it.
+
+    Besides Spark's jars it holds the Spark configuration folder and, when set, Hadoop's
+    and YARN's, plus ``SPARK_DIST_CLASSPATH``. A JVM cannot archive classes with a folder
+    that has files on its classpath (it fails at exit), so Tidemark then uses no archive.
+    """
+    import pyspark
+
+    spark_home = Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
+    conf = Path(os.environ.get("SPARK_CONF_DIR") or spark_home / "conf")
+    if conf.is_dir() and any(conf.iterdir()):
+        return True
+    return any(os.environ.get(name) for name in ("HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH"))
+
+
+@contextmanager
+def driver_class_archive() -> Iterator[str]:
+    """The driver JVM option that starts it from the class-data archive, or has it write one.
+
+    Used around one ``spark-submit``: when the archive is missing, the JVM writes a new one
+    under a name of its own at exit, and leaving the block moves that into place (atomic:
+    concurrent first runs each write their own, and one of them wins). Yields ``""`` when
+    ``TIDEMARK_CLASS_ARCHIVE_DIR`` is ``off``, the folder cannot be written, or the
+    classpath has folders (:func:`classpath_has_folders`; a ``spark-submit`` given more
+    classpath, such as ``spark.driver.extraClassPath``, must not get the option either).
+    """
+    from tidemark.kafka_local.cluster import cache_root
+
+    setting = os.environ.get(CLASS_ARCHIVE_ENV, str(cache_root() / "jvm")).strip()
+    if setting.lower() in ("", "off") or classpath_has_folders():
+        yield ""
+        return
+    try:
+        archive = class_archive_path(Path(setting))
+        archive.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        yield ""
+        return
+    quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # warnings about classes it cannot archive
+    if archive.exists():
+        yield f"-XX:SharedArchiveFile={archive} {quiet}"
+        return
+    for stale in archive.parent.glob(f"{archive.name}.*.tmp"):
+        with suppress(OSError):  # another run may be removing it too
+            if time.time() - stale.stat().st_mtime > STALE_ARCHIVE_S:
+                stale.unlink()
+    partial = archive.with_name(f"{archive.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        yield f"-XX:ArchiveClassesAtExit={partial} {quiet}"
+        if partial.exists() and partial.stat().st_size > 0:
+            os.replace(partial, archive)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def local_session(app_name: str = "tidemark", master: str | None = None) -> SparkSession:

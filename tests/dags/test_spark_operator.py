@@ -54,3 +54,19 @@ def test_a_small_run_gets_the_small_run_driver_options_and_the_dags_own_settings
     own = TidemarkSparkSubmitOperator(task_id="t", application=spark_job_path(), name="tidemark",
                                       conf={"spark.driver.extraJavaOptions": "-Xss4m"})  # fmt: skip
     assert own.conf_for_run(1_000)["spark.driver.extraJavaOptions"] == "-Xss4m"
+
+
+def test_the_class_archive_option_is_dropped_when_the_dag_adds_driver_classpath(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tidemark.orchestration import TidemarkSparkSubmitOperator, spark_job_path
+    from tidemark.spark_session import SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV
+
+    monkeypatch.delenv(SMALL_RUN_JAVA_OPTIONS_ENV, raising=False)
+    option = "-XX:SharedArchiveFile=/cache/spark.jsa"
+    op = TidemarkSparkSubmitOperator(task_id="t", application=spark_job_path(), name="tidemark")
+    assert op.conf_for_run(1_000, option)["spark.driver.extraJavaOptions"] == f"{SMALL_RUN_JAVA_OPTIONS} {option}"
+    # Folders on the classpath make the JVM fail when it archives: no archive then.
+    for extra in ({"driver_class_path": "/etc/hadoop"}, {"conf": {"spark.driver.extraClassPath": "/etc/hadoop"}}):
+        op = TidemarkSparkSubmitOperator(task_id="t", application=spark_job_path(), name="tidemark", **extra)
+        assert op.conf_for_run(1_000, option)["spark.driver.extraJavaOptions"] == SMALL_RUN_JAVA_OPTIONS

@@ -223,12 +223,22 @@ def test_commit_refuses_unpublished_run(env: Env) -> None:
 
 
 def test_tidemark_run_cli_through_spark_submit(env: Env) -> None:
+    from tidemark.spark_session import CLASS_ARCHIVE_ENV, SMALL_RUN_JAVA_OPTIONS, class_archive_path
+
     env.produce(6, bad={2})
-    cli_env = {**os.environ, **env.kafka.connection.to_env()}
+    cds_log = env.root / "cds.log"  # the driver JVM's class-data sharing, logged to a file
+    options = f"{SMALL_RUN_JAVA_OPTIONS} -Xlog:cds=info:file={cds_log}"
+    cli_env = {**os.environ, **env.kafka.connection.to_env(), "TIDEMARK_SMALL_RUN_JAVA_OPTIONS": options}
+    archive = class_archive_path(Path(os.environ[CLASS_ARCHIVE_ENV]))  # the suite's, shared by every test
+    archived = archive.exists()
     proc = subprocess.run(
         [sys.executable, "-m", "tidemark.cli", "run", "pipe"], env=cli_env, capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The driver started from the class archive, or (the suite's first small run) wrote it.
+    if archived:
+        assert f"Opened archive {archive}." in cds_log.read_text() and "Mapped dynamic region" in cds_log.read_text()
+    assert archive.stat().st_size > 0 and not list(archive.parent.glob(f"{archive.name}.*.tmp"))
     assert "validated passed: 5 good, 1 quarantined" in proc.stdout
     assert f"output    {env.output}" in proc.stdout
     assert sorted(env.committed().items()) == [(0, 2), (1, 2), (2, 2)]

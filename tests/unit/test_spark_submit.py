@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import re
+import time
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from tidemark.connection import is_secret
 from tidemark.job import _ship_setting, should_ship
 from tidemark.pipeline import RunHandle, spark_submit_command
-from tidemark.spark_session import REDACTION_REGEX
+from tidemark.spark_session import REDACTION_REGEX, SMALL_RUN_MAX_RECORDS
 
 HANDLE = RunHandle("r1", "orders", "p1", "/state/plan.json", "/state/runs/r1", "incremental", True, 5)
 
@@ -36,8 +40,6 @@ def test_the_command_names_the_master_and_widens_redaction(master: str) -> None:
 
 
 def test_small_runs_get_a_short_lived_driver_jvm(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dataclasses import replace
-
     from tidemark.spark_session import SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV, SMALL_RUN_MAX_RECORDS
 
     monkeypatch.delenv(SMALL_RUN_JAVA_OPTIONS_ENV, raising=False)
@@ -76,3 +78,88 @@ def test_the_redaction_pattern_covers_every_secret_setting() -> None:
     # Spark's own default pattern stays covered.
     for key in ("spark.authenticate.secret", "fs.s3a.access.key", "spark.ssl.keyPassword", "x.token"):
         assert pattern.search(key), key
+
+
+def test_a_small_run_starts_from_the_class_archive_and_the_first_one_writes_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from tidemark.spark_session import CLASS_ARCHIVE_ENV, SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV
+    from tidemark.spark_session import driver_class_archive as archive
+
+    for name in (SMALL_RUN_JAVA_OPTIONS_ENV, "SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(CLASS_ARCHIVE_ENV, str(tmp_path / "jvm"))
+    with archive() as option:  # none yet: this run's JVM writes one, under its own name, at exit
+        flag, path = option.split()[0].split("=", 1)
+        assert flag == "-XX:ArchiveClassesAtExit" and Path(path).parent == tmp_path / "jvm"
+        options = _conf(spark_submit_command(HANDLE, "local[*]", class_archive=option))["spark.driver.extraJavaOptions"]
+        assert options == f"{SMALL_RUN_JAVA_OPTIONS} {option}"
+        Path(path).write_bytes(b"archive")
+    [final] = (tmp_path / "jvm").iterdir()  # moved into place once spark-submit returned
+    assert final.read_bytes() == b"archive" and final.suffix == ".jsa"
+    with archive() as option:
+        assert option.split()[0] == f"-XX:SharedArchiveFile={final}"
+        # A larger run, or small-run options turned off, gets no JVM options at all.
+        assert "spark.driver.extraJavaOptions" not in _conf(
+            spark_submit_command(replace(HANDLE, records=SMALL_RUN_MAX_RECORDS + 1), "local[*]", class_archive=option)
+        )
+
+
+def test_a_failed_run_leaves_no_archive_and_stale_partial_ones_are_removed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from tidemark.spark_session import CLASS_ARCHIVE_ENV, STALE_ARCHIVE_S, class_archive_path, driver_class_archive
+
+    for name in ("SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(CLASS_ARCHIVE_ENV, str(tmp_path))
+    final = class_archive_path(tmp_path)
+    old = final.with_name(f"{final.name}.dead.tmp")
+    old.write_bytes(b"half")
+    os.utime(old, (time.time() - STALE_ARCHIVE_S - 1,) * 2)
+
+    def failed_run() -> None:
+        with driver_class_archive() as option:
+            Path(option.split()[0].split("=", 1)[1]).write_bytes(b"written before the run failed")
+            raise RuntimeError("spark-submit failed")
+
+    with pytest.raises(RuntimeError):
+        failed_run()
+    assert list(tmp_path.iterdir()) == []  # neither the stale partial archive nor this run's
+
+
+@pytest.mark.parametrize("setting", ["off", "conf", "hadoop"])
+def test_no_archive_when_turned_off_or_when_the_classpath_has_folders(
+    setting: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from tidemark.spark_session import CLASS_ARCHIVE_ENV, driver_class_archive
+
+    for name in ("SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(CLASS_ARCHIVE_ENV, "off" if setting == "off" else str(tmp_path / "jvm"))
+    if setting == "conf":  # a JVM cannot archive with a folder holding files on its classpath: it fails at exit
+        (tmp_path / "conf").mkdir()
+        (tmp_path / "conf" / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
+        monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "conf"))
+    if setting == "hadoop":
+        monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    with driver_class_archive() as option:
+        assert option == ""
+    assert not (tmp_path / "jvm").exists()
+
+
+def test_the_archive_is_keyed_by_spark_conf_folder_and_java(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tidemark.spark_session import class_archive_path
+
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    plain = class_archive_path(tmp_path)
+    assert class_archive_path(tmp_path) == plain
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert class_archive_path(tmp_path) != plain
+    monkeypatch.delenv("SPARK_CONF_DIR")
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    assert class_archive_path(tmp_path) != plain
