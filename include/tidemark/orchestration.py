@@ -241,8 +241,9 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         self.env_vars = {**configured, **secrets_env}
         self._hook = None  # rebuilt with the env above
         with driver_class_archive() as class_archive:
-            self.conf = self.conf_for_run(handle.records, class_archive)
-            super().execute(context)
+            self.conf = self.conf_for_run(handle.records, class_archive.option)
+            super().execute(context)  # raises when spark-submit fails
+            class_archive.succeeded = True
 
 
 # Refusals that a retry cannot change: bad feed files or trigger parameters, data loss

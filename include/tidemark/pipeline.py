@@ -357,11 +357,12 @@ def run_job(
     env = {**os.environ, **connection.to_env(), "PYSPARK_PYTHON": sys.executable}
     started = time.monotonic()
     with driver_class_archive() as class_archive:
-        cmd = spark_submit_command(handle, master, class_archive=class_archive)
+        cmd = spark_submit_command(handle, master, class_archive=class_archive.option)
         if cmd[2].startswith("local"):
             env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # keep a local job on loopback
         progress(f"reading {handle.records} records with Spark ({cmd[2]})")
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        class_archive.succeeded = proc.returncode == 0
     log = Location.of(handle.run_dir) / "spark-submit.log"
     log.write_text(proc.stdout + proc.stderr)
     job = _job_result(Location.of(handle.run_dir))

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,7 +66,7 @@ def small_run_conf(
 
 # A Spark driver JVM spends seconds loading the same ten thousand classes at every start.
 # Java's class-data sharing maps them from an archive instead: the first small run on a
-# machine writes one (-XX:ArchiveClassesAtExit, a few seconds more at its exit), every
+# machine writes one (-XX:ArchiveClassesAtExit; that run takes about 40 s longer), every
 # later one starts from it (-XX:SharedArchiveFile), which cuts a 1,000-record run's wall
 # and CPU time by about a fifth (docs/read-publish.md, "Small runs"). The archive is
 # keyed by the Java binary and Spark's jars; one that no longer matches them (a changed
@@ -105,41 +106,52 @@ def classpath_has_folders() -> bool:
     return any(os.environ.get(name) for name in ("HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH"))
 
 
+@dataclass
+class ClassArchive:
+    """What :func:`driver_class_archive` yields: the driver's JVM option, and the run's outcome."""
+
+    option: str
+    succeeded: bool = False  # set by the caller once spark-submit exited 0
+
+
 @contextmanager
-def driver_class_archive() -> Iterator[str]:
+def driver_class_archive() -> Iterator[ClassArchive]:
     """The driver JVM option that starts it from the class-data archive, or has it write one.
 
     Used around one ``spark-submit``: when the archive is missing, the JVM writes a new one
-    under a name of its own at exit, and leaving the block moves that into place (atomic:
-    concurrent first runs each write their own, and one of them wins). Yields ``""`` when
-    ``TIDEMARK_CLASS_ARCHIVE_DIR`` is ``off``, the folder cannot be written, or the
-    classpath has folders (:func:`classpath_has_folders`; a ``spark-submit`` given more
-    classpath, such as ``spark.driver.extraClassPath``, must not get the option either).
+    under a name of its own at exit, and leaving the block moves that into place if the
+    caller marked the run ``succeeded`` (atomic: concurrent first runs each write their
+    own, and one of them wins; a JVM that died while writing leaves nothing behind).
+    The option is ``""`` when ``TIDEMARK_CLASS_ARCHIVE_DIR`` is ``off``, the folder cannot
+    be written, or the classpath has folders (:func:`classpath_has_folders`; a
+    ``spark-submit`` given more classpath, such as ``spark.driver.extraClassPath``, must
+    not get the option either).
     """
     from tidemark.kafka_local.cluster import cache_root
 
     setting = os.environ.get(CLASS_ARCHIVE_ENV, str(cache_root() / "jvm")).strip()
     if setting.lower() in ("", "off") or classpath_has_folders():
-        yield ""
+        yield ClassArchive("")
         return
     try:
         archive = class_archive_path(Path(setting))
         archive.parent.mkdir(parents=True, exist_ok=True)
     except OSError:
-        yield ""
+        yield ClassArchive("")
         return
     quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # warnings about classes it cannot archive
     if archive.exists():
-        yield f"-XX:SharedArchiveFile={archive} {quiet}"
+        yield ClassArchive(f"-XX:SharedArchiveFile={archive} {quiet}")
         return
     for stale in archive.parent.glob(f"{archive.name}.*.tmp"):
         with suppress(OSError):  # another run may be removing it too
             if time.time() - stale.stat().st_mtime > STALE_ARCHIVE_S:
                 stale.unlink()
     partial = archive.with_name(f"{archive.name}.{uuid.uuid4().hex[:12]}.tmp")
+    run = ClassArchive(f"-XX:ArchiveClassesAtExit={partial} {quiet}")
     try:
-        yield f"-XX:ArchiveClassesAtExit={partial} {quiet}"
-        if partial.exists() and partial.stat().st_size > 0:
+        yield run
+        if run.succeeded and partial.exists() and partial.stat().st_size > 0:
             os.replace(partial, archive)
     finally:
         partial.unlink(missing_ok=True)

@@ -89,19 +89,22 @@ def test_a_small_run_starts_from_the_class_archive_and_the_first_one_writes_it(
     for name in (SMALL_RUN_JAVA_OPTIONS_ENV, "SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(CLASS_ARCHIVE_ENV, str(tmp_path / "jvm"))
-    with archive() as option:  # none yet: this run's JVM writes one, under its own name, at exit
+    with archive() as run:  # none yet: this run's JVM writes one, under its own name, at exit
+        option = run.option
         flag, path = option.split()[0].split("=", 1)
         assert flag == "-XX:ArchiveClassesAtExit" and Path(path).parent == tmp_path / "jvm"
         options = _conf(spark_submit_command(HANDLE, "local[*]", class_archive=option))["spark.driver.extraJavaOptions"]
         assert options == f"{SMALL_RUN_JAVA_OPTIONS} {option}"
         Path(path).write_bytes(b"archive")
+        run.succeeded = True  # spark-submit exited 0
     [final] = (tmp_path / "jvm").iterdir()  # moved into place once spark-submit returned
     assert final.read_bytes() == b"archive" and final.suffix == ".jsa"
-    with archive() as option:
-        assert option.split()[0] == f"-XX:SharedArchiveFile={final}"
-        # A larger run, or small-run options turned off, gets no JVM options at all.
+    with archive() as run:
+        assert run.option.split()[0] == f"-XX:SharedArchiveFile={final}"
+        # A larger run gets no JVM options at all.
+        larger = replace(HANDLE, records=SMALL_RUN_MAX_RECORDS + 1)
         assert "spark.driver.extraJavaOptions" not in _conf(
-            spark_submit_command(replace(HANDLE, records=SMALL_RUN_MAX_RECORDS + 1), "local[*]", class_archive=option)
+            spark_submit_command(larger, "local[*]", class_archive=run.option)
         )
 
 
@@ -118,14 +121,19 @@ def test_a_failed_run_leaves_no_archive_and_stale_partial_ones_are_removed(
     old.write_bytes(b"half")
     os.utime(old, (time.time() - STALE_ARCHIVE_S - 1,) * 2)
 
-    def failed_run() -> None:
-        with driver_class_archive() as option:
-            Path(option.split()[0].split("=", 1)[1]).write_bytes(b"written before the run failed")
-            raise RuntimeError("spark-submit failed")
+    with driver_class_archive() as run:  # spark-submit exited 1: whatever its JVM wrote may be torn
+        Path(run.option.split()[0].split("=", 1)[1]).write_bytes(b"written by a JVM that died")
+    assert list(tmp_path.iterdir()) == []  # neither the stale partial archive nor this run's
+
+    def raising_run() -> None:
+        with driver_class_archive() as run:
+            Path(run.option.split()[0].split("=", 1)[1]).write_bytes(b"written before the task failed")
+            run.succeeded = True
+            raise RuntimeError("the operator's spark-submit failed after all")
 
     with pytest.raises(RuntimeError):
-        failed_run()
-    assert list(tmp_path.iterdir()) == []  # neither the stale partial archive nor this run's
+        raising_run()
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("setting", ["off", "conf", "hadoop"])
@@ -143,8 +151,8 @@ def test_no_archive_when_turned_off_or_when_the_classpath_has_folders(
         monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "conf"))
     if setting == "hadoop":
         monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
-    with driver_class_archive() as option:
-        assert option == ""
+    with driver_class_archive() as run:
+        assert run.option == ""
     assert not (tmp_path / "jvm").exists()
 
 
