@@ -64,7 +64,8 @@ PARTITIONS = 8
 VALUE_BYTES = 200
 SPARK_KAFKA_VERSIONS = ("4.3.0", "4.2.0")  # the first one Maven Central serves wins
 BENCH_FEED = "tidemark-bench"
-TARGETS = {"R3/R4": 1.0, "R3/R1": 0.8, "R6/R4w": 1.0}
+# Issue 12 raised them from 1.0, 0.8 and 1.0.
+TARGETS = {"R3/R4": 1.5, "R3/R1": 0.8, "R6/R4w": 1.3}
 
 # -- dataset and plan --------------------------------------------------------------------
 
