@@ -27,11 +27,9 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Three workers by default (TEST_WORKERS=0 runs in one process); the fault suite and the e2e
-# tests each stay on one worker (tests/conftest.py, ONE_WORKER_DIRS and its scheduler), the
-# third takes single tests. With two, the 2 cores sat about half idle (Kafka expiry, Airflow
-# polling): real 23.9 min against 25.5 CPU-min.
-TEST_WORKERS ?= 3
+# Two workers by default (TEST_WORKERS=0 runs in one process); the fault suite and the e2e
+# tests each stay on one worker (tests/conftest.py, ONE_WORKER_DIRS and its scheduler).
+TEST_WORKERS ?= 2
 test: lint browser
 	$(BIN)/pytest -v --durations=25 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
 

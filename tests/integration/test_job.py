@@ -15,7 +15,6 @@ from tests.conftest import KafkaTestCluster
 from tests.integration.read_helpers import chunk_layout, plan_for
 from tidemark.kafka_io import Record
 from tidemark.sink import published_dir
-from tidemark.spark_session import small_run_conf
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -53,11 +52,8 @@ def test_spark_submit_publishes_once_and_reports(kafka: KafkaTestCluster, tmp_pa
            "TIDEMARK_SHIP_PACKAGE": "1"}  # fmt: skip
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
 
-    # The driver JVM options `tidemark run` gives a plan this small (tidemark.spark_session.small_run_conf).
-    small = [arg for key, value in small_run_conf(plan.total_records).items() for arg in ("--conf", f"{key}={value}")]
-
     def submit(run_dir: Path) -> dict[str, Any]:
-        cmd = [spark_submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false", *small, str(JOB),
+        cmd = [spark_submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false", str(JOB),
                "--plan", str(plan_path), "--feed", str(feed_path), "--run-dir", str(run_dir)]  # fmt: skip
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]
