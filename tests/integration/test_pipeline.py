@@ -237,7 +237,8 @@ def test_tidemark_run_cli_through_spark_submit(env: Env) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # The driver started from the class archive, or (the suite's first small run) wrote it.
     if archived:
-        assert f"Opened archive {archive}." in cds_log.read_text() and "Mapped dynamic region" in cds_log.read_text()
+        cds = cds_log.read_text()
+        assert f"Opened archive {archive}." in cds and "Mapped dynamic region" in cds
     assert archive.stat().st_size > 0 and not list(archive.parent.glob(f"{archive.name}.*.tmp"))
     assert "validated passed: 5 good, 1 quarantined" in proc.stdout
     assert f"output    {env.output}" in proc.stdout
