@@ -205,8 +205,9 @@ class Feed(_Model):
     max_records_per_run: PositiveInt | None = None
     records_per_task: PositiveInt = 1_000_000
     # Plans of at most this many records are read by the Spark driver itself, without
-    # Python workers (tidemark.source.read_plan_in_driver); 0 always uses the data source.
-    driver_read_max_records: NonNegativeInt = 10_000
+    # Python workers (tidemark.source.read_plan_in_driver), unless their records hold more
+    # than tidemark.source.DRIVER_READ_MAX_BYTES; 0 always uses the data source.
+    driver_read_max_records: NonNegativeInt = 250_000
     isolation: Isolation = "read_committed"
     deserialization: Deserialization = Deserialization()
     output: str | None = None

@@ -152,7 +152,7 @@ def run(
     from tidemark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
     from tidemark.publish import StagedRecords, publisher_for
     from tidemark.sink import parquet_writer, utc_date
-    from tidemark.source import read_plan, read_plan_in_driver
+    from tidemark.source import DRIVER_READ_MAX_BYTES, DriverReadTooLarge, read_plan, read_plan_in_driver
     from tidemark.validation import DECODE_OUTCOME_PREFIX, OK_OUTCOME, outcome_column, validate
 
     if plan.feed != feed.name:
@@ -173,10 +173,16 @@ def run(
         return res
 
     preload_great_expectations()
+    source = None
     if 0 < plan.total_records <= feed.driver_read_max_records:  # small: no Python workers at all
-        res.reader = "driver"
-        source = timer.step("read", lambda: read_plan_in_driver(spark, plan, connection))
-    else:
+        try:
+            source = timer.step(
+                "read", lambda: read_plan_in_driver(spark, plan, connection, max_bytes=DRIVER_READ_MAX_BYTES)
+            )
+            res.reader = "driver"
+        except DriverReadTooLarge as exc:  # few records, but large ones: the executors read them
+            print(f"tidemark job: {exc}; reading with the data source instead", file=sys.stderr)
+    if source is None:
         res.reader = "data_source"
         source = read_plan(spark, plan, connection)
     decoded = annotate(source, feed.deserialization)

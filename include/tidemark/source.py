@@ -48,7 +48,7 @@ from pyspark.sql.types import (
 )
 
 from tidemark.connection import KafkaConnection, from_env
-from tidemark.errors import ConfigError, ReadError
+from tidemark.errors import ConfigError, ReadError, TidemarkError
 from tidemark.plan import Plan
 
 if TYPE_CHECKING:
@@ -608,6 +608,23 @@ def read_plan(
     return reader.load()
 
 
+# spark.createDataFrame keeps Arrow data under spark.sql.execution.arrow.localRelationThreshold
+# (48 MB) in the driver as a LocalRelation, and the optimizer then evaluates the job's
+# decode and outcome projections over it row by row, interpreted, in one driver thread
+# (ConvertToLocalRelation): 4 of the 5 s the write took at 100,000 records. Above this
+# many records the batches go to Spark as an RDD instead, a partition per batch, and the
+# write's tasks decode them in parallel (100,000 records: wall 16.3 -> 13.1 s; at 1,000 the
+# LocalRelation is 0.6 s faster; docs/read-publish.md, "Small runs").
+LOCAL_RELATION_MAX_RECORDS = 10_000
+# The driver holds a plan's Arrow batches until Spark has them. A plan of few but large
+# records that passes this is left to the data source (read_plan_in_driver raises).
+DRIVER_READ_MAX_BYTES = 64 << 20
+
+
+class DriverReadTooLarge(TidemarkError):
+    """The plan's records passed :data:`DRIVER_READ_MAX_BYTES` while the driver read them."""
+
+
 def read_plan_in_driver(
     spark: SparkSession,
     plan: Plan,
@@ -615,6 +632,7 @@ def read_plan_in_driver(
     *,
     batch_records: int | None = None,
     stall_timeout_s: float | None = None,
+    max_bytes: int | None = None,
 ) -> DataFrame:
     """``plan``'s records read now, by this process, as a DataFrame of :data:`SCHEMA`: for small plans.
 
@@ -625,19 +643,37 @@ def read_plan_in_driver(
     plan its partitions and one per executor task, each importing pyarrow, numpy and
     confluent-kafka: seconds of fixed cost that a few thousand records do not repay. The
     whole plan is held in the driver's memory, so the job uses this only up to the feed's
-    ``driver_read_max_records``.
+    ``driver_read_max_records``, and with ``max_bytes`` it stops reading and raises
+    :class:`DriverReadTooLarge` once the batches hold more than that.
     """
     config = (connection or from_env()).client_config()
     batches: list[pa.RecordBatch] = []
+    held = 0
     for task in tasks_of(plan):
-        batches.extend(
-            read_task(
-                task, config, batch_records=batch_records or DEFAULT_BATCH_RECORDS,
-                stall_timeout_s=stall_timeout_s or DEFAULT_STALL_TIMEOUT_S,
-            )
-        )  # fmt: skip
+        for batch in read_task(
+            task, config, batch_records=batch_records or DEFAULT_BATCH_RECORDS,
+            stall_timeout_s=stall_timeout_s or DEFAULT_STALL_TIMEOUT_S,
+        ):  # fmt: skip
+            batches.append(batch)
+            held += batch.nbytes
+            if max_bytes is not None and held > max_bytes:
+                raise DriverReadTooLarge(
+                    f"plan {plan.plan_id}: the first {sum(b.num_rows for b in batches)} of its {plan.total_records} "
+                    f"records already hold {held} bytes, more than the driver read's {max_bytes}"
+                )
     table = pa.Table.from_batches(batches, schema=arrow_schema())
-    return spark.createDataFrame(table, schema=SCHEMA)
+    if table.num_rows <= LOCAL_RELATION_MAX_RECORDS:
+        return spark.createDataFrame(table, schema=SCHEMA)
+    key = "spark.sql.execution.arrow.localRelationThreshold"
+    previous = spark.conf.get(key, None)
+    spark.conf.set(key, "0")  # read when the DataFrame is created, not when it is used
+    try:
+        return spark.createDataFrame(table, schema=SCHEMA)
+    finally:
+        if previous is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, previous)
 
 
 # -- per-range statistics, computed on the driver from the DataFrame -------------------

@@ -112,10 +112,19 @@ def env(kafka: KafkaTestCluster, tmp_path: Path, spark: Any, monkeypatch: pytest
     return e
 
 
-@pytest.mark.parametrize("reader", ["driver", "data_source"])
-def test_clean_run_commits_planned_ends_and_a_second_run_reads_nothing(env: Env, reader: str) -> None:
-    if reader == "data_source":  # small plans are read by the driver unless the feed says otherwise
+@pytest.mark.parametrize(
+    ("case", "reader"),
+    [("small", "driver"), ("driver_rdd", "driver"), ("data_source", "data_source"), ("over_bytes", "data_source")],
+)
+def test_clean_run_commits_planned_ends_and_a_second_run_reads_nothing(
+    env: Env, case: str, reader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if case == "data_source":  # small plans are read by the driver unless the feed says otherwise
         env.write_feed(driver_read_max_records=0)
+    if case == "driver_rdd":  # the driver's batches reach Spark as an RDD, as larger plans' do
+        monkeypatch.setattr("tidemark.source.LOCAL_RELATION_MAX_RECORDS", 10)
+    if case == "over_bytes":  # records too large to hold in the driver: the executors read them
+        monkeypatch.setattr("tidemark.source.DRIVER_READ_MAX_BYTES", 100)
     env.produce(30, bad={7})
     handle, job, outcome = env.run()
     assert job["reader"] == reader

@@ -15,6 +15,7 @@ from tidemark.kafka_io import Record
 from tidemark.kafka_local.cluster import LocalCluster
 from tidemark.source import (
     SCHEMA,
+    DriverReadTooLarge,
     check_complete,
     range_stats,
     read_plan,
@@ -78,7 +79,9 @@ def test_reads_exactly_the_planned_ranges(kafka: KafkaTestCluster, spark: Any) -
     assert check_complete(list(stats.values())) == []
 
 
-def test_driver_read_yields_what_the_data_source_reads(kafka: KafkaTestCluster, spark: Any) -> None:
+def test_driver_read_yields_what_the_data_source_reads(
+    kafka: KafkaTestCluster, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Small plans are read by the driver (no Python workers): the same rows, columns and statistics."""
     topic = kafka.new_topic(partitions=3, config=KEEP, prefix="read-driver")
     for p in range(3):
@@ -94,6 +97,22 @@ def test_driver_read_yields_what_the_data_source_reads(kafka: KafkaTestCluster, 
     assert range_stats(in_driver, plan) == range_stats(through_source, plan)
     tomb = in_driver.where(f"partition = 1 and offset = {plan.partitions[1].end - 1}").collect()[0]
     assert tomb.value is None and [(h.key, bytes(h.value)) for h in tomb.headers] == [("a", b"1"), ("b", b"")]
+
+    # Above LOCAL_RELATION_MAX_RECORDS the batches reach Spark as an RDD (decoded by the
+    # write's tasks, not by the optimizer in the driver): the same rows, and the session's
+    # setting is left as it was.
+    key = "spark.sql.execution.arrow.localRelationThreshold"
+    before = spark.conf.get(key)
+    monkeypatch.setattr("tidemark.source.LOCAL_RELATION_MAX_RECORDS", 100)
+    as_rdd = read_plan_in_driver(spark, plan, kafka.connection, batch_records=64)
+    assert "LocalRelation" in in_driver._jdf.queryExecution().analyzed().toString()
+    assert "LocalRelation" not in as_rdd._jdf.queryExecution().analyzed().toString()
+    assert sorted(as_rdd.collect()) == sorted(through_source.collect())
+    assert spark.conf.get(key) == before
+
+    # A plan whose records pass the byte budget is refused before it is all held.
+    with pytest.raises(DriverReadTooLarge, match=rf"plan {plan.plan_id}: the first \d+ of its {plan.total_records}"):
+        read_plan_in_driver(spark, plan, kafka.connection, batch_records=64, max_bytes=4096)
 
     # A short read fails in the driver as in an executor, naming the partition and offsets.
     kafka.adapter.delete_records({(topic, 2): 40})

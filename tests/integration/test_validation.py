@@ -108,6 +108,49 @@ def test_clean_batch_passes_with_a_data_docs_page(spark: Any, tmp_path: Path) ->
     json.dumps(outcome.summary)  # JSON-serialisable as is
 
 
+def _gx_jobs(spark: Any, group: str, call: Any) -> tuple[Any, int]:
+    """``call()``'s result and how many Spark jobs it ran."""
+    spark.sparkContext.setJobGroup(group, group)
+    try:
+        result = call()
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    return result, len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+
+
+def test_gx_looks_for_no_unexpected_rows_once_the_row_counts_found_none(spark: Any, tmp_path: Path) -> None:
+    from tidemark.validation import run_gx
+
+    plan = make_plan({0: (0, 40)})
+    clean = spark.createDataFrame(clean_rows(0, 0, 40), SCHEMA).persist()
+    # Not listing first: a first GX run on a DataFrame may run jobs a second one does not.
+    unlisted, jobs_not_listing = _gx_jobs(
+        spark, "gx-nolist", lambda: run_gx(clean, feed(), plan, tmp_path / "b", list_unexpected=False)
+    )
+    listed, jobs_listing = _gx_jobs(spark, "gx-list", lambda: run_gx(clean, feed(), plan, tmp_path / "a"))
+    # The same verdicts and counts, without the queries for lists that are empty anyway.
+    assert jobs_not_listing < jobs_listing
+    assert unlisted.success is listed.success is True
+    for a, b in zip(listed.results, unlisted.results, strict=True):
+        assert (a["success"], a["result"].get("unexpected_count"), a["result"].get("element_count")) == (
+            b["success"], b["result"].get("unexpected_count"), b["result"].get("element_count"))  # fmt: skip
+    assert unlisted.data_docs is not None and unlisted.data_docs.is_file()
+
+    # validate() lists nothing when its own counts found no bad row, and lists the bad
+    # offsets in GX's result when they found some.
+    validate(clean, plan, feed(), tmp_path / "c")
+    clean_result = json.loads((tmp_path / "c" / "gx" / "validation_result.json").read_text())
+    assert all("partial_unexpected_index_list" not in r["result"] for r in clean_result["results"][:2])
+    rows = clean_rows(0, 0, 40)
+    rows[9] = row(0, 9, None, "c", 5.0)
+    with pytest.raises(ValidationRejectedError):
+        validate(spark.createDataFrame(rows, SCHEMA), plan, feed(), tmp_path / "d")
+    bad_result = json.loads((tmp_path / "d" / "gx" / "validation_result.json").read_text())
+    assert bad_result["results"][0]["result"]["partial_unexpected_index_list"] == [
+        {"topic": TOPIC, "partition": 0, "offset": 9, "order_id": None}
+    ]
+
+
 def test_range_statistics_ride_along_the_validation_aggregation(spark: Any, tmp_path: Path) -> None:
     from tidemark.source import range_stats
 
