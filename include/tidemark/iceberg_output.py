@@ -461,16 +461,12 @@ def _write_table_files(good: Any, target: Path) -> None:
     from pyspark.sql import functions as F
 
     from tidemark.sink import parquet_writer
+    from tidemark.spark_session import session_conf
 
-    spark = good.sparkSession
-    key = "spark.sql.parquet.outputTimestampType"
-    before = spark.conf.get(key)
-    spark.conf.set(key, "TIMESTAMP_MICROS")  # Iceberg reads no INT96
-    try:
+    # Iceberg reads no INT96.
+    with session_conf(good.sparkSession, "spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"):
         copies = good.withColumn(_TOPIC_COPY, F.col("topic")).withColumn(_DATE_COPY, F.col("date").cast("string"))
         parquet_writer(copies, "errorifexists").partitionBy(_DATE_COPY, _TOPIC_COPY).parquet(str(target))
-    finally:
-        spark.conf.set(key, before)
 
 
 def _by_partition(root: Path) -> list[tuple[Path, tuple[str, str]]]:

@@ -664,16 +664,11 @@ def read_plan_in_driver(
     table = pa.Table.from_batches(batches, schema=arrow_schema())
     if table.num_rows <= LOCAL_RELATION_MAX_RECORDS:
         return spark.createDataFrame(table, schema=SCHEMA)
-    key = "spark.sql.execution.arrow.localRelationThreshold"
-    previous = spark.conf.get(key, None)
-    spark.conf.set(key, "0")  # read when the DataFrame is created, not when it is used
-    try:
+    from tidemark.spark_session import session_conf
+
+    # Read when the DataFrame is created, not when it is used.
+    with session_conf(spark, "spark.sql.execution.arrow.localRelationThreshold", "0"):
         return spark.createDataFrame(table, schema=SCHEMA)
-    finally:
-        if previous is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, previous)
 
 
 # -- per-range statistics, computed on the driver from the DataFrame -------------------

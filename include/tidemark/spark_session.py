@@ -157,6 +157,17 @@ def driver_class_archive() -> Iterator[ClassArchive]:
         partial.unlink(missing_ok=True)
 
 
+@contextmanager
+def session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    """``key`` set to ``value`` in ``spark``'s session for the block, then back to what it was."""
+    before = spark.conf.get(key)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
+
+
 def local_session(app_name: str = "tidemark", master: str | None = None) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
