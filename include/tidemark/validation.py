@@ -667,10 +667,9 @@ def validate(
             for r in sorted(picked, key=lambda r: (r["topic"], r["partition"], r["offset"]))[:sample_size]
         ]
 
-    # Every expectation translated to a row rule and none of them matched a row: GX has no
-    # unexpected row to list, so it is not asked to look for any.
-    nothing_unexpected = not untranslatable and not any(rule_counts)
-    gx_out = run_gx(df, feed, plan, run_dir, list_unexpected=not nothing_unexpected)
+    # When every expectation is a row rule and none matched a row, GX has no unexpected row
+    # to list, so it is not asked to look for any.
+    gx_out = run_gx(df, feed, plan, run_dir, list_unexpected=bool(untranslatable) or any(rule_counts))
     rule_by_index = {r.index: (r, n) for r, n in zip(rules, rule_counts, strict=True) if r.index is not None}
     expectations = []
     failing: list[str] = []
