@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from pyspark.errors import AnalysisException
 
 from tests.conftest import KafkaTestCluster, keyed_records
 from tests.integration.read_helpers import consume_independently, plan_for
@@ -15,12 +16,14 @@ from tidemark.kafka_io import Record
 from tidemark.kafka_local.cluster import LocalCluster
 from tidemark.source import (
     SCHEMA,
+    SOURCE_NAME,
     DriverReadTooLarge,
     check_complete,
     range_stats,
     read_plan,
     read_plan_in_driver,
     read_task,
+    register,
     tasks_of,
 )
 
@@ -118,6 +121,41 @@ def test_driver_read_yields_what_the_data_source_reads(
     kafka.adapter.delete_records({(topic, 2): 40})
     with pytest.raises(ReadError, match=rf"{topic}\[2\] offsets \[0, 180\).*offset 0 is no longer available"):
         read_plan_in_driver(spark, plan, kafka.connection)
+
+
+def test_columns_the_plan_fixes_are_added_by_spark_not_sent_by_the_reader(kafka: KafkaTestCluster, spark: Any) -> None:
+    """``plan_id`` (and ``topic`` for a one-topic plan) skip the Arrow batches; read_plan's rows stay the same."""
+    one = kafka.new_topic(partitions=2, config=KEEP, prefix="read-const-a")
+    two = kafka.new_topic(partitions=1, config=KEEP, prefix="read-const-b")
+    for topic in (one, two):
+        kafka.produce(topic, keyed_records(40, partition=0, prefix=topic[-4:], base_ts_ms=BASE_TS))
+    kafka.produce(one, keyed_records(25, partition=1, prefix="one-p1", base_ts_ms=BASE_TS))
+
+    register(spark)
+
+    def scan(plan: Any, mode: str) -> Any:
+        reader = spark.read.format(SOURCE_NAME).option("plan", plan.to_json(indent=None))
+        for key, value in kafka.connection.client_config().items():
+            reader = reader.option(f"kafka.{key}", str(value))
+        return reader.option("constant.columns", mode).load()
+
+    for topics, fixed in (([one], {"topic", "plan_id"}), ([one, two], {"plan_id"})):
+        plan = plan_for(kafka.adapter, topics, chunk_records=30)
+        omitted = scan(plan, "omit")
+        assert [f.name for f in omitted.schema.fields] == [f.name for f in SCHEMA.fields if f.name not in fixed]
+        assert omitted.count() == plan.total_records
+        full = scan(plan, "keep")  # what a user reading the format by hand gets
+        assert full.schema == SCHEMA
+        df = read_plan(spark, plan, kafka.connection)
+        assert df.schema == SCHEMA
+        assert sorted(df.collect()) == sorted(full.collect())
+        assert _rows(df) == consume_independently(kafka.connection, plan)
+        assert {r.plan_id for r in df.select("plan_id").distinct().collect()} == {plan.plan_id}
+        assert range_stats(df, plan) == range_stats(full, plan)
+
+    # Spark wraps the source's ConfigError when it asks for the schema.
+    with pytest.raises(AnalysisException, match=r"ConfigError:.*constant.columns must be 'keep' or 'omit'"):
+        scan(plan, "drop")
 
 
 def test_read_committed_skips_aborted_records(kafka: KafkaTestCluster, spark: Any) -> None:
