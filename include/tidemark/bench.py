@@ -20,7 +20,10 @@ every runner once, back to back (a slow spell of a shared machine then hits all 
 
 Reported per runner: median records/s (ratios are of these medians; the ratios within
 each round are listed beside them), records per CPU-second (driver, JVM and Python
-workers; not the brokers), and for Tidemark runs the Python workers' peak RSS and the
+workers; not the brokers), for Spark runners the CPU-seconds split into Spark's JVM, the
+Python processes and, when the brokers run on this machine, the brokers (they share its
+cores, so their work for a runner slows that runner), and for Tidemark runs the Python
+workers' peak RSS and the
 payload bytes read from Kafka relative to the data (1.0 = read once). Results go to
 ``docs/benchmarks/bench-<quick|full>.json`` and a bar chart PNG beside it (written with
 numpy + zlib; no plotting dependency). Spark's Kafka connector and its dependencies are
@@ -143,6 +146,7 @@ class Sample:
     records: int
     peak_worker_rss_mb: float | None = None
     payload_read_ratio: float | None = None
+    cpu_split: dict[str, float] | None = None  # CPU-s by process kind (see ProcessSampler.cpu_split)
 
 
 @dataclass
@@ -175,36 +179,75 @@ class RunnerResult:
             "median_seconds": round(statistics.median(s.seconds for s in self.samples), 3) if self.samples else None,
             "peak_worker_rss_mb": max(rss) if rss else None,
             "kafka_payload_read_ratio": max(ratio) if ratio else None,
+            "median_cpu_split": _median_split([s.cpu_split for s in self.samples if s.cpu_split]),
             "samples": [asdict(s) for s in self.samples],
         }
 
 
-class ProcessSampler:
-    """CPU time and peak RSS of this process and its descendants (Spark's JVM and Python workers)."""
+def _median_split(splits: Sequence[dict[str, float]]) -> dict[str, float] | None:
+    if not splits:
+        return None
+    return {kind: round(statistics.median(s.get(kind, 0.0) for s in splits), 2) for kind in splits[0]}
 
-    def __init__(self, interval_s: float = 0.2) -> None:
+
+def local_broker_pids(connection: KafkaConnection) -> list[int]:
+    """The processes listening on the bootstrap servers' ports on this machine (none for a remote cluster)."""
+    import psutil
+
+    ports = set()
+    for server in connection.bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        if host.strip("[]") in ("127.0.0.1", "localhost", "::1") and port.isdigit():
+            ports.add(int(port))
+    try:
+        listening = psutil.net_connections(kind="tcp")
+    except psutil.Error:
+        return []
+    return sorted({c.pid for c in listening if c.status == psutil.CONN_LISTEN and c.laddr.port in ports and c.pid})
+
+
+class ProcessSampler:
+    """CPU time and peak RSS of this process and its descendants (Spark's JVM and Python workers).
+
+    ``others`` (the embedded brokers) are sampled beside them and kept apart: their CPU is
+    not in :attr:`cpu_seconds`, only in :attr:`cpu_split`.
+    """
+
+    def __init__(self, interval_s: float = 0.2, others: Sequence[int] = ()) -> None:
         import psutil
 
         self._psutil = psutil
         self.interval_s = interval_s
         self.me = psutil.Process()
+        self.others = [p for p in (self._process(pid) for pid in others) if p is not None]
         self.cpu: dict[int, float] = {}
         self.base: dict[int, float] = {}
+        self.kind: dict[int, str] = {}
         self.worker_rss: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
+    def _process(self, pid: int) -> Any:
+        try:
+            return self._psutil.Process(pid)
+        except self._psutil.Error:
+            return None
+
     def _procs(self) -> list[Any]:
         try:
-            return [self.me, *self.me.children(recursive=True)]
+            return [self.me, *self.me.children(recursive=True), *self.others]
         except self._psutil.Error:
-            return [self.me]
+            return [self.me, *self.others]
 
     def _sample(self, into: dict[int, float]) -> None:
         for proc in self._procs():
             try:
                 times = proc.cpu_times()
                 into[proc.pid] = times.user + times.system
+                if proc.pid not in self.kind:
+                    self.kind[proc.pid] = self._kind_of(proc)
+                if self.kind[proc.pid] == "brokers":
+                    continue
                 cmd = " ".join(proc.cmdline())
                 if proc.pid != self.me.pid and ("pyspark.daemon" in cmd or "pyspark.worker" in cmd):
                     self.worker_rss[proc.pid] = max(self.worker_rss.get(proc.pid, 0), proc.memory_info().rss)
@@ -225,9 +268,26 @@ class ProcessSampler:
         self._thread.join()
         self._sample(self.cpu)
 
+    def _kind_of(self, proc: Any) -> str:
+        if any(proc.pid == other.pid for other in self.others):
+            return "brokers"
+        return "jvm" if proc.name().startswith("java") else "python"
+
+    def _used(self) -> dict[int, float]:
+        return {pid: max(0.0, t - self.base.get(pid, 0.0)) for pid, t in self.cpu.items()}
+
     @property
     def cpu_seconds(self) -> float:
-        return sum(max(0.0, t - self.base.get(pid, 0.0)) for pid, t in self.cpu.items())
+        """This process and its descendants: the driver, Spark's JVM, the Python workers."""
+        return sum(t for pid, t in self._used().items() if self.kind.get(pid) != "brokers")
+
+    @property
+    def cpu_split(self) -> dict[str, float]:
+        """CPU-s by kind: ``jvm`` (Spark), ``python`` (driver, daemon, workers), ``brokers``."""
+        split = {"jvm": 0.0, "python": 0.0, **({"brokers": 0.0} if self.others else {})}
+        for pid, used in self._used().items():
+            split[self.kind.get(pid, "python")] += used
+        return {k: round(v, 2) for k, v in split.items()}
 
     @property
     def peak_worker_rss_mb(self) -> float | None:
@@ -529,14 +589,16 @@ def _parquet_layout(df: Any) -> Any:
     return df.withColumn("date", utc_date())
 
 
-def _timed_spark(action: Callable[[], Any], records: int, metrics: Path | None, data_bytes: int) -> Sample:
-    with ProcessSampler() as sampler:
+def _timed_spark(
+    action: Callable[[], Any], records: int, metrics: Path | None, data_bytes: int, brokers: Sequence[int] = ()
+) -> Sample:
+    with ProcessSampler(others=brokers) as sampler:
         started = time.monotonic()
         action()
         seconds = time.monotonic() - started
     ratio, task_rss = _payload_ratio(metrics, data_bytes) if metrics else (None, None)
     rss = sampler.peak_worker_rss_mb if metrics else None
-    return Sample(seconds, sampler.cpu_seconds, records, rss if rss is not None else task_rss, ratio)
+    return Sample(seconds, sampler.cpu_seconds, records, rss if rss is not None else task_rss, ratio, sampler.cpu_split)
 
 
 # -- the benchmark -------------------------------------------------------------------------
@@ -559,6 +621,7 @@ def run_benchmark(
     metrics_folder()
     spark = bench_session(jars)
     work = Path(tempfile.mkdtemp(prefix="tidemark-bench-"))
+    brokers = local_broker_pids(connection)
     results: dict[str, RunnerResult] = {}
     step_seconds: list[dict[str, Any]] = []
 
@@ -594,21 +657,22 @@ def run_benchmark(
         ("R1", "confluent-kafka consume(N), 1 process", lambda: run_r1(connection, plan),
          "touches every value; same librdkafka tuning as the reader"),
         ("RF", "Spark Python data source alone → noop",
-         lambda: _timed_spark(lambda: noop(spark.read.format("tidemark_bench_floor").load()), records, None, 0),
+         lambda: _timed_spark(lambda: noop(spark.read.format("tidemark_bench_floor").load()), records, None, 0,
+                              brokers),
          "pre-built Arrow batches shaped like R3's, no Kafka: the floor under R3"),
         ("R3", "Tidemark Spark read → noop", lambda: _tm(lambda: noop(read_plan(spark, plan, connection))), ""),
         ("R4", "Spark Kafka source → noop",
-         lambda: _timed_spark(lambda: noop(_kafka_df(spark, connection, plan)), records, None, data_bytes),
+         lambda: _timed_spark(lambda: noop(_kafka_df(spark, connection, plan)), records, None, data_bytes, brokers),
          f"spark-sql-kafka {connector}"),
         ("R6", "Tidemark end to end → Parquet + commit", lambda: _tm(r6_once),
          "one read into staging, validate the staged files, publish by rename, commit"),
-        ("R4w", "Spark Kafka source → Parquet", lambda: _timed_spark(r4w_once, records, None, data_bytes),
+        ("R4w", "Spark Kafka source → Parquet", lambda: _timed_spark(r4w_once, records, None, data_bytes, brokers),
          f"spark-sql-kafka {connector}; same layout (topic/date)"),
     ]  # fmt: skip
 
     def _tm(action: Callable[[], None]) -> Sample:
         with read_metrics() as metrics:
-            return _timed_spark(action, records, metrics, data_bytes)
+            return _timed_spark(action, records, metrics, data_bytes, brokers)
 
     # Interleaved rounds: every runner once per round, so that a slow spell of this shared
     # machine hits all runners alike, and each ratio is also taken within a round.
@@ -630,7 +694,7 @@ def run_benchmark(
                 continue
             what = "warm-up" if round_no == 0 else f"run {round_no}/{runs}"
             log(f"{name:<3} {what}: {sample.records / sample.seconds:,.0f} rec/s, {sample.seconds:.2f}s, "
-                f"{sample.cpu_seconds:.1f} CPU-s")  # fmt: skip
+                f"{sample.cpu_seconds:.1f} CPU-s{_split_text(sample.cpu_split)}")  # fmt: skip
             if round_no:
                 result.samples.append(sample)
     del F
@@ -687,6 +751,12 @@ def run_benchmark(
     return doc
 
 
+def _split_text(split: dict[str, float] | None) -> str:
+    if not split:
+        return ""
+    return " (" + ", ".join(f"{kind} {seconds:.1f}" for kind, seconds in split.items()) + ")"
+
+
 def print_report(doc: dict[str, Any]) -> None:
     print(
         f"\nTidemark read benchmark: {doc['records']:,} × {doc['value_bytes']} B over {doc['partitions']} "
@@ -702,6 +772,9 @@ def print_report(doc: dict[str, Any]) -> None:
         ratio = "" if r["kafka_payload_read_ratio"] is None else f"{r['kafka_payload_read_ratio']:.2f}"
         print(f"{r['name']:<5} {r['median_records_per_s']:>15,} {r['median_records_per_cpu_s']:>11,} {rss:>14} "
               f"{ratio:>13}  {r['label']}" + (f" ({r['note']})" if r["note"] else ""))  # fmt: skip
+    for r in doc["runners"].values():
+        if r.get("median_cpu_split"):
+            print(f"  {r['name']} CPU-s (median) by process:{_split_text(r['median_cpu_split'])}")
     print("ratios of the medians: " + ", ".join(f"{k} = {v}" for k, v in doc["ratios"].items()))
     for k, values in (doc.get("ratios_by_round") or {}).items():
         if values:

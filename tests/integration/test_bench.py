@@ -33,6 +33,10 @@ def test_bench_runs_interleaved_rounds_and_reads_kafka_once(kafka: KafkaTestClus
         assert runner["error"] is None
         assert [s["records"] for s in runner["samples"]] == [16000, 16000]
     assert doc["runners"]["R3"]["kafka_payload_read_ratio"] == 1.0
+    # CPU by process kind: Spark's JVM, the Python workers, and the test cluster's local brokers.
+    for name in ("R3", "R6"):
+        split = doc["runners"][name]["median_cpu_split"]
+        assert set(split) == {"jvm", "python", "brokers"} and min(split.values()) > 0, split
     assert doc["runners"]["R6"]["kafka_payload_read_ratio"] == 1.0
     assert len(doc["r6_steps_seconds"]) == 2
     assert len(doc["ratios_by_round"]["R3/R1"]) == 2 and doc["ratios_by_round"]["R3/R4"] == []
