@@ -209,8 +209,8 @@ def local_broker_pids(connection: KafkaConnection) -> list[int]:
 class ProcessSampler:
     """CPU time and peak RSS of this process and its descendants (Spark's JVM and Python workers).
 
-    ``others`` (the embedded brokers) are sampled beside them and kept apart: their CPU is
-    not in :attr:`cpu_seconds`, only in :attr:`cpu_split`.
+    ``others`` (the brokers, when they run on this machine) are sampled beside them and kept
+    apart: their CPU is not in :attr:`cpu_seconds`, only in :attr:`cpu_split`.
     """
 
     def __init__(self, interval_s: float = 0.2, others: Sequence[int] = ()) -> None:
