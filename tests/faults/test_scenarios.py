@@ -586,9 +586,37 @@ def test_broker_restarted_during_the_read(fenv: FaultEnv) -> None:
     fenv.check("test_broker_restarted_during_the_read")
 
 
+def _settle_group_coordinators(fenv: FaultEnv, timeout_s: float = 30.0) -> None:
+    """Move every ``__consumer_offsets`` leader to its preferred replica, and wait until it is there.
+
+    A broker restarted by an earlier scenario leaves those leaders off their preferred
+    replicas, and the controller moves them back on its own schedule (every
+    ``leader.imbalance.check.interval.seconds``). If that happens while a scenario has
+    paused the coordinator, the group gets a new, healthy coordinator, and the fault
+    stops biting. A preferred election first leaves nothing for the controller to move.
+    """
+    from confluent_kafka import ElectionType, TopicPartition
+
+    admin = fenv.kafka.adapter.admin
+    topic = "__consumer_offsets"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
+        off = [p for p in partitions.values() if p.replicas and p.leader != p.replicas[0]]
+        if not off:
+            return
+        assert time.monotonic() < deadline, f"{topic} leaders stayed off their preferred replicas: {off}"
+        try:
+            admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, p.id) for p in off]).result(timeout=10)
+        except Exception:  # noqa: BLE001 - "election not needed" and friends: the loop checks the outcome
+            pass
+        time.sleep(0.5)
+
+
 def _coordinator_pid(fenv: FaultEnv) -> int:
-    """The pid of the broker that coordinates the feed's group (the group must exist)."""
+    """The pid of the broker that coordinates the feed's group (the group must exist), once it will stay put."""
     cluster = fenv.kafka.require_local()
+    _settle_group_coordinators(fenv)
     future = fenv.kafka.adapter.admin.describe_consumer_groups([fenv.group], request_timeout=10)[fenv.group]
     node_id = future.result(timeout=10).coordinator.id
     pid = cluster.state().node(node_id).pid  # type: ignore[union-attr]
