@@ -138,9 +138,9 @@ def run(
        only read of Kafka; nothing is cached. A small plan is read by the driver just
        before (step ``read``) and handed to Spark as Arrow batches.
     2. ``validate``: one aggregation over the staged files (the columns it needs only) gives
-       the per-range statistics, the built-in range checks and the bad-record counts, then
-       the feed's GX suite runs (:func:`tidemark.validation.validate`); raises when the run
-       must fail.
+       the per-range statistics, the built-in range checks and the bad-record counts, while
+       the feed's GX suite runs beside it (:func:`tidemark.validation.validate`); raises when
+       the run must fail.
     3. ``publish``: the feed's publisher (:func:`tidemark.publish.publisher_for`: a Parquet
        folder, where good records become the publication by rename and bad ones its
        quarantine, or an Iceberg table) publishes the staged records, after their counts
@@ -213,7 +213,7 @@ def run(
             res.window, res.events = timer.step("window", lambda: window_counts(staged, plan, time_filter))
             staged = staged.where(F.col(OUTCOME_COLUMN) != OUTSIDE_WINDOW)
         checked = timer.step(
-            "validate",  # one aggregation: range statistics, built-in checks, bad-row counts; then GX
+            "validate",  # one aggregation: range statistics, built-in checks, bad-row counts; GX beside it
             lambda: validate(
                 staged.where(~undecoded).select(*record_columns), plan, feed, run_dir,
                 # The reader stops only at each range's end (it raises otherwise).

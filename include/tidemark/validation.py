@@ -3,7 +3,8 @@
 :func:`validate` runs on the DataFrame the job read (persisted by the caller, so Kafka
 is read once) and costs few Spark actions: one aggregation per (topic, partition) gives
 the range statistics *and* the bad-record counts of every row rule, one small action
-samples bad records, and Great Expectations runs its own metrics.
+samples bad records, and Great Expectations runs its own metrics in a thread beside
+them (its context, queries and Data Docs overlap the aggregation's scan).
 
 Built-in checks (always on, :func:`check_ranges`): no record outside its planned range
 or in an unplanned partition, no duplicate ``(topic, partition, offset)``, every range
@@ -36,7 +37,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -604,6 +607,7 @@ def validate(
     statistics of :func:`tidemark.source.range_stats` as ``outcome.range_stats``.
     """
     from pyspark.sql import functions as F
+    from pyspark.util import inheritable_thread_target
 
     run_dir.mkdir(parents=True, exist_ok=True)
     policy = feed.validation
@@ -632,13 +636,46 @@ def validate(
         F.sum(F.col("_undecoded").cast("int")).alias("undecoded"),
         *[F.sum(F.col(f"_rule_{i}").cast("int")).alias(f"rule_{i}") for i in range(len(flags))],
     ]
-    rows = marks.groupBy("topic", "partition").agg(*aggs).collect()
-    ranges = check_ranges(_stats_from_rows(rows, positions), plan, positions=positions)
-    total = sum(int(r["rows"]) for r in rows)
-    bad_counts = {(r["topic"], int(r["partition"])): int(r["bad"] or 0) for r in rows}
-    bad_total = sum(bad_counts.values())
-    undecoded = sum(int(r["undecoded"] or 0) for r in rows)
-    rule_counts = [sum(int(r[f"rule_{i}"] or 0) for r in rows) for i in range(len(rules))]
+    # GX runs beside the aggregation, in a thread of its own: its context, queries and Data
+    # Docs overlap the aggregation's scan instead of following it. When every expectation is
+    # translated, whether GX lists unexpected rows hangs on the aggregation's counts (none
+    # found: no lists, see run_gx), so GX starts without lists, and runs once more with
+    # them in the rarer run whose counts find bad rows.
+    speculative = not untranslatable
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidemark-gx") as pool:
+        # Leaving the block waits for GX, also when the aggregation raises: none of GX's
+        # queries outlives validate() (after a failure the job discards the staged files).
+        gx_future = pool.submit(
+            inheritable_thread_target(df.sparkSession)(run_gx), df, feed, plan, run_dir, list_unexpected=not speculative
+        )
+        rows = marks.groupBy("topic", "partition").agg(*aggs).collect()
+        ranges = check_ranges(_stats_from_rows(rows, positions), plan, positions=positions)
+        total = sum(int(r["rows"]) for r in rows)
+        bad_counts = {(r["topic"], int(r["partition"])): int(r["bad"] or 0) for r in rows}
+        bad_total = sum(bad_counts.values())
+        undecoded = sum(int(r["undecoded"] or 0) for r in rows)
+        rule_counts = [sum(int(r[f"rule_{i}"] or 0) for r in rows) for i in range(len(rules))]
+
+        picked: list[Any] = []
+        if bad_total - undecoded:
+            picked += (
+                df.where(bad)
+                .select("topic", "partition", "offset", F.expr(reason_sql(rules)).alias("reason"))
+                .limit(sample_size)
+                .collect()
+            )
+        if undecoded and decode_failed is not None:
+            picked += (
+                decode_failed.select("topic", "partition", "offset", _decode_reason(decode_failed).alias("reason"))
+                .limit(sample_size)
+                .collect()
+            )
+    samples: list[dict[str, Any]] = []
+    if picked:
+        samples = [
+            {"topic": r["topic"], "partition": int(r["partition"]), "offset": int(r["offset"]), "reason": r["reason"]}
+            for r in sorted(picked, key=lambda r: (r["topic"], r["partition"], r["offset"]))[:sample_size]
+        ]
     labels = [r.label for r in rules]
     # Two expectations of one kind on one column share a label: tell them apart in the summary.
     by_rule = {
@@ -646,30 +683,10 @@ def validate(
         for label, rule, n in zip(labels, rules, rule_counts, strict=True)
     }
 
-    picked: list[Any] = []
-    if bad_total - undecoded:
-        picked += (
-            df.where(bad)
-            .select("topic", "partition", "offset", F.expr(reason_sql(rules)).alias("reason"))
-            .limit(sample_size)
-            .collect()
-        )
-    if undecoded and decode_failed is not None:
-        picked += (
-            decode_failed.select("topic", "partition", "offset", _decode_reason(decode_failed).alias("reason"))
-            .limit(sample_size)
-            .collect()
-        )
-    samples: list[dict[str, Any]] = []
-    if picked:
-        samples = [
-            {"topic": r["topic"], "partition": int(r["partition"]), "offset": int(r["offset"]), "reason": r["reason"]}
-            for r in sorted(picked, key=lambda r: (r["topic"], r["partition"], r["offset"]))[:sample_size]
-        ]
-
-    # When every expectation is a row rule and none matched a row, GX has no unexpected row
-    # to list, so it is not asked to look for any.
-    gx_out = run_gx(df, feed, plan, run_dir, list_unexpected=bool(untranslatable) or any(rule_counts))
+    gx_out = gx_future.result()
+    if speculative and any(rule_counts):  # bad rows after all: GX's result and Data Docs list them
+        shutil.rmtree(run_dir / "gx", ignore_errors=True)
+        gx_out = run_gx(df, feed, plan, run_dir, list_unexpected=True)
     rule_by_index = {r.index: (r, n) for r, n in zip(rules, rule_counts, strict=True) if r.index is not None}
     expectations = []
     failing: list[str] = []

@@ -149,6 +149,10 @@ def test_gx_looks_for_no_unexpected_rows_once_the_row_counts_found_none(spark: A
     assert bad_result["results"][0]["result"]["partial_unexpected_index_list"] == [
         {"topic": TOPIC, "partition": 0, "offset": 9, "order_id": None}
     ]
+    # GX ran beside the counts without lists, then again with them: only the second run is
+    # left in the Data Docs (validations/<suite>/<run name>/<run time>/<page>).
+    runs = list((tmp_path / "d" / "gx" / "validations").glob("*/*/*"))
+    assert len(runs) == 1 and len(list(runs[0].glob("*.html"))) == 1
 
 
 def test_range_statistics_ride_along_the_validation_aggregation(spark: Any, tmp_path: Path) -> None:
@@ -299,10 +303,15 @@ def test_every_translated_rule_agrees_with_gx(spark: Any, tmp_path: Path) -> Non
 
 
 def test_duplicates_and_out_of_range_offsets_fail_the_built_in_checks(spark: Any, tmp_path: Path) -> None:
+    import threading
+
     rows = clean_rows(0, 0, 5)
     dup = spark.createDataFrame([*rows, rows[2]], SCHEMA)
     with pytest.raises(ValidationFailedError, match=r"orders\[0\]: 1 duplicate offsets"):
         validate(dup, make_plan({0: (0, 5)}), feed(), tmp_path)
+    # GX ran beside the failed checks; it finished before validate() raised, so none of its
+    # queries can still be reading files that the job discards after a failure.
+    assert not [t for t in threading.enumerate() if t.name.startswith("tidemark-gx")]
     with pytest.raises(ValidationFailedError, match=r"orders\[0\]: offsets 0..4 outside the planned range \[1, 5\)"):
         check_ranges(spark.createDataFrame(rows, SCHEMA), make_plan({0: (1, 5)}))
 
