@@ -231,7 +231,7 @@ def replay_conf(feed: str, body: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         named = ", ".join(k if len(k) <= 40 else shown(k) for k in unknown[:5]) + (", …" if len(unknown) > 5 else "")
         raise ConfigError(f"unknown replay parameters: {named} (known: {', '.join(sorted(REPLAY_KEYS))})")
-    conf = {k: v for k, v in body.items() if v is not None and not (isinstance(v, str) and v == "")}
+    conf = {k: v for k, v in body.items() if v is not None and v != ""}
     dry_run = body.get("dry_run", True)
     if not isinstance(dry_run, bool):
         raise ConfigError(f"parameter 'dry_run': expected true or false, got {shown(dry_run)}")

@@ -35,7 +35,7 @@ FEED = "view"
 DOCS_FEED = "docs"
 # A rejected value that would run as script in any page that inlines it: it marks the page it ran in.
 MARKUP = (
-    "<img src=x onerror=\"document.documentElement.dataset.xss='ran:'+document.cookie\">"
+    "<img src=x onerror=\"document.documentElement.dataset.xss=document.cookie.includes('_token=')?'cookie':'ran'\">"
     "<script>document.documentElement.dataset.xss='ran'</script>"
 )
 SECRET = "pa55-never-shown"
