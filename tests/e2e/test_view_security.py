@@ -9,6 +9,7 @@ from the preview and the trigger alike, before any run starts.
 from __future__ import annotations
 
 import http.server
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,3 +216,15 @@ def _headers(airflow: RunningAirflow, path: str) -> tuple[int, dict[str, str]]:
     req = urllib.request.Request(airflow.base + path, headers={"Authorization": f"Bearer {airflow.tokens['admin']}"})
     with urllib.request.urlopen(req, timeout=30) as resp:
         return resp.status, {k.lower(): v for k, v in resp.headers.items()}
+
+
+def test_the_pages_script_escapes_quotes_for_the_attributes_it_builds(airflow: RunningAirflow, browser: Any) -> None:
+    """The polling code writes run ids and states into quoted attributes: its escaping covers quotes."""
+    status, html = airflow.request(f"/tidemark/feeds/{FEED}")
+    assert status == 200
+    esc = re.search(r"function esc\(v\) \{.*?return [^;]*;\s*\}", html, re.S)
+    assert esc, "the page's esc() helper"
+    page = browser.new_page()
+    hostile = "x' onmouseover='alert(1)\" data-y=\""
+    out = page.evaluate("([src, v]) => new Function('return ' + src)()(v)", [esc.group(0), hostile])
+    assert "'" not in out and '"' not in out and "&#39;" in out and "&quot;" in out, out
