@@ -28,7 +28,7 @@ from tidemark.checkpoints import CheckpointStore
 from tidemark.config import Feed, load_feeds, package_root
 from tidemark.connection import KafkaConnection, from_airflow_extra, from_env
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
-from tidemark.replay import END_CHOICES, START_CHOICES
+from tidemark.replay import END_CHOICES, MAX_OFFSET, MAX_PARTITION, OUTPUT_ROOTS_ENV, START_CHOICES
 
 log = logging.getLogger(__name__)
 KAFKA_CONN_ID = os.environ.get("TIDEMARK_KAFKA_CONN_ID", "tidemark_kafka")
@@ -379,10 +379,12 @@ def _selection_params(mode: str, dry_run_default: bool) -> dict[str, Param]:
     return {
         "topics": Param(None, type=["null", "array"], items={"type": "string"}, title="Topics",
                         description="Empty: every topic of the feed", section="Scope"),
-        "partitions": Param(None, type=["null", "array"], items={"type": "integer", "minimum": 0},
+        "partitions": Param(None, type=["null", "array"],
+                            items={"type": "integer", "minimum": 0, "maximum": MAX_PARTITION},
                             title="Partitions", description="Empty: every partition", section="Scope"),
         "output": Param(None, type=["null", "string"], title="Output location", section="Scope",
-                        description=f"Empty: the feed's {mode} location beside its output (never the output itself)"),
+                        description=f"Empty: the feed's {mode} location beside its output (never the output itself); "
+                        f"otherwise a place under it or under {OUTPUT_ROOTS_ENV}"),
         "dry_run": Param(dry_run_default, type="boolean", title="Dry run (plan only, read nothing)"),
     }  # fmt: skip
 
@@ -450,12 +452,19 @@ def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
                 section="Start",
             ),
             "start_timestamp": Param(None, type=["null", "string"], format="date-time", section="Start"),
-            "start_offset": Param(None, type=["null", "integer"], minimum=0, section="Start"),
-            "shift_by": Param(None, type=["null", "integer"], section="Start", description="Negative rewinds"),
+            "start_offset": Param(None, type=["null", "integer"], minimum=0, maximum=MAX_OFFSET, section="Start"),
+            "shift_by": Param(
+                None,
+                type=["null", "integer"],
+                minimum=-MAX_OFFSET,
+                maximum=MAX_OFFSET,
+                section="Start",
+                description="Negative rewinds",
+            ),
             "duration": Param(None, type=["null", "string"], section="Start", description="ISO 8601, e.g. PT6H"),
             "end_at": Param("latest", type="string", enum=list(END_CHOICES), title="End at", section="End"),
             "end_timestamp": Param(None, type=["null", "string"], format="date-time", section="End"),
-            "end_offset": Param(None, type=["null", "integer"], minimum=0, section="End"),
+            "end_offset": Param(None, type=["null", "integer"], minimum=0, maximum=MAX_OFFSET, section="End"),
             "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards"),
             **_window_params(),
             **_selection_params("replay", dry_run_default=True),

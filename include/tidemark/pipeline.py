@@ -37,7 +37,7 @@ from tidemark.errors import ConfigError, OffsetsMovedError, TidemarkError
 from tidemark.faults import fault_point
 from tidemark.kafka_io import KafkaAdapter
 from tidemark.plan import Mode, Plan, write_plan
-from tidemark.replay import parse_replay_params, parse_timestamp
+from tidemark.replay import confine_output, output_location, parse_replay_params, parse_timestamp
 from tidemark.report import PLAN_FILE
 from tidemark.storage import Location
 
@@ -188,12 +188,14 @@ def selection_options(feed: Feed, mode: str, params: Mapping[str, Any]) -> tuple
     if mode == "scheduled":
         return options, None, dry_run
     output = params.get("output")
-    target = Location.of(str(output)) if output not in (None, "") else feed.output_for(mode)
+    default = feed.output_for(mode)
+    target = output_location(output) if output not in (None, "") else default
     if target == feed.output_location():
         raise ConfigError(
             f"parameter 'output': {target} is feed '{feed.name}''s own output; a {mode} publishes elsewhere "
             f"(default {feed.output_for(mode)}) so readers of the feed never see its records twice"
         )
+    confine_output(target, [default])
     return options, target, dry_run
 
 

@@ -8,19 +8,28 @@ planner resolves a spec against the partitions' offsets.
 
 from __future__ import annotations
 
+import os
+import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, get_args
 
 from tidemark.errors import ConfigError
+from tidemark.storage import Location, is_url
 
 StartFrom = Literal["committed", "earliest", "latest", "timestamp", "offset", "shift_by", "by_duration"]
 EndAt = Literal["latest", "timestamp", "offset"]
 
 START_CHOICES: tuple[str, ...] = get_args(StartFrom)
 END_CHOICES: tuple[str, ...] = get_args(EndAt)
+
+# Kafka offsets are signed 64-bit; a larger number would only fail later, in the task supervisor.
+MAX_OFFSET = 2**63 - 1
+MAX_PARTITION = 2**31 - 1
+QUOTE_CHARS = 80
+OUTPUT_ROOTS_ENV = "TIDEMARK_REPLAY_OUTPUT_ROOTS"
 
 _DURATION = re.compile(r"^P(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?)?$")
 
@@ -40,13 +49,22 @@ class ReplaySpec:
     commit: bool = False
 
 
+def shown(value: Any) -> str:
+    """An input as a message quotes it: its repr, cut at ``QUOTE_CHARS`` characters."""
+    text = repr(value)
+    return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + "…"
+
+
 def parse_duration(text: str) -> timedelta:
     """An ISO 8601 duration such as ``PT6H`` or ``P1DT30M``."""
-    match = _DURATION.match(text.strip().upper())
+    match = _DURATION.match(text.strip().upper()) if len(text) <= 40 else None
     if not match or text.strip().upper() in ("P", "PT"):
-        raise ConfigError(f"parameter 'duration': {text!r} is not an ISO 8601 duration like PT6H or P1DT30M")
+        raise ConfigError(f"parameter 'duration': {shown(text)} is not an ISO 8601 duration like PT6H or P1DT30M")
     parts = {k: int(v) if v else 0 for k, v in match.groupdict().items()}
-    return timedelta(days=parts["d"], hours=parts["h"], minutes=parts["m"], seconds=parts["s"])
+    try:
+        return timedelta(days=parts["d"], hours=parts["h"], minutes=parts["m"], seconds=parts["s"])
+    except OverflowError as exc:
+        raise ConfigError(f"parameter 'duration': {shown(text)} is longer than any log") from exc
 
 
 def parse_timestamp(name: str, value: Any) -> datetime | None:
@@ -58,35 +76,40 @@ def parse_timestamp(name: str, value: Any) -> datetime | None:
         try:
             parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
         except ValueError as exc:
-            raise ConfigError(f"parameter '{name}': {value!r} is not an ISO 8601 date-time") from exc
+            raise ConfigError(f"parameter '{name}': {shown(value)} is not an ISO 8601 date-time") from exc
     if parsed.tzinfo is None:
-        raise ConfigError(f"parameter '{name}': {value!r} has no timezone; add one, e.g. 2026-01-31T00:00:00Z")
+        raise ConfigError(f"parameter '{name}': {shown(value)} has no timezone; add one, e.g. 2026-01-31T00:00:00Z")
     return parsed
 
 
-def _int(name: str, value: Any, minimum: int | None = None) -> int | None:
-    if value in (None, ""):
+def _int(name: str, value: Any, minimum: int = -MAX_OFFSET, maximum: int = MAX_OFFSET) -> int | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ConfigError(f"parameter '{name}': expected a whole number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | str) or (isinstance(value, str) and len(value) > 40):
+        raise ConfigError(f"parameter '{name}': expected a whole number, got {shown(value)}")
     try:
         number = int(value)
     except ValueError as exc:
-        raise ConfigError(f"parameter '{name}': expected a whole number, got {value!r}") from exc
-    if minimum is not None and number < minimum:
-        raise ConfigError(f"parameter '{name}': must be at least {minimum}, got {number}")
+        raise ConfigError(f"parameter '{name}': expected a whole number, got {shown(value)}") from exc
+    if not minimum <= number <= maximum:
+        raise ConfigError(f"parameter '{name}': must be from {minimum} to {maximum}, got {shown(number)}")
     return number
 
 
 def parse_replay_params(params: Mapping[str, Any]) -> ReplaySpec:
     """Validate trigger parameters; every refusal names the parameter at fault."""
     start_from: StartFrom = params.get("start_from") or "committed"
-    if start_from not in START_CHOICES:
-        raise ConfigError(f"parameter 'start_from': {start_from!r} is not one of {', '.join(START_CHOICES)}")
+    if not isinstance(start_from, str) or start_from not in START_CHOICES:
+        raise ConfigError(f"parameter 'start_from': {shown(start_from)} is not one of {', '.join(START_CHOICES)}")
     end_at: EndAt = params.get("end_at") or "latest"
-    if end_at not in END_CHOICES:
-        raise ConfigError(f"parameter 'end_at': {end_at!r} is not one of {', '.join(END_CHOICES)}")
+    if not isinstance(end_at, str) or end_at not in END_CHOICES:
+        raise ConfigError(f"parameter 'end_at': {shown(end_at)} is not one of {', '.join(END_CHOICES)}")
     duration_text = params.get("duration")
+    if duration_text is not None and not isinstance(duration_text, str):
+        raise ConfigError(f"parameter 'duration': {shown(duration_text)} is not an ISO 8601 duration like PT6H")
+    commit = params.get("commit", False)
+    if not isinstance(commit, bool):
+        raise ConfigError(f"parameter 'commit': expected true or false, got {shown(commit)}")
     spec = ReplaySpec(
         start_from=start_from,
         start_timestamp=parse_timestamp("start_timestamp", params.get("start_timestamp")),
@@ -96,7 +119,7 @@ def parse_replay_params(params: Mapping[str, Any]) -> ReplaySpec:
         end_at=end_at,
         end_timestamp=parse_timestamp("end_timestamp", params.get("end_timestamp")),
         end_offset=_int("end_offset", params.get("end_offset"), minimum=0),
-        commit=bool(params.get("commit", False)),
+        commit=commit,
     )
     needs = {
         "timestamp": ("start_timestamp", spec.start_timestamp),
@@ -117,3 +140,56 @@ def parse_replay_params(params: Mapping[str, Any]) -> ReplaySpec:
     if spec.start_offset is not None and spec.end_offset is not None and spec.end_offset < spec.start_offset:
         raise ConfigError(f"parameter 'end_offset' ({spec.end_offset}) is below 'start_offset' ({spec.start_offset})")
     return spec
+
+
+def _lexical(text: str) -> str | None:
+    """A location normalised by its text alone (``..`` and ``.`` folded), or ``None`` if it is not absolute.
+
+    Nothing on the server is consulted: no home folder for ``~``, no symlink, no
+    ``/proc/self/cwd``; what the caller typed is what gets compared.
+    """
+    if "\x00" in text or any(ord(c) < 32 for c in text):
+        return None
+    if is_url(text):
+        scheme, _, rest = text.partition("://")
+        rest = posixpath.normpath("/" + rest).lstrip("/")
+        if scheme != "s3" or not rest or rest == ".":
+            return None
+        return f"s3://{rest}"
+    if not text.startswith("/"):
+        return None
+    return "/" + posixpath.normpath(text).lstrip("/")
+
+
+def output_roots(defaults: Sequence[Location], environ: Mapping[str, str] | None = None) -> list[str]:
+    """Where replays and backfills may write: ``defaults`` and the roots in ``TIDEMARK_REPLAY_OUTPUT_ROOTS``."""
+    env = os.environ if environ is None else environ
+    configured = [r.strip() for r in env.get(OUTPUT_ROOTS_ENV, "").split(",") if r.strip()]
+    roots: list[str] = []
+    for root in [str(d) for d in defaults] + configured:
+        normal = _lexical(root)
+        if normal is None:
+            raise ConfigError(f"{OUTPUT_ROOTS_ENV}: {shown(root)} is not an absolute local path or s3://bucket/prefix")
+        if normal not in roots:
+            roots.append(normal)
+    return roots
+
+
+def output_location(value: Any) -> Location:
+    """The ``output`` parameter as a location, normalised lexically (never resolved on the server)."""
+    normal = _lexical(value.strip()) if isinstance(value, str) else None
+    if normal is None:
+        raise ConfigError(f"parameter 'output': {shown(value)} is not an absolute local path or s3://bucket/prefix")
+    return Location(normal)
+
+
+def confine_output(target: Location, defaults: Sequence[Location], environ: Mapping[str, str] | None = None) -> None:
+    """Refuse ``target`` unless it lies under an allowed root (compared lexically, as text)."""
+    roots = output_roots(defaults, environ)
+    normal = _lexical(target.url) or target.url
+    if not any(normal == root or normal.startswith(root.rstrip("/") + "/") for root in roots):
+        raise ConfigError(
+            f"parameter 'output': {shown(target.url)} is outside the places replays and backfills may write: "
+            f"{', '.join(roots)}; to allow another place, add it to {OUTPUT_ROOTS_ENV} "
+            "(comma-separated local paths and s3://bucket/prefix) where the view and the workers run"
+        )

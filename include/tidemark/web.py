@@ -12,17 +12,27 @@ run would, reads nothing) and ``POST /api/feeds/{feed}/replay`` (triggers
 
 Handlers are thin: the data comes from :mod:`tidemark.status`, :mod:`tidemark.report`
 and :func:`tidemark.pipeline.plan_request`. A feed whose brokers do not answer shows its
-error instead of failing the page. No connection setting is ever rendered, and error
-texts are scrubbed of secret values. Airflow mounts plugin apps without auth; the plugin
-passes Airflow's own security dependencies: ``dependencies`` guard every route (an
-authenticated user), ``trigger_dependencies`` the trigger (a user who may run the
-replay DAG).
+error instead of failing the page. No connection setting is ever rendered (not even the
+broker addresses), and error texts are scrubbed of secret values. Airflow mounts plugin
+apps without auth; the plugin passes Airflow's own security dependencies:
+``dependencies`` guard every route (an authenticated user), ``trigger_dependencies`` the
+trigger (a user who may run the replay DAG).
+
+The view runs on Airflow's origin, where the login cookie lives, so it keeps other
+content from acting there. Run files (Data Docs, written from record data) are served
+with a sandboxing Content-Security-Policy: no script runs and nothing loads from the
+internet. The POST endpoints take only a JSON body (``application/json``, which a form
+on another site cannot send) and refuse requests whose ``Origin`` or ``Sec-Fetch-Site``
+is not this origin. Pages may be framed by Airflow itself only, and no OpenAPI document
+is served. The preview and the trigger share one validation, the planner's: whatever
+the preview accepts is what the trigger starts.
 """
 
 from __future__ import annotations
 
 import json
 import mimetypes
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -32,8 +42,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from fastapi import Body, FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi import Body, Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from tidemark.checkpoints import CheckpointStore, default_store
@@ -41,7 +52,7 @@ from tidemark.config import Feed, load_feeds
 from tidemark.connection import KafkaConnection, from_env
 from tidemark.errors import ConfigError, PlanningError, TidemarkError
 from tidemark.kafka_io import KafkaAdapter
-from tidemark.replay import END_CHOICES, START_CHOICES
+from tidemark.replay import END_CHOICES, START_CHOICES, shown
 from tidemark.report import RunReport, list_runs, redact, run_dir_for, secret_values
 from tidemark.status import FeedStatus, feed_status
 from tidemark.storage import Location
@@ -56,6 +67,22 @@ REPLAY_KEYS = frozenset({
 })  # fmt: skip
 
 Trigger = Callable[[Request, dict[str, Any]], dict[str, Any]]
+
+# Run files hold record data (GX writes rejected values into its pages unescaped): sandboxed,
+# they run no script and load nothing from elsewhere, yet show their server-rendered HTML.
+FILES_CSP = (
+    "sandbox; default-src 'none'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "font-src 'self' data:; frame-ancestors 'self'; base-uri 'none'; form-action 'none'"
+)
+# The view's own pages: inline script and style of its templates; framed by Airflow (same origin) only.
+PAGE_CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'self'"
+)
+DETAIL_CHARS = 600  # an error text longer than this is cut (inputs are quoted only in part anyway)
+
+# A run id or one name of a path below it: no separators, no control characters, not "." or "..".
+_SAFE_NAME = re.compile(r"^(?!\.\.?$)[^/\\\x00-\x1f\x7f]{1,255}$")
 
 _templates = Environment(
     loader=PackageLoader("tidemark", "templates"), autoescape=select_autoescape(["html"]), auto_reload=False
@@ -202,10 +229,52 @@ def replay_conf(feed: str, body: Mapping[str, Any]) -> dict[str, Any]:
     """The replay DAG's conf from a form's parameters: known keys only, a dry run unless said otherwise."""
     unknown = sorted(set(body) - REPLAY_KEYS)
     if unknown:
-        raise ConfigError(f"unknown replay parameters: {', '.join(unknown)} (known: {', '.join(sorted(REPLAY_KEYS))})")
-    conf = {k: v for k, v in body.items() if v not in (None, "")}
-    conf["dry_run"] = bool(body.get("dry_run", True))
+        named = ", ".join(k if len(k) <= 40 else shown(k) for k in unknown[:5]) + (", …" if len(unknown) > 5 else "")
+        raise ConfigError(f"unknown replay parameters: {named} (known: {', '.join(sorted(REPLAY_KEYS))})")
+    conf = {k: v for k, v in body.items() if v is not None and v != ""}
+    dry_run = body.get("dry_run", True)
+    if not isinstance(dry_run, bool):
+        raise ConfigError(f"parameter 'dry_run': expected true or false, got {shown(dry_run)}")
+    conf["dry_run"] = dry_run
     return {"feed": feed, **conf}
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS] + "…"
+
+
+def _origin(url: str) -> str:
+    """``scheme://host:port`` of a URL, with the scheme's default port spelled out."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url.strip().lower())
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return ""
+    return f"{parts.scheme}://{parts.hostname}:{port}" if parts.scheme and parts.hostname else ""
+
+
+def same_origin_json(request: Request, api_base: str | None = None) -> None:
+    """Refuse what a page on another origin could send: a non-JSON body, or a foreign Origin / Sec-Fetch-Site.
+
+    A form or a no-CORS fetch from another site (or another port of this host, which
+    browsers count as the same site and send the login cookie to) can only send
+    form-encoded or text bodies; ``application/json`` needs a CORS preflight this app
+    never grants. Browsers also name the page's origin on every cross-origin POST.
+    Callers that are not browsers (the API with a bearer token) send neither header.
+    """
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise HTTPException(415, "send the parameters as a JSON object with Content-Type: application/json")
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site != "same-origin":
+        raise HTTPException(403, f"cross-site request refused (Sec-Fetch-Site: {shown(site)})")
+    origin = request.headers.get("origin")
+    if origin is not None:
+        allowed = {_origin(str(request.base_url))} | ({_origin(api_base)} if api_base else set())
+        if _origin(origin) not in allowed - {""}:
+            raise HTTPException(403, f"cross-origin request refused (Origin: {shown(origin)})")
 
 
 def airflow_trigger(request: Request, conf: dict[str, Any], api_base: str | None = None) -> dict[str, Any]:
@@ -256,11 +325,36 @@ def create_app(
     ``trigger`` starts a replay run (default: :func:`airflow_trigger` at ``api_base()``).
     """
     start_run: Trigger = trigger or (lambda request, conf: airflow_trigger(request, conf, api_base()))
-    app = FastAPI(title="Tidemark", docs_url=None, redoc_url=None, dependencies=list(dependencies))
+    app = FastAPI(title="Tidemark", docs_url=None, redoc_url=None, openapi_url=None, dependencies=list(dependencies))
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        response: Response = await call_next(request)
+        response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["X-Frame-Options"] = "SAMEORIGIN"
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def unreadable_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default answer quotes the whole input back; name the problem only.
+        problems = "; ".join(
+            _clip(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg', 'invalid')}") for e in exc.errors()[:5]
+        )
+        return JSONResponse({"detail": _clip(f"unreadable request: {problems}")}, status_code=422)
+
+    def csrf(request: Request) -> None:
+        same_origin_json(request, api_base())
 
     def scrub(text: str) -> str:
-        secrets = secret_values(connection())
-        return str(redact(text, secrets))
+        conn = connection()
+        text = str(redact(text, secret_values(conn)))
+        # Broker addresses are connection settings too: a viewer learns that Kafka did not answer, not where it is.
+        servers = {conn.bootstrap_servers} | {s.strip() for s in conn.bootstrap_servers.split(",") if s.strip()}
+        servers |= {s.rsplit(":", 1)[0] for s in servers if ":" in s}
+        for server in sorted(servers, key=len, reverse=True):
+            text = text.replace(server, "the feed's brokers")
+        return _clip(text)
 
     def adapter() -> KafkaAdapter:
         return KafkaAdapter(connection(), timeout_s=timeout_s)
@@ -339,19 +433,29 @@ def create_app(
         )  # fmt: skip
         return HTMLResponse(html)
 
-    @app.post("/api/feeds/{name}/replay/preview")
-    def replay_preview(name: str, body: dict[str, Any] = Body(default_factory=dict)) -> dict[str, Any]:  # noqa: B008
+    def plan_of(name: str, body: Any) -> tuple[Feed, dict[str, Any], Any, Any, bool, KafkaAdapter]:
+        """The preview's and the trigger's one validation: the plan a dry run of ``body`` would make."""
         from tidemark.pipeline import plan_request
 
         feed = feed_or_404(name)
+        if not isinstance(body, dict):
+            raise HTTPException(400, f"send the replay parameters as a JSON object, got {shown(body)}")
         try:
             conf = replay_conf(name, body)
             kafka = adapter()
             plan, output, dry_run = plan_request(feed, kafka, checkpoints(), "replay", conf)
-            firsts = kafka.timestamps_at({p.key: p.start for p in plan.partitions if p.records}, feed.isolation)
-            lasts = kafka.timestamps_at({p.key: p.end - 1 for p in plan.partitions if p.records}, feed.isolation)
         except (ConfigError, PlanningError) as exc:  # bad parameters, or the plan itself refused (data loss, ...)
             raise HTTPException(400, scrub(str(exc))) from exc
+        except TidemarkError as exc:
+            raise HTTPException(502, scrub(str(exc))) from exc
+        return feed, conf, plan, output, dry_run, kafka
+
+    @app.post("/api/feeds/{name}/replay/preview", dependencies=[Depends(csrf)])
+    def replay_preview(name: str, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        feed, conf, plan, output, dry_run, kafka = plan_of(name, body)
+        try:
+            firsts = kafka.timestamps_at({p.key: p.start for p in plan.partitions if p.records}, feed.isolation)
+            lasts = kafka.timestamps_at({p.key: p.end - 1 for p in plan.partitions if p.records}, feed.isolation)
         except TidemarkError as exc:
             raise HTTPException(502, scrub(str(exc))) from exc
         if plan.commit and not dry_run:
@@ -383,22 +487,10 @@ def create_app(
             "conf": conf,
         }
 
-    @app.post("/api/feeds/{name}/replay", dependencies=list(trigger_dependencies))
-    def replay_trigger(
-        name: str,
-        request: Request,
-        body: dict[str, Any] = Body(default_factory=dict),  # noqa: B008
-    ) -> dict[str, Any]:
-        from tidemark.pipeline import selection_options
-        from tidemark.replay import parse_replay_params
-
-        feed = feed_or_404(name)
-        try:
-            conf = replay_conf(name, body)
-            parse_replay_params(conf)  # refused here with the parameter named, before Airflow sees it
-            selection_options(feed, "replay", conf)
-        except ConfigError as exc:
-            raise HTTPException(400, str(exc)) from exc
+    @app.post("/api/feeds/{name}/replay", dependencies=[Depends(csrf), *trigger_dependencies])
+    def replay_trigger(name: str, request: Request, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        # Planned first, as the preview plans: a run is started only for what would run.
+        _feed, conf, _plan, _output, _dry_run, _kafka = plan_of(name, body)
         return start_run(request, conf)
 
     @app.get("/runs/{feed}/{run_id}/docs")
@@ -415,17 +507,24 @@ def create_app(
 
     @app.get("/runs/{feed}/{run_id}/files/{path:path}")
     def run_file(feed: str, run_id: str, path: str) -> Response:
-        """Data Docs pages and their assets; only under the run's ``gx/`` folder (local or object store)."""
+        """Data Docs pages and their assets; only under the run's ``gx/`` folder (local or object store).
+
+        Served sandboxed (``FILES_CSP``): they are written from record data.
+        """
         feed_or_404(feed)
         parts = path.split("/")
+        missing = HTTPException(404, f"no file {shown(path)} in the Data Docs of run {shown(run_id)}")
+        if not _SAFE_NAME.match(run_id) or parts[0] != "gx" or not all(_SAFE_NAME.match(p) for p in parts):
+            raise missing
         target = run_dir_for(feed, run_id, runs_root)
         for part in parts:
             target = target / part
-        if parts[0] != "gx" or any(p in ("", ".", "..") for p in parts) or not target.is_file():
-            raise HTTPException(404, f"no file {path} in run {run_id}'s Data Docs")
+        if not target.is_file():
+            raise missing
+        headers = {"Content-Security-Policy": FILES_CSP, "Cross-Origin-Resource-Policy": "same-origin"}
         if target.is_local:
-            return FileResponse(target.local_path())
+            return FileResponse(target.local_path(), headers=headers)
         media = mimetypes.guess_type(path)[0] or "application/octet-stream"
-        return Response(target.read_bytes(), media_type=media)
+        return Response(target.read_bytes(), media_type=media, headers=headers)
 
     return app

@@ -4,7 +4,9 @@ Started once for the e2e tests by :class:`tidemark.airflow_local.LocalAirflow` (
 ``make airflow``) against the session's Kafka cluster, with its own home, state dir and
 feeds folder. The feed ``view`` (manual schedule) reads a 3-partition topic holding a few
 records; the DAGs folder holds the project's DAG file and a downstream DAG scheduled on
-the feed's Asset. SimpleAuthManager users: ``admin`` and ``viewer``.
+the feed's Asset. The feed ``docs`` (manual) has an expectation on its text column and a
+record whose value is markup with script (``MARKUP``), which Great Expectations writes into
+its Data Docs. SimpleAuthManager users: ``admin`` and ``viewer``.
 """
 
 from __future__ import annotations
@@ -26,8 +28,16 @@ import yaml
 
 from tests.conftest import KafkaTestCluster, keyed_records
 from tidemark.airflow_local import LocalAirflow, project_root
+from tidemark.kafka_io import Record
 
+CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright's own browser download is not reachable
 FEED = "view"
+DOCS_FEED = "docs"
+# A rejected value that would run as script in any page that inlines it: it marks the page it ran in.
+MARKUP = (
+    "<img src=x onerror=\"document.documentElement.dataset.xss=document.cookie.includes('_token=')?'cookie':'ran'\">"
+    "<script>document.documentElement.dataset.xss='ran'</script>"
+)
 SECRET = "pa55-never-shown"
 DOWNSTREAM_DAG = "downstream_of_view"
 DOWNSTREAM = '''
@@ -65,15 +75,16 @@ class RunningAirflow:
     group: str
     output: Path
     tokens: dict[str, str]
+    docs_topic: str
 
     @property
     def base(self) -> str:
         return self.airflow.url
 
-    def request(self, path: str, *, user: str | None = "admin", body: dict[str, Any] | None = None,
-                method: str | None = None, cookie: bool = False) -> tuple[int, Any]:  # fmt: skip
+    def request(self, path: str, *, user: str | None = "admin", body: Any = None, method: str | None = None,
+                cookie: bool = False, headers: dict[str, str] | None = None) -> tuple[int, Any]:  # fmt: skip
         """One HTTP call as ``user`` (``None``: anonymous); JSON answers are decoded."""
-        headers = {"Content-Type": "application/json"} if body is not None else {}
+        headers = {**({"Content-Type": "application/json"} if body is not None else {}), **(headers or {})}
         if user is not None:
             if cookie:
                 headers["Cookie"] = f"_token={self.tokens[user]}"
@@ -91,6 +102,20 @@ class RunningAirflow:
             return status, json.loads(text)
         except ValueError:
             return status, text
+
+    def runs(self, dag_id: str) -> int:
+        """How many runs ``dag_id`` has (Airflow's own count)."""
+        status, doc = self.request(f"/api/v2/dags/{dag_id}/dagRuns")
+        assert status == 200, doc
+        return int(doc["total_entries"])
+
+    def login(self, page: Any, user: str = "admin") -> None:
+        """Sign ``user`` in through Airflow's login form in a Playwright page."""
+        page.goto(self.base + "/")
+        page.get_by_label("Username").fill(user)
+        page.get_by_label("Password").fill(self.airflow.passwords()[user])
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url(self.base + "/", timeout=60_000)
 
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
         status, doc = self.request(f"/api/v2/dags/{dag_id}/dagRuns", body={"logical_date": None, "conf": conf or {}})
@@ -127,6 +152,13 @@ def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -
         kafka.produce(topic, keyed_records(count, partition=partition, prefix=f"p{partition}"))
     feed = {"topics": [topic], "group": group, "deserialization": {"format": "string"}, "output": str(output)}
     (feeds / f"{FEED}.yaml").write_text(yaml.safe_dump(feed))
+    docs_topic = kafka.new_topic(partitions=1, prefix="docs")
+    kafka.produce(docs_topic, [*keyed_records(3, partition=0), Record(value=MARKUP.encode(), partition=0)])
+    rule = {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "value", "regex": "^v-"}}
+    checks = {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5, "expectations": [rule]}
+    docs = {"topics": [docs_topic], "group": f"g-docs-{uuid.uuid4().hex[:8]}", "deserialization": {"format": "string"},
+            "output": str(base / "out" / DOCS_FEED), "validation": checks}  # fmt: skip
+    (feeds / f"{DOCS_FEED}.yaml").write_text(yaml.safe_dump(docs))
     shutil.copy(project_root() / "dags" / "tidemark_dags.py", dags / "tidemark_dags.py")
     (dags / "downstream.py").write_text(DOWNSTREAM)
     airflow = LocalAirflow(
@@ -137,6 +169,7 @@ def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
             "TIDEMARK_FEEDS_DIR": str(feeds),
             "TIDEMARK_STATE_DIR": str(state),
+            "TIDEMARK_REPLAY_OUTPUT_ROOTS": str(base / "replays") + ",s3://replays/allowed",
             # A PLAINTEXT cluster ignores SASL settings when no mechanism is set; the password is
             # here to prove it never reaches the view, its JSON or the task logs.
             "AIRFLOW_CONN_TIDEMARK_KAFKA": json.dumps(
@@ -147,8 +180,8 @@ def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -
     try:
         airflow.up()
         tokens = {user: airflow.token(user) for user in ("admin", "viewer")}
-        running = RunningAirflow(airflow, kafka, state, topic, group, output, tokens)
-        _wait_for_dags(running, ["tidemark_view", "tidemark_replay", DOWNSTREAM_DAG])
+        running = RunningAirflow(airflow, kafka, state, topic, group, output, tokens, docs_topic)
+        _wait_for_dags(running, ["tidemark_view", f"tidemark_{DOCS_FEED}", "tidemark_replay", DOWNSTREAM_DAG])
         yield running
     finally:
         airflow.down(timeout_s=10)  # the scheduler's graceful stop can take 30 s; nothing here needs it

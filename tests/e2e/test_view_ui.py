@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import keyed_records
-from tests.e2e.conftest import FEED, RunningAirflow
+from tests.e2e.conftest import CHROMIUM, FEED, RunningAirflow
 from tidemark.checkpoints import SqliteCheckpointStore
 from tidemark.config import load_feed
 from tidemark.status import feed_status
@@ -22,7 +22,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright's own browser download is not reachable
 
 
 def _dash(value: int | None) -> str:
@@ -44,11 +43,7 @@ def test_view_in_a_browser(airflow: RunningAirflow) -> None:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1400, "height": 1300})
-        page.goto(airflow.base + "/")
-        page.get_by_label("Username").fill("admin")
-        page.get_by_label("Password").fill(airflow.airflow.passwords()["admin"])
-        page.get_by_role("button", name="Sign in").click()
-        page.wait_for_url(airflow.base + "/", timeout=60_000)
+        airflow.login(page)
 
         page.goto(airflow.base + "/plugin/tidemark")  # the nav entry's route: the view in Airflow's iframe
         view = page.frame_locator("iframe")

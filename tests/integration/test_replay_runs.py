@@ -83,6 +83,23 @@ def test_a_replay_may_not_publish_into_the_feed_output(env: FaultEnv) -> None:
         env.run("replay", {"start_from": "earliest", "output": str(env.output)})
 
 
+def test_the_cli_refuses_outputs_outside_the_allowed_roots_and_offsets_past_2_63(
+    env: FaultEnv, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tidemark import cli
+
+    monkeypatch.setenv("TIDEMARK_BOOTSTRAP_SERVERS", env.kafka.bootstrap_servers)
+    monkeypatch.setenv("TIDEMARK_REPLAY_OUTPUT_ROOTS", str(env.root / "shared"))
+    runs_before = sorted(env.root.glob("runs/*/*"))
+    elsewhere = env.root.parent / "elsewhere"
+    assert cli.main(["replay", env.feed, "--start-from", "earliest", "--output", str(elsewhere)]) == 2
+    err = capsys.readouterr().err
+    assert "'output'" in err and str(env.root / "shared") in err and f"{env.output}.replays" in err, err
+    assert cli.main(["replay", env.feed, "--start-from", "offset", "--start-offset", str(2**63)]) == 2
+    assert "'start_offset'" in capsys.readouterr().err
+    assert sorted(env.root.glob("runs/*/*")) == runs_before and not elsewhere.exists()
+
+
 def test_commits_of_one_group_take_turns(env: FaultEnv) -> None:
     store = SqliteCheckpointStore(env.root / "checkpoints.sqlite")
     with store.commit_lock(env.group):

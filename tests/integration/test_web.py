@@ -68,11 +68,16 @@ def test_unknown_feed_is_404_and_dead_brokers_show_an_error(
     kafka: KafkaTestCluster, feed: Feed, tmp_path: Path
 ) -> None:
     assert _client(kafka, feed, tmp_path).get("/feeds/nope").status_code == 404
-    dead = KafkaConnection("127.0.0.1:1", {"sasl.password": "s3cret-value"})
-    page = _client(kafka, feed, tmp_path, connection=dead).get(f"/feeds/{feed.name}")
+    dead = KafkaConnection("127.0.0.1:1,tidemark-broker.invalid:9092", {"sasl.password": "s3cret-value"})
+    client = _client(kafka, feed, tmp_path, connection=dead)
+    page = client.get(f"/feeds/{feed.name}")
     assert page.status_code == 200
     assert "offsets unavailable" in page.text
-    assert "s3cret-value" not in page.text
+    preview = client.post(f"/api/feeds/{feed.name}/replay/preview", json={"start_from": "earliest"})
+    assert preview.status_code == 502
+    for text in (page.text, client.get("/api/feeds").text, preview.text):
+        assert "s3cret-value" not in text
+        assert "127.0.0.1:1" not in text and "tidemark-broker.invalid" not in text  # not even broker addresses
 
 
 def test_a_200_partition_feed_renders_every_partition_as_status_says(kafka: KafkaTestCluster, tmp_path: Path) -> None:

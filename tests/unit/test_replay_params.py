@@ -1,0 +1,81 @@
+"""Replay parameters: the bounds every entry point shares, and where a replay may write."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tidemark.config import Feed
+from tidemark.errors import ConfigError
+from tidemark.pipeline import selection_options
+from tidemark.replay import MAX_OFFSET, OUTPUT_ROOTS_ENV, parse_replay_params, shown
+from tidemark.storage import Location
+
+
+@pytest.fixture
+def feed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Feed:
+    monkeypatch.delenv(OUTPUT_ROOTS_ENV, raising=False)
+    return Feed(name="orders", topics=("t",), group="g", output=str(tmp_path / "out" / "orders"))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"start_from": "offset", "start_offset": MAX_OFFSET + 1}, {"start_from": "offset", "start_offset": 10**40},
+     {"end_at": "offset", "end_offset": 2**64}, {"start_from": "shift_by", "shift_by": -MAX_OFFSET - 1},
+     {"start_from": "offset", "start_offset": "9" * 5000},
+     {"start_from": "by_duration", "duration": "P" + "9" * 30 + "D"},
+     {"start_from": "by_duration", "duration": 6}, {"commit": "false"}, {"start_from": ["offset"]}],
+)  # fmt: skip
+def test_out_of_range_and_mistyped_parameters_are_refused_by_name(params: dict[str, object]) -> None:
+    with pytest.raises(ConfigError, match=r"parameter '\w+'") as info:
+        parse_replay_params(params)
+    assert len(str(info.value)) < 300
+
+
+def test_the_largest_offset_is_accepted() -> None:
+    spec = parse_replay_params({"start_from": "offset", "start_offset": MAX_OFFSET})
+    assert spec.start_offset == MAX_OFFSET
+
+
+def test_inputs_are_quoted_only_in_part() -> None:
+    assert shown("x" * 10) == repr("x" * 10)
+    assert shown("x" * 1_000_000) == repr("x" * 1_000_000)[:80] + "…"
+
+
+def test_replay_outputs_are_confined_to_the_feeds_location_or_the_configured_roots(
+    feed: Feed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replays = f"{tmp_path}/out/orders.replays"
+    assert selection_options(feed, "replay", {})[1] == Location(replays)
+    assert selection_options(feed, "replay", {"output": f"{replays}/./a/../b"})[1] == Location(f"{replays}/b")
+    outside = [f"{tmp_path}/elsewhere", f"{replays}/../../elsewhere", f"{replays}x", "~/x", "~nosuchuser/x",
+               "relative", "/proc/self/cwd/x", "s3://bucket/x", "file:///etc", "/tmp/a\x00b", "", " "]  # fmt: skip
+    for output in outside:
+        if output.strip():
+            with pytest.raises(ConfigError, match="'output'") as info:
+                selection_options(feed, "replay", {"output": output})
+            assert output.startswith(("~", "relative", "file", "/tmp/a")) or replays in str(info.value), output
+
+    with pytest.raises(ConfigError, match=OUTPUT_ROOTS_ENV) as info:
+        selection_options(feed, "backfill", {"output": f"{tmp_path}/elsewhere"})
+    assert f"{tmp_path}/out/orders.backfills" in str(info.value)
+
+    monkeypatch.setenv(OUTPUT_ROOTS_ENV, f"{tmp_path}/shared/, s3://bucket/replays")
+    assert selection_options(feed, "replay", {"output": f"{tmp_path}/shared/x"})[1] == Location(f"{tmp_path}/shared/x")
+    assert selection_options(feed, "replay", {"output": "s3://bucket/replays/x"})[1] == Location(
+        "s3://bucket/replays/x"
+    )
+    for output in ("s3://bucket/replays2", "s3://bucket/replays/../x", f"{tmp_path}/shared/../out/orders"):
+        with pytest.raises(ConfigError, match="'output'"):
+            selection_options(feed, "replay", {"output": output})
+
+
+def test_a_symlink_under_a_root_is_compared_by_its_name_not_followed(feed: Feed, tmp_path: Path) -> None:
+    replays = tmp_path / "out" / "orders.replays"
+    replays.mkdir(parents=True)
+    (replays / "link").symlink_to(tmp_path)
+    assert selection_options(feed, "replay", {"output": f"{replays}/link/x"})[1] == Location(f"{replays}/link/x")
+    (tmp_path / "elsewhere").symlink_to(replays)
+    with pytest.raises(ConfigError, match="outside the places"):
+        selection_options(feed, "replay", {"output": f"{tmp_path}/elsewhere/x"})
