@@ -186,6 +186,46 @@ def test_validation_failure_leaves_offsets_then_a_fixed_feed_commits(env: Env) -
     assert len(env.published_rows()) == 19
 
 
+def test_a_record_breaking_eight_rules_is_quarantined_with_every_reason(env: Env) -> None:
+    """Eight broken rules make a reason longer than a file name may be: it must not name a folder."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    from tests.integration.read_helpers import consume_independently
+
+    fields = [f"f{i}" for i in range(8)]
+    env.write_feed(
+        deserialization={
+            "format": "json", "fields": [{"name": f, "type": "string", "required": False} for f in fields],
+        },
+        validation={
+            "on_bad_records": "quarantine", "quarantine_max_ratio": 0.3,
+            "expectations": [{"type": "expect_column_values_to_not_be_null", "kwargs": {"column": f}}
+                             for f in fields],
+        },
+    )  # fmt: skip
+    values = {i: json.dumps({f: f"{f}-{i}" for f in fields}).encode() for i in range(12)}
+    values[4] = b"{}"
+    env.kafka.produce(env.topic, [Record(value=v, key=f"k{i}".encode(), partition=i % 3) for i, v in values.items()])
+
+    handle, job, outcome = env.run()
+
+    plan = handle.plan()
+    assert outcome.committed and env.committed() == {p.partition: p.end for p in plan.partitions}
+    truth = {(part, offset): value for _, part, offset, _, value in consume_independently(env.kafka.connection, plan)}
+    assert len(truth) == 12
+    (plan_dir,) = env.output.glob("plan_id=*")
+    quarantine = ds.dataset(str(plan_dir / "_quarantine"), format="parquet", partitioning="hive", ignore_prefixes=["."])
+    bad = quarantine.to_table().to_pylist()
+    assert [((r["partition"], r["offset"]), r["_raw_value"]) for r in bad] == [((1, 1), b"{}")]
+    assert bad[0]["_reason"] == "; ".join(f"expect_column_values_to_not_be_null({f})" for f in fields)
+    good = [r for f in sorted(plan_dir.glob("topic=*/**/*.parquet")) for r in pq.read_table(f).to_pylist()]
+    pairs = [(r["partition"], r["offset"]) for r in good]
+    assert sorted([*pairs, (1, 1)]) == sorted(truth)  # every offset once: published, or quarantined
+    assert all({f: r[f] for f in fields} == json.loads(truth[r["partition"], r["offset"]]) for r in good)
+    assert job["records_published"] == 11 and job["records_quarantined"] == 1
+
+
 def test_sink_failure_leaves_offsets_and_rerun_publishes_once(env: Env) -> None:
     env.produce(15)
     env.output.parent.mkdir(parents=True, exist_ok=True)
