@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from tidemark.source import RangeStats
+
 JOB_FILE = "job.json"
 SHIP_ENV = "TIDEMARK_SHIP_PACKAGE"
 VALIDATOR = "tidemark.validation.validate"
@@ -233,6 +235,7 @@ def run(
         # than offsets (its built-in checks run on these same figures).
         stats = checked.range_stats or []
         res.ranges = [s.to_dict() for s in stats]
+        res.events += gap_events(stats)
         res.records_read = sum(s.records for s in stats)
         res.validation = checked.summary
         res.decode_failures = int(checked.summary["counts"]["decode_errors"])
@@ -269,6 +272,29 @@ def run(
     fault_point("job.after_publish")  # published, and job.json not yet written
     res.published = True
     return res
+
+
+def gap_events(stats: Sequence[RangeStats]) -> list[dict[str, Any]]:
+    """A ``gap`` event per range with offsets that hold no record the plan's isolation can see.
+
+    Transaction markers, aborted records (under ``read_committed``) and compacted-away
+    records leave offsets without a record; they are counted, not failed, and each range
+    that has them says so in the report and the run's log, so a gap is never silent.
+    """
+    events = []
+    for s in stats:
+        if s.gaps:
+            events.append({
+                "kind": "gap", "topic": s.topic, "partition": s.partition,
+                "message": (
+                    f"{s.topic}[{s.partition}] offsets [{s.start}, {s.end}): {s.gaps} of {s.planned} offsets hold no "
+                    f"record (transaction markers, aborted or compacted-away records); {s.records} records read, "
+                    f"offsets {s.first_offset} to {s.last_offset}. Counted, not failed"
+                ),
+                "details": {"start": s.start, "end": s.end, "gaps": s.gaps, "records": s.records,
+                            "first_offset": s.first_offset, "last_offset": s.last_offset},
+            })  # fmt: skip
+    return events
 
 
 def quarantine_writer(
