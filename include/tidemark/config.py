@@ -376,6 +376,39 @@ def load_feed(name_or_path: str, directory: Path | None = None) -> Feed:
     raise ConfigError(f"no feed named '{name_or_path}' in {folder} (known feeds: {known})")
 
 
+BUILTIN_DAGS = ("backfill", "replay")  # Tidemark's own DAGs, tidemark_<name>: no feed may take their ids
+
+
+def dag_id(name: str) -> str:
+    """The Airflow DAG id of feed ``name`` (or of a built-in DAG): ``tidemark_<name>``, dots as ``_``."""
+    return f"tidemark_{name.replace('.', '_')}"
+
+
 def load_feeds(directory: Path | None = None) -> dict[str, Feed]:
+    """Every feed in the folder, by name; refuses feeds whose DAG ids collide.
+
+    Two files that map to one DAG id (``orders.v1`` and ``orders_v1``, or ``orders.yaml``
+    beside ``orders.yml``), or a feed named after a built-in DAG (``replay``,
+    ``backfill``), would otherwise leave one of them without a DAG and nothing would say so.
+    """
     folder = directory or feeds_dir()
-    return {p.stem: load_feed_file(p) for p in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])}
+    paths = sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])
+    by_dag: dict[str, list[Path]] = {}
+    for path in paths:
+        by_dag.setdefault(dag_id(path.stem), []).append(path)
+    problems = []
+    for dag, files in by_dag.items():
+        if len(files) > 1:
+            problems.append(
+                f"feed files {' and '.join(str(f) for f in files)} all map to the DAG id '{dag}'; "
+                "rename all but one (a feed's name is its file's stem)"
+            )
+        builtin = [b for b in BUILTIN_DAGS if dag_id(b) == dag]
+        if builtin:
+            problems.append(
+                f"feed file {files[0]} would take the DAG id '{dag}' of Tidemark's built-in {builtin[0]} DAG; "
+                "rename the file"
+            )
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return {p.stem: load_feed_file(p) for p in paths}

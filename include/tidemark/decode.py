@@ -76,23 +76,44 @@ class _Decoding:
                 *beside_values, "headers", "plan_id"]  # fmt: skip
 
 
+def decode_reasons(deser: Deserialization) -> list[str]:
+    """Every reason a record of ``deser`` can fail to decode, in the order they are checked.
+
+    The first that applies is the record's :data:`ERROR_COLUMN`; the job stages a failed
+    record under its index here (a short code), not under the text.
+    """
+    reasons: list[str] = []
+    if deser.key_format == "string":
+        reasons.append("key is not valid UTF-8")
+    if deser.format == "string":
+        reasons.append("value is not valid UTF-8")
+    elif deser.format == "json":
+        required = [f for f in deser.fields if f.required]
+        if required:
+            reasons.append("value is null (tombstone)")
+        reasons.append("value is not valid UTF-8")
+        reasons.append("value is not a JSON object matching the declared field types")
+        reasons += [f"required field '{f.name}' is missing or null" for f in required]
+    return reasons
+
+
 def _decoding(df: DataFrame, deser: Deserialization) -> _Decoding:
     from pyspark.sql import functions as F
 
     check_fields(deser)
-    reasons: list[Column] = []
+    failed: list[Column] = []  # one condition per decode_reasons(deser) entry, in its order
     work = df
     key_col: Column = F.col("key")
     if deser.key_format == "string":
         key_col = F.col("key").cast("string")
-        reasons.append(F.when(F.col("key").isNotNull() & ~F.is_valid_utf8(key_col), F.lit("key is not valid UTF-8")))
+        failed.append(F.col("key").isNotNull() & ~F.is_valid_utf8(key_col))
 
     value_cols: list[Column]
     if deser.format == "bytes":
         value_cols = [F.col("value")]
     elif deser.format == "string":
         text = F.col("value").cast("string")
-        reasons.append(F.when(F.col("value").isNotNull() & ~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")))
+        failed.append(F.col("value").isNotNull() & ~F.is_valid_utf8(text))
         value_cols = [text.alias("value")]
     else:
         text = F.col("value").cast("string")
@@ -101,22 +122,12 @@ def _decoding(df: DataFrame, deser: Deserialization) -> _Decoding:
         parsed = F.col(_PARSED)
         required = [f for f in deser.fields if f.required]
         if required:
-            reasons.append(F.when(F.col("value").isNull(), F.lit("value is null (tombstone)")))
-        reasons.append(F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")))
-        reasons.append(
-            F.when(
-                parsed.getField(_CORRUPT).isNotNull(),
-                F.lit("value is not a JSON object matching the declared field types"),
-            )
-        )
-        for f in required:
-            reasons.append(
-                F.when(
-                    F.col("value").isNotNull() & parsed.getField(f.name).isNull(),
-                    F.lit(f"required field '{f.name}' is missing or null"),
-                )
-            )
+            failed.append(F.col("value").isNull())
+        failed.append(~F.is_valid_utf8(text))
+        failed.append(parsed.getField(_CORRUPT).isNotNull())
+        failed += [F.col("value").isNotNull() & parsed.getField(f.name).isNull() for f in required]
         value_cols = [parsed.getField(f.name).alias(f.name) for f in deser.fields]
+    reasons = [F.when(c, F.lit(why)) for c, why in zip(failed, decode_reasons(deser), strict=True)]
     error = F.coalesce(*reasons) if reasons else F.lit(None).cast("string")
     return _Decoding(work, key_col, value_cols, error)
 

@@ -357,9 +357,7 @@ class IcebergPublisher:
             from tidemark.sink import _name_by_place
 
             local = staging.root / QUARANTINE_DIR
-            local.mkdir()
-            for folder in bad:
-                folder.rename(local / f"_reason={folder.name[len(prefix) :]}")
+            staged.write_quarantine(bad, local)
             _name_by_place(local)
             quarantine.upload_tree(local)
 

@@ -2,15 +2,15 @@
 
 ``spark_jobs/tidemark_job.py`` is the thin ``spark-submit`` entry point around
 :func:`main`; the benchmark calls :func:`run` directly. Kafka is read exactly once, by
-one Spark write: every record, decoded and marked with its outcome (``ok``, or why it is
-bad), goes to Parquet in a fresh staging folder. The records come from the
+one Spark write: every record, decoded and marked with its outcome (``ok``, or a short
+code for why it is bad), goes to Parquet in a fresh staging folder. The records come from the
 ``tidemark_kafka`` data source in the executors or, for plans of at most the feed's
 ``driver_read_max_records``, from the same reader run in the driver beforehand
 (:func:`tidemark.source.read_plan_in_driver`: no Python worker starts for a small run).
 The per-range statistics, the built-in checks, the bad-record counts and the feed's GX
 suite then run on those staged files (reading only the columns each needs), and
-publication is a matter of renames: good records become the plan's folder, bad ones its
-quarantine. Nothing is cached, and a
+publication is a matter of renames: good records become the plan's folder; bad ones are
+rewritten into its quarantine with the full reason their code stands for. Nothing is cached, and a
 failure at any step discards the staging folder.
 
 The job writes ``<run_dir>/job.json`` in every case: ``published`` (bool), ``error``
@@ -21,6 +21,7 @@ pipeline reads it before committing. Nothing here imports Airflow or commits off
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -46,6 +47,9 @@ from tidemark.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+    from tidemark.source import RangeStats
 
 JOB_FILE = "job.json"
 SHIP_ENV = "TIDEMARK_SHIP_PACKAGE"
@@ -133,8 +137,9 @@ def run(
 ) -> JobResult:
     """Read ``plan`` once into staging, check and validate it there, then publish; fill the result.
 
-    1. ``write``: Kafka → decode → each record's outcome (``ok``, or why it is bad) →
-       Parquet under a fresh staging folder, partitioned by outcome, topic and date. The
+    1. ``write``: Kafka → decode → each record's outcome code (``ok``, or which decode
+       failure or rules, :class:`tidemark.validation.OutcomeCodes`) → Parquet under a
+       fresh staging folder, partitioned by outcome, topic and date. The
        only read of Kafka; nothing is cached. A small plan is read by the driver just
        before (step ``read``) and handed to Spark as Arrow batches.
     2. ``validate``: one aggregation over the staged files (the columns it needs only) gives
@@ -153,7 +158,7 @@ def run(
     from tidemark.publish import StagedRecords, publisher_for
     from tidemark.sink import parquet_writer, utc_date
     from tidemark.source import DRIVER_READ_MAX_BYTES, DriverReadTooLarge, read_plan, read_plan_in_driver
-    from tidemark.validation import DECODE_OUTCOME_PREFIX, OK_OUTCOME, outcome_column, validate
+    from tidemark.validation import DECODE_CODE, OK_OUTCOME, OutcomeCodes, validate
 
     if plan.feed != feed.name:
         raise ConfigError(f"plan {plan.plan_id} was made for feed '{plan.feed}', not '{feed.name}'")
@@ -186,7 +191,8 @@ def run(
         res.reader = "data_source"
         source = read_plan(spark, plan, connection)
     decoded = annotate(source, feed.deserialization)
-    outcome = outcome_column([c for c in decoded.columns if c not in (RAW_VALUE_COLUMN, "plan_id")], feed)
+    codes = OutcomeCodes.of([c for c in decoded.columns if c not in (RAW_VALUE_COLUMN, "plan_id")], feed)
+    outcome = codes.column()
     time_filter = plan.time_filter
     if time_filter is not None:  # exact window: records stamped outside it are read, counted and left out
         outcome = F.when(_outside(time_filter), F.lit(OUTSIDE_WINDOW)).otherwise(outcome)
@@ -207,7 +213,7 @@ def run(
         staged = spark.read.schema(staged_df.schema).parquet(str(staging.written))
         keeps_raw = raw_value_kept(feed.deserialization)  # JSON feeds stage the raw value beside the fields
         value_column = RAW_VALUE_COLUMN if keeps_raw else "value"
-        undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_OUTCOME_PREFIX)
+        undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_CODE)
         record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date")]
         if time_filter is not None:
             res.window, res.events = timer.step("window", lambda: window_counts(staged, plan, time_filter))
@@ -219,7 +225,7 @@ def run(
                 # The reader stops only at each range's end (it raises otherwise).
                 positions=plan.ends(),
                 decode_failed=staged.where(undecoded).withColumn(
-                    ERROR_COLUMN, F.substring(OUTCOME_COLUMN, len(DECODE_OUTCOME_PREFIX) + 1, 1 << 20)
+                    ERROR_COLUMN, codes.decode_error(F.col(OUTCOME_COLUMN))
                 ),
                 exact_duplicates=False,  # the reader yields each offset at most once
                 raw_value_column=value_column,
@@ -229,6 +235,7 @@ def run(
         # than offsets (its built-in checks run on these same figures).
         stats = checked.range_stats or []
         res.ranges = [s.to_dict() for s in stats]
+        res.events += gap_events(stats)
         res.records_read = sum(s.records for s in stats)
         res.validation = checked.summary
         res.decode_failures = int(checked.summary["counts"]["decode_errors"])
@@ -247,7 +254,8 @@ def run(
             "publish",
             lambda: publisher.publish_staged(
                 staging, plan, feed,
-                staged=StagedRecords(OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good, rewrite=keeps_raw),
+                staged=StagedRecords(OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good, rewrite=keeps_raw,
+                                     write_quarantine=quarantine_writer(spark, record_schema, codes.reason)),
                 stats=stats, extra={"validator": res.validator},
                 expect_records=int(checked.summary["good_records"]),
                 expect_quarantined=int(checked.summary["quarantined_records"]),
@@ -264,6 +272,57 @@ def run(
     fault_point("job.after_publish")  # published, and job.json not yet written
     res.published = True
     return res
+
+
+def gap_events(stats: Sequence[RangeStats]) -> list[dict[str, Any]]:
+    """A ``gap`` event per range with offsets that hold no record the plan's isolation can see.
+
+    Transaction markers, aborted records (under ``read_committed``) and compacted-away
+    records leave offsets without a record; they are counted, not failed, and each range
+    that has them says so in the report and the run's log, so a gap is never silent.
+    """
+    events = []
+    for s in stats:
+        if s.gaps:
+            events.append({
+                "kind": "gap", "topic": s.topic, "partition": s.partition,
+                "message": (
+                    f"{s.topic}[{s.partition}] offsets [{s.start}, {s.end}): {s.gaps} of {s.planned} offsets hold no "
+                    f"record (transaction markers, aborted or compacted-away records); {s.records} records read, "
+                    f"offsets {s.first_offset} to {s.last_offset}. Counted, not failed"
+                ),
+                "details": {"start": s.start, "end": s.end, "gaps": s.gaps, "records": s.records,
+                            "first_offset": s.first_offset, "last_offset": s.last_offset},
+            })  # fmt: skip
+    return events
+
+
+def quarantine_writer(
+    spark: SparkSession, schema: StructType, reason: Callable[[str], str]
+) -> Callable[[Sequence[Path], Path], None]:
+    """Writes staged bad-outcome folders (``<outcome>=<code>/topic=*/date=*``, ``schema``) under a
+    target folder, partitioned by topic and date, with ``reason(code)`` as the ``_reason`` column.
+
+    The staging folders are named by short codes (a name built from every broken rule can
+    exceed a file name's length); the quarantine carries the full reason as data.
+    """
+    from pyspark.sql import functions as F
+
+    from tidemark.sink import parquet_writer
+    from tidemark.validation import REASON_COLUMN
+
+    def write(folders: Sequence[Path], target: Path) -> None:
+        frames = [
+            spark.read.schema(schema).parquet(str(folder))
+            .withColumn(REASON_COLUMN, F.lit(reason(folder.name.partition("=")[2])))
+            for folder in folders
+        ]  # fmt: skip
+        bad = functools.reduce(lambda a, b: a.unionByName(b), frames)
+        parquet_writer(bad, "errorifexists").partitionBy("topic", "date").parquet(str(target))
+        for marker in ("_SUCCESS", "._SUCCESS.crc"):  # not Parquet: readers of the folder would trip on it
+            (target / marker).unlink(missing_ok=True)
+
+    return write
 
 
 # -- entry point -------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from airflow.sdk import DAG, Asset, BaseHook, Param, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark.checkpoints import CheckpointStore
-from tidemark.config import Feed, load_feeds, package_root
+from tidemark.config import Feed, dag_id, load_feeds, package_root
 from tidemark.connection import KafkaConnection, from_airflow_extra, from_env
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
 from tidemark.replay import END_CHOICES, MAX_OFFSET, MAX_PARTITION, OUTPUT_ROOTS_ENV, START_CHOICES
@@ -333,7 +333,7 @@ def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None) -> 
 
 def feed_dag(feed: Feed) -> DAG:
     with DAG(
-        dag_id=f"tidemark_{feed.name.replace('.', '_')}",
+        dag_id=dag_id(feed.name),
         description=f"Scheduled consumption of {', '.join(feed.topics)} for group {feed.group}",
         doc_md=(
             f"Reads what group `{feed.group}` has not read yet from {', '.join(feed.topics)}, validates it, "
@@ -392,7 +392,7 @@ def _selection_params(mode: str, dry_run_default: bool) -> dict[str, Param]:
 def _triggered_dag(mode: str, description: str, doc_md: str, params: dict[str, Param]) -> DAG:
     """A DAG that people trigger from the UI form (no schedule), running one pipeline."""
     with DAG(
-        dag_id=f"tidemark_{mode}",
+        dag_id=dag_id(mode),
         description=description,
         doc_md=doc_md,
         schedule=None,
@@ -473,6 +473,12 @@ def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
 
 
 def all_dags(feeds_directory: Path | None = None) -> dict[str, DAG]:
+    """A DAG per feed plus backfill and replay, by DAG id.
+
+    Feeds whose DAG ids collide with each other or with a built-in DAG are refused by
+    :func:`tidemark.config.load_feeds`, so the DAG file shows an import error naming them
+    instead of one DAG silently replacing another.
+    """
     feeds = load_feeds(feeds_directory)
     dags = {d.dag_id: d for d in (feed_dag(f) for f in feeds.values())}
     for extra in (backfill_dag(feeds), replay_dag(feeds)):

@@ -42,7 +42,9 @@ class StagedRecords:
     ``read_good(folder)`` gives the good records under a staged outcome folder with exactly
     the publication's columns (``schema``); ``rewrite`` says whether the staged files
     carry columns the publication must not (a JSON feed's raw value), so that a
-    rename-only publication is impossible.
+    rename-only publication is impossible. ``write_quarantine(folders, target)`` writes
+    the records of the bad outcome folders under ``target`` (partitioned by topic and
+    date) with the full reason each outcome code stands for as the ``_reason`` column.
     """
 
     outcome_column: str
@@ -50,6 +52,7 @@ class StagedRecords:
     schema: StructType
     read_good: Callable[[Path], DataFrame]
     rewrite: bool
+    write_quarantine: Callable[[Sequence[Path], Path], None]
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,8 @@ class ParquetPublisher:
         extra = {**extra, "run_id": run_id} if run_id else extra
         return publish_staged(
             staging, plan, feed, outcome_column=staged.outcome_column, ok_value=staged.ok_value,
-            rewrite_good=rewrite_good if staged.rewrite else None, stats=stats, extra=extra,
+            write_quarantine=staged.write_quarantine, rewrite_good=rewrite_good if staged.rewrite else None,
+            stats=stats, extra=extra,
             expect_records=expect_records, expect_quarantined=expect_quarantined,
         )  # fmt: skip
 

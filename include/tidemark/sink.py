@@ -3,7 +3,7 @@
 Layout under the feed's output location (:meth:`tidemark.config.Feed.output_location`)::
 
     <output>/plan_id=<id>/topic=<topic>/date=<YYYY-MM-DD>/part-*.parquet   published records
-    <output>/plan_id=<id>/_quarantine/_reason=<why>/topic=<t>/date=<d>/... records kept aside (the job)
+    <output>/plan_id=<id>/_quarantine/topic=<t>/date=<d>/...               records kept aside, with _reason (the job)
     <output>/plan_id=<id>/_quarantine/<name>/part-*.parquet                records kept aside (publish())
     <output>/plan_id=<id>/_manifest.json                                   ranges, counts, checksums
     <output>/_staging/<id>.<nonce>/                                        work in progress
@@ -11,7 +11,7 @@ Layout under the feed's output location (:meth:`tidemark.config.Feed.output_loca
 ``date`` is the record timestamp's UTC date. Spark and pyarrow read ``<output>`` as one
 dataset partitioned by ``plan_id``, ``topic`` and ``date`` and skip ``_``-prefixed
 folders, so staging and quarantine never leak into it. The job stages with
-:func:`new_staging` and finishes with :func:`publish_staged` (renames, no rewrite);
+:func:`new_staging` and finishes with :func:`publish_staged` (renames the good records);
 :func:`publish` writes a DataFrame the same way. Either fills a fresh staging folder,
 writes the manifest last, then renames the staging folder to its final name: one
 atomic ``rename(2)``, so a crash at any point before it leaves nothing visible, and a
@@ -267,6 +267,7 @@ def publish_staged(
     *,
     outcome_column: str,
     ok_value: str,
+    write_quarantine: Callable[[Sequence[Path], Path], None],
     rewrite_good: Callable[[Path, Path], None] | None = None,
     stats: Sequence[RangeStats] = (),
     extra: Mapping[str, Any] | None = None,
@@ -277,8 +278,11 @@ def publish_staged(
 
     ``<written>/<outcome_column>=<ok_value>/topic=*/`` become the published topic folders
     (or, with ``rewrite_good(source, target)``, are rewritten into ``target``: for staged
-    files that carry columns the publication must not); every other outcome folder moves
-    to ``_quarantine/_reason=<outcome>/``. Counts are checked against the Parquet footers
+    files that carry columns the publication must not); every other outcome folder is
+    handed to ``write_quarantine(folders, target)``, which writes their records with the
+    full ``_reason`` as a column under ``_quarantine/topic=*/date=*/`` (an outcome is a
+    short code: a folder named after the reasons could exceed a file name's length).
+    Counts are checked against the Parquet footers
     before the manifest is written; then the folder is renamed into place, atomically.
     Raises :class:`PublishError` (and discards the staging folder) on any mismatch.
     """
@@ -294,12 +298,9 @@ def publish_staged(
                 for topic_dir in sorted(good.iterdir()):
                     if topic_dir.is_dir():
                         os.rename(topic_dir, staging.root / topic_dir.name)
-        prefix = f"{outcome_column}="
-        for bad in sorted(written.glob(f"{prefix}*")) if written.exists() else []:
-            if bad != good and bad.is_dir():
-                target = staging.root / QUARANTINE_DIR / f"_reason={bad.name[len(prefix) :]}"
-                target.parent.mkdir(exist_ok=True)
-                os.rename(bad, target)
+        bad = [d for d in sorted(written.glob(f"{outcome_column}=*")) if d != good and d.is_dir()]
+        if bad:
+            write_quarantine(bad, staging.root / QUARANTINE_DIR)
         shutil.rmtree(written, ignore_errors=True)
 
         def check(manifest: Manifest) -> None:

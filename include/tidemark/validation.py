@@ -231,26 +231,90 @@ def reason_sql(rules: Sequence[RowRule]) -> str:
 
 
 OK_OUTCOME = "ok"
-DECODE_OUTCOME_PREFIX = "decode_error: "
+DECODE_CODE = "decode-"  # + the 1-based index of the record's reason in decode.decode_reasons
+RULES_CODE = "rules-"  # + the broken rules as a bitmask, hex, RULE_BITS rules per "-"-separated chunk
+RULE_BITS = 60
+DECODE_REASON_PREFIX = "decode_error: "
 
 
-def outcome_column(columns: Iterable[str], feed: Feed) -> Column:
-    """Why a row is bad, as one string (the job's staging partition); ``ok`` when it is not.
+@dataclass(frozen=True)
+class OutcomeCodes:
+    """Each record's outcome as a short code (the job's staging partition), and the reason a code stands for.
 
-    ``columns`` are the decoded record's (with :data:`DECODE_ERROR_COLUMN`). A row that did
-    not decode gets ``decode_error: <reason>`` (its fields are null: no other rule
-    applies); any other row every translated rule it violates, ``; ``-separated as in
-    :func:`reason_sql`, or ``ok``. These are exactly the rows :func:`validate` counts bad.
+    The staging folder of an outcome is named after its code: a name built from the
+    reasons themselves outgrows what a file system allows once a record breaks a handful
+    of rules (eight not-null rules on a record ``{}`` make 330 characters). The code says
+    *which* rules (a bitmask over :attr:`rules`) or which decode failure (an index into
+    :attr:`decode_reasons`), so it stays short, and :meth:`reason` gives the full text
+    the quarantine output carries in its ``_reason`` column.
     """
-    from pyspark.sql import functions as F
 
-    rules, _ = split_rules(feed.validation.expectations, [c for c in columns if c not in DECODE_ERROR_COLUMNS])
-    verdict: Column = F.lit(OK_OUTCOME)
-    if rules:
-        reasons = F.expr(reason_sql(rules))
-        verdict = F.when(reasons == "", F.lit(OK_OUTCOME)).otherwise(reasons)
-    error = F.col(DECODE_ERROR_COLUMN)
-    return F.when(error.isNotNull(), F.concat(F.lit(DECODE_OUTCOME_PREFIX), error)).otherwise(verdict)
+    rules: tuple[RowRule, ...]  # the feed's translated row rules, in the feed's order
+    decode_reasons: tuple[str, ...]
+
+    @classmethod
+    def of(cls, columns: Iterable[str], feed: Feed) -> OutcomeCodes:
+        """The codes of ``feed``'s records; ``columns`` are the decoded record's."""
+        from tidemark.decode import decode_reasons
+
+        rules, _ = split_rules(feed.validation.expectations, [c for c in columns if c not in DECODE_ERROR_COLUMNS])
+        return cls(tuple(rules), tuple(decode_reasons(feed.deserialization)))
+
+    def column(self) -> Column:
+        """The code of each row: ``decode-<n>`` when it did not decode (no other rule applies to
+        its null fields), else ``rules-<mask>`` for the rules it breaks, else ``ok``.
+
+        These are exactly the rows :func:`validate` counts bad.
+        """
+        from functools import reduce
+        from operator import add, or_
+
+        from pyspark.sql import functions as F
+
+        verdict: Column = F.lit(OK_OUTCOME)
+        if self.rules:
+            chunks = [
+                reduce(add, [
+                    F.when(F.coalesce(F.expr(rule.sql), F.lit(False)), F.lit(1 << bit).cast("bigint"))
+                    .otherwise(F.lit(0).cast("bigint"))
+                    for bit, rule in enumerate(self.rules[first : first + RULE_BITS])
+                ])
+                for first in range(0, len(self.rules), RULE_BITS)
+            ]  # fmt: skip
+            mask = F.concat_ws("-", *[F.lower(F.hex(chunk)) for chunk in chunks])
+            verdict = F.when(
+                reduce(or_, [chunk != 0 for chunk in chunks]), F.concat(F.lit(RULES_CODE), mask)
+            ).otherwise(verdict)
+        if not self.decode_reasons:
+            return verdict
+        error = F.col(DECODE_ERROR_COLUMN)
+        index = F.array_position(F.array(*[F.lit(r) for r in self.decode_reasons]), error)
+        return F.when(error.isNotNull(), F.concat(F.lit(DECODE_CODE), index.cast("string"))).otherwise(verdict)
+
+    def decode_error(self, code: Column) -> Column:
+        """The decode failure (``decode_error``'s text) of rows whose ``code`` is a decode code."""
+        from pyspark.sql import functions as F
+
+        if not self.decode_reasons:
+            return F.lit(None).cast("string")
+        index = F.substring(code, len(DECODE_CODE) + 1, 8).cast("int")
+        return F.element_at(F.array(*[F.lit(r) for r in self.decode_reasons]), index)
+
+    def reason(self, code: str) -> str:
+        """The ``_reason`` of a bad record's code: ``decode_error: <why>``, or every broken rule, ``; ``-separated."""
+        if code.startswith(DECODE_CODE) and code[len(DECODE_CODE) :].isdigit():
+            index = int(code[len(DECODE_CODE) :])
+            if 1 <= index <= len(self.decode_reasons):
+                return DECODE_REASON_PREFIX + self.decode_reasons[index - 1]
+        elif code.startswith(RULES_CODE):
+            labels = []
+            for n, chunk in enumerate(code[len(RULES_CODE) :].split("-")):
+                mask = int(chunk, 16)
+                labels += [r.label for bit, r in enumerate(self.rules[n * RULE_BITS : (n + 1) * RULE_BITS])
+                           if mask >> bit & 1]  # fmt: skip
+            if labels:
+                return "; ".join(labels)
+        raise ValueError(f"outcome code {code!r} names no decode failure or rule of this feed")
 
 
 # -- built-in range checks ------------------------------------------------------------

@@ -93,3 +93,23 @@ def test_a_feed_publishing_to_object_storage_gets_its_dag_and_asset(tmp_path: Pa
     dags = all_dags(tmp_path)
     [asset] = dags["tidemark_lake"].get_task("commit").outlets
     assert (asset.name, asset.uri) == ("tidemark_lake", "s3://lake/orders")
+
+
+def test_feeds_with_colliding_dag_ids_give_an_import_error_naming_both_files(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path_factory.mktemp("airflow")))
+    monkeypatch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(tmp_path))
+    for name in ("orders.v1", "orders_v1", "replay"):
+        (tmp_path / f"{name}.yaml").write_text(f"topics: [orders]\ngroup: g-{name}\n")
+    from airflow.dag_processing.dagbag import DagBag
+
+    dagbag = DagBag(dag_folder=str(ROOT / "dags"))
+
+    assert dagbag.dag_ids == []  # no feed silently replaced by another, nor the replay DAG by a feed
+    [(path, error)] = dagbag.import_errors.items()
+    assert path.endswith("tidemark_dags.py")
+    assert str(tmp_path / "orders.v1.yaml") in error and str(tmp_path / "orders_v1.yaml") in error
+    assert "'tidemark_orders_v1'" in error
+    assert str(tmp_path / "replay.yaml") in error and "'tidemark_replay'" in error

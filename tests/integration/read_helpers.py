@@ -111,3 +111,34 @@ def published_pairs(files: Sequence[str]) -> list[tuple[int, int]]:
         table = pq.read_table(loc.fs_path, filesystem=loc.fs, columns=["partition", "offset"], partitioning=None)
         rows += zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(), strict=True)
     return sorted(rows)
+
+
+def produce_transactions(
+    connection: KafkaConnection,
+    adapter: KafkaAdapter,
+    topic: str,
+    batches: Sequence[tuple[Sequence[bytes], bool]],
+    partition: int = 0,
+) -> None:
+    """Each batch of values in its own transaction, committed or aborted, on one empty partition;
+    waits until the last marker is stable (a ``read_committed`` plan then covers all of it)."""
+    import time
+
+    from confluent_kafka import Producer
+
+    producer = Producer(connection.client_config(**{"transactional.id": f"tx-{topic}-{time.time_ns()}"}))
+    producer.init_transactions(30)
+    for values, commit in batches:
+        producer.begin_transaction()
+        for value in values:
+            producer.produce(topic, value=value, partition=partition)
+        producer.flush(30)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+    want = sum(len(values) + 1 for values, _ in batches)  # every record, and one marker per transaction
+    deadline = time.monotonic() + 30
+    while adapter.end_offsets([(topic, partition)], "read_committed")[(topic, partition)] < want:
+        assert time.monotonic() < deadline, f"{topic}[{partition}]: the last transaction marker never became stable"
+        time.sleep(0.2)

@@ -30,6 +30,7 @@ from tidemark.iceberg_output import (
     commit_files,
     plan_history,
 )
+from tidemark.job import quarantine_writer
 from tidemark.plan import Plan
 from tidemark.planner import PartitionSnapshot, Policy, build_plan
 from tidemark.publish import StagedRecords, publisher_for
@@ -39,6 +40,7 @@ from tidemark.validation import OK_OUTCOME
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
+BAD_REASON = "expect_column_values_to_match_regex(value)"
 DAY = datetime(2026, 11, 22, 23, 59, 58, tzinfo=UTC)  # records straddle midnight: two date partitions
 
 
@@ -60,7 +62,7 @@ def _rows(plan: Plan, bad: set[tuple[str, int]]) -> list[dict[str, Any]]:
                 "topic": part.topic, "partition": part.partition, "offset": offset, "timestamp": ts,
                 "timestamp_type": 0, "key": b"k", "value": f"{part.topic}-{offset}".encode(), "headers": [],
                 "date": ts.date(),
-                OUTCOME_COLUMN: "bad_value" if (part.topic, offset) in bad else OK_OUTCOME,
+                OUTCOME_COLUMN: "rules-1" if (part.topic, offset) in bad else OK_OUTCOME,
             })  # fmt: skip
     return rows
 
@@ -95,8 +97,10 @@ class Setup:
                  for p in plan.partitions]  # fmt: skip
         good = sum(1 for r in rows if r[OUTCOME_COLUMN] == OK_OUTCOME)
         return publisher.publish_staged(
-            staging, plan, self.feed, staged=StagedRecords(OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good,
-                                                           rewrite=False),
+            staging, plan, self.feed, staged=StagedRecords(
+                OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good, rewrite=False,
+                write_quarantine=quarantine_writer(self.spark, published_schema, {"rules-1": BAD_REASON}.__getitem__),
+            ),
             stats=stats, extra={}, expect_records=good, expect_quarantined=len(rows) - good, run_id="run-1",
         )  # fmt: skip
 
@@ -162,7 +166,7 @@ def test_one_snapshot_holds_exactly_the_good_records_and_names_the_plan(setup: S
     # The quarantined record: in the sibling Parquet folder, not in the table.
     quarantine = setup.tmp / "lake" / "ice.quarantine" / f"plan_id={setup.first.plan_id}"
     bad = [pq.read_table(p).to_pylist() for p in sorted(quarantine.rglob("*.parquet"))]
-    assert [r["offset"] for rows_ in bad for r in rows_] == [1]
+    assert [(r["offset"], r["_reason"]) for rows_ in bad for r in rows_] == [(1, BAD_REASON)]
     assert setup.manifest.records == 6 and setup.manifest.quarantined == 1 and not setup.manifest.reused
 
 

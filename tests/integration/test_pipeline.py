@@ -186,6 +186,46 @@ def test_validation_failure_leaves_offsets_then_a_fixed_feed_commits(env: Env) -
     assert len(env.published_rows()) == 19
 
 
+def test_a_record_breaking_eight_rules_is_quarantined_with_every_reason(env: Env) -> None:
+    """Eight broken rules make a reason longer than a file name may be: it must not name a folder."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    from tests.integration.read_helpers import consume_independently
+
+    fields = [f"f{i}" for i in range(8)]
+    env.write_feed(
+        deserialization={
+            "format": "json", "fields": [{"name": f, "type": "string", "required": False} for f in fields],
+        },
+        validation={
+            "on_bad_records": "quarantine", "quarantine_max_ratio": 0.3,
+            "expectations": [{"type": "expect_column_values_to_not_be_null", "kwargs": {"column": f}}
+                             for f in fields],
+        },
+    )  # fmt: skip
+    values = {i: json.dumps({f: f"{f}-{i}" for f in fields}).encode() for i in range(12)}
+    values[4] = b"{}"
+    env.kafka.produce(env.topic, [Record(value=v, key=f"k{i}".encode(), partition=i % 3) for i, v in values.items()])
+
+    handle, job, outcome = env.run()
+
+    plan = handle.plan()
+    assert outcome.committed and env.committed() == {p.partition: p.end for p in plan.partitions}
+    truth = {(part, offset): value for _, part, offset, _, value in consume_independently(env.kafka.connection, plan)}
+    assert len(truth) == 12
+    (plan_dir,) = env.output.glob("plan_id=*")
+    quarantine = ds.dataset(str(plan_dir / "_quarantine"), format="parquet", partitioning="hive", ignore_prefixes=["."])
+    bad = quarantine.to_table().to_pylist()
+    assert [((r["partition"], r["offset"]), r["_raw_value"]) for r in bad] == [((1, 1), b"{}")]
+    assert bad[0]["_reason"] == "; ".join(f"expect_column_values_to_not_be_null({f})" for f in fields)
+    good = [r for f in sorted(plan_dir.glob("topic=*/**/*.parquet")) for r in pq.read_table(f).to_pylist()]
+    pairs = [(r["partition"], r["offset"]) for r in good]
+    assert sorted([*pairs, (1, 1)]) == sorted(truth)  # every offset once: published, or quarantined
+    assert all({f: r[f] for f in fields} == json.loads(truth[r["partition"], r["offset"]]) for r in good)
+    assert job["records_published"] == 11 and job["records_quarantined"] == 1
+
+
 def test_sink_failure_leaves_offsets_and_rerun_publishes_once(env: Env) -> None:
     env.produce(15)
     env.output.parent.mkdir(parents=True, exist_ok=True)
@@ -265,3 +305,121 @@ def test_tidemark_run_cli_through_spark_submit(env: Env) -> None:
     newest = sorted((env.root / "runs" / "pipe").iterdir())[-1]
     assert not (newest / "spark-submit.log").exists()
     assert sorted(env.committed().items()) == [(0, 2), (1, 2), (2, 2)]
+
+
+# -- events of real runs: in the report and in the run's log -------------------------------
+
+
+def _run_logged(env: Env) -> tuple[RunHandle, Any, list[str]]:
+    """A run whose progress lines (what ``tidemark run`` prints and the Airflow tasks log) are kept."""
+    lines: list[str] = []
+    handle, _, outcome = run_feed(
+        "pipe", env.kafka.connection, root=env.root, job_runner=env.in_process, progress=lines.append
+    )
+    return handle, outcome, lines
+
+
+def _reported(outcome: Any, kind: str) -> list[dict[str, Any]]:
+    report = json.loads(Path(outcome.report_path).read_text())
+    return [e for e in report["events"] if e["kind"] == kind]
+
+
+def test_aborted_transactions_inside_a_range_are_gap_events_in_the_report_and_the_log(env: Env) -> None:
+    from tests.integration.read_helpers import consume_independently, produce_transactions
+
+    def batch(first: int) -> list[bytes]:
+        return [json.dumps({"n": n}).encode() for n in range(first, first + 4)]
+
+    # offsets 0-3 committed, 4 marker, 5-8 aborted, 9 marker, 10-13 committed, 14 marker
+    produce_transactions(env.kafka.connection, env.kafka.adapter, env.topic,
+                         [(batch(0), True), (batch(4), False), (batch(8), True)])  # fmt: skip
+
+    handle, outcome, lines = _run_logged(env)
+
+    assert outcome.committed and env.committed()[0] == 15
+    truth = [(p, o) for _, p, o, _, _ in consume_independently(env.kafka.connection, handle.plan())]
+    assert truth == [(0, o) for o in (0, 1, 2, 3, 10, 11, 12, 13)]
+    assert env.published_rows() == truth  # what read_committed sees, once; nothing aborted
+    [gap] = _reported(outcome, "gap")
+    assert (gap["topic"], gap["partition"]) == (env.topic, 0)
+    assert {k: gap["details"][k] for k in ("start", "end", "gaps", "records")} == {
+        "start": 0, "end": 15, "gaps": 7, "records": 8,
+    }  # fmt: skip
+    report = json.loads(Path(outcome.report_path).read_text())
+    assert report["gaps"][f"{env.topic}[0]"] == 7
+    assert any(f"event gap: {env.topic}[0] offsets [0, 15): 7 of 15 offsets hold no record" in line
+               for line in lines), lines  # fmt: skip
+
+
+@pytest.mark.parametrize(("policy", "start"), [("earliest", 0), ("latest", 2)])
+def test_a_group_without_offsets_is_a_reset_event_in_the_report_and_the_log(env: Env, policy: str, start: int) -> None:
+    from tests.integration.read_helpers import consume_independently
+
+    env.write_feed(on_missing=policy)
+    env.produce(6)
+
+    handle, outcome, lines = _run_logged(env)
+
+    assert outcome.committed and env.committed() == {0: 2, 1: 2, 2: 2}
+    events = _reported(outcome, "reset")
+    assert sorted((e["topic"], e["partition"], e["details"]["offset"]) for e in events) == [
+        (env.topic, p, start) for p in range(3)
+    ]
+    for p in range(3):
+        message = f"{env.topic}[{p}] has no committed offset and no checkpoint: reset policy {policy} starts at {start}"
+        assert any(f"event reset: {message}" in line for line in lines), lines
+    truth = [(p, o) for _, p, o, _, _ in consume_independently(env.kafka.connection, handle.plan())]
+    assert env.published_rows() == truth == sorted((p, o) for p in range(3) for o in range(start, 2))
+
+
+def test_records_deleted_past_the_committed_offset_are_a_data_loss_event_in_the_report_and_the_log(
+    env: Env,
+) -> None:
+    from tests.integration.read_helpers import consume_independently, plan_for
+
+    env.write_feed(on_data_loss="skip")
+    env.produce(30)
+    env.run()
+    env.produce(30)
+    assert env.kafka.adapter.delete_records({(env.topic, 1): 15}) == {(env.topic, 1): 15}  # committed: 10
+
+    handle, outcome, lines = _run_logged(env)
+
+    assert outcome.committed and env.committed() == {0: 20, 1: 20, 2: 20}
+    [loss] = _reported(outcome, "data_loss")
+    assert (loss["topic"], loss["partition"], loss["details"]["lost_start"], loss["details"]["lost_end"]) == (
+        env.topic, 1, 10, 15,
+    )  # fmt: skip
+    assert any(f"event data_loss: {env.topic}[1]: records [10, 15) were deleted before being read" in line
+               for line in lines), lines  # fmt: skip
+    second = {(p, o) for _, p, o, _, _ in consume_independently(env.kafka.connection, handle.plan())}
+    assert second == {(p, o) for p in range(3) for o in range(10, 20)} - {(1, o) for o in range(10, 15)}
+    # The whole output against the whole log (partition 1 now starts at 15): each offset once;
+    # the lost ones are named by the event only. Partition 1's [0, 10) was read before the delete.
+    log = [
+        (p, o)
+        for _, p, o, _, _ in consume_independently(env.kafka.connection, plan_for(env.kafka.adapter, [env.topic]))
+    ]
+    assert env.published_rows() == sorted([*log, *((1, o) for o in range(10))])
+
+
+def test_a_committed_offset_past_the_end_is_an_offset_ahead_event_in_the_report_and_the_log(env: Env) -> None:
+    from tests.integration.read_helpers import consume_independently, plan_for
+
+    env.write_feed(on_ahead="latest")
+    env.produce(6)
+    env.run()
+    # The group is moved past the log's end from outside (an operator's reset tool, a truncated log).
+    assert env.kafka.adapter.alter_committed(env.group, {(env.topic, 2): (50, "")}) == {(env.topic, 2): None}
+
+    _, outcome, lines = _run_logged(env)
+
+    assert outcome.committed and env.committed() == {0: 2, 1: 2, 2: 2}
+    [ahead] = _reported(outcome, "offset_ahead")
+    assert (ahead["topic"], ahead["partition"], ahead["details"]["was"], ahead["details"]["offset"]) == (
+        env.topic, 2, 50, 2,
+    )  # fmt: skip
+    assert any(f"event offset_ahead: {env.topic}[2]: committed offset 50 is past the high watermark 2" in line
+               for line in lines), lines  # fmt: skip
+    log = consume_independently(env.kafka.connection, plan_for(env.kafka.adapter, [env.topic]))
+    assert env.published_rows() == [(p, o) for _, p, o, _, _ in log]  # each once, none skipped

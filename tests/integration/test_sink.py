@@ -136,6 +136,24 @@ def _stage(root: Path, outcome: str, rows: int, day: str = "2026-03-01") -> None
     pq.write_table(table, folder / f"part-{len(list(folder.iterdir()))}.parquet")
 
 
+def _quarantine_writer(reasons: dict[str, str]) -> Any:
+    """What the job hands publish_staged, with pyarrow: each staged file again, plus the reason of its code."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def write(folders: Any, target: Path) -> None:
+        for folder in folders:
+            why = reasons[folder.name.partition("=")[2]]
+            for path in sorted(folder.rglob("*.parquet")):
+                table = pq.read_table(path, partitioning=None)
+                table = table.append_column("_reason", pa.array([why] * table.num_rows, pa.string()))
+                dest = target / path.parent.relative_to(folder) / f"{folder.name.partition('=')[2]}-{path.name}"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                pq.write_table(table, dest)
+
+    return write
+
+
 def test_publish_staged_renames_good_records_into_place_and_keeps_bad_ones_aside(tmp_path: Path) -> None:
     from tidemark.sink import new_staging, publish_staged
 
@@ -144,14 +162,16 @@ def test_publish_staged_renames_good_records_into_place_and_keeps_bad_ones_aside
     staging = new_staging(tmp_path / "out", plan.plan_id)
     _stage(staging.written, "ok", 3)
     _stage(staging.written, "ok", 2, day="2026-03-02")
-    _stage(staging.written, "expect_column_values_to_not_be_null(n)", 1)
+    _stage(staging.written, "rules-1", 1)
 
+    reasons = {"rules-1": "expect_column_values_to_not_be_null(n)"}
     manifest = publish_staged(staging, plan, feed, outcome_column="_outcome", ok_value="ok",
+                              write_quarantine=_quarantine_writer(reasons),
                               expect_records=5, expect_quarantined=1)  # fmt: skip
     final = published_dir((tmp_path / "out").resolve(), plan.plan_id)
     assert (manifest.records, manifest.quarantined) == (5, 1)
     assert sorted(f.path for f in manifest.files) == [
-        "_quarantine/_reason=expect_column_values_to_not_be_null(n)/topic=orders/date=2026-03-01/part-0.parquet",
+        "_quarantine/topic=orders/date=2026-03-01/rules-1-part-0.parquet",
         "topic=orders/date=2026-03-01/part-0.parquet",
         "topic=orders/date=2026-03-02/part-0.parquet",
     ]
@@ -171,9 +191,10 @@ def test_publish_staged_refuses_counts_that_differ_from_validation(
     feed = Feed(name=plan.feed, topics=("orders",), group="g", output=str(tmp_path / "out"))
     staging = new_staging(tmp_path / "out", plan.plan_id)
     _stage(staging.written, "ok", 5)
-    _stage(staging.written, "decode_error: value is not valid UTF-8", 1)
+    _stage(staging.written, "decode-1", 1)
     with pytest.raises(PublishError, match=r"validation passed on"):
         publish_staged(staging, plan, feed, outcome_column="_outcome", ok_value="ok",
+                       write_quarantine=_quarantine_writer({"decode-1": "decode_error: value is not valid UTF-8"}),
                        expect_records=records, expect_quarantined=quarantined)  # fmt: skip
     out = (tmp_path / "out").resolve()
     assert load_manifest(out, plan.plan_id) is None and not published_dir(out, plan.plan_id).exists()

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from tests.integration.test_sink import _df, _plan, _stage
+from tests.integration.test_sink import _df, _plan, _quarantine_writer, _stage
 from tidemark.config import Feed
 from tidemark.sink import (
     MANIFEST_NAME,
@@ -92,9 +92,10 @@ def test_staged_publish_to_s3_stages_locally_and_uploads_by_manifest(
     staging = new_staging(out, plan.plan_id)
     assert staging.root.parent == staging_base(out) and staging_base(out).is_relative_to(tmp_path / "staging")
     _stage(staging.written, "ok", 3)
-    _stage(staging.written, "decode_error: bad", 1)
+    _stage(staging.written, "decode-1", 1)
 
     manifest = publish_staged(staging, plan, feed, outcome_column="_outcome", ok_value="ok",
+                              write_quarantine=_quarantine_writer({"decode-1": "decode_error: bad"}),
                               expect_records=3, expect_quarantined=1)  # fmt: skip
 
     assert (manifest.records, manifest.quarantined) == (3, 1)

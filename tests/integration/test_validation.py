@@ -374,3 +374,27 @@ def test_records_that_failed_to_decode_are_bad_records(spark: Any, tmp_path: Pat
 
     with pytest.raises(ValidationRejectedError, match=r"1 records failed to decode.*orders\[0\]@3 \(decode_error: "):
         validate(decoded.good, plan, json_feed("fail", 0.0), tmp_path / "f", decode_failed=decoded.bad)
+
+
+def test_outcome_codes_stand_for_the_reasons_validate_gives_past_one_bitmask_chunk(spark: Any) -> None:
+    """Each row's short code, turned back into text, is the reason the quarantine has always carried."""
+    from pyspark.sql import functions as F
+
+    from tidemark.config import Deserialization
+    from tidemark.validation import OK_OUTCOME, OutcomeCodes, reason_sql, split_rules
+
+    columns = [f"c{i}" for i in range(65)]  # two bitmask chunks
+    rules = [Expectation(type="expect_column_values_to_not_be_null", kwargs={"column": c}) for c in columns]
+    feed = Feed(name="wide", topics=(TOPIC,), group="g", validation=Validation(expectations=tuple(rules)),
+                deserialization=Deserialization(format="string"))  # fmt: skip
+    schema = "decode_error string, " + ", ".join(f"{c} string" for c in columns)
+    nulls = [set(), {0}, {59, 60}, {64}, set(range(65))]
+    rows = [(None, *[None if i in n else "x" for i in range(65)]) for n in nulls]
+    df = spark.createDataFrame([*rows, ("value is not valid UTF-8", *["x"] * 65)], schema)
+    codes = OutcomeCodes.of(df.columns, feed)
+    with_decode, _ = split_rules(feed.validation.expectations, df.columns)
+    got = df.select(codes.column().alias("code"), F.expr(reason_sql(with_decode)).alias("reason")).collect()
+
+    assert got[0]["code"] == OK_OUTCOME and got[0]["reason"] == ""
+    assert [codes.reason(r["code"]) for r in got[1:]] == [r["reason"] for r in got[1:]]
+    assert all(len(r["code"]) < 40 for r in got)

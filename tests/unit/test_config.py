@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -185,3 +186,25 @@ def test_iceberg_table_defaults_to_the_feed_name(tmp_path: Path) -> None:
     chosen = load_feed_file(write(tmp_path, MINIMAL + "output_format: iceberg\niceberg: {table: lake.orders}\n"))
     assert chosen.iceberg_table == "lake.orders" and chosen.output_format == "iceberg"
     assert load_feed_file(write(tmp_path, MINIMAL)).output_format == "parquet"
+
+
+@pytest.mark.parametrize(
+    ("names", "dag"),
+    [(["orders.v1", "orders_v1"], "tidemark_orders_v1"), (["orders.yaml", "orders.yml"], "tidemark_orders")],
+)
+def test_feeds_whose_dag_ids_collide_are_refused_naming_both_files(tmp_path: Path, names: list[str], dag: str) -> None:
+    for name in names:
+        (tmp_path / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")).write_text(MINIMAL)
+    with pytest.raises(ConfigError) as refused:
+        load_feeds(tmp_path)
+    message = str(refused.value)
+    assert f"'{dag}'" in message and "rename" in message
+    assert all(str(path) in message for path in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("builtin", ["replay", "backfill"])
+def test_a_feed_named_after_a_built_in_dag_is_refused(tmp_path: Path, builtin: str) -> None:
+    path = write(tmp_path, MINIMAL, name=builtin)
+    write(tmp_path, MINIMAL, name="orders")
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(path))} would take the DAG id 'tidemark_{builtin}'"):
+        load_feeds(tmp_path)

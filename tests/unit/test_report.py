@@ -12,8 +12,10 @@ from tidemark.cli import main
 from tidemark.commit import CommitResult
 from tidemark.connection import KafkaConnection
 from tidemark.errors import ConfigError
+from tidemark.job import gap_events
 from tidemark.plan import Event, PartitionPlan, Plan, compute_plan_id
 from tidemark.report import RunReport, build_report, list_runs, load_report, redact, save_report, secret_values
+from tidemark.source import RangeStats
 
 SECRET = "hunter2-very-secret"
 
@@ -72,7 +74,7 @@ def test_report_holds_plan_counts_gaps_events_validation_outputs_and_commit(tmp_
         "published": True,
         "output": "/data/orders/plan=x",
         "quarantine": "/data/orders/_quarantine/plan=x",
-        "events": [{"kind": "gap", "message": "2 offsets with no record"}],
+        "events": gap_events([RangeStats("orders", 0, 10, 20, 9, 10, 19, 1, None, None, 90, "")]),
         "published_at": "2026-01-01T00:01:30",
     }
 
@@ -89,6 +91,7 @@ def test_report_holds_plan_counts_gaps_events_validation_outputs_and_commit(tmp_
     assert doc["counts"] == {"planned": 13, "rows": 12, "good": 11, "quarantined": 1}
     assert doc["gaps"] == {"orders[0]": 1, "orders[1]": 0}
     assert [e["source"] for e in doc["events"]] == ["plan", "job"]
+    assert doc["events"][1]["message"].startswith("orders[0] offsets [10, 20): 1 of 10 offsets hold no record")
     assert doc["data_docs"].endswith("page.html")
     assert doc["outputs"] == {"output": "/data/orders/plan=x", "quarantine": "/data/orders/_quarantine/plan=x"}
     assert doc["commit"]["status"] == "committed"

@@ -11,6 +11,7 @@ from tidemark.errors import ValidationFailedError
 from tidemark.plan import PartitionPlan, Plan, compute_plan_id
 from tidemark.validation import (
     DECODE_LABEL,
+    OutcomeCodes,
     RangeStats,
     Untranslatable,
     check_ranges,
@@ -132,6 +133,21 @@ def test_reason_expression_names_each_violated_rule() -> None:
     assert "concat('decode_error: ', `_decode_error`)" in sql
     assert "THEN 'expect_column_values_to_not_be_null(id)' END" in sql
     assert reason_sql([]) == "CAST(NULL AS STRING)"
+
+
+def test_outcome_codes_name_rules_by_bit_and_decode_failures_by_index() -> None:
+    columns = [f"c{i}" for i in range(70)]
+    rules, _ = split_rules([exp("expect_column_values_to_not_be_null", column=c) for c in columns], columns)
+    codes = OutcomeCodes(tuple(rules), ("value is not valid UTF-8", "required field 'n' is missing or null"))
+    # bits 0 and 59 of the first chunk, bit 0 of the second (the 61st rule)
+    assert codes.reason(f"rules-{(1 << 59) | 1:x}-1") == (
+        "expect_column_values_to_not_be_null(c0); expect_column_values_to_not_be_null(c59); "
+        "expect_column_values_to_not_be_null(c60)"
+    )
+    assert codes.reason("decode-2") == "decode_error: required field 'n' is missing or null"
+    for unknown in ("decode-3", "decode-0", "rules-0", "ok", "outside_window"):
+        with pytest.raises(ValueError, match="names no decode failure or rule"):
+            codes.reason(unknown)
 
 
 @pytest.mark.parametrize(
