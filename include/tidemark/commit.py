@@ -89,9 +89,7 @@ def _fmt(tp: TP) -> str:
     return f"{tp[0]}[{tp[1]}]"
 
 
-def plan_metadata(
-    plan: Plan, run_id: str, limit: int = METADATA_MAX_BYTES - 1, topic_id: str | None = None
-) -> str:
+def plan_metadata(plan: Plan, run_id: str, limit: int = METADATA_MAX_BYTES - 1, topic_id: str | None = None) -> str:
     """The offset metadata naming the plan, the run and the topic's id: compact JSON of at most ``limit`` bytes.
 
     The plan and run ids always survive; the mode is dropped, then the feed name

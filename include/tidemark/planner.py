@@ -813,6 +813,17 @@ def _ms(ts: datetime) -> int:
     return int(ts.timestamp() * 1000)
 
 
+def _within(found: int | None, end: int) -> int | None:
+    """A timestamp lookup's answer as seen from the log frozen at ``end``.
+
+    Timestamps are looked up after the end was captured; on a busy topic the first record
+    at or after the time may have arrived since, past ``end``. In the frozen log no record
+    is at or after that time, which is what ``None`` says (an empty range at the end, never
+    a start "past the end of the log" taken for a recreated topic).
+    """
+    return None if found is not None and found > end else found
+
+
 def snapshot_feed(
     feed: Feed,
     adapter: KafkaAdapter,
@@ -827,8 +838,10 @@ def snapshot_feed(
     """Gather offsets for every partition of the feed's topics with batched admin calls.
 
     The order matters: the last stable offset is listed before the high watermark, so the
-    captured LSO never exceeds the captured HW, and the log start before both. Timestamp
-    lookups run only where needed: the reset timestamp for partitions with no offsets at
+    captured LSO never exceeds the captured HW, and the log start before both; timestamps
+    are looked up after the ends, and an answer past the captured end counts as "no record
+    at or after it" (:func:`_within`), so every offset in the snapshot lies in the frozen
+    log. Timestamp lookups run only where needed: the reset timestamp for partitions with no offsets at
     all (``reset_timestamp_ms``), the window bounds for every partition (backfill).
     With ``end_skew_ms`` (exact windows) the end is looked up that much later on topics
     stamped with CreateTime, and the unwidened cut is kept as ``ts_cut_end_offset``.
@@ -881,15 +894,17 @@ def snapshot_feed(
     for known in positions:
         tp = known.key
         high = hw[tp]
+        last_stable = high if stable is None else min(stable[tp], high)
+        end = last_stable if feed.isolation == "read_committed" else high
         snaps.append(
             replace(
                 known,
                 log_start=log_start[tp],
                 high_watermark=high,
-                last_stable=high if stable is None else min(stable[tp], high),
-                ts_start_offset=ts_start.get(tp),
-                ts_end_offset=ts_end.get(tp),
-                ts_cut_end_offset=ts_cut.get(tp),
+                last_stable=last_stable,
+                ts_start_offset=_within(ts_start.get(tp), end),
+                ts_end_offset=_within(ts_end.get(tp), end),
+                ts_cut_end_offset=_within(ts_cut.get(tp), end),
                 table=recovered.ends.get(tp) if recovered is not None else None,
             )
         )

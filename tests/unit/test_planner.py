@@ -617,8 +617,10 @@ def tagged(topic_id: str) -> str:
         ({"checkpoint": 150, "checkpoint_topic_id": OLD_ID}, True),  # offsets deleted with the old topic
         ({"committed": 150, "committed_metadata": tagged(OLD_ID)}, True),
         ({"checkpoint": 150, "checkpoint_topic_id": NEW_ID}, False),
-        ({"committed": 150, "committed_metadata": tagged(NEW_ID), "checkpoint": 150, "checkpoint_topic_id": OLD_ID},
-         False),  # the committed offset decides when there is one
+        (
+            {"committed": 150, "committed_metadata": tagged(NEW_ID), "checkpoint": 150, "checkpoint_topic_id": OLD_ID},
+            False,
+        ),  # the committed offset decides when there is one
         ({"committed": 150, "committed_metadata": "", "checkpoint": 150, "checkpoint_topic_id": OLD_ID}, False),
         ({"checkpoint": 150}, False),  # a checkpoint recorded before topic ids: nothing to compare
     ],
