@@ -44,6 +44,7 @@ def recreate(env: FaultEnv) -> None:
         assert time.monotonic() < deadline, f"{env.topic} was not deleted within 60 s"
         time.sleep(0.2)
     adapter.create_topic(env.topic, env.partitions)
+    env.sent = 0
 
 
 def topic_id(env: FaultEnv) -> str:
