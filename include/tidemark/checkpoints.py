@@ -3,8 +3,10 @@
 Kafka deletes a group's committed offsets after ``offsets.retention.minutes`` without
 activity (7 days by default); a batch job that runs less often would then silently fall
 back to its reset policy. The checkpoint store remembers, per group and partition, the
-offset Tidemark last committed and the plan that committed it, so the planner can resume
-from there and say "group offsets expired". It also records which *runs* committed: a
+offset Tidemark last committed, the plan that committed it and the id of the topic the
+offset belongs to, so the planner can resume from there and say "group offsets expired",
+and can tell a topic deleted and recreated under the same name (a new id) from the one
+the offset was committed on. It also records which *runs* committed: a
 commit belongs to a run, not to a plan id, because two runs at different times may plan
 the same ranges (an idle feed, a group whose offsets expired, a group reset back to
 offsets it had) and each of them must still commit (``docs/ARCHITECTURE.md``, "Plans,
@@ -48,12 +50,22 @@ class Checkpoint:
     offset: int
     plan_id: str
     committed_at: str
+    topic_id: str | None = None  # None: recorded before topic ids were, or the id was unknown
 
 
 class CheckpointStore(Protocol):
     def get(self, group: str, tps: Iterable[TP]) -> dict[TP, Checkpoint]: ...
 
-    def put(self, group: str, plan_id: str, offsets: Mapping[TP, int], run_id: str) -> None: ...
+    def put(
+        self,
+        group: str,
+        plan_id: str,
+        offsets: Mapping[TP, int],
+        run_id: str,
+        topic_ids: Mapping[str, str] | None = None,
+    ) -> None:
+        """Record ``offsets`` as committed by ``run_id``; ``topic_ids`` names each topic's id (topic → id)."""
+        ...
 
     def run_committed(self, group: str, run_id: str) -> bool: ...
 
@@ -65,7 +77,7 @@ class CheckpointStore(Protocol):
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoints (
     grp TEXT NOT NULL, topic TEXT NOT NULL, part INTEGER NOT NULL,
-    next_offset INTEGER NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL,
+    next_offset INTEGER NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL, topic_id TEXT,
     PRIMARY KEY (grp, topic, part)
 );
 CREATE TABLE IF NOT EXISTS committed_runs (
@@ -81,8 +93,21 @@ class SqliteCheckpointStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        with closing(self._connect()) as conn, conn:
-            conn.executescript(_SCHEMA)
+        with closing(self._connect()) as conn:
+            conn.isolation_level = None
+            conn.execute("BEGIN IMMEDIATE")  # one process creates or migrates at a time
+            try:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                # Stores made before topic ids were recorded get the column (NULL: id unknown).
+                columns = {row[1] for row in conn.execute("PRAGMA table_info(checkpoints)")}
+                if "topic_id" not in columns:
+                    conn.execute("ALTER TABLE checkpoints ADD COLUMN topic_id TEXT")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=30)
@@ -91,17 +116,28 @@ class SqliteCheckpointStore:
         wanted = set(tps)
         with closing(self._connect()) as conn:
             rows = conn.execute(
-                "SELECT topic, part, next_offset, plan_id, committed_at FROM checkpoints WHERE grp = ?", (group,)
+                "SELECT topic, part, next_offset, plan_id, committed_at, topic_id FROM checkpoints WHERE grp = ?",
+                (group,),
             ).fetchall()
-        return {(t, p): Checkpoint(o, pid, at) for t, p, o, pid, at in rows if (t, p) in wanted}
+        return {(t, p): Checkpoint(o, pid, at, tid) for t, p, o, pid, at, tid in rows if (t, p) in wanted}
 
-    def put(self, group: str, plan_id: str, offsets: Mapping[TP, int], run_id: str) -> None:
+    def put(
+        self,
+        group: str,
+        plan_id: str,
+        offsets: Mapping[TP, int],
+        run_id: str,
+        topic_ids: Mapping[str, str] | None = None,
+    ) -> None:
         now = datetime.now(UTC).isoformat()
+        ids = topic_ids or {}
         with closing(self._connect()) as conn, conn:
             conn.executemany(
-                "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (grp, topic, part) DO UPDATE SET "
-                "next_offset = excluded.next_offset, plan_id = excluded.plan_id, committed_at = excluded.committed_at",
-                [(group, t, p, o, plan_id, now) for (t, p), o in offsets.items()],
+                "INSERT INTO checkpoints (grp, topic, part, next_offset, plan_id, committed_at, topic_id) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (grp, topic, part) DO UPDATE SET "
+                "next_offset = excluded.next_offset, plan_id = excluded.plan_id, committed_at = excluded.committed_at, "
+                "topic_id = excluded.topic_id",
+                [(group, t, p, o, plan_id, now, ids.get(t) or None) for (t, p), o in offsets.items()],
             )
             conn.execute("INSERT OR IGNORE INTO committed_runs VALUES (?, ?, ?, ?)", (group, run_id, plan_id, now))
 
@@ -142,8 +178,10 @@ def _file_lock(path: Path, timeout_s: float, what: str) -> Iterator[None]:
 _PG_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS tidemark_checkpoints (
         grp TEXT NOT NULL, topic TEXT NOT NULL, part INTEGER NOT NULL,
-        next_offset BIGINT NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL,
+        next_offset BIGINT NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL, topic_id TEXT,
         PRIMARY KEY (grp, topic, part))""",
+    # Stores made before topic ids were recorded get the column (NULL: id unknown).
+    "ALTER TABLE tidemark_checkpoints ADD COLUMN IF NOT EXISTS topic_id TEXT",
     """CREATE TABLE IF NOT EXISTS tidemark_committed_runs (
         grp TEXT NOT NULL, run_id TEXT NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL,
         PRIMARY KEY (grp, run_id))""",
@@ -223,24 +261,35 @@ class PostgresCheckpointStore:
         wanted = set(tps)
         with self._begin("read checkpoints") as conn:
             rows = conn.execute(
-                text("SELECT topic, part, next_offset, plan_id, committed_at FROM tidemark_checkpoints "
+                text("SELECT topic, part, next_offset, plan_id, committed_at, topic_id FROM tidemark_checkpoints "
                      "WHERE grp = :g"), {"g": group},
             ).all()  # fmt: skip
-        return {(t, p): Checkpoint(o, pid, at) for t, p, o, pid, at in rows if (t, p) in wanted}
+        return {(t, p): Checkpoint(o, pid, at, tid) for t, p, o, pid, at, tid in rows if (t, p) in wanted}
 
-    def put(self, group: str, plan_id: str, offsets: Mapping[TP, int], run_id: str) -> None:
+    def put(
+        self,
+        group: str,
+        plan_id: str,
+        offsets: Mapping[TP, int],
+        run_id: str,
+        topic_ids: Mapping[str, str] | None = None,
+    ) -> None:
         from sqlalchemy import text
 
         now = datetime.now(UTC).isoformat()
+        ids = topic_ids or {}
         rows: list[dict[str, Any]] = [
-            {"g": group, "t": t, "p": p, "o": o, "pid": plan_id, "at": now} for (t, p), o in offsets.items()
+            {"g": group, "t": t, "p": p, "o": o, "pid": plan_id, "at": now, "tid": ids.get(t) or None}
+            for (t, p), o in offsets.items()
         ]
         with self._begin("record a commit") as conn:
             if rows:
                 conn.execute(
-                    text("INSERT INTO tidemark_checkpoints VALUES (:g, :t, :p, :o, :pid, :at) "
+                    text("INSERT INTO tidemark_checkpoints (grp, topic, part, next_offset, plan_id, committed_at, "
+                         "topic_id) VALUES (:g, :t, :p, :o, :pid, :at, :tid) "
                          "ON CONFLICT (grp, topic, part) DO UPDATE SET next_offset = excluded.next_offset, "
-                         "plan_id = excluded.plan_id, committed_at = excluded.committed_at"),
+                         "plan_id = excluded.plan_id, committed_at = excluded.committed_at, "
+                         "topic_id = excluded.topic_id"),
                     rows,
                 )  # fmt: skip
             conn.execute(

@@ -17,8 +17,11 @@ reset to offsets it already had); each of them must commit. In order:
    result lists it); a position that *another writer changed* blocks the commit.
 4. Commit every partition of the plan, including those with nothing new (an idle
    partition's offset is refreshed, so it does not expire), with metadata naming the
-   plan and the run; read the offsets back and fail unless each partition holds exactly
-   the plan's end with that metadata; then record the checkpoint.
+   plan, the run and the id of the partition's topic; read the offsets back and fail
+   unless each partition holds exactly the plan's end with that metadata; then record
+   the checkpoint (with the topic ids). The planner compares those ids with the topic
+   ids it sees later, so an offset is never resumed on a topic recreated under the
+   same name.
 
 Consumers that commit with ``assign()`` never join the group, so only the
 compare-and-set (not the member check) can notice them.
@@ -86,15 +89,16 @@ def _fmt(tp: TP) -> str:
     return f"{tp[0]}[{tp[1]}]"
 
 
-def plan_metadata(plan: Plan, run_id: str, limit: int = METADATA_MAX_BYTES - 1) -> str:
-    """The offset metadata naming the plan and the run: compact JSON of at most ``limit`` UTF-8 bytes.
+def plan_metadata(plan: Plan, run_id: str, limit: int = METADATA_MAX_BYTES - 1, topic_id: str | None = None) -> str:
+    """The offset metadata naming the plan, the run and the topic's id: compact JSON of at most ``limit`` bytes.
 
-    The plan and run ids always survive; the feed name and mode are dropped, then the
-    feed name truncated, only if they would not fit (feed names are short, so in
-    practice never).
+    The plan and run ids always survive; the mode is dropped, then the feed name
+    truncated, then the topic id dropped, only if they would not fit (the default limit
+    leaves room for all of them many times over; the checkpoint keeps the topic id too).
     """
     ids = {"tidemark_plan": plan.plan_id, "tidemark_run": run_id}
-    doc: dict[str, str] = {**ids, "feed": plan.feed, "mode": plan.mode}
+    doc: dict[str, str] = {**ids, **({"topic_id": topic_id} if topic_id else {}), "feed": plan.feed,
+                           "mode": plan.mode}  # fmt: skip
 
     def encode(d: Mapping[str, str]) -> str:
         return json.dumps(d, separators=(",", ":"), ensure_ascii=False)
@@ -107,6 +111,8 @@ def plan_metadata(plan: Plan, run_id: str, limit: int = METADATA_MAX_BYTES - 1) 
     while len(text.encode()) > limit and doc["feed"]:
         doc["feed"] = doc["feed"][: max(0, len(doc["feed"]) - max(1, len(text.encode()) - limit))]
         text = encode(doc)
+    if len(text.encode()) > limit and topic_id:
+        text = encode({**ids, "topic_id": topic_id})
     if len(text.encode()) > limit:
         text = encode(ids)
     if len(text.encode()) > limit:
@@ -154,6 +160,23 @@ def metadata_plan_id(metadata: str) -> str | None:
 def metadata_run_id(metadata: str) -> str | None:
     """The run id in a committed offset's metadata, if Tidemark wrote it."""
     return _metadata_field(metadata, "tidemark_run")
+
+
+def metadata_topic_id(metadata: str) -> str | None:
+    """The id of the topic a committed offset was committed on, if Tidemark wrote it."""
+    return _metadata_field(metadata, "topic_id")
+
+
+def partition_metadata(plan: Plan, run_id: str, limit: int = METADATA_MAX_BYTES - 1) -> dict[TP, str]:
+    """Each partition's offset metadata: :func:`plan_metadata` with the id of the partition's topic."""
+    by_topic = {p.topic: p.topic_id for p in plan.partitions}
+    texts = {topic: plan_metadata(plan, run_id, limit, topic_id) for topic, topic_id in by_topic.items()}
+    return {p.key: texts[p.topic] for p in plan.partitions}
+
+
+def plan_topic_ids(plan: Plan) -> dict[str, str]:
+    """topic → id for the plan's topics whose id the planner saw."""
+    return {p.topic: p.topic_id for p in plan.partitions if p.topic_id}
 
 
 def _check_group_idle(info: GroupInfo, plan: Plan) -> None:
@@ -206,13 +229,13 @@ def _moved(plan: Plan, run_id: str, current: Mapping[TP, Committed]) -> tuple[li
     return moved, vanished
 
 
-def _verify(plan: Plan, readback: Mapping[TP, Committed], metadata: str) -> None:
+def _verify(plan: Plan, readback: Mapping[TP, Committed], metadata: Mapping[TP, str]) -> None:
     wrong = []
     for p in plan.partitions:
         got = readback.get(p.key)
         if got is None or got.offset != p.end:
             wrong.append(f"{_fmt(p.key)} expected {p.end}, read back {None if got is None else got.offset}")
-        elif got.metadata != metadata:
+        elif got.metadata != metadata[p.key]:
             wrong.append(f"{_fmt(p.key)} offset {p.end} carries foreign metadata {got.metadata[:80]!r}")
     if wrong:
         raise CommitError(
@@ -243,7 +266,8 @@ def commit_plan(
     kafka = adapter or KafkaAdapter(connection, timeout_s=timeout_s)
     tps = [p.key for p in plan.partitions]
     ends = plan.ends()
-    metadata = plan_metadata(plan, run_id, metadata_limit(kafka, plan))
+    metadata = partition_metadata(plan, run_id, metadata_limit(kafka, plan))
+    topic_ids = plan_topic_ids(plan)
 
     def result(status: CommitStatus, vanished: tuple[TP, ...] = (), notes: tuple[str, ...] = ()) -> CommitResult:
         return CommitResult(plan.plan_id, run_id, plan.group, status, ends, started, _now(), vanished, notes)
@@ -253,7 +277,7 @@ def commit_plan(
     recorded = checkpoints.run_committed(plan.group, run_id)
     if ours and not recorded:
         # The Kafka commit went through but the run died before the checkpoint.
-        checkpoints.put(plan.group, plan.plan_id, ends, run_id)
+        checkpoints.put(plan.group, plan.plan_id, ends, run_id, topic_ids)
         return result("already_committed", notes=("group offsets were already at the plan's ends; recorded the "
                                                    "missing checkpoint",))  # fmt: skip
     if recorded:
@@ -270,7 +294,7 @@ def commit_plan(
             "the new offsets (the published output of this plan stays, the group's offsets are untouched)."
         )
 
-    errors = kafka.alter_committed(plan.group, {p.key: (p.end, metadata) for p in plan.partitions})
+    errors = kafka.alter_committed(plan.group, {p.key: (p.end, metadata[p.key]) for p in plan.partitions})
     failed = {tp: err for tp, err in errors.items() if err is not None}
     if failed:
         detail = "; ".join(f"{_fmt(tp)} offset {ends[tp]}: {err}" for tp, err in sorted(failed.items()))
@@ -283,7 +307,7 @@ def commit_plan(
 
     fault_point("commit.after_kafka")
     _verify(plan, kafka.committed(plan.group, tps), metadata)
-    checkpoints.put(plan.group, plan.plan_id, ends, run_id)
+    checkpoints.put(plan.group, plan.plan_id, ends, run_id, topic_ids)
     notes = tuple(
         f"{_fmt(tp)}: the group's offset vanished after planning (expired or deleted); committed back at {ends[tp]}"
         for tp in vanished

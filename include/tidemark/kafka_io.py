@@ -79,6 +79,8 @@ class PartitionInfo:
     partition: int
     leader: int
     replicas: tuple[int, ...]
+    # The topic's id: a topic deleted and recreated under the same name gets a new one ("" if unknown).
+    topic_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -212,9 +214,10 @@ class KafkaAdapter:
                 raise KafkaUnavailableError(f"describing topic '{topic}' failed: {err}") from exc
             except TimeoutError as exc:
                 raise _TransientMetadataError(topic, f"no answer within {timeout_s:.0f}s") from exc
+            topic_id = "" if desc.topic_id is None else str(desc.topic_id)
             for p in desc.partitions:
                 leader = p.leader.id if p.leader is not None else -1
-                out.append(PartitionInfo(topic, p.id, leader, tuple(r.id for r in p.replicas)))
+                out.append(PartitionInfo(topic, p.id, leader, tuple(r.id for r in p.replicas), topic_id))
         return sorted(out, key=lambda i: (i.topic, i.partition))
 
     def broker_ids(self) -> list[int]:

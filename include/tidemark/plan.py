@@ -1,7 +1,8 @@
 """The plan document: exactly which offsets one run reads, and why.
 
 A plan is plain frozen data, serialised as versioned JSON. Its ``plan_id`` is a content
-hash of what decides the output (feed, group, mode, isolation and every range), so the
+hash of what decides the output (feed, group, mode, isolation, every range and the id of
+each range's topic), so the
 same ranges always get the same id and publishing them twice can be recognised and made
 a no-op. Creation time, the offsets the plan started from, events and the task grouping
 are recorded but do not change the id. A plan id therefore names *what is read and
@@ -50,6 +51,7 @@ EventKind = Literal[
     "retention_warning",
     "timestamp_skew",
     "position_from_table",
+    "topic_recreated",
 ]
 
 
@@ -77,6 +79,8 @@ class PartitionPlan:
     start: int
     end: int
     reason: StartReason
+    # The id of the topic the range belongs to (None: unknown, e.g. a plan made before ids were recorded).
+    topic_id: str | None = None
 
     @property
     def records(self) -> int:
@@ -190,7 +194,9 @@ def compute_plan_id(
     """The content hash naming what is read and published.
 
     An exact time window changes what is published from the same ranges, so its bounds
-    are part of the content; plans without one hash exactly as before.
+    are part of the content; plans without one hash exactly as before. So are the topic
+    ids: the same offsets of a topic deleted and recreated under the same name are other
+    records, and its first run must not match a plan the old topic published.
     """
     content: dict[str, Any] = {
         "version": PLAN_VERSION,
@@ -202,6 +208,9 @@ def compute_plan_id(
     }
     if time_filter is not None:
         content["time_filter"] = [time_filter.get("start_ms"), time_filter.get("end_ms")]
+    topic_ids = sorted({(p.topic, p.topic_id) for p in partitions if p.topic_id})
+    if topic_ids:
+        content["topic_ids"] = topic_ids
     digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
     return digest[:20]
 

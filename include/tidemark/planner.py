@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from tidemark.checkpoints import CheckpointStore
+from tidemark.commit import metadata_topic_id
 from tidemark.config import Feed, OnAhead, OnDataLoss, OnMissing, OnNewPartition, WindowMode
 from tidemark.errors import ConfigError, DataLossError, OffsetAheadError, PlanningError
 from tidemark.kafka_io import KafkaAdapter
@@ -76,10 +77,28 @@ class PartitionSnapshot:
     is_new: bool = False
     table: int | None = None  # the end the output table's history records (only asked when both above are None)
     committed_metadata: str = ""
+    topic_id: str | None = None  # the topic's id now (None: unknown)
+    checkpoint_topic_id: str | None = None  # the topic id recorded with the checkpoint (None: not recorded)
 
     @property
     def key(self) -> TP:
         return (self.topic, self.partition)
+
+    @property
+    def recorded_topic_id(self) -> str | None:
+        """The topic id the position the planner would resume from was committed on, if recorded.
+
+        The committed offset's metadata names it when Tidemark committed; an offset
+        another client committed names none and is taken as the topic's (Kafka deletes a
+        deleted topic's committed offsets, so a committed offset without an id was
+        written on the topic that exists now). Without a committed offset, the
+        checkpoint's id decides.
+        """
+        if self.committed is not None:
+            return metadata_topic_id(self.committed_metadata)
+        if self.checkpoint is not None:
+            return self.checkpoint_topic_id
+        return None
 
     def end_for(self, isolation: Isolation) -> int:
         """The end a reader can reach: the last stable offset under ``read_committed``."""
@@ -391,6 +410,42 @@ def mark_new_partitions(snapshots: Sequence[PartitionSnapshot]) -> tuple[Partiti
     )
 
 
+def recreated_topics(snapshots: Sequence[PartitionSnapshot]) -> dict[str, tuple[str, str]]:
+    """Topics whose id differs from the one their positions were recorded on: topic → (old id, new id).
+
+    Such a topic was deleted and recreated under the same name: its offsets name other
+    records, so no partition of it resumes from a committed offset or a checkpoint.
+    """
+    found: dict[str, tuple[str, str]] = {}
+    for snap in sorted(snapshots, key=lambda s: s.key):
+        recorded = snap.recorded_topic_id
+        if snap.topic_id and recorded and recorded != snap.topic_id and snap.topic not in found:
+            found[snap.topic] = (recorded, snap.topic_id)
+    return found
+
+
+def _forget_positions(snap: PartitionSnapshot) -> PartitionSnapshot:
+    """``snap`` with no position to resume from (its topic was recreated)."""
+    return replace(snap, committed=None, checkpoint=None, table=None, is_new=False, committed_metadata="")
+
+
+def _recreated_event(topic: str, ids: tuple[str, str], snapshots: Sequence[PartitionSnapshot], policy: Policy) -> Event:
+    old, new = ids
+    positions = {s.partition: s.committed if s.committed is not None else s.checkpoint
+                 for s in snapshots if s.topic == topic}  # fmt: skip
+    return Event(
+        kind="topic_recreated",
+        message=(
+            f"topic '{topic}' was deleted and recreated (topic id {old} when its offsets were committed, {new} now): "
+            f"the recorded positions ({', '.join(f'[{p}]={o}' for p, o in sorted(positions.items()))}) belong to "
+            f"the old topic and are not resumed; on_missing={policy.on_missing} decides where the new topic starts"
+        ),
+        topic=topic,
+        details={"old_topic_id": old, "new_topic_id": new, "policy": policy.on_missing,
+                 "old_positions": {str(p): o for p, o in sorted(positions.items())}},
+    )  # fmt: skip
+
+
 def replay_start_ms(spec: ReplaySpec, now: datetime) -> int | None:
     """The timestamp a replay's start is looked up at, if it needs one."""
     if spec.start_from == "timestamp" and spec.start_timestamp is not None:
@@ -544,9 +599,12 @@ def build_plan(
     starts: dict[TP, int] = {}
     ends: dict[TP, int] = {}
     events: list[Event] = []
+    recreated = recreated_topics(snapshots)
     if replay is not None:
-        starts, ends, events = resolve_replay(replay, snapshots, isolation)
+        fresh = [_forget_positions(s) if s.topic in recreated else s for s in snapshots]
+        starts, ends, events = resolve_replay(replay, fresh, isolation)
         commit = replay.commit if commit is None else commit
+    events.extend(_recreated_event(t, ids, snapshots, policy) for t, ids in sorted(recreated.items()))
     starts.update(start_overrides or {})
     ends.update(end_overrides or {})
     keys = [s.key for s in snapshots]
@@ -557,6 +615,7 @@ def build_plan(
     lost: list[str] = []
     ahead: list[str] = []
     missing: list[str] = []
+    gone: list[str] = []
     resolved: list[tuple[PartitionSnapshot, _Start, int]] = []
     capped: set[TP] = set()
 
@@ -578,6 +637,11 @@ def build_plan(
                     )
                 )
             start = _Start(end if snap.ts_start_offset is None else snap.ts_start_offset, "timestamp")
+        elif snap.topic in recreated:
+            if policy.on_missing == "fail":
+                gone.append(name)
+                continue
+            start = _reset_start(_forget_positions(snap), policy, end, events, missing)
         elif snap.committed is not None:
             start = _Start(snap.committed, "committed")
         elif snap.checkpoint is not None:
@@ -646,6 +710,14 @@ def build_plan(
             f"feed '{feed_name}', group '{group}': start offsets lie past the end of the log and on_ahead is fail: "
             f"{'; '.join(ahead)}. Set on_ahead: earliest or latest, or reset the group's offsets"
         )
+    if gone:
+        old = "; ".join(f"'{t}' was {o}, now {n}" for t, (o, n) in sorted(recreated.items()))
+        raise PlanningError(
+            f"feed '{feed_name}', group '{group}': the topic was deleted and recreated under the same name (topic "
+            f"id {old}), so the committed offsets and checkpoints of {', '.join(gone)} belong to the old topic, "
+            "and on_missing is fail. Reset the group's offsets on the new topic (tidemark replay ... --commit, or "
+            "kafka-consumer-groups --reset-offsets), or choose another on_missing"
+        )
     if missing:
         raise PlanningError(
             f"feed '{feed_name}', group '{group}' has no committed offset and no checkpoint for "
@@ -665,6 +737,7 @@ def build_plan(
             start=st.offset,
             end=stop,
             reason=st.reason,
+            topic_id=s.topic_id,
         )
         for s, st, stop in resolved
     ]
@@ -740,6 +813,17 @@ def _ms(ts: datetime) -> int:
     return int(ts.timestamp() * 1000)
 
 
+def _within(found: int | None, end: int) -> int | None:
+    """A timestamp lookup's answer as seen from the log frozen at ``end``.
+
+    Timestamps are looked up after the end was captured; on a busy topic the first record
+    at or after the time may have arrived since, past ``end``. In the frozen log no record
+    is at or after that time, which is what ``None`` says (an empty range at the end, never
+    a start "past the end of the log" taken for a recreated topic).
+    """
+    return None if found is not None and found > end else found
+
+
 def snapshot_feed(
     feed: Feed,
     adapter: KafkaAdapter,
@@ -754,8 +838,10 @@ def snapshot_feed(
     """Gather offsets for every partition of the feed's topics with batched admin calls.
 
     The order matters: the last stable offset is listed before the high watermark, so the
-    captured LSO never exceeds the captured HW, and the log start before both. Timestamp
-    lookups run only where needed: the reset timestamp for partitions with no offsets at
+    captured LSO never exceeds the captured HW, and the log start before both; timestamps
+    are looked up after the ends, and an answer past the captured end counts as "no record
+    at or after it" (:func:`_within`), so every offset in the snapshot lies in the frozen
+    log. Timestamp lookups run only where needed: the reset timestamp for partitions with no offsets at
     all (``reset_timestamp_ms``), the window bounds for every partition (backfill).
     With ``end_skew_ms`` (exact windows) the end is looked up that much later on topics
     stamped with CreateTime, and the unwidened cut is kept as ``ts_cut_end_offset``.
@@ -767,8 +853,23 @@ def snapshot_feed(
     tps = [(i.topic, i.partition) for i in infos]
     committed = adapter.committed(feed.group, tps)
     saved = checkpoints.get(feed.group, tps)
-    bare_tps = [tp for tp in tps if (committed.get(tp) is None or committed[tp].offset is None) and tp not in saved]
+    positions = []  # the offsets come later; the positions decide which lookups are needed
+    for info in infos:
+        c, cp = committed.get((info.topic, info.partition)), saved.get((info.topic, info.partition))
+        positions.append(
+            PartitionSnapshot(
+                topic=info.topic, partition=info.partition, leader=info.leader, log_start=0, high_watermark=0,
+                last_stable=0, committed=None if c is None else c.offset,
+                committed_metadata="" if c is None else c.metadata, checkpoint=None if cp is None else cp.offset,
+                checkpoint_topic_id=None if cp is None else cp.topic_id,
+                topic_id=info.topic_id or None,
+            )
+        )  # fmt: skip
+    bare_tps = [s.key for s in positions if s.committed is None and s.checkpoint is None]
     recovered = recover() if recover is not None and bare_tps else None
+    # A recreated topic's positions belong to the old topic: its partitions start like bare ones.
+    recreated = recreated_topics(positions)
+    reset_tps = [s.key for s in positions if s.topic in recreated or s.key in set(bare_tps)]
     log_start = adapter.log_start_offsets(tps)
     stable = adapter.end_offsets(tps, "read_committed") if feed.isolation == "read_committed" else None
     hw = adapter.end_offsets(tps, "read_uncommitted")
@@ -776,9 +877,7 @@ def snapshot_feed(
     if window_start_ms is not None:
         ts_start = adapter.offsets_for_timestamp(tps, window_start_ms, feed.isolation)
     elif reset_timestamp_ms is not None:
-        bare = [tp for tp in tps if committed.get(tp) is None or committed[tp].offset is None]
-        bare = [tp for tp in bare if tp not in saved]
-        ts_start = adapter.offsets_for_timestamp(bare, reset_timestamp_ms, feed.isolation)
+        ts_start = adapter.offsets_for_timestamp(reset_tps, reset_timestamp_ms, feed.isolation)
     leaders = sorted({i.leader for i in infos if i.leader >= 0})
     topic_cfg, broker_cfg = adapter.topic_and_broker_configs(
         feed.topics, [RETENTION_MS, TIMESTAMP_TYPE], leaders[0] if leaders else None, [OFFSETS_RETENTION_MINUTES]
@@ -792,24 +891,20 @@ def snapshot_feed(
         if end_skew_ms and widened:
             ts_end.update(adapter.offsets_for_timestamp(widened, window_end_ms + end_skew_ms, feed.isolation))
     snaps = []
-    for info in infos:
-        tp = (info.topic, info.partition)
-        c = committed.get(tp)
+    for known in positions:
+        tp = known.key
         high = hw[tp]
+        last_stable = high if stable is None else min(stable[tp], high)
+        end = last_stable if feed.isolation == "read_committed" else high
         snaps.append(
-            PartitionSnapshot(
-                topic=info.topic,
-                partition=info.partition,
-                leader=info.leader,
-                committed=None if c is None else c.offset,
-                checkpoint=saved[tp].offset if tp in saved else None,
+            replace(
+                known,
                 log_start=log_start[tp],
                 high_watermark=high,
-                last_stable=high if stable is None else min(stable[tp], high),
-                ts_start_offset=ts_start.get(tp),
-                ts_end_offset=ts_end.get(tp),
-                ts_cut_end_offset=ts_cut.get(tp),
-                committed_metadata="" if c is None else c.metadata,
+                last_stable=last_stable,
+                ts_start_offset=_within(ts_start.get(tp), end),
+                ts_end_offset=_within(ts_end.get(tp), end),
+                ts_cut_end_offset=_within(ts_cut.get(tp), end),
                 table=recovered.ends.get(tp) if recovered is not None else None,
             )
         )

@@ -23,13 +23,21 @@ cluster).
 **Object stores** (``s3://bucket/prefix``, through :mod:`tidemark.storage`) have no atomic
 rename, so there the manifest is the commit point. The job stages on local disk
 (``TIDEMARK_STAGING_DIR``, default the temp dir), everything is checked there, and
-publishing then (1) deletes whatever a crashed earlier upload of the same plan left under
-``plan_id=<id>/`` (a folder without its manifest is not published), (2) uploads the data
-and quarantine files under names fixed by their place (``part-00000.parquet``, ...), and
-(3) writes ``_manifest.json`` last, in one PUT. A reader must take a plan folder as
-published only once its manifest exists, and read the files the manifest lists
-(:func:`published_files`); a rerun of a published plan finds the manifest and adds
-nothing. ``docs/ARCHITECTURE.md`` ("Publishing on S3") says what a reader sees meanwhile.
+publishing then (1) uploads the data and quarantine files under names that belong to this
+attempt alone (``part-00000.<attempt>.parquet``, ...), (2) looks for a manifest once more
+and, if another publisher of the same plan wrote one meanwhile, deletes only its own
+files and takes that publication, else (3) writes ``_manifest.json`` last, in one PUT.
+Nothing under ``plan_id=<id>/`` is ever deleted except the files this attempt uploaded
+and no manifest lists, so a second publisher of a plan (an Airflow zombie beside its
+retry) can never remove files a manifest lists: the check and the delete need not be one
+step. S3 has no conditional write that every S3 server honours (s3proxy ignores
+``If-None-Match``), so two publishers passing step (2) together both write a manifest:
+the last PUT wins, and both lists are complete publications of the same records. Files
+of an interrupted or losing attempt stay beside the publication, listed by no manifest.
+A reader must take a plan folder as published only once its manifest exists, and read
+the files the manifest lists (:func:`published_files`); a rerun of a published plan
+finds the manifest and adds nothing. ``docs/ARCHITECTURE.md`` ("Publishing on S3") says
+what a reader sees meanwhile.
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from tidemark.config import Feed
-from tidemark.errors import PublishError
+from tidemark.errors import PublishError, StateStoreError
 from tidemark.plan import Plan
 from tidemark.storage import Location
 
@@ -369,7 +377,7 @@ def _seal(
     the files, then the manifest (the commit point).
     """
     if not output.is_local:
-        _name_by_place(staging)
+        _name_by_place(staging, attempt=uuid.uuid4().hex[:12])
     files = _file_entries(staging)
     manifest = Manifest(
         plan_id=plan.plan_id,
@@ -391,38 +399,55 @@ def _seal(
     return _rename_into_place(staging, output, manifest)
 
 
-def _name_by_place(staging: Path) -> None:
+def _name_by_place(staging: Path, attempt: str | None = None) -> None:
     """Rename each folder's Parquet files ``part-00000.parquet``, ... (sorted by Spark's name).
 
-    On an object store a re-upload of the same plan then overwrites objects instead of
-    adding files beside them.
+    With ``attempt``: ``part-00000.<attempt>.parquet``, so that no two publishers of the
+    same plan ever write (or delete) the same object.
     """
+    suffix = f".{attempt}" if attempt else ""
     for folder in sorted({p.parent for p in staging.rglob("*.parquet")}):
         temps = []
         for index, path in enumerate(sorted(folder.glob("*.parquet"))):
             temps.append(path.rename(folder / f".{index:05d}.renaming"))
         for index, temp in enumerate(temps):
-            temp.rename(folder / f"part-{index:05d}.parquet")
+            temp.rename(folder / f"part-{index:05d}{suffix}.parquet")
 
 
 def _upload(staging: Path, output: Location, manifest: Manifest, text: str) -> Manifest:
-    """Publish on an object store: clear leftovers, upload the files, write the manifest last."""
+    """Publish on an object store: upload this attempt's files, look again, write the manifest last.
+
+    Only this attempt's own files (named by the attempt) are ever deleted, and only while
+    no manifest lists them; see the module docstring for the rule.
+    """
     final = published_dir(output, manifest.plan_id)
+    names = [f.path for f in manifest.files]
     winner = load_manifest(output, manifest.plan_id)
-    if winner is not None:  # published meanwhile by another attempt of the same plan
-        shutil.rmtree(staging, ignore_errors=True)
-        return replace(winner, reused=True)
-    try:
-        final.remove_tree()  # an interrupted upload of this plan: not published, never read
-        final.upload_tree(staging, [f.path for f in manifest.files])
-        (final / MANIFEST_NAME).write_text(text)  # the commit point: one PUT
-    except Exception as exc:
-        raise PublishError(
-            f"uploading plan {manifest.plan_id} to {final} failed: {exc}. Nothing is published (no manifest); "
-            "rerun to publish it again"
-        ) from exc
+    if winner is None:
+        try:
+            final.upload_tree(staging, names)
+            winner = load_manifest(output, manifest.plan_id)  # another publisher may have finished meanwhile
+            if winner is None:
+                (final / MANIFEST_NAME).write_text(text)  # the commit point: one PUT
+        except Exception as exc:
+            _remove_own(final, names)
+            raise PublishError(
+                f"uploading plan {manifest.plan_id} to {final} failed: {exc}. Nothing of this attempt is published "
+                "(no manifest lists its files); rerun to publish it again"
+            ) from exc
+        if winner is not None:
+            _remove_own(final, names)
     shutil.rmtree(staging, ignore_errors=True)
-    return manifest
+    return manifest if winner is None else replace(winner, reused=True)
+
+
+def _remove_own(final: Location, names: Sequence[str]) -> None:
+    """Delete files this attempt uploaded (named by the attempt, listed by no manifest); best effort."""
+    for name in names:
+        try:
+            (final / name).remove_file()
+        except (StateStoreError, FileNotFoundError):  # a leftover listed by no manifest is never read
+            continue
 
 
 def _rename_into_place(staging: Path, output: Location, manifest: Manifest) -> Manifest:

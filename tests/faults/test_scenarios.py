@@ -34,7 +34,6 @@ from tidemark.errors import (
     DataLossError,
     GroupInUseError,
     KafkaUnavailableError,
-    OffsetAheadError,
     OffsetsMovedError,
     PlanningError,
     TidemarkError,
@@ -323,8 +322,8 @@ def test_retention_between_planning_and_reading(fenv: FaultEnv) -> None:
 
 @scenario("8", "Committed offset above the end: topic deleted and recreated",
           injected="the topic deleted and created again with fewer records than the group's offsets",
-          asserted="on_ahead fail refuses naming topic, partition and both offsets; on_ahead earliest reads the "
-                   "new topic from 0 into a fresh output; I1–I4")  # fmt: skip
+          asserted="the changed topic id is a new topic: on_missing fail refuses naming the topic and both ids; "
+                   "on_missing earliest reads the new topic from 0, with a topic_recreated event; I1–I4")  # fmt: skip
 def test_committed_offset_above_the_end(fenv: FaultEnv) -> None:
     fenv.produce(30)
     fenv.run()
@@ -339,14 +338,16 @@ def test_committed_offset_above_the_end(fenv: FaultEnv) -> None:
             time.sleep(0.5)
     fenv.sent = 0
     fenv.produce(6)
-    with pytest.raises(OffsetAheadError) as err:
+    fenv.write_feed(on_missing="fail")
+    with pytest.raises(PlanningError) as err:
         fenv.run()
-    assert_names(str(err.value), rf"{fenv.topic}\[0\]", r"\b10\b", r"\b2\b", "on_ahead")
+    assert_names(str(err.value), fenv.topic, "deleted and recreated", "on_missing is fail", "Reset the group")
     assert fenv.committed() == {0: None, 1: None, 2: None}  # Kafka drops a deleted topic's group offsets
     assert not list(fenv.root.glob("runs/faults/*/job.json"))[1:]  # only the first run read anything
     fenv.output = fenv.tmp / "out-new"
-    fenv.write_feed(on_ahead="earliest", output=str(fenv.output))
-    fenv.run()
+    fenv.write_feed(output=str(fenv.output))
+    handle, _, _ = fenv.run()
+    assert {e.kind for e in handle.plan().events} >= {"topic_recreated"}
     assert fenv.committed() == {0: 2, 1: 2, 2: 2}
     fenv.check("test_committed_offset_above_the_end")
 

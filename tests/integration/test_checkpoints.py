@@ -13,13 +13,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tidemark.checkpoints import (
     URL_ENV,
+    Checkpoint,
     CheckpointStore,
     PostgresCheckpointStore,
     SqliteCheckpointStore,
@@ -174,3 +175,58 @@ def test_a_wrong_password_is_refused_without_showing_it(postgres: str) -> None:
     assert "not-the-password-42" not in message
     assert "password authentication failed" in message and "127.0.0.1" in message and "***" in message
     assert "not-the-password-42" not in redact_url(wrong)
+
+
+def test_topic_ids_round_trip(checkpoint_store: CheckpointStore, group: str) -> None:
+    checkpoint_store.put(group, "plan-a", {("t", 0): 5, ("u", 0): 3}, "run-1", {"t": "id-of-t"})
+    got = checkpoint_store.get(group, [("t", 0), ("u", 0)])
+    assert {tp: c.topic_id for tp, c in got.items()} == {("t", 0): "id-of-t", ("u", 0): None}
+    checkpoint_store.put(group, "plan-b", {("t", 0): 9}, "run-2", {"t": "id-of-new-t"})  # the topic recreated
+    assert checkpoint_store.get(group, [("t", 0)])[("t", 0)].topic_id == "id-of-new-t"
+
+
+OLD_CHECKPOINTS = (
+    "CREATE TABLE {table} (grp TEXT NOT NULL, topic TEXT NOT NULL, part INTEGER NOT NULL, "
+    "next_offset BIGINT NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL, PRIMARY KEY (grp, topic, part))"
+)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_store_made_before_topic_ids_is_migrated(
+    kind: str, tmp_path: Path, group: str, request: pytest.FixtureRequest
+) -> None:
+    """A store with the old checkpoints table keeps its rows (id unknown) and records ids from then on."""
+    row = (group, "t", 0, 42, "plan-old", "2026-01-01T00:00:00+00:00")
+    if kind == "sqlite":
+        import sqlite3
+
+        path = tmp_path / "old.sqlite"
+        with sqlite3.connect(path) as conn:
+            conn.execute(OLD_CHECKPOINTS.format(table="checkpoints"))
+            conn.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?)", row)
+        conn.close()
+        open_old: Callable[[], CheckpointStore] = lambda: SqliteCheckpointStore(path)  # noqa: E731
+    else:
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.engine import make_url
+
+        url = make_url(request.getfixturevalue("postgres"))
+        database = f"old_{uuid.uuid4().hex[:10]}"
+        admin = create_engine(url.set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {database}"))
+        admin.dispose()
+        old_url = url.set(database=database)
+        engine = create_engine(old_url.set(drivername="postgresql+psycopg"))
+        with engine.begin() as conn:
+            conn.execute(text(OLD_CHECKPOINTS.format(table="tidemark_checkpoints")))
+            conn.execute(text("INSERT INTO tidemark_checkpoints VALUES (:g, :t, :p, :o, :pid, :at)"),
+                         dict(zip(["g", "t", "p", "o", "pid", "at"], row, strict=True)))  # fmt: skip
+        engine.dispose()
+        open_old = lambda: PostgresCheckpointStore(old_url.render_as_string(hide_password=False))  # noqa: E731
+
+    store = open_old()
+    assert store.get(group, [("t", 0)]) == {("t", 0): Checkpoint(42, "plan-old", row[5], None)}
+    store.put(group, "plan-new", {("t", 0): 50}, "run-new", {"t": "id-of-t"})
+    again = open_old()  # opening a migrated store again changes nothing
+    assert again.get(group, [("t", 0)])[("t", 0)].topic_id == "id-of-t"

@@ -1,8 +1,9 @@
 """Publishing to an object store (a real S3 endpoint, s3proxy): the manifest is the commit point.
 
 What a reader sees is checked at each stage: an interrupted upload (files, no manifest)
-is not published and is cleared by the next publish; a published plan is published
-once, and publishing it again writes nothing.
+is not published, and the next publish uploads beside it under names of its own (nothing
+under a plan folder is deleted but an attempt's own files); a published plan is
+published once, and publishing it again writes nothing.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def test_publish_to_s3_once_and_a_rerun_adds_nothing(spark: Any, s3_prefix: str)
     assert verify(first) == []
     names = [n for n, _ in final.files()]
     assert sorted(names) == sorted([MANIFEST_NAME, *(f.path for f in first.files)])  # no .crc, no _SUCCESS
-    assert all(re.fullmatch(r".*/part-\d{5}\.parquet", f.path) for f in first.files)
+    assert all(re.fullmatch(r".*/part-\d{5}\.[0-9a-f]{12}\.parquet", f.path) for f in first.files)
+    assert len({f.path.split(".")[-2] for f in first.files}) == 1  # named by one attempt
     files = published_files(out)
     assert _records(files, out) == [(p, o) for p in range(2) for o in range(4)]
     before = list(final.files())
@@ -64,7 +66,7 @@ def test_publish_to_s3_once_and_a_rerun_adds_nothing(spark: Any, s3_prefix: str)
     assert list(final.files()) == before and published_files(out) == files
 
 
-def test_an_interrupted_upload_is_not_published_and_is_replaced(spark: Any, s3_prefix: str, tmp_path: Path) -> None:
+def test_an_interrupted_upload_is_not_published_and_is_left_aside(spark: Any, s3_prefix: str, tmp_path: Path) -> None:
     feed = Feed(name="sinkfeed", topics=("orders",), group="g", output=f"{s3_prefix}/out")
     plan = _plan()
     out = feed.output_location()
@@ -78,7 +80,8 @@ def test_an_interrupted_upload_is_not_published_and_is_replaced(spark: Any, s3_p
     manifest = publish(_df(spark, plan), plan, feed)
 
     assert not manifest.reused and verify(manifest) == []
-    assert "topic=orders/date=2026-03-01/part-00007.parquet" not in [n for n, _ in final.files()]
+    leftover = "topic=orders/date=2026-03-01/part-00007.parquet"
+    assert leftover in [n for n, _ in final.files()] and leftover not in [f.path for f in manifest.files]
     assert _records(published_files(out), out) == [(p, o) for p in range(2) for o in range(4)]
 
 

@@ -52,3 +52,13 @@ def test_foreign_metadata_names_no_plan_or_run(metadata: str) -> None:
 
 def test_default_limit_is_kafkas() -> None:
     assert METADATA_MAX_BYTES == 4096
+
+
+def test_metadata_names_the_topic_id_and_keeps_it_before_the_feed_name() -> None:
+    from tidemark.commit import metadata_topic_id
+
+    p = plan(feed="é" * 99)
+    assert metadata_topic_id(plan_metadata(p, RUN, topic_id="AAAAAAAAAAAAAAAAAAAAAQ")) == "AAAAAAAAAAAAAAAAAAAAAQ"
+    text = plan_metadata(p, RUN, limit=130, topic_id="AAAAAAAAAAAAAAAAAAAAAQ")
+    assert len(text.encode()) <= 130 and metadata_topic_id(text) == "AAAAAAAAAAAAAAAAAAAAAQ"
+    assert metadata_run_id(plan_metadata(p, RUN, limit=90, topic_id="AAAAAAAAAAAAAAAAAAAAAQ")) == RUN

@@ -600,3 +600,59 @@ def test_replay_shift_without_position_is_refused() -> None:
 def test_replay_needs_a_spec() -> None:
     with pytest.raises(PlanningError, match="replay spec"):
         plan_one(snap(committed=150), mode="replay")
+
+
+# -- topic identity ------------------------------------------------------------------------
+
+OLD_ID, NEW_ID = "old-topic-id", "new-topic-id"
+
+
+def tagged(topic_id: str) -> str:
+    return f'{{"tidemark_plan":"p","tidemark_run":"r","topic_id":"{topic_id}"}}'
+
+
+@pytest.mark.parametrize(
+    ("fields", "recreated"),
+    [
+        ({"checkpoint": 150, "checkpoint_topic_id": OLD_ID}, True),  # offsets deleted with the old topic
+        ({"committed": 150, "committed_metadata": tagged(OLD_ID)}, True),
+        ({"checkpoint": 150, "checkpoint_topic_id": NEW_ID}, False),
+        (
+            {"committed": 150, "committed_metadata": tagged(NEW_ID), "checkpoint": 150, "checkpoint_topic_id": OLD_ID},
+            False,
+        ),  # the committed offset decides when there is one
+        ({"committed": 150, "committed_metadata": "", "checkpoint": 150, "checkpoint_topic_id": OLD_ID}, False),
+        ({"checkpoint": 150}, False),  # a checkpoint recorded before topic ids: nothing to compare
+    ],
+)
+def test_a_changed_topic_id_is_a_new_topic(fields: dict[str, Any], recreated: bool) -> None:
+    plans = [plan_one(snap(partition=p, topic_id=NEW_ID, **fields)) for p in (0,)]
+    p = plans[0].partitions[0]
+    if recreated:
+        assert (p.start, p.reason) == (100, "earliest")  # on_missing: earliest, from the log start
+        event = next(e for e in plans[0].events if e.kind == "topic_recreated")
+        assert event.topic == "t" and event.details["old_topic_id"] == OLD_ID
+        assert event.details["new_topic_id"] == NEW_ID
+    else:
+        assert p.start == 150 and "topic_recreated" not in kinds(plans[0])
+    assert p.topic_id == NEW_ID
+
+
+def test_recreated_topic_follows_on_missing() -> None:
+    s = snap(checkpoint=150, checkpoint_topic_id=OLD_ID, topic_id=NEW_ID)
+    latest = plan_one(s, policy=Policy(on_missing="latest"))
+    assert (latest.partitions[0].start, latest.partitions[0].reason) == (200, "latest")
+    assert plan_one(replace(s, ts_start_offset=170), policy=Policy(on_missing="timestamp")).partitions[0].start == 170
+    with pytest.raises(PlanningError, match=f"deleted and recreated.*{OLD_ID}.*{NEW_ID}.*on_missing is fail"):
+        plan_one(s, policy=Policy(on_missing="fail"))
+
+
+def test_every_partition_of_a_recreated_topic_resets_and_the_plan_id_covers_the_topic_id() -> None:
+    old = [snap(partition=i, checkpoint=150, topic_id=OLD_ID, checkpoint_topic_id=OLD_ID) for i in range(2)]
+    # Partition 1 of the new topic has no checkpoint of its own: not "a new partition" of a known topic.
+    new = [replace(old[0], topic_id=NEW_ID), replace(old[1], checkpoint=None, topic_id=NEW_ID)]
+    plan = build_plan("f", "g", new, policy=Policy(on_new_partition="latest"), created_at=NOW)
+    assert [(p.start, p.reason) for p in plan.partitions] == [(100, "earliest"), (100, "earliest")]
+    assert "new_partition" not in kinds(plan)
+    same_ranges = build_plan("f", "g", [replace(s, checkpoint=100) for s in old], policy=Policy(), created_at=NOW)
+    assert list(same_ranges.ranges()) == list(plan.ranges()) and same_ranges.plan_id != plan.plan_id
