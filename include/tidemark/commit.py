@@ -267,7 +267,7 @@ def commit_plan(
         raise OffsetsMovedError(
             f"refusing to commit plan {plan.plan_id} (run {run_id}): the committed offsets of group "
             f"'{plan.group}' were changed by another writer after planning ({'; '.join(moved)}). Plan again from "
-            "the new offsets (the published output of this plan stays, the group's offsets are untouched)."
+            "the new offsets (the group's offsets are untouched)."
         )
 
     errors = kafka.alter_committed(plan.group, {p.key: (p.end, metadata) for p in plan.partitions})
