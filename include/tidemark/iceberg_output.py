@@ -444,7 +444,6 @@ class IcebergPublisher:
             )
         return None
 
-
     def retract(self, plan_id: str, run_id: str) -> Manifest | None:
         """Remove the plan's data files from the table in one new snapshot (``tidemark.retracted-plan-id``).
 
@@ -470,7 +469,9 @@ class IcebergPublisher:
                         ow.delete_data_file(data_file)
             except CommitFailedException:
                 continue  # another commit landed meanwhile: look again
-            (self.quarantine / f"plan_id={plan_id}").remove_tree()
+            from tidemark.sink import remove_objects
+
+            remove_objects(self.quarantine / f"plan_id={plan_id}")
             return found
         raise PublishError(
             f"Iceberg table {self.table_name}: could not retract plan {plan_id} (run {run_id}) after 5 attempts, "

@@ -172,6 +172,10 @@ def run(
         res.records_read = sum(int(r.get("records", 0)) for r in done.ranges)
         return res
 
+    if connection is not None and output_dir is None:
+        from tidemark.commit import refuse_if_moved
+
+        refuse_if_moved(plan, connection, run_id)
     preload_great_expectations()
     source = None
     if 0 < plan.total_records <= feed.driver_read_max_records:  # small: no Python workers at all
@@ -449,8 +453,8 @@ def outside_window_events(window: Sequence[Mapping[str, Any]], plan: Plan) -> li
         start, end = ranges.get((w["topic"], w["partition"]), (None, None))
         events.append({
             "kind": "records_outside_window", "topic": w["topic"], "partition": w["partition"],
-            "message": f"{w['topic']}[{w['partition']}]: {w['dropped']} records in [{start}, {end}) are stamped outside "
-                       f"the window; the {plan.mode} leaves them out of the output and commits past them",
+            "message": f"{w['topic']}[{w['partition']}]: {w['dropped']} records in [{start}, {end}) are stamped "
+                       f"outside the window; the {plan.mode} leaves them out of the output and commits past them",
             "details": {"dropped": w["dropped"], "start": start, "end": end},
         })  # fmt: skip
     return events

@@ -366,9 +366,10 @@ def committing_request(feed: Feed, plan: Plan, params: Mapping[str, Any]) -> Pla
             kind="offsets_skipped",
             message=f"{p.topic}[{p.partition}]: offsets [{base}, {p.start}) ({p.start - base} records) are skipped "
             f"on request (allow_gap): the {plan.mode} commits past them and they are in no output",
-            topic=p.topic, partition=p.partition,
+            topic=p.topic,
+            partition=p.partition,
             details={"start": base, "end": p.start, "records": p.start - base},
-        )  # fmt: skip
+        )
         for p, base in gaps
     )
     return replace(plan, events=plan.events + events, output=None)

@@ -507,5 +507,18 @@ def retract(output: Where, plan_id: str) -> Manifest | None:
         shutil.rmtree(hidden, ignore_errors=True)
     else:
         (folder / MANIFEST_NAME).remove_file()
-        folder.remove_tree()
+        remove_objects(folder)
     return found
+
+
+def remove_objects(folder: Location) -> None:
+    """Delete every file under ``folder``, one object at a time on an object store.
+
+    Some S3 servers refuse the bulk DeleteObjects request a folder delete sends (s3proxy
+    answers INTERNAL_FAILURE); single deletes work everywhere.
+    """
+    if folder.is_local:
+        folder.remove_tree()
+        return
+    for name, _ in list(folder.files()):
+        (folder / name).remove_file()
