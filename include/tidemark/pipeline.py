@@ -308,7 +308,7 @@ def plan_request(
             feed, adapter, checkpoints, mode=run_mode, replay=spec, commit=spec.commit, **window_options(params),
             **chosen,
         )  # fmt: skip
-    if plan.commit and mode != "scheduled":
+    if plan.commit and mode != "scheduled" and not dry_run:  # a dry run commits nothing: its plan is shown as asked
         plan, output = committing_request(feed, plan, params), None
     if output is not None:
         plan = replace(plan, output=str(output))
