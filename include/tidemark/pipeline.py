@@ -346,8 +346,8 @@ def committing_request(feed: Feed, plan: Plan, params: Mapping[str, Any]) -> Pla
             continue  # the group has no position yet: it starts by the feed's reset policy
         if p.start < base:
             rewinds.append(f"{p.topic}[{p.partition}] starts at {p.start}, the group is at {base}")
-        elif p.start > base:
-            gaps.append((p, base))
+        elif p.start > max(base, p.log_start):  # below the log start, retention took them: a data_loss event
+            gaps.append((p, max(base, p.log_start)))
     if rewinds:
         raise PlanningError(
             f"a committing {plan.mode} of feed '{feed.name}' (group '{plan.group}') would move the group back: "
