@@ -82,7 +82,8 @@ def _window_params(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _backfill(args: argparse.Namespace) -> int:
-    params = {"start_timestamp": args.start, "end_timestamp": args.end, "commit": args.commit}
+    params = {"start_timestamp": args.start, "end_timestamp": args.end, "commit": args.commit,
+              "allow_gap": args.allow_gap}  # fmt: skip
     return _execute(args, "backfill", {**params, **_window_params(args)})
 
 
@@ -101,6 +102,7 @@ _REPLAY_KEYS = (
     "end_timestamp",
     "end_offset",
     "commit",
+    "allow_gap",
 )
 
 
@@ -108,6 +110,19 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("feed", help="feed name (a file in the feeds folder) or path to a feed YAML")
     parser.add_argument("--master", help="Spark master (default: TIDEMARK_SPARK_MASTER or local[*])")
     parser.add_argument("--json", action="store_true", help="print the run's documents as JSON")
+
+
+def _commit_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--commit", action="store_true",
+        help="commit the group's offsets afterwards: publishes to the feed's output and must start at the committed "
+        "offsets",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allow-gap", dest="allow_gap", action="store_true",
+        help="with --commit: allow a start past the committed offsets (the skipped records are in no output; each "
+        "skipped range is an event)",
+    )  # fmt: skip
 
 
 def _window_flags(parser: argparse.ArgumentParser) -> None:
@@ -137,7 +152,7 @@ def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _common(backfill)
     backfill.add_argument("--start", required=True, help="window start, ISO 8601 with timezone (inclusive)")
     backfill.add_argument("--end", required=True, help="window end, ISO 8601 with timezone (exclusive)")
-    backfill.add_argument("--commit", action="store_true", help="commit the group's offsets afterwards")
+    _commit_flags(backfill)
     _window_flags(backfill)
     backfill.set_defaults(func=_backfill)
 
@@ -153,6 +168,6 @@ def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replay.add_argument("--end-at", dest="end_at", choices=END_CHOICES, default="latest")
     replay.add_argument("--end-timestamp", dest="end_timestamp")
     replay.add_argument("--end-offset", dest="end_offset", type=int)
-    replay.add_argument("--commit", action="store_true", help="commit the group's offsets afterwards")
+    _commit_flags(replay)
     _window_flags(replay)
     replay.set_defaults(func=_replay)

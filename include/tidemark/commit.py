@@ -229,6 +229,26 @@ def _moved(plan: Plan, run_id: str, current: Mapping[TP, Committed]) -> tuple[li
     return moved, vanished
 
 
+def refuse_if_moved(plan: Plan, connection: KafkaConnection, run_id: str | None) -> None:
+    """Before publishing: refuse a committing plan whose group another writer moved since planning.
+
+    Such a plan can never commit (the commit's compare-and-set would refuse it), and its
+    publication would overlap whatever the group's new position leads the next run to
+    publish. A cleared old Airflow run re-running its job is the usual case. The check
+    narrows the window; the commit's refusal retracts what still slips through.
+    """
+    if not plan.commit or not plan.partitions:
+        return
+    kafka = KafkaAdapter(connection)
+    moved, _ = _moved(plan, run_id or "", kafka.committed(plan.group, [p.key for p in plan.partitions]))
+    if moved:
+        raise OffsetsMovedError(
+            f"refusing to publish plan {plan.plan_id}{f' (run {run_id})' if run_id else ''}: the committed offsets of "
+            f"group '{plan.group}' were changed by another writer after planning ({'; '.join(moved)}), so this plan "
+            "can never commit. Nothing was published; Plan again from the new offsets (run the feed again)."
+        )
+
+
 def _verify(plan: Plan, readback: Mapping[TP, Committed], metadata: Mapping[TP, str]) -> None:
     wrong = []
     for p in plan.partitions:
@@ -291,7 +311,7 @@ def commit_plan(
         raise OffsetsMovedError(
             f"refusing to commit plan {plan.plan_id} (run {run_id}): the committed offsets of group "
             f"'{plan.group}' were changed by another writer after planning ({'; '.join(moved)}). Plan again from "
-            "the new offsets (the published output of this plan stays, the group's offsets are untouched)."
+            "the new offsets (the group's offsets are untouched)."
         )
 
     errors = kafka.alter_committed(plan.group, {p.key: (p.end, metadata[p.key]) for p in plan.partitions})

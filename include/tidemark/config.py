@@ -289,10 +289,11 @@ class Feed(_Model):
         return self.output_location().local_path()
 
     def output_for(self, mode: str) -> Location:
-        """Where a run of ``mode`` publishes by default: backfills and replays never into the feed's own output.
+        """Where a run of ``mode`` publishes by default: backfills and replays beside the feed's own output.
 
         They go beside it (``<output>.backfills``, ``<output>.replays``), so a reader of the
-        feed's output never sees a replayed record twice.
+        feed's output never sees a replayed record twice. Committing ones are the feed's
+        next run and publish into its output (``pipeline.committing_request``).
         """
         base = self.output_location()
         return base if mode == "scheduled" else base.with_name(f"{base.name}.{mode}s")

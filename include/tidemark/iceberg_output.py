@@ -80,6 +80,8 @@ GROUP_KEY = "tidemark.group"
 RANGES_KEY = "tidemark.ranges"
 RECORDS_KEY = "tidemark.records"
 QUARANTINED_KEY = "tidemark.quarantined"
+# On a snapshot that took a plan's files out again (its commit of the group was refused).
+RETRACTED_KEY = "tidemark.retracted-plan-id"
 _TOPIC_COPY, _DATE_COPY = "_tidemark_topic", "_tidemark_date"
 
 
@@ -257,6 +259,8 @@ class IcebergPublisher:
     def _find(self, table: Table, plan_id: str) -> Manifest | None:
         for snapshot in plan_history(table):
             summary = snapshot.summary
+            if summary is not None and summary.get(RETRACTED_KEY) == plan_id:
+                return None  # newest first: retracted after its last publication
             if summary is not None and summary.get(PLAN_KEY) == plan_id:
                 return Manifest(
                     plan_id=plan_id,
@@ -415,9 +419,14 @@ class IcebergPublisher:
         table = self.load()
         if table is None:
             return None
+        retracted: set[str] = set()
         for snapshot in plan_history(table):
             summary = snapshot.summary
+            if summary is not None and summary.get(RETRACTED_KEY):
+                retracted.add(str(summary.get(RETRACTED_KEY)))
             if summary is None or summary.get(GROUP_KEY) != feed.group or summary.get(FEED_KEY) != feed.name:
+                continue
+            if summary.get(PLAN_KEY) in retracted:
                 continue
             ranges = json.loads(summary.get(RANGES_KEY) or "[]")
             return RecoveredPosition(
@@ -432,6 +441,40 @@ class IcebergPublisher:
                 },
             )
         return None
+
+    def retract(self, plan_id: str, run_id: str) -> Manifest | None:
+        """Remove the plan's data files from the table in one new snapshot (``tidemark.retracted-plan-id``).
+
+        The files were named ``<plan id>-<attempt>-<n>.parquet`` when published, so exactly
+        this plan's files go, never another publication's. Unlike a publication, a retraction
+        may be retried on newer metadata: it deletes named files and checks no history.
+        """
+        from pyiceberg.exceptions import CommitFailedException
+
+        for _ in range(5):
+            table = self.load()
+            found = None if table is None else self._find(table, plan_id)
+            if table is None or found is None:
+                return None
+            files = [
+                task.file for task in table.scan().plan_files()
+                if task.file.file_path.rsplit("/", 1)[-1].startswith(f"{plan_id}-")
+            ]  # fmt: skip
+            properties = {RETRACTED_KEY: plan_id, RUN_KEY: run_id}
+            try:
+                with table.transaction() as tx, tx.update_snapshot(snapshot_properties=properties).overwrite() as ow:
+                    for data_file in files:
+                        ow.delete_data_file(data_file)
+            except CommitFailedException:
+                continue  # another commit landed meanwhile: look again
+            from tidemark.sink import remove_objects
+
+            remove_objects(self.quarantine / f"plan_id={plan_id}")
+            return found
+        raise PublishError(
+            f"Iceberg table {self.table_name}: could not retract plan {plan_id} (run {run_id}) after 5 attempts, "
+            "each refused because the table changed meanwhile; rerun the feed, whose next run retracts it first"
+        )
 
 
 def commit_files(table: Table, paths: list[str], properties: Mapping[str, str], table_name: str) -> None:

@@ -177,6 +177,10 @@ def run(
         res.records_read = sum(int(r.get("records", 0)) for r in done.ranges)
         return res
 
+    if connection is not None and output_dir is None:
+        from tidemark.commit import refuse_if_moved
+
+        refuse_if_moved(plan, connection, run_id)
     preload_great_expectations()
     source = None
     if 0 < plan.total_records <= feed.driver_read_max_records:  # small: no Python workers at all
@@ -217,6 +221,8 @@ def run(
         record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date")]
         if time_filter is not None:
             res.window, res.events = timer.step("window", lambda: window_counts(staged, plan, time_filter))
+            if plan.commit:  # the commit passes over them: each partition's count is an event
+                res.events += outside_window_events(res.window, plan)
             staged = staged.where(F.col(OUTCOME_COLUMN) != OUTSIDE_WINDOW)
         checked = timer.step(
             "validate",  # one aggregation: range statistics, built-in checks, bad-row counts; GX beside it
@@ -494,6 +500,23 @@ def window_counts(
                 "details": {"largest_skew_ms": doc["largest_skew_ms"], "max_skew_ms": bound, "exceeded": exceeded},
             })  # fmt: skip
     return counts, events
+
+
+def outside_window_events(window: Sequence[Mapping[str, Any]], plan: Plan) -> list[dict[str, Any]]:
+    """``records_outside_window`` events of a committing exact window: records read, dropped, and committed past."""
+    ranges = {(p.topic, p.partition): (p.start, p.end) for p in plan.partitions}
+    events = []
+    for w in window:
+        if not w["dropped"]:
+            continue
+        start, end = ranges.get((w["topic"], w["partition"]), (None, None))
+        events.append({
+            "kind": "records_outside_window", "topic": w["topic"], "partition": w["partition"],
+            "message": f"{w['topic']}[{w['partition']}]: {w['dropped']} records in [{start}, {end}) are stamped "
+                       f"outside the window; the {plan.mode} leaves them out of the output and commits past them",
+            "details": {"dropped": w["dropped"], "start": start, "end": end},
+        })  # fmt: skip
+    return events
 
 
 def run_without_spark(plan: Plan, feed: Feed) -> JobResult:

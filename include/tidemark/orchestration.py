@@ -374,6 +374,17 @@ def _window_params() -> dict[str, Param]:
     }  # fmt: skip
 
 
+def _commit_params() -> dict[str, Param]:
+    """Form fields for moving the group: a committing run is the feed's next run (``pipeline.committing_request``)."""
+    return {
+        "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards",
+                        description="Publishes to the feed's own output and must start at the committed offsets"),
+        "allow_gap": Param(False, type="boolean", title="Allow skipping offsets (commit only)",
+                           description="A committing run starting past the committed offsets skips those records; "
+                           "refused unless set, and then each skipped range is an event"),
+    }  # fmt: skip
+
+
 def _selection_params(mode: str, dry_run_default: bool) -> dict[str, Param]:
     """Form fields choosing partitions, where the run publishes, and whether it only plans."""
     return {
@@ -383,8 +394,9 @@ def _selection_params(mode: str, dry_run_default: bool) -> dict[str, Param]:
                             items={"type": "integer", "minimum": 0, "maximum": MAX_PARTITION},
                             title="Partitions", description="Empty: every partition", section="Scope"),
         "output": Param(None, type=["null", "string"], title="Output location", section="Scope",
-                        description=f"Empty: the feed's {mode} location beside its output (never the output itself); "
-                        f"otherwise a place under it or under {OUTPUT_ROOTS_ENV}"),
+                        description=f"Empty: the feed's {mode} location beside its output (never the output itself; "
+                        "a committing run publishes to the feed's output); otherwise a place under it or under "
+                        f"{OUTPUT_ROOTS_ENV}"),
         "dry_run": Param(dry_run_default, type="boolean", title="Dry run (plan only, read nothing)"),
     }  # fmt: skip
 
@@ -413,12 +425,14 @@ def backfill_dag(feeds: Mapping[str, Feed]) -> DAG:
         "Reads every record of the feed's topics whose timestamp is in `[start, end)`. Exact windows (the "
         "default) read past the end by the skew bound and keep exactly the records stamped inside the window, "
         "counting the ones dropped; `offset_cut` reads from the first offset at or after `start` to the first "
-        "at or after `end`. Does not move the group's offsets unless `commit` is set.",
+        "at or after `end`. Does not move the group's offsets unless `commit` is set; a committing backfill "
+        "publishes to the feed's output, must start at the committed offsets (or set `allow_gap`) and reports "
+        "the records it drops outside the window as events.",
         {
             "feed": _feed_param(feeds),
             "start_timestamp": Param(type="string", format="date-time", title="Window start (inclusive)"),
             "end_timestamp": Param(type="string", format="date-time", title="Window end (exclusive)"),
-            "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards"),
+            **_commit_params(),
             **_window_params(),
             **_selection_params("backfill", dry_run_default=False),
         },
@@ -432,7 +446,8 @@ def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
         "Manual replay: choose where to start and end, which topics and partitions, and where to publish "
         "(default: the feed's replay location beside its output). A dry run (the default) only plans: the "
         "ranges are in the plan task's log and the run's report, nothing is read. Offsets move only if `commit` "
-        "is set.",
+        "is set; a committing replay publishes to the feed's output and must start at the committed offsets "
+        "(or set `allow_gap`); a rewind is refused.",
         {
             "feed": _feed_param(feeds),
             "start_from": Param(
@@ -465,7 +480,7 @@ def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
             "end_at": Param("latest", type="string", enum=list(END_CHOICES), title="End at", section="End"),
             "end_timestamp": Param(None, type=["null", "string"], format="date-time", section="End"),
             "end_offset": Param(None, type=["null", "integer"], minimum=0, maximum=MAX_OFFSET, section="End"),
-            "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards"),
+            **_commit_params(),
             **_window_params(),
             **_selection_params("replay", dry_run_default=True),
         },

@@ -36,7 +36,7 @@ from tidemark.connection import KafkaConnection
 from tidemark.errors import ConfigError, OffsetsMovedError, TidemarkError
 from tidemark.faults import fault_point
 from tidemark.kafka_io import KafkaAdapter
-from tidemark.plan import Mode, Plan, write_plan
+from tidemark.plan import Mode, PartitionPlan, Plan, write_plan
 from tidemark.replay import confine_output, output_location, parse_replay_params, parse_timestamp
 from tidemark.report import PLAN_FILE
 from tidemark.storage import Location
@@ -129,6 +129,67 @@ def _published(feed: Feed, handle: RunHandle, job: Mapping[str, Any] | None, *, 
         return False
     publisher_run = found.extra.get("run_id")
     return not (by_this_run and publisher_run and publisher_run != handle.run_id)
+
+
+def _check_still_published(feed: Feed, handle: RunHandle, plan: Plan) -> None:
+    """Refuse to commit a plan whose publication is gone (retracted by a refused run of the same plan).
+
+    Checked under the group's commit lock, the lock a retraction holds too: a run that
+    found the plan published and a run retracting it cannot interleave.
+    """
+    if plan.total_records == 0:
+        return  # an empty plan publishes nothing
+    from tidemark.publish import publisher_for
+
+    publisher = publisher_for(feed, plan)
+    if publisher.published(plan.plan_id) is None:
+        raise TidemarkError(
+            f"run {handle.run_id} of feed '{feed.name}': plan {plan.plan_id} is no longer published in "
+            f"{publisher.describe()} (a refused run of the same plan retracted it); nothing was committed. "
+            "Run the feed again: it plans from the group's offsets as they are now"
+        )
+
+
+def retract_refused(
+    feed: Feed, handle: RunHandle, plan: Plan, checkpoints: CheckpointStore, reason: str
+) -> dict[str, Any] | None:
+    """Take a refused run's publication out of the feed's output; the ``publication_retracted`` event, or ``None``.
+
+    The feed's rule (``docs/ARCHITECTURE.md``, "The feed's output"): a publication stays in
+    the output only while its plan can still be committed. A run whose commit is refused
+    because another writer moved the group can never commit, and the next run plans from
+    the group's new position, overlapping it: so its publication goes. Kept when the
+    publication names another run as its publisher (that run decides), or when some run
+    committed the same plan id (the records are the group's). Called under the group's
+    commit lock.
+    """
+    if plan.total_records == 0:
+        return None
+    from tidemark.publish import publisher_for
+
+    publisher = publisher_for(feed, plan)
+    found = publisher.published(plan.plan_id)
+    if found is None:
+        return None
+    publisher_run = found.extra.get("run_id")
+    if publisher_run and publisher_run != handle.run_id:
+        return None
+    if checkpoints.plan_committer(plan.group, plan.plan_id) is not None:
+        return None
+    publisher.retract(plan.plan_id, handle.run_id)
+    ranges = ", ".join(f"{t}[{p}] [{s}, {e})" for t, p, s, e in plan.ranges() if e > s)
+    return {
+        "source": "commit",
+        "kind": "publication_retracted",
+        "message": f"plan {plan.plan_id} of run {handle.run_id} was retracted from {publisher.describe()} "
+        f"({ranges}): its commit was refused, and the feed's next runs plan from the group's offsets as they are "
+        "now, so keeping it would publish these offsets twice",
+        "topic": None,
+        "partition": None,
+        "details": {"plan_id": plan.plan_id, "run_id": handle.run_id, "output": publisher.describe(),
+                    "ranges": [{"topic": t, "partition": p, "start": s, "end": e} for t, p, s, e in plan.ranges()],
+                    "reason": reason[:500]},
+    }  # fmt: skip
 
 
 def pending_commit(
@@ -249,9 +310,71 @@ def plan_request(
             feed, adapter, checkpoints, mode=run_mode, replay=spec, commit=spec.commit, **window_options(params),
             **chosen,
         )  # fmt: skip
+    if plan.commit and mode != "scheduled" and not dry_run:  # a dry run commits nothing: its plan is shown as asked
+        plan, output = committing_request(feed, plan, params), None
     if output is not None:
         plan = replace(plan, output=str(output))
     return plan, output, dry_run
+
+
+def committing_request(feed: Feed, plan: Plan, params: Mapping[str, Any]) -> Plan:
+    """A committing backfill or replay, checked: it moves the feed's group, so it is the feed's next run.
+
+    The rule (``docs/ARCHITECTURE.md``, "The feed's output"): it publishes to the feed's own
+    output (never only to ``.backfills``/``.replays``: the group must not move over records
+    that reached no output), and it starts where the group is. A start past the committed
+    offset would skip ``[committed, start)``: refused unless ``allow_gap`` is true, and then
+    each skipped range is an ``offsets_skipped`` event. A start before it (a rewind) would
+    publish offsets the output already holds, or move the group back so that the feed
+    publishes them again: always refused.
+    """
+    from tidemark.errors import PlanningError
+    from tidemark.plan import Event
+
+    if params.get("output") not in (None, ""):
+        raise ConfigError(
+            f"parameter 'output': a committing {plan.mode} of feed '{feed.name}' publishes to the feed's own output "
+            f"({feed.output_location()}), because it moves the group past these records; leave 'output' empty, or "
+            "run without commit to publish elsewhere"
+        )
+    allow_gap = params.get("allow_gap", False)
+    if not isinstance(allow_gap, bool):
+        raise ConfigError(f"parameter 'allow_gap': expected true or false, got {allow_gap!r}")
+    rewinds: list[str] = []
+    gaps: list[tuple[PartitionPlan, int]] = []
+    for p in plan.partitions:
+        base = p.committed if p.committed is not None else p.checkpoint
+        if base is None:
+            continue  # the group has no position yet: it starts by the feed's reset policy
+        if p.start < base:
+            rewinds.append(f"{p.topic}[{p.partition}] starts at {p.start}, the group is at {base}")
+        elif p.start > max(base, p.log_start):  # below the log start, retention took them: a data_loss event
+            gaps.append((p, max(base, p.log_start)))
+    if rewinds:
+        raise PlanningError(
+            f"a committing {plan.mode} of feed '{feed.name}' (group '{plan.group}') would move the group back: "
+            f"{'; '.join(rewinds)}. Those offsets are already in the feed's output and would be published twice. "
+            "Run it without commit (it publishes beside the feed's output), or start it at the committed offsets"
+        )
+    if gaps and not allow_gap:
+        skipped = "; ".join(f"{p.topic}[{p.partition}] [{base}, {p.start})" for p, base in gaps)
+        raise PlanningError(
+            f"a committing {plan.mode} of feed '{feed.name}' (group '{plan.group}') would skip offsets that reach no "
+            f"output: {skipped}. Start it at the committed offsets, run it without commit, or set allow_gap "
+            "(--allow-gap) to skip them on purpose (each skipped range is then an event in the report)"
+        )
+    events = tuple(
+        Event(
+            kind="offsets_skipped",
+            message=f"{p.topic}[{p.partition}]: offsets [{base}, {p.start}) ({p.start - base} records) are skipped "
+            f"on request (allow_gap): the {plan.mode} commits past them and they are in no output",
+            topic=p.topic,
+            partition=p.partition,
+            details={"start": base, "end": p.start, "records": p.start - base},
+        )
+        for p, base in gaps
+    )
+    return replace(plan, events=plan.events + events, output=None)
 
 
 def plan_run(
@@ -272,12 +395,17 @@ def plan_run(
     params = dict(params or {})
     resumed = None
     checkpoints = _checkpoints(root, checkpoints)
-    pending = pending_commit(feed, root, checkpoints)
-    if pending is not None:
+    seen: set[str] = set()
+    while (pending := pending_commit(feed, root, checkpoints)) is not None and pending.run_id not in seen:
+        seen.add(pending.run_id)
         progress(f"finishing the commit of published plan {pending.plan_id} (run {pending.run_id}) first")
-        # refused for good: marked abandoned
-        commit_run(pending, connection, root=root, progress=progress, checkpoints=checkpoints)
-        resumed = pending.plan_id
+        try:
+            commit_run(pending, connection, root=root, progress=progress, checkpoints=checkpoints)
+            resumed = pending.plan_id
+        except OffsetsMovedError as exc:
+            # Refused for good: marked abandoned, its publication retracted; this run plans
+            # from the group's offsets as they are now.
+            progress(f"run {pending.run_id} cannot commit any more: {exc}")
     plan, _output, dry_run = plan_request(feed, KafkaAdapter(connection), checkpoints, mode, params)
     run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{plan.plan_id[:8]}"
     run_dir = runs_dir(feed.name, root) / run_id
@@ -463,13 +591,29 @@ def commit_run(
     skipped = None
     if handle.commit:
         fault_point("commit.before")
+        feed = load_feed(handle.feed)
+        retracted: dict[str, Any] | None = None
         try:
-            with checkpoints.commit_lock(plan.group):  # one committing run per group at a time
-                result = commit_plan(plan, connection, checkpoints, run_id=handle.run_id)
+            # One committing run per group at a time; a refused run's retraction (below) and
+            # another run's commit of the same plan take turns under the same lock.
+            with checkpoints.commit_lock(plan.group):
+                _check_still_published(feed, handle, plan)
+                try:
+                    result = commit_plan(plan, connection, checkpoints, run_id=handle.run_id)
+                except OffsetsMovedError as exc:
+                    retracted = retract_refused(feed, handle, plan, checkpoints, str(exc))
+                    raise
         except TidemarkError as exc:
+            message = str(exc)
             if isinstance(exc, OffsetsMovedError):  # retrying can never succeed: not left pending
-                _write_status(run_dir, abandoned=str(exc))
-            _fail(handle, connection, job, f"commit refused: {exc}")
+                if retracted is not None:
+                    message += f" {retracted['message']}"
+                    progress(f"event publication_retracted: {retracted['message']}")
+                _write_status(run_dir, abandoned=message)
+            events = [*((job or {}).get("events") or []), *([retracted] if retracted else [])]
+            _fail(handle, connection, {**(job or {}), "events": events}, f"commit refused: {message}")
+            if retracted is not None:
+                raise OffsetsMovedError(message) from exc
             raise
         progress(f"committed group '{plan.group}' at the plan's ends ({len(plan.partitions)} partitions)")
         for note in result.notes:

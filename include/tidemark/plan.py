@@ -52,6 +52,9 @@ EventKind = Literal[
     "timestamp_skew",
     "position_from_table",
     "topic_recreated",
+    "offsets_skipped",  # a committing backfill/replay started past the committed offset (allow_gap)
+    "records_outside_window",  # a committing exact window's commit passed over records stamped outside it
+    "publication_retracted",  # a refused run's publication taken out of the feed's output
 ]
 
 

@@ -5,7 +5,8 @@ at the feed's ``output_format``: *is this plan already published?* (:meth:`Publi
 the idempotence check of a rerun and of ``pending_commit``), *publish what the job
 staged* (:meth:`Publisher.new_staging` then :meth:`Publisher.publish_staged`), and *what
 position does the output's own history give for a group* (:meth:`Publisher.positions`,
-the planner's last resort when Kafka's offsets and the checkpoint store are both gone).
+the planner's last resort when Kafka's offsets and the checkpoint store are both gone),
+and *take back a publication whose commit was refused for good* (:meth:`Publisher.retract`).
 
 :func:`publisher_for` chooses: a feed with ``output_format: iceberg`` publishes its
 scheduled runs to its table (:class:`tidemark.iceberg_output.IcebergPublisher`); every
@@ -98,6 +99,14 @@ class Publisher(Protocol):
         """The group's position from the output's history, or ``None`` when it keeps none."""
         ...
 
+    def retract(self, plan_id: str, run_id: str) -> Manifest | None:
+        """Take ``plan_id``'s publication out of the output (its commit was refused for good).
+
+        Returns what was retracted, or ``None`` when the plan is not published there.
+        Afterwards :meth:`published` says ``None`` for the plan.
+        """
+        ...
+
 
 class ParquetPublisher:
     """A Parquet folder with one manifest per plan (:mod:`tidemark.sink`)."""
@@ -154,6 +163,11 @@ class ParquetPublisher:
 
     def positions(self, feed: Feed) -> RecoveredPosition | None:
         return None  # manifests name plans, not which of them the group committed last
+
+    def retract(self, plan_id: str, run_id: str) -> Manifest | None:
+        from tidemark.sink import retract
+
+        return retract(self.location, plan_id)
 
 
 def publisher_for(feed: Feed, plan: Plan | None = None, output: Location | str | Path | None = None) -> Publisher:

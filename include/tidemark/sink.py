@@ -511,3 +511,40 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def retract(output: Where, plan_id: str) -> Manifest | None:
+    """Take ``plan_id``'s publication out of ``output``; returns its manifest, or ``None`` when it was not there.
+
+    The commit point goes first, as in publishing but backwards: locally the plan folder is
+    renamed out of the dataset's sight in one ``rename(2)`` (a hidden name, then deleted);
+    on an object store the manifest is deleted first (the plan is then not published for
+    :func:`load_manifest` and :func:`published_files`), then the files.
+    """
+    root = Location.of(output)
+    found = load_manifest(root, plan_id)
+    if found is None:
+        return None
+    folder = published_dir(root, plan_id)
+    if root.is_local:
+        hidden = root.local_path() / f".retracted-plan_id={plan_id}.{uuid.uuid4().hex[:8]}"
+        os.rename(folder.local_path(), hidden)
+        _fsync_dir(root.local_path())
+        shutil.rmtree(hidden, ignore_errors=True)
+    else:
+        (folder / MANIFEST_NAME).remove_file()
+        remove_objects(folder)
+    return found
+
+
+def remove_objects(folder: Location) -> None:
+    """Delete every file under ``folder``, one object at a time on an object store.
+
+    Some S3 servers refuse the bulk DeleteObjects request a folder delete sends (s3proxy
+    answers INTERNAL_FAILURE); single deletes work everywhere.
+    """
+    if folder.is_local:
+        folder.remove_tree()
+        return
+    for name, _ in list(folder.files()):
+        (folder / name).remove_file()

@@ -1,0 +1,61 @@
+"""What a committing backfill or replay may do to the group: start where it is, skip only on request, never rewind."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from tidemark.config import parse_feed
+from tidemark.errors import ConfigError, PlanningError
+from tidemark.pipeline import committing_request
+from tidemark.planner import PartitionSnapshot, Policy, build_plan
+from tidemark.replay import ReplaySpec
+
+FEED = parse_feed("f", {"topics": ["t"], "group": "g", "output": "/tmp/tidemark-unit-out"}, "f.yaml")
+
+
+def plan(committed: int | None, spec: ReplaySpec, **snapshot: Any) -> Any:
+    fields: dict[str, Any] = {"topic": "t", "partition": 0, "leader": 1, "committed": committed, "checkpoint": None,
+                              "log_start": 100, "high_watermark": 200, "last_stable": 200, **snapshot}  # fmt: skip
+    policy = Policy(on_data_loss="skip")
+    return build_plan("f", "g", [PartitionSnapshot(**fields)], policy=policy, created_at=datetime.now(UTC),
+                      mode="replay", replay=spec)  # fmt: skip
+
+
+def test_from_the_committed_offset_publishes_into_the_feed_output() -> None:
+    checked = committing_request(FEED, plan(150, ReplaySpec(commit=True)), {"commit": True})
+    assert checked.output is None and checked.partitions[0].start == 150
+    assert [e.kind for e in checked.events if e.kind == "offsets_skipped"] == []
+
+
+def test_a_gap_is_refused_unless_allowed_and_then_an_event() -> None:
+    gap = plan(150, ReplaySpec(start_from="offset", start_offset=160, commit=True))
+    with pytest.raises(PlanningError, match=r"t\[0\] \[150, 160\).*allow_gap"):
+        committing_request(FEED, gap, {})
+    checked = committing_request(FEED, gap, {"allow_gap": True})
+    [event] = [e for e in checked.events if e.kind == "offsets_skipped"]
+    assert (event.topic, event.partition, dict(event.details)) == ("t", 0, {"start": 150, "end": 160, "records": 10})
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [ReplaySpec(start_from="earliest", commit=True), ReplaySpec(start_from="shift_by", shift_by=-20, commit=True)],
+)
+def test_a_rewind_is_refused(spec: ReplaySpec) -> None:
+    with pytest.raises(PlanningError, match=r"t\[0\] starts at 1[03]0, the group is at 150.*without commit"):
+        committing_request(FEED, plan(150, spec), {"allow_gap": True})
+
+
+def test_retention_past_the_committed_offset_is_a_data_loss_event_not_a_gap() -> None:
+    lost = plan(50, ReplaySpec(commit=True))  # the log starts at 100: retention took [50, 100)
+    checked = committing_request(FEED, lost, {})
+    assert checked.partitions[0].start == 100 and "data_loss" in [e.kind for e in checked.events]
+
+
+def test_an_output_elsewhere_and_a_non_boolean_allow_gap_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"parameter 'output'.*feed's own output"):
+        committing_request(FEED, plan(150, ReplaySpec(commit=True)), {"output": "/elsewhere"})
+    with pytest.raises(ConfigError, match="parameter 'allow_gap'"):
+        committing_request(FEED, plan(150, ReplaySpec(commit=True)), {"allow_gap": "yes"})
