@@ -419,6 +419,61 @@ def test_overlapping_runs_exactly_one_commits(fenv: FaultEnv) -> None:
     fenv.check("test_overlapping_runs_exactly_one_commits")
 
 
+@scenario("11b", "Two commits of one group at the same time",
+          injected="two runs of one plan (two schedulers) both published; their commits started in two threads at "
+                   "once, each held between its compare read of the group's offsets and its alter until the other "
+                   "arrives there too (3 s at most: the group's commit lock keeps the second out)",
+          asserted="the commits take turns: exactly one commits, the other is refused with OffsetsMovedError "
+                   "naming the winner; the group's metadata names the winner; I1–I4")  # fmt: skip
+@ON_BOTH_SHAPES
+def test_two_commits_of_one_group_at_the_same_time(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from tidemark.kafka_io import KafkaAdapter
+
+    fenv.produce(12)
+    handles = [plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root) for _ in range(2)]
+    assert handles[0].plan_id == handles[1].plan_id and handles[0].run_id != handles[1].run_id
+    for handle in handles:
+        fenv.in_process(handle, fenv.kafka.connection)
+    arrived: list[str] = []
+    turn = threading.Condition()
+    alter = KafkaAdapter.alter_committed
+
+    def alter_once_both_compared(self: KafkaAdapter, group: str, offsets: Any) -> Any:
+        with turn:
+            arrived.append(threading.current_thread().name)
+            turn.notify_all()
+            turn.wait_for(lambda: len(arrived) >= 2, timeout=3)
+        return alter(self, group, offsets)
+
+    monkeypatch.setattr(KafkaAdapter, "alter_committed", alter_once_both_compared)
+    outcomes: dict[str, Any] = {}
+
+    def commit(handle: Any) -> None:
+        try:
+            outcomes[handle.run_id] = commit_run(handle, fenv.kafka.connection, root=fenv.root)
+        except TidemarkError as exc:
+            outcomes[handle.run_id] = exc
+
+    threads = [threading.Thread(target=commit, args=(h,), name=h.run_id) for h in handles]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    monkeypatch.undo()
+    winners = [run for run, got in outcomes.items() if not isinstance(got, Exception)]
+    assert len(winners) == 1, f"expected exactly one commit, got {outcomes}"
+    (loser,) = [got for got in outcomes.values() if isinstance(got, Exception)]
+    assert isinstance(loser, OffsetsMovedError), f"the second commit failed otherwise: {loser!r}"
+    assert_names(str(loser), winners[0], rf"{fenv.topic}\[\d\]", "Plan again")
+    assert arrived == winners, f"the loser reached the alter too: {arrived}"
+    got = fenv.kafka.adapter.committed(fenv.group, fenv.tps())
+    assert {metadata_run_id(c.metadata) for c in got.values()} == set(winners)
+    assert fenv.committed() == {0: 4, 1: 4, 2: 4}
+    fenv.check("test_two_commits_of_one_group_at_the_same_time")
+
+
 @scenario("12a", "Group coordinator unreachable while fetching committed offsets",
           injected="every broker address unreachable (a closed loopback port) at plan time",
           asserted="a clear error within the adapter's timeout naming the servers; no run dir written, "
@@ -685,35 +740,50 @@ def test_coordinator_paused_while_planning(fenv: FaultEnv) -> None:
     fenv.check("test_coordinator_paused_while_planning")
 
 
+SOAK_POINTS = ("job.after_publish", "commit.before", "commit.after_kafka")
+
+
 @scenario("21", "Many runs in a row (soak)",
-          injected="runs with random amounts of new data (some bad records) between them; a fifth of them crash "
-                   "at a random fault point; `make soak` runs 60, the suite 8",
-          asserted="after every run I1–I2; at the end the union of published outputs equals the oracle over "
+          injected="runs with random amounts of new data (some bad records) between them; every third run "
+                   "crashes at a fault point, the points taken in turn (each shuffled round hits every point "
+                   "once); a crash after publishing is asked for only on a plan with records (no job starts "
+                   "otherwise); `make soak` runs 60, the suite 8",
+          asserted="the asked-for crash happens; after every run I1–I2; every fault point crashed at least twice "
+                   "in 60 runs (once in 8); at the end the union of published outputs equals the oracle over "
                    "everything committed, with no gap and no duplicate (I3)")  # fmt: skip
 def test_soak_many_runs(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     import random
 
     runs = int(os.environ.get("TIDEMARK_SOAK_RUNS", "8"))
     rng = random.Random(int(os.environ.get("TIDEMARK_SOAK_SEED", "13")))
-    points = ["job.after_publish", "commit.before", "commit.after_kafka"]
     fenv.write_feed(validation={**fenv.feed_doc()["validation"], "quarantine_max_ratio": 1.0})
-    crashed = 0
-    for _ in range(runs):
+    hits = dict.fromkeys(SOAK_POINTS, 0)
+    turn: list[str] = []
+    for n in range(runs):
         count = rng.choice([0, 1, 7, 40, 150])
+        point = None
+        if n % 3 == 1:  # two undisturbed runs between crashes finish whatever the last crash left
+            if not turn:
+                turn = rng.sample(SOAK_POINTS, len(SOAK_POINTS))
+            point = turn.pop()
+            if point == "job.after_publish":
+                count = max(count, 1)  # an empty plan starts no job: that point could not be reached
         fenv.produce(count, bad={fenv.sent + i for i in range(count) if rng.random() < 0.05})
-        if rng.random() < 0.2:
-            monkeypatch.setenv(FAULTS_ENV, rng.choice(points))
-            with pytest.raises(InjectedFault):
+        if point is not None:
+            monkeypatch.setenv(FAULTS_ENV, point)
+            with pytest.raises(InjectedFault, match=point):
                 fenv.run()
             monkeypatch.delenv(FAULTS_ENV)
-            crashed += 1
+            hits[point] += 1
         else:
             fenv.run()
         fenv.check("test_soak_many_runs", final=False)
     fenv.run()  # a last undisturbed run finishes whatever a crash left
     assert sum(v or 0 for v in fenv.committed().values()) == fenv.sent
     fenv.check("test_soak_many_runs")
-    print(f"soak: {runs} runs, {crashed} crashed, {fenv.sent} records")
+    print(f"soak: {runs} runs, {sum(hits.values())} crashed, {fenv.sent} records; crashes per fault point: {hits}")
+    wanted = 2 if runs >= 6 * len(SOAK_POINTS) else 1 if runs >= 3 * len(SOAK_POINTS) - 1 else 0
+    assert min(hits.values()) >= wanted, f"fault points hit fewer than {wanted} times in {runs} runs: {hits}"
 
 
 @scenario("15", "A backfill window past the last record; out-of-order CreateTime",
