@@ -7,7 +7,9 @@ and what Tidemark published with an independent ``read_committed`` scan of the s
 offsets (the oracle: ``(topic, partition, offset, sha256(value))`` per record):
 
 - **I1** no partition's committed offset is past data that was not validated and
-  published (every record below the committed offset is published or quarantined);
+  published (every record below the committed offset is published or quarantined), and
+  every record sits where the feed's expectations put it: good ones in the output, bad
+  ones in its quarantine (classified from the raw bytes, :meth:`FaultEnv.expected_kind`);
 - **I2** the published output (good and quarantined records, across every plan folder)
   equals the oracle over what was committed: nothing lost, nothing twice, no record
   that Kafka does not hold at that offset;
@@ -17,7 +19,8 @@ offsets (the oracle: ``(topic, partition, offset, sha256(value))`` per record):
 - **I4** errors name the topic, partition and offsets and say what to do: each scenario
   asserts its error's text with :func:`assert_names`.
 
-Counts (records checked, lost, duplicated) go to a scoreboard that the suite prints at
+Counts (records compared, good and quarantined, partitions, runs; lost, duplicated,
+misrouted) go to a scoreboard that the suite prints at
 the end and writes to ``tests/faults/last-run.json``; ``docs/faults.md`` is generated
 from the scenario registry below and those counts (``make faults-table``).
 """
