@@ -112,6 +112,18 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "reader-reads-past-the-end",
+        "the end of every range is frozen when the plan is made (the reader keeps records past it)",
+        (
+            Edit(
+                "include/tidemark/source.py",
+                "keep = valid_slot & (offsets >= wave.low[slots]) & (offsets < wave.end[slots])",
+                "keep = valid_slot & (offsets >= wave.low[slots])",
+            ),
+        ),
+        (f"{SCENARIOS}::test_records_committed_between_planning_and_the_read",),
+    ),
+    Mutant(
         "publish-not-exclusive",
         "a plan is published once, also by two attempts at the same time (the rename into place)",
         (
