@@ -50,7 +50,7 @@ faults-table: faults
 
 # The slow variant: many runs in a row with data arriving and failures injected (scenario 21).
 soak: install
-	TIDEMARK_SOAK_RUNS=$${TIDEMARK_SOAK_RUNS:-60} $(BIN)/pytest tests/faults -k soak -s $(PYTEST_ARGS)
+	TIDEMARK_SOAK_RUNS=$${TIDEMARK_SOAK_RUNS:-60} $(BIN)/pytest tests/faults -k soak -s --timeout 3600 $(PYTEST_ARGS)
 
 # Each listed breakage applied in a scratch copy, with the tests that must catch it (tests/mutants/run.py);
 # red when a mutant survives. Not part of `make test`. MUTANTS_ARGS: --only NAME..., --baseline, --keep.

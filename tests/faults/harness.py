@@ -9,7 +9,7 @@ offsets (the oracle: ``(topic, partition, offset, sha256(value))`` per record):
 - **I1** no partition's committed offset is past data that was not validated and
   published (every record below the committed offset is published or quarantined), and
   every record sits where the feed's expectations put it: good ones in the output, bad
-  ones in its quarantine (classified from the raw bytes, :meth:`FaultEnv.expected_kind`);
+  ones in its quarantine (classified from the raw bytes, :meth:`FaultEnv.classifier`);
 - **I2** the published output (good and quarantined records, across every plan folder)
   equals the oracle over what was committed: nothing lost, nothing twice, no record
   that Kafka does not hold at that offset;
@@ -270,7 +270,7 @@ class FaultEnv:
         self.run_ids.add(handle.run_id)
         return handle, job, outcome
 
-    def expected_kind(self, value: bytes | None) -> str:
+    def classifier(self) -> Callable[[bytes | None], str]:
         """Where the feed's expectations put a record: good, or quarantined (string values; regex rules only).
 
         Computed here from the feed file and the raw bytes, not by Tidemark: a value that is not
@@ -281,14 +281,18 @@ class FaultEnv:
         rules = doc.get("validation", {}).get("expectations", [])
         unknown = [r["type"] for r in rules if r["type"] != "expect_column_values_to_match_regex"]
         assert not unknown, f"the fault oracle cannot classify records under {unknown}"
-        if value is None:
-            return GOOD
-        try:
-            text = value.decode("utf-8")
-        except UnicodeDecodeError:
-            return QUARANTINED
-        ok = all(re.search(r["kwargs"]["regex"], text) for r in rules if r["kwargs"]["column"] == "value")
-        return GOOD if ok else QUARANTINED
+        patterns = [re.compile(r["kwargs"]["regex"]) for r in rules if r["kwargs"]["column"] == "value"]
+
+        def kind(value: bytes | None) -> str:
+            if value is None:
+                return GOOD
+            try:
+                text = value.decode("utf-8")
+            except UnicodeDecodeError:
+                return QUARANTINED
+            return GOOD if all(p.search(text) for p in patterns) else QUARANTINED
+
+        return kind
 
     def published(self, output: Any = None) -> Counter[Row]:
         """Good and quarantined records across every plan folder of ``output``."""
@@ -336,7 +340,7 @@ class FaultEnv:
         the oracle set; without, records published beyond the committed offsets (a crash
         after publishing, before committing) are allowed, but not lost or doubled ones.
         Every published record must also sit where the feed's expectations put it: good
-        ones in the plan's folder, bad ones in its quarantine (:meth:`expected_kind`).
+        ones in the plan's folder, bad ones in its quarantine (:meth:`classifier`).
         """
         committed = self.committed()
         ranges = {}
@@ -345,7 +349,8 @@ class FaultEnv:
             ranges[(self.topic, p)] = (start, start if c is None else c)
         scanned = scan(self.kafka.connection, ranges)
         expected: Counter[Row] = Counter(row for row, _ in scanned)
-        kinds = {row: self.expected_kind(value) for row, value in scanned}
+        classify = self.classifier()
+        kinds = {row: classify(value) for row, value in scanned}
         by_kind = self.published_by_kind()
         got = by_kind[GOOD] + by_kind[QUARANTINED]
 

@@ -51,6 +51,7 @@ class Mutant:
     breaks: str  # the guarantee, as the README states it
     edits: tuple[Edit, ...]
     tests: tuple[str, ...]  # pytest node ids that must go red
+    timeout_s: int | None = None  # per test (pytest-timeout), for a breakage that hangs instead of failing
 
 
 SCENARIOS = "tests/faults/test_scenarios.py"
@@ -124,6 +125,19 @@ MUTANTS = (
         (f"{SCENARIOS}::test_records_committed_between_planning_and_the_read",),
     ),
     Mutant(
+        "reader-never-gives-up",
+        "a range that cannot reach its end fails with an error naming it (the reader's stall timeout)",
+        (
+            Edit(
+                "include/tidemark/source.py",
+                "elif wave.open and time.monotonic() - last_progress > stall_timeout_s:",
+                "elif False:",
+            ),
+        ),
+        ("tests/integration/test_read.py::test_a_range_that_cannot_reach_its_end_fails_with_the_stall_error",),
+        timeout_s=90,
+    ),
+    Mutant(
         "publish-not-exclusive",
         "a plan is published once, also by two attempts at the same time (the rename into place)",
         (
@@ -185,7 +199,9 @@ def environment(target: Path, tests: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
-def run_tests(target: Path, tests: tuple[str, ...], report: Path) -> tuple[list[str], list[str]]:
+def run_tests(
+    target: Path, tests: tuple[str, ...], report: Path, timeout_s: int | None = None
+) -> tuple[list[str], list[str]]:
     """(red, passed) node ids of one pytest run in ``target``."""
     env = environment(target, tests)
     where = subprocess.run(
@@ -195,6 +211,8 @@ def run_tests(target: Path, tests: tuple[str, ...], report: Path) -> tuple[list[
     if not where.startswith(str(target)):
         raise RuntimeError(f"the scratch copy's tidemark is not the one imported ({where})")
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={report}", *tests]
+    if timeout_s is not None:
+        cmd.append(f"--timeout={timeout_s}")
     subprocess.run(cmd, cwd=target, env=env, check=False)
     red: list[str] = []
     passed: list[str] = []
@@ -216,7 +234,8 @@ def run_mutant(mutant: Mutant | None, tests: tuple[str, ...], keep: bool) -> Out
         copy_tree(scratch)
         if mutant is not None:
             apply(scratch, mutant.edits)
-        outcome.red, outcome.passed = run_tests(scratch, tests, scratch / "junit.xml")
+        timeout_s = mutant.timeout_s if mutant else None
+        outcome.red, outcome.passed = run_tests(scratch, tests, scratch / "junit.xml", timeout_s)
         if not outcome.red and not outcome.passed:
             outcome.error = "none of its tests ran"
     except (RuntimeError, subprocess.CalledProcessError, ET.ParseError, OSError) as exc:
@@ -266,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
             indent=2, sort_keys=True,
         ) + "\n"
     )  # fmt: skip
-    print(f"{len(outcomes) - len(survived)} of {len(outcomes)} mutants caught" + (f"; survived: {survived}" if survived else ""))
+    tail = f"; survived: {survived}" if survived else ""
+    print(f"{len(outcomes) - len(survived)} of {len(outcomes)} mutants caught{tail}")
     return 1 if survived else 0
 
 
