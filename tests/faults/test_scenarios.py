@@ -520,35 +520,44 @@ def test_transactions(fenv: FaultEnv) -> None:
 
 
 @scenario("13b", "Records and a transaction committed between planning and the read",
-          injected="an open transaction holds each partition's last stable offset when the plan is made; after "
-                   "planning, before the job reads, the transaction commits and more records arrive",
+          injected="a committed transaction, then an open one that holds each partition's last stable offset when "
+                   "the plan is made; after planning, before the job reads, the open transaction commits and more "
+                   "records arrive (the range's commit marker leaves the reader room to see them in one batch)",
           asserted="the job reads and publishes exactly the planned ranges (nothing at or past a planned end), "
                    "the group lands on the planned ends; the next run reads the rest; I1–I3")  # fmt: skip
 def test_records_committed_between_planning_and_the_read(fenv: FaultEnv) -> None:
-    fenv.produce(9)
-    producer = Producer(fenv.kafka.connection.client_config(**{"transactional.id": f"tx-{time.time_ns()}"}))
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    for p in range(3):
-        producer.produce(fenv.topic, f"v-tx-{p}".encode(), partition=p)
-    producer.flush(30)
+    def transaction(tag: str) -> Producer:
+        producer = Producer(fenv.kafka.connection.client_config(**{"transactional.id": f"tx-{time.time_ns()}"}))
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        for p in range(3):
+            producer.produce(fenv.topic, f"v-{tag}-{p}".encode(), partition=p)
+        producer.flush(30)
+        return producer
+
+    def stable_at_least(offset: int) -> None:
+        deadline = time.monotonic() + 30
+        while min(fenv.kafka.adapter.end_offsets(fenv.tps(), "read_committed").values()) < offset:
+            assert time.monotonic() < deadline, f"the last stable offsets never reached {offset}"
+            time.sleep(0.2)
+
+    fenv.produce(9)  # offsets 0-2
+    transaction("done").commit_transaction(30)  # offset 3, its commit marker 4
+    stable_at_least(5)
+    hanging = transaction("open")  # offset 5: holds the last stable offset at 5
     handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
-    planned = handle.plan().ends()
-    assert planned == {(fenv.topic, p): 3 for p in range(3)}
-    producer.commit_transaction(30)
-    fenv.produce(6)
-    deadline = time.monotonic() + 30
-    while min(fenv.kafka.adapter.end_offsets(fenv.tps(), "read_committed").values()) < 7:  # 3 + tx + marker + 2
-        assert time.monotonic() < deadline, "the transaction's commit marker never became stable"
-        time.sleep(0.2)
+    assert handle.plan().ends() == {(fenv.topic, p): 5 for p in range(3)}
+    hanging.commit_transaction(30)  # marker 6
+    fenv.produce(6)  # offsets 7-8
+    stable_at_least(9)
     job = fenv.in_process(handle, fenv.kafka.connection)
-    assert job["records_read"] == 9
-    assert max(r[2] for r in fenv.published()) == 2  # nothing at or past a planned end
+    assert job["records_read"] == 12
+    assert max(r[2] for r in fenv.published()) == 3  # nothing at or past a planned end
     commit_run(handle, fenv.kafka.connection, root=fenv.root)
-    assert fenv.committed() == {0: 3, 1: 3, 2: 3}
+    assert fenv.committed() == {0: 5, 1: 5, 2: 5}
     fenv.check("test_records_committed_between_planning_and_the_read")
     _, job, _ = fenv.run()
-    assert job["records_read"] == 9  # the transaction's 3 and the 6 that came after
+    assert job["records_read"] == 9  # the open transaction's 3 and the 6 that came after
     fenv.check("test_records_committed_between_planning_and_the_read")
 
 

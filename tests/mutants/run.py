@@ -16,8 +16,9 @@ runner drops ``TIDEMARK_TEST_KAFKA_HOME`` for a mutant that selects any of them.
 
     python -m tests.mutants.run [--only NAME ...] [--baseline] [--keep]
 
-The result also goes to ``tests/mutants/last-run.json``, which ``make faults-table``
-reads to say which fault scenarios were shown red by a mutant.
+The result also goes to ``tests/mutants/last-run.json`` (with ``--only``, merged into the
+outcomes recorded for the other mutants), which ``make faults-table`` reads to say which
+fault scenarios were shown red by a mutant.
 """
 
 from __future__ import annotations
@@ -279,9 +280,13 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(outcomes))
     survived = [o.mutant for o in outcomes if not o.caught]
+    # With --only, the other mutants keep their last recorded outcome; mutants no longer listed are dropped.
+    known = {m["mutant"]: m for m in json.loads(LAST_RUN.read_text())["mutants"]} if LAST_RUN.exists() else {}
+    known.update({o.mutant: {**vars(o), "caught": o.caught} for o in outcomes})
+    recorded = [known[m.name] for m in MUTANTS if m.name in known]
     LAST_RUN.write_text(
         json.dumps(
-            {"mutants": [{**vars(o), "caught": o.caught} for o in outcomes], "survived": survived},
+            {"mutants": recorded, "survived": [m["mutant"] for m in recorded if not m["caught"]]},
             indent=2, sort_keys=True,
         ) + "\n"
     )  # fmt: skip
