@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test lint unit integration faults faults-table soak bench bench-small bench-quick bench-plan kafka-up kafka-down clean lock
+.PHONY: install demo test lint unit integration faults faults-table soak mutants bench bench-small bench-quick bench-plan kafka-up kafka-down clean lock
 .PHONY: browser bench-view airflow airflow-down
 
 $(STAMP):
@@ -50,7 +50,12 @@ faults-table: faults
 
 # The slow variant: many runs in a row with data arriving and failures injected (scenario 21).
 soak: install
-	TIDEMARK_SOAK_RUNS=$${TIDEMARK_SOAK_RUNS:-60} $(BIN)/pytest tests/faults -k soak -s $(PYTEST_ARGS)
+	TIDEMARK_SOAK_RUNS=$${TIDEMARK_SOAK_RUNS:-60} $(BIN)/pytest tests/faults -k soak -s --timeout 3600 $(PYTEST_ARGS)
+
+# Each listed breakage applied in a scratch copy, with the tests that must catch it (tests/mutants/run.py);
+# red when a mutant survives. Not part of `make test`. MUTANTS_ARGS: --only NAME..., --baseline, --keep.
+mutants: install
+	$(BIN)/python -m tests.mutants.run $(MUTANTS_ARGS)
 
 # Benchmarks run on the embedded cluster (started if needed) unless TIDEMARK_BOOTSTRAP_SERVERS is set.
 bench: install

@@ -113,7 +113,7 @@ _STARTED = time.time()  # before any worker of this run wrote a fault count
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The fault suite's closing line: scenarios, invariant checks, records checked, lost, duplicated.
+    """The fault suite's closing line: scenarios, oracle checks, records compared; lost, duplicated, misrouted.
 
     In one process the scoreboard is here; under xdist the controller ran no test, so it
     reads the count the fault suite's worker wrote at its end (if written by this run).
@@ -129,9 +129,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     else:
         return
     terminalreporter.write_line(
-        f"fault suite: {doc['scenarios_run']} scenario tests, {doc['checks']} invariant checks, "
-        f"{doc['records_checked']} records checked, {doc['records_lost']} lost, "
-        f"{doc['records_duplicated']} duplicated"
+        f"fault suite: {doc['scenarios_run']} scenario tests, {doc['checks']} oracle checks compared "
+        f"{doc['records_checked']} records ({doc.get('good_checked', 0)} good, {doc.get('quarantined_checked', 0)} "
+        f"quarantined); found {doc['records_lost']} lost, {doc['records_duplicated']} duplicated, "
+        f"{doc.get('records_misrouted', 0)} misrouted"
     )
 
 

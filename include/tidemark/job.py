@@ -183,12 +183,21 @@ def run(
         refuse_if_moved(plan, connection, run_id)
     preload_great_expectations()
     source = None
+    # Where the reader stopped in each range, as it reports it: validation refuses a range
+    # read short of its planned end. Only the driver's read reports them; the executors'
+    # reader cannot hand them back, and raises on a short read itself (its stall error).
+    reached: dict[tuple[str, int], int] = {}
+    positions: dict[tuple[str, int], int] | None = None
     if 0 < plan.total_records <= feed.driver_read_max_records:  # small: no Python workers at all
         try:
             source = timer.step(
-                "read", lambda: read_plan_in_driver(spark, plan, connection, max_bytes=DRIVER_READ_MAX_BYTES)
+                "read",
+                lambda: read_plan_in_driver(
+                    spark, plan, connection, max_bytes=DRIVER_READ_MAX_BYTES, positions=reached
+                ),
             )
             res.reader = "driver"
+            positions = {p.key: reached.get(p.key, p.start) for p in plan.partitions}  # unread: still at its start
         except DriverReadTooLarge as exc:  # few records, but large ones: the executors read them
             print(f"tidemark job: {exc}; reading with the data source instead", file=sys.stderr)
     if source is None:
@@ -228,8 +237,7 @@ def run(
             "validate",  # one aggregation: range statistics, built-in checks, bad-row counts; GX beside it
             lambda: validate(
                 staged.where(~undecoded).select(*record_columns), plan, feed, run_dir,
-                # The reader stops only at each range's end (it raises otherwise).
-                positions=plan.ends(),
+                positions=positions,
                 decode_failed=staged.where(undecoded).withColumn(
                     ERROR_COLUMN, codes.decode_error(F.col(OUTCOME_COLUMN))
                 ),

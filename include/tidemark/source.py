@@ -200,6 +200,8 @@ class _Wave:
         self.low = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)
         self.end = np.full(size, -1, dtype=np.int64)
         self.by_slot: dict[int, Range] = {}
+        # Per slot: the next offset the reader had reached when it closed the range (-1: open).
+        self.reached = np.full(size, -1, dtype=np.int64)
         for r in ranges:
             slot = self.slot(r.topic, r.partition)
             self.low[slot], self.end[slot] = r.start, r.end
@@ -209,8 +211,13 @@ class _Wave:
     def slot(self, topic: str, partition: int) -> int:
         return self.topic_index[topic] * self.stride + partition
 
-    def close(self, slot: int) -> None:
+    def close(self, slot: int, position: int) -> None:
         self.open.discard(slot)
+        self.reached[slot] = position
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        """Where the reader stopped in each range: what validation compares with the planned ends."""
+        return {(r.topic, r.partition): int(self.reached[self.slot(r.topic, r.partition)]) for r in self.ranges}
 
 
 class _Columns:
@@ -245,13 +252,16 @@ def read_task(
     *,
     batch_records: int = DEFAULT_BATCH_RECORDS,
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+    positions: dict[tuple[str, int], int] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Yield ``task``'s records as Arrow batches of at most ``batch_records`` rows.
 
     Memory stays bounded by the batch size plus librdkafka's prefetch queue, whatever
     the size of the ranges. Raises :class:`ReadError` naming topic, partition and
     offsets when an offset is no longer available, when a partition errors, or when a
-    range makes no progress for ``stall_timeout_s`` seconds.
+    range makes no progress for ``stall_timeout_s`` seconds. ``positions``, when given,
+    receives for each range the next offset the reader reached when it closed the range
+    (the record past the last one read, or the end-of-partition offset).
     """
     from confluent_kafka import Consumer
 
@@ -270,11 +280,14 @@ def read_task(
     gc.disable()
     try:
         for wave_ranges in _waves(ranges):
-            for batch in _read_wave(consumer, _Wave(wave_ranges), task, schema, batch_records, stall_timeout_s):
+            wave = _Wave(wave_ranges)
+            for batch in _read_wave(consumer, wave, task, schema, batch_records, stall_timeout_s):
                 rows += batch.num_rows
                 if measure:
                     payload += _payload_bytes(batch)
                 yield batch
+            if positions is not None:
+                positions.update(wave.positions())
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -359,7 +372,7 @@ def _read_wave(
             if topic in wave.topic_index:
                 slot = wave.slot(topic, partition)
                 if slot in wave.open and offset >= wave.end[slot]:
-                    wave.close(slot)
+                    wave.close(slot, offset)
                     progressed = True
         done = [r for s, r in wave.by_slot.items() if s not in wave.open]
         if done:
@@ -397,7 +410,7 @@ def _to_batch(
         wave.low[slot] = max(int(wave.low[slot]), top + 1)  # a redelivered offset is dropped, never doubled
         progressed = True
         if top >= wave.end[slot] - 1:
-            wave.close(slot)
+            wave.close(slot, int(wave.low[slot]))
     if not keep.any():
         return None, progressed
     all_kept = bool(keep.all())
@@ -673,6 +686,7 @@ def read_plan_in_driver(
     batch_records: int | None = None,
     stall_timeout_s: float | None = None,
     max_bytes: int | None = None,
+    positions: dict[tuple[str, int], int] | None = None,
 ) -> DataFrame:
     """``plan``'s records read now, by this process, as a DataFrame of :data:`SCHEMA`: for small plans.
 
@@ -684,7 +698,8 @@ def read_plan_in_driver(
     confluent-kafka: seconds of fixed cost that a few thousand records do not repay. The
     whole plan is held in the driver's memory, so the job uses this only up to the feed's
     ``driver_read_max_records``, and with ``max_bytes`` it stops reading and raises
-    :class:`DriverReadTooLarge` once the batches hold more than that.
+    :class:`DriverReadTooLarge` once the batches hold more than that. ``positions`` receives
+    where the reader stopped in each range (see :func:`read_task`).
     """
     config = (connection or from_env()).client_config()
     batches: list[pa.RecordBatch] = []
@@ -692,7 +707,7 @@ def read_plan_in_driver(
     for task in tasks_of(plan):
         for batch in read_task(
             task, config, batch_records=batch_records or DEFAULT_BATCH_RECORDS,
-            stall_timeout_s=stall_timeout_s or DEFAULT_STALL_TIMEOUT_S,
+            stall_timeout_s=stall_timeout_s or DEFAULT_STALL_TIMEOUT_S, positions=positions,
         ):  # fmt: skip
             batches.append(batch)
             held += batch.nbytes

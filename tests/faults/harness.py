@@ -7,7 +7,9 @@ and what Tidemark published with an independent ``read_committed`` scan of the s
 offsets (the oracle: ``(topic, partition, offset, sha256(value))`` per record):
 
 - **I1** no partition's committed offset is past data that was not validated and
-  published (every record below the committed offset is published or quarantined);
+  published (every record below the committed offset is published or quarantined), and
+  every record sits where the feed's expectations put it: good ones in the output, bad
+  ones in its quarantine (classified from the raw bytes, :meth:`FaultEnv.classifier`);
 - **I2** the published output (good and quarantined records, across every plan folder)
   equals the oracle over what was committed: nothing lost, nothing twice, no record
   that Kafka does not hold at that offset;
@@ -17,7 +19,8 @@ offsets (the oracle: ``(topic, partition, offset, sha256(value))`` per record):
 - **I4** errors name the topic, partition and offsets and say what to do: each scenario
   asserts its error's text with :func:`assert_names`.
 
-Counts (records checked, lost, duplicated) go to a scoreboard that the suite prints at
+Counts (records compared, good and quarantined, partitions, runs; lost, duplicated,
+misrouted) go to a scoreboard that the suite prints at
 the end and writes to ``tests/faults/last-run.json``; ``docs/faults.md`` is generated
 from the scenario registry below and those counts (``make faults-table``).
 """
@@ -45,7 +48,7 @@ from tests.conftest import KafkaTestCluster
 from tidemark.connection import KafkaConnection
 from tidemark.kafka_io import Record
 from tidemark.pipeline import CommitOutcome, RunHandle, run_feed
-from tidemark.sink import load_manifest
+from tidemark.sink import QUARANTINE_DIR, load_manifest
 from tidemark.storage import Location
 
 LOCAL = "local"
@@ -84,9 +87,16 @@ def scenario(number: str, title: str, *, injected: str, asserted: str) -> Callab
 
 @dataclass
 class Tally:
+    """What one scenario's oracle compared: totals over its checks (``partitions``, ``runs``: the most in one)."""
+
     records_checked: int = 0
+    good_checked: int = 0
+    quarantined_checked: int = 0
     records_lost: int = 0
     records_duplicated: int = 0
+    records_misrouted: int = 0
+    partitions: int = 0
+    runs: int = 0
     checks: int = 0
 
 
@@ -103,8 +113,17 @@ def digest(value: bytes | str | None) -> str:
 
 def oracle(connection: KafkaConnection, ranges: Mapping[tuple[str, int], tuple[int, int]]) -> Counter[Row]:
     """Every record in ``ranges`` as a read_committed consumer of our own sees it."""
+    return Counter(row for row, _ in scan(connection, ranges))
+
+
+def scan(
+    connection: KafkaConnection, ranges: Mapping[tuple[str, int], tuple[int, int]]
+) -> list[tuple[Row, bytes | None]]:
+    """The oracle's rows with each record's value (to classify it against the feed's expectations)."""
+    import time
+
     wanted = {tp: r for tp, r in ranges.items() if r[1] > r[0]}
-    rows: Counter[Row] = Counter()
+    rows: list[tuple[Row, bytes | None]] = []
     if not wanted:
         return rows
     consumer = Consumer(
@@ -116,8 +135,6 @@ def oracle(connection: KafkaConnection, ranges: Mapping[tuple[str, int], tuple[i
     try:
         consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _) in wanted.items()])
         done: set[tuple[str, int]] = set()
-        import time
-
         deadline = time.monotonic() + 60
         while len(done) < len(wanted):
             assert time.monotonic() < deadline, f"oracle scan did not finish: {sorted(set(wanted) - done)}"
@@ -127,7 +144,7 @@ def oracle(connection: KafkaConnection, ranges: Mapping[tuple[str, int], tuple[i
                 tp = (msg.topic(), msg.partition())
                 start, end = wanted[tp]
                 if start <= msg.offset() < end:
-                    rows[(tp[0], tp[1], msg.offset(), digest(msg.value()))] += 1
+                    rows.append(((tp[0], tp[1], msg.offset(), digest(msg.value())), msg.value()))
             for tp, (_, end) in wanted.items():
                 position = consumer.position([TopicPartition(tp[0], tp[1])])[0].offset
                 if position >= end:
@@ -140,11 +157,15 @@ def oracle(connection: KafkaConnection, ranges: Mapping[tuple[str, int], tuple[i
 # -- one feed under test ----------------------------------------------------------------
 
 
+GOOD, QUARANTINED = "good", "quarantined"
+
+
 @dataclass
 class Check:
     lost: list[Row]
     duplicated: list[Row]
     foreign: list[Row]
+    misrouted: list[tuple[Row, str, str]]  # (record, where the feed's expectations put it, where it was published)
     checked: int
 
 
@@ -162,6 +183,7 @@ class FaultEnv:
     topic: str = field(init=False)
     group: str = field(init=False)
     sent: int = field(init=False, default=0)
+    run_ids: set[str] = field(init=False, default_factory=set)  # every run whose job or commit this env ran
 
     def __post_init__(self) -> None:
         self.feeds = self.tmp / "feeds"
@@ -218,6 +240,7 @@ class FaultEnv:
         from tidemark.config import load_feed
         from tidemark.job import JobResult, run, upload_run_dir, write_result
 
+        self.run_ids.add(handle.run_id)
         plan = handle.plan()
         result = JobResult(plan.plan_id, plan.feed)
         target = Location.of(handle.run_dir)
@@ -241,17 +264,51 @@ class FaultEnv:
     def run(
         self, mode: str = "scheduled", params: Mapping[str, Any] | None = None
     ) -> tuple[RunHandle, dict[str, Any], CommitOutcome]:
-        return run_feed(
+        handle, job, outcome = run_feed(
             self.feed, self.kafka.connection, mode=mode, params=params, root=self.root, job_runner=self.in_process
         )
+        self.run_ids.add(handle.run_id)
+        return handle, job, outcome
+
+    def classifier(self) -> Callable[[bytes | None], str]:
+        """Where the feed's expectations put a record: good, or quarantined (string values; regex rules only).
+
+        Computed here from the feed file and the raw bytes, not by Tidemark: a value that is not
+        UTF-8 fails to decode, a null passes every regex rule (as in GX), any other value must
+        match every ``expect_column_values_to_match_regex`` on ``value``.
+        """
+        doc = yaml.safe_load((self.feeds / f"{self.feed}.yaml").read_text())
+        rules = doc.get("validation", {}).get("expectations", [])
+        unknown = [r["type"] for r in rules if r["type"] != "expect_column_values_to_match_regex"]
+        assert not unknown, f"the fault oracle cannot classify records under {unknown}"
+        patterns = [re.compile(r["kwargs"]["regex"]) for r in rules if r["kwargs"]["column"] == "value"]
+
+        def kind(value: bytes | None) -> str:
+            if value is None:
+                return GOOD
+            try:
+                text = value.decode("utf-8")
+            except UnicodeDecodeError:
+                return QUARANTINED
+            return GOOD if all(p.search(text) for p in patterns) else QUARANTINED
+
+        return kind
 
     def published(self, output: Any = None) -> Counter[Row]:
-        """Good and quarantined records across every plan folder of ``output``.
+        """Good and quarantined records across every plan folder of ``output``."""
+        rows: Counter[Row] = Counter()
+        for kind in self.published_by_kind(output).values():
+            rows.update(kind)
+        return rows
+
+    def published_by_kind(self, output: Any = None) -> dict[str, Counter[Row]]:
+        """The published records of every plan folder of ``output``, good and quarantined apart.
 
         Locally every file under a plan folder counts (a rename publishes it whole); on an
         object store the files that plans' manifests list (the manifest is the commit point).
+        A file under a plan's ``_quarantine/`` folder holds quarantined records.
         """
-        rows: Counter[Row] = Counter()
+        rows: dict[str, Counter[Row]] = {GOOD: Counter(), QUARANTINED: Counter()}
         where = Location.of(output if output is not None else self.output)
         if where.is_local:
             files = [(str(p), Location.of(p)) for p in sorted(where.local_path().glob("plan_id=*/**/*.parquet"))]
@@ -269,9 +326,10 @@ class FaultEnv:
             topics = table.column("topic").to_pylist() if "topic" in names else [topic] * table.num_rows
             # Bytes as stored: a quarantined record's value need not be valid UTF-8.
             values = table.column("value").cast(pa.binary()).to_pylist()
+            kind = QUARANTINED if f"/{QUARANTINE_DIR}/" in f"/{name}" else GOOD
             for t, p, o, v in zip(topics, table.column("partition").to_pylist(),
                                   table.column("offset").to_pylist(), values, strict=True):  # fmt: skip
-                rows[(str(t), int(p), int(o), digest(v))] += 1
+                rows[kind][(str(t), int(p), int(o), digest(v))] += 1
         return rows
 
     def check(self, test: str, starts: Mapping[int, int] | None = None, *, final: bool = True) -> Check:
@@ -281,29 +339,52 @@ class FaultEnv:
         covers ``[start, committed)``. With ``final`` the published output must be exactly
         the oracle set; without, records published beyond the committed offsets (a crash
         after publishing, before committing) are allowed, but not lost or doubled ones.
+        Every published record must also sit where the feed's expectations put it: good
+        ones in the plan's folder, bad ones in its quarantine (:meth:`classifier`).
         """
         committed = self.committed()
         ranges = {}
         for p, c in committed.items():
             start = (starts or {}).get(p, 0)
             ranges[(self.topic, p)] = (start, start if c is None else c)
-        expected = oracle(self.kafka.connection, ranges)
-        got = self.published()
-        in_range = Counter({r: n for r, n in got.items() if ranges[(r[0], r[1])][0] <= r[2] < ranges[(r[0], r[1])][1]})
+        scanned = scan(self.kafka.connection, ranges)
+        expected: Counter[Row] = Counter(row for row, _ in scanned)
+        classify = self.classifier()
+        kinds = {row: classify(value) for row, value in scanned}
+        by_kind = self.published_by_kind()
+        got = by_kind[GOOD] + by_kind[QUARANTINED]
+
+        def inside(r: Row) -> bool:
+            return ranges[(r[0], r[1])][0] <= r[2] < ranges[(r[0], r[1])][1]
+
+        in_range = Counter({r: n for r, n in got.items() if inside(r)})
+        misrouted = sorted(
+            (r, kinds[r], kind) for kind, rows in by_kind.items() for r in rows if r in kinds and kinds[r] != kind
+        )
         result = Check(
             lost=sorted(expected - in_range),
             duplicated=sorted(r for r, n in got.items() if n > 1),
             foreign=sorted(in_range - expected),
+            misrouted=misrouted,
             checked=sum(expected.values()),
         )
         tally = SCOREBOARD.setdefault(test, Tally())
         tally.checks += 1
         tally.records_checked += result.checked
+        tally.good_checked += sum(1 for r in expected if kinds[r] == GOOD)
+        tally.quarantined_checked += sum(1 for r in expected if kinds[r] == QUARANTINED)
         tally.records_lost += len(result.lost)
         tally.records_duplicated += sum(got[r] - 1 for r in result.duplicated)
+        tally.records_misrouted += len(result.misrouted)
+        tally.partitions = max(tally.partitions, sum(1 for start, end in ranges.values() if end > start))
+        tally.runs = max(tally.runs, len(self.run_ids))
         assert not result.lost, f"I1/I2: committed but not published: {result.lost[:5]}"
         assert not result.duplicated, f"I2: published more than once: {result.duplicated[:5]}"
         assert not result.foreign, f"I2: published rows Kafka does not hold there: {result.foreign[:5]}"
+        assert not result.misrouted, (
+            f"I1: published where the feed's expectations do not put it ((record, expected, published as)): "
+            f"{result.misrouted[:5]}"
+        )
         if final:
             beyond = sorted(r for r in got if r[2] >= ranges[(r[0], r[1])][1])
             assert not beyond, f"I3: published beyond the committed offsets: {beyond[:5]}"
@@ -319,16 +400,11 @@ def assert_names(message: str, *fragments: str) -> None:
 def write_scoreboard() -> dict[str, Any]:
     totals = Tally()
     for tally in SCOREBOARD.values():
-        totals.records_checked += tally.records_checked
-        totals.records_lost += tally.records_lost
-        totals.records_duplicated += tally.records_duplicated
-        totals.checks += tally.checks
+        for name, value in vars(tally).items():
+            setattr(totals, name, getattr(totals, name) + value)
     doc = {
         "scenarios_run": len(SCOREBOARD),
-        "checks": totals.checks,
-        "records_checked": totals.records_checked,
-        "records_lost": totals.records_lost,
-        "records_duplicated": totals.records_duplicated,
+        **vars(totals),
         "by_test": {name: vars(t) for name, t in sorted(SCOREBOARD.items())},
     }
     LAST_RUN.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

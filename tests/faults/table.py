@@ -2,7 +2,9 @@
 
 ``make faults-table`` runs the fault suite, then this module. The table lists every
 registered scenario test (number, title, how the fault is injected, what is asserted)
-and the counts from ``tests/faults/last-run.json`` (written by the suite's last run).
+and what the suite's last run compared (``tests/faults/last-run.json``): runs, partitions,
+records good and quarantined; and which scenarios ``make mutants`` turned red
+(``tests/mutants/last-run.json``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import tests.faults.test_scenarios  # registers the scenarios
 from tests.faults.harness import LAST_RUN, SCENARIOS
+from tests.mutants.run import LAST_RUN as MUTANTS_RUN
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "faults.md"
 
@@ -24,7 +27,9 @@ cluster, injects its fault, lets Tidemark recover, then checks one oracle (an
 independent `read_committed` scan of `(topic, partition, offset, sha256(value))`) and
 the invariants:
 
-- **I1** no committed offset is past data that was not validated and published;
+- **I1** no committed offset is past data that was not validated and published, and
+  every published record sits where the feed's expectations put it (classified by the
+  oracle from the raw bytes: good ones in the output, bad ones in the quarantine);
 - **I2** the published output (good and quarantined records) equals the oracle over what
   was committed: nothing lost, nothing twice, nothing Kafka does not hold there;
 - **I3** after the fault and the rerun the output is what an undisturbed run gives;
@@ -42,26 +47,75 @@ def _on_both_shapes(test: str) -> bool:
     return any(m.name == "parametrize" and m.args[0] == "fenv" for m in marks)
 
 
-def render(counts: dict[str, object]) -> str:
+def _mutants() -> dict[str, object]:
+    return json.loads(MUTANTS_RUN.read_text()) if MUTANTS_RUN.exists() else {}
+
+
+def _red_by(test: str, mutants: list[dict[str, object]]) -> list[str]:
+    """The mutants under which ``test`` (any of its parameters) went red."""
+    out = []
+    for m in mutants:
+        red = m.get("red") or []
+        assert isinstance(red, list)
+        if any(str(t).split("::")[-1].split("[")[0] == test for t in red):
+            out.append(str(m["mutant"]))
+    return out
+
+
+def render(counts: dict[str, object], mutants_run: dict[str, object] | None = None) -> str:
     by_test = counts.get("by_test", {})
     assert isinstance(by_test, dict)
-    rows = ["| # | scenario | injected | asserted | test | shapes | records checked |",
-            "|---|---|---|---|---|---|---:|"]  # fmt: skip
+    mutants = list((mutants_run or {}).get("mutants") or [])  # type: ignore[call-overload]
+    rows = ["| # | scenario | injected | asserted | test | shapes | runs | partitions | records compared "
+            "(good + quarantined) | red under mutant |",
+            "|---|---|---|---|---|---|---:|---:|---:|---|"]  # fmt: skip
+    shown_red = 0
     for s in sorted(SCENARIOS.values(), key=lambda s: (int("".join(c for c in s.number if c.isdigit())), s.number)):
-        checked = sum(v["records_checked"] for k, v in by_test.items() if k.split("[")[0] == s.test)
+        mine = [v for k, v in by_test.items() if k.split("[")[0] == s.test]
+        good = sum(v.get("good_checked", 0) for v in mine)
+        bad = sum(v.get("quarantined_checked", 0) for v in mine)
+        runs = sum(v.get("runs", 0) for v in mine)
+        partitions = max((v.get("partitions", 0) for v in mine), default=0)
         shapes = "local, S3 + PostgreSQL" if _on_both_shapes(s.test) else "local"
-        rows.append(f"| {s.number} | {s.title} | {s.injected} | {s.asserted} | `{s.test}` | {shapes} | {checked} |")
+        red = _red_by(s.test, mutants)
+        shown_red += bool(red)
+        rows.append(
+            f"| {s.number} | {s.title} | {s.injected} | {s.asserted} | `{s.test}` | {shapes} | {runs} | {partitions} "
+            f"| {good} + {bad} | {', '.join(red) or '–'} |"
+        )
+    g = "good_checked"
+    q = "quarantined_checked"
     totals = (
-        f"**Last run:** {counts.get('scenarios_run', 0)} scenario tests, {counts.get('checks', 0)} invariant "
-        f"checks, {counts.get('records_checked', 0)} records checked, **{counts.get('records_lost', 0)} lost**, "
-        f"**{counts.get('records_duplicated', 0)} duplicated**.\n"
+        f"**What the last run compared:** {counts.get('scenarios_run', 0)} scenario tests made "
+        f"{sum(v.get('runs', 0) for v in by_test.values())} runs; {counts.get('checks', 0)} oracle checks compared "
+        f"{counts.get('records_checked', 0)} records ({counts.get(g, 0)} that the feed's expectations put in the "
+        f"output, {counts.get(q, 0)} in its quarantine) over up to "
+        f"{max((v.get('partitions', 0) for v in by_test.values()), default=0)} partitions per scenario, record by "
+        "record, with where each was published. A check that finds a record lost, doubled, foreign or misrouted "
+        "fails its scenario.\n\n"
     )
-    return HEADER + totals + "\n" + "\n".join(rows) + "\n"
+    total = len(SCENARIOS)
+    if mutants:
+        caught = [m for m in mutants if m.get("caught")]
+        totals += (
+            f"**Shown red by a mutant** (`make mutants`, its last run): {shown_red} of {total} scenarios; "
+            f"{len(caught)} of {len(mutants)} mutants caught. Each mutant breaks one guarantee in a scratch copy; "
+            "the tests listed went red under it:\n\n| mutant | breaks | red tests | caught |\n|---|---|---|---|\n"
+            + "".join(
+                f"| {m['mutant']} | {m['breaks']} | {', '.join(f'`{t}`' for t in m.get('red') or []) or 'none'} "  # type: ignore[union-attr]
+                f"| {'yes' if m.get('caught') else 'no'} |\n"
+                for m in mutants
+            )
+            + "\n"
+        )
+    else:
+        totals += f"**Shown red by a mutant:** not measured (run `make mutants`); 0 of {total} scenarios.\n\n"
+    return HEADER + totals + "\n".join(rows) + "\n"
 
 
 def main() -> int:
     counts = json.loads(LAST_RUN.read_text()) if LAST_RUN.exists() else {}
-    DOC.write_text(render(counts))
+    DOC.write_text(render(counts, _mutants()))
     print(f"wrote {DOC}")
     return 0
 

@@ -117,3 +117,38 @@ def test_job_fails_with_a_named_partition_when_the_start_was_deleted(
     assert f"{topic}[1] offsets [0, 100)" in job["error"] and "log now starts at 30" in job["error"]
     out = tmp_path / "out"
     assert not out.exists() or not any(p.name.startswith("plan_id=") for p in out.iterdir())
+
+
+def test_job_refuses_a_range_the_reader_left_short(
+    kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validation compares where the reader stopped, as it reports it, with the planned ends.
+
+    A reader that closes partition 1's range one record early (a reader bug, made here by
+    shortening that range inside the reader only) must fail the run naming the partition
+    and both offsets, and publish nothing; the plan's own ends would let it pass.
+    """
+    from tidemark import source
+    from tidemark.config import load_feed
+    from tidemark.errors import ValidationFailedError
+    from tidemark.job import run
+
+    topic = kafka.new_topic(partitions=2, config=KEEP, prefix="job-short")
+    _produce(kafka, topic)
+    feed_path = _feed_file(tmp_path, topic)
+    plan = plan_for(kafka.adapter, [topic], feed="jobfeed", group=f"g-{topic}")
+    assert {p.partition: p.end for p in plan.partitions} == {0: 101, 1: 100}
+    wave_init = source._Wave.__init__
+
+    def short_of_the_end(self: Any, ranges: Any) -> None:
+        wave_init(self, ranges)
+        for r in ranges:
+            if r.partition == 1:
+                self.end[self.slot(r.topic, r.partition)] = r.end - 1
+
+    monkeypatch.setattr(source._Wave, "__init__", short_of_the_end)
+    with pytest.raises(ValidationFailedError) as err:
+        run(spark, plan, load_feed(str(feed_path)), kafka.connection, tmp_path / "run")
+    assert f"{topic}[1]: read stopped at offset 99, before the planned end 100" in str(err.value)
+    out = tmp_path / "out"
+    assert not out.exists() or not any(p.name.startswith("plan_id=") for p in out.iterdir())

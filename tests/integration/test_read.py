@@ -260,3 +260,26 @@ def test_leader_stopped_mid_read_still_yields_the_planned_records(kafka: KafkaTe
     assert offsets == list(range(30_000))
     values = [v for b in got for v in b.column("value").to_pylist()]
     assert values == [f"v-{i}".encode() for i in range(30_000)]
+
+
+def test_a_range_that_cannot_reach_its_end_fails_with_the_stall_error(kafka: KafkaTestCluster) -> None:
+    """A planned end the log never reaches (20 records, end 50): no progress, then a ReadError naming where."""
+    topic = kafka.new_topic(partitions=1, config=KEEP, prefix="read-stall")
+    kafka.produce(topic, keyed_records(20, partition=0, base_ts_ms=BASE_TS))
+    plan = plan_for(kafka.adapter, [topic], ends={(topic, 0): 50})
+    (task,) = tasks_of(plan)
+    got: list[int] = []
+
+    def read_all() -> None:
+        for batch in read_task(task, kafka.connection.client_config(), stall_timeout_s=2):
+            got.extend(batch.column("offset").to_pylist())
+
+    started = time.monotonic()
+    with pytest.raises(ReadError) as err:
+        read_all()
+    assert time.monotonic() - started < 30
+    assert got == list(range(20))  # everything there was, then the stall
+    assert str(err.value) == (
+        f"no progress for 2s before reaching the planned end of: {topic}[0] offsets [0, 50) at offset 20; "
+        "the log now starts at 0 and ends at 20"
+    )

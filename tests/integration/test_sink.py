@@ -214,3 +214,52 @@ def test_new_staging_clears_a_crashed_attempt_and_refuses_a_published_plan(spark
     publish(_df(spark, plan), plan, feed, output_dir=tmp_path / "out")
     with pytest.raises(PublishError, match="already published"):
         new_staging(tmp_path / "out", plan.plan_id)
+
+
+def test_two_attempts_publishing_one_plan_at_the_same_time_publish_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retried task beside its zombie: both staged the plan, both reach the rename into place together.
+
+    The rename is the publication's exclusivity: one attempt publishes, the other finds
+    the winner's manifest and returns it as reused; the output holds the plan once.
+    """
+    import threading
+
+    from tidemark import sink
+    from tidemark.sink import new_staging, publish_staged
+
+    plan = _plan()
+    out = (tmp_path / "out").resolve()
+    feed = Feed(name=plan.feed, topics=("orders",), group="g", output=str(out))
+    stagings = [new_staging(out, plan.plan_id) for _ in range(2)]
+    for staging in stagings:
+        _stage(staging.written, "ok", 5)
+    both_sealed = threading.Barrier(2, timeout=60)
+    rename = sink._rename_into_place
+
+    def rename_together(staging: Path, output: Any, manifest: Any) -> Any:
+        both_sealed.wait()  # each attempt has written its manifest; now both move into place at once
+        return rename(staging, output, manifest)
+
+    monkeypatch.setattr(sink, "_rename_into_place", rename_together)
+    results: list[Any] = []
+
+    def attempt(staging: Any) -> None:
+        try:
+            results.append(publish_staged(staging, plan, feed, outcome_column="_outcome", ok_value="ok",
+                                          expect_records=5, expect_quarantined=0))  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - an attempt's failure is part of the outcome asserted below
+            results.append(exc)
+
+    threads = [threading.Thread(target=attempt, args=(s,)) for s in stagings]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(results) == 2 and not [r for r in results if isinstance(r, Exception)], results
+    assert sorted(r.reused for r in results) == [False, True], "both attempts published the plan"
+    winner = next(r for r in results if not r.reused)
+    assert all(r.files == winner.files for r in results)
+    assert load_manifest(out, plan.plan_id) == winner and verify(winner) == []
+    assert ds.dataset(str(out), format="parquet", partitioning="hive").to_table().num_rows == 5

@@ -1,0 +1,299 @@
+"""``make mutants``: break Tidemark on purpose, one way at a time, and show the tests that go red.
+
+Each mutant below is one deliberate breakage of a guarantee the README states, written as
+exact text replacements in one or two files. For each, the runner copies the working tree
+(tracked and untracked files, as they are now) into a scratch folder, applies the
+breakage there (it refuses to run a mutant whose text is not found exactly once: a
+breakage that no longer applies is reported, never skipped), and runs only the tests
+that must catch it, with the scratch copy's ``tidemark`` first on the path (checked).
+A mutant is *caught* when at least one of its tests fails. The table lists every mutant,
+the tests that went red, and caught yes/no; the exit code is non-zero when any mutant
+survived, did not apply or ran none of its tests. ``--baseline`` first runs every
+selected test on an unbroken copy: a test red there proves nothing.
+
+Tests that start and stop brokers (``tests/faults``) start their own cluster, so the
+runner drops ``TIDEMARK_TEST_KAFKA_HOME`` for a mutant that selects any of them.
+
+    python -m tests.mutants.run [--only NAME ...] [--baseline] [--keep]
+
+The result also goes to ``tests/mutants/last-run.json`` (with ``--only``, merged into the
+outcomes recorded for the other mutants), which ``make faults-table`` reads to say which
+fault scenarios were shown red by a mutant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LAST_RUN = Path(__file__).with_name("last-run.json")
+
+
+@dataclass(frozen=True)
+class Edit:
+    path: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    breaks: str  # the guarantee, as the README states it
+    edits: tuple[Edit, ...]
+    tests: tuple[str, ...]  # pytest node ids that must go red
+    timeout_s: int | None = None  # per test (pytest-timeout), for a breakage that hangs instead of failing
+
+
+SCENARIOS = "tests/faults/test_scenarios.py"
+
+MUTANTS = (
+    Mutant(
+        "commit-lock-removed",
+        "commits of one group take turns (the per-group lock in commit_run)",
+        (Edit("include/tidemark/pipeline.py", "with checkpoints.commit_lock(plan.group):", "if True:"),),
+        (f"{SCENARIOS}::test_two_commits_of_one_group_at_the_same_time[local]",),
+    ),
+    Mutant(
+        "plan-ends-as-positions",
+        "every range is read to its end (validation compares where the reader stopped)",
+        (Edit("include/tidemark/job.py", "positions=positions,", "positions=plan.ends(),"),),
+        ("tests/integration/test_job.py::test_job_refuses_a_range_the_reader_left_short",),
+    ),
+    Mutant(
+        "bad-record-to-good-output",
+        "only validated records are published (a bad record staged as good)",
+        (
+            Edit(
+                "include/tidemark/validation.py",
+                "F.concat(F.lit(DECODE_OUTCOME_PREFIX), error)).otherwise(verdict)",
+                "F.concat(F.lit(DECODE_OUTCOME_PREFIX), error)).otherwise(F.lit(OK_OUTCOME))",
+            ),
+        ),
+        (f"{SCENARIOS}::test_malformed_records[quarantine]",),
+    ),
+    Mutant(
+        "bad-record-to-good-output-unchecked",
+        "only validated records are published (a bad record staged as good, and the publish's count check off)",
+        (
+            Edit(
+                "include/tidemark/validation.py",
+                "F.concat(F.lit(DECODE_OUTCOME_PREFIX), error)).otherwise(verdict)",
+                "F.concat(F.lit(DECODE_OUTCOME_PREFIX), error)).otherwise(F.lit(OK_OUTCOME))",
+            ),
+            Edit("include/tidemark/sink.py", "if want is not None and have != want:", "if False:"),
+        ),
+        (
+            f"{SCENARIOS}::test_validation_fails_on_one_bad_record",
+            f"{SCENARIOS}::test_secrets_never_written",
+        ),
+    ),
+    Mutant(
+        "reader-skips-last-record",
+        "nothing lost: the reader yields every record of a range, the last one too",
+        (
+            Edit(
+                "include/tidemark/source.py",
+                "keep = valid_slot & (offsets >= wave.low[slots]) & (offsets < wave.end[slots])",
+                "keep = valid_slot & (offsets >= wave.low[slots]) & (offsets < wave.end[slots] - 1)",
+            ),
+        ),
+        (
+            f"{SCENARIOS}::test_no_new_data_after_a_normal_run",
+            "tests/integration/test_read.py::test_reads_exactly_the_planned_ranges",
+        ),
+    ),
+    Mutant(
+        "reader-reads-past-the-end",
+        "the end of every range is frozen when the plan is made (the reader keeps records past it)",
+        (
+            Edit(
+                "include/tidemark/source.py",
+                "keep = valid_slot & (offsets >= wave.low[slots]) & (offsets < wave.end[slots])",
+                "keep = valid_slot & (offsets >= wave.low[slots])",
+            ),
+        ),
+        (f"{SCENARIOS}::test_records_committed_between_planning_and_the_read",),
+    ),
+    Mutant(
+        "reader-never-gives-up",
+        "a range that cannot reach its end fails with an error naming it (the reader's stall timeout)",
+        (
+            Edit(
+                "include/tidemark/source.py",
+                "elif wave.open and time.monotonic() - last_progress > stall_timeout_s:",
+                "elif False:",
+            ),
+        ),
+        ("tests/integration/test_read.py::test_a_range_that_cannot_reach_its_end_fails_with_the_stall_error",),
+        timeout_s=90,
+    ),
+    Mutant(
+        "publish-not-exclusive",
+        "a plan is published once, also by two attempts at the same time (the rename into place)",
+        (
+            Edit(
+                "include/tidemark/sink.py",
+                "os.rename(staging, final)  # atomic",
+                "shutil.rmtree(final, ignore_errors=True); os.rename(staging, final)  # atomic",
+            ),
+        ),
+        ("tests/integration/test_sink.py::test_two_attempts_publishing_one_plan_at_the_same_time_publish_it_once",),
+    ),
+)
+
+
+@dataclass
+class Outcome:
+    mutant: str
+    breaks: str
+    tests: list[str]
+    red: list[str]
+    passed: list[str]
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def caught(self) -> bool:
+        return self.error is None and bool(self.red)
+
+
+def copy_tree(target: Path) -> None:
+    """The working tree as it is (tracked and untracked, not ignored files) into ``target``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, check=True, capture_output=True,
+    ).stdout.decode()  # fmt: skip
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if not source.is_file():  # deleted in the working tree
+            continue
+        dest = target / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, dest)
+
+
+def apply(target: Path, edits: tuple[Edit, ...]) -> None:
+    for edit in edits:
+        path = target / edit.path
+        text = path.read_text()
+        found = text.count(edit.old)
+        if found != 1:
+            raise RuntimeError(f"{edit.path}: the text to break occurs {found} times, not once: {edit.old!r}")
+        path.write_text(text.replace(edit.old, edit.new))
+
+
+def environment(target: Path, tests: tuple[str, ...]) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target / "include"), str(target)])}
+    if any(t.startswith("tests/faults") for t in tests):
+        env.pop("TIDEMARK_TEST_KAFKA_HOME", None)  # the fault suite stops brokers: its own cluster
+    return env
+
+
+def run_tests(
+    target: Path, tests: tuple[str, ...], report: Path, timeout_s: int | None = None
+) -> tuple[list[str], list[str]]:
+    """(red, passed) node ids of one pytest run in ``target``."""
+    env = environment(target, tests)
+    where = subprocess.run(
+        [sys.executable, "-c", "import tidemark; print(tidemark.__file__)"],
+        cwd=target, env=env, check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    if not where.startswith(str(target)):
+        raise RuntimeError(f"the scratch copy's tidemark is not the one imported ({where})")
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={report}", *tests]
+    if timeout_s is not None:
+        cmd.append(f"--timeout={timeout_s}")
+    subprocess.run(cmd, cwd=target, env=env, check=False)
+    red: list[str] = []
+    passed: list[str] = []
+    for case in ET.parse(report).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            red.append(name)
+        elif case.find("skipped") is None:
+            passed.append(name)
+    return red, passed
+
+
+def run_mutant(mutant: Mutant | None, tests: tuple[str, ...], keep: bool) -> Outcome:
+    name = mutant.name if mutant else "baseline (unbroken)"
+    started = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix=f"tidemark-mutant-{mutant.name if mutant else 'baseline'}-"))
+    outcome = Outcome(name, mutant.breaks if mutant else "", list(tests), [], [])
+    try:
+        copy_tree(scratch)
+        if mutant is not None:
+            apply(scratch, mutant.edits)
+        timeout_s = mutant.timeout_s if mutant else None
+        outcome.red, outcome.passed = run_tests(scratch, tests, scratch / "junit.xml", timeout_s)
+        if not outcome.red and not outcome.passed:
+            outcome.error = "none of its tests ran"
+    except (RuntimeError, subprocess.CalledProcessError, ET.ParseError, OSError) as exc:
+        outcome.error = str(exc)
+    finally:
+        outcome.seconds = round(time.monotonic() - started, 1)
+        if keep:
+            print(f"kept {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return outcome
+
+
+def table(outcomes: list[Outcome]) -> str:
+    rows = ["| mutant | breaks | red tests | caught | s |", "|---|---|---|---|---:|"]
+    for o in outcomes:
+        red = ", ".join(f"`{t}`" for t in o.red) or "none"
+        verdict = f"NO ({o.error})" if o.error else ("yes" if o.red else "NO (survived)")
+        rows.append(f"| {o.mutant} | {o.breaks} | {red} | {verdict} | {o.seconds:.0f} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--only", nargs="*", help="run only these mutants (by name)")
+    parser.add_argument("--baseline", action="store_true", help="first run the selected tests on an unbroken copy")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch copies")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    unknown = set(args.only or ()) - {m.name for m in MUTANTS}
+    if unknown:
+        parser.error(f"no mutant named {sorted(unknown)}; known: {[m.name for m in MUTANTS]}")
+    if args.baseline:
+        tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+        base = run_mutant(None, tests, args.keep)
+        if base.red or base.error:
+            print(table([base]))
+            print(f"baseline not green: {base.red or base.error}; fix that first")
+            return 2
+    outcomes = [run_mutant(m, m.tests, args.keep) for m in chosen]
+    print()
+    print(table(outcomes))
+    survived = [o.mutant for o in outcomes if not o.caught]
+    # With --only, the other mutants keep their last recorded outcome; mutants no longer listed are dropped.
+    known = {m["mutant"]: m for m in json.loads(LAST_RUN.read_text())["mutants"]} if LAST_RUN.exists() else {}
+    known.update({o.mutant: {**vars(o), "caught": o.caught} for o in outcomes})
+    recorded = [known[m.name] for m in MUTANTS if m.name in known]
+    LAST_RUN.write_text(
+        json.dumps(
+            {"mutants": recorded, "survived": [m["mutant"] for m in recorded if not m["caught"]]},
+            indent=2, sort_keys=True,
+        ) + "\n"
+    )  # fmt: skip
+    tail = f"; survived: {survived}" if survived else ""
+    print(f"{len(outcomes) - len(survived)} of {len(outcomes)} mutants caught{tail}")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
