@@ -13,7 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-import tests.faults.test_scenarios  # registers the scenarios
+import tests.faults.test_feed_invariant
+import tests.faults.test_scenarios
+import tests.faults.test_topic_identity
 from tests.faults.harness import LAST_RUN, SCENARIOS
 from tests.mutants.run import LAST_RUN as MUTANTS_RUN
 
@@ -42,8 +44,13 @@ S3 server, s3proxy, with checkpoints in a real PostgreSQL), both started by the 
 """
 
 
+# Importing the scenario modules registers their scenarios.
+MODULES = (tests.faults.test_scenarios, tests.faults.test_feed_invariant, tests.faults.test_topic_identity)
+
+
 def _on_both_shapes(test: str) -> bool:
-    marks = getattr(getattr(tests.faults.test_scenarios, test), "pytestmark", [])
+    fn = next(getattr(m, test) for m in MODULES if hasattr(m, test))
+    marks = getattr(fn, "pytestmark", [])
     return any(m.name == "parametrize" and m.args[0] == "fenv" for m in marks)
 
 

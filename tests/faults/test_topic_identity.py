@@ -37,7 +37,7 @@ def assert_whole_output(fenv: FaultEnv, test: str, old: Counter[Row], new_ends: 
     assert got == expected, f"twice or foreign: {sorted(got - expected)[:5]}"
 
 
-@scenario("23a", "Topic recreated longer than the checkpoint",
+@scenario("24a", "Topic recreated longer than the checkpoint",
           injected="30 records committed; the topic deleted, recreated and refilled with 45 (15 a partition, "
                    "more than the checkpoint's 10); a cap of 6 records a partition per run",
           asserted="a topic_recreated event; the new topic read from offset 0 (on_missing earliest), its "
@@ -62,7 +62,7 @@ def test_topic_recreated_longer_than_the_checkpoint(fenv: FaultEnv, request: pyt
     assert_whole_output(fenv, request.node.name, old, {0: 15, 1: 15, 2: 15})
 
 
-@scenario("23b", "Crash after publish, then the topic recreated",
+@scenario("24b", "Crash after publish, then the topic recreated",
           injected="fault point commit.before on the old topic; the topic deleted, recreated and refilled",
           asserted="the pending commit is finished, then the next run reads the new topic from 0 (its offsets "
                    "name the old topic's id); output = old + new scan, nothing twice")  # fmt: skip
