@@ -37,7 +37,7 @@ from tidemark.errors import ConfigError, OffsetsMovedError, TidemarkError
 from tidemark.faults import fault_point
 from tidemark.kafka_io import KafkaAdapter
 from tidemark.plan import Mode, PartitionPlan, Plan, write_plan
-from tidemark.replay import confine_output, output_location, parse_replay_params, parse_timestamp
+from tidemark.replay import confine_output, flag, output_location, parse_replay_params, parse_timestamp, shown
 from tidemark.report import PLAN_FILE
 from tidemark.storage import Location
 
@@ -230,7 +230,7 @@ def selection_options(feed: Feed, mode: str, params: Mapping[str, Any]) -> tuple
         if isinstance(topics, str):
             topics = [t.strip() for t in topics.split(",") if t.strip()]
         if not isinstance(topics, list | tuple) or not all(isinstance(t, str) for t in topics):
-            raise ConfigError(f"parameter 'topics': expected a list of topic names, got {topics!r}")
+            raise ConfigError(f"parameter 'topics': expected a list of topic names, got {shown(topics)}")
         options["topics"] = list(topics)
     partitions = params.get("partitions")
     if partitions not in (None, "", []):
@@ -239,13 +239,11 @@ def selection_options(feed: Feed, mode: str, params: Mapping[str, Any]) -> tuple
         try:
             numbers = [int(p) for p in partitions]
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"parameter 'partitions': expected partition numbers, got {partitions!r}") from exc
+            raise ConfigError(f"parameter 'partitions': expected partition numbers, got {shown(partitions)}") from exc
         if any(n < 0 for n in numbers) or any(isinstance(p, bool) for p in partitions):
-            raise ConfigError(f"parameter 'partitions': partition numbers are 0 or more, got {partitions!r}")
+            raise ConfigError(f"parameter 'partitions': partition numbers are 0 or more, got {shown(partitions)}")
         options["partitions"] = numbers
-    dry_run = params.get("dry_run", False)
-    if not isinstance(dry_run, bool):
-        raise ConfigError(f"parameter 'dry_run': expected true or false, got {dry_run!r}")
+    dry_run = flag(params, "dry_run")
     if mode == "scheduled":
         return options, None, dry_run
     output = params.get("output")
@@ -302,7 +300,7 @@ def plan_request(
             raise ConfigError(f"parameter 'end_timestamp' ({end.isoformat()}) must be after 'start_timestamp'")
         plan = plan_feed(
             feed, adapter, checkpoints, mode=run_mode, window_start=start, window_end=end,
-            commit=bool(params.get("commit", False)), **window_options(params), **chosen,
+            commit=flag(params, "commit"), **window_options(params), **chosen,
         )  # fmt: skip
     else:
         spec = parse_replay_params(params)
@@ -337,9 +335,7 @@ def committing_request(feed: Feed, plan: Plan, params: Mapping[str, Any]) -> Pla
             f"({feed.output_location()}), because it moves the group past these records; leave 'output' empty, or "
             "run without commit to publish elsewhere"
         )
-    allow_gap = params.get("allow_gap", False)
-    if not isinstance(allow_gap, bool):
-        raise ConfigError(f"parameter 'allow_gap': expected true or false, got {allow_gap!r}")
+    allow_gap = flag(params, "allow_gap")
     rewinds: list[str] = []
     gaps: list[tuple[PartitionPlan, int]] = []
     for p in plan.partitions:

@@ -96,6 +96,14 @@ def _int(name: str, value: Any, minimum: int = -MAX_OFFSET, maximum: int = MAX_O
     return number
 
 
+def flag(params: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    """A true/false parameter, strictly: the string "false" must never mean true."""
+    value = params.get(name, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"parameter '{name}': expected true or false, got {shown(value)}")
+    return value
+
+
 def parse_replay_params(params: Mapping[str, Any]) -> ReplaySpec:
     """Validate trigger parameters; every refusal names the parameter at fault."""
     start_from: StartFrom = params.get("start_from") or "committed"
@@ -107,9 +115,7 @@ def parse_replay_params(params: Mapping[str, Any]) -> ReplaySpec:
     duration_text = params.get("duration")
     if duration_text is not None and not isinstance(duration_text, str):
         raise ConfigError(f"parameter 'duration': {shown(duration_text)} is not an ISO 8601 duration like PT6H")
-    commit = params.get("commit", False)
-    if not isinstance(commit, bool):
-        raise ConfigError(f"parameter 'commit': expected true or false, got {shown(commit)}")
+    commit = flag(params, "commit")
     spec = ReplaySpec(
         start_from=start_from,
         start_timestamp=parse_timestamp("start_timestamp", params.get("start_timestamp")),

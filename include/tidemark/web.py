@@ -52,7 +52,7 @@ from tidemark.config import Feed, load_feeds
 from tidemark.connection import KafkaConnection, from_env
 from tidemark.errors import ConfigError, PlanningError, TidemarkError
 from tidemark.kafka_io import KafkaAdapter
-from tidemark.replay import END_CHOICES, START_CHOICES, shown
+from tidemark.replay import END_CHOICES, START_CHOICES, flag, shown
 from tidemark.report import RunReport, list_runs, redact, run_dir_for, secret_values
 from tidemark.status import FeedStatus, feed_status
 from tidemark.storage import Location
@@ -232,10 +232,7 @@ def replay_conf(feed: str, body: Mapping[str, Any]) -> dict[str, Any]:
         named = ", ".join(k if len(k) <= 40 else shown(k) for k in unknown[:5]) + (", …" if len(unknown) > 5 else "")
         raise ConfigError(f"unknown replay parameters: {named} (known: {', '.join(sorted(REPLAY_KEYS))})")
     conf = {k: v for k, v in body.items() if v is not None and v != ""}
-    dry_run = body.get("dry_run", True)
-    if not isinstance(dry_run, bool):
-        raise ConfigError(f"parameter 'dry_run': expected true or false, got {shown(dry_run)}")
-    conf["dry_run"] = dry_run
+    conf["dry_run"] = flag(body, "dry_run", default=True)
     return {"feed": feed, **conf}
 
 

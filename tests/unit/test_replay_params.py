@@ -79,3 +79,14 @@ def test_a_symlink_under_a_root_is_compared_by_its_name_not_followed(feed: Feed,
     (tmp_path / "elsewhere").symlink_to(replays)
     with pytest.raises(ConfigError, match="outside the places"):
         selection_options(feed, "replay", {"output": f"{tmp_path}/elsewhere/x"})
+
+
+@pytest.mark.parametrize("name", ["commit", "dry_run"])
+@pytest.mark.parametrize("value", ["false", "true", 0, 1, None, [True]])
+def test_a_backfills_flags_are_true_or_false_only(feed: Feed, name: str, value: object) -> None:
+    """The string "false" must never commit or read: refused by name before anything is planned."""
+    from tidemark.pipeline import plan_request
+
+    params = {"start_timestamp": "2026-01-01T00:00:00Z", "end_timestamp": "2026-01-02T00:00:00Z", name: value}
+    with pytest.raises(ConfigError, match=f"parameter '{name}': expected true or false"):
+        plan_request(feed, None, None, "backfill", params)  # type: ignore[arg-type]  # refused before any I/O
