@@ -248,6 +248,7 @@ def test_two_attempts_publishing_one_plan_at_the_same_time_publish_it_once(
     def attempt(staging: Any) -> None:
         try:
             results.append(publish_staged(staging, plan, feed, outcome_column="_outcome", ok_value="ok",
+                                          write_quarantine=_quarantine_writer({}),
                                           expect_records=5, expect_quarantined=0))  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - an attempt's failure is part of the outcome asserted below
             results.append(exc)
