@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -158,19 +159,18 @@ def start(base: Path | None = None, *, cores: int = 2, memory: str = "1g") -> Lo
     cluster = LocalSpark(home, master_port, master_ui, worker_ui, master.pid, -1)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while True:  # the master first: the worker gives up after a few failed registrations
-            try:
-                _master_state(master_ui)
-                break
-            except OSError:
-                _check_alive(master, "master", home, deadline)
-                time.sleep(0.3)
+        # The master first (the worker gives up after a few failed registrations), at the ports
+        # it really bound: a port taken between free_port() and the bind makes Spark move to
+        # the next one, where another process may answer.
+        master_port, master_ui = _bound_ports(master, "master", home, deadline, ("sparkMaster", "MasterUI"))
         worker = _spawn(
             [WORKER_CLASS, f"spark://127.0.0.1:{master_port}", "--host", "127.0.0.1", "--port", str(worker_port),
              "--webui-port", str(worker_ui), "--cores", str(cores), "--memory", memory,
              "--work-dir", str(home / "work")],
             env, home / "logs" / "worker.log",
         )  # fmt: skip
+        cluster = LocalSpark(home, master_port, master_ui, worker_ui, master.pid, worker.pid)  # stop() goes by pid
+        (worker_ui,) = _bound_ports(worker, "worker", home, deadline, ("WorkerUI",))
         cluster = LocalSpark(home, master_port, master_ui, worker_ui, master.pid, worker.pid)
         while not any(w.get("state") == "ALIVE" for w in _master_state(master_ui).get("workers", [])):
             _check_alive(master, "master", home, deadline)
@@ -180,6 +180,20 @@ def start(base: Path | None = None, *, cores: int = 2, memory: str = "1g") -> Lo
         cluster.stop(purge=False)
         raise
     return cluster
+
+
+def _bound_ports(
+    proc: subprocess.Popen[bytes], name: str, home: Path, deadline: float, services: tuple[str, ...]
+) -> tuple[int, ...]:
+    """The ports the daemon's log says its ``services`` bound, once it has said so for all of them."""
+    log = home / "logs" / f"{name}.log"
+    while True:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        found = [re.search(rf"Successfully started service '{s}' on port (\d+)", text) for s in services]
+        if all(found):
+            return tuple(int(m.group(1)) for m in found if m)
+        _check_alive(proc, name, home, deadline)
+        time.sleep(0.3)
 
 
 def _check_alive(proc: subprocess.Popen[bytes], name: str, home: Path, deadline: float) -> None:
