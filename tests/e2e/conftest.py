@@ -33,6 +33,7 @@ from tidemark.kafka_io import Record
 CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright's own browser download is not reachable
 FEED = "view"
 DOCS_FEED = "docs"
+CLEARED_FEED = "view_cleared"  # its own topic and group: test_cleared_run clears its old runs
 # A rejected value that would run as script in any page that inlines it: it marks the page it ran in.
 MARKUP = (
     "<img src=x onerror=\"document.documentElement.dataset.xss=document.cookie.includes('_token=')?'cookie':'ran'\">"
@@ -76,6 +77,7 @@ class RunningAirflow:
     output: Path
     tokens: dict[str, str]
     docs_topic: str
+    cleared_topic: str
 
     @property
     def base(self) -> str:
@@ -159,6 +161,10 @@ def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -
     docs = {"topics": [docs_topic], "group": f"g-docs-{uuid.uuid4().hex[:8]}", "deserialization": {"format": "string"},
             "output": str(base / "out" / DOCS_FEED), "validation": checks}  # fmt: skip
     (feeds / f"{DOCS_FEED}.yaml").write_text(yaml.safe_dump(docs))
+    cleared_topic = kafka.new_topic(partitions=3, prefix="cleared")
+    cleared = {"topics": [cleared_topic], "group": f"g-cleared-{uuid.uuid4().hex[:8]}",
+               "deserialization": {"format": "string"}, "output": str(base / "out" / CLEARED_FEED)}  # fmt: skip
+    (feeds / f"{CLEARED_FEED}.yaml").write_text(yaml.safe_dump(cleared))
     shutil.copy(project_root() / "dags" / "tidemark_dags.py", dags / "tidemark_dags.py")
     (dags / "downstream.py").write_text(DOWNSTREAM)
     airflow = LocalAirflow(
@@ -180,8 +186,9 @@ def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -
     try:
         airflow.up()
         tokens = {user: airflow.token(user) for user in ("admin", "viewer")}
-        running = RunningAirflow(airflow, kafka, state, topic, group, output, tokens, docs_topic)
-        _wait_for_dags(running, ["tidemark_view", f"tidemark_{DOCS_FEED}", "tidemark_replay", DOWNSTREAM_DAG])
+        running = RunningAirflow(airflow, kafka, state, topic, group, output, tokens, docs_topic, cleared_topic)
+        dag_ids = [f"tidemark_{f}" for f in (FEED, DOCS_FEED, CLEARED_FEED)]
+        _wait_for_dags(running, [*dag_ids, "tidemark_replay", DOWNSTREAM_DAG])
         yield running
     finally:
         airflow.down(timeout_s=10)  # the scheduler's graceful stop can take 30 s; nothing here needs it

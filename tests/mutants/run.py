@@ -150,6 +150,27 @@ MUTANTS = (
         ),
         ("tests/integration/test_sink.py::test_two_attempts_publishing_one_plan_at_the_same_time_publish_it_once",),
     ),
+    Mutant(
+        "publish-despite-a-moved-group",
+        "every offset at most once in the feed's output (a cleared old run re-running its job)",
+        (Edit("include/tidemark/job.py", "        refuse_if_moved(plan, connection, run_id)\n", "        pass\n"),),
+        (
+            "tests/integration/test_feed_invariant.py::test_cleared_old_dag_run_rerunning_after_later_runs_committed",
+            "tests/e2e/test_cleared_run.py::test_a_cleared_old_run_publishes_nothing_twice",
+        ),
+    ),
+    Mutant(
+        "refused-commit-keeps-its-publication",
+        "every offset at most once in the feed's output (a run whose commit was refused)",
+        (
+            Edit(
+                "include/tidemark/pipeline.py",
+                "                    retracted = retract_refused(feed, handle, plan, checkpoints, str(exc))\n",
+                "                    retracted = None\n",
+            ),
+        ),
+        ("tests/integration/test_feed_invariant.py::test_committing_replay_finishing_between_publish_and_commit",),
+    ),
 )
 
 
