@@ -216,22 +216,29 @@ def test_committing_exact_window_names_the_records_it_commits_past(fenv: FaultEn
     assert_output_matches_kafka(fenv, outside)
 
 
+def iceberg_feed(fenv: FaultEnv, table: str) -> None:
+    """Make ``fenv``'s feed an Iceberg feed; ``fenv.published()`` then reads the table's rows."""
+    from tests.faults.harness import digest
+    from tidemark.config import load_feed
+    from tidemark.iceberg_output import IcebergPublisher
+
+    fenv.write_feed(output_format="iceberg", iceberg={"table": table})
+
+    def table_rows(output: Any = None) -> Counter[Row]:
+        loaded = IcebergPublisher(load_feed(fenv.feed)).load()
+        assert loaded is not None
+        data = loaded.scan(selected_fields=("topic", "partition", "offset", "value")).to_arrow()
+        columns = [data.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")]
+        return Counter((t, int(p), int(o), digest(v)) for t, p, o, v in zip(*columns, strict=True))
+
+    fenv.published = table_rows  # type: ignore[method-assign]
+
+
 def test_iceberg_feed_committing_replay_finishing_between_publish_and_commit(fenv: FaultEnv) -> None:
     from tidemark.config import load_feed
     from tidemark.iceberg_output import IcebergPublisher, plan_history
 
-    fenv.write_feed(output_format="iceberg", iceberg={"table": "tidemark.invariant"})
-
-    def table_rows() -> Counter[Row]:
-        from tests.faults.harness import digest
-
-        table = IcebergPublisher(load_feed(fenv.feed)).load()
-        assert table is not None
-        data = table.scan(selected_fields=("topic", "partition", "offset", "value")).to_arrow()
-        columns = [data.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")]
-        return Counter((t, int(p), int(o), digest(v)) for t, p, o, v in zip(*columns, strict=True))
-
-    fenv.published = lambda output=None: table_rows()  # type: ignore[method-assign]
+    iceberg_feed(fenv, "tidemark.invariant")
     fenv.produce(12)
     replay = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root, mode="replay",
                       params={"start_from": "committed", "commit": True})  # fmt: skip
@@ -253,3 +260,33 @@ def test_iceberg_feed_committing_replay_finishing_between_publish_and_commit(fen
     fenv.run()
     assert fenv.committed() == {0: 6, 1: 6, 2: 6}
     assert_output_matches_kafka(fenv)
+
+
+def test_iceberg_plan_in_the_table_but_not_committed_to_kafka_is_finished_once(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash after the catalog commit and before Kafka's: the next run commits that plan, never re-publishes it."""
+    from tidemark.config import load_feed
+    from tidemark.faults import FAULTS_ENV, InjectedFault
+    from tidemark.iceberg_output import IcebergPublisher, plan_history
+
+    iceberg_feed(fenv, "tidemark.crashed")
+    fenv.produce(9)
+    crashed = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(crashed, fenv.kafka.connection)  # its snapshot is in the table
+    monkeypatch.setenv(FAULTS_ENV, "commit.before")
+    with pytest.raises(InjectedFault):
+        commit_run(crashed, fenv.kafka.connection, root=fenv.root)
+    monkeypatch.delenv(FAULTS_ENV)
+    assert fenv.committed() == {0: None, 1: None, 2: None}
+    assert IcebergPublisher(load_feed(fenv.feed)).published(crashed.plan_id) is not None
+
+    fenv.produce(3)
+    handle, _, _ = fenv.run()  # finishes the crashed run's commit first, then reads [3, 4)
+    assert handle.resumed == crashed.plan_id
+    assert fenv.committed() == {0: 4, 1: 4, 2: 4}
+    assert_output_matches_kafka(fenv)
+    table = IcebergPublisher(load_feed(fenv.feed)).load()
+    assert table is not None
+    published = [(s.summary or {}).get("tidemark.plan-id") for s in plan_history(table)]
+    assert published.count(crashed.plan_id) == 1, published

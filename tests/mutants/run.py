@@ -171,6 +171,28 @@ MUTANTS = (
         ),
         ("tests/integration/test_feed_invariant.py::test_committing_replay_finishing_between_publish_and_commit",),
     ),
+    Mutant(
+        "iceberg-plan-in-the-table-not-resumed",
+        "a run that finds a published but uncommitted plan finishes that commit first (an Iceberg plan whose "
+        "Kafka commit crashed; the table's history as the planner's fallback removed too)",
+        (
+            Edit(
+                "include/tidemark/pipeline.py",
+                "    while (pending := pending_commit(feed, root, checkpoints)) is not None and pending.run_id not in "
+                "seen:",
+                "    while (pending := None) is not None:",
+            ),
+            Edit(
+                "include/tidemark/planner.py",
+                'recover=(lambda: publisher_for(feed).positions(feed)) if mode == "scheduled" else None,',
+                "recover=None,",
+            ),
+        ),
+        (
+            "tests/integration/test_feed_invariant.py"
+            "::test_iceberg_plan_in_the_table_but_not_committed_to_kafka_is_finished_once",
+        ),
+    ),
 )
 
 
