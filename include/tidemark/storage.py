@@ -13,7 +13,7 @@ S3 settings come from the environment only (never from feed files, plans or repo
 the standard ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` /
 ``AWS_REGION`` (or the SDK's other credential sources: profile, instance role, web
 identity), and ``TIDEMARK_S3_ENDPOINT`` (or ``AWS_ENDPOINT_URL``) for S3-compatible
-stores. In Airflow, :func:`tidemark.orchestration.storage_env` turns an ``aws``
+stores. In Airflow, :func:`tidemark.orchestration.dags.storage_env` turns an ``aws``
 connection into those variables.
 """
 

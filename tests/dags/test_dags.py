@@ -24,7 +24,7 @@ def test_dags_import_without_errors(dagbag) -> None:  # type: ignore[no-untyped-
 
 
 def test_one_dag_per_feed_plus_backfill_and_replay(dagbag) -> None:  # type: ignore[no-untyped-def]
-    from tidemark.config import load_feeds
+    from tidemark.config.models import load_feeds
 
     expected = {f"tidemark_{name.replace('.', '_')}" for name in load_feeds()} | {
         "tidemark_backfill",
@@ -68,7 +68,7 @@ def test_dag_files_do_not_import_heavy_libraries_at_top_level() -> None:
 
 
 def test_feed_dags_publish_their_output_as_an_asset(dagbag) -> None:  # type: ignore[no-untyped-def]
-    from tidemark.config import load_feeds
+    from tidemark.config.models import load_feeds
 
     feeds = {f"tidemark_{name.replace('.', '_')}": feed for name, feed in load_feeds().items()}
     for dag_id, dag in dagbag.dags.items():
@@ -85,7 +85,7 @@ def test_a_feed_publishing_to_object_storage_gets_its_dag_and_asset(tmp_path: Pa
     """An s3:// output (no local folder) must not break the DAG file: its asset is the URL."""
     import yaml
 
-    from tidemark.orchestration import all_dags
+    from tidemark.orchestration.dags import all_dags
 
     (tmp_path / "lake.yaml").write_text(
         yaml.safe_dump({"topics": ["orders"], "group": "g", "output": "s3://lake/orders"})

@@ -20,8 +20,8 @@ import pytest
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv, Row, oracle
 from tidemark.errors import OffsetsMovedError, PlanningError, TidemarkError
-from tidemark.kafka_io import Record
-from tidemark.pipeline import commit_run, plan_run
+from tidemark.kafka.adapter import Record
+from tidemark.runs.pipeline import commit_run, plan_run
 from tidemark.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -219,8 +219,8 @@ def test_committing_exact_window_names_the_records_it_commits_past(fenv: FaultEn
 def iceberg_feed(fenv: FaultEnv, table: str) -> None:
     """Make ``fenv``'s feed an Iceberg feed; ``fenv.published()`` then reads the table's rows."""
     from tests.faults.harness import digest
-    from tidemark.config import load_feed
-    from tidemark.iceberg_output import IcebergPublisher
+    from tidemark.config.models import load_feed
+    from tidemark.output.iceberg import IcebergPublisher
 
     fenv.write_feed(output_format="iceberg", iceberg={"table": table})
 
@@ -235,8 +235,8 @@ def iceberg_feed(fenv: FaultEnv, table: str) -> None:
 
 
 def test_iceberg_feed_committing_replay_finishing_between_publish_and_commit(fenv: FaultEnv) -> None:
-    from tidemark.config import load_feed
-    from tidemark.iceberg_output import IcebergPublisher, plan_history
+    from tidemark.config.models import load_feed
+    from tidemark.output.iceberg import IcebergPublisher, plan_history
 
     iceberg_feed(fenv, "tidemark.invariant")
     fenv.produce(12)
@@ -266,9 +266,9 @@ def test_iceberg_plan_in_the_table_but_not_committed_to_kafka_is_finished_once(
     fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A crash after the catalog commit and before Kafka's: the next run commits that plan, never re-publishes it."""
-    from tidemark.config import load_feed
+    from tidemark.config.models import load_feed
     from tidemark.faults import FAULTS_ENV, InjectedFault
-    from tidemark.iceberg_output import IcebergPublisher, plan_history
+    from tidemark.output.iceberg import IcebergPublisher, plan_history
 
     iceberg_feed(fenv, "tidemark.crashed")
     fenv.produce(9)

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from tidemark.config import Expectation
+from tidemark.config.models import Expectation
 from tidemark.errors import ValidationFailedError
-from tidemark.plan import PartitionPlan, Plan, compute_plan_id
-from tidemark.validation import (
+from tidemark.planning.plan import PartitionPlan, Plan, compute_plan_id
+from tidemark.validation.rules import (
     DECODE_LABEL,
     OutcomeCodes,
     RangeStats,
