@@ -26,6 +26,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 # Two workers by default (TEST_WORKERS=0 runs in one process); the fault suite and the e2e
 # tests each stay on one worker (tests/conftest.py, ONE_WORKER_DIRS and its scheduler).

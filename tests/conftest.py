@@ -34,9 +34,10 @@ import pytest
 from tests.support.servers.s3 import LocalS3
 from tests.support.servers.spark import LocalSpark
 from tidemark.checkpoints.store import CheckpointStore, PostgresCheckpointStore, SqliteCheckpointStore
-from tidemark.devtools.kafka.cluster import LocalCluster, cache_root
+from tidemark.devtools.kafka.cluster import LocalCluster
 from tidemark.kafka.adapter import KafkaAdapter, Record, produce
 from tidemark.kafka.connection import KafkaConnection
+from tidemark.settings import cache_root
 from tidemark.spark.session import CLASS_ARCHIVE_ENV
 
 # Every small spark-submit of the suite starts its driver from one class-data archive

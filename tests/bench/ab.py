@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from tests.bench.small import FEED, SmallRunBench
+from tidemark.devtools.kafka.cluster import connection_from_env
 from tidemark.errors import TidemarkError
-from tidemark.kafka.connection import from_env
 
 
 def parse_variant(spec: str) -> tuple[str, str, dict[str, str]]:
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     size, rounds = int(args[0]), int(args[1])
     variants = [parse_variant(v) for v in args[2:]]
-    bench = SmallRunBench(from_env(), Path(tempfile.mkdtemp(prefix="tidemark-ab-")), print)
+    bench = SmallRunBench(connection_from_env(), Path(tempfile.mkdtemp(prefix="tidemark-ab-")), print)
     wall: dict[str, list[float]] = {v[0]: [] for v in variants}
     cpu: dict[str, list[float]] = {v[0]: [] for v in variants}
     steps: dict[str, list[dict[str, float]]] = {v[0]: [] for v in variants}

@@ -3,7 +3,7 @@
 Creates a feed of ``--partitions`` partitions (spread over ``--topics`` topics, so over
 every broker of the cluster), puts a few records in each, commits offsets for most
 partitions and checkpoints for some (so several resolution branches run), then plans the
-feed ``--runs`` times with :func:`tidemark.planning.resolve.plan_feed` and prints the median and
+feed ``--runs`` times with :func:`tidemark.runs.gather.plan_feed` and prints the median and
 p99 planning time, the admin calls per plan, and the wire requests per plan as counted
 by librdkafka's own statistics (``tx`` per broker). The target is a p99 under 1 s for
 1,000 partitions over 3 brokers. Not a test: run it with ``make bench-plan`` or
@@ -27,9 +27,10 @@ from typing import Any
 
 from tidemark.checkpoints.store import SqliteCheckpointStore
 from tidemark.config.models import Feed
+from tidemark.devtools.kafka.cluster import connection_from_env
 from tidemark.kafka.adapter import KafkaAdapter, Record, produce
-from tidemark.kafka.connection import KafkaConnection, from_env
-from tidemark.planning.resolve import plan_feed
+from tidemark.kafka.connection import KafkaConnection
+from tidemark.runs.gather import plan_feed
 
 TARGET_P99_S = 1.0
 STATS_INTERVAL_MS = 100
@@ -98,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the benchmark's topics")
     args = parser.parse_args(argv)
 
-    connection = from_env()
+    connection = connection_from_env()
     counter = WireCounter()
     overrides: dict[str, Any] = {"statistics.interval.ms": STATS_INTERVAL_MS, "stats_cb": counter.on_stats}
     adapter = KafkaAdapter(connection, client_overrides=overrides)

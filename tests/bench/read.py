@@ -54,11 +54,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tidemark.devtools.kafka.cluster import cache_root, jars_dir
+from tidemark.devtools.kafka.cluster import connection_from_env, jars_dir
 from tidemark.errors import TidemarkError
 from tidemark.kafka.adapter import KafkaAdapter
-from tidemark.kafka.connection import KafkaConnection, from_env
+from tidemark.kafka.connection import KafkaConnection
 from tidemark.planning.plan import Chunk, PartitionPlan, Plan, Task, compute_plan_id
+from tidemark.settings import cache_root
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -621,7 +622,7 @@ def run_benchmark(
     from tidemark.job.steps import run as run_job
     from tidemark.spark.source import read_plan
 
-    connection = from_env()
+    connection = connection_from_env()
     topic = ensure_dataset(connection, records, log)
     plan = frozen_plan(connection, topic)
     data_bytes = records * VALUE_BYTES + records * 10  # values + keys

@@ -42,6 +42,7 @@ import yaml
 
 from tidemark.cli.demo import DEMO_FEED, DEMO_PARTITIONS, demo_events
 from tidemark.config.models import package_root
+from tidemark.devtools.kafka.cluster import connection_from_env
 from tidemark.errors import TidemarkError
 from tidemark.kafka.adapter import KafkaAdapter, produce
 from tidemark.kafka.connection import KafkaConnection, from_env
@@ -312,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else QUICK_SIZES if args.quick else SIZES
     runs = args.runs or (1 if args.quick else 5)
     warmups = 0 if args.quick else 1
-    connection = from_env()
+    connection = connection_from_env()
 
     def log(message: str) -> None:
         print(message, flush=True)

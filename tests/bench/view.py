@@ -24,8 +24,8 @@ from pathlib import Path
 
 import yaml
 
+from tidemark.devtools.kafka.cluster import connection_from_env
 from tidemark.kafka.adapter import KafkaAdapter, Record, produce
-from tidemark.kafka.connection import from_env
 
 TARGET_S = 2.0
 
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tidemark.runs.report import list_runs
     from tidemark.web.app import create_app
 
-    connection = from_env()
+    connection = connection_from_env()
     adapter = KafkaAdapter(connection)
     topic = f"bench-view-{uuid.uuid4().hex[:8]}"
     group = f"bench-view-{uuid.uuid4().hex[:8]}"

@@ -41,7 +41,7 @@ from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.kafka.adapter import Record
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.output.parquet import staging_base
-from tidemark.runs.commit import metadata_run_id
+from tidemark.planning.metadata import metadata_run_id
 from tidemark.runs.pipeline import commit_run, plan_run
 from tidemark.storage import Location
 
@@ -902,8 +902,10 @@ def test_backfill_past_the_last_record_with_out_of_order_timestamps(fenv: FaultE
 def test_commit_metadata_over_the_brokers_limit(tmp_path: Path) -> None:
     from tidemark.checkpoints.store import SqliteCheckpointStore
     from tidemark.kafka.adapter import KafkaAdapter
-    from tidemark.planning.resolve import Policy, build_plan, snapshot_feed
-    from tidemark.runs.commit import commit_plan, metadata_plan_id, plan_metadata
+    from tidemark.planning.metadata import metadata_plan_id, plan_metadata
+    from tidemark.planning.resolve import Policy, build_plan
+    from tidemark.runs.commit import commit_plan
+    from tidemark.runs.gather import snapshot_feed
 
     cluster = LocalCluster(tmp_path / "small-limit")
     state = cluster.up(brokers=1, settings={"offset.metadata.max.bytes": "100"})

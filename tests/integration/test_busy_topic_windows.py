@@ -24,7 +24,7 @@ from tests.faults.harness import FaultEnv, oracle
 from tidemark.checkpoints.store import SqliteCheckpointStore
 from tidemark.config.models import load_feed
 from tidemark.kafka.adapter import KafkaAdapter
-from tidemark.planning.resolve import plan_feed
+from tidemark.runs.gather import plan_feed
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

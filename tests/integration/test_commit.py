@@ -16,8 +16,9 @@ from tests.conftest import KafkaTestCluster, keyed_records
 from tidemark.checkpoints.store import CheckpointStore, SqliteCheckpointStore
 from tidemark.errors import CommitError, GroupInUseError, OffsetsMovedError
 from tidemark.kafka.adapter import TP
+from tidemark.planning.metadata import metadata_plan_id, metadata_run_id
 from tidemark.planning.plan import PartitionPlan, Plan, compute_plan_id
-from tidemark.runs.commit import commit_plan, metadata_plan_id, metadata_run_id
+from tidemark.runs.commit import commit_plan
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from tests.conftest import KafkaTestCluster
 from tests.integration.test_pipeline import Env
 from tidemark.devtools.kafka.cluster import jars_dir, java
 from tidemark.errors import ValidationFailedError
-from tidemark.runs.commit import metadata_run_id
+from tidemark.planning.metadata import metadata_run_id
 from tidemark.runs.pipeline import CommitOutcome, RunHandle
 from tidemark.runs.report import list_runs
 

@@ -148,7 +148,7 @@ def _no_spark(handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
 
 
 def test_empty_plan_starts_no_spark_and_recommits_idle_partitions(env: Env) -> None:
-    from tidemark.runs.commit import metadata_run_id
+    from tidemark.planning.metadata import metadata_run_id
 
     env.produce(6)
     env.run()

@@ -25,7 +25,7 @@ from tidemark.checkpoints.store import SqliteCheckpointStore
 from tidemark.config.models import Feed
 from tidemark.errors import DataLossError, OffsetAheadError, PlanningError, TidemarkError
 from tidemark.planning.plan import Plan, PlanStore
-from tidemark.planning.resolve import plan_feed, snapshot_feed
+from tidemark.runs.gather import plan_feed, snapshot_feed
 
 pytestmark = pytest.mark.integration
 

@@ -187,7 +187,7 @@ MUTANTS = (
                 "    while (pending := None) is not None:",
             ),
             Edit(
-                "include/tidemark/planning/resolve.py",
+                "include/tidemark/runs/gather.py",
                 'recover=(lambda: publisher_for(feed).positions(feed)) if mode == "scheduled" else None,',
                 "recover=None,",
             ),

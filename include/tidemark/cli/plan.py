@@ -5,8 +5,9 @@ dir (``plans/<feed>/<plan_id>.json``) and prints a per-partition table with tota
 the plan document itself with ``--json``; ``--window-start``/``--window-end`` plan a
 backfill instead. ``status FEED`` shows committed offset, checkpoint, log start, end and
 lag per partition without planning anything. Both read the connection from the
-environment (:func:`tidemark.kafka.connection.from_env`). Imports happen inside the handlers so
-that ``tidemark.cli`` can import this module without a cycle.
+environment, else from the embedded cluster
+(:func:`tidemark.devtools.kafka.cluster.connection_from_env`). Imports happen inside the
+handlers so that ``tidemark.cli`` can import this module without a cycle.
 """
 
 from __future__ import annotations
@@ -34,16 +35,16 @@ def _plan(args: argparse.Namespace) -> int:
     from tidemark.checkpoints.store import default_store
     from tidemark.cli import table
     from tidemark.config.models import load_feed, state_location
+    from tidemark.devtools.kafka.cluster import connection_from_env
     from tidemark.kafka.adapter import KafkaAdapter
-    from tidemark.kafka.connection import from_env
     from tidemark.planning.plan import PlanStore
-    from tidemark.planning.resolve import plan_feed
+    from tidemark.runs.gather import plan_feed
 
     feed = load_feed(args.feed)
     start, end = _when("--window-start", args.window_start), _when("--window-end", args.window_end)
     if end is not None and start is None:
         raise ConfigError("--window-end needs --window-start")
-    adapter = KafkaAdapter(from_env())
+    adapter = KafkaAdapter(connection_from_env())
     plan = plan_feed(
         feed,
         adapter,
@@ -97,12 +98,12 @@ def _status(args: argparse.Namespace) -> int:
     from tidemark.checkpoints.store import default_store
     from tidemark.cli import table
     from tidemark.config.models import load_feed
+    from tidemark.devtools.kafka.cluster import connection_from_env
     from tidemark.kafka.adapter import KafkaAdapter
-    from tidemark.kafka.connection import from_env
     from tidemark.runs.status import feed_status
 
     feed = load_feed(args.feed)
-    status = feed_status(feed, KafkaAdapter(from_env()), default_store())
+    status = feed_status(feed, KafkaAdapter(connection_from_env()), default_store())
     rows = [
         (p.label, p.leader, p.committed, p.checkpoint, p.log_start, p.end, "-" if p.lag is None else p.lag)
         for p in status.partitions

@@ -58,11 +58,11 @@ def summarize(handle: Any, job: dict[str, Any], outcome: Any) -> str:
 
 
 def _execute(args: argparse.Namespace, mode: str, params: dict[str, Any]) -> int:
-    from tidemark.kafka.connection import from_env
+    from tidemark.devtools.kafka.cluster import connection_from_env
     from tidemark.runs.pipeline import run_feed
 
     handle, job, outcome = run_feed(
-        args.feed, from_env(), mode=mode, params=params, master=args.master, progress=_progress
+        args.feed, connection_from_env(), mode=mode, params=params, master=args.master, progress=_progress
     )
     if args.json:
         print(json.dumps({"run": handle.to_xcom(), "job": job, "commit": outcome.to_xcom()}, indent=2, default=str))

@@ -178,7 +178,7 @@ def run(
         return res
 
     if connection is not None and output_dir is None:
-        from tidemark.runs.commit import refuse_if_moved
+        from tidemark.job.guard import refuse_if_moved
 
         refuse_if_moved(plan, connection, run_id)
     preload_great_expectations()
@@ -389,16 +389,31 @@ def should_ship(master: str, requested: bool | None) -> bool:
     return requested if requested is not None else not master.startswith("local")
 
 
-def ship_package(spark: SparkSession) -> Path:
-    """Zip the ``tidemark`` package and ``addPyFile`` it, for executors that lack it."""
+# Subpackages no executor imports: the layers above the job (import-linter checks that the
+# job and everything below never import them) and the local stand-ins.
+NOT_SHIPPED = frozenset({"cli", "devtools", "orchestration", "web"})
+
+
+def package_zip(folder: Path) -> Path:
+    """``folder/tidemark.zip``: the ``tidemark`` package as executors import it, without :data:`NOT_SHIPPED`."""
     import tidemark
 
     root = Path(tidemark.__file__).resolve().parent
-    target = Path(tempfile.mkdtemp(prefix="tidemark-pkg-")) / "tidemark.zip"
+    target = folder / "tidemark.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
         for path in sorted(root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                zf.write(path, str(Path("tidemark") / path.relative_to(root)))
+            inside = path.relative_to(root)
+            if not path.is_file() or "__pycache__" in path.parts or path.suffix == ".pyc":
+                continue
+            if len(inside.parts) > 1 and inside.parts[0] in NOT_SHIPPED:
+                continue
+            zf.write(path, str(Path("tidemark") / inside))
+    return target
+
+
+def ship_package(spark: SparkSession) -> Path:
+    """Zip the ``tidemark`` package (:func:`package_zip`) and ``addPyFile`` it, for executors that lack it."""
+    target = package_zip(Path(tempfile.mkdtemp(prefix="tidemark-pkg-")))
     spark.sparkContext.addPyFile(str(target))
     return target
 

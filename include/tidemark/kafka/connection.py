@@ -58,7 +58,7 @@ class KafkaConnection:
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> KafkaConnection:
-    """Connection from ``TIDEMARK_*`` variables, else the running embedded cluster."""
+    """Connection from ``TIDEMARK_*`` variables; without ``TIDEMARK_BOOTSTRAP_SERVERS`` a :class:`ConfigError`."""
     env = os.environ if environ is None else environ
     settings = {
         name[len(ENV_PREFIX) :].lower().replace("_", "."): value
@@ -67,15 +67,10 @@ def from_env(environ: Mapping[str, str] | None = None) -> KafkaConnection:
     }
     servers = env.get(ENV_BOOTSTRAP, "").strip()
     if not servers:
-        from tidemark.devtools.kafka.cluster import LocalCluster
-
-        state = LocalCluster().state()
-        if state is None or not LocalCluster().running_nodes():
-            raise ConfigError(
-                f"no Kafka brokers configured: set {ENV_BOOTSTRAP} (and TIDEMARK_KAFKA_* security "
-                "settings), or start the embedded cluster with 'tidemark kafka up'"
-            )
-        servers = state.bootstrap_servers
+        raise ConfigError(
+            f"no Kafka brokers configured: set {ENV_BOOTSTRAP} (and TIDEMARK_KAFKA_* security settings) "
+            "to the cluster this run reads"
+        )
     return KafkaConnection(servers, settings)
 
 

@@ -18,12 +18,12 @@ unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidemark.config.models import Feed
-from tidemark.planning.plan import Plan
+from tidemark.planning.plan import Plan, RecoveredPosition
 from tidemark.storage import Location
 
 if TYPE_CHECKING:
@@ -54,15 +54,6 @@ class StagedRecords:
     read_good: Callable[[Path], DataFrame]
     rewrite: bool
     write_quarantine: Callable[[Sequence[Path], Path], None]
-
-
-@dataclass(frozen=True)
-class RecoveredPosition:
-    """A group's position as an output's history records it (the newest publication of the group)."""
-
-    ends: Mapping[TP, int]
-    source: str  # for the event: where it was found (table, snapshot, plan)
-    details: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Publisher(Protocol):

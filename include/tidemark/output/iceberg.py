@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from tidemark.config.models import Feed, state_location
 from tidemark.errors import ConfigError, PublishError
 from tidemark.faults import fault_point
-from tidemark.output.base import RecoveredPosition, StagedRecords
+from tidemark.output.base import StagedRecords
 from tidemark.output.parquet import (
     QUARANTINE_DIR,
     FileEntry,
@@ -62,7 +62,7 @@ from tidemark.output.parquet import (
     local_staging_base,
     prepare_staging_base,
 )
-from tidemark.planning.plan import Plan
+from tidemark.planning.plan import Plan, RecoveredPosition
 from tidemark.storage import Location
 
 if TYPE_CHECKING:

@@ -252,3 +252,12 @@ class PlanStore:
         if not path.exists():
             raise ConfigError(f"no saved plan {plan_id} for feed '{feed}' under {path.parent}")
         return Plan.from_json(path.read_text())
+
+
+@dataclass(frozen=True)
+class RecoveredPosition:
+    """A group's position as an output's history records it (the newest publication of the group)."""
+
+    ends: Mapping[tuple[str, int], int]
+    source: str  # for the event: where it was found (table, snapshot, plan)
+    details: Mapping[str, Any] = field(default_factory=dict)

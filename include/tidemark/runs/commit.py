@@ -29,7 +29,6 @@ compare-and-set (not the member check) can notice them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,11 +37,12 @@ from typing import Any, Literal
 from tidemark.checkpoints.store import CheckpointStore
 from tidemark.errors import CommitError, GroupInUseError, KafkaUnavailableError, OffsetsMovedError
 from tidemark.faults import fault_point
+from tidemark.job.guard import moved_since_planning
 from tidemark.kafka.adapter import TP, Committed, GroupInfo, KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
+from tidemark.planning.metadata import METADATA_MAX_BYTES, metadata_run_id, partition_metadata, plan_topic_ids
 from tidemark.planning.plan import Plan
 
-METADATA_MAX_BYTES = 4096  # broker default offset.metadata.max.bytes
 METADATA_LIMIT_CONFIG = "offset.metadata.max.bytes"
 DEFAULT_COMMIT_TIMEOUT_S = 30.0
 # States in which the group has, or is getting, members; "dead" means it does not exist.
@@ -89,39 +89,6 @@ def _fmt(tp: TP) -> str:
     return f"{tp[0]}[{tp[1]}]"
 
 
-def plan_metadata(plan: Plan, run_id: str, limit: int = METADATA_MAX_BYTES - 1, topic_id: str | None = None) -> str:
-    """The offset metadata naming the plan, the run and the topic's id: compact JSON of at most ``limit`` bytes.
-
-    The plan and run ids always survive; the mode is dropped, then the feed name
-    truncated, then the topic id dropped, only if they would not fit (the default limit
-    leaves room for all of them many times over; the checkpoint keeps the topic id too).
-    """
-    ids = {"tidemark_plan": plan.plan_id, "tidemark_run": run_id}
-    doc: dict[str, str] = {**ids, **({"topic_id": topic_id} if topic_id else {}), "feed": plan.feed,
-                           "mode": plan.mode}  # fmt: skip
-
-    def encode(d: Mapping[str, str]) -> str:
-        return json.dumps(d, separators=(",", ":"), ensure_ascii=False)
-
-    text = encode(doc)
-    if len(text.encode()) <= limit:
-        return text
-    doc.pop("mode")
-    text = encode(doc)
-    while len(text.encode()) > limit and doc["feed"]:
-        doc["feed"] = doc["feed"][: max(0, len(doc["feed"]) - max(1, len(text.encode()) - limit))]
-        text = encode(doc)
-    if len(text.encode()) > limit and topic_id:
-        text = encode({**ids, "topic_id": topic_id})
-    if len(text.encode()) > limit:
-        text = encode(ids)
-    if len(text.encode()) > limit:
-        raise CommitError(
-            f"offset metadata limit {limit} bytes is too small for plan id {plan.plan_id} and run id {run_id}"
-        )
-    return text
-
-
 def metadata_limit(kafka: KafkaAdapter, plan: Plan) -> int:
     """The longest metadata the brokers accept: below ``offset.metadata.max.bytes`` (asked of a leader).
 
@@ -143,42 +110,6 @@ def metadata_limit(kafka: KafkaAdapter, plan: Plan) -> int:
     return configured - 1
 
 
-def _metadata_field(metadata: str, key: str) -> str | None:
-    try:
-        doc = json.loads(metadata)
-    except ValueError:
-        return None
-    value = doc.get(key) if isinstance(doc, dict) else None
-    return value if isinstance(value, str) else None
-
-
-def metadata_plan_id(metadata: str) -> str | None:
-    """The plan id in a committed offset's metadata, if Tidemark wrote it."""
-    return _metadata_field(metadata, "tidemark_plan")
-
-
-def metadata_run_id(metadata: str) -> str | None:
-    """The run id in a committed offset's metadata, if Tidemark wrote it."""
-    return _metadata_field(metadata, "tidemark_run")
-
-
-def metadata_topic_id(metadata: str) -> str | None:
-    """The id of the topic a committed offset was committed on, if Tidemark wrote it."""
-    return _metadata_field(metadata, "topic_id")
-
-
-def partition_metadata(plan: Plan, run_id: str, limit: int = METADATA_MAX_BYTES - 1) -> dict[TP, str]:
-    """Each partition's offset metadata: :func:`plan_metadata` with the id of the partition's topic."""
-    by_topic = {p.topic: p.topic_id for p in plan.partitions}
-    texts = {topic: plan_metadata(plan, run_id, limit, topic_id) for topic, topic_id in by_topic.items()}
-    return {p.key: texts[p.topic] for p in plan.partitions}
-
-
-def plan_topic_ids(plan: Plan) -> dict[str, str]:
-    """topic → id for the plan's topics whose id the planner saw."""
-    return {p.topic: p.topic_id for p in plan.partitions if p.topic_id}
-
-
 def _check_group_idle(info: GroupInfo, plan: Plan) -> None:
     if not info.members and info.state in _IDLE_STATES:
         return
@@ -192,61 +123,6 @@ def _check_group_idle(info: GroupInfo, plan: Plan) -> None:
         f"{len(info.members)} active member(s){': ' + members if members else ''}. A live consumer uses this "
         "group id; stop it (or give the feed its own group) and rerun; the published plan is committed then."
     )
-
-
-def _writer(metadata: str) -> str:
-    """Who wrote a committed offset, as far as its metadata tells."""
-    run = metadata_run_id(metadata)
-    if run is not None:
-        return f"Tidemark run {run} (plan {metadata_plan_id(metadata)})"
-    plan_id = metadata_plan_id(metadata)
-    if plan_id is not None:
-        return f"Tidemark plan {plan_id}"
-    return "another client" if not metadata else f"another client (metadata {metadata[:60]!r})"
-
-
-def _moved(plan: Plan, run_id: str, current: Mapping[TP, Committed]) -> tuple[list[str], list[TP]]:
-    """Partitions another writer moved since planning, and partitions whose offset vanished.
-
-    A vanished position (the plan saw an offset, the group has none now) was expired by
-    the broker or deleted: nobody else wrote it, so committing there is safe. A partition
-    already at its end with this run's metadata is not "moved" either: an earlier
-    attempt of this same commit got that far before failing on other partitions.
-    """
-    moved: list[str] = []
-    vanished: list[TP] = []
-    for p in plan.partitions:
-        now = current[p.key]
-        if now.offset == p.committed:
-            continue
-        if now.offset == p.end and metadata_run_id(now.metadata) == run_id:
-            continue
-        if now.offset is None:
-            vanished.append(p.key)
-            continue
-        saw = "none" if p.committed is None else str(p.committed)
-        moved.append(f"{_fmt(p.key)} plan saw {saw}, group now at {now.offset} (written by {_writer(now.metadata)})")
-    return moved, vanished
-
-
-def refuse_if_moved(plan: Plan, connection: KafkaConnection, run_id: str | None) -> None:
-    """Before publishing: refuse a committing plan whose group another writer moved since planning.
-
-    Such a plan can never commit (the commit's compare-and-set would refuse it), and its
-    publication would overlap whatever the group's new position leads the next run to
-    publish. A cleared old Airflow run re-running its job is the usual case. The check
-    narrows the window; the commit's refusal retracts what still slips through.
-    """
-    if not plan.commit or not plan.partitions:
-        return
-    kafka = KafkaAdapter(connection)
-    moved, _ = _moved(plan, run_id or "", kafka.committed(plan.group, [p.key for p in plan.partitions]))
-    if moved:
-        raise OffsetsMovedError(
-            f"refusing to publish plan {plan.plan_id}{f' (run {run_id})' if run_id else ''}: the committed offsets of "
-            f"group '{plan.group}' were changed by another writer after planning ({'; '.join(moved)}), so this plan "
-            "can never commit. Nothing was published; Plan again from the new offsets (run the feed again)."
-        )
 
 
 def _verify(plan: Plan, readback: Mapping[TP, Committed], metadata: Mapping[TP, str]) -> None:
@@ -306,7 +182,7 @@ def commit_plan(
         return result("already_committed", notes=moved_on if since else ())
 
     _check_group_idle(kafka.describe_group(plan.group), plan)
-    moved, vanished = _moved(plan, run_id, current)
+    moved, vanished = moved_since_planning(plan, run_id, current)
     if moved:
         raise OffsetsMovedError(
             f"refusing to commit plan {plan.plan_id} (run {run_id}): the committed offsets of group "

@@ -290,7 +290,7 @@ def plan_request(
     dry run. :func:`plan_run` saves what this returns; the Tidemark view's replay preview
     shows it, so a preview is exactly the plan a dry run of the same parameters makes.
     """
-    from tidemark.planning.resolve import plan_feed
+    from tidemark.runs.gather import plan_feed
 
     if mode not in ("scheduled", "backfill", "replay"):
         raise ConfigError(f"mode must be scheduled, backfill or replay, got {mode!r}")

@@ -16,7 +16,8 @@ from typing import Any
 from tidemark.checkpoints.store import CheckpointStore
 from tidemark.config.models import Feed
 from tidemark.kafka.adapter import KafkaAdapter
-from tidemark.planning.resolve import retention_warnings, snapshot_feed
+from tidemark.planning.resolve import retention_warnings
+from tidemark.runs.gather import snapshot_feed
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tidemark.kafka.connection import SECRET_MARKERS
+from tidemark.settings import cache_root
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -127,8 +128,6 @@ def driver_class_archive() -> Iterator[ClassArchive]:
     ``spark-submit`` given more classpath, such as ``spark.driver.extraClassPath``, must
     not get the option either).
     """
-    from tidemark.devtools.kafka.cluster import cache_root
-
     setting = os.environ.get(CLASS_ARCHIVE_ENV, str(cache_root() / "jvm")).strip()
     if setting.lower() in ("", "off") or classpath_has_folders():
         yield ClassArchive("")

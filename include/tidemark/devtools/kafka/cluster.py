@@ -27,7 +27,9 @@ from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from tidemark.errors import LocalKafkaError, TidemarkError
+from tidemark.errors import ConfigError, LocalKafkaError, TidemarkError
+from tidemark.kafka.connection import ENV_BOOTSTRAP, KafkaConnection, from_env
+from tidemark.settings import cache_root
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
@@ -48,10 +50,6 @@ def pom_property(pom: Path, name: str) -> str:
 def kafka_version() -> str:
     """The Kafka version pinned in the pom."""
     return pom_property(POM, "kafka.version")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("TIDEMARK_CACHE_DIR", Path.home() / ".cache" / "tidemark"))
 
 
 def default_home() -> Path:
@@ -517,3 +515,22 @@ def _cluster_id() -> str:
 _QUIET = logging.getLogger("tidemark.devtools.kafka.startup")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
+
+
+def connection_from_env(environ: Mapping[str, str] | None = None) -> KafkaConnection:
+    """``TIDEMARK_*`` variables, else the embedded cluster that ``tidemark kafka up`` started.
+
+    The fallback of the CLI, the demo and the benchmarks, which pass it explicitly; the
+    runtime's :func:`~tidemark.kafka.connection.from_env` never reaches for a local cluster.
+    """
+    env = os.environ if environ is None else environ
+    if env.get(ENV_BOOTSTRAP, "").strip():
+        return from_env(env)
+    cluster = LocalCluster()
+    state = cluster.state()
+    if state is None or not cluster.running_nodes():
+        raise ConfigError(
+            f"no Kafka brokers configured: set {ENV_BOOTSTRAP} (and TIDEMARK_KAFKA_* security "
+            "settings), or start the embedded cluster with 'tidemark kafka up'"
+        )
+    return from_env({**env, ENV_BOOTSTRAP: state.bootstrap_servers})

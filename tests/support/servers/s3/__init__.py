@@ -25,8 +25,9 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidemark.devtools.kafka.cluster import cache_root, free_port, java, pom_property
+from tidemark.devtools.kafka.cluster import free_port, java, pom_property
 from tidemark.errors import LocalServerError
+from tidemark.settings import cache_root
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
