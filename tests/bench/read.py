@@ -25,8 +25,8 @@ Python processes and, when the brokers run on this machine, the brokers (they sh
 cores, so their work for a runner slows that runner), and for Tidemark runs the Python
 workers' peak RSS and the
 payload bytes read from Kafka relative to the data (1.0 = read once). Results go to
-``docs/benchmarks/bench-<quick|full>.json`` and a bar chart PNG beside it (written with
-numpy + zlib; no plotting dependency). Spark's Kafka connector and its dependencies are
+``docs/benchmarks/bench-<quick|full>.json`` and a bar chart PNG beside it (tests/bench/charts.py).
+Spark's Kafka connector and its dependencies are
 fetched with Maven into ``~/.cache/tidemark``.
 """
 
@@ -38,13 +38,11 @@ import os
 import re
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -54,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tests.bench import charts
 from tidemark.devtools.kafka.cluster import connection_from_env, jars_dir
 from tidemark.errors import TidemarkError
 from tidemark.kafka.adapter import KafkaAdapter
@@ -800,60 +799,6 @@ def print_report(doc: dict[str, Any]) -> None:
         print(f"one read task's peak RSS by range size: {sizes} (largest/smallest {memory['growth']})")
 
 
-# -- a tiny PNG bar chart (no plotting dependency) ---------------------------------------------
-
-_FONT = {  # 3x5 glyphs, rows top to bottom, 3 bits each
-    "0": (7, 5, 5, 5, 7), "1": (2, 6, 2, 2, 7), "2": (7, 1, 7, 4, 7), "3": (7, 1, 7, 1, 7), "4": (5, 5, 7, 1, 1),
-    "5": (7, 4, 7, 1, 7), "6": (7, 4, 7, 5, 7), "7": (7, 1, 1, 1, 1), "8": (7, 5, 7, 5, 7), "9": (7, 5, 7, 1, 7),
-    "R": (6, 5, 6, 5, 5), "w": (0, 5, 5, 7, 5), "k": (4, 5, 6, 5, 5), ".": (0, 0, 0, 0, 2), " ": (0, 0, 0, 0, 0),
-    "/": (1, 1, 2, 4, 4), "s": (0, 7, 4, 1, 7), "M": (5, 7, 7, 5, 5), "r": (0, 6, 5, 4, 4),
-    "e": (0, 7, 7, 4, 7), "c": (0, 7, 4, 4, 7), "F": (7, 4, 6, 4, 4), "T": (7, 2, 2, 2, 2), "S": (3, 4, 2, 1, 6),
-    ",": (0, 0, 0, 2, 4),
-}  # fmt: skip
-
-
-def _text(img: np.ndarray, x: int, y: int, text: str, scale: int = 3, color: tuple[int, int, int] = (0, 0, 0)) -> None:
-    for ch in text:
-        rows = _FONT.get(ch, _FONT[" "])
-        for r, bits in enumerate(rows):
-            for c in range(3):
-                if bits & (4 >> c):
-                    img[y + r * scale : y + (r + 1) * scale, x + c * scale : x + (c + 1) * scale] = color
-        x += 4 * scale
-
-
-def write_png(path: Path, img: np.ndarray) -> None:
-    height, width, _ = img.shape
-    raw = b"".join(b"\x00" + img[row].tobytes() for row in range(height))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
-    )
-
-
-def bar_chart(doc: dict[str, Any]) -> np.ndarray:
-    """Median records/s per runner: one bar each, labelled with its name and k rec/s."""
-    bars = [(r["name"], r["median_records_per_s"]) for r in doc["runners"].values() if not r["error"]]
-    width, height, margin = 120 * max(1, len(bars)) + 40, 420, 60
-    img = np.full((height, width, 3), 255, dtype=np.uint8)
-    top = max((v for _, v in bars), default=1) or 1
-    palette = {"R0": (120, 120, 120), "R1": (90, 140, 200), "R3": (230, 120, 30), "R4": (70, 160, 90),
-               "R6": (200, 60, 60), "R4w": (40, 110, 60), "RF": (240, 190, 120)}  # fmt: skip
-    img[height - margin, 20 : width - 20] = (0, 0, 0)
-    for i, (name, value) in enumerate(bars):
-        x0 = 40 + i * 120
-        h = int((height - 2 * margin - 20) * value / top)
-        img[height - margin - h : height - margin, x0 : x0 + 70] = palette.get(name, (100, 100, 100))
-        _text(img, x0 + 10, height - margin + 12, name, scale=4)
-        _text(img, x0, height - margin - h - 22, f"{value / 1000:.0f}k", scale=3)
-    _text(img, 20, 12, "rec/s", scale=3)
-    return img
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.bench.read", description=__doc__.splitlines()[0] if __doc__ else ""
@@ -876,7 +821,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = "bench-quick" if args.quick and not args.records else f"bench-{'full' if records >= 5_000_000 else records}"
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=2, sort_keys=True))
-    write_png(out / f"{stem}.png", bar_chart(doc))
+    charts.save(charts.read_figure(doc), out / f"{stem}.png")
     print(f"wrote {out / f'{stem}.json'} and {out / f'{stem}.png'}")
     failed = [r["name"] for r in doc["runners"].values() if r["error"]]
     return 1 if failed else 0

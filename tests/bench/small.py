@@ -37,9 +37,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
+from tests.bench import charts
 from tidemark.cli.demo import DEMO_FEED, DEMO_PARTITIONS, demo_events
 from tidemark.config.models import package_root
 from tidemark.devtools.kafka.cluster import connection_from_env
@@ -277,29 +277,6 @@ def print_report(doc: dict[str, Any]) -> None:
         print(f"  {name}: {t['value']} (target {sign} {t['target']}): {'met' if t['met'] else 'NOT met'}")
 
 
-def bar_chart(doc: dict[str, Any]) -> np.ndarray:
-    """Paired bars per size: Tidemark (blue) and Spark's Kafka source (grey), in seconds."""
-    from tests.bench.read import _text
-
-    rows = doc["table"]
-    width, height, base = 140 + 220 * len(rows), 420, 360
-    img = np.full((height, width, 3), 255, np.uint8)
-    top = max(max(r["tidemark_s"], r["spark_s"]) for r in rows) or 1.0
-    for i, row in enumerate(rows):
-        x = 100 + 220 * i
-        for j, (key, color) in enumerate((("tidemark_s", (40, 90, 200)), ("spark_s", (150, 150, 150)))):
-            h = int(280 * row[key] / top)
-            img[base - h : base, x + 80 * j : x + 80 * j + 60] = color
-            _text(img, x + 80 * j, base - h - 24, f"{row[key]:.1f}", scale=2)
-        _text(img, x, base + 16, f"{row['records']:,}", scale=2)
-    # Legend: T = tidemark run (blue), S = Spark's Kafka source (grey); the font has few letters.
-    for i, (label, color) in enumerate((("T", (40, 90, 200)), ("S", (150, 150, 150)))):
-        img[16:32, 20 + 90 * i : 36 + 90 * i] = color
-        _text(img, 44 + 90 * i, 16, label, scale=3)
-    _text(img, 220, 16, "secs", scale=3)
-    return img
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["spark-side"]:
@@ -324,9 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     name = "bench-small-quick" if args.quick else "bench-small"
     (out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    from tests.bench.read import write_png
-
-    write_png(out / f"{name}.png", bar_chart(doc))
+    charts.save(charts.small_runs_figure(doc), out / f"{name}.png")
     print(f"wrote {out / name}.json and .png")
     return 0
 
