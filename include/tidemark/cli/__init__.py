@@ -9,6 +9,7 @@ Connection settings come from the environment (see :mod:`tidemark.kafka.connecti
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from tidemark.cli.plan import add_planning
 from tidemark.cli.run import add_run
 from tidemark.cli.runs import add_runs
 from tidemark.errors import TidemarkError
+from tidemark.kafka.connection import CLIENT_LOG
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -119,14 +121,33 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tidemark", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--kafka-log",
+        choices=("error", "warning", "info", "debug"),
+        help="print librdkafka's own log lines at this level and above (hidden by default: "
+        "Tidemark's errors already say what failed)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for register in REGISTRARS:
         register(sub)
     return parser
 
 
+def show_client_log(level: str | None) -> None:
+    """Print librdkafka's lines at ``level`` and above to stderr; none when ``level`` is None."""
+    CLIENT_LOG.propagate = False
+    if level is None:
+        CLIENT_LOG.setLevel(logging.CRITICAL + 1)
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("kafka client %(levelname)s: %(message)s"))
+    CLIENT_LOG.addHandler(handler)
+    CLIENT_LOG.setLevel(level.upper())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    show_client_log(args.kafka_log)
     handler: Handler = args.func
     try:
         return int(handler(args))

@@ -27,7 +27,7 @@ from confluent_kafka.admin import (
 )
 
 from tidemark.errors import KafkaUnavailableError, TidemarkError
-from tidemark.kafka.connection import KafkaConnection
+from tidemark.kafka.connection import KafkaConnection, logged
 
 Isolation = Literal["read_committed", "read_uncommitted"]
 TP = tuple[str, int]
@@ -120,8 +120,8 @@ class KafkaAdapter:
         self.timeout_s = timeout_s
         self.requests = 0
         # client_overrides: extra librdkafka settings for this client only (e.g. stats_cb in benchmarks).
-        self._config = connection.client_config(
-            **{"socket.timeout.ms": int(timeout_s * 1000), **(client_overrides or {})}
+        self._config = logged(
+            connection.client_config(**{"socket.timeout.ms": int(timeout_s * 1000), **(client_overrides or {})})
         )
         self._admin = AdminClient(self._config)
 
@@ -137,6 +137,12 @@ class KafkaAdapter:
                 f"{what} got no answer within {self.timeout_s:.0f}s from {self.connection.bootstrap_servers}; "
                 "check that the brokers are reachable and the security settings are right"
             ) from exc
+        finally:
+            self._serve_log()
+
+    def _serve_log(self) -> None:
+        """Hand the admin client's queued librdkafka log lines to CLIENT_LOG (it queues them until polled)."""
+        self._admin.poll(0)
 
     # -- metadata --------------------------------------------------------------------
 
@@ -186,6 +192,7 @@ class KafkaAdapter:
             try:
                 return attempt(deadline - time.monotonic())
             except transient as exc:
+                self._serve_log()  # before on_retry may replace the client and its queue
                 if time.monotonic() > deadline:
                     raise give_up(exc) from exc
                 if on_retry is not None:
@@ -290,13 +297,15 @@ class KafkaAdapter:
 
         self.requests += 1
         consumer = Consumer(
-            self.connection.client_config(
-                **{
-                    "group.id": group,
-                    "enable.auto.commit": False,
-                    "socket.timeout.ms": int(self.timeout_s * 1000),
-                    "client.id": "tidemark-offset-fetch",
-                }
+            logged(
+                self.connection.client_config(
+                    **{
+                        "group.id": group,
+                        "enable.auto.commit": False,
+                        "socket.timeout.ms": int(self.timeout_s * 1000),
+                        "client.id": "tidemark-offset-fetch",
+                    }
+                )
             )
         )
         try:
@@ -516,17 +525,19 @@ class KafkaAdapter:
 
         self.requests += 1
         consumer = Consumer(
-            self.connection.client_config(
-                **{
-                    "group.id": "tidemark-lag-probe",  # never joins or commits: assign() only
-                    "enable.auto.commit": False,
-                    "isolation.level": isolation,
-                    "auto.offset.reset": "latest",
-                    "max.partition.fetch.bytes": 4096,
-                    "fetch.wait.max.ms": 50,
-                    "socket.timeout.ms": int(self.timeout_s * 1000),
-                    "client.id": "tidemark-lag-probe",
-                }
+            logged(
+                self.connection.client_config(
+                    **{
+                        "group.id": "tidemark-lag-probe",  # never joins or commits: assign() only
+                        "enable.auto.commit": False,
+                        "isolation.level": isolation,
+                        "auto.offset.reset": "latest",
+                        "max.partition.fetch.bytes": 4096,
+                        "fetch.wait.max.ms": 50,
+                        "socket.timeout.ms": int(self.timeout_s * 1000),
+                        "client.id": "tidemark-lag-probe",
+                    }
+                )
             )
         )
         found: dict[TP, int | None] = dict.fromkeys(positions)
@@ -570,7 +581,7 @@ def produce(connection: KafkaConnection, topic: str, records: Iterable[Record], 
     from confluent_kafka import Producer
 
     config = connection.client_config(**{"linger.ms": 20, "enable.idempotence": True, **settings})
-    producer = Producer(config)
+    producer = Producer(logged(config))
     failures: list[str] = []
 
     def on_delivery(err: Any, msg: Any) -> None:

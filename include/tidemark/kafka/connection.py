@@ -11,6 +11,7 @@ safe to log; only :meth:`client_config` hands secrets to librdkafka.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,22 @@ ENV_PREFIX = "TIDEMARK_KAFKA_"
 SECRET_MARKERS = ("password", "secret", "token", "key", "credential", "jaas")
 # Tidemark's own variables that share the prefix but are not librdkafka settings.
 NOT_CLIENT_SETTINGS = frozenset({"TIDEMARK_KAFKA_HOME", "TIDEMARK_KAFKA_CONN_ID"})
+
+# librdkafka's own log lines (``%3|...|FAIL|...``, ``%4|...|GETPID|...``) go through Python logging under
+# this name instead of straight to stderr: Airflow's task logs keep them, the CLI shows them only when asked
+# (``tidemark --kafka-log LEVEL``). Tidemark's own errors already say what failed and what to do.
+CLIENT_LOG = logging.getLogger("tidemark.kafka.client")
+
+
+def logged(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` for building one client, its log lines routed to :data:`CLIENT_LOG`.
+
+    Only for constructing a client: the logger is an object, never a setting to pass on as text
+    (Spark options, environment variables). Consumers and producers hand their lines over when
+    polled, an admin client when its ``poll`` is called (:class:`~tidemark.kafka.adapter.KafkaAdapter`
+    does after every call).
+    """
+    return {**config, "logger": CLIENT_LOG}
 
 
 def is_secret(name: str) -> bool:

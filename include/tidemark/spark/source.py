@@ -48,7 +48,7 @@ from pyspark.sql.types import (
 )
 
 from tidemark.errors import ConfigError, ReadError, TidemarkError
-from tidemark.kafka.connection import KafkaConnection, from_env
+from tidemark.kafka.connection import KafkaConnection, from_env, logged
 from tidemark.planning.plan import Plan
 
 if TYPE_CHECKING:
@@ -269,7 +269,7 @@ def read_task(
     if not ranges:
         return
     schema = arrow_schema()
-    consumer = Consumer(consumer_config(task, client_config))
+    consumer = Consumer(logged(consumer_config(task, client_config)))
     started, rows, payload = time.monotonic(), 0, 0
     measure = bool(os.environ.get(METRICS_ENV))  # payload bytes are only reported to benchmarks
     # Every consumed record is a fresh Message object that the cyclic garbage collector
