@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
@@ -26,11 +26,11 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from tidemark._types import Isolation
+from tidemark._types import TopicPartition as TP
 from tidemark.errors import KafkaUnavailableError, TidemarkError
 from tidemark.kafka.connection import KafkaConnection
 
-Isolation = Literal["read_committed", "read_uncommitted"]
-TP = tuple[str, int]
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 15.0
