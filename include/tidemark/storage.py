@@ -239,16 +239,6 @@ class Location:
             (target / name).write_bytes((self / name).read_bytes())
 
 
-def rename_folder(source: Path, target: Location) -> None:
-    """Atomically move a local folder into place (``rename(2)``); both must be on one local disk."""
-    os.rename(source, target.local_path())
-    fd = os.open(target.parent.local_path(), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # -- S3 from the environment -----------------------------------------------------------------
 
 

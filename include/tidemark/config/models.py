@@ -68,17 +68,6 @@ def state_location() -> Location:
     return Location.of(os.environ.get("TIDEMARK_STATE_DIR") or Path.home() / ".local" / "state" / "tidemark")
 
 
-def state_dir() -> Path:
-    """The state dir as a local folder (the SQLite checkpoint store lives here); refused on an object store."""
-    location = state_location()
-    if not location.is_local:
-        raise ConfigError(
-            f"TIDEMARK_STATE_DIR={location.url} is on an object store: this needs a local state dir, or "
-            "a shared checkpoint store (TIDEMARK_CHECKPOINT_URL=postgresql://...)"
-        )
-    return location.local_path()
-
-
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -403,14 +403,6 @@ class KafkaAdapter:
 
     # -- configs ---------------------------------------------------------------------
 
-    def topic_configs(self, topics: Sequence[str], names: Sequence[str]) -> dict[str, dict[str, str]]:
-        resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
-        return self._describe_configs(resources, names)
-
-    def broker_config(self, broker_id: int, names: Sequence[str]) -> dict[str, str]:
-        resource = ConfigResource(ResourceType.BROKER, str(broker_id))
-        return self._describe_configs([resource], names)[str(broker_id)]
-
     def topic_and_broker_configs(
         self, topics: Sequence[str], topic_names: Sequence[str], broker_id: int | None, broker_names: Sequence[str]
     ) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
