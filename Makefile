@@ -64,7 +64,7 @@ bench: install
 	$(BIN)/python -m tests.bench.read $(BENCH_ARGS)
 	$(BIN)/python -m tests.bench.small $(BENCH_SMALL_ARGS)
 
-# The small-run table alone (issue 12): `tidemark run` vs Spark's Kafka source, 0 / 1,000 / 100,000 records.
+# The small-run table alone: `tidemark run` vs Spark's Kafka source, 0 / 1,000 / 100,000 records.
 bench-small: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tests.bench.small $(BENCH_SMALL_ARGS)
@@ -73,12 +73,12 @@ bench-quick: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tests.bench.read --quick $(BENCH_ARGS)
 
-# Planning benchmark (issue 3): plans a 1,000-partition feed on the running cluster; prints median/p99 and requests.
+# Planning benchmark: plans a 1,000-partition feed on the running cluster; prints median/p99 and requests.
 bench-plan: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tests.bench.plan $(BENCH_PLAN_ARGS)
 
-# View benchmark (issue 11): renders a 200-partition feed's Tidemark view; prints the median.
+# View benchmark: renders a 200-partition feed's Tidemark view; prints the median.
 bench-view: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tests.bench.view $(BENCH_VIEW_ARGS)

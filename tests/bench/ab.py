@@ -1,4 +1,4 @@
-"""Side-by-side A/B of ``tidemark run`` variants (issue 12): ``python -m tests.bench.ab SIZE ROUNDS VARIANT...``.
+"""Side-by-side A/B of ``tidemark run`` variants: ``python -m tests.bench.ab SIZE ROUNDS VARIANT...``.
 
 A variant is ``name=[CODE_DIR][:KEY=VALUE,...]``: ``CODE_DIR`` is a copy of the project
 (``git archive <commit> include spark_jobs | tar -x -C CODE_DIR``) whose ``include/``

@@ -1,4 +1,4 @@
-"""Small-run benchmark (issue 12): ``python -m tests.bench.small [--quick]``.
+"""Small-run benchmark: ``python -m tests.bench.small [--quick]``.
 
 Periodic feeds mostly run small, so what a run costs before it reads anything matters
 more than its records per second. For each size (0, 1,000 and 100,000 JSON order events,

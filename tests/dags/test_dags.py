@@ -60,6 +60,15 @@ def test_feed_dags_never_overlap_and_ui_dags_have_forms(dagbag) -> None:  # type
             assert dag.max_active_runs == 1, dag_id
 
 
+def test_trigger_forms_take_exactly_the_declared_request_parameters(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """The replay DAG's Params are the names the request parser, the view and the CLI use."""
+    from tidemark.planning.requests import COMMIT_PARAMS, REPLAY_PARAMS, SELECTION_PARAMS, WINDOW_PARAMS
+
+    assert set(dagbag.dags["tidemark_replay"].params) == {"feed", *REPLAY_PARAMS}
+    backfill = {"feed", "start_timestamp", "end_timestamp", *COMMIT_PARAMS, *WINDOW_PARAMS, *SELECTION_PARAMS}
+    assert set(dagbag.dags["tidemark_backfill"].params) == backfill
+
+
 def test_dag_files_do_not_import_heavy_libraries_at_top_level() -> None:
     for path in (ROOT / "dags").glob("*.py"):
         text = path.read_text()

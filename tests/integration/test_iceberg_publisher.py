@@ -35,7 +35,8 @@ from tidemark.output.parquet import Manifest
 from tidemark.planning.plan import Plan
 from tidemark.planning.resolve import PartitionSnapshot, Policy, build_plan
 from tidemark.spark.decode import OUTCOME_COLUMN
-from tidemark.spark.source import SCHEMA, RangeStats
+from tidemark.spark.source import SCHEMA
+from tidemark.spark.stats import RangeStats
 from tidemark.validation.rules import OK_OUTCOME
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -18,14 +18,13 @@ from tidemark.spark.source import (
     SCHEMA,
     SOURCE_NAME,
     DriverReadTooLarge,
-    check_complete,
-    range_stats,
     read_plan,
     read_plan_in_driver,
     read_task,
     register,
     tasks_of,
 )
+from tidemark.spark.stats import check_complete, range_stats
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

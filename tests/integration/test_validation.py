@@ -156,7 +156,7 @@ def test_gx_looks_for_no_unexpected_rows_once_the_row_counts_found_none(spark: A
 
 
 def test_range_statistics_ride_along_the_validation_aggregation(spark: Any, tmp_path: Path) -> None:
-    from tidemark.spark.source import range_stats
+    from tidemark.spark.stats import range_stats
 
     plan = make_plan({0: (100, 132), 1: (0, 20)})
     undecoded = spark.createDataFrame([row(1, 19, None, None, None, "x")], SCHEMA)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.config.models import Feed, load_feed, load_feed_file, load_feeds, package_root, schedule_interval
+from tidemark.config.durations import schedule_interval
+from tidemark.config.models import Feed, load_feed, load_feed_file, load_feeds, package_root
 from tidemark.errors import ConfigError
 from tidemark.planning.resolve import Policy
 

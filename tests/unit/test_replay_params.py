@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tidemark.config.models import Feed
-from tidemark.errors import ConfigError
-from tidemark.planning.requests import MAX_OFFSET, OUTPUT_ROOTS_ENV, parse_replay_params, shown
+from tidemark.errors import ConfigError, shown
+from tidemark.planning.requests import MAX_OFFSET, OUTPUT_ROOTS_ENV, parse_replay_params
 from tidemark.runs.pipeline import selection_options
 from tidemark.storage import Location
 

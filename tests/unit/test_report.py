@@ -15,7 +15,7 @@ from tidemark.kafka.connection import KafkaConnection
 from tidemark.planning.plan import Event, PartitionPlan, Plan, compute_plan_id
 from tidemark.runs.commit import CommitResult
 from tidemark.runs.report import RunReport, build_report, list_runs, load_report, redact, save_report, secret_values
-from tidemark.spark.source import RangeStats
+from tidemark.spark.stats import RangeStats
 
 SECRET = "hunter2-very-secret"
 

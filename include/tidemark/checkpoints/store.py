@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tidemark._types import TopicPartition as TP
 from tidemark.errors import CommitError, ConfigError, StateStoreError
 
 if TYPE_CHECKING:
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
     from tidemark.storage import Location
 
 URL_ENV = "TIDEMARK_CHECKPOINT_URL"
-
-TP = tuple[str, int]
 
 
 @dataclass(frozen=True)

@@ -14,21 +14,9 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
-from datetime import datetime
 
+from tidemark.config.durations import parse_timestamp
 from tidemark.errors import ConfigError
-
-
-def _when(name: str, value: str | None) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise ConfigError(f"{name}: {value!r} is not an ISO 8601 date-time, e.g. 2026-01-31T00:00:00Z") from exc
-    if parsed.tzinfo is None:
-        raise ConfigError(f"{name}: {value!r} has no timezone; add one, e.g. 2026-01-31T00:00:00Z")
-    return parsed
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -41,7 +29,8 @@ def _plan(args: argparse.Namespace) -> int:
     from tidemark.runs.gather import plan_feed
 
     feed = load_feed(args.feed)
-    start, end = _when("--window-start", args.window_start), _when("--window-end", args.window_end)
+    start = parse_timestamp("--window-start", args.window_start)
+    end = parse_timestamp("--window-end", args.window_end)
     if end is not None and start is None:
         raise ConfigError("--window-end needs --window-start")
     adapter = KafkaAdapter(connection_from_env())

@@ -13,7 +13,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from tidemark.planning.requests import END_CHOICES, START_CHOICES
+from tidemark.planning.requests import COMMIT_PARAMS, END_CHOICES, SPEC_PARAMS, START_CHOICES
 
 
 def _progress(message: str) -> None:
@@ -92,18 +92,7 @@ def _replay(args: argparse.Namespace) -> int:
     return _execute(args, "replay", {**params, **_window_params(args)})
 
 
-_REPLAY_KEYS = (
-    "start_from",
-    "start_timestamp",
-    "start_offset",
-    "shift_by",
-    "duration",
-    "end_at",
-    "end_timestamp",
-    "end_offset",
-    "commit",
-    "allow_gap",
-)
+_REPLAY_KEYS = SPEC_PARAMS + COMMIT_PARAMS  # the window and selection flags: _window_params
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,6 +28,8 @@ from pydantic import (
     model_validator,
 )
 
+from tidemark._types import Isolation
+from tidemark.config.durations import parse_skew, schedule_interval
 from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -37,7 +39,6 @@ OnMissing = Literal["earliest", "latest", "timestamp", "fail"]
 OnNewPartition = Literal["earliest", "latest"]
 OnDataLoss = Literal["fail", "skip"]
 OnAhead = Literal["fail", "earliest", "latest"]
-Isolation = Literal["read_committed", "read_uncommitted"]
 ValueFormat = Literal["bytes", "string", "json"]
 OnBadRecords = Literal["fail", "quarantine"]
 FieldType = Literal["string", "integer", "number", "boolean"]
@@ -65,17 +66,6 @@ def state_location() -> Location:
     from tidemark.storage import Location
 
     return Location.of(os.environ.get("TIDEMARK_STATE_DIR") or Path.home() / ".local" / "state" / "tidemark")
-
-
-def state_dir() -> Path:
-    """The state dir as a local folder (the SQLite checkpoint store lives here); refused on an object store."""
-    location = state_location()
-    if not location.is_local:
-        raise ConfigError(
-            f"TIDEMARK_STATE_DIR={location.url} is on an object store: this needs a local state dir, or "
-            "a shared checkpoint store (TIDEMARK_CHECKPOINT_URL=postgresql://...)"
-        )
-    return location.local_path()
 
 
 class _Model(BaseModel):
@@ -121,23 +111,6 @@ class Validation(_Model):
 
 
 WindowMode = Literal["exact", "offset_cut"]
-_SKEW = re.compile(r"^(\d+)\s*(s|m|min|h)$")
-_ISO_SKEW = re.compile(r"^PT(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?$")
-
-
-def parse_skew(text: str, name: str = "time_windows.max_skew") -> timedelta:
-    """A skew bound: ``30s``, ``10m``, ``1h`` or ISO 8601 (``PT10M``); refusals name ``name``."""
-    value = str(text).strip()
-    short = _SKEW.match(value)
-    if short:
-        n, unit = int(short.group(1)), short.group(2)
-        return {"s": timedelta(seconds=n), "m": timedelta(minutes=n), "min": timedelta(minutes=n),
-                "h": timedelta(hours=n)}[unit]  # fmt: skip
-    iso = _ISO_SKEW.match(value.upper())
-    if iso and value.upper() != "PT":
-        parts = {k: int(v) if v else 0 for k, v in iso.groupdict().items()}
-        return timedelta(hours=parts["h"], minutes=parts["m"], seconds=parts["s"])
-    raise ConfigError(f"'{name}': {text!r} is not a duration like 30s, 10m, 1h or PT10M")
 
 
 class TimeWindows(_Model):
@@ -297,41 +270,6 @@ class Feed(_Model):
         """
         base = self.output_location()
         return base if mode == "scheduled" else base.with_name(f"{base.name}.{mode}s")
-
-
-_PRESETS = {
-    "@hourly": timedelta(hours=1),
-    "@daily": timedelta(days=1),
-    "@weekly": timedelta(weeks=1),
-    "@monthly": timedelta(days=31),
-    "@yearly": timedelta(days=366),
-    "@annually": timedelta(days=366),
-}
-_DURATION = re.compile(r"^(\d+)\s*(m|min|h|d|w)$")
-
-
-def schedule_interval(schedule: str) -> timedelta:
-    """The longest gap between runs of a schedule (preset, ``6h``-style, or cron)."""
-    if schedule in _PRESETS:
-        return _PRESETS[schedule]
-    match = _DURATION.match(schedule.strip())
-    if match:
-        n, unit = int(match.group(1)), match.group(2)
-        return {"m": timedelta(minutes=n), "min": timedelta(minutes=n), "h": timedelta(hours=n),
-                "d": timedelta(days=n), "w": timedelta(weeks=n)}[unit]  # fmt: skip
-    from croniter import croniter
-
-    if not croniter.is_valid(schedule):
-        raise ValueError(f"schedule {schedule!r} is neither a preset (@hourly ...), a duration (6h) nor a cron")
-    # The longest gap over a year of fire times: a cron like "0 0 1 * *" has uneven gaps.
-    it = croniter(schedule, datetime(2026, 1, 1, tzinfo=UTC))
-    prev = it.get_next(datetime)
-    longest = timedelta(0)
-    for _ in range(400):
-        nxt = it.get_next(datetime)
-        longest = max(longest, nxt - prev)
-        prev = nxt
-    return longest
 
 
 def _describe(exc: ValidationError) -> str:

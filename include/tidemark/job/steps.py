@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-    from tidemark.spark.source import RangeStats
+    from tidemark.spark.stats import RangeStats
 
 JOB_FILE = "job.json"
 SHIP_ENV = "TIDEMARK_SHIP_PACKAGE"

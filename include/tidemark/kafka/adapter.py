@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
@@ -26,11 +26,11 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from tidemark._types import Isolation
+from tidemark._types import TopicPartition as TP
 from tidemark.errors import KafkaUnavailableError, TidemarkError
 from tidemark.kafka.connection import KafkaConnection, logged
 
-Isolation = Literal["read_committed", "read_uncommitted"]
-TP = tuple[str, int]
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 15.0
@@ -411,14 +411,6 @@ class KafkaAdapter:
         return out
 
     # -- configs ---------------------------------------------------------------------
-
-    def topic_configs(self, topics: Sequence[str], names: Sequence[str]) -> dict[str, dict[str, str]]:
-        resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
-        return self._describe_configs(resources, names)
-
-    def broker_config(self, broker_id: int, names: Sequence[str]) -> dict[str, str]:
-        resource = ConfigResource(ResourceType.BROKER, str(broker_id))
-        return self._describe_configs([resource], names)[str(broker_id)]
 
     def topic_and_broker_configs(
         self, topics: Sequence[str], topic_names: Sequence[str], broker_id: int | None, broker_names: Sequence[str]

@@ -49,7 +49,7 @@ def spark_job_path() -> str:
 
 
 def kafka_connection(conn_id: str = KAFKA_CONN_ID) -> KafkaConnection:
-    """The Kafka connection from Airflow, else the environment / embedded cluster."""
+    """The Kafka connection from Airflow, else the ``TIDEMARK_*`` environment."""
     try:
         conn = BaseHook.get_connection(conn_id)
     except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"

@@ -31,9 +31,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from tidemark.output.parquet import Manifest, Staging
-    from tidemark.spark.source import RangeStats
-
-TP = tuple[str, int]
+    from tidemark.spark.stats import RangeStats
 
 
 @dataclass(frozen=True)

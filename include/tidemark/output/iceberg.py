@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from pyiceberg.table.snapshots import Snapshot
     from pyspark.sql.types import StructType
 
-    from tidemark.spark.source import RangeStats
+    from tidemark.spark.stats import RangeStats
 
 CATALOG_URI_ENV = "TIDEMARK_ICEBERG_CATALOG_URI"
 CATALOG_TYPE_ENV = "TIDEMARK_ICEBERG_CATALOG_TYPE"
@@ -165,13 +165,10 @@ def _password(uri: str) -> str | None:
 
 
 def _s3_properties() -> tuple[str | None, str | None]:
-    from tidemark.storage import ENDPOINT_ENV
+    """The catalog's S3 endpoint and region: :func:`tidemark.storage.s3_settings`, a region for an endpoint."""
+    from tidemark.storage import s3_settings
 
-    endpoint = os.environ.get(ENDPOINT_ENV) or os.environ.get("AWS_ENDPOINT_URL") or None
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
-    if endpoint is not None:  # as tidemark.storage does: S3-compatible servers reject checksum trailers
-        os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
-        os.environ.setdefault("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")
+    endpoint, region, _ = s3_settings()
     return endpoint, region or ("us-east-1" if endpoint else None)
 
 

@@ -61,7 +61,7 @@ from tidemark.storage import Location
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, DataFrameWriter
 
-    from tidemark.spark.source import RangeStats
+    from tidemark.spark.stats import RangeStats
 
 MANIFEST_VERSION = 1
 MANIFEST_NAME = "_manifest.json"

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from tidemark._types import Isolation
 from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 PLAN_VERSION = 1
 
 Mode = Literal["scheduled", "backfill", "replay"]
-Isolation = Literal["read_committed", "read_uncommitted"]
 # Why a partition starts where it does.
 StartReason = Literal[
     "committed",  # the group's committed offset

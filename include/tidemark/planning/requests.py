@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, get_args
 
-from tidemark.errors import ConfigError
+from tidemark.config.durations import parse_duration, parse_timestamp
+from tidemark.errors import ConfigError, shown
 from tidemark.storage import Location, is_url
 
 StartFrom = Literal["committed", "earliest", "latest", "timestamp", "offset", "shift_by", "by_duration"]
@@ -28,10 +28,17 @@ END_CHOICES: tuple[str, ...] = get_args(EndAt)
 # Kafka offsets are signed 64-bit; a larger number would only fail later, in the task supervisor.
 MAX_OFFSET = 2**63 - 1
 MAX_PARTITION = 2**31 - 1
-QUOTE_CHARS = 80
 OUTPUT_ROOTS_ENV = "TIDEMARK_REPLAY_OUTPUT_ROOTS"
 
-_DURATION = re.compile(r"^P(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?)?$")
+# The trigger parameters of a replay, declared once: the replay DAG's Params, the view's
+# trigger endpoint and the CLI's flags are built from (or checked against) these names.
+SPEC_PARAMS: tuple[str, ...] = (
+    "start_from", "start_timestamp", "start_offset", "shift_by", "duration", "end_at", "end_timestamp", "end_offset",
+)  # fmt: skip
+COMMIT_PARAMS: tuple[str, ...] = ("commit", "allow_gap")
+WINDOW_PARAMS: tuple[str, ...] = ("window_mode", "max_skew")
+SELECTION_PARAMS: tuple[str, ...] = ("topics", "partitions", "output", "dry_run")
+REPLAY_PARAMS: tuple[str, ...] = SPEC_PARAMS + COMMIT_PARAMS + WINDOW_PARAMS + SELECTION_PARAMS
 
 
 @dataclass(frozen=True)
@@ -47,39 +54,6 @@ class ReplaySpec:
     end_timestamp: datetime | None = None
     end_offset: int | None = None
     commit: bool = False
-
-
-def shown(value: Any) -> str:
-    """An input as a message quotes it: its repr, cut at ``QUOTE_CHARS`` characters."""
-    text = repr(value)
-    return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + "…"
-
-
-def parse_duration(text: str) -> timedelta:
-    """An ISO 8601 duration such as ``PT6H`` or ``P1DT30M``."""
-    match = _DURATION.match(text.strip().upper()) if len(text) <= 40 else None
-    if not match or text.strip().upper() in ("P", "PT"):
-        raise ConfigError(f"parameter 'duration': {shown(text)} is not an ISO 8601 duration like PT6H or P1DT30M")
-    parts = {k: int(v) if v else 0 for k, v in match.groupdict().items()}
-    try:
-        return timedelta(days=parts["d"], hours=parts["h"], minutes=parts["m"], seconds=parts["s"])
-    except OverflowError as exc:
-        raise ConfigError(f"parameter 'duration': {shown(text)} is longer than any log") from exc
-
-
-def parse_timestamp(name: str, value: Any) -> datetime | None:
-    if value in (None, ""):
-        return None
-    if isinstance(value, datetime):
-        parsed = value
-    else:
-        try:
-            parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-        except ValueError as exc:
-            raise ConfigError(f"parameter '{name}': {shown(value)} is not an ISO 8601 date-time") from exc
-    if parsed.tzinfo is None:
-        raise ConfigError(f"parameter '{name}': {shown(value)} has no timezone; add one, e.g. 2026-01-31T00:00:00Z")
-    return parsed
 
 
 def _int(name: str, value: Any, minimum: int = -MAX_OFFSET, maximum: int = MAX_OFFSET) -> int | None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from tidemark._types import Isolation
+from tidemark._types import TopicPartition as TP
 from tidemark.config.models import Feed, OnAhead, OnDataLoss, OnMissing, OnNewPartition
 from tidemark.errors import DataLossError, OffsetAheadError, PlanningError
 from tidemark.planning.metadata import metadata_topic_id
@@ -26,7 +28,6 @@ from tidemark.planning.plan import (
     Chunk,
     Event,
     EventKind,
-    Isolation,
     Mode,
     PartitionPlan,
     Plan,
@@ -39,7 +40,6 @@ from tidemark.planning.plan import (
 if TYPE_CHECKING:
     from tidemark.planning.requests import ReplaySpec
 
-TP = tuple[str, int]
 CapLimit = Literal["max_records_per_partition", "max_records_per_run"]
 
 RETENTION_MS = "retention.ms"

@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from tidemark._types import TopicPartition as TP
 from tidemark.checkpoints.store import CheckpointStore
 from tidemark.errors import CommitError, GroupInUseError, KafkaUnavailableError, OffsetsMovedError
 from tidemark.faults import fault_point
 from tidemark.job.guard import moved_since_planning
-from tidemark.kafka.adapter import TP, Committed, GroupInfo, KafkaAdapter
+from tidemark.kafka.adapter import Committed, GroupInfo, KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.planning.metadata import METADATA_MAX_BYTES, metadata_run_id, partition_metadata, plan_topic_ids
 from tidemark.planning.plan import Plan

@@ -31,8 +31,9 @@ from tidemark.checkpoints.store import CheckpointStore, open_store
 
 if TYPE_CHECKING:
     from tidemark.runs.commit import CommitResult
+from tidemark.config.durations import parse_skew, parse_timestamp
 from tidemark.config.models import Feed, load_feed, package_root, state_location
-from tidemark.errors import ConfigError, OffsetsMovedError, TidemarkError
+from tidemark.errors import ConfigError, OffsetsMovedError, TidemarkError, shown
 from tidemark.faults import fault_point
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
@@ -42,8 +43,6 @@ from tidemark.planning.requests import (
     flag,
     output_location,
     parse_replay_params,
-    parse_timestamp,
-    shown,
 )
 from tidemark.runs.report import PLAN_FILE
 from tidemark.storage import Location
@@ -267,7 +266,6 @@ def selection_options(feed: Feed, mode: str, params: Mapping[str, Any]) -> tuple
 
 def window_options(params: Mapping[str, Any]) -> dict[str, Any]:
     """``window_mode`` and ``max_skew`` trigger parameters, checked; absent ones keep the feed's settings."""
-    from tidemark.config.models import parse_skew
 
     options: dict[str, Any] = {}
     mode = params.get("window_mode")

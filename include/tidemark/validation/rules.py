@@ -44,16 +44,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidemark._types import TopicPartition as TP
 from tidemark.config.models import Expectation, Feed
 from tidemark.errors import ValidationFailedError
 from tidemark.planning.plan import Plan
-from tidemark.spark.source import RangeStats as ReaderRangeStats
-from tidemark.spark.source import range_stat_aggs, stats_from_rows
+from tidemark.spark.stats import RangeStats, range_stat_aggs, stats_from_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-TP = tuple[str, int]
 # decode.py names it ``decode_error``; ``_decode_error`` is accepted as well.
 DECODE_ERROR_COLUMNS = ("decode_error", "_decode_error")
 DECODE_ERROR_COLUMN = DECODE_ERROR_COLUMNS[0]
@@ -321,8 +320,8 @@ class OutcomeCodes:
 
 
 @dataclass(frozen=True)
-class RangeStats:
-    """What was read from one partition (from the data, plus the reader's end position if known)."""
+class RangeCount:
+    """What the range checks count of one partition: rows, distinct offsets, bounds, the reader's end position."""
 
     topic: str
     partition: int
@@ -339,7 +338,7 @@ class RangeStats:
 
 @dataclass(frozen=True)
 class RangeCheck:
-    stats: dict[TP, RangeStats]
+    stats: dict[TP, RangeCount]
     gaps: dict[TP, int]  # planned offsets with no record (compaction, markers, aborted): counted only
 
     def to_dict(self, plan: Plan) -> list[dict[str, Any]]:
@@ -377,10 +376,10 @@ def _range_aggs(exact_duplicates: bool = True) -> list[Column]:
     ]
 
 
-def _stats_from_rows(rows: Iterable[Any], positions: Mapping[TP, int] | None) -> list[RangeStats]:
+def _stats_from_rows(rows: Iterable[Any], positions: Mapping[TP, int] | None) -> list[RangeCount]:
     pos = positions or {}
     return [
-        RangeStats(
+        RangeCount(
             r["topic"],
             int(r["partition"]),
             int(r["rows"]),
@@ -393,21 +392,21 @@ def _stats_from_rows(rows: Iterable[Any], positions: Mapping[TP, int] | None) ->
     ]
 
 
-def _as_stats(s: Any) -> RangeStats:
-    """Our :class:`RangeStats`, or the reader's (``tidemark.spark.source.RangeStats``: records, first/last offset)."""
-    if isinstance(s, RangeStats):
+def _as_count(s: RangeCount | RangeStats) -> RangeCount:
+    """A :class:`RangeCount`, also from the read's :class:`~tidemark.spark.stats.RangeStats` (no distinct count)."""
+    if isinstance(s, RangeCount):
         return s
     # The reader's statistics carry no distinct count: duplicates show as more records than offsets planned.
-    return RangeStats(s.topic, int(s.partition), int(s.records), int(s.records), s.first_offset, s.last_offset)
+    return RangeCount(s.topic, int(s.partition), int(s.records), int(s.records), s.first_offset, s.last_offset)
 
 
 def check_ranges(
-    stats_or_df: DataFrame | Iterable[RangeStats], plan: Plan, *, positions: Mapping[TP, int] | None = None
+    stats_or_df: DataFrame | Iterable[RangeCount | RangeStats], plan: Plan, *, positions: Mapping[TP, int] | None = None
 ) -> RangeCheck:
     """The built-in checks; raises :class:`ValidationFailedError` naming partitions and offsets.
 
     Pass the DataFrame (one aggregation) or stats already computed (ours, or the
-    reader's ``tidemark.spark.source.range_stats``); ``positions`` (the reader's next offset
+    reader's ``tidemark.spark.stats.range_stats``); ``positions`` (the reader's next offset
     per partition) proves each range was read to its end.
     """
     if hasattr(stats_or_df, "groupBy"):
@@ -415,7 +414,7 @@ def check_ranges(
         stats = _stats_from_rows(df.groupBy("topic", "partition").agg(*_range_aggs()).collect(), positions)
     else:
         given: Iterable[Any] = stats_or_df  # type: ignore[assignment]
-        stats = [_as_stats(s) for s in given]
+        stats = [_as_count(s) for s in given]
         if positions is not None:
             stats = [s if s.position is not None else replace(s, position=positions.get(s.key)) for s in stats]
     planned = {p.key: p for p in plan.partitions}
@@ -586,7 +585,7 @@ class ValidationOutcome:
     data_docs: Path | None
     good_counts: dict[TP, int] = field(default_factory=dict)
     quarantined_counts: dict[TP, int] = field(default_factory=dict)
-    range_stats: list[ReaderRangeStats] | None = None  # with ``raw_value_column``
+    range_stats: list[RangeStats] | None = None  # with ``raw_value_column``
 
 
 class ValidationRejectedError(ValidationFailedError):
@@ -668,7 +667,7 @@ def validate(
     skips counting distinct offsets (see :func:`_range_aggs`); only for Tidemark's reader.
     With ``raw_value_column`` (the raw value's column in ``df`` and ``decode_failed``, both
     also holding ``timestamp`` and ``key``), the same aggregation yields the per-range
-    statistics of :func:`tidemark.spark.source.range_stats` as ``outcome.range_stats``.
+    statistics of :func:`tidemark.spark.stats.range_stats` as ``outcome.range_stats``.
     """
     from pyspark.sql import functions as F
     from pyspark.util import inheritable_thread_target

@@ -49,10 +49,10 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from tidemark.checkpoints.store import CheckpointStore, default_store
 from tidemark.config.models import Feed, load_feeds
-from tidemark.errors import ConfigError, PlanningError, TidemarkError
+from tidemark.errors import ConfigError, PlanningError, TidemarkError, shown
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, from_env
-from tidemark.planning.requests import END_CHOICES, START_CHOICES, flag, shown
+from tidemark.planning.requests import END_CHOICES, REPLAY_PARAMS, START_CHOICES, flag
 from tidemark.runs.report import RunReport, list_runs, redact, run_dir_for, secret_values
 from tidemark.runs.status import FeedStatus, feed_status
 from tidemark.storage import Location
@@ -60,11 +60,9 @@ from tidemark.storage import Location
 REPLAY_DAG = "tidemark_replay"
 AIRFLOW_FILE = "airflow.json"  # the Airflow DAG run that made a Tidemark run (written by the plan task)
 CHART_RUNS = 30
-# The replay DAG's Params: a trigger's conf carries these and nothing else.
-REPLAY_KEYS = frozenset({
-    "start_from", "start_timestamp", "start_offset", "shift_by", "duration", "end_at", "end_timestamp",
-    "end_offset", "commit", "window_mode", "max_skew", "topics", "partitions", "output", "dry_run",
-})  # fmt: skip
+# The replay DAG's Params a trigger from the view may carry: all but allow_gap (the view's
+# form has no such field; skipping offsets is left to the DAG's own form and the CLI).
+REPLAY_KEYS = frozenset(REPLAY_PARAMS) - {"allow_gap"}
 
 Trigger = Callable[[Request, dict[str, Any]], dict[str, Any]]
 
