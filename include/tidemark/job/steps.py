@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from tidemark.output.base import Publisher
+    from tidemark.output.parquet import Manifest, Staging
     from tidemark.spark.stats import RangeStats
 
 JOB_FILE = "job.json"
@@ -152,13 +154,8 @@ def run(
        are checked against what validation passed. ``output_dir`` forces a Parquet folder.
     Any failure discards the staging folder: nothing is visible, nothing to clean up.
     """
-    from pyspark.sql import functions as F
-
-    from tidemark.output.base import StagedRecords, publisher_for
-    from tidemark.output.parquet import parquet_writer, utc_date
-    from tidemark.spark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
-    from tidemark.spark.source import DRIVER_READ_MAX_BYTES, DriverReadTooLarge, read_plan, read_plan_in_driver
-    from tidemark.validation.rules import DECODE_CODE, OK_OUTCOME, OutcomeCodes, validate
+    from tidemark.job.guard import refuse_if_moved
+    from tidemark.output.base import publisher_for
 
     if plan.feed != feed.name:
         raise ConfigError(f"plan {plan.plan_id} was made for feed '{plan.feed}', not '{feed.name}'")
@@ -178,10 +175,36 @@ def run(
         return res
 
     if connection is not None and output_dir is None:
-        from tidemark.job.guard import refuse_if_moved
-
         refuse_if_moved(plan, connection, run_id)
     preload_great_expectations()
+    source, positions = _read(spark, plan, feed, connection, timer, res)
+    staging = publisher.new_staging(plan.plan_id)
+    try:
+        manifest = _stage_validate_publish(
+            spark, source, plan, feed, run_dir, publisher, staging, positions, timer, res, run_id
+        )
+    except BaseException:
+        staging.discard()
+        raise
+    res.manifest = manifest.to_dict()
+    res.reused = manifest.reused
+    res.records_published = manifest.records
+    res.records_quarantined = manifest.quarantined
+    fault_point("job.after_publish")  # published, and job.json not yet written
+    res.published = True
+    return res
+
+
+def _read(
+    spark: SparkSession, plan: Plan, feed: Feed, connection: KafkaConnection | None, timer: _Timer, res: JobResult
+) -> tuple[DataFrame, dict[tuple[str, int], int] | None]:
+    """The plan's records as a DataFrame, and where the reader stopped in each range when it reports that.
+
+    A small plan is read by the driver (no Python workers at all); the rest, and a small plan
+    of large records, by the data source on the executors.
+    """
+    from tidemark.spark.source import DRIVER_READ_MAX_BYTES, DriverReadTooLarge, read_plan, read_plan_in_driver
+
     source = None
     # Where the reader stopped in each range, as it reports it: validation refuses a range
     # read short of its planned end. Only the driver's read reports them; the executors'
@@ -203,6 +226,30 @@ def run(
     if source is None:
         res.reader = "data_source"
         source = read_plan(spark, plan, connection)
+    return source, positions
+
+
+def _stage_validate_publish(
+    spark: SparkSession,
+    source: DataFrame,
+    plan: Plan,
+    feed: Feed,
+    run_dir: Path,
+    publisher: Publisher,
+    staging: Staging,
+    positions: dict[tuple[str, int], int] | None,
+    timer: _Timer,
+    res: JobResult,
+    run_id: str | None,
+) -> Manifest:
+    """Steps ``write``, ``window``, ``validate`` and ``publish`` over ``staging``; fills ``res`` as they pass."""
+    from pyspark.sql import functions as F
+
+    from tidemark.output.base import StagedRecords
+    from tidemark.output.parquet import parquet_writer, utc_date
+    from tidemark.spark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
+    from tidemark.validation.rules import DECODE_CODE, OK_OUTCOME, OutcomeCodes, validate
+
     decoded = annotate(source, feed.deserialization)
     codes = OutcomeCodes.of([c for c in decoded.columns if c not in (RAW_VALUE_COLUMN, "plan_id")], feed)
     outcome = codes.column()
@@ -212,80 +259,69 @@ def run(
     outcome = outcome.alias(OUTCOME_COLUMN)
     day = utc_date().alias("date")
     staged_df = decoded.select(*[c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")], day, outcome)
-    staging = publisher.new_staging(plan.plan_id)
-    try:
-        timer.step(
-            "write",  # the one read of Kafka
-            lambda: (
-                parquet_writer(staged_df, "errorifexists")
-                .partitionBy(OUTCOME_COLUMN, "topic", "date")
-                .parquet(str(staging.written))
+    timer.step(
+        "write",  # the one read of Kafka
+        lambda: (
+            parquet_writer(staged_df, "errorifexists")
+            .partitionBy(OUTCOME_COLUMN, "topic", "date")
+            .parquet(str(staging.written))
+        ),
+    )
+    # Explicit schema: partition values are read back as written ("007" stays a string topic).
+    staged = spark.read.schema(staged_df.schema).parquet(str(staging.written))
+    keeps_raw = raw_value_kept(feed.deserialization)  # JSON feeds stage the raw value beside the fields
+    value_column = RAW_VALUE_COLUMN if keeps_raw else "value"
+    undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_CODE)
+    record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date")]
+    if time_filter is not None:
+        res.window, res.events = timer.step("window", lambda: window_counts(staged, plan, time_filter))
+        if plan.commit:  # the commit passes over them: each partition's count is an event
+            res.events += outside_window_events(res.window, plan)
+        staged = staged.where(F.col(OUTCOME_COLUMN) != OUTSIDE_WINDOW)
+    checked = timer.step(
+        "validate",  # one aggregation: range statistics, built-in checks, bad-row counts; GX beside it
+        lambda: validate(
+            staged.where(~undecoded).select(*record_columns), plan, feed, run_dir,
+            positions=positions,
+            decode_failed=staged.where(undecoded).withColumn(
+                ERROR_COLUMN, codes.decode_error(F.col(OUTCOME_COLUMN))
             ),
-        )
-        # Explicit schema: partition values are read back as written ("007" stays a string topic).
-        staged = spark.read.schema(staged_df.schema).parquet(str(staging.written))
-        keeps_raw = raw_value_kept(feed.deserialization)  # JSON feeds stage the raw value beside the fields
-        value_column = RAW_VALUE_COLUMN if keeps_raw else "value"
-        undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_CODE)
-        record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date")]
-        if time_filter is not None:
-            res.window, res.events = timer.step("window", lambda: window_counts(staged, plan, time_filter))
-            if plan.commit:  # the commit passes over them: each partition's count is an event
-                res.events += outside_window_events(res.window, plan)
-            staged = staged.where(F.col(OUTCOME_COLUMN) != OUTSIDE_WINDOW)
-        checked = timer.step(
-            "validate",  # one aggregation: range statistics, built-in checks, bad-row counts; GX beside it
-            lambda: validate(
-                staged.where(~undecoded).select(*record_columns), plan, feed, run_dir,
-                positions=positions,
-                decode_failed=staged.where(undecoded).withColumn(
-                    ERROR_COLUMN, codes.decode_error(F.col(OUTCOME_COLUMN))
-                ),
-                exact_duplicates=False,  # the reader yields each offset at most once
-                raw_value_column=value_column,
-            ),
-        )  # fmt: skip
-        # validate() already refused ranges read past their bounds or with more records
-        # than offsets (its built-in checks run on these same figures).
-        stats = checked.range_stats or []
-        res.ranges = [s.to_dict() for s in stats]
-        res.events += gap_events(stats)
-        res.records_read = sum(s.records for s in stats)
-        res.validation = checked.summary
-        res.decode_failures = int(checked.summary["counts"]["decode_errors"])
+            exact_duplicates=False,  # the reader yields each offset at most once
+            raw_value_column=value_column,
+        ),
+    )  # fmt: skip
+    # validate() already refused ranges read past their bounds or with more records
+    # than offsets (its built-in checks run on these same figures).
+    stats = checked.range_stats or []
+    res.ranges = [s.to_dict() for s in stats]
+    res.events += gap_events(stats)
+    res.records_read = sum(s.records for s in stats)
+    res.validation = checked.summary
+    res.decode_failures = int(checked.summary["counts"]["decode_errors"])
 
-        record_schema = staged_df.drop(OUTCOME_COLUMN).schema
-        published_schema = staged_df.drop(OUTCOME_COLUMN, RAW_VALUE_COLUMN).schema
+    record_schema = staged_df.drop(OUTCOME_COLUMN).schema
+    published_schema = staged_df.drop(OUTCOME_COLUMN, RAW_VALUE_COLUMN).schema
 
-        def read_good(source: Path) -> DataFrame:
-            # JSON feeds stage the raw value beside the fields: publish the fields only.
-            good = spark.read.schema(record_schema).parquet(str(source))
-            return good.select(*published_schema.names)
+    def read_good(source: Path) -> DataFrame:
+        # JSON feeds stage the raw value beside the fields: publish the fields only.
+        good = spark.read.schema(record_schema).parquet(str(source))
+        return good.select(*published_schema.names)
 
-        if time_filter is not None:  # neither published nor quarantined: they are outside the window
-            shutil.rmtree(staging.written / f"{OUTCOME_COLUMN}={OUTSIDE_WINDOW}", ignore_errors=True)
-        manifest = timer.step(
-            "publish",
-            lambda: publisher.publish_staged(
-                staging, plan, feed,
-                staged=StagedRecords(OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good, rewrite=keeps_raw,
-                                     write_quarantine=quarantine_writer(spark, record_schema, codes.reason)),
-                stats=stats, extra={"validator": res.validator},
-                expect_records=int(checked.summary["good_records"]),
-                expect_quarantined=int(checked.summary["quarantined_records"]),
-                run_id=run_id,
-            ),
-        )  # fmt: skip
-    except BaseException:
-        staging.discard()
-        raise
-    res.manifest = manifest.to_dict()
-    res.reused = manifest.reused
-    res.records_published = manifest.records
-    res.records_quarantined = manifest.quarantined
-    fault_point("job.after_publish")  # published, and job.json not yet written
-    res.published = True
-    return res
+    if time_filter is not None:  # neither published nor quarantined: they are outside the window
+        shutil.rmtree(staging.written / f"{OUTCOME_COLUMN}={OUTSIDE_WINDOW}", ignore_errors=True)
+    manifest: Manifest = timer.step(
+        "publish",
+        lambda: publisher.publish_staged(
+            staging, plan, feed,
+            staged=StagedRecords(OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good, rewrite=keeps_raw,
+                                 write_quarantine=quarantine_writer(spark, record_schema, codes.reason)),
+            stats=stats, extra={"validator": res.validator},
+            expect_records=int(checked.summary["good_records"]),
+            expect_quarantined=int(checked.summary["quarantined_records"]),
+            run_id=run_id,
+        ),
+    )  # fmt: skip
+    return manifest
 
 
 def gap_events(stats: Sequence[RangeStats]) -> list[dict[str, Any]]:

@@ -643,6 +643,218 @@ def _undecoded_for_quarantine(decode_failed: DataFrame, good: DataFrame) -> Data
     return out
 
 
+@dataclass(frozen=True)
+class _Counts:
+    """What the one aggregation found: per-partition rows, bad and undecoded records, per-rule bad rows."""
+
+    rows: list[Any]
+    total: int
+    bad: dict[TP, int]
+    bad_total: int
+    undecoded: int
+    by_rule: list[int]
+
+
+def _marked(
+    df: DataFrame, decode_failed: DataFrame | None, flags: list[Column], raw_value_column: str | None
+) -> DataFrame:
+    """The decoded records and the ones that failed to decode, each marked bad / undecoded / per rule."""
+    from pyspark.sql import functions as F
+
+    carried = ["timestamp", "key", raw_value_column] if raw_value_column else []
+    marks = df.select(
+        "topic", "partition", "offset", *carried, _or(flags).alias("_bad"), F.lit(False).alias("_undecoded"),
+        *[f.alias(f"_rule_{i}") for i, f in enumerate(flags)],
+    )  # fmt: skip
+    if decode_failed is not None:
+        marks = marks.unionByName(
+            decode_failed.select(
+                "topic", "partition", "offset", *carried, F.lit(True).alias("_bad"), F.lit(True).alias("_undecoded"),
+                *[F.lit(False).alias(f"_rule_{i}") for i in range(len(flags))],
+            )
+        )  # fmt: skip
+    return marks
+
+
+def _aggregations(rules: int, raw_value_column: str | None, exact_duplicates: bool) -> list[Column]:
+    """Range statistics and every rule's bad count, per partition, in one aggregation."""
+    from pyspark.sql import functions as F
+
+    return [
+        *(range_stat_aggs(raw_value_column) if raw_value_column else []),
+        *_range_aggs(exact_duplicates),
+        F.sum(F.col("_bad").cast("int")).alias("bad"),
+        F.sum(F.col("_undecoded").cast("int")).alias("undecoded"),
+        *[F.sum(F.col(f"_rule_{i}").cast("int")).alias(f"rule_{i}") for i in range(rules)],
+    ]
+
+
+def _counted(rows: list[Any], rules: int) -> _Counts:
+    bad = {(r["topic"], int(r["partition"])): int(r["bad"] or 0) for r in rows}
+    return _Counts(
+        rows=rows,
+        total=sum(int(r["rows"]) for r in rows),
+        bad=bad,
+        bad_total=sum(bad.values()),
+        undecoded=sum(int(r["undecoded"] or 0) for r in rows),
+        by_rule=[sum(int(r[f"rule_{i}"] or 0) for r in rows) for i in range(rules)],
+    )
+
+
+def _bad_samples(
+    df: DataFrame, bad: Column, rules: list[RowRule], decode_failed: DataFrame | None, counts: _Counts, size: int
+) -> list[dict[str, Any]]:
+    """Up to ``size`` bad records (rule failures and decode failures), in offset order, with their reason."""
+    from pyspark.sql import functions as F
+
+    picked: list[Any] = []
+    if counts.bad_total - counts.undecoded:
+        picked += (
+            df.where(bad)
+            .select("topic", "partition", "offset", F.expr(reason_sql(rules)).alias("reason"))
+            .limit(size)
+            .collect()
+        )
+    if counts.undecoded and decode_failed is not None:
+        picked += (
+            decode_failed.select("topic", "partition", "offset", _decode_reason(decode_failed).alias("reason"))
+            .limit(size)
+            .collect()
+        )
+    return [
+        {"topic": r["topic"], "partition": int(r["partition"]), "offset": int(r["offset"]), "reason": r["reason"]}
+        for r in sorted(picked, key=lambda r: (r["topic"], r["partition"], r["offset"]))[:size]
+    ]
+
+
+def _by_rule(rules: list[RowRule], counts: list[int]) -> dict[str, int]:
+    labels = [r.label for r in rules]
+    # Two expectations of one kind on one column share a label: tell them apart in the summary.
+    return {
+        (label if labels.count(label) == 1 else f"{label}#{rule.index}"): n
+        for label, rule, n in zip(labels, rules, counts, strict=True)
+    }
+
+
+@dataclass
+class _Judged:
+    expectations: list[dict[str, Any]] = field(default_factory=list)
+    failing: list[str] = field(default_factory=list)
+    hard: list[str] = field(default_factory=list)  # failures quarantine cannot absorb
+
+
+def _judged(
+    feed: Feed,
+    gx_out: GxOutcome,
+    rules: list[RowRule],
+    rule_counts: list[int],
+    untranslatable: Mapping[int, str],
+    samples: list[dict[str, Any]],
+    sample_size: int,
+) -> _Judged:
+    """Each expectation's GX result beside the aggregation's count; GX's own samples join ``samples``."""
+    rule_by_index = {r.index: (r, n) for r, n in zip(rules, rule_counts, strict=True) if r.index is not None}
+    out = _Judged()
+    for i, ((kind, kwargs, builtin), result) in enumerate(zip(_suite_expectations(feed), gx_out.results, strict=True)):
+        ok = bool(result.get("success", False))
+        raised = bool((result.get("exception_info") or {}).get("raised_exception"))
+        rule, bad_rows = (None, 0) if builtin else rule_by_index.get(i, (None, 0))
+        gx_unexpected = (result.get("result") or {}).get("unexpected_count")
+        entry: dict[str, Any] = {
+            "type": kind,
+            "kwargs": kwargs,
+            "builtin": builtin,
+            "success": ok,
+            "row_level": rule is not None,
+            "unexpected_count": gx_unexpected,
+            "observed_value": (result.get("result") or {}).get("observed_value"),
+        }
+        if rule is not None:
+            entry["quarantine_count"] = bad_rows
+            if gx_unexpected is not None and gx_unexpected != bad_rows:
+                entry["translation_mismatch"] = True
+        elif not builtin:
+            entry["not_row_level_because"] = untranslatable.get(i)
+        if raised:
+            entry["exception"] = (result.get("exception_info") or {}).get("exception_message")
+        out.expectations.append(entry)
+        name = f"{kind}({kwargs.get('column', '')})" if "column" in kwargs else kind
+        if not ok:
+            out.failing.append(name)
+            if rule is None or raised or entry.get("translation_mismatch"):
+                out.hard.append(name)
+            if rule is None:  # no Spark condition: GX's own sample of unexpected rows names the offsets
+                samples.extend(_gx_samples(result)[: max(0, sample_size - len(samples))])
+    return out
+
+
+def _failure(feed: Feed, plan: Plan, counts: _Counts, judged: _Judged, decode_errors: int) -> str | None:
+    """Why the run must fail under the feed's bad-record policy, or ``None``."""
+    policy = feed.validation
+    ratio = counts.bad_total / counts.total if counts.total else 0.0
+    quarantine = policy.on_bad_records == "quarantine"
+    if counts.total == 0 and policy.expect_records:
+        return (
+            f"feed '{feed.name}' expects records but plan {plan.plan_id} read none "
+            f"({plan.total_records} offsets planned over {len(plan.partitions)} partitions)"
+        )
+    if quarantine and judged.hard:
+        return f"expectations that cannot be quarantined row by row failed: {', '.join(judged.hard)}"
+    if quarantine and ratio > policy.quarantine_max_ratio:
+        return (
+            f"{counts.bad_total} of {counts.total} records are bad ({ratio:.2%}), above quarantine_max_ratio "
+            f"{policy.quarantine_max_ratio:.2%}"
+        )
+    if not quarantine and (judged.failing or decode_errors):
+        what = judged.failing + ([f"{decode_errors} records failed to decode"] if decode_errors else [])
+        return f"failing: {', '.join(what)}"
+    return None
+
+
+def _summary(
+    feed: Feed,
+    plan: Plan,
+    failure: str | None,
+    counts: _Counts,
+    judged: _Judged,
+    ranges: RangeCheck,
+    gx_out: GxOutcome,
+    *,
+    by_rule: Mapping[str, int],
+    decode_errors: int,
+    good: Mapping[TP, int],
+    quarantined: Mapping[TP, int],
+    samples: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """``validation.json``: the decision, the counts, each expectation, samples and where the Data Docs are."""
+    return {
+        "success": failure is None,
+        "failure": failure,
+        "on_bad_records": feed.validation.on_bad_records,
+        "counts": {
+            "rows": counts.total,
+            "good": sum(good.values()),
+            "quarantined": sum(quarantined.values()),
+            "bad": counts.bad_total,
+            "decode_errors": decode_errors,
+            "by_rule": by_rule,
+        },
+        "good_records": sum(good.values()),
+        "quarantined_records": sum(quarantined.values()),
+        "bad_ratio": counts.bad_total / counts.total if counts.total else 0.0,
+        "quarantine_max_ratio": feed.validation.quarantine_max_ratio,
+        "partitions": ranges.to_dict(plan),
+        "gaps": sum(ranges.gaps.values()),
+        "gx_success": gx_out.success,
+        "expectations": judged.expectations,
+        "failing_expectations": judged.failing,
+        "sample_bad_records": samples,
+        "data_docs": str(gx_out.data_docs) if gx_out.data_docs else None,
+        "data_docs_index": str(gx_out.data_docs_index) if gx_out.data_docs_index else None,
+        "gx_result": str(gx_out.result_path),
+    }
+
+
 def validate(
     df: DataFrame,
     plan: Plan,
@@ -668,6 +880,10 @@ def validate(
     With ``raw_value_column`` (the raw value's column in ``df`` and ``decode_failed``, both
     also holding ``timestamp`` and ``key``), the same aggregation yields the per-range
     statistics of :func:`tidemark.spark.stats.range_stats` as ``outcome.range_stats``.
+
+    Steps: mark every record and aggregate once (ranges, bad counts) while GX runs beside
+    it, sample bad records, judge each expectation, decide under the policy, write the
+    summary, then split good from quarantined records.
     """
     from pyspark.sql import functions as F
     from pyspark.util import inheritable_thread_target
@@ -677,28 +893,8 @@ def validate(
     rules, untranslatable = split_rules(policy.expectations, df.columns)
     flags = [F.coalesce(F.expr(r.sql), F.lit(False)) for r in rules]
     bad = _or(flags)
-
-    # One action: range statistics and every rule's bad count, per partition, over the
-    # decoded records and the ones that failed to decode together.
-    carried = ["timestamp", "key", raw_value_column] if raw_value_column else []
-    marks = df.select(
-        "topic", "partition", "offset", *carried, bad.alias("_bad"), F.lit(False).alias("_undecoded"),
-        *[f.alias(f"_rule_{i}") for i, f in enumerate(flags)],
-    )  # fmt: skip
-    if decode_failed is not None:
-        marks = marks.unionByName(
-            decode_failed.select(
-                "topic", "partition", "offset", *carried, F.lit(True).alias("_bad"), F.lit(True).alias("_undecoded"),
-                *[F.lit(False).alias(f"_rule_{i}") for i in range(len(flags))],
-            )
-        )  # fmt: skip
-    aggs = [
-        *(range_stat_aggs(raw_value_column) if raw_value_column else []),
-        *_range_aggs(exact_duplicates),
-        F.sum(F.col("_bad").cast("int")).alias("bad"),
-        F.sum(F.col("_undecoded").cast("int")).alias("undecoded"),
-        *[F.sum(F.col(f"_rule_{i}").cast("int")).alias(f"rule_{i}") for i in range(len(flags))],
-    ]
+    marks = _marked(df, decode_failed, flags, raw_value_column)
+    aggs = _aggregations(len(flags), raw_value_column, exact_duplicates)
     # GX runs beside the aggregation, in a thread of its own: its context, queries and Data
     # Docs overlap the aggregation's scan instead of following it. When every expectation is
     # translated, whether GX lists unexpected rows hangs on the aggregation's counts (none
@@ -713,129 +909,28 @@ def validate(
         )
         rows = marks.groupBy("topic", "partition").agg(*aggs).collect()
         ranges = check_ranges(_stats_from_rows(rows, positions), plan, positions=positions)
-        total = sum(int(r["rows"]) for r in rows)
-        bad_counts = {(r["topic"], int(r["partition"])): int(r["bad"] or 0) for r in rows}
-        bad_total = sum(bad_counts.values())
-        undecoded = sum(int(r["undecoded"] or 0) for r in rows)
-        rule_counts = [sum(int(r[f"rule_{i}"] or 0) for r in rows) for i in range(len(rules))]
-
-        picked: list[Any] = []
-        if bad_total - undecoded:
-            picked += (
-                df.where(bad)
-                .select("topic", "partition", "offset", F.expr(reason_sql(rules)).alias("reason"))
-                .limit(sample_size)
-                .collect()
-            )
-        if undecoded and decode_failed is not None:
-            picked += (
-                decode_failed.select("topic", "partition", "offset", _decode_reason(decode_failed).alias("reason"))
-                .limit(sample_size)
-                .collect()
-            )
-    samples: list[dict[str, Any]] = []
-    if picked:
-        samples = [
-            {"topic": r["topic"], "partition": int(r["partition"]), "offset": int(r["offset"]), "reason": r["reason"]}
-            for r in sorted(picked, key=lambda r: (r["topic"], r["partition"], r["offset"]))[:sample_size]
-        ]
-    labels = [r.label for r in rules]
-    # Two expectations of one kind on one column share a label: tell them apart in the summary.
-    by_rule = {
-        (label if labels.count(label) == 1 else f"{label}#{rule.index}"): n
-        for label, rule, n in zip(labels, rules, rule_counts, strict=True)
-    }
+        counts = _counted(rows, len(rules))
+        samples = _bad_samples(df, bad, rules, decode_failed, counts, sample_size)
+    by_rule = _by_rule(rules, counts.by_rule)
 
     gx_out = gx_future.result()
-    if speculative and any(rule_counts):  # bad rows after all: GX's result and Data Docs list them
+    if speculative and any(counts.by_rule):  # bad rows after all: GX's result and Data Docs list them
         shutil.rmtree(run_dir / "gx", ignore_errors=True)
         gx_out = run_gx(df, feed, plan, run_dir, list_unexpected=True)
-    rule_by_index = {r.index: (r, n) for r, n in zip(rules, rule_counts, strict=True) if r.index is not None}
-    expectations = []
-    failing: list[str] = []
-    hard: list[str] = []  # failures quarantine cannot absorb
-    for i, ((kind, kwargs, builtin), result) in enumerate(zip(_suite_expectations(feed), gx_out.results, strict=True)):
-        ok = bool(result.get("success", False))
-        raised = bool((result.get("exception_info") or {}).get("raised_exception"))
-        rule, bad_rows = (None, 0) if builtin else rule_by_index.get(i, (None, 0))
-        gx_unexpected = (result.get("result") or {}).get("unexpected_count")
-        entry: dict[str, Any] = {
-            "type": kind,
-            "kwargs": kwargs,
-            "builtin": builtin,
-            "success": ok,
-            "row_level": rule is not None,
-            "unexpected_count": gx_unexpected,
-            "observed_value": (result.get("result") or {}).get("observed_value"),
-        }
-        if rule is not None:
-            entry["quarantine_count"] = bad_rows
-            if gx_unexpected is not None and gx_unexpected != bad_rows:
-                entry["translation_mismatch"] = True
-        elif not builtin:
-            entry["not_row_level_because"] = untranslatable.get(i)
-        if raised:
-            entry["exception"] = (result.get("exception_info") or {}).get("exception_message")
-        expectations.append(entry)
-        name = f"{kind}({kwargs.get('column', '')})" if "column" in kwargs else kind
-        if not ok:
-            failing.append(name)
-            if rule is None or raised or entry.get("translation_mismatch"):
-                hard.append(name)
-            if rule is None:  # no Spark condition: GX's own sample of unexpected rows names the offsets
-                samples.extend(_gx_samples(result)[: max(0, sample_size - len(samples))])
+    judged = _judged(feed, gx_out, rules, counts.by_rule, untranslatable, samples, sample_size)
 
-    decode_errors = undecoded + (rule_counts[0] if rules and rules[0].label == DECODE_LABEL else 0)
-    ratio = bad_total / total if total else 0.0
+    decode_errors = counts.undecoded + (counts.by_rule[0] if rules and rules[0].label == DECODE_LABEL else 0)
+    failure = _failure(feed, plan, counts, judged, decode_errors)
     quarantine = policy.on_bad_records == "quarantine"
-    failure: str | None = None
-    if total == 0 and policy.expect_records:
-        failure = (
-            f"feed '{feed.name}' expects records but plan {plan.plan_id} read none "
-            f"({plan.total_records} offsets planned over {len(plan.partitions)} partitions)"
-        )
-    elif quarantine and hard:
-        failure = f"expectations that cannot be quarantined row by row failed: {', '.join(hard)}"
-    elif quarantine and ratio > policy.quarantine_max_ratio:
-        failure = (
-            f"{bad_total} of {total} records are bad ({ratio:.2%}), above quarantine_max_ratio "
-            f"{policy.quarantine_max_ratio:.2%}"
-        )
-    elif not quarantine and (failing or decode_errors):
-        what = failing + ([f"{decode_errors} records failed to decode"] if decode_errors else [])
-        failure = f"failing: {', '.join(what)}"
-
-    quarantined_counts = {tp: n for tp, n in bad_counts.items() if n} if quarantine else {}
+    quarantined_counts = {tp: n for tp, n in counts.bad.items() if n} if quarantine else {}
     good_counts = {
         (r["topic"], int(r["partition"])): int(r["rows"]) - quarantined_counts.get((r["topic"], int(r["partition"])), 0)
         for r in rows
     }
-    summary: dict[str, Any] = {
-        "success": failure is None,
-        "failure": failure,
-        "on_bad_records": policy.on_bad_records,
-        "counts": {
-            "rows": total,
-            "good": sum(good_counts.values()),
-            "quarantined": sum(quarantined_counts.values()),
-            "bad": bad_total,
-            "decode_errors": decode_errors,
-            "by_rule": by_rule,
-        },
-        "good_records": sum(good_counts.values()),
-        "quarantined_records": sum(quarantined_counts.values()),
-        "bad_ratio": ratio,
-        "quarantine_max_ratio": policy.quarantine_max_ratio,
-        "partitions": ranges.to_dict(plan),
-        "gaps": sum(ranges.gaps.values()),
-        "gx_success": gx_out.success,
-        "expectations": expectations,
-        "failing_expectations": failing,
-        "sample_bad_records": samples,
-        "data_docs": str(gx_out.data_docs) if gx_out.data_docs else None,
-        "data_docs_index": str(gx_out.data_docs_index) if gx_out.data_docs_index else None,
-        "gx_result": str(gx_out.result_path),
-    }
+    summary = _summary(
+        feed, plan, failure, counts, judged, ranges, gx_out,
+        by_rule=by_rule, decode_errors=decode_errors, good=good_counts, quarantined=quarantined_counts, samples=samples,
+    )  # fmt: skip
     (run_dir / "validation.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
     if failure is not None:
         where = f"; sample bad records: {_describe_samples(samples)}" if samples else ""
@@ -849,10 +944,10 @@ def validate(
         )
     good: DataFrame = df
     quarantined: DataFrame | None = None
-    if quarantine and bad_total:
+    if quarantine and counts.bad_total:
         good = df.where(~bad)
         quarantined = df.where(bad).withColumn(REASON_COLUMN, F.expr(reason_sql(rules)))
-        if undecoded and decode_failed is not None:
+        if counts.undecoded and decode_failed is not None:
             quarantined = quarantined.unionByName(
                 _undecoded_for_quarantine(decode_failed, df), allowMissingColumns=True
             )

@@ -302,47 +302,19 @@ def airflow_trigger(request: Request, conf: dict[str, Any], api_base: str | None
     return {"dag_id": REPLAY_DAG, "dag_run_id": doc["dag_run_id"], "state": doc.get("state"), "conf": conf}
 
 
-def create_app(
-    *,
-    feeds: Callable[[], Mapping[str, Feed]] = load_feeds,
-    connection: Callable[[], KafkaConnection] = from_env,
-    checkpoints: Callable[[], CheckpointStore] = default_store,
-    runs: Callable[[str], list[RunReport]] = list_runs,
-    runs_root: Path | None = None,
-    timeout_s: float = 5.0,
-    dependencies: Sequence[Any] = (),
-    trigger_dependencies: Sequence[Any] = (),
-    trigger: Trigger | None = None,
-    api_base: Callable[[], str | None] = lambda: None,
-) -> FastAPI:
-    """The app; ``dependencies`` guard every route, ``trigger_dependencies`` also the replay trigger.
+@dataclass(frozen=True)
+class ViewDeps:
+    """What the view reads, each asked for per request: feeds, Kafka, the checkpoint store, run reports."""
 
-    ``trigger`` starts a replay run (default: :func:`airflow_trigger` at ``api_base()``).
-    """
-    start_run: Trigger = trigger or (lambda request, conf: airflow_trigger(request, conf, api_base()))
-    app = FastAPI(title="Tidemark", docs_url=None, redoc_url=None, openapi_url=None, dependencies=list(dependencies))
+    feeds: Callable[[], Mapping[str, Feed]]
+    connection: Callable[[], KafkaConnection]
+    checkpoints: Callable[[], CheckpointStore]
+    runs: Callable[[str], list[RunReport]]
+    runs_root: Path | None
+    timeout_s: float
 
-    @app.middleware("http")
-    async def security_headers(request: Request, call_next: Callable[[Request], Any]) -> Response:
-        response: Response = await call_next(request)
-        response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["X-Frame-Options"] = "SAMEORIGIN"
-        return response
-
-    @app.exception_handler(RequestValidationError)
-    async def unreadable_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # FastAPI's default answer quotes the whole input back; name the problem only.
-        problems = "; ".join(
-            _clip(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg', 'invalid')}") for e in exc.errors()[:5]
-        )
-        return JSONResponse({"detail": _clip(f"unreadable request: {problems}")}, status_code=422)
-
-    def csrf(request: Request) -> None:
-        same_origin_json(request, api_base())
-
-    def scrub(text: str) -> str:
-        conn = connection()
+    def scrub(self, text: str) -> str:
+        conn = self.connection()
         text = str(redact(text, secret_values(conn)))
         # Broker addresses are connection settings too: a viewer learns that Kafka did not answer, not where it is.
         servers = {conn.bootstrap_servers} | {s.strip() for s in conn.bootstrap_servers.split(",") if s.strip()}
@@ -351,108 +323,70 @@ def create_app(
             text = text.replace(server, "the feed's brokers")
         return _clip(text)
 
-    def adapter() -> KafkaAdapter:
-        return KafkaAdapter(connection(), timeout_s=timeout_s)
+    def adapter(self) -> KafkaAdapter:
+        return KafkaAdapter(self.connection(), timeout_s=self.timeout_s)
 
-    def status_of(feed: Feed) -> FeedStatus:
-        return feed_status(feed, adapter(), checkpoints(), lag_times=True)
+    def status_of(self, feed: Feed) -> FeedStatus:
+        return feed_status(feed, self.adapter(), self.checkpoints(), lag_times=True)
 
-    def feed_or_404(name: str) -> Feed:
-        known = feeds()
+    def feed_or_404(self, name: str) -> Feed:
+        known = self.feeds()
         if name not in known:
             raise HTTPException(404, f"no feed named '{name}' (known: {', '.join(sorted(known)) or 'none'})")
         return known[name]
 
-    def root_of(request: Request) -> str:
-        return str(request.scope.get("root_path", "")).rstrip("/")
-
-    def summary(feed: Feed, root: str) -> dict[str, Any]:
+    def summary(self, feed: Feed, root: str) -> dict[str, Any]:
+        """One row of the feeds page: lag, trouble and the last run (or the error that hid them)."""
         row: dict[str, Any] = {"name": feed.name, "group": feed.group, "topics": list(feed.topics),
                                "schedule": feed.schedule, "error": None, "trouble": []}  # fmt: skip
         try:
-            status = status_of(feed)
+            status = self.status_of(feed)
             row.update(lag=status.total_lag, lag_ms=status.max_lag_ms, lag_time=_duration(status.max_lag_ms),
                        unpositioned=status.unpositioned,
                        trouble=list(status.trouble))  # fmt: skip
         except TidemarkError as exc:
-            row["error"] = scrub(str(exc))
-        recent = runs(feed.name)[:1]
-        row["last"] = _run_row(recent[0], root, runs_root).__dict__ if recent else None
+            row["error"] = self.scrub(str(exc))
+        recent = self.runs(feed.name)[:1]
+        row["last"] = _run_row(recent[0], root, self.runs_root).__dict__ if recent else None
         return row
 
-    @app.get("/", response_class=HTMLResponse)
-    def index(request: Request) -> HTMLResponse:
-        root = root_of(request)
-        rows = [summary(f, root) for _, f in sorted(feeds().items())]
-        return HTMLResponse(_templates.get_template("index.html").render(title="Tidemark feeds", feeds=rows))
-
-    @app.get("/api/feeds")
-    def feeds_json(request: Request) -> list[dict[str, Any]]:
-        root = root_of(request)
-        return [summary(f, root) for _, f in sorted(feeds().items())]
-
-    def feed_view(feed: Feed, root: str) -> dict[str, Any]:
+    def feed_view(self, feed: Feed, root: str) -> dict[str, Any]:
+        """A feed's status (or the error), its recent reports and their rows."""
         status: FeedStatus | None = None
         error = None
         try:
-            status = status_of(feed)
+            status = self.status_of(feed)
         except TidemarkError as exc:
-            error = scrub(str(exc))
-        reports = runs(feed.name)[:CHART_RUNS]
-        rows = [_run_row(r, root, runs_root) for r in reports]
+            error = self.scrub(str(exc))
+        reports = self.runs(feed.name)[:CHART_RUNS]
+        rows = [_run_row(r, root, self.runs_root) for r in reports]
         return {"status": status, "error": error, "reports": reports, "rows": rows}
 
-    @app.get("/api/feeds/{name}")
-    def feed_json(name: str, request: Request) -> dict[str, Any]:
-        view = feed_view(feed_or_404(name), root_of(request))
-        status_doc = view["status"].to_dict() if view["status"] is not None else {"error": view["error"]}
-        return {
-            "status": status_doc,
-            "runs": [r.model_dump(exclude={"connection"}) for r in view["reports"][:20]],
-            "run_rows": [r.__dict__ for r in view["rows"]],
-            "events": _events(view["reports"]),
-        }
-
-    @app.get("/feeds/{name}", response_class=HTMLResponse)
-    def feed_page(name: str, request: Request) -> HTMLResponse:
-        feed = feed_or_404(name)
-        root = root_of(request)
-        view = feed_view(feed, root)
-        status: FeedStatus | None = view["status"]
-        rows: list[RunRow] = view["rows"]
-        html = _templates.get_template("feed.html").render(
-            title=f"Tidemark · {name}", feed=feed, root=root, status=status, error=view["error"],
-            trouble=status.trouble if status else (), runs=rows, last=rows[0] if rows else None,
-            chart_data=_chart(rows), events=_events(view["reports"]), start_choices=START_CHOICES,
-            end_choices=END_CHOICES,
-        )  # fmt: skip
-        return HTMLResponse(html)
-
-    def plan_of(name: str, body: Any) -> tuple[Feed, dict[str, Any], Any, Any, bool, KafkaAdapter]:
+    def plan_of(self, name: str, body: Any) -> tuple[Feed, dict[str, Any], Any, Any, bool, KafkaAdapter]:
         """The preview's and the trigger's one validation: the plan a dry run of ``body`` would make."""
         from tidemark.runs.pipeline import plan_request
 
-        feed = feed_or_404(name)
+        feed = self.feed_or_404(name)
         if not isinstance(body, dict):
             raise HTTPException(400, f"send the replay parameters as a JSON object, got {shown(body)}")
         try:
             conf = replay_conf(name, body)
-            kafka = adapter()
-            plan, output, dry_run = plan_request(feed, kafka, checkpoints(), "replay", conf)
+            kafka = self.adapter()
+            plan, output, dry_run = plan_request(feed, kafka, self.checkpoints(), "replay", conf)
         except (ConfigError, PlanningError) as exc:  # bad parameters, or the plan itself refused (data loss, ...)
-            raise HTTPException(400, scrub(str(exc))) from exc
+            raise HTTPException(400, self.scrub(str(exc))) from exc
         except TidemarkError as exc:
-            raise HTTPException(502, scrub(str(exc))) from exc
+            raise HTTPException(502, self.scrub(str(exc))) from exc
         return feed, conf, plan, output, dry_run, kafka
 
-    @app.post("/api/feeds/{name}/replay/preview", dependencies=[Depends(csrf)])
-    def replay_preview(name: str, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
-        feed, conf, plan, output, dry_run, kafka = plan_of(name, body)
+    def preview(self, name: str, body: Any) -> dict[str, Any]:
+        """What a replay of ``body`` would read: ranges with their first and last record times, and its effect."""
+        feed, conf, plan, output, dry_run, kafka = self.plan_of(name, body)
         try:
             firsts = kafka.timestamps_at({p.key: p.start for p in plan.partitions if p.records}, feed.isolation)
             lasts = kafka.timestamps_at({p.key: p.end - 1 for p in plan.partitions if p.records}, feed.isolation)
         except TidemarkError as exc:
-            raise HTTPException(502, scrub(str(exc))) from exc
+            raise HTTPException(502, self.scrub(str(exc))) from exc
         if plan.commit and not dry_run:
             effect = f"group '{plan.group}' is committed at each range's end after the replay publishes"
         else:
@@ -482,36 +416,29 @@ def create_app(
             "conf": conf,
         }
 
-    @app.post("/api/feeds/{name}/replay", dependencies=[Depends(csrf), *trigger_dependencies])
-    def replay_trigger(name: str, request: Request, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
-        # Planned first, as the preview plans: a run is started only for what would run.
-        _feed, conf, _plan, _output, _dry_run, _kafka = plan_of(name, body)
-        return start_run(request, conf)
-
-    @app.get("/runs/{feed}/{run_id}/docs")
-    def data_docs(feed: str, run_id: str, request: Request) -> RedirectResponse:
-        feed_or_404(feed)
-        report = next((r for r in runs(feed) if r.run_id == run_id), None)
+    def data_docs_path(self, feed: str, run_id: str) -> str:
+        """The run's Data Docs index, relative to its run folder."""
+        self.feed_or_404(feed)
+        report = next((r for r in self.runs(feed) if r.run_id == run_id), None)
         if report is None or not report.data_docs:
             raise HTTPException(404, f"run {run_id} of feed '{feed}' has no Data Docs")
-        run_dir = run_dir_for(feed, run_id, runs_root).url
+        run_dir = run_dir_for(feed, run_id, self.runs_root).url
         index = Location.of(report.data_docs).url
         if not index.startswith(run_dir + "/"):
             raise HTTPException(404, "Data Docs outside the run's folder")
-        return RedirectResponse(f"{root_of(request)}/runs/{feed}/{run_id}/files/{index[len(run_dir) + 1 :]}")
+        return index[len(run_dir) + 1 :]
 
-    @app.get("/runs/{feed}/{run_id}/files/{path:path}")
-    def run_file(feed: str, run_id: str, path: str) -> Response:
+    def run_file(self, feed: str, run_id: str, path: str) -> Response:
         """Data Docs pages and their assets; only under the run's ``gx/`` folder (local or object store).
 
         Served sandboxed (``FILES_CSP``): they are written from record data.
         """
-        feed_or_404(feed)
+        self.feed_or_404(feed)
         parts = path.split("/")
         missing = HTTPException(404, f"no file {shown(path)} in the Data Docs of run {shown(run_id)}")
         if not _SAFE_NAME.match(run_id) or parts[0] != "gx" or not all(_SAFE_NAME.match(p) for p in parts):
             raise missing
-        target = run_dir_for(feed, run_id, runs_root)
+        target = run_dir_for(feed, run_id, self.runs_root)
         for part in parts:
             target = target / part
         if not target.is_file():
@@ -521,5 +448,108 @@ def create_app(
             return FileResponse(target.local_path(), headers=headers)
         media = mimetypes.guess_type(path)[0] or "application/octet-stream"
         return Response(target.read_bytes(), media_type=media, headers=headers)
+
+
+def _root_of(request: Request) -> str:
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+async def _security_headers(request: Request, call_next: Callable[[Request], Any]) -> Response:
+    response: Response = await call_next(request)
+    response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["X-Frame-Options"] = "SAMEORIGIN"
+    return response
+
+
+async def _unreadable_body(request: Request, exc: Exception) -> JSONResponse:
+    # FastAPI's default answer quotes the whole input back; name the problem only.
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    problems = "; ".join(
+        _clip(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg', 'invalid')}") for e in errors[:5]
+    )
+    return JSONResponse({"detail": _clip(f"unreadable request: {problems}")}, status_code=422)
+
+
+def create_app(
+    *,
+    feeds: Callable[[], Mapping[str, Feed]] = load_feeds,
+    connection: Callable[[], KafkaConnection] = from_env,
+    checkpoints: Callable[[], CheckpointStore] = default_store,
+    runs: Callable[[str], list[RunReport]] = list_runs,
+    runs_root: Path | None = None,
+    timeout_s: float = 5.0,
+    dependencies: Sequence[Any] = (),
+    trigger_dependencies: Sequence[Any] = (),
+    trigger: Trigger | None = None,
+    api_base: Callable[[], str | None] = lambda: None,
+) -> FastAPI:
+    """The app; ``dependencies`` guard every route, ``trigger_dependencies`` also the replay trigger.
+
+    ``trigger`` starts a replay run (default: :func:`airflow_trigger` at ``api_base()``). The
+    routes are thin: the work is in :class:`ViewDeps` and the pure helpers above.
+    """
+    deps = ViewDeps(feeds, connection, checkpoints, runs, runs_root, timeout_s)
+    start_run: Trigger = trigger or (lambda request, conf: airflow_trigger(request, conf, api_base()))
+    app = FastAPI(title="Tidemark", docs_url=None, redoc_url=None, openapi_url=None, dependencies=list(dependencies))
+    app.middleware("http")(_security_headers)
+    app.add_exception_handler(RequestValidationError, _unreadable_body)
+
+    def csrf(request: Request) -> None:
+        same_origin_json(request, api_base())
+
+    @app.get("/", response_class=HTMLResponse)
+    def index(request: Request) -> HTMLResponse:
+        rows = [deps.summary(f, _root_of(request)) for _, f in sorted(deps.feeds().items())]
+        return HTMLResponse(_templates.get_template("index.html").render(title="Tidemark feeds", feeds=rows))
+
+    @app.get("/api/feeds")
+    def feeds_json(request: Request) -> list[dict[str, Any]]:
+        return [deps.summary(f, _root_of(request)) for _, f in sorted(deps.feeds().items())]
+
+    @app.get("/api/feeds/{name}")
+    def feed_json(name: str, request: Request) -> dict[str, Any]:
+        view = deps.feed_view(deps.feed_or_404(name), _root_of(request))
+        status_doc = view["status"].to_dict() if view["status"] is not None else {"error": view["error"]}
+        return {
+            "status": status_doc,
+            "runs": [r.model_dump(exclude={"connection"}) for r in view["reports"][:20]],
+            "run_rows": [r.__dict__ for r in view["rows"]],
+            "events": _events(view["reports"]),
+        }
+
+    @app.get("/feeds/{name}", response_class=HTMLResponse)
+    def feed_page(name: str, request: Request) -> HTMLResponse:
+        feed = deps.feed_or_404(name)
+        root = _root_of(request)
+        view = deps.feed_view(feed, root)
+        status: FeedStatus | None = view["status"]
+        rows: list[RunRow] = view["rows"]
+        html = _templates.get_template("feed.html").render(
+            title=f"Tidemark · {name}", feed=feed, root=root, status=status, error=view["error"],
+            trouble=status.trouble if status else (), runs=rows, last=rows[0] if rows else None,
+            chart_data=_chart(rows), events=_events(view["reports"]), start_choices=START_CHOICES,
+            end_choices=END_CHOICES,
+        )  # fmt: skip
+        return HTMLResponse(html)
+
+    @app.post("/api/feeds/{name}/replay/preview", dependencies=[Depends(csrf)])
+    def replay_preview(name: str, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        return deps.preview(name, body)
+
+    @app.post("/api/feeds/{name}/replay", dependencies=[Depends(csrf), *trigger_dependencies])
+    def replay_trigger(name: str, request: Request, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        # Planned first, as the preview plans: a run is started only for what would run.
+        _feed, conf, _plan, _output, _dry_run, _kafka = deps.plan_of(name, body)
+        return start_run(request, conf)
+
+    @app.get("/runs/{feed}/{run_id}/docs")
+    def data_docs(feed: str, run_id: str, request: Request) -> RedirectResponse:
+        index = deps.data_docs_path(feed, run_id)
+        return RedirectResponse(f"{_root_of(request)}/runs/{feed}/{run_id}/files/{index}")
+
+    @app.get("/runs/{feed}/{run_id}/files/{path:path}")
+    def run_file(feed: str, run_id: str, path: str) -> Response:
+        return deps.run_file(feed, run_id, path)
 
     return app
