@@ -903,7 +903,7 @@ def test_commit_metadata_over_the_brokers_limit(tmp_path: Path) -> None:
     from tidemark.checkpoints.store import SqliteCheckpointStore
     from tidemark.kafka.adapter import KafkaAdapter
     from tidemark.planning.metadata import metadata_plan_id, plan_metadata
-    from tidemark.planning.resolve import Policy, build_plan
+    from tidemark.planning.resolve import Observed, PlanRequest, Policy, build_plan
     from tidemark.runs.commit import commit_plan
     from tidemark.runs.gather import snapshot_feed
 
@@ -921,7 +921,7 @@ def test_commit_metadata_over_the_brokers_limit(tmp_path: Path) -> None:
         feed = Feed(name="a-feed-with-a-rather-long-name-for-its-metadata", topics=("limits",), group="g-limits")
         store = SqliteCheckpointStore(tmp_path / "cp.sqlite")
         snap = snapshot_feed(feed, adapter, store)
-        plan = build_plan(feed.name, feed.group, snap.partitions, policy=Policy(), created_at=datetime.now(UTC))
+        plan = build_plan(PlanRequest(feed.name, feed.group, Policy(), datetime.now(UTC)), Observed(snap.partitions))
         run_id = "20261122T000000000000Z-" + plan.plan_id[:8]
         assert len(plan_metadata(plan, run_id).encode()) > 100  # what Kafka's default limit would allow
 

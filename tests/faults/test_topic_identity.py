@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from tests.faults.harness import ON_BOTH_SHAPES, SCOREBOARD, FaultEnv, Row, oracle, scenario
-from tests.integration.test_topic_identity import recreate
+from tests.integration.runs.test_topic_identity import recreate
 from tidemark.faults import FAULTS_ENV, InjectedFault
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.faults]

@@ -68,7 +68,7 @@ MUTANTS = (
         "plan-ends-as-positions",
         "every range is read to its end (validation compares where the reader stopped)",
         (Edit("include/tidemark/job/steps.py", "positions=positions,", "positions=plan.ends(),"),),
-        ("tests/integration/test_job.py::test_job_refuses_a_range_the_reader_left_short",),
+        ("tests/integration/job/test_job.py::test_job_refuses_a_range_the_reader_left_short",),
     ),
     Mutant(
         "bad-record-to-good-output",
@@ -110,7 +110,7 @@ MUTANTS = (
         ),
         (
             f"{SCENARIOS}::test_no_new_data_after_a_normal_run",
-            "tests/integration/test_read.py::test_reads_exactly_the_planned_ranges",
+            "tests/integration/spark/test_read.py::test_reads_exactly_the_planned_ranges",
         ),
     ),
     Mutant(
@@ -135,7 +135,7 @@ MUTANTS = (
                 "elif False:",
             ),
         ),
-        ("tests/integration/test_read.py::test_a_range_that_cannot_reach_its_end_fails_with_the_stall_error",),
+        ("tests/integration/spark/test_read.py::test_a_range_that_cannot_reach_its_end_fails_with_the_stall_error",),
         timeout_s=90,
     ),
     Mutant(
@@ -148,7 +148,9 @@ MUTANTS = (
                 "shutil.rmtree(final, ignore_errors=True); os.rename(staging, final)  # atomic",
             ),
         ),
-        ("tests/integration/test_sink.py::test_two_attempts_publishing_one_plan_at_the_same_time_publish_it_once",),
+        (
+            "tests/integration/output/test_sink.py::test_two_attempts_publishing_one_plan_at_the_same_time_publish_it_once",
+        ),
     ),
     Mutant(
         "publish-despite-a-moved-group",

@@ -330,27 +330,9 @@ class IcebergPublisher:
         expect_quarantined: int,
         run_id: str | None,
     ) -> Manifest:
-        import pyarrow.parquet as pq
-
         if plan.feed != feed.name or plan.plan_id != staging.plan_id:
             raise PublishError(f"plan {plan.plan_id} (feed '{plan.feed}') does not match staging {staging.root}")
-        written = staging.written
-        good = written / f"{staged.outcome_column}={staged.ok_value}"
-        files_root = staging.root / "_iceberg"
-        if good.exists():
-            _write_table_files(staged.read_good(good), files_root)
-        data = _by_partition(files_root)
-        prefix = f"{staged.outcome_column}="
-        bad = [d for d in sorted(written.glob(f"{prefix}*")) if d != good and d.is_dir()] if written.exists() else []
-        records = sum(pq.read_metadata(path).num_rows for path, _ in data)
-        quarantined = sum(pq.read_metadata(p).num_rows for d in bad for p in d.rglob("*.parquet"))
-        for what, want, have in (("records", expect_records, records),
-                                 ("quarantined records", expect_quarantined, quarantined)):  # fmt: skip
-            if have != want:
-                raise PublishError(
-                    f"plan {plan.plan_id}: the staged Parquet files hold {have} {what}, validation passed on {want}; "
-                    f"nothing was committed to Iceberg table {self.table_name}"
-                )
+        data, bad, records, quarantined = self._staged_files(staging, plan, staged, expect_records, expect_quarantined)
 
         table = self.load_or_create(staged.schema)  # the compare-and-set basis of the commit below
         done = self._find(table, plan.plan_id)
@@ -358,34 +340,8 @@ class IcebergPublisher:
             staging.discard()
             return done
 
-        # Quarantine first: a sibling Parquet folder, replaced whole by any rerun of this plan.
-        quarantine = self.quarantine / f"plan_id={plan.plan_id}"
-        quarantine.remove_tree()
-        if bad:
-            from tidemark.output.parquet import _name_by_place
-
-            local = staging.root / QUARANTINE_DIR
-            staged.write_quarantine(bad, local)
-            _name_by_place(local)
-            quarantine.upload_tree(local)
-
-        # Data files under the table's location, named per attempt: a crashed attempt's files
-        # are never overwritten by a later one (which might commit them with other sizes).
-        attempt = uuid.uuid4().hex[:8]
-        upload = staging.root / "_upload"
-        names: list[str] = []
-        entries: list[FileEntry] = []
-        counters: dict[str, int] = {}
-        for path, (day, topic) in data:
-            part_dir = f"data/date={day}/topic={topic}"
-            index = counters[part_dir] = counters.get(part_dir, -1) + 1
-            name = f"{part_dir}/{plan.plan_id}-{attempt}-{index:05d}.parquet"
-            (upload / name).parent.mkdir(parents=True, exist_ok=True)
-            path.rename(upload / name)
-            names.append(name)
-            entries.append(_entry(upload / name, name))
-        if names:
-            self.location.upload_tree(upload, names)
+        quarantine = self._replace_quarantine(staging, plan, staged, bad)
+        names, entries = self._upload_data(staging, plan, data)
 
         fault_point("iceberg.before_commit")  # data files written, catalog not committed
         ends = {(p.topic, p.partition): p for p in plan.partitions}
@@ -418,6 +374,69 @@ class IcebergPublisher:
                 "quarantine": str(quarantine) if bad else None,
             },
         )
+
+    def _staged_files(
+        self, staging: Staging, plan: Plan, staged: StagedRecords, expect_records: int, expect_quarantined: int
+    ) -> tuple[list[tuple[Path, tuple[str, str]]], list[Path], int, int]:
+        """The staged data files (rewritten as table files) and quarantine folders, counted against validation."""
+        import pyarrow.parquet as pq
+
+        written = staging.written
+        good = written / f"{staged.outcome_column}={staged.ok_value}"
+        files_root = staging.root / "_iceberg"
+        if good.exists():
+            _write_table_files(staged.read_good(good), files_root)
+        data = _by_partition(files_root)
+        prefix = f"{staged.outcome_column}="
+        bad = [d for d in sorted(written.glob(f"{prefix}*")) if d != good and d.is_dir()] if written.exists() else []
+        records = sum(pq.read_metadata(path).num_rows for path, _ in data)
+        quarantined = sum(pq.read_metadata(p).num_rows for d in bad for p in d.rglob("*.parquet"))
+        for what, want, have in (("records", expect_records, records),
+                                 ("quarantined records", expect_quarantined, quarantined)):  # fmt: skip
+            if have != want:
+                raise PublishError(
+                    f"plan {plan.plan_id}: the staged Parquet files hold {have} {what}, validation passed on {want}; "
+                    f"nothing was committed to Iceberg table {self.table_name}"
+                )
+        return data, bad, records, quarantined
+
+    def _replace_quarantine(self, staging: Staging, plan: Plan, staged: StagedRecords, bad: list[Path]) -> Location:
+        """Quarantine first: a sibling Parquet folder, replaced whole by any rerun of this plan."""
+        quarantine = self.quarantine / f"plan_id={plan.plan_id}"
+        quarantine.remove_tree()
+        if bad:
+            from tidemark.output.parquet import _name_by_place
+
+            local = staging.root / QUARANTINE_DIR
+            staged.write_quarantine(bad, local)
+            _name_by_place(local)
+            quarantine.upload_tree(local)
+        return quarantine
+
+    def _upload_data(
+        self, staging: Staging, plan: Plan, data: list[tuple[Path, tuple[str, str]]]
+    ) -> tuple[list[str], list[FileEntry]]:
+        """Upload the data files under the table's location; their names relative to it and their entries.
+
+        Named per attempt: a crashed attempt's files are never overwritten by a later one
+        (which might commit them with other sizes).
+        """
+        attempt = uuid.uuid4().hex[:8]
+        upload = staging.root / "_upload"
+        names: list[str] = []
+        entries: list[FileEntry] = []
+        counters: dict[str, int] = {}
+        for path, (day, topic) in data:
+            part_dir = f"data/date={day}/topic={topic}"
+            index = counters[part_dir] = counters.get(part_dir, -1) + 1
+            name = f"{part_dir}/{plan.plan_id}-{attempt}-{index:05d}.parquet"
+            (upload / name).parent.mkdir(parents=True, exist_ok=True)
+            path.rename(upload / name)
+            names.append(name)
+            entries.append(_entry(upload / name, name))
+        if names:
+            self.location.upload_tree(upload, names)
+        return names, entries
 
     def positions(self, feed: Feed) -> RecoveredPosition | None:
         table = self.load()

@@ -1,8 +1,9 @@
 """The offset planner: which ``[start, end)`` each partition reads in one run, and why.
 
-:func:`build_plan` is pure code over plain values: frozen
-:class:`PartitionSnapshot` rows (committed offset, checkpoint, log start, high watermark,
-last stable offset, timestamp lookups, leader) plus the feed's policies go in, a
+:func:`build_plan` is pure code over plain values: a :class:`PlanRequest` (what the caller
+asks: the feed's policies, the mode and its bounds) and an :class:`Observed` (frozen
+:class:`PartitionSnapshot` rows: committed offset, checkpoint, log start, high watermark,
+last stable offset, timestamp lookups, leader; plus retention settings) go in, a
 :class:`~tidemark.planning.plan.Plan` comes out. It resolves each partition's start exactly as
 ``docs/ARCHITECTURE.md`` and the design say (committed → checkpoint → reset policy, then
 the data-loss and offset-ahead policies), freezes the end at the offsets captured now,
@@ -176,6 +177,44 @@ class TimeFilter:
     def to_dict(self) -> dict[str, Any]:
         return {"mode": "exact", "start_ms": self.start_ms, "end_ms": self.end_ms, "max_skew_ms": self.max_skew_ms,
                 "log_append_time": list(self.log_append_time)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the caller asks of one run: the feed's identity and policies, the mode and its bounds.
+
+    ``start_overrides`` / ``end_overrides`` are offsets the caller resolved itself (reason
+    ``requested``); ``commit=None`` takes the replay spec's choice, else commits scheduled
+    runs only.
+    """
+
+    feed: str
+    group: str
+    policy: Policy
+    created_at: datetime
+    mode: Mode = "scheduled"
+    commit: bool | None = None
+    isolation: Isolation = "read_committed"
+    window: Window | None = None
+    replay: ReplaySpec | None = None
+    time_filter: TimeFilter | None = None
+    start_overrides: Mapping[TP, int] = field(default_factory=dict)
+    end_overrides: Mapping[TP, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode == "backfill" and self.window is None:
+            raise PlanningError("a backfill needs a time window (window start, optional end)")
+        if self.mode == "replay" and self.replay is None and not self.start_overrides and not self.end_overrides:
+            raise PlanningError("a replay needs a replay spec (where to start and end)")
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What Kafka, the checkpoint store and the output said at planning time."""
+
+    partitions: Sequence[PartitionSnapshot]
+    retention: RetentionInfo = field(default_factory=RetentionInfo)
+    recovered: RecoveredPosition | None = None  # the output's history, asked when offsets and checkpoints are gone
 
 
 # -- the pure planner --------------------------------------------------------------------
@@ -557,34 +596,28 @@ def _replay_doc(spec: ReplaySpec) -> dict[str, Any]:
     return doc
 
 
-def build_plan(
-    feed_name: str,
-    group: str,
-    snapshots: Sequence[PartitionSnapshot],
-    *,
-    policy: Policy,
-    created_at: datetime,
-    mode: Mode = "scheduled",
-    commit: bool | None = None,
-    isolation: Isolation = "read_committed",
-    retention: RetentionInfo | None = None,
-    window: Window | None = None,
-    start_overrides: Mapping[TP, int] | None = None,
-    end_overrides: Mapping[TP, int] | None = None,
-    replay: ReplaySpec | None = None,
-    time_filter: TimeFilter | None = None,
-    recovered: RecoveredPosition | None = None,
-) -> Plan:
+@dataclass
+class _Refusals:
+    """Partitions the policies refuse, collected so one error names all of them."""
+
+    lost: list[str] = field(default_factory=list)
+    ahead: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+
+
+def build_plan(request: PlanRequest, observed: Observed) -> Plan:
     """Resolve every partition's range and group the ranges into tasks.
 
     ``mode="scheduled"`` resolves the start from the committed offset, the checkpoint, the
-    output table's history (``snap.table``, found in ``recovered``: a ``position_from_table``
-    event) or the reset policy and reads to the end captured now, capped by the policy's limits.
-    ``mode="backfill"`` reads ``[first offset at/after window.start, first offset at/after
-    window.end)`` from the snapshots' timestamp lookups; where no record is at or after a
-    time, the end of the log is used and a ``timestamp_past_end`` event says so. Caps
-    apply to scheduled runs only: a capped backfill would silently miss part of its window.
-    ``mode="replay"`` takes a :class:`~tidemark.planning.requests.ReplaySpec` (``replay``), resolved by
+    output table's history (``snap.table``, found in ``observed.recovered``: a
+    ``position_from_table`` event) or the reset policy and reads to the end captured now,
+    capped by the policy's limits. ``mode="backfill"`` reads ``[first offset at/after
+    window.start, first offset at/after window.end)`` from the snapshots' timestamp lookups;
+    where no record is at or after a time, the end of the log is used and a
+    ``timestamp_past_end`` event says so. Caps apply to scheduled runs only: a capped
+    backfill would silently miss part of its window. ``mode="replay"`` takes a
+    :class:`~tidemark.planning.requests.ReplaySpec` (``request.replay``), resolved by
     :func:`resolve_replay`; ``start_overrides`` / ``end_overrides`` are offsets a caller
     resolved itself (reason ``requested``). The data-loss and ahead policies still apply.
     ``time_filter`` (exact windows, see :class:`TimeFilter`) is recorded in the plan's
@@ -592,184 +625,236 @@ def build_plan(
     Raises :class:`DataLossError`, :class:`OffsetAheadError` or :class:`PlanningError`
     naming every offending partition.
     """
-    if mode == "backfill" and window is None:
-        raise PlanningError("a backfill needs a time window (window start, optional end)")
-    if mode == "replay" and replay is None and not start_overrides and not end_overrides:
-        raise PlanningError("a replay needs a replay spec (where to start and end)")
-    retention = retention or RetentionInfo()
-    starts: dict[TP, int] = {}
-    ends: dict[TP, int] = {}
-    events: list[Event] = []
-    recreated = recreated_topics(snapshots)
-    if replay is not None:
-        fresh = [_forget_positions(s) if s.topic in recreated else s for s in snapshots]
-        starts, ends, events = resolve_replay(replay, fresh, isolation)
-        commit = replay.commit if commit is None else commit
-    events.extend(_recreated_event(t, ids, snapshots, policy) for t, ids in sorted(recreated.items()))
-    starts.update(start_overrides or {})
-    ends.update(end_overrides or {})
+    snapshots = observed.partitions
     keys = [s.key for s in snapshots]
     if len(set(keys)) != len(keys):
         raise PlanningError("a partition appears twice in the planner's input")
-    if mode == "scheduled":
-        events.extend(retention_warnings(retention))
-    lost: list[str] = []
-    ahead: list[str] = []
-    missing: list[str] = []
-    gone: list[str] = []
+    recreated = recreated_topics(snapshots)
+    starts, ends, events = _requested_bounds(request, snapshots, recreated)
+    if request.mode == "scheduled":
+        events.extend(retention_warnings(observed.retention))
+    refused = _Refusals()
     resolved: list[tuple[PartitionSnapshot, _Start, int]] = []
     capped: set[TP] = set()
-
     for snap in sorted(snapshots, key=lambda s: s.key):
-        name = f"{snap.topic}[{snap.partition}]"
-        end = snap.end_for(isolation)
-        start: _Start | None
-        if snap.key in starts:
-            start = _Start(starts[snap.key], "requested")
-        elif mode == "backfill":
-            if snap.ts_start_offset is None:
+        end = snap.end_for(request.isolation)
+        start = _resolve_start(snap, request, observed.recovered, recreated, starts, end, events, refused)
+        if start is None:
+            continue
+        retention_ms = observed.retention.topic_retention_ms.get(snap.topic)
+        start = _check_range(snap, start, request.policy, end, retention_ms, events, refused.lost, refused.ahead)
+        stop, was_capped = _resolve_end(snap, start, request, ends, end, events)
+        if was_capped:
+            capped.add(snap.key)
+        resolved.append((snap, start, stop))
+    _refuse(request, refused, recreated)
+    partitions = [_partition_plan(s, st, stop, request.isolation) for s, st, stop in resolved]
+    if request.mode == "scheduled":
+        partitions = _apply_caps(partitions, capped, request.policy, events)
+    return _assemble(request, snapshots, tuple(partitions), events)
+
+
+def _requested_bounds(
+    request: PlanRequest, snapshots: Sequence[PartitionSnapshot], recreated: Mapping[str, tuple[str, str]]
+) -> tuple[dict[TP, int], dict[TP, int], list[Event]]:
+    """The starts and ends the request fixes itself (a replay spec, then the caller's overrides)."""
+    starts: dict[TP, int] = {}
+    ends: dict[TP, int] = {}
+    events: list[Event] = []
+    if request.replay is not None:
+        fresh = [_forget_positions(s) if s.topic in recreated else s for s in snapshots]
+        starts, ends, events = resolve_replay(request.replay, fresh, request.isolation)
+    events.extend(_recreated_event(t, ids, snapshots, request.policy) for t, ids in sorted(recreated.items()))
+    starts.update(request.start_overrides)
+    ends.update(request.end_overrides)
+    return starts, ends, events
+
+
+def _resolve_start(
+    snap: PartitionSnapshot,
+    request: PlanRequest,
+    recovered: RecoveredPosition | None,
+    recreated: Mapping[str, tuple[str, str]],
+    starts: Mapping[TP, int],
+    end: int,
+    events: list[Event],
+    refused: _Refusals,
+) -> _Start | None:
+    """One partition's start before the guards: requested, window, committed, checkpoint, table or reset."""
+    name = f"{snap.topic}[{snap.partition}]"
+    policy, group = request.policy, request.group
+    if snap.key in starts:
+        return _Start(starts[snap.key], "requested")
+    if request.mode == "backfill":
+        if snap.ts_start_offset is None:
+            events.append(
+                _ev(
+                    "timestamp_past_end",
+                    f"{name}: no record at or after the window start; the range starts and ends at {end}",
+                    snap,
+                    which="start",
+                    offset=end,
+                )
+            )
+        return _Start(end if snap.ts_start_offset is None else snap.ts_start_offset, "timestamp")
+    if snap.topic in recreated:
+        if policy.on_missing == "fail":
+            refused.gone.append(name)
+            return None
+        return _reset_start(_forget_positions(snap), policy, end, events, refused.missing)
+    if snap.committed is not None:
+        return _Start(snap.committed, "committed")
+    if snap.checkpoint is not None:
+        events.append(
+            _ev(
+                "group_offsets_expired",
+                f"group '{group}' has no committed offset for {name} (expired or deleted); "
+                f"resuming from Tidemark's checkpoint {snap.checkpoint}",
+                snap,
+                checkpoint=snap.checkpoint,
+            )
+        )
+        return _Start(snap.checkpoint, "checkpoint")
+    if snap.table is not None and request.mode == "scheduled":
+        source = recovered.source if recovered is not None else "the output table's history"
+        events.append(
+            _ev(
+                "position_from_table",
+                f"group '{group}' has no committed offset and Tidemark has no checkpoint for {name}; resuming "
+                f"at {snap.table}, the end {source} records",
+                snap,
+                offset=snap.table,
+                **(dict(recovered.details) if recovered is not None else {}),
+            )
+        )
+        return _Start(snap.table, "table")
+    return _reset_start(snap, policy, end, events, refused.missing)
+
+
+def _resolve_end(
+    snap: PartitionSnapshot, start: _Start, request: PlanRequest, ends: Mapping[TP, int], end: int, events: list[Event]
+) -> tuple[int, bool]:
+    """One partition's end (never before its start), and whether the per-partition cap cut it."""
+    window = request.window
+    stop = end
+    if snap.key in ends:
+        stop = min(ends[snap.key], end)
+    elif request.mode == "backfill" and window is not None and window.end is not None:
+        if snap.ts_end_offset is None:
+            if snap.ts_start_offset is not None:
                 events.append(
                     _ev(
                         "timestamp_past_end",
-                        f"{name}: no record at or after the window start; the range starts and ends at {end}",
+                        f"{snap.topic}[{snap.partition}]: no record at or after the window end; the range ends at "
+                        f"the end of the log, offset {end}",
                         snap,
-                        which="start",
+                        which="end",
                         offset=end,
                     )
                 )
-            start = _Start(end if snap.ts_start_offset is None else snap.ts_start_offset, "timestamp")
-        elif snap.topic in recreated:
-            if policy.on_missing == "fail":
-                gone.append(name)
-                continue
-            start = _reset_start(_forget_positions(snap), policy, end, events, missing)
-        elif snap.committed is not None:
-            start = _Start(snap.committed, "committed")
-        elif snap.checkpoint is not None:
-            start = _Start(snap.checkpoint, "checkpoint")
-            events.append(
-                _ev(
-                    "group_offsets_expired",
-                    f"group '{group}' has no committed offset for {name} (expired or deleted); "
-                    f"resuming from Tidemark's checkpoint {snap.checkpoint}",
-                    snap,
-                    checkpoint=snap.checkpoint,
-                )
-            )
-        elif snap.table is not None and mode == "scheduled":
-            start = _Start(snap.table, "table")
-            source = recovered.source if recovered is not None else "the output table's history"
-            events.append(
-                _ev(
-                    "position_from_table",
-                    f"group '{group}' has no committed offset and Tidemark has no checkpoint for {name}; resuming "
-                    f"at {snap.table}, the end {source} records",
-                    snap,
-                    offset=snap.table,
-                    **(dict(recovered.details) if recovered is not None else {}),
-                )
-            )
         else:
-            start = _reset_start(snap, policy, end, events, missing)
-        if start is None:
-            continue
-        start = _check_range(
-            snap, start, policy, end, retention.topic_retention_ms.get(snap.topic), events, lost, ahead
-        )
-        stop = end
-        if snap.key in ends:
-            stop = min(ends[snap.key], end)
-        elif mode == "backfill" and window is not None and window.end is not None:
-            if snap.ts_end_offset is None:
-                if snap.ts_start_offset is not None:
-                    events.append(
-                        _ev(
-                            "timestamp_past_end",
-                            f"{name}: no record at or after the window end; the range ends at the end of the log, "
-                            f"offset {end}",
-                            snap,
-                            which="end",
-                            offset=end,
-                        )
-                    )
-            else:
-                stop = min(snap.ts_end_offset, end)
-        limit = policy.max_records_per_partition
-        if mode == "scheduled" and limit is not None and stop > start.offset + limit:
-            stop = start.offset + limit
-            capped.add(snap.key)
-        resolved.append((snap, start, max(stop, start.offset)))
+            stop = min(snap.ts_end_offset, end)
+    limit = request.policy.max_records_per_partition
+    if request.mode == "scheduled" and limit is not None and stop > start.offset + limit:
+        return start.offset + limit, True
+    return max(stop, start.offset), False
 
-    if lost:
+
+def _refuse(request: PlanRequest, refused: _Refusals, recreated: Mapping[str, tuple[str, str]]) -> None:
+    """Raise one error naming every partition a policy refused (data loss first, then ahead, gone, missing)."""
+    who = f"feed '{request.feed}', group '{request.group}'"
+    if refused.lost:
         raise DataLossError(
-            f"feed '{feed_name}', group '{group}': unread records were deleted by retention and on_data_loss is "
-            f"fail: {'; '.join(lost)}. Set on_data_loss: skip to continue from the log start, or replay from "
-            "another source"
+            f"{who}: unread records were deleted by retention and on_data_loss is "
+            f"fail: {'; '.join(refused.lost)}. Set on_data_loss: skip to continue from the log start, or replay "
+            "from another source"
         )
-    if ahead:
+    if refused.ahead:
         raise OffsetAheadError(
-            f"feed '{feed_name}', group '{group}': start offsets lie past the end of the log and on_ahead is fail: "
-            f"{'; '.join(ahead)}. Set on_ahead: earliest or latest, or reset the group's offsets"
+            f"{who}: start offsets lie past the end of the log and on_ahead is fail: "
+            f"{'; '.join(refused.ahead)}. Set on_ahead: earliest or latest, or reset the group's offsets"
         )
-    if gone:
+    if refused.gone:
         old = "; ".join(f"'{t}' was {o}, now {n}" for t, (o, n) in sorted(recreated.items()))
         raise PlanningError(
-            f"feed '{feed_name}', group '{group}': the topic was deleted and recreated under the same name (topic "
-            f"id {old}), so the committed offsets and checkpoints of {', '.join(gone)} belong to the old topic, "
-            "and on_missing is fail. Reset the group's offsets on the new topic (tidemark replay ... --commit, or "
-            "kafka-consumer-groups --reset-offsets), or choose another on_missing"
+            f"{who}: the topic was deleted and recreated under the same name (topic "
+            f"id {old}), so the committed offsets and checkpoints of {', '.join(refused.gone)} belong to the old "
+            "topic, and on_missing is fail. Reset the group's offsets on the new topic (tidemark replay ... "
+            "--commit, or kafka-consumer-groups --reset-offsets), or choose another on_missing"
         )
-    if missing:
+    if refused.missing:
         raise PlanningError(
-            f"feed '{feed_name}', group '{group}' has no committed offset and no checkpoint for "
-            f"{', '.join(missing)} and on_missing is fail; commit a start position or choose another on_missing"
+            f"{who} has no committed offset and no checkpoint for "
+            f"{', '.join(refused.missing)} and on_missing is fail; commit a start position or choose another "
+            "on_missing"
         )
 
-    partitions = [
-        PartitionPlan(
-            topic=s.topic,
-            partition=s.partition,
-            leader=s.leader,
-            committed=s.committed,
-            checkpoint=s.checkpoint,
-            log_start=s.log_start,
-            high_watermark=s.high_watermark,
-            end_available=s.end_for(isolation),
-            start=st.offset,
-            end=stop,
-            reason=st.reason,
-            topic_id=s.topic_id,
-        )
-        for s, st, stop in resolved
-    ]
-    if mode == "scheduled":
-        for p in partitions:
-            if p.key in capped and policy.max_records_per_partition is not None:
-                events.append(_capped(p, "max_records_per_partition", policy.max_records_per_partition))
-        if policy.max_records_per_run is not None and sum(p.records for p in partitions) > policy.max_records_per_run:
-            grant = _cap_run({p.key: p.records for p in partitions}, policy.max_records_per_run)
-            for i, p in enumerate(partitions):
-                if grant[p.key] < p.records:
-                    partitions[i] = replace(p, end=p.start + grant[p.key])
-                    events.append(_capped(partitions[i], "max_records_per_run", policy.max_records_per_run))
 
-    final = tuple(partitions)
-    window_doc = window.to_dict() if window is not None else _replay_doc(replay) if replay is not None else {}
+def _partition_plan(s: PartitionSnapshot, start: _Start, stop: int, isolation: Isolation) -> PartitionPlan:
+    return PartitionPlan(
+        topic=s.topic,
+        partition=s.partition,
+        leader=s.leader,
+        committed=s.committed,
+        checkpoint=s.checkpoint,
+        log_start=s.log_start,
+        high_watermark=s.high_watermark,
+        end_available=s.end_for(isolation),
+        start=start.offset,
+        end=stop,
+        reason=start.reason,
+        topic_id=s.topic_id,
+    )
+
+
+def _apply_caps(
+    partitions: list[PartitionPlan], capped: set[TP], policy: Policy, events: list[Event]
+) -> list[PartitionPlan]:
+    """Report the per-partition caps already applied, then share the per-run cap over the partitions."""
+    for p in partitions:
+        if p.key in capped and policy.max_records_per_partition is not None:
+            events.append(_capped(p, "max_records_per_partition", policy.max_records_per_partition))
+    if policy.max_records_per_run is None or sum(p.records for p in partitions) <= policy.max_records_per_run:
+        return partitions
+    grant = _cap_run({p.key: p.records for p in partitions}, policy.max_records_per_run)
+    out = []
+    for p in partitions:
+        if grant[p.key] < p.records:
+            p = replace(p, end=p.start + grant[p.key])
+            events.append(_capped(p, "max_records_per_run", policy.max_records_per_run))
+        out.append(p)
+    return out
+
+
+def _assemble(
+    request: PlanRequest,
+    snapshots: Sequence[PartitionSnapshot],
+    partitions: tuple[PartitionPlan, ...],
+    events: list[Event],
+) -> Plan:
+    """The plan: its window document (with the exact filter's cuts), id, commit flag and tasks."""
+    replay = request.replay
+    window_doc = request.window.to_dict() if request.window is not None else _replay_doc(replay) if replay else {}
     filter_doc = None
-    if time_filter is not None:
+    if request.time_filter is not None:
         cuts = {f"{s.topic}:{s.partition}": s.ts_cut_end_offset for s in snapshots}
-        filter_doc = {**time_filter.to_dict(), "cut_ends": cuts}
+        filter_doc = {**request.time_filter.to_dict(), "cut_ends": cuts}
         window_doc["filter"] = filter_doc
+    commit = request.commit
+    if commit is None and replay is not None:
+        commit = replay.commit
+    if commit is None:
+        commit = request.mode == "scheduled"
     return Plan(
-        plan_id=compute_plan_id(feed_name, group, mode, isolation, final, filter_doc),
-        feed=feed_name,
-        group=group,
-        mode=mode,
-        commit=(mode == "scheduled") if commit is None else commit,
-        isolation=isolation,
-        created_at=created_at.astimezone(UTC).isoformat(),
-        partitions=final,
-        tasks=chunk_ranges(final, policy.records_per_task),
+        plan_id=compute_plan_id(request.feed, request.group, request.mode, request.isolation, partitions, filter_doc),
+        feed=request.feed,
+        group=request.group,
+        mode=request.mode,
+        commit=commit,
+        isolation=request.isolation,
+        created_at=request.created_at.astimezone(UTC).isoformat(),
+        partitions=partitions,
+        tasks=chunk_ranges(partitions, request.policy.records_per_task),
         events=tuple(events),
         window=window_doc,
     )

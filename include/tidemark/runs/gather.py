@@ -24,7 +24,9 @@ from tidemark.planning.resolve import (
     OFFSETS_RETENTION_MINUTES,
     RETENTION_MS,
     TIMESTAMP_TYPE,
+    Observed,
     PartitionSnapshot,
+    PlanRequest,
     Policy,
     RetentionInfo,
     TimeFilter,
@@ -242,18 +244,16 @@ def plan_feed(
     )
     time_filter = TimeFilter(start_ms, end_ms, skew_ms, snap.log_append_time) if exact else None
     chosen = _choose(feed, snap.partitions, topics, partitions) if (topics or partitions) else snap.partitions
-    return build_plan(
-        feed.name,
-        feed.group,
-        chosen,
+    request = PlanRequest(
+        feed=feed.name,
+        group=feed.group,
         policy=Policy.from_feed(feed),
         created_at=now,
         mode=mode,
         commit=commit,
         isolation=feed.isolation,
-        retention=snap.retention,
         window=window,
         replay=replay,
         time_filter=time_filter,
-        recovered=snap.recovered,
     )
+    return build_plan(request, Observed(chosen, snap.retention, snap.recovered))

@@ -10,7 +10,7 @@ import pytest
 from tidemark.config.models import parse_feed
 from tidemark.errors import ConfigError, PlanningError
 from tidemark.planning.requests import ReplaySpec
-from tidemark.planning.resolve import PartitionSnapshot, Policy, build_plan
+from tidemark.planning.resolve import Observed, PartitionSnapshot, PlanRequest, Policy, build_plan
 from tidemark.runs.pipeline import committing_request
 
 FEED = parse_feed("f", {"topics": ["t"], "group": "g", "output": "/tmp/tidemark-unit-out"}, "f.yaml")
@@ -20,8 +20,8 @@ def plan(committed: int | None, spec: ReplaySpec, **snapshot: Any) -> Any:
     fields: dict[str, Any] = {"topic": "t", "partition": 0, "leader": 1, "committed": committed, "checkpoint": None,
                               "log_start": 100, "high_watermark": 200, "last_stable": 200, **snapshot}  # fmt: skip
     policy = Policy(on_data_loss="skip")
-    return build_plan("f", "g", [PartitionSnapshot(**fields)], policy=policy, created_at=datetime.now(UTC),
-                      mode="replay", replay=spec)  # fmt: skip
+    request = PlanRequest("f", "g", policy, datetime.now(UTC), mode="replay", replay=spec)
+    return build_plan(request, Observed((PartitionSnapshot(**fields),)))
 
 
 def test_from_the_committed_offset_publishes_into_the_feed_output() -> None:

@@ -18,7 +18,7 @@ from tidemark.output.parquet import published_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 JOB = ROOT / "spark_jobs" / "tidemark_job.py"
 KEEP = {"retention.ms": "-1"}
 

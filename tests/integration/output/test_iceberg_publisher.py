@@ -33,7 +33,7 @@ from tidemark.output.iceberg import (
 )
 from tidemark.output.parquet import Manifest
 from tidemark.planning.plan import Plan
-from tidemark.planning.resolve import PartitionSnapshot, Policy, build_plan
+from tidemark.planning.resolve import Observed, PartitionSnapshot, PlanRequest, Policy, build_plan
 from tidemark.spark.decode import OUTCOME_COLUMN
 from tidemark.spark.source import SCHEMA
 from tidemark.spark.stats import RangeStats
@@ -51,7 +51,7 @@ def _plan(feed: Feed, starts: dict[tuple[str, int], int], ends: dict[tuple[str, 
                           high_watermark=ends[(t, p)], last_stable=ends[(t, p)])
         for (t, p) in sorted(starts)
     ]  # fmt: skip
-    return build_plan(feed.name, feed.group, snaps, policy=Policy.from_feed(feed), created_at=DAY)
+    return build_plan(PlanRequest(feed.name, feed.group, Policy.from_feed(feed), DAY), Observed(tuple(snaps)))
 
 
 def _rows(plan: Plan, bad: set[tuple[str, int]]) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,7 +14,9 @@ import pytest
 from tidemark.errors import DataLossError, OffsetAheadError, PlanningError
 from tidemark.planning.plan import PartitionPlan, Plan, PlanStore
 from tidemark.planning.resolve import (
+    Observed,
     PartitionSnapshot,
+    PlanRequest,
     Policy,
     RetentionInfo,
     Window,
@@ -42,9 +45,21 @@ def snap(**kw: Any) -> PartitionSnapshot:
     return PartitionSnapshot(**{**base, **kw})
 
 
+def plan_all(
+    snaps: Sequence[PartitionSnapshot],
+    *,
+    policy: Policy | None = None,
+    created_at: datetime = NOW,
+    retention: RetentionInfo | None = None,
+    **request: Any,
+) -> Plan:
+    """Plan feed ``f``, group ``g`` over ``snaps``; ``request`` holds the other :class:`PlanRequest` fields."""
+    asked = PlanRequest("f", "g", policy or Policy(), created_at, **request)
+    return build_plan(asked, Observed(tuple(snaps), retention or RetentionInfo()))
+
+
 def plan_one(s: PartitionSnapshot, isolation: str = "read_committed", **kw: Any) -> Plan:
-    policy = kw.pop("policy", Policy())
-    return build_plan("f", "g", [s], policy=policy, created_at=NOW, isolation=isolation, **kw)  # type: ignore[arg-type]
+    return plan_all([s], isolation=isolation, **kw)
 
 
 def kinds(plan: Plan) -> list[str]:
@@ -207,7 +222,7 @@ def test_refusals_name_topic_partition_and_offsets(
 def test_refusal_names_every_offending_partition() -> None:
     snaps = [snap(partition=0, committed=10), snap(partition=1, committed=150), snap(partition=2, committed=20)]
     with pytest.raises(DataLossError) as info:
-        build_plan("f", "g", snaps, policy=Policy(), created_at=NOW)
+        plan_all(snaps, policy=Policy(), created_at=NOW)
     assert "t[0]" in str(info.value) and "t[2]" in str(info.value) and "t[1]" not in str(info.value)
 
 
@@ -298,9 +313,7 @@ def test_bad_windows_are_refused(start: datetime, end: datetime | None) -> None:
 
 def test_replay_hook_requested_offsets_still_obey_policies() -> None:
     snaps = [snap(partition=0), snap(partition=1), snap(partition=2)]
-    plan = build_plan(
-        "f",
-        "g",
+    plan = plan_all(
         snaps,
         policy=Policy(on_data_loss="skip"),
         created_at=NOW,
@@ -316,7 +329,7 @@ def test_replay_hook_requested_offsets_still_obey_policies() -> None:
 
 def test_a_partition_twice_is_refused() -> None:
     with pytest.raises(PlanningError, match="twice"):
-        build_plan("f", "g", [snap(), snap()], policy=Policy(), created_at=NOW)
+        plan_all([snap(), snap()], policy=Policy(), created_at=NOW)
 
 
 # -- new partitions ----------------------------------------------------------------------
@@ -362,9 +375,7 @@ def test_run_cap_shares_fairly(backlogs: dict[str, int], limit: int, expected: d
 
 def test_run_cap_in_a_plan_events_and_totals() -> None:
     snaps = [snap(partition=i, committed=100) for i in range(4)]
-    plan = build_plan(
-        "f", "g", snaps, policy=Policy(max_records_per_run=150, max_records_per_partition=60), created_at=NOW
-    )
+    plan = plan_all(snaps, policy=Policy(max_records_per_run=150, max_records_per_partition=60), created_at=NOW)
     assert plan.total_records == 150
     assert all(p.records <= 60 for p in plan.partitions)
     assert {e.details["limit"] for e in plan.events if e.kind == "capped"} == {
@@ -379,7 +390,7 @@ def test_caps_over_runs_cover_the_backlog_exactly_once() -> None:
     policy = Policy(max_records_per_run=70, max_records_per_partition=40)
     for _ in range(10):
         snaps = [snap(partition=i, committed=committed[i]) for i in range(3)]
-        plan = build_plan("f", "g", snaps, policy=policy, created_at=NOW)
+        plan = plan_all(snaps, policy=policy, created_at=NOW)
         if plan.total_records == 0:
             break
         assert plan.total_records <= 70
@@ -434,7 +445,7 @@ def test_every_partition_is_in_the_plan_even_with_nothing_to_read() -> None:
         snap(partition=1, committed=150, leader=2),
         snap(partition=2, committed=200),
     ]
-    plan = build_plan("f", "g", snaps, policy=Policy(records_per_task=20), created_at=NOW)
+    plan = plan_all(snaps, policy=Policy(records_per_task=20), created_at=NOW)
     assert [p.partition for p in plan.partitions] == [0, 1, 2]
     assert [p.records for p in plan.partitions] == [0, 50, 0]
     assert {c.partition for t in plan.tasks for c in t.chunks} == {1}
@@ -447,9 +458,9 @@ def test_every_partition_is_in_the_plan_even_with_nothing_to_read() -> None:
 
 def test_plan_id_depends_on_ranges_not_on_time_or_events(tmp_path: Path) -> None:
     snaps = [snap(partition=i, committed=120 + i) for i in range(3)]
-    a = build_plan("f", "g", snaps, policy=Policy(), created_at=NOW)
-    b = build_plan("f", "g", list(reversed(snaps)), policy=Policy(), created_at=NOW + timedelta(hours=1))
-    c = build_plan("f", "g", [replace(snaps[0], committed=121), *snaps[1:]], policy=Policy(), created_at=NOW)
+    a = plan_all(snaps, policy=Policy(), created_at=NOW)
+    b = plan_all(list(reversed(snaps)), policy=Policy(), created_at=NOW + timedelta(hours=1))
+    c = plan_all([replace(snaps[0], committed=121), *snaps[1:]], policy=Policy(), created_at=NOW)
     assert a.plan_id == b.plan_id != c.plan_id
     store = PlanStore(tmp_path)
     store.save(a)
@@ -651,8 +662,8 @@ def test_every_partition_of_a_recreated_topic_resets_and_the_plan_id_covers_the_
     old = [snap(partition=i, checkpoint=150, topic_id=OLD_ID, checkpoint_topic_id=OLD_ID) for i in range(2)]
     # Partition 1 of the new topic has no checkpoint of its own: not "a new partition" of a known topic.
     new = [replace(old[0], topic_id=NEW_ID), replace(old[1], checkpoint=None, topic_id=NEW_ID)]
-    plan = build_plan("f", "g", new, policy=Policy(on_new_partition="latest"), created_at=NOW)
+    plan = plan_all(new, policy=Policy(on_new_partition="latest"), created_at=NOW)
     assert [(p.start, p.reason) for p in plan.partitions] == [(100, "earliest"), (100, "earliest")]
     assert "new_partition" not in kinds(plan)
-    same_ranges = build_plan("f", "g", [replace(s, checkpoint=100) for s in old], policy=Policy(), created_at=NOW)
+    same_ranges = plan_all([replace(s, checkpoint=100) for s in old], policy=Policy(), created_at=NOW)
     assert list(same_ranges.ranges()) == list(plan.ranges()) and same_ranges.plan_id != plan.plan_id

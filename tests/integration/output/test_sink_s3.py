@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from tests.integration.test_sink import _df, _plan, _quarantine_writer, _stage
+from tests.integration.output.test_sink import _df, _plan, _quarantine_writer, _stage
 from tidemark.config.models import Feed
 from tidemark.output.parquet import (
     MANIFEST_NAME,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import KafkaTestCluster
-from tests.integration.test_pipeline import Env
+from tests.integration.runs.test_pipeline import Env
 from tidemark.devtools.kafka.cluster import jars_dir, java
 from tidemark.errors import ValidationFailedError
 from tidemark.planning.metadata import metadata_run_id
