@@ -138,7 +138,10 @@ class SmallRunBench:
             "--jars", ",".join(str(j) for j in jars), __file__, "spark-side",
             "--topic", self.topic, "--ranges", json.dumps(ranges), "--out", str(target),
         ]  # fmt: skip
-        env = {**self.env, "SPARK_LOCAL_IP": "127.0.0.1"}
+        # spark-submit runs this file as a script: the repository root must be importable for ``tests.bench``.
+        root = str(Path(__file__).resolve().parents[2])
+        path = os.pathsep.join(p for p in (root, self.env.get("PYTHONPATH", "")) if p)
+        env = {**self.env, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": path}
         started = time.monotonic()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         seconds = time.monotonic() - started
