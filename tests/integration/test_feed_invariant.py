@@ -216,29 +216,11 @@ def test_committing_exact_window_names_the_records_it_commits_past(fenv: FaultEn
     assert_output_matches_kafka(fenv, outside)
 
 
-def iceberg_feed(fenv: FaultEnv, table: str) -> None:
-    """Make ``fenv``'s feed an Iceberg feed; ``fenv.published()`` then reads the table's rows."""
-    from tests.faults.harness import digest
-    from tidemark.config import load_feed
-    from tidemark.iceberg_output import IcebergPublisher
-
-    fenv.write_feed(output_format="iceberg", iceberg={"table": table})
-
-    def table_rows(output: Any = None) -> Counter[Row]:
-        loaded = IcebergPublisher(load_feed(fenv.feed)).load()
-        assert loaded is not None
-        data = loaded.scan(selected_fields=("topic", "partition", "offset", "value")).to_arrow()
-        columns = [data.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")]
-        return Counter((t, int(p), int(o), digest(v)) for t, p, o, v in zip(*columns, strict=True))
-
-    fenv.published = table_rows  # type: ignore[method-assign]
-
-
 def test_iceberg_feed_committing_replay_finishing_between_publish_and_commit(fenv: FaultEnv) -> None:
     from tidemark.config import load_feed
     from tidemark.iceberg_output import IcebergPublisher, plan_history
 
-    iceberg_feed(fenv, "tidemark.invariant")
+    fenv.use_iceberg("tidemark.invariant")
     fenv.produce(12)
     replay = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root, mode="replay",
                       params={"start_from": "committed", "commit": True})  # fmt: skip
@@ -270,7 +252,7 @@ def test_iceberg_plan_in_the_table_but_not_committed_to_kafka_is_finished_once(
     from tidemark.faults import FAULTS_ENV, InjectedFault
     from tidemark.iceberg_output import IcebergPublisher, plan_history
 
-    iceberg_feed(fenv, "tidemark.crashed")
+    fenv.use_iceberg("tidemark.crashed")
     fenv.produce(9)
     crashed = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
     fenv.in_process(crashed, fenv.kafka.connection)  # its snapshot is in the table
