@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import KafkaTestCluster
-from tests.faults.harness import FaultEnv, Row, oracle
+from tests.faults.harness import FaultEnv, Row, assert_names, oracle
 from tidemark.errors import OffsetsMovedError, PlanningError, TidemarkError
 from tidemark.kafka_io import Record
 from tidemark.pipeline import commit_run, plan_run
@@ -272,3 +272,68 @@ def test_iceberg_plan_in_the_table_but_not_committed_to_kafka_is_finished_once(
     assert table is not None
     published = [(s.summary or {}).get("tidemark.plan-id") for s in plan_history(table)]
     assert published.count(crashed.plan_id) == 1, published
+
+
+def test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_once(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A zombie driver and the retried task publish one plan into the table; the catalog's compare-and-set lets one in.
+
+    The zombie stops where its data files are uploaded and the table it loaded (the basis
+    of its commit, in which the plan was not yet published) is in hand; the retry runs to
+    the same point; then both commit. One commit lands, the other is refused naming the
+    table and the plan; the run commits the plan once and the table equals the oracle.
+    """
+    import threading
+
+    from tidemark import iceberg_output
+    from tidemark.config import load_feed
+    from tidemark.errors import PublishError
+    from tidemark.iceberg_output import IcebergPublisher, plan_history
+
+    fenv.use_iceberg("tidemark.twice")
+    fenv.produce(6)
+    fenv.run()  # the table exists: both attempts load it, neither creates it
+    fenv.produce(15, bad={10})
+    handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    zombie_waits = threading.Event()
+    both_staged = threading.Barrier(2, timeout=120)
+    point = iceberg_output.fault_point
+
+    def commit_together(name: Any) -> None:
+        if name == "iceberg.before_commit":
+            zombie_waits.set()
+            both_staged.wait()  # each attempt has loaded the table and uploaded its files
+        point(name)
+
+    monkeypatch.setattr(iceberg_output, "fault_point", commit_together)
+    outcomes: dict[str, Any] = {}
+
+    def attempt(name: str) -> None:
+        try:
+            outcomes[name] = fenv.in_process(handle, fenv.kafka.connection)
+        except Exception as exc:  # noqa: BLE001 - an attempt's failure is part of the outcome asserted below
+            outcomes[name] = exc
+
+    zombie = threading.Thread(target=attempt, args=("zombie",))
+    zombie.start()
+    assert zombie_waits.wait(120), f"the first attempt never reached the table commit: {outcomes}"
+    retry = threading.Thread(target=attempt, args=("retry",))
+    retry.start()
+    for thread in (zombie, retry):
+        thread.join(180)
+    monkeypatch.setattr(iceberg_output, "fault_point", point)
+    assert not both_staged.broken, f"the two attempts did not both reach the table commit: {outcomes}"
+    refused = [o for o in outcomes.values() if isinstance(o, Exception)]
+    assert len(outcomes) == 2 and len(refused) == 1, outcomes
+    assert isinstance(refused[0], PublishError), repr(refused[0])
+    assert_names(str(refused[0]), "Iceberg table tidemark.twice", f"plan {handle.plan_id}", "refused",
+                 "table changed", "rerun")  # fmt: skip
+    table = IcebergPublisher(load_feed(fenv.feed)).load()
+    assert table is not None
+    published = [(s.summary or {}).get("tidemark.plan-id") for s in plan_history(table)]
+    assert published.count(handle.plan_id) == 1, published
+    commit_run(handle, fenv.kafka.connection, root=fenv.root)
+    assert fenv.committed() == {0: 7, 1: 7, 2: 7}
+    assert_output_matches_kafka(fenv)
+    fenv.check("test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_once")

@@ -151,6 +151,35 @@ MUTANTS = (
         ("tests/integration/test_sink.py::test_two_attempts_publishing_one_plan_at_the_same_time_publish_it_once",),
     ),
     Mutant(
+        "iceberg-publish-not-exclusive",
+        "a plan is published once, also by two attempts at the same time (the Iceberg commit's compare-and-set on "
+        "the table the plan-id check read)",
+        (
+            Edit(
+                "include/tidemark/iceberg_output.py",
+                "commit_files(table, [str(self.location / n) for n in names], properties, self.table_name)",
+                "commit_files(self.load() or table, [str(self.location / n) for n in names], properties, "
+                "self.table_name)",
+            ),
+        ),
+        (
+            "tests/integration/test_feed_invariant.py"
+            "::test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_once",
+        ),
+    ),
+    Mutant(
+        "state-writers-share-a-temp-file",
+        "state files are replaced whole, also by two writers at once (a retried task beside its zombie)",
+        (
+            Edit(
+                "include/tidemark/storage.py",
+                'tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")',
+                'tmp = path.with_name(f".{path.name}.tmp")',
+            ),
+        ),
+        ("tests/integration/test_storage.py::test_two_local_writers_of_one_file_each_replace_it_whole",),
+    ),
+    Mutant(
         "publish-despite-a-moved-group",
         "every offset at most once in the feed's output (a cleared old run re-running its job)",
         (Edit("include/tidemark/job.py", "        refuse_if_moved(plan, connection, run_id)\n", "        pass\n"),),
