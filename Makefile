@@ -26,6 +26,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 # Two workers by default (TEST_WORKERS=0 runs in one process); the fault suite and the e2e
 # tests each stay on one worker (tests/conftest.py, ONE_WORKER_DIRS and its scheduler).
@@ -60,27 +61,27 @@ mutants: install
 # Benchmarks run on the embedded cluster (started if needed) unless TIDEMARK_BOOTSTRAP_SERVERS is set.
 bench: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
-	$(BIN)/python -m tidemark.bench $(BENCH_ARGS)
-	$(BIN)/python -m tidemark.bench_small $(BENCH_SMALL_ARGS)
+	$(BIN)/python -m tests.bench.read $(BENCH_ARGS)
+	$(BIN)/python -m tests.bench.small $(BENCH_SMALL_ARGS)
 
-# The small-run table alone (issue 12): `tidemark run` vs Spark's Kafka source, 0 / 1,000 / 100,000 records.
+# The small-run table alone: `tidemark run` vs Spark's Kafka source, 0 / 1,000 / 100,000 records.
 bench-small: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
-	$(BIN)/python -m tidemark.bench_small $(BENCH_SMALL_ARGS)
+	$(BIN)/python -m tests.bench.small $(BENCH_SMALL_ARGS)
 
 bench-quick: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
-	$(BIN)/python -m tidemark.bench --quick $(BENCH_ARGS)
+	$(BIN)/python -m tests.bench.read --quick $(BENCH_ARGS)
 
-# Planning benchmark (issue 3): plans a 1,000-partition feed on the running cluster; prints median/p99 and requests.
+# Planning benchmark: plans a 1,000-partition feed on the running cluster; prints median/p99 and requests.
 bench-plan: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
-	$(BIN)/python -m tidemark.bench_plan $(BENCH_PLAN_ARGS)
+	$(BIN)/python -m tests.bench.plan $(BENCH_PLAN_ARGS)
 
-# View benchmark (issue 11): renders a 200-partition feed's Tidemark view; prints the median.
+# View benchmark: renders a 200-partition feed's Tidemark view; prints the median.
 bench-view: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
-	$(BIN)/python -m tidemark.bench_view $(BENCH_VIEW_ARGS)
+	$(BIN)/python -m tests.bench.view $(BENCH_VIEW_ARGS)
 
 kafka-up: install
 	$(BIN)/tidemark kafka up

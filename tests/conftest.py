@@ -10,12 +10,12 @@ reuse a running cluster instead (handy while developing):
   are skipped (they need to own the processes).
 
 The ``postgres`` fixture starts one throwaway PostgreSQL server per session
-(:mod:`tidemark.pg_local`: Debian's binaries, installed first if missing and we are root)
+(:mod:`tests.support.servers.postgres`: Debian's binaries, installed first if missing and we are root)
 and yields its URL; ``checkpoint_store`` gives each test a fresh store of either kind.
-The ``s3`` fixture starts one s3proxy (:mod:`tidemark.s3_local`) per session with a
+The ``s3`` fixture starts one s3proxy (:mod:`tests.support.servers.s3`) per session with a
 bucket ``tidemark`` and puts its endpoint and credentials in the environment, as a
 deployment would; tests use fresh prefixes under that bucket. ``spark_cluster`` starts a
-Spark standalone master and worker (:mod:`tidemark.spark_local`) from pyspark's own
+Spark standalone master and worker (:mod:`tests.support.servers.spark`) from pyspark's own
 distribution, once per session, only for the tests that ask for it.
 """
 
@@ -31,16 +31,17 @@ from typing import Any
 
 import pytest
 
-from tidemark.checkpoints import CheckpointStore, PostgresCheckpointStore, SqliteCheckpointStore
-from tidemark.connection import KafkaConnection
-from tidemark.kafka_io import KafkaAdapter, Record, produce
-from tidemark.kafka_local.cluster import LocalCluster, cache_root
-from tidemark.s3_local import LocalS3
-from tidemark.spark_local import LocalSpark
-from tidemark.spark_session import CLASS_ARCHIVE_ENV
+from tests.support.servers.s3 import LocalS3
+from tests.support.servers.spark import LocalSpark
+from tidemark.checkpoints.store import CheckpointStore, PostgresCheckpointStore, SqliteCheckpointStore
+from tidemark.devtools.kafka.cluster import LocalCluster
+from tidemark.kafka.adapter import KafkaAdapter, Record, produce
+from tidemark.kafka.connection import KafkaConnection
+from tidemark.settings import cache_root
+from tidemark.spark.session import CLASS_ARCHIVE_ENV
 
 # Every small spark-submit of the suite starts its driver from one class-data archive
-# (tidemark.spark_session.driver_class_archive), also in tests that give a run its own HOME.
+# (tidemark.spark.session.driver_class_archive), also in tests that give a run its own HOME.
 os.environ.setdefault(CLASS_ARCHIVE_ENV, str(cache_root() / "jvm"))
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
@@ -190,7 +191,7 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaTestCluster
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[str]:
     """The URL (with its password) of a database on a PostgreSQL server started for this session."""
-    from tidemark import pg_local
+    from tests.support.servers import postgres as pg_local
 
     server = pg_local.start()
     try:
@@ -205,7 +206,7 @@ S3_BUCKET = "tidemark"
 @pytest.fixture(scope="session")
 def s3() -> Iterator[LocalS3]:
     """A real S3 endpoint (s3proxy) for the session, its settings in the environment (``AWS_*``)."""
-    from tidemark import s3_local
+    from tests.support.servers import s3 as s3_local
 
     server = s3_local.start()
     try:
@@ -237,8 +238,8 @@ def checkpoint_store(request: pytest.FixtureRequest, tmp_path: Path) -> Checkpoi
 
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSpark]:
-    """A Spark standalone master and one worker (:mod:`tidemark.spark_local`) for the session."""
-    from tidemark import spark_local
+    """A Spark standalone master and one worker (:mod:`tests.support.servers.spark`) for the session."""
+    from tests.support.servers import spark as spark_local
 
     cluster = spark_local.start(tmp_path_factory.mktemp("spark-cluster"))
     try:
@@ -249,7 +250,7 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSpa
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    from tidemark.spark_session import local_session
+    from tidemark.spark.session import local_session
 
     session = local_session("tidemark-tests")
     yield session

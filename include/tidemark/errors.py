@@ -7,6 +7,16 @@ name what is wrong (file and field, topic, partition and offsets) and what to do
 
 from __future__ import annotations
 
+from typing import Any
+
+QUOTE_CHARS = 80
+
+
+def shown(value: Any) -> str:
+    """An input as a message quotes it: its repr, cut at ``QUOTE_CHARS`` characters."""
+    text = repr(value)
+    return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + "…"
+
 
 class TidemarkError(Exception):
     """Base class of every error Tidemark raises deliberately."""

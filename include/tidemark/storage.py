@@ -13,7 +13,7 @@ S3 settings come from the environment only (never from feed files, plans or repo
 the standard ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` /
 ``AWS_REGION`` (or the SDK's other credential sources: profile, instance role, web
 identity), and ``TIDEMARK_S3_ENDPOINT`` (or ``AWS_ENDPOINT_URL``) for S3-compatible
-stores. In Airflow, :func:`tidemark.orchestration.storage_env` turns an ``aws``
+stores. In Airflow, :func:`tidemark.orchestration.dags.storage_env` turns an ``aws``
 connection into those variables.
 """
 
@@ -113,7 +113,7 @@ class Location:
     @property
     def fs(self) -> pafs.FileSystem:
         """The ``pyarrow.fs`` filesystem holding this location (pass it with :attr:`fs_path` to pyarrow)."""
-        return _local_fs() if self.is_local else _s3_fs(*_s3_settings())
+        return _local_fs() if self.is_local else _s3_fs(*s3_settings())
 
     @property
     def fs_path(self) -> str:
@@ -242,26 +242,22 @@ class Location:
             (target / name).write_bytes((self / name).read_bytes())
 
 
-def rename_folder(source: Path, target: Location) -> None:
-    """Atomically move a local folder into place (``rename(2)``); both must be on one local disk."""
-    os.rename(source, target.local_path())
-    fd = os.open(target.parent.local_path(), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # -- S3 from the environment -----------------------------------------------------------------
 
 
-def _s3_settings() -> tuple[str | None, str | None, str | None]:
+def s3_settings() -> tuple[str | None, str | None, str | None]:
     """``(endpoint, region, access key id)`` from the environment; the SDK's own chain reads the credentials.
 
-    The key id is part of the cache key only, so a changed identity gets a new client.
+    The Parquet folders (pyarrow) and the Iceberg catalog (pyiceberg) both reach S3 through
+    this. The key id serves as a cache key only, so a changed identity gets a new client.
     """
     endpoint = os.environ.get(ENDPOINT_ENV) or os.environ.get("AWS_ENDPOINT_URL") or None
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+    if endpoint is not None:
+        # S3-compatible servers (s3proxy 2.6, older MinIO) reject the SDK's newer default of
+        # checksum trailers on every upload; AWS S3 itself accepts either.
+        os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
+        os.environ.setdefault("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")
     return endpoint, region, os.environ.get("AWS_ACCESS_KEY_ID")
 
 
@@ -276,11 +272,6 @@ def _local_fs() -> pafs.FileSystem:
 def _s3_fs(endpoint: str | None, region: str | None, key_id: str | None) -> pafs.FileSystem:
     import pyarrow.fs as pafs
 
-    if endpoint is not None:
-        # S3-compatible servers (s3proxy 2.6, older MinIO) reject the SDK's newer default of
-        # checksum trailers on every upload; AWS S3 itself accepts either.
-        os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
-        os.environ.setdefault("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")
     return pafs.S3FileSystem(
         endpoint_override=endpoint,
         region=region or "us-east-1",

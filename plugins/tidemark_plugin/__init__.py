@@ -1,6 +1,6 @@
 """Registers Tidemark's offsets/lag page with Airflow (Browse → Tidemark).
 
-The page is a FastAPI app (``tidemark.web.create_app``) mounted at ``/tidemark`` and
+The page is a FastAPI app (``tidemark.web.app.create_app``) mounted at ``/tidemark`` and
 shown in an iframe. Kafka settings come from the ``tidemark_kafka`` connection. Airflow
 does not put plugin endpoints behind its auth, so the app carries Airflow's own auth
 dependencies: every page and endpoint needs an authenticated Airflow user, and the
@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
 
-from tidemark.orchestration import airflow_api_base, airflow_auth, airflow_trigger_auth, kafka_connection
-from tidemark.web import create_app
+from tidemark.orchestration.dags import airflow_api_base, airflow_auth, airflow_trigger_auth, kafka_connection
+from tidemark.web.app import create_app
 
 
 class TidemarkPlugin(AirflowPlugin):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from tidemark.checkpoints import PostgresCheckpointStore
+from tidemark.checkpoints.store import PostgresCheckpointStore
 
 
 @pytest.fixture(autouse=True)
@@ -20,7 +20,7 @@ def airflow_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_checkpoint_store_from_a_postgres_connection(postgres: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tidemark.orchestration import checkpoint_store
+    from tidemark.orchestration.dags import checkpoint_store
 
     url = make_url(postgres)
     conn = {"conn_type": "postgres", "host": url.host, "port": url.port, "login": url.username,
@@ -39,7 +39,7 @@ def test_checkpoint_store_from_a_postgres_connection(postgres: str, monkeypatch:
 
 def test_storage_settings_from_an_aws_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     from tidemark.errors import ConfigError
-    from tidemark.orchestration import storage_env
+    from tidemark.orchestration.dags import storage_env
 
     conn = {"conn_type": "aws", "login": "key-id", "password": "the-secret",
             "extra": {"region_name": "eu-west-1", "endpoint_url": "http://127.0.0.1:9000"}}  # fmt: skip
@@ -57,8 +57,8 @@ def test_storage_settings_from_an_aws_connection(monkeypatch: pytest.MonkeyPatch
 
 def test_iceberg_catalog_from_a_postgres_connection(postgres: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from tidemark.errors import ConfigError
-    from tidemark.iceberg_output import CATALOG_URI_ENV, open_catalog
-    from tidemark.orchestration import iceberg_env
+    from tidemark.orchestration.dags import iceberg_env
+    from tidemark.output.iceberg import CATALOG_URI_ENV, open_catalog
 
     url = make_url(postgres)
     conn = {"conn_type": "postgres", "host": url.host, "port": url.port, "login": url.username,

@@ -24,7 +24,7 @@ def test_dags_import_without_errors(dagbag) -> None:  # type: ignore[no-untyped-
 
 
 def test_one_dag_per_feed_plus_backfill_and_replay(dagbag) -> None:  # type: ignore[no-untyped-def]
-    from tidemark.config import load_feeds
+    from tidemark.config.models import load_feeds
 
     expected = {f"tidemark_{name.replace('.', '_')}" for name in load_feeds()} | {
         "tidemark_backfill",
@@ -60,6 +60,15 @@ def test_feed_dags_never_overlap_and_ui_dags_have_forms(dagbag) -> None:  # type
             assert dag.max_active_runs == 1, dag_id
 
 
+def test_trigger_forms_take_exactly_the_declared_request_parameters(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """The replay DAG's Params are the names the request parser, the view and the CLI use."""
+    from tidemark.planning.requests import COMMIT_PARAMS, REPLAY_PARAMS, SELECTION_PARAMS, WINDOW_PARAMS
+
+    assert set(dagbag.dags["tidemark_replay"].params) == {"feed", *REPLAY_PARAMS}
+    backfill = {"feed", "start_timestamp", "end_timestamp", *COMMIT_PARAMS, *WINDOW_PARAMS, *SELECTION_PARAMS}
+    assert set(dagbag.dags["tidemark_backfill"].params) == backfill
+
+
 def test_dag_files_do_not_import_heavy_libraries_at_top_level() -> None:
     for path in (ROOT / "dags").glob("*.py"):
         text = path.read_text()
@@ -68,7 +77,7 @@ def test_dag_files_do_not_import_heavy_libraries_at_top_level() -> None:
 
 
 def test_feed_dags_publish_their_output_as_an_asset(dagbag) -> None:  # type: ignore[no-untyped-def]
-    from tidemark.config import load_feeds
+    from tidemark.config.models import load_feeds
 
     feeds = {f"tidemark_{name.replace('.', '_')}": feed for name, feed in load_feeds().items()}
     for dag_id, dag in dagbag.dags.items():
@@ -85,7 +94,7 @@ def test_a_feed_publishing_to_object_storage_gets_its_dag_and_asset(tmp_path: Pa
     """An s3:// output (no local folder) must not break the DAG file: its asset is the URL."""
     import yaml
 
-    from tidemark.orchestration import all_dags
+    from tidemark.orchestration.dags import all_dags
 
     (tmp_path / "lake.yaml").write_text(
         yaml.safe_dump({"topics": ["orders"], "group": "g", "output": "s3://lake/orders"})

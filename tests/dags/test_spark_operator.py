@@ -16,8 +16,8 @@ def airflow_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_operator_submits_to_the_connections_cluster_master(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tidemark.orchestration import TidemarkSparkSubmitOperator, spark_job_path
-    from tidemark.spark_session import REDACTION_REGEX
+    from tidemark.orchestration.dags import TidemarkSparkSubmitOperator, spark_job_path
+    from tidemark.spark.session import REDACTION_REGEX
 
     conn = {"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077}
     monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_SPARK_TEST", json.dumps(conn))
@@ -32,7 +32,7 @@ def test_the_operator_submits_to_the_connections_cluster_master(monkeypatch: pyt
     confs = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--conf"]
     assert f"spark.redaction.regex={REDACTION_REGEX}" in confs
     assert "spark.executor.memory=2g" in confs  # the DAG's own settings are kept
-    # The job itself ships the package when the master is not local[...] (tidemark.job.should_ship):
+    # The job itself ships the package when the master is not local[...] (tidemark.job.steps.should_ship):
     # the command runs the same entry point as the CLI's, with nothing that turns shipping off.
     assert cmd[-5:] == [spark_job_path(), "--plan", "p.json", "--run-dir", "runs/r1"]
     assert not any("TIDEMARK_SHIP_PACKAGE" in arg for arg in cmd)
@@ -41,8 +41,8 @@ def test_the_operator_submits_to_the_connections_cluster_master(monkeypatch: pyt
 def test_a_small_run_gets_the_small_run_driver_options_and_the_dags_own_settings_win(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tidemark.orchestration import TidemarkSparkSubmitOperator, spark_job_path
-    from tidemark.spark_session import SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV, SMALL_RUN_MAX_RECORDS
+    from tidemark.orchestration.dags import TidemarkSparkSubmitOperator, spark_job_path
+    from tidemark.spark.session import SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV, SMALL_RUN_MAX_RECORDS
 
     monkeypatch.delenv(SMALL_RUN_JAVA_OPTIONS_ENV, raising=False)
     op = TidemarkSparkSubmitOperator(task_id="read_validate_publish", application=spark_job_path(), name="tidemark")
@@ -59,8 +59,8 @@ def test_a_small_run_gets_the_small_run_driver_options_and_the_dags_own_settings
 def test_the_class_archive_option_is_dropped_when_the_dag_adds_driver_classpath(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tidemark.orchestration import TidemarkSparkSubmitOperator, spark_job_path
-    from tidemark.spark_session import SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV
+    from tidemark.orchestration.dags import TidemarkSparkSubmitOperator, spark_job_path
+    from tidemark.spark.session import SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV
 
     monkeypatch.delenv(SMALL_RUN_JAVA_OPTIONS_ENV, raising=False)
     option = "-XX:SharedArchiveFile=/cache/spark.jsa"

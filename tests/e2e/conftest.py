@@ -1,6 +1,6 @@
 """One real Airflow for the e2e tests that need a running one (api-server, scheduler, dag-processor).
 
-Started once for the e2e tests by :class:`tidemark.airflow_local.LocalAirflow` (the code behind
+Started once for the e2e tests by :class:`tidemark.devtools.airflow.LocalAirflow` (the code behind
 ``make airflow``) against the session's Kafka cluster, with its own home, state dir and
 feeds folder. The feed ``view`` (manual schedule) reads a 3-partition topic holding a few
 records; the DAGs folder holds the project's DAG file and a downstream DAG scheduled on
@@ -27,8 +27,8 @@ import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster, keyed_records
-from tidemark.airflow_local import LocalAirflow, project_root
-from tidemark.kafka_io import Record
+from tidemark.devtools.airflow import LocalAirflow, project_root
+from tidemark.kafka.adapter import Record
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright's own browser download is not reachable
 FEED = "view"
@@ -47,8 +47,8 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, task
 
-from tidemark.config import load_feed
-from tidemark.orchestration import feed_asset
+from tidemark.config.models import load_feed
+from tidemark.orchestration.dags import feed_asset
 
 with DAG("downstream_of_view", schedule=[feed_asset(load_feed("view"))], tags=["test"]) as dag:
 

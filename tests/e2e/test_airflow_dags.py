@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster
-from tidemark.kafka_io import Record
+from tidemark.kafka.adapter import Record
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -30,7 +30,7 @@ SECRET = "pa55-not-for-logs"
 RUN_DAG = """
 import faulthandler, json, sys
 faulthandler.enable(file=open(sys.argv[3], "w"), all_threads=True)
-from tidemark.orchestration import all_dags
+from tidemark.orchestration.dags import all_dags
 dag = all_dags()[sys.argv[1]]
 run = dag.test(run_conf=json.loads(sys.argv[2]) or None)
 print("DAGRUN_STATE=" + str(run.state))

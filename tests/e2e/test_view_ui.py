@@ -14,9 +14,9 @@ import pytest
 
 from tests.conftest import keyed_records
 from tests.e2e.conftest import CHROMIUM, FEED, RunningAirflow
-from tidemark.checkpoints import SqliteCheckpointStore
-from tidemark.config import load_feed
-from tidemark.status import feed_status
+from tidemark.checkpoints.store import SqliteCheckpointStore
+from tidemark.config.models import load_feed
+from tidemark.runs.status import feed_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

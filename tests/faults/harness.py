@@ -45,10 +45,10 @@ import yaml
 from confluent_kafka import Consumer, TopicPartition
 
 from tests.conftest import KafkaTestCluster
-from tidemark.connection import KafkaConnection
-from tidemark.kafka_io import Record
-from tidemark.pipeline import CommitOutcome, RunHandle, run_feed
-from tidemark.sink import QUARANTINE_DIR, load_manifest
+from tidemark.kafka.adapter import Record
+from tidemark.kafka.connection import KafkaConnection
+from tidemark.output.parquet import QUARANTINE_DIR, load_manifest
+from tidemark.runs.pipeline import CommitOutcome, RunHandle, run_feed
 from tidemark.storage import Location
 
 LOCAL = "local"
@@ -242,8 +242,8 @@ class FaultEnv:
 
     def in_process(self, handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
         """The Spark job in this session: the same code ``spark-submit`` runs."""
-        from tidemark.config import load_feed
-        from tidemark.job import JobResult, run, upload_run_dir, write_result
+        from tidemark.config.models import load_feed
+        from tidemark.job.steps import JobResult, run, upload_run_dir, write_result
 
         self.run_ids.add(handle.run_id)
         plan = handle.plan()
@@ -336,8 +336,8 @@ class FaultEnv:
         return rows
 
     def _iceberg_rows(self) -> dict[str, Counter[Row]]:
-        from tidemark.config import load_feed
-        from tidemark.iceberg_output import IcebergPublisher
+        from tidemark.config.models import load_feed
+        from tidemark.output.iceberg import IcebergPublisher
 
         rows: dict[str, Counter[Row]] = {GOOD: Counter(), QUARANTINED: Counter()}
         publisher = IcebergPublisher(load_feed(self.feed))

@@ -16,7 +16,7 @@ import pytest
 from tests.faults.harness import ON_BOTH_SHAPES, FaultEnv, assert_names, scenario
 from tidemark.errors import OffsetsMovedError, PlanningError, TidemarkError
 from tidemark.faults import FAULTS_ENV, InjectedFault
-from tidemark.pipeline import commit_run, plan_run
+from tidemark.runs.pipeline import commit_run, plan_run
 from tidemark.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.faults]

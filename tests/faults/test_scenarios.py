@@ -26,8 +26,7 @@ from confluent_kafka import Consumer, Producer
 
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import ON_BOTH_SHAPES, FaultEnv, assert_names, oracle, scenario
-from tidemark.commit import metadata_run_id
-from tidemark.connection import KafkaConnection
+from tidemark.devtools.kafka.cluster import LocalCluster
 from tidemark.errors import (
     ConfigError,
     DataLossError,
@@ -39,10 +38,11 @@ from tidemark.errors import (
     ValidationFailedError,
 )
 from tidemark.faults import FAULTS_ENV, InjectedFault
-from tidemark.kafka_io import Record
-from tidemark.kafka_local.cluster import LocalCluster
-from tidemark.pipeline import commit_run, plan_run
-from tidemark.sink import staging_base
+from tidemark.kafka.adapter import Record
+from tidemark.kafka.connection import KafkaConnection
+from tidemark.output.parquet import staging_base
+from tidemark.planning.metadata import metadata_run_id
+from tidemark.runs.pipeline import commit_run, plan_run
 from tidemark.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.faults]
@@ -430,7 +430,7 @@ def test_overlapping_runs_exactly_one_commits(fenv: FaultEnv) -> None:
 def test_two_commits_of_one_group_at_the_same_time(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from tidemark.kafka_io import KafkaAdapter
+    from tidemark.kafka.adapter import KafkaAdapter
 
     fenv.produce(12)
     handles = [plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root) for _ in range(2)]
@@ -621,7 +621,7 @@ def test_secrets_never_written(fenv: FaultEnv, capfd: pytest.CaptureFixture[str]
     secret = "s3cr3t-fault-suite"
     conn = KafkaConnection(fenv.kafka.bootstrap_servers, {"sasl.password": secret})
     fenv.produce(9, bad={2})
-    from tidemark.pipeline import run_feed
+    from tidemark.runs.pipeline import run_feed
 
     run_feed(fenv.feed, conn, root=fenv.root, job_runner=fenv.in_process)
     out, errs = capfd.readouterr()
@@ -645,8 +645,8 @@ def test_task_killed_and_retried(fenv: FaultEnv) -> None:
     handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
     fenv.in_process(handle, fenv.kafka.connection)
     script = (
-        "import json, sys; from tidemark.pipeline import RunHandle, commit_run; "
-        "from tidemark.connection import from_env; "
+        "import json, sys; from tidemark.runs.pipeline import RunHandle, commit_run; "
+        "from tidemark.kafka.connection import from_env; "
         "commit_run(RunHandle.from_xcom(json.loads(sys.argv[1])), from_env())"
     )
     env = {**os.environ, **fenv.kafka.connection.to_env(), FAULTS_ENV: "commit.after_kafka:exit"}
@@ -669,7 +669,7 @@ def test_task_killed_and_retried(fenv: FaultEnv) -> None:
 def test_broker_restarted_during_the_read(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from tidemark import source
+    from tidemark.spark import source
 
     cluster = fenv.kafka.require_local()
     fenv.produce(300)
@@ -752,8 +752,8 @@ def _coordinator_pid(fenv: FaultEnv) -> int:
           asserted="the commit gives up within its timeout with an error naming the group; offsets unchanged; "
                    "the retried commit lands exactly the plan's ends; I1–I4")  # fmt: skip
 def test_coordinator_paused_during_the_commit(fenv: FaultEnv) -> None:
-    from tidemark.checkpoints import SqliteCheckpointStore
-    from tidemark.commit import commit_plan
+    from tidemark.checkpoints.store import SqliteCheckpointStore
+    from tidemark.runs.commit import commit_plan
 
     fenv.produce(9)
     fenv.run()
@@ -920,10 +920,12 @@ def test_backfill_past_the_last_record_with_out_of_order_timestamps(fenv: FaultE
           asserted="the commit fits its metadata to the broker's limit (plan and run ids kept) instead of being "
                    "rejected as OFFSET_METADATA_TOO_LARGE; the group is at the plan's ends")  # fmt: skip
 def test_commit_metadata_over_the_brokers_limit(tmp_path: Path) -> None:
-    from tidemark.checkpoints import SqliteCheckpointStore
-    from tidemark.commit import commit_plan, metadata_plan_id, plan_metadata
-    from tidemark.kafka_io import KafkaAdapter
-    from tidemark.planner import Policy, build_plan, snapshot_feed
+    from tidemark.checkpoints.store import SqliteCheckpointStore
+    from tidemark.kafka.adapter import KafkaAdapter
+    from tidemark.planning.metadata import metadata_plan_id, plan_metadata
+    from tidemark.planning.resolve import Policy, build_plan
+    from tidemark.runs.commit import commit_plan
+    from tidemark.runs.gather import snapshot_feed
 
     cluster = LocalCluster(tmp_path / "small-limit")
     state = cluster.up(brokers=1, settings={"offset.metadata.max.bytes": "100"})
@@ -931,10 +933,10 @@ def test_commit_metadata_over_the_brokers_limit(tmp_path: Path) -> None:
         connection = KafkaConnection(state.bootstrap_servers)
         adapter = KafkaAdapter(connection)
         adapter.create_topic("limits", 2, 1, None)
-        from tidemark.kafka_io import produce
+        from tidemark.kafka.adapter import produce
 
         produce(connection, "limits", [Record(value=b"v-%d" % i, partition=i % 2) for i in range(6)])
-        from tidemark.config import Feed
+        from tidemark.config.models import Feed
 
         feed = Feed(name="a-feed-with-a-rather-long-name-for-its-metadata", topics=("limits",), group="g-limits")
         store = SqliteCheckpointStore(tmp_path / "cp.sqlite")
@@ -962,7 +964,7 @@ def test_commit_metadata_over_the_brokers_limit(tmp_path: Path) -> None:
                    "new leader (replication 3); the commit lands the plan's ends; I1–I3")  # fmt: skip
 def test_leader_killed_mid_read(kafka: KafkaTestCluster, spark: Any, tmp_path: Path,
                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    from tidemark import source
+    from tidemark.spark import source
 
     cluster = kafka.require_local()
     fenv = FaultEnv(kafka, spark, tmp_path, "leader-killed")
@@ -1035,7 +1037,7 @@ def test_compacted_topic(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, mo
 def test_broker_restarted_during_the_commit(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from tidemark.kafka_io import KafkaAdapter
+    from tidemark.kafka.adapter import KafkaAdapter
 
     cluster = fenv.kafka.require_local()
     fenv.produce(9)

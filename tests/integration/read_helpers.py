@@ -8,9 +8,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from tidemark.connection import KafkaConnection
-from tidemark.kafka_io import KafkaAdapter
-from tidemark.plan import Chunk, Isolation, PartitionPlan, Plan, Task, compute_plan_id
+from tidemark._types import Isolation
+from tidemark.kafka.adapter import KafkaAdapter
+from tidemark.kafka.connection import KafkaConnection
+from tidemark.planning.plan import Chunk, PartitionPlan, Plan, Task, compute_plan_id
 
 
 def plan_for(

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 def test_bench_runs_interleaved_rounds_and_reads_kafka_once(kafka: KafkaTestCluster, tmp_path: Path) -> None:
     env = {**os.environ, **kafka.connection.to_env()}
-    cmd = [sys.executable, "-m", "tidemark.bench", "--records", "16000", "--runs", "2", "--only", "R1,RF,R3,R6",
+    cmd = [sys.executable, "-m", "tests.bench.read", "--records", "16000", "--runs", "2", "--only", "R1,RF,R3,R6",
            "--out", str(tmp_path)]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -50,7 +50,7 @@ def test_bench_runs_interleaved_rounds_and_reads_kafka_once(kafka: KafkaTestClus
 def test_small_run_bench_times_both_sides_over_the_same_offsets(kafka: KafkaTestCluster, tmp_path: Path) -> None:
     """``make bench-small`` shrunk: ``tidemark run`` and Spark's Kafka source, each in its own process."""
     env = {**os.environ, **kafka.connection.to_env()}
-    cmd = [sys.executable, "-m", "tidemark.bench_small", "--quick", "--runs", "1", "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "tests.bench.small", "--quick", "--runs", "1", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1100, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 

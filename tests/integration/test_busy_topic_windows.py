@@ -21,10 +21,10 @@ import pytest
 
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv, oracle
-from tidemark.checkpoints import SqliteCheckpointStore
-from tidemark.config import load_feed
-from tidemark.kafka_io import KafkaAdapter
-from tidemark.planner import plan_feed
+from tidemark.checkpoints.store import SqliteCheckpointStore
+from tidemark.config.models import load_feed
+from tidemark.kafka.adapter import KafkaAdapter
+from tidemark.runs.gather import plan_feed
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

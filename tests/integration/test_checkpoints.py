@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.checkpoints import (
+from tidemark.checkpoints.store import (
     URL_ENV,
     Checkpoint,
     CheckpointStore,
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 HOLDER = """
 import sys, time
 from pathlib import Path
-from tidemark.checkpoints import open_store
+from tidemark.checkpoints.store import open_store
 
 group, marker, release = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 with open_store().commit_lock(group, timeout_s=60):
@@ -140,7 +140,7 @@ def test_this_process_holding_the_lock_keeps_another_out(
         env = {**os.environ, URL_ENV: other_url}
         probe = subprocess.run(
             [sys.executable, "-c",
-             "import sys\nfrom tidemark.checkpoints import open_store\nfrom tidemark.errors import CommitError\n"
+             "import sys\nfrom tidemark.checkpoints.store import open_store\nfrom tidemark.errors import CommitError\n"
              "try:\n    open_store().commit_lock(sys.argv[1], timeout_s=0.3).__enter__()\n"
              "except CommitError:\n    sys.exit(3)\n", group],
             env=env, capture_output=True, text=True, check=False,

@@ -11,8 +11,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from tests.conftest import KafkaTestCluster, keyed_records
-from tidemark.kafka_io import Record
-from tidemark.kafka_local.cluster import LocalCluster
+from tidemark.devtools.kafka.cluster import LocalCluster
+from tidemark.kafka.adapter import Record
 
 pytestmark = pytest.mark.integration
 

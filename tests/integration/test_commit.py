@@ -13,11 +13,12 @@ import pytest
 from confluent_kafka import Consumer
 
 from tests.conftest import KafkaTestCluster, keyed_records
-from tidemark.checkpoints import CheckpointStore, SqliteCheckpointStore
-from tidemark.commit import commit_plan, metadata_plan_id, metadata_run_id
+from tidemark._types import TopicPartition as TP
+from tidemark.checkpoints.store import CheckpointStore, SqliteCheckpointStore
 from tidemark.errors import CommitError, GroupInUseError, OffsetsMovedError
-from tidemark.kafka_io import TP
-from tidemark.plan import PartitionPlan, Plan, compute_plan_id
+from tidemark.planning.metadata import metadata_plan_id, metadata_run_id
+from tidemark.planning.plan import PartitionPlan, Plan, compute_plan_id
+from tidemark.runs.commit import commit_plan
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ import pytest
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv, Row, assert_names, oracle
 from tidemark.errors import OffsetsMovedError, PlanningError, TidemarkError
-from tidemark.kafka_io import Record
-from tidemark.pipeline import commit_run, plan_run
+from tidemark.kafka.adapter import Record
+from tidemark.runs.pipeline import commit_run, plan_run
 from tidemark.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -217,8 +217,8 @@ def test_committing_exact_window_names_the_records_it_commits_past(fenv: FaultEn
 
 
 def test_iceberg_feed_committing_replay_finishing_between_publish_and_commit(fenv: FaultEnv) -> None:
-    from tidemark.config import load_feed
-    from tidemark.iceberg_output import IcebergPublisher, plan_history
+    from tidemark.config.models import load_feed
+    from tidemark.output.iceberg import IcebergPublisher, plan_history
 
     fenv.use_iceberg("tidemark.invariant")
     fenv.produce(12)
@@ -248,9 +248,9 @@ def test_iceberg_plan_in_the_table_but_not_committed_to_kafka_is_finished_once(
     fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A crash after the catalog commit and before Kafka's: the next run commits that plan, never re-publishes it."""
-    from tidemark.config import load_feed
+    from tidemark.config.models import load_feed
     from tidemark.faults import FAULTS_ENV, InjectedFault
-    from tidemark.iceberg_output import IcebergPublisher, plan_history
+    from tidemark.output.iceberg import IcebergPublisher, plan_history
 
     fenv.use_iceberg("tidemark.crashed")
     fenv.produce(9)
@@ -286,10 +286,10 @@ def test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_on
     """
     import threading
 
-    from tidemark import iceberg_output
-    from tidemark.config import load_feed
+    from tidemark.output import iceberg as iceberg_output
+    from tidemark.config.models import load_feed
     from tidemark.errors import PublishError
-    from tidemark.iceberg_output import IcebergPublisher, plan_history
+    from tidemark.output.iceberg import IcebergPublisher, plan_history
 
     fenv.use_iceberg("tidemark.twice")
     fenv.produce(6)

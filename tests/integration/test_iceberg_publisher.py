@@ -18,10 +18,11 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from tidemark.config import Feed, parse_feed
-from tidemark.decode import OUTCOME_COLUMN
+from tidemark.config.models import Feed, parse_feed
 from tidemark.errors import PublishError
-from tidemark.iceberg_output import (
+from tidemark.job.steps import quarantine_writer
+from tidemark.output.base import StagedRecords, publisher_for
+from tidemark.output.iceberg import (
     GROUP_KEY,
     PLAN_KEY,
     RANGES_KEY,
@@ -30,13 +31,13 @@ from tidemark.iceberg_output import (
     commit_files,
     plan_history,
 )
-from tidemark.job import quarantine_writer
-from tidemark.plan import Plan
-from tidemark.planner import PartitionSnapshot, Policy, build_plan
-from tidemark.publish import StagedRecords, publisher_for
-from tidemark.sink import Manifest
-from tidemark.source import SCHEMA, RangeStats
-from tidemark.validation import OK_OUTCOME
+from tidemark.output.parquet import Manifest
+from tidemark.planning.plan import Plan
+from tidemark.planning.resolve import PartitionSnapshot, Policy, build_plan
+from tidemark.spark.decode import OUTCOME_COLUMN
+from tidemark.spark.source import SCHEMA
+from tidemark.spark.stats import RangeStats
+from tidemark.validation.rules import OK_OUTCOME
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -207,7 +208,7 @@ def test_a_commit_on_a_table_that_changed_since_it_was_read_is_refused_not_rebas
 def test_backfills_of_an_iceberg_feed_publish_parquet_beside_it(setup: Setup) -> None:
     from dataclasses import replace
 
-    from tidemark.publish import ParquetPublisher
+    from tidemark.output.base import ParquetPublisher
 
     backfill = replace(setup.first, output=str(setup.feed.output_for("backfill")))
     chosen = publisher_for(setup.feed, backfill)

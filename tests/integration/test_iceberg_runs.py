@@ -38,13 +38,13 @@ from sqlalchemy.pool import NullPool
 
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import Row, digest, oracle
-from tidemark.checkpoints import URL_ENV, PostgresCheckpointStore
-from tidemark.config import load_feed
-from tidemark.iceberg_output import CATALOG_URI_ENV, PLAN_KEY, IcebergPublisher, plan_history
-from tidemark.job import run
-from tidemark.kafka_io import Record
-from tidemark.pipeline import RunHandle
-from tidemark.spark_local import LocalSpark
+from tests.support.servers.spark import LocalSpark
+from tidemark.checkpoints.store import URL_ENV, PostgresCheckpointStore
+from tidemark.config.models import load_feed
+from tidemark.job.steps import run
+from tidemark.kafka.adapter import Record
+from tidemark.output.iceberg import CATALOG_URI_ENV, PLAN_KEY, IcebergPublisher, plan_history
+from tidemark.runs.pipeline import RunHandle
 from tidemark.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

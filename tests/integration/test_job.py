@@ -13,8 +13,8 @@ import pytest
 
 from tests.conftest import KafkaTestCluster
 from tests.integration.read_helpers import chunk_layout, plan_for
-from tidemark.kafka_io import Record
-from tidemark.sink import published_dir
+from tidemark.kafka.adapter import Record
+from tidemark.output.parquet import published_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -98,7 +98,7 @@ def test_spark_submit_publishes_once_and_reports(kafka: KafkaTestCluster, tmp_pa
 def test_job_fails_with_a_named_partition_when_the_start_was_deleted(
     kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tidemark.job import main
+    from tidemark.job.steps import main
 
     topic = kafka.new_topic(partitions=2, config=KEEP, prefix="job-lost")
     _produce(kafka, topic)
@@ -128,10 +128,10 @@ def test_job_refuses_a_range_the_reader_left_short(
     shortening that range inside the reader only) must fail the run naming the partition
     and both offsets, and publish nothing; the plan's own ends would let it pass.
     """
-    from tidemark import source
-    from tidemark.config import load_feed
+    from tidemark.config.models import load_feed
     from tidemark.errors import ValidationFailedError
-    from tidemark.job import run
+    from tidemark.job.steps import run
+    from tidemark.spark import source
 
     topic = kafka.new_topic(partitions=2, config=KEEP, prefix="job-short")
     _produce(kafka, topic)

@@ -22,12 +22,12 @@ from sqlalchemy.engine import make_url
 
 from tests.conftest import KafkaTestCluster
 from tests.integration.read_helpers import published_pairs
-from tidemark.checkpoints import URL_ENV, PostgresCheckpointStore
-from tidemark.config import load_feed
-from tidemark.job import run
-from tidemark.kafka_io import Record
-from tidemark.pipeline import RunHandle
-from tidemark.sink import MANIFEST_NAME, load_manifest, published_dir, published_files
+from tidemark.checkpoints.store import URL_ENV, PostgresCheckpointStore
+from tidemark.config.models import load_feed
+from tidemark.job.steps import run
+from tidemark.kafka.adapter import Record
+from tidemark.output.parquet import MANIFEST_NAME, load_manifest, published_dir, published_files
+from tidemark.runs.pipeline import RunHandle
 from tidemark.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

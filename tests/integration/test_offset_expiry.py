@@ -20,11 +20,11 @@ import pytest
 
 from tests.conftest import KafkaTestCluster
 from tests.integration.test_pipeline import Env
-from tidemark.commit import metadata_run_id
+from tidemark.devtools.kafka.cluster import jars_dir, java
 from tidemark.errors import ValidationFailedError
-from tidemark.kafka_local.cluster import jars_dir, java
-from tidemark.pipeline import CommitOutcome, RunHandle
-from tidemark.report import list_runs
+from tidemark.planning.metadata import metadata_run_id
+from tidemark.runs.pipeline import CommitOutcome, RunHandle
+from tidemark.runs.report import list_runs
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster
-from tidemark.connection import KafkaConnection
 from tidemark.errors import TidemarkError, ValidationFailedError
-from tidemark.kafka_io import Record
-from tidemark.pipeline import RunHandle, commit_run, plan_run, run_feed
+from tidemark.kafka.adapter import Record
+from tidemark.kafka.connection import KafkaConnection
+from tidemark.runs.pipeline import RunHandle, commit_run, plan_run, run_feed
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -78,8 +78,8 @@ class Env:
         return sorted(rows)
 
     def in_process(self, handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
-        from tidemark.config import load_feed
-        from tidemark.job import JobResult, run, write_result
+        from tidemark.config.models import load_feed
+        from tidemark.job.steps import JobResult, run, write_result
 
         plan = handle.plan()
         result = JobResult(plan.plan_id, plan.feed)
@@ -122,9 +122,9 @@ def test_clean_run_commits_planned_ends_and_a_second_run_reads_nothing(
     if case == "data_source":  # small plans are read by the driver unless the feed says otherwise
         env.write_feed(driver_read_max_records=0)
     if case == "driver_rdd":  # the driver's batches reach Spark as an RDD, as larger plans' do
-        monkeypatch.setattr("tidemark.source.LOCAL_RELATION_MAX_RECORDS", 10)
+        monkeypatch.setattr("tidemark.spark.source.LOCAL_RELATION_MAX_RECORDS", 10)
     if case == "over_bytes":  # records too large to hold in the driver: the executors read them
-        monkeypatch.setattr("tidemark.source.DRIVER_READ_MAX_BYTES", 100)
+        monkeypatch.setattr("tidemark.spark.source.DRIVER_READ_MAX_BYTES", 100)
     env.produce(30, bad={7})
     handle, job, outcome = env.run()
     assert job["reader"] == reader
@@ -148,7 +148,7 @@ def _no_spark(handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
 
 
 def test_empty_plan_starts_no_spark_and_recommits_idle_partitions(env: Env) -> None:
-    from tidemark.commit import metadata_run_id
+    from tidemark.planning.metadata import metadata_run_id
 
     env.produce(6)
     env.run()
@@ -272,7 +272,7 @@ def test_commit_refuses_unpublished_run(env: Env) -> None:
 
 
 def test_tidemark_run_cli_through_spark_submit(env: Env) -> None:
-    from tidemark.spark_session import CLASS_ARCHIVE_ENV, SMALL_RUN_JAVA_OPTIONS, class_archive_path
+    from tidemark.spark.session import CLASS_ARCHIVE_ENV, SMALL_RUN_JAVA_OPTIONS, class_archive_path
 
     env.produce(6, bad={2})
     cds_log = env.root / "cds.log"  # the driver JVM's class-data sharing, logged to a file

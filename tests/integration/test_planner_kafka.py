@@ -21,11 +21,11 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Produc
 
 from tests.conftest import KafkaTestCluster, keyed_records
 from tidemark import cli
-from tidemark.checkpoints import SqliteCheckpointStore
-from tidemark.config import Feed
+from tidemark.checkpoints.store import SqliteCheckpointStore
+from tidemark.config.models import Feed
 from tidemark.errors import DataLossError, OffsetAheadError, PlanningError, TidemarkError
-from tidemark.plan import Plan, PlanStore
-from tidemark.planner import plan_feed, snapshot_feed
+from tidemark.planning.plan import Plan, PlanStore
+from tidemark.runs.gather import plan_feed, snapshot_feed
 
 pytestmark = pytest.mark.integration
 
@@ -394,7 +394,7 @@ def test_caps_split_backlog_over_runs(kafka: KafkaTestCluster, store: SqliteChec
 def test_replay(
     kafka: KafkaTestCluster, store: SqliteCheckpointStore, spec: dict[str, Any], expected: dict[int, tuple[int, int]]
 ) -> None:
-    from tidemark.replay import ReplaySpec
+    from tidemark.planning.requests import ReplaySpec
 
     topic = kafka.new_topic(partitions=2)
     fill(kafka, topic, {0: 10, 1: 10})

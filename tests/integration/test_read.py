@@ -11,21 +11,20 @@ from pyspark.errors import AnalysisException
 
 from tests.conftest import KafkaTestCluster, keyed_records
 from tests.integration.read_helpers import consume_independently, plan_for
+from tidemark.devtools.kafka.cluster import LocalCluster
 from tidemark.errors import LocalKafkaError, ReadError
-from tidemark.kafka_io import Record
-from tidemark.kafka_local.cluster import LocalCluster
-from tidemark.source import (
+from tidemark.kafka.adapter import Record
+from tidemark.spark.source import (
     SCHEMA,
     SOURCE_NAME,
     DriverReadTooLarge,
-    check_complete,
-    range_stats,
     read_plan,
     read_plan_in_driver,
     read_task,
     register,
     tasks_of,
 )
+from tidemark.spark.stats import check_complete, range_stats
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -106,7 +105,7 @@ def test_driver_read_yields_what_the_data_source_reads(
     # setting is left as it was.
     key = "spark.sql.execution.arrow.localRelationThreshold"
     before = spark.conf.get(key)
-    monkeypatch.setattr("tidemark.source.LOCAL_RELATION_MAX_RECORDS", 100)
+    monkeypatch.setattr("tidemark.spark.source.LOCAL_RELATION_MAX_RECORDS", 100)
     as_rdd = read_plan_in_driver(spark, plan, kafka.connection, batch_records=64)
     assert "LocalRelation" in in_driver._jdf.queryExecution().analyzed().toString()
     assert "LocalRelation" not in as_rdd._jdf.queryExecution().analyzed().toString()

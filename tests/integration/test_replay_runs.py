@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv
-from tidemark.checkpoints import SqliteCheckpointStore
+from tidemark.checkpoints.store import SqliteCheckpointStore
 from tidemark.errors import CommitError, ConfigError
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

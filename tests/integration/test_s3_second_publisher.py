@@ -19,9 +19,9 @@ import pytest
 
 from tests.conftest import S3_BUCKET, KafkaTestCluster
 from tests.faults.harness import FaultEnv
-from tidemark import sink
 from tidemark.faults import InjectedFault
-from tidemark.pipeline import commit_run, plan_run
+from tidemark.output import parquet as sink
+from tidemark.runs.pipeline import commit_run, plan_run
 from tidemark.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -12,10 +12,10 @@ import pyarrow.dataset as ds
 import pytest
 
 from tests.integration.read_helpers import chunk_layout
-from tidemark.config import Feed
+from tidemark.config.models import Feed
 from tidemark.errors import PublishError
-from tidemark.plan import Chunk, PartitionPlan, Plan, Task, compute_plan_id
-from tidemark.sink import MANIFEST_NAME, load_manifest, publish, published_dir, verify
+from tidemark.output.parquet import MANIFEST_NAME, load_manifest, publish, published_dir, verify
+from tidemark.planning.plan import Chunk, PartitionPlan, Plan, Task, compute_plan_id
 
 pytestmark = pytest.mark.spark
 
@@ -38,7 +38,7 @@ def _plan(feed: str = "sinkfeed", end: int = 4) -> Plan:
 
 
 def _df(spark: Any, plan: Plan) -> Any:
-    from tidemark.source import SCHEMA
+    from tidemark.spark.source import SCHEMA
 
     rows = [
         ("orders", p, o, DAY1 if o < 2 else DAY2, 0, f"k{o}".encode(), f"v{p}-{o}".encode(), [], plan.plan_id)
@@ -155,7 +155,7 @@ def _quarantine_writer(reasons: dict[str, str]) -> Any:
 
 
 def test_publish_staged_renames_good_records_into_place_and_keeps_bad_ones_aside(tmp_path: Path) -> None:
-    from tidemark.sink import new_staging, publish_staged
+    from tidemark.output.parquet import new_staging, publish_staged
 
     plan = _plan()
     feed = Feed(name=plan.feed, topics=("orders",), group="g", output=str(tmp_path / "out"))
@@ -185,7 +185,7 @@ def test_publish_staged_renames_good_records_into_place_and_keeps_bad_ones_aside
 def test_publish_staged_refuses_counts_that_differ_from_validation(
     tmp_path: Path, records: int, quarantined: int
 ) -> None:
-    from tidemark.sink import new_staging, publish_staged
+    from tidemark.output.parquet import new_staging, publish_staged
 
     plan = _plan()
     feed = Feed(name=plan.feed, topics=("orders",), group="g", output=str(tmp_path / "out"))
@@ -202,7 +202,7 @@ def test_publish_staged_refuses_counts_that_differ_from_validation(
 
 
 def test_new_staging_clears_a_crashed_attempt_and_refuses_a_published_plan(spark: Any, tmp_path: Path) -> None:
-    from tidemark.sink import STAGING_DIR, new_staging
+    from tidemark.output.parquet import STAGING_DIR, new_staging
 
     plan = _plan()
     feed = Feed(name=plan.feed, topics=("orders",), group="g", output=str(tmp_path / "out"))
@@ -226,8 +226,8 @@ def test_two_attempts_publishing_one_plan_at_the_same_time_publish_it_once(
     """
     import threading
 
-    from tidemark import sink
-    from tidemark.sink import new_staging, publish_staged
+    from tidemark.output import parquet as sink
+    from tidemark.output.parquet import new_staging, publish_staged
 
     plan = _plan()
     out = (tmp_path / "out").resolve()

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.integration.test_sink import _df, _plan, _quarantine_writer, _stage
-from tidemark.config import Feed
-from tidemark.sink import (
+from tidemark.config.models import Feed
+from tidemark.output.parquet import (
     MANIFEST_NAME,
     load_manifest,
     new_staging,

@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster
-from tidemark.kafka_io import Record
-from tidemark.spark_local import LocalSpark
+from tests.support.servers.spark import LocalSpark
+from tidemark.kafka.adapter import Record
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

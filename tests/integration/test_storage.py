@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.support.servers.s3 import LocalS3
 from tidemark.errors import ConfigError, StateStoreError
-from tidemark.s3_local import LocalS3
 from tidemark.storage import Location
 
 pytestmark = pytest.mark.integration

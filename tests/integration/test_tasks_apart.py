@@ -25,20 +25,20 @@ import yaml
 
 from tests.conftest import KafkaTestCluster
 from tests.integration.read_helpers import published_pairs
-from tidemark.checkpoints import URL_ENV
-from tidemark.kafka_io import Record
-from tidemark.sink import published_files
+from tidemark.checkpoints.store import URL_ENV
+from tidemark.kafka.adapter import Record
+from tidemark.output.parquet import published_files
 from tidemark.storage import Location, is_url
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-# Each step does what its DAG task does (tidemark.orchestration), with the connections
+# Each step does what its DAG task does (tidemark.orchestration.dags), with the connections
 # taken from the environment: plan_step → plan_run, the Spark task → spark-submit of the
 # job with the plan's URL, commit_step → commit_run. Only the XCom document crosses.
 STEP = """
 import json, sys
-from tidemark.connection import from_env
-from tidemark.pipeline import RunHandle, commit_run, plan_run, run_job
+from tidemark.kafka.connection import from_env
+from tidemark.runs.pipeline import RunHandle, commit_run, plan_run, run_job
 step, doc = sys.argv[1], json.loads(sys.argv[2])
 if step == "plan":
     out = plan_run(doc["feed"], from_env(), mode="scheduled").to_xcom()

@@ -22,8 +22,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv
-from tidemark.kafka_io import Record
-from tidemark.pipeline import RunHandle
+from tidemark.kafka.adapter import Record
+from tidemark.runs.pipeline import RunHandle
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv, Row, oracle
 from tidemark.errors import PlanningError
-from tidemark.pipeline import CommitOutcome
+from tidemark.runs.pipeline import CommitOutcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from tidemark.config import Expectation, Feed, Validation
+from tidemark.config.models import Expectation, Feed, Validation
 from tidemark.errors import ValidationFailedError
-from tidemark.plan import PartitionPlan, Plan, compute_plan_id
-from tidemark.validation import ValidationRejectedError, check_ranges, validate
+from tidemark.planning.plan import PartitionPlan, Plan, compute_plan_id
+from tidemark.validation.rules import ValidationRejectedError, check_ranges, validate
 
 pytestmark = pytest.mark.spark
 
@@ -119,7 +119,7 @@ def _gx_jobs(spark: Any, group: str, call: Any) -> tuple[Any, int]:
 
 
 def test_gx_looks_for_no_unexpected_rows_once_the_row_counts_found_none(spark: Any, tmp_path: Path) -> None:
-    from tidemark.validation import run_gx
+    from tidemark.validation.rules import run_gx
 
     plan = make_plan({0: (0, 40)})
     clean = spark.createDataFrame(clean_rows(0, 0, 40), SCHEMA).persist()
@@ -156,7 +156,7 @@ def test_gx_looks_for_no_unexpected_rows_once_the_row_counts_found_none(spark: A
 
 
 def test_range_statistics_ride_along_the_validation_aggregation(spark: Any, tmp_path: Path) -> None:
-    from tidemark.source import range_stats
+    from tidemark.spark.stats import range_stats
 
     plan = make_plan({0: (100, 132), 1: (0, 20)})
     undecoded = spark.createDataFrame([row(1, 19, None, None, None, "x")], SCHEMA)
@@ -328,7 +328,7 @@ def raw_rows(values: list[bytes]) -> list[tuple[Any, ...]]:
 
 
 def json_feed(mode: str, ratio: float) -> Feed:
-    from tidemark.config import Deserialization, JsonField
+    from tidemark.config.models import Deserialization, JsonField
 
     return Feed(
         name="orders",
@@ -349,7 +349,7 @@ def json_feed(mode: str, ratio: float) -> Feed:
 
 
 def test_records_that_failed_to_decode_are_bad_records(spark: Any, tmp_path: Path) -> None:
-    from tidemark.decode import decode
+    from tidemark.spark.decode import decode
 
     values = [json.dumps({"order_id": i, "amount": 1.5 * i}).encode() for i in range(10)]
     values[3] = b'{"order_id": "broken'
@@ -380,8 +380,8 @@ def test_outcome_codes_stand_for_the_reasons_validate_gives_past_one_bitmask_chu
     """Each row's short code, turned back into text, is the reason the quarantine has always carried."""
     from pyspark.sql import functions as F
 
-    from tidemark.config import Deserialization
-    from tidemark.validation import OK_OUTCOME, OutcomeCodes, reason_sql, split_rules
+    from tidemark.config.models import Deserialization
+    from tidemark.validation.rules import OK_OUTCOME, OutcomeCodes, reason_sql, split_rules
 
     columns = [f"c{i}" for i in range(65)]  # two bitmask chunks
     rules = [Expectation(type="expect_column_values_to_not_be_null", kwargs={"column": c}) for c in columns]

@@ -11,11 +11,11 @@ import yaml
 from fastapi.testclient import TestClient
 
 from tests.conftest import KafkaTestCluster, keyed_records
-from tidemark.checkpoints import SqliteCheckpointStore
-from tidemark.config import Feed, load_feed
-from tidemark.connection import KafkaConnection
-from tidemark.kafka_io import Record
-from tidemark.web import create_app
+from tidemark.checkpoints.store import SqliteCheckpointStore
+from tidemark.config.models import Feed, load_feed
+from tidemark.kafka.adapter import Record
+from tidemark.kafka.connection import KafkaConnection
+from tidemark.web.app import create_app
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ def test_a_200_partition_feed_renders_every_partition_as_status_says(kafka: Kafk
     """Correctness of a big view (its speed is ``make bench-view``'s business, not a test's)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from tidemark.status import feed_status
+    from tidemark.runs.status import feed_status
 
     topic = kafka.new_topic(partitions=200, prefix="web200")
     stamp = int(time.time() * 1000) - 3_600_000  # an hour old: inside the test cluster's retention
@@ -119,8 +119,8 @@ def test_trouble_stands_out_and_the_preview_is_the_dry_run_plan(
 ) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
-    from tidemark.pipeline import plan_request, run_feed
-    from tidemark.report import list_runs
+    from tidemark.runs.pipeline import plan_request, run_feed
+    from tidemark.runs.report import list_runs
 
     topic = feed.topics[0]
     consumer = Consumer(kafka.connection.client_config(**{"group.id": feed.group}))

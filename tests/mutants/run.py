@@ -61,13 +61,13 @@ MUTANTS = (
     Mutant(
         "commit-lock-removed",
         "commits of one group take turns (the per-group lock in commit_run)",
-        (Edit("include/tidemark/pipeline.py", "with checkpoints.commit_lock(plan.group):", "if True:"),),
+        (Edit("include/tidemark/runs/pipeline.py", "with checkpoints.commit_lock(plan.group):", "if True:"),),
         (f"{SCENARIOS}::test_two_commits_of_one_group_at_the_same_time[local]",),
     ),
     Mutant(
         "plan-ends-as-positions",
         "every range is read to its end (validation compares where the reader stopped)",
-        (Edit("include/tidemark/job.py", "positions=positions,", "positions=plan.ends(),"),),
+        (Edit("include/tidemark/job/steps.py", "positions=positions,", "positions=plan.ends(),"),),
         ("tests/integration/test_job.py::test_job_refuses_a_range_the_reader_left_short",),
     ),
     Mutant(
@@ -75,7 +75,7 @@ MUTANTS = (
         "only validated records are published (a bad record staged as good)",
         (
             Edit(
-                "include/tidemark/validation.py",
+                "include/tidemark/validation/rules.py",
                 "        if self.rules:\n            chunks = [",
                 "        if False:  # every row that decoded is staged ok\n            chunks = [",
             ),
@@ -87,11 +87,11 @@ MUTANTS = (
         "only validated records are published (a bad record staged as good, and the publish's count check off)",
         (
             Edit(
-                "include/tidemark/validation.py",
+                "include/tidemark/validation/rules.py",
                 "        if self.rules:\n            chunks = [",
                 "        if False:  # every row that decoded is staged ok\n            chunks = [",
             ),
-            Edit("include/tidemark/sink.py", "if want is not None and have != want:", "if False:"),
+            Edit("include/tidemark/output/parquet.py", "if want is not None and have != want:", "if False:"),
         ),
         (
             f"{SCENARIOS}::test_validation_fails_on_one_bad_record",
@@ -103,7 +103,7 @@ MUTANTS = (
         "nothing lost: the reader yields every record of a range, the last one too",
         (
             Edit(
-                "include/tidemark/source.py",
+                "include/tidemark/spark/source.py",
                 "keep = valid_slot & (offsets >= wave.low[slots]) & (offsets < wave.end[slots])",
                 "keep = valid_slot & (offsets >= wave.low[slots]) & (offsets < wave.end[slots] - 1)",
             ),
@@ -118,7 +118,7 @@ MUTANTS = (
         "the end of every range is frozen when the plan is made (the reader keeps records past it)",
         (
             Edit(
-                "include/tidemark/source.py",
+                "include/tidemark/spark/source.py",
                 "keep = valid_slot & (offsets >= wave.low[slots]) & (offsets < wave.end[slots])",
                 "keep = valid_slot & (offsets >= wave.low[slots])",
             ),
@@ -130,7 +130,7 @@ MUTANTS = (
         "a range that cannot reach its end fails with an error naming it (the reader's stall timeout)",
         (
             Edit(
-                "include/tidemark/source.py",
+                "include/tidemark/spark/source.py",
                 "elif wave.open and time.monotonic() - last_progress > stall_timeout_s:",
                 "elif False:",
             ),
@@ -143,7 +143,7 @@ MUTANTS = (
         "a plan is published once, also by two attempts at the same time (the rename into place)",
         (
             Edit(
-                "include/tidemark/sink.py",
+                "include/tidemark/output/parquet.py",
                 "os.rename(staging, final)  # atomic",
                 "shutil.rmtree(final, ignore_errors=True); os.rename(staging, final)  # atomic",
             ),
@@ -156,7 +156,7 @@ MUTANTS = (
         "the table the plan-id check read)",
         (
             Edit(
-                "include/tidemark/iceberg_output.py",
+                "include/tidemark/output/iceberg.py",
                 "commit_files(table, [str(self.location / n) for n in names], properties, self.table_name)",
                 "commit_files(self.load() or table, [str(self.location / n) for n in names], properties, "
                 "self.table_name)",
@@ -182,7 +182,11 @@ MUTANTS = (
     Mutant(
         "publish-despite-a-moved-group",
         "every offset at most once in the feed's output (a cleared old run re-running its job)",
-        (Edit("include/tidemark/job.py", "        refuse_if_moved(plan, connection, run_id)\n", "        pass\n"),),
+        (
+            Edit(
+                "include/tidemark/job/steps.py", "        refuse_if_moved(plan, connection, run_id)\n", "        pass\n"
+            ),
+        ),
         (
             "tests/integration/test_feed_invariant.py::test_cleared_old_dag_run_rerunning_after_later_runs_committed",
             "tests/e2e/test_cleared_run.py::test_a_cleared_old_run_publishes_nothing_twice",
@@ -193,7 +197,7 @@ MUTANTS = (
         "every offset at most once in the feed's output (a run whose commit was refused)",
         (
             Edit(
-                "include/tidemark/pipeline.py",
+                "include/tidemark/runs/pipeline.py",
                 "                    retracted = retract_refused(feed, handle, plan, checkpoints, str(exc))\n",
                 "                    retracted = None\n",
             ),
@@ -206,13 +210,13 @@ MUTANTS = (
         "Kafka commit crashed; the table's history as the planner's fallback removed too)",
         (
             Edit(
-                "include/tidemark/pipeline.py",
+                "include/tidemark/runs/pipeline.py",
                 "    while (pending := pending_commit(feed, root, checkpoints)) is not None and pending.run_id not in "
                 "seen:",
                 "    while (pending := None) is not None:",
             ),
             Edit(
-                "include/tidemark/planner.py",
+                "include/tidemark/runs/gather.py",
                 'recover=(lambda: publisher_for(feed).positions(feed)) if mode == "scheduled" else None,',
                 "recover=None,",
             ),

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tidemark.commit import METADATA_MAX_BYTES, metadata_plan_id, metadata_run_id, plan_metadata
-from tidemark.plan import PartitionPlan, Plan, compute_plan_id
+from tidemark.planning.metadata import METADATA_MAX_BYTES, metadata_plan_id, metadata_run_id, plan_metadata
+from tidemark.planning.plan import PartitionPlan, Plan, compute_plan_id
 
 RUN = "20261122T152342123456Z-0123abcd"
 
@@ -55,7 +55,7 @@ def test_default_limit_is_kafkas() -> None:
 
 
 def test_metadata_names_the_topic_id_and_keeps_it_before_the_feed_name() -> None:
-    from tidemark.commit import metadata_topic_id
+    from tidemark.planning.metadata import metadata_topic_id
 
     p = plan(feed="é" * 99)
     assert metadata_topic_id(plan_metadata(p, RUN, topic_id="AAAAAAAAAAAAAAAAAAAAAQ")) == "AAAAAAAAAAAAAAAAAAAAAQ"

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from tidemark.config import parse_feed
+from tidemark.config.models import parse_feed
 from tidemark.errors import ConfigError, PlanningError
-from tidemark.pipeline import committing_request
-from tidemark.planner import PartitionSnapshot, Policy, build_plan
-from tidemark.replay import ReplaySpec
+from tidemark.planning.requests import ReplaySpec
+from tidemark.planning.resolve import PartitionSnapshot, Policy, build_plan
+from tidemark.runs.pipeline import committing_request
 
 FEED = parse_feed("f", {"topics": ["t"], "group": "g", "output": "/tmp/tidemark-unit-out"}, "f.yaml")
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.config import Feed, load_feed, load_feed_file, load_feeds, package_root, schedule_interval
+from tidemark.config.durations import schedule_interval
+from tidemark.config.models import Feed, load_feed, load_feed_file, load_feeds, package_root
 from tidemark.errors import ConfigError
-from tidemark.planner import Policy
+from tidemark.planning.resolve import Policy
 
 MINIMAL = "topics: [orders]\ngroup: orders-batch\n"
 

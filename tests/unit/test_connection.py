@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tidemark.connection import KafkaConnection, from_airflow_extra, from_env
 from tidemark.errors import ConfigError
+from tidemark.kafka.connection import KafkaConnection, from_airflow_extra, from_env
 
 
 def test_from_env_maps_prefixed_settings_to_librdkafka_keys() -> None:

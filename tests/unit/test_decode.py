@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from tidemark.config import Deserialization, JsonField
-from tidemark.decode import ERROR_COLUMN, RAW_VALUE_COLUMN, annotate, decode, json_schema_ddl
+from tidemark.config.models import Deserialization, JsonField
 from tidemark.errors import ConfigError
+from tidemark.spark.decode import ERROR_COLUMN, RAW_VALUE_COLUMN, annotate, decode, json_schema_ddl
 
 pytestmark = pytest.mark.spark
 
@@ -17,7 +17,7 @@ TS = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def _records(spark: Any, pairs: list[tuple[bytes | None, bytes | None]]) -> Any:
-    from tidemark.source import SCHEMA
+    from tidemark.spark.source import SCHEMA
 
     rows = [("t", 0, i, TS, 0, k, v, [], "plan") for i, (k, v) in enumerate(pairs)]
     return spark.createDataFrame(rows, SCHEMA)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tidemark.errors import ConfigError
-from tidemark.iceberg_output import CATALOG_TYPE_ENV, CATALOG_URI_ENV, catalog_properties, catalog_uri, open_catalog
+from tidemark.output.iceberg import CATALOG_TYPE_ENV, CATALOG_URI_ENV, catalog_properties, catalog_uri, open_catalog
 
 
 @pytest.fixture(autouse=True)

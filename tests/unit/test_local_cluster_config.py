@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tidemark.kafka_local.cluster import ClusterState, LocalCluster, Node, kafka_version
+from tidemark.devtools.kafka.cluster import ClusterState, LocalCluster, Node, kafka_version
 
 
 def _state(tmp_path: Path, n: int) -> ClusterState:
@@ -41,7 +41,7 @@ def test_format_accepts_a_cluster_id_that_starts_with_a_dash(tmp_path: Path) -> 
     """Kafka's argparse took '-abc...' for an option when passed as a separate argument."""
     import subprocess
 
-    from tidemark.kafka_local.cluster import LocalCluster, fetch_jars
+    from tidemark.devtools.kafka.cluster import LocalCluster, fetch_jars
 
     cluster = LocalCluster(tmp_path)
     state = _state(tmp_path, 1)
@@ -62,7 +62,7 @@ def test_a_node_just_launched_is_not_taken_for_an_exited_one(tmp_path: Path) -> 
     import sys
     import time
 
-    from tidemark.kafka_local.cluster import _pid_runs
+    from tidemark.devtools.kafka.cluster import _pid_runs
 
     config = tmp_path / "server.properties"
     sleeper = [sys.executable, "-c", "import time; time.sleep(30)", str(config)]

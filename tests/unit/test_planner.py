@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from tidemark.errors import DataLossError, OffsetAheadError, PlanningError
-from tidemark.plan import PartitionPlan, Plan, PlanStore
-from tidemark.planner import (
+from tidemark.planning.plan import PartitionPlan, Plan, PlanStore
+from tidemark.planning.resolve import (
     PartitionSnapshot,
     Policy,
     RetentionInfo,
@@ -570,7 +570,7 @@ def test_retention_warning_is_in_scheduled_plans_only() -> None:
 def test_replay_resolution(
     spec: dict[str, Any], fields: dict[str, Any], expected: tuple[int, int, str], events: list[str]
 ) -> None:
-    from tidemark.replay import ReplaySpec
+    from tidemark.planning.requests import ReplaySpec
 
     replay = ReplaySpec(**spec)
     plan = plan_one(
@@ -584,14 +584,14 @@ def test_replay_resolution(
 
 
 def test_replay_commit_follows_the_spec() -> None:
-    from tidemark.replay import ReplaySpec
+    from tidemark.planning.requests import ReplaySpec
 
     plan = plan_one(snap(committed=150), mode="replay", replay=ReplaySpec(start_from="earliest", commit=True))
     assert plan.commit is True
 
 
 def test_replay_shift_without_position_is_refused() -> None:
-    from tidemark.replay import ReplaySpec
+    from tidemark.planning.requests import ReplaySpec
 
     with pytest.raises(PlanningError, match=r"t\[0\]"):
         plan_one(snap(), mode="replay", replay=ReplaySpec(start_from="shift_by", shift_by=-5))

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.config import Feed
-from tidemark.errors import ConfigError
-from tidemark.pipeline import selection_options
-from tidemark.replay import MAX_OFFSET, OUTPUT_ROOTS_ENV, parse_replay_params, shown
+from tidemark.config.models import Feed
+from tidemark.errors import ConfigError, shown
+from tidemark.planning.requests import MAX_OFFSET, OUTPUT_ROOTS_ENV, parse_replay_params
+from tidemark.runs.pipeline import selection_options
 from tidemark.storage import Location
 
 
@@ -85,7 +85,7 @@ def test_a_symlink_under_a_root_is_compared_by_its_name_not_followed(feed: Feed,
 @pytest.mark.parametrize("value", ["false", "true", 0, 1, None, [True]])
 def test_a_backfills_flags_are_true_or_false_only(feed: Feed, name: str, value: object) -> None:
     """The string "false" must never commit or read: refused by name before anything is planned."""
-    from tidemark.pipeline import plan_request
+    from tidemark.runs.pipeline import plan_request
 
     params = {"start_timestamp": "2026-01-01T00:00:00Z", "end_timestamp": "2026-01-02T00:00:00Z", name: value}
     with pytest.raises(ConfigError, match=f"parameter '{name}': expected true or false"):

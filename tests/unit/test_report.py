@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from tidemark.cli import main
-from tidemark.commit import CommitResult
-from tidemark.connection import KafkaConnection
 from tidemark.errors import ConfigError
-from tidemark.job import gap_events
-from tidemark.plan import Event, PartitionPlan, Plan, compute_plan_id
-from tidemark.report import RunReport, build_report, list_runs, load_report, redact, save_report, secret_values
-from tidemark.source import RangeStats
+from tidemark.job.steps import gap_events
+from tidemark.kafka.connection import KafkaConnection
+from tidemark.planning.plan import Event, PartitionPlan, Plan, compute_plan_id
+from tidemark.runs.commit import CommitResult
+from tidemark.runs.report import RunReport, build_report, list_runs, load_report, redact, save_report, secret_values
+from tidemark.spark.stats import RangeStats
 
 SECRET = "hunter2-very-secret"
 

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tidemark.source import Range, _repeated, _timestamps, _waves
+from tidemark.spark.source import Range, _repeated, _timestamps, _waves
 
 
 @pytest.mark.parametrize("types", [[1, 1, 1, 1], [1, 0, 2, 0], [0, 0, 0, 0]], ids=["all", "some-missing", "none"])

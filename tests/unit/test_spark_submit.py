@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.connection import is_secret
-from tidemark.job import _ship_setting, should_ship
-from tidemark.pipeline import RunHandle, spark_submit_command
-from tidemark.spark_session import REDACTION_REGEX, SMALL_RUN_MAX_RECORDS
+from tidemark.job.steps import _ship_setting, should_ship
+from tidemark.kafka.connection import is_secret
+from tidemark.runs.pipeline import RunHandle, spark_submit_command
+from tidemark.spark.session import REDACTION_REGEX, SMALL_RUN_MAX_RECORDS
 
 HANDLE = RunHandle("r1", "orders", "p1", "/state/plan.json", "/state/runs/r1", "incremental", True, 5)
 
@@ -40,7 +40,7 @@ def test_the_command_names_the_master_and_widens_redaction(master: str) -> None:
 
 
 def test_small_runs_get_a_short_lived_driver_jvm(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tidemark.spark_session import SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV, SMALL_RUN_MAX_RECORDS
+    from tidemark.spark.session import SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV, SMALL_RUN_MAX_RECORDS
 
     monkeypatch.delenv(SMALL_RUN_JAVA_OPTIONS_ENV, raising=False)
     options = "spark.driver.extraJavaOptions"
@@ -83,8 +83,8 @@ def test_the_redaction_pattern_covers_every_secret_setting() -> None:
 def test_a_small_run_starts_from_the_class_archive_and_the_first_one_writes_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from tidemark.spark_session import CLASS_ARCHIVE_ENV, SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV
-    from tidemark.spark_session import driver_class_archive as archive
+    from tidemark.spark.session import CLASS_ARCHIVE_ENV, SMALL_RUN_JAVA_OPTIONS, SMALL_RUN_JAVA_OPTIONS_ENV
+    from tidemark.spark.session import driver_class_archive as archive
 
     for name in (SMALL_RUN_JAVA_OPTIONS_ENV, "SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR"):
         monkeypatch.delenv(name, raising=False)
@@ -111,7 +111,7 @@ def test_a_small_run_starts_from_the_class_archive_and_the_first_one_writes_it(
 def test_a_failed_run_leaves_no_archive_and_stale_partial_ones_are_removed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from tidemark.spark_session import CLASS_ARCHIVE_ENV, STALE_ARCHIVE_S, class_archive_path, driver_class_archive
+    from tidemark.spark.session import CLASS_ARCHIVE_ENV, STALE_ARCHIVE_S, class_archive_path, driver_class_archive
 
     for name in ("SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR"):
         monkeypatch.delenv(name, raising=False)
@@ -140,7 +140,7 @@ def test_a_failed_run_leaves_no_archive_and_stale_partial_ones_are_removed(
 def test_no_archive_when_turned_off_or_when_the_classpath_has_folders(
     setting: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from tidemark.spark_session import CLASS_ARCHIVE_ENV, driver_class_archive
+    from tidemark.spark.session import CLASS_ARCHIVE_ENV, driver_class_archive
 
     for name in ("SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH"):
         monkeypatch.delenv(name, raising=False)
@@ -157,7 +157,7 @@ def test_no_archive_when_turned_off_or_when_the_classpath_has_folders(
 
 
 def test_the_archive_is_keyed_by_spark_conf_folder_and_java(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from tidemark.spark_session import class_archive_path
+    from tidemark.spark.session import class_archive_path
 
     monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
     monkeypatch.delenv("JAVA_HOME", raising=False)

@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from tidemark.config import Expectation
+from tidemark.config.models import Expectation
 from tidemark.errors import ValidationFailedError
-from tidemark.plan import PartitionPlan, Plan, compute_plan_id
-from tidemark.validation import (
+from tidemark.planning.plan import PartitionPlan, Plan, compute_plan_id
+from tidemark.validation.rules import (
     DECODE_LABEL,
     OutcomeCodes,
-    RangeStats,
+    RangeCount,
     Untranslatable,
     check_ranges,
     check_written_counts,
@@ -175,7 +175,7 @@ def plan_of(*ranges: tuple[int, int, int]) -> Plan:
 
 def test_clean_ranges_count_gaps_without_failing() -> None:
     plan = plan_of((0, 10, 20), (1, 0, 5), (2, 7, 7))
-    check = check_ranges([RangeStats("t", 0, 8, 8, 10, 19), RangeStats("t", 1, 5, 5, 0, 4)], plan)
+    check = check_ranges([RangeCount("t", 0, 8, 8, 10, 19), RangeCount("t", 1, 5, 5, 0, 4)], plan)
     assert check.gaps == {("t", 0): 2, ("t", 1): 0, ("t", 2): 0}
     rows = check.to_dict(plan)
     assert rows[2] == {
@@ -187,24 +187,24 @@ def test_clean_ranges_count_gaps_without_failing() -> None:
 @pytest.mark.parametrize(
     ("stats", "message"),
     [
-        (RangeStats("t", 0, 3, 2, 10, 12), r"t\[0\]: 1 duplicate offsets"),
-        (RangeStats("t", 0, 3, 3, 9, 12), r"t\[0\]: offsets 9..12 outside the planned range \[10, 20\)"),
-        (RangeStats("t", 0, 3, 3, 15, 20), r"offsets 15..20 outside"),
-        (RangeStats("t", 5, 1, 1, 0, 0), r"t\[5\]: 1 records from a partition the plan does not read"),
+        (RangeCount("t", 0, 3, 2, 10, 12), r"t\[0\]: 1 duplicate offsets"),
+        (RangeCount("t", 0, 3, 3, 9, 12), r"t\[0\]: offsets 9..12 outside the planned range \[10, 20\)"),
+        (RangeCount("t", 0, 3, 3, 15, 20), r"offsets 15..20 outside"),
+        (RangeCount("t", 5, 1, 1, 0, 0), r"t\[5\]: 1 records from a partition the plan does not read"),
         (
-            RangeStats("t", 0, 3, 3, 10, 12, position=13),
+            RangeCount("t", 0, 3, 3, 10, 12, position=13),
             r"t\[0\]: read stopped at offset 13, before the planned end 20",
         ),
     ],
 )
-def test_range_problems_fail_naming_partition_and_offsets(stats: RangeStats, message: str) -> None:
+def test_range_problems_fail_naming_partition_and_offsets(stats: RangeCount, message: str) -> None:
     with pytest.raises(ValidationFailedError, match=message):
         check_ranges([stats], plan_of((0, 10, 20)))
 
 
 def test_more_records_than_planned_offsets_are_duplicates() -> None:
     with pytest.raises(ValidationFailedError, match=r"t\[0\]: 12 records, more than the 10 offsets planned"):
-        check_ranges([RangeStats("t", 0, 12, 12, 10, 19)], plan_of((0, 10, 20)))
+        check_ranges([RangeCount("t", 0, 12, 12, 10, 19)], plan_of((0, 10, 20)))
 
 
 def test_reader_statistics_are_accepted() -> None:
@@ -220,7 +220,7 @@ def test_reader_statistics_are_accepted() -> None:
 
 def test_positions_prove_completion() -> None:
     plan = plan_of((0, 10, 20))
-    check_ranges([RangeStats("t", 0, 3, 3, 10, 12)], plan, positions={("t", 0): 20})
+    check_ranges([RangeCount("t", 0, 3, 3, 10, 12)], plan, positions={("t", 0): 20})
     with pytest.raises(ValidationFailedError, match="read stopped at offset 0"):
         check_ranges([], plan, positions={("t", 0): 0})
 

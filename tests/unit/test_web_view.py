@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tidemark.errors import ConfigError
-from tidemark.web import RunRow, _chart, _duration, replay_conf
+from tidemark.web.app import RunRow, _chart, _duration, replay_conf
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,158 @@
+"""The ``tidemark`` command line.
+
+Subcommands are registered by small ``add_*`` functions, each with a handler that calls
+the library and prints. Errors Tidemark raises on purpose (:class:`TidemarkError`) print
+as one clear message and exit 2; anything else is a bug and keeps its traceback.
+Connection settings come from the environment (see :mod:`tidemark.kafka.connection`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tidemark.cli.airflow import add_airflow
+from tidemark.cli.plan import add_planning
+from tidemark.cli.run import add_run
+from tidemark.cli.runs import add_runs
+from tidemark.errors import TidemarkError
+from tidemark.kafka.connection import CLIENT_LOG
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain left-aligned text table."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# -- kafka -------------------------------------------------------------------------
+
+
+def _kafka_up(args: argparse.Namespace) -> int:
+    from tidemark.devtools.kafka.cluster import LocalCluster
+
+    cluster = LocalCluster()
+    already = {n.node_id for n in cluster.running_nodes()}
+    state = cluster.up(brokers=args.brokers)
+    if already and already == {n.node_id for n in state.nodes}:
+        print(f"already running: {len(state.nodes)} brokers (Kafka {state.kafka_version}) at {cluster.home}")
+    else:
+        print(f"started {len(state.nodes)} brokers (Kafka {state.kafka_version}) at {cluster.home}")
+    print(f"bootstrap.servers={state.bootstrap_servers}")
+    return 0
+
+
+def _kafka_down(args: argparse.Namespace) -> int:
+    from tidemark.devtools.kafka.cluster import LocalCluster
+
+    stopped = LocalCluster().down(purge=args.purge)
+    print(f"stopped nodes {stopped}" if stopped else "no running nodes")
+    return 0
+
+
+def _kafka_status(args: argparse.Namespace) -> int:
+    from tidemark.devtools.kafka.cluster import LocalCluster
+
+    cluster = LocalCluster()
+    state = cluster.state()
+    if state is None:
+        print(f"no local cluster at {cluster.home} (start one with 'tidemark kafka up')")
+        return 1
+    rows = [(n.node_id, n.address, n.controller_port, n.pid, "up" if up else "down") for n, up in cluster.status()]
+    print(table(["node", "broker", "controller port", "pid", "state"], rows))
+    print(f"bootstrap.servers={state.bootstrap_servers}")
+    return 0 if all(up for _, up in cluster.status()) else 1
+
+
+def _kafka_fetch(args: argparse.Namespace) -> int:
+    from tidemark.devtools.kafka.cluster import fetch_jars
+
+    print(fetch_jars(quiet=not args.verbose))
+    return 0
+
+
+def add_kafka(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    kafka = sub.add_parser("kafka", help="the embedded local Kafka cluster")
+    ksub = kafka.add_subparsers(dest="kafka_cmd", required=True)
+    up = ksub.add_parser("up", help="start (or reuse) the local cluster and print bootstrap.servers")
+    up.add_argument("--brokers", type=int, default=3)
+    up.set_defaults(func=_kafka_up)
+    down = ksub.add_parser("down", help="stop the brokers this cluster started")
+    down.add_argument("--purge", action="store_true", help="also delete the cluster's data and ports")
+    down.set_defaults(func=_kafka_down)
+    ksub.add_parser("status", help="show the local cluster's nodes").set_defaults(func=_kafka_status)
+    fetch = ksub.add_parser("fetch", help="download the Kafka jars with Maven (done by 'up' when needed)")
+    fetch.add_argument("--verbose", action="store_true")
+    fetch.set_defaults(func=_kafka_fetch)
+
+
+# -- demo --------------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from tidemark.cli.demo import run_demo
+
+    return int(run_demo(records=args.records))
+
+
+def add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = sub.add_parser("demo", help="run Tidemark end to end on the embedded local cluster")
+    demo.add_argument("--records", type=int, default=600, help="demo events produced per round")
+    demo.set_defaults(func=_demo)
+
+
+REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    add_kafka,
+    add_demo,
+    add_planning,
+    add_run,
+    add_runs,
+    add_airflow,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tidemark", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--kafka-log",
+        choices=("error", "warning", "info", "debug"),
+        help="print librdkafka's own log lines at this level and above (hidden by default: "
+        "Tidemark's errors already say what failed)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for register in REGISTRARS:
+        register(sub)
+    return parser
+
+
+def show_client_log(level: str | None) -> None:
+    """Print librdkafka's lines at ``level`` and above to stderr; none when ``level`` is None."""
+    CLIENT_LOG.propagate = False
+    if level is None:
+        CLIENT_LOG.setLevel(logging.CRITICAL + 1)
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("kafka client %(levelname)s: %(message)s"))
+    CLIENT_LOG.addHandler(handler)
+    CLIENT_LOG.setLevel(level.upper())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    show_client_log(args.kafka_log)
+    handler: Handler = args.func
+    try:
+        return int(handler(args))
+    except TidemarkError as exc:
+        print(f"tidemark: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

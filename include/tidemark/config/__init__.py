@@ -1,0 +1,1 @@
+"""Feed configuration: the feed YAML files and the typed models they are validated into."""

@@ -1,0 +1,353 @@
+"""Feed configs and Tidemark's settings.
+
+A feed is one YAML file in the feeds folder (``include/feeds/`` unless
+``TIDEMARK_FEEDS_DIR`` says otherwise); the file's stem is the feed's name. Files are
+validated by Pydantic models that forbid unknown keys, bound every number and check
+cross-field rules, and a bad file is reported with its path and the failing field.
+Connection settings (brokers, credentials) are never part of a feed: see
+:mod:`tidemark.kafka.connection`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from tidemark._types import Isolation
+from tidemark.config.durations import parse_skew, schedule_interval
+from tidemark.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tidemark.storage import Location
+
+OnMissing = Literal["earliest", "latest", "timestamp", "fail"]
+OnNewPartition = Literal["earliest", "latest"]
+OnDataLoss = Literal["fail", "skip"]
+OnAhead = Literal["fail", "earliest", "latest"]
+ValueFormat = Literal["bytes", "string", "json"]
+OnBadRecords = Literal["fail", "quarantine"]
+FieldType = Literal["string", "integer", "number", "boolean"]
+OutputFormat = Literal["parquet", "iceberg"]
+
+FEED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def package_root() -> Path:
+    """The ``include/`` folder holding the package and the default feeds."""
+    return Path(__file__).resolve().parents[2]
+
+
+def feeds_dir() -> Path:
+    return Path(os.environ.get("TIDEMARK_FEEDS_DIR", package_root() / "feeds"))
+
+
+def state_location() -> Location:
+    """Where plans, run reports and the default outputs live: a local folder or ``s3://bucket/prefix``.
+
+    ``TIDEMARK_STATE_DIR`` (default ``~/.local/state/tidemark``). On an object store the
+    steps of a run (possibly on different machines) exchange only this location's URLs.
+    """
+    from tidemark.storage import Location
+
+    return Location.of(os.environ.get("TIDEMARK_STATE_DIR") or Path.home() / ".local" / "state" / "tidemark")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JsonField(_Model):
+    """One top-level field of a JSON value."""
+
+    name: str = Field(min_length=1)
+    type: FieldType
+    required: bool = True
+
+
+class Deserialization(_Model):
+    """How record values are decoded; keys are decoded as UTF-8 strings unless ``bytes``."""
+
+    format: ValueFormat = "bytes"
+    key_format: Literal["bytes", "string"] = "string"
+    fields: tuple[JsonField, ...] = ()
+
+    @model_validator(mode="after")
+    def _fields_only_for_json(self) -> Deserialization:
+        if self.fields and self.format != "json":
+            raise ValueError("'fields' declares a JSON schema and needs format: json")
+        if self.format == "json" and not self.fields:
+            raise ValueError("format: json needs 'fields' (the declared schema)")
+        return self
+
+
+class Expectation(_Model):
+    """A Great Expectations expectation by its snake_case name, with its arguments."""
+
+    type: str = Field(pattern=r"^expect_[a-z0-9_]+$")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class Validation(_Model):
+    on_bad_records: OnBadRecords = "fail"
+    quarantine_max_ratio: float = Field(default=0.05, ge=0.0, le=1.0)
+    expect_records: bool = False
+    expectations: tuple[Expectation, ...] = ()
+
+
+WindowMode = Literal["exact", "offset_cut"]
+
+
+class TimeWindows(_Model):
+    """How backfills and replays bounded by timestamps decide which records belong to a window.
+
+    ``exact`` (default): the range is widened past the window's end by ``max_skew`` (how
+    far a record's CreateTime may lag behind an earlier record's), and the job keeps exactly
+    the records stamped in ``[start, end)``. ``offset_cut``: Kafka's offsets-for-times
+    cut, as Spark's batch source does: from the first offset at/after start to the first
+    offset at/after end, whatever the records' own timestamps.
+    """
+
+    mode: WindowMode = "exact"
+    max_skew: str = "10m"
+
+    @field_validator("max_skew")
+    @classmethod
+    def _skew_ok(cls, v: str) -> str:
+        try:
+            parse_skew(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+        return v
+
+    @property
+    def max_skew_ms(self) -> int:
+        return int(parse_skew(self.max_skew).total_seconds() * 1000)
+
+
+ICEBERG_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}\.[A-Za-z_][A-Za-z0-9_]{0,99}$")
+
+
+class IcebergOutput(_Model):
+    """Where an Iceberg feed publishes: ``table`` (``namespace.name``) in Tidemark's catalog.
+
+    The catalog itself (its URL and credentials) is never part of a feed: see
+    :mod:`tidemark.output.iceberg`. ``quarantine`` is where records kept aside go (default
+    ``<output>.quarantine``, a Parquet folder beside the table's location).
+    """
+
+    table: str | None = None
+    quarantine: str | None = None
+
+    @field_validator("table")
+    @classmethod
+    def _table_ok(cls, v: str | None) -> str | None:
+        if v is not None and not ICEBERG_TABLE.match(v):
+            raise ValueError(f"{v!r} is not namespace.name (letters, digits and '_', one dot)")
+        return v
+
+
+class Feed(_Model):
+    """One feed: what to read, from where it resumes, and how it is checked and written."""
+
+    name: str
+    topics: tuple[str, ...] = Field(min_length=1)
+    group: str = Field(min_length=1, max_length=249)
+    schedule: str | None = None
+    on_missing: OnMissing = "earliest"
+    reset_timestamp: datetime | None = None
+    on_new_partition: OnNewPartition = "earliest"
+    on_data_loss: OnDataLoss = "fail"
+    on_ahead: OnAhead = "fail"
+    max_records_per_partition: PositiveInt | None = None
+    max_records_per_run: PositiveInt | None = None
+    records_per_task: PositiveInt = 1_000_000
+    # Plans of at most this many records are read by the Spark driver itself, without
+    # Python workers (tidemark.spark.source.read_plan_in_driver), unless their records hold more
+    # than tidemark.spark.source.DRIVER_READ_MAX_BYTES; 0 always uses the data source.
+    driver_read_max_records: NonNegativeInt = 250_000
+    isolation: Isolation = "read_committed"
+    deserialization: Deserialization = Deserialization()
+    output: str | None = None
+    output_format: OutputFormat = "parquet"
+    iceberg: IcebergOutput | None = None
+    validation: Validation = Validation()
+    time_windows: TimeWindows = TimeWindows()
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not FEED_NAME.match(v):
+            raise ValueError("feed names use letters, digits, '.', '_' and '-' (the file's stem)")
+        return v
+
+    @field_validator("topics")
+    @classmethod
+    def _topics_unique(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(v)) != len(v):
+            raise ValueError("a topic is listed twice")
+        for topic in v:
+            # Kafka's own rule; checked here so a typo fails with the file's name, not a broker error.
+            if not TOPIC_NAME.match(topic) or topic in (".", ".."):
+                raise ValueError(f"{topic!r} is not a Kafka topic name (letters, digits, '.', '_', '-'; 1-249)")
+        return v
+
+    @field_validator("reset_timestamp")
+    @classmethod
+    def _aware(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.tzinfo is None:
+            raise ValueError("give a timezone, e.g. 2026-01-31T00:00:00Z")
+        return v
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule_known(cls, v: str | None) -> str | None:
+        if v is not None:
+            schedule_interval(v)
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> Feed:
+        if self.on_missing == "timestamp" and self.reset_timestamp is None:
+            raise ValueError("on_missing: timestamp needs reset_timestamp")
+        if self.on_missing != "timestamp" and self.reset_timestamp is not None:
+            raise ValueError("reset_timestamp is used only with on_missing: timestamp")
+        if (
+            self.max_records_per_partition
+            and self.max_records_per_run
+            and self.max_records_per_partition > self.max_records_per_run
+        ):
+            raise ValueError("max_records_per_partition is larger than max_records_per_run")
+        if self.iceberg is not None and self.output_format != "iceberg":
+            raise ValueError("'iceberg' settings need output_format: iceberg")
+        return self
+
+    @property
+    def iceberg_table(self) -> str:
+        """The Iceberg table of an ``output_format: iceberg`` feed (default ``tidemark.<feed name>``)."""
+        chosen = self.iceberg.table if self.iceberg is not None else None
+        return chosen or "tidemark." + re.sub(r"[^A-Za-z0-9_]", "_", self.name)
+
+    @property
+    def reset_timestamp_ms(self) -> int | None:
+        return None if self.reset_timestamp is None else int(self.reset_timestamp.timestamp() * 1000)
+
+    @property
+    def interval(self) -> timedelta | None:
+        return None if self.schedule is None else schedule_interval(self.schedule)
+
+    def output_location(self) -> Location:
+        """Where scheduled runs publish: ``output`` (a local path or ``s3://...``), else ``<state>/output/<feed>``."""
+        from tidemark.storage import Location
+
+        return Location.of(self.output) if self.output else state_location() / "output" / self.name
+
+    def output_dir(self) -> Path:
+        """The output as a local folder (refused for an object-store output)."""
+        return self.output_location().local_path()
+
+    def output_for(self, mode: str) -> Location:
+        """Where a run of ``mode`` publishes by default: backfills and replays beside the feed's own output.
+
+        They go beside it (``<output>.backfills``, ``<output>.replays``), so a reader of the
+        feed's output never sees a replayed record twice. Committing ones are the feed's
+        next run and publish into its output (``pipeline.committing_request``).
+        """
+        base = self.output_location()
+        return base if mode == "scheduled" else base.with_name(f"{base.name}.{mode}s")
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(file)"
+        parts.append(f"field '{loc}': {err['msg']}")
+    return "; ".join(parts)
+
+
+def parse_feed(name: str, doc: Any, source: str) -> Feed:
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: a feed file must be a YAML mapping, got {type(doc).__name__}")
+    if "name" in doc:
+        raise ConfigError(f"{source}: field 'name': not allowed, the feed's name is the file's stem ('{name}')")
+    try:
+        return Feed(name=name, **doc)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from exc
+
+
+def load_feed_file(path: Path) -> Feed:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read feed file: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_feed(path.stem, doc, str(path))
+
+
+def load_feed(name_or_path: str, directory: Path | None = None) -> Feed:
+    """A feed by name (looked up in the feeds folder) or by path to its YAML file."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+        return load_feed_file(candidate)
+    folder = directory or feeds_dir()
+    for suffix in (".yaml", ".yml"):
+        path = folder / f"{name_or_path}{suffix}"
+        if path.exists():
+            return load_feed_file(path)
+    known = ", ".join(sorted(f.stem for f in folder.glob("*.y*ml"))) or "none"
+    raise ConfigError(f"no feed named '{name_or_path}' in {folder} (known feeds: {known})")
+
+
+BUILTIN_DAGS = ("backfill", "replay")  # Tidemark's own DAGs, tidemark_<name>: no feed may take their ids
+
+
+def dag_id(name: str) -> str:
+    """The Airflow DAG id of feed ``name`` (or of a built-in DAG): ``tidemark_<name>``, dots as ``_``."""
+    return f"tidemark_{name.replace('.', '_')}"
+
+
+def load_feeds(directory: Path | None = None) -> dict[str, Feed]:
+    """Every feed in the folder, by name; refuses feeds whose DAG ids collide.
+
+    Two files that map to one DAG id (``orders.v1`` and ``orders_v1``, or ``orders.yaml``
+    beside ``orders.yml``), or a feed named after a built-in DAG (``replay``,
+    ``backfill``), would otherwise leave one of them without a DAG and nothing would say so.
+    """
+    folder = directory or feeds_dir()
+    paths = sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])
+    by_dag: dict[str, list[Path]] = {}
+    for path in paths:
+        by_dag.setdefault(dag_id(path.stem), []).append(path)
+    problems = []
+    for dag, files in by_dag.items():
+        if len(files) > 1:
+            problems.append(
+                f"feed files {' and '.join(str(f) for f in files)} all map to the DAG id '{dag}'; "
+                "rename all but one (a feed's name is its file's stem)"
+            )
+        builtin = [b for b in BUILTIN_DAGS if dag_id(b) == dag]
+        if builtin:
+            problems.append(
+                f"feed file {files[0]} would take the DAG id '{dag}' of Tidemark's built-in {builtin[0]} DAG; "
+                "rename the file"
+            )
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return {p.stem: load_feed_file(p) for p in paths}

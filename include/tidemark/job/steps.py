@@ -1,0 +1,664 @@
+"""The Spark job's steps: read a saved plan once, validate what was read, publish, report.
+
+``spark_jobs/tidemark_job.py`` is the thin ``spark-submit`` entry point around
+:func:`main`; the benchmark calls :func:`run` directly. Kafka is read exactly once, by
+one Spark write: every record, decoded and marked with its outcome (``ok``, or a short
+code for why it is bad), goes to Parquet in a fresh staging folder. The records come from the
+``tidemark_kafka`` data source in the executors or, for plans of at most the feed's
+``driver_read_max_records``, from the same reader run in the driver beforehand
+(:func:`tidemark.spark.source.read_plan_in_driver`: no Python worker starts for a small run).
+The per-range statistics, the built-in checks, the bad-record counts and the feed's GX
+suite then run on those staged files (reading only the columns each needs), and
+publication is a matter of renames: good records become the plan's folder; bad ones are
+rewritten into its quarantine with the full reason their code stands for. Nothing is cached, and a
+failure at any step discards the staging folder.
+
+The job writes ``<run_dir>/job.json`` in every case: ``published`` (bool), ``error``
+(on failure), the manifest, counts, timings and the per-range statistics. The
+pipeline reads it before committing. Nothing here imports Airflow or commits offsets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tidemark.config.models import Feed, load_feed
+from tidemark.errors import ConfigError, TidemarkError
+from tidemark.faults import fault_point
+from tidemark.kafka.connection import KafkaConnection, from_env
+from tidemark.planning.plan import Plan
+from tidemark.storage import Location
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+    from tidemark.output.base import Publisher
+    from tidemark.output.parquet import Manifest, Staging
+    from tidemark.spark.stats import RangeStats
+
+JOB_FILE = "job.json"
+SHIP_ENV = "TIDEMARK_SHIP_PACKAGE"
+VALIDATOR = "tidemark.validation.rules.validate"
+
+
+@dataclass
+class JobResult:
+    plan_id: str
+    feed: str
+    published: bool = False
+    reused: bool = False
+    error: str | None = None
+    error_type: str | None = None
+    manifest: dict[str, Any] | None = None
+    records_read: int = 0
+    records_published: int = 0
+    records_quarantined: int = 0
+    decode_failures: int = 0
+    validation: dict[str, Any] | None = None
+    validator: str = "builtin"
+    reader: str | None = None  # "driver" (small plans) or "data_source" (Spark's Python data source in executors)
+    ranges: list[dict[str, Any]] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+    finished_at: str | None = None
+    spark: dict[str, str] = field(default_factory=dict)
+    spark_skipped: str | None = None  # why no Spark application was started (a plan with no records)
+    window: list[dict[str, Any]] = field(default_factory=list)  # exact windows: per-partition counts
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+class _Timer:
+    def __init__(self, result: JobResult) -> None:
+        self.result = result
+
+    def step(self, name: str, fn: Callable[[], Any]) -> Any:
+        started = time.monotonic()
+        try:
+            return fn()
+        finally:
+            self.result.timings_s[name] = round(time.monotonic() - started, 3)
+
+
+def preload_great_expectations() -> None:
+    """Import Great Expectations in the background while the job reads Kafka.
+
+    A fresh interpreter spends 5-10 s importing GX; started first, that overlaps the
+    Spark session's start and the read instead of following them. The import lock makes
+    a later ``import`` wait for it. Called again, it starts nothing new.
+    """
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    if "great_expectations" in sys.modules or _GX_IMPORT:
+        return
+
+    def load() -> None:
+        try:
+            importlib.import_module("great_expectations")
+        except Exception:  # noqa: BLE001 - the real import in validation reports any problem
+            return
+
+    thread = threading.Thread(target=load, name="tidemark-gx-import", daemon=True)
+    _GX_IMPORT.append(thread)
+    thread.start()
+
+
+_GX_IMPORT: list[threading.Thread] = []
+
+
+def run(
+    spark: SparkSession,
+    plan: Plan,
+    feed: Feed,
+    connection: KafkaConnection | None,
+    run_dir: Path,
+    *,
+    output_dir: Path | Location | str | None = None,
+    result: JobResult | None = None,
+    run_id: str | None = None,
+) -> JobResult:
+    """Read ``plan`` once into staging, check and validate it there, then publish; fill the result.
+
+    1. ``write``: Kafka → decode → each record's outcome code (``ok``, or which decode
+       failure or rules, :class:`tidemark.validation.rules.OutcomeCodes`) → Parquet under a
+       fresh staging folder, partitioned by outcome, topic and date. The
+       only read of Kafka; nothing is cached. A small plan is read by the driver just
+       before (step ``read``) and handed to Spark as Arrow batches.
+    2. ``validate``: one aggregation over the staged files (the columns it needs only) gives
+       the per-range statistics, the built-in range checks and the bad-record counts, while
+       the feed's GX suite runs beside it (:func:`tidemark.validation.rules.validate`); raises when
+       the run must fail.
+    3. ``publish``: the feed's publisher (:func:`tidemark.output.base.publisher_for`: a Parquet
+       folder, where good records become the publication by rename and bad ones its
+       quarantine, or an Iceberg table) publishes the staged records, after their counts
+       are checked against what validation passed. ``output_dir`` forces a Parquet folder.
+    Any failure discards the staging folder: nothing is visible, nothing to clean up.
+    """
+    from tidemark.job.guard import refuse_if_moved
+    from tidemark.output.base import publisher_for
+
+    if plan.feed != feed.name:
+        raise ConfigError(f"plan {plan.plan_id} was made for feed '{plan.feed}', not '{feed.name}'")
+    res = result or JobResult(plan.plan_id, feed.name)
+    res.spark.update(master=spark.sparkContext.master, version=spark.version)
+    res.validator = VALIDATOR
+    timer = _Timer(res)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    publisher = publisher_for(feed, plan, output_dir)
+
+    done = publisher.published(plan.plan_id)
+    if done is not None:  # published by an earlier attempt: do not read Kafka again
+        res.manifest, res.reused, res.published = done.to_dict(), True, True
+        res.records_published, res.records_quarantined = done.records, done.quarantined
+        res.ranges = [dict(r) for r in done.ranges]
+        res.records_read = sum(int(r.get("records", 0)) for r in done.ranges)
+        return res
+
+    if connection is not None and output_dir is None:
+        refuse_if_moved(plan, connection, run_id)
+    preload_great_expectations()
+    source, positions = _read(spark, plan, feed, connection, timer, res)
+    staging = publisher.new_staging(plan.plan_id)
+    try:
+        manifest = _stage_validate_publish(
+            spark, source, plan, feed, run_dir, publisher, staging, positions, timer, res, run_id
+        )
+    except BaseException:
+        staging.discard()
+        raise
+    res.manifest = manifest.to_dict()
+    res.reused = manifest.reused
+    res.records_published = manifest.records
+    res.records_quarantined = manifest.quarantined
+    fault_point("job.after_publish")  # published, and job.json not yet written
+    res.published = True
+    return res
+
+
+def _read(
+    spark: SparkSession, plan: Plan, feed: Feed, connection: KafkaConnection | None, timer: _Timer, res: JobResult
+) -> tuple[DataFrame, dict[tuple[str, int], int] | None]:
+    """The plan's records as a DataFrame, and where the reader stopped in each range when it reports that.
+
+    A small plan is read by the driver (no Python workers at all); the rest, and a small plan
+    of large records, by the data source on the executors.
+    """
+    from tidemark.spark.source import DRIVER_READ_MAX_BYTES, DriverReadTooLarge, read_plan, read_plan_in_driver
+
+    source = None
+    # Where the reader stopped in each range, as it reports it: validation refuses a range
+    # read short of its planned end. Only the driver's read reports them; the executors'
+    # reader cannot hand them back, and raises on a short read itself (its stall error).
+    reached: dict[tuple[str, int], int] = {}
+    positions: dict[tuple[str, int], int] | None = None
+    if 0 < plan.total_records <= feed.driver_read_max_records:  # small: no Python workers at all
+        try:
+            source = timer.step(
+                "read",
+                lambda: read_plan_in_driver(
+                    spark, plan, connection, max_bytes=DRIVER_READ_MAX_BYTES, positions=reached
+                ),
+            )
+            res.reader = "driver"
+            positions = {p.key: reached.get(p.key, p.start) for p in plan.partitions}  # unread: still at its start
+        except DriverReadTooLarge as exc:  # few records, but large ones: the executors read them
+            print(f"tidemark job: {exc}; reading with the data source instead", file=sys.stderr)
+    if source is None:
+        res.reader = "data_source"
+        source = read_plan(spark, plan, connection)
+    return source, positions
+
+
+def _stage_validate_publish(
+    spark: SparkSession,
+    source: DataFrame,
+    plan: Plan,
+    feed: Feed,
+    run_dir: Path,
+    publisher: Publisher,
+    staging: Staging,
+    positions: dict[tuple[str, int], int] | None,
+    timer: _Timer,
+    res: JobResult,
+    run_id: str | None,
+) -> Manifest:
+    """Steps ``write``, ``window``, ``validate`` and ``publish`` over ``staging``; fills ``res`` as they pass."""
+    from pyspark.sql import functions as F
+
+    from tidemark.output.base import StagedRecords
+    from tidemark.output.parquet import parquet_writer, utc_date
+    from tidemark.spark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
+    from tidemark.validation.rules import DECODE_CODE, OK_OUTCOME, OutcomeCodes, validate
+
+    decoded = annotate(source, feed.deserialization)
+    codes = OutcomeCodes.of([c for c in decoded.columns if c not in (RAW_VALUE_COLUMN, "plan_id")], feed)
+    outcome = codes.column()
+    time_filter = plan.time_filter
+    if time_filter is not None:  # exact window: records stamped outside it are read, counted and left out
+        outcome = F.when(_outside(time_filter), F.lit(OUTSIDE_WINDOW)).otherwise(outcome)
+    outcome = outcome.alias(OUTCOME_COLUMN)
+    day = utc_date().alias("date")
+    staged_df = decoded.select(*[c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")], day, outcome)
+    timer.step(
+        "write",  # the one read of Kafka
+        lambda: (
+            parquet_writer(staged_df, "errorifexists")
+            .partitionBy(OUTCOME_COLUMN, "topic", "date")
+            .parquet(str(staging.written))
+        ),
+    )
+    # Explicit schema: partition values are read back as written ("007" stays a string topic).
+    staged = spark.read.schema(staged_df.schema).parquet(str(staging.written))
+    keeps_raw = raw_value_kept(feed.deserialization)  # JSON feeds stage the raw value beside the fields
+    value_column = RAW_VALUE_COLUMN if keeps_raw else "value"
+    undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_CODE)
+    record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date")]
+    if time_filter is not None:
+        res.window, res.events = timer.step("window", lambda: window_counts(staged, plan, time_filter))
+        if plan.commit:  # the commit passes over them: each partition's count is an event
+            res.events += outside_window_events(res.window, plan)
+        staged = staged.where(F.col(OUTCOME_COLUMN) != OUTSIDE_WINDOW)
+    checked = timer.step(
+        "validate",  # one aggregation: range statistics, built-in checks, bad-row counts; GX beside it
+        lambda: validate(
+            staged.where(~undecoded).select(*record_columns), plan, feed, run_dir,
+            positions=positions,
+            decode_failed=staged.where(undecoded).withColumn(
+                ERROR_COLUMN, codes.decode_error(F.col(OUTCOME_COLUMN))
+            ),
+            exact_duplicates=False,  # the reader yields each offset at most once
+            raw_value_column=value_column,
+        ),
+    )  # fmt: skip
+    # validate() already refused ranges read past their bounds or with more records
+    # than offsets (its built-in checks run on these same figures).
+    stats = checked.range_stats or []
+    res.ranges = [s.to_dict() for s in stats]
+    res.events += gap_events(stats)
+    res.records_read = sum(s.records for s in stats)
+    res.validation = checked.summary
+    res.decode_failures = int(checked.summary["counts"]["decode_errors"])
+
+    record_schema = staged_df.drop(OUTCOME_COLUMN).schema
+    published_schema = staged_df.drop(OUTCOME_COLUMN, RAW_VALUE_COLUMN).schema
+
+    def read_good(source: Path) -> DataFrame:
+        # JSON feeds stage the raw value beside the fields: publish the fields only.
+        good = spark.read.schema(record_schema).parquet(str(source))
+        return good.select(*published_schema.names)
+
+    if time_filter is not None:  # neither published nor quarantined: they are outside the window
+        shutil.rmtree(staging.written / f"{OUTCOME_COLUMN}={OUTSIDE_WINDOW}", ignore_errors=True)
+    manifest: Manifest = timer.step(
+        "publish",
+        lambda: publisher.publish_staged(
+            staging, plan, feed,
+            staged=StagedRecords(OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good, rewrite=keeps_raw,
+                                 write_quarantine=quarantine_writer(spark, record_schema, codes.reason)),
+            stats=stats, extra={"validator": res.validator},
+            expect_records=int(checked.summary["good_records"]),
+            expect_quarantined=int(checked.summary["quarantined_records"]),
+            run_id=run_id,
+        ),
+    )  # fmt: skip
+    return manifest
+
+
+def gap_events(stats: Sequence[RangeStats]) -> list[dict[str, Any]]:
+    """A ``gap`` event per range with offsets that hold no record the plan's isolation can see.
+
+    Transaction markers, aborted records (under ``read_committed``) and compacted-away
+    records leave offsets without a record; they are counted, not failed, and each range
+    that has them says so in the report and the run's log, so a gap is never silent.
+    """
+    events = []
+    for s in stats:
+        if s.gaps:
+            events.append({
+                "kind": "gap", "topic": s.topic, "partition": s.partition,
+                "message": (
+                    f"{s.topic}[{s.partition}] offsets [{s.start}, {s.end}): {s.gaps} of {s.planned} offsets hold no "
+                    f"record (transaction markers, aborted or compacted-away records); {s.records} records read, "
+                    f"offsets {s.first_offset} to {s.last_offset}. Counted, not failed"
+                ),
+                "details": {"start": s.start, "end": s.end, "gaps": s.gaps, "records": s.records,
+                            "first_offset": s.first_offset, "last_offset": s.last_offset},
+            })  # fmt: skip
+    return events
+
+
+def quarantine_writer(
+    spark: SparkSession, schema: StructType, reason: Callable[[str], str]
+) -> Callable[[Sequence[Path], Path], None]:
+    """Writes staged bad-outcome folders (``<outcome>=<code>/topic=*/date=*``, ``schema``) under a
+    target folder, partitioned by topic and date, with ``reason(code)`` as the ``_reason`` column.
+
+    The staging folders are named by short codes (a name built from every broken rule can
+    exceed a file name's length); the quarantine carries the full reason as data.
+    """
+    from pyspark.sql import functions as F
+
+    from tidemark.output.parquet import parquet_writer
+    from tidemark.validation.rules import REASON_COLUMN
+
+    def write(folders: Sequence[Path], target: Path) -> None:
+        frames = [
+            spark.read.schema(schema).parquet(str(folder))
+            .withColumn(REASON_COLUMN, F.lit(reason(folder.name.partition("=")[2])))
+            for folder in folders
+        ]  # fmt: skip
+        bad = functools.reduce(lambda a, b: a.unionByName(b), frames)
+        parquet_writer(bad, "errorifexists").partitionBy("topic", "date").parquet(str(target))
+        for marker in ("_SUCCESS", "._SUCCESS.crc"):  # not Parquet: readers of the folder would trip on it
+            (target / marker).unlink(missing_ok=True)
+
+    return write
+
+
+# -- entry point -------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tidemark_job", description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--plan", required=True, help="path of the saved plan JSON")
+    parser.add_argument("--feed", help="feed name or YAML path (default: the plan's feed)")
+    parser.add_argument("--run-dir", required=True, help="folder for job.json, validation output and logs")
+    parser.add_argument("--output", help="override the feed's output location")
+    parser.add_argument(
+        "--ship-package",
+        action="store_true",
+        default=_ship_setting(os.environ.get(SHIP_ENV, "")),
+        help=(
+            "zip the tidemark package and add it to the executors' Python path; by default only when "
+            f"the master is not local[...] ({SHIP_ENV}=1 always, {SHIP_ENV}=0 never)"
+        ),
+    )
+    return parser.parse_args(argv)
+
+
+def session(app_name: str) -> SparkSession:
+    """The spark-submit session when there is one, else a local session."""
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # started by spark-submit: its master and conf apply
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC").getOrCreate()
+        return spark
+    from tidemark.spark.session import local_session
+
+    return local_session(app_name)
+
+
+def _ship_setting(value: str) -> bool | None:
+    """``TIDEMARK_SHIP_PACKAGE``: unset means decide by the master (None)."""
+    value = value.strip().lower()
+    if not value:
+        return None
+    return value not in ("0", "false", "no")
+
+
+def should_ship(master: str, requested: bool | None) -> bool:
+    """Ship the package to executors when asked, else whenever the master is not ``local[...]``.
+
+    A local master's executors are threads of the driver's JVM whose Python workers share
+    the driver's interpreter and path; a cluster's executors run wherever its workers do.
+    """
+    return requested if requested is not None else not master.startswith("local")
+
+
+# Subpackages no executor imports: the layers above the job (import-linter checks that the
+# job and everything below never import them) and the local stand-ins.
+NOT_SHIPPED = frozenset({"cli", "devtools", "orchestration", "web"})
+
+
+def package_zip(folder: Path) -> Path:
+    """``folder/tidemark.zip``: the ``tidemark`` package as executors import it, without :data:`NOT_SHIPPED`."""
+    import tidemark
+
+    root = Path(tidemark.__file__).resolve().parent
+    target = folder / "tidemark.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(root.rglob("*")):
+            inside = path.relative_to(root)
+            if not path.is_file() or "__pycache__" in path.parts or path.suffix == ".pyc":
+                continue
+            if len(inside.parts) > 1 and inside.parts[0] in NOT_SHIPPED:
+                continue
+            zf.write(path, str(Path("tidemark") / inside))
+    return target
+
+
+def ship_package(spark: SparkSession) -> Path:
+    """Zip the ``tidemark`` package (:func:`package_zip`) and ``addPyFile`` it, for executors that lack it."""
+    target = package_zip(Path(tempfile.mkdtemp(prefix="tidemark-pkg-")))
+    spark.sparkContext.addPyFile(str(target))
+    return target
+
+
+def _package_origin(_: object) -> str:
+    import tidemark
+
+    return str(tidemark.__file__)
+
+
+def executor_package_origin(spark: SparkSession) -> str:
+    """Where an executor's Python imports ``tidemark`` from (one one-record task)."""
+    origin: str = spark.sparkContext.parallelize([0], 1).map(_package_origin).collect()[0]
+    return origin
+
+
+def root_cause(exc: BaseException) -> tuple[str, str]:
+    """The Tidemark error behind ``exc`` when a Spark task raised one, else ``exc`` itself."""
+    if isinstance(exc, TidemarkError):
+        return type(exc).__name__, str(exc)
+    text = str(exc)
+    for line in text.splitlines():
+        if line.startswith("tidemark.errors."):
+            name, _, message = line[len("tidemark.errors.") :].partition(": ")
+            return name, message.strip()
+    return type(exc).__name__, text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+OUTSIDE_WINDOW = "outside_window"  # the staging outcome of records stamped outside an exact window
+
+
+def _outside(time_filter: Mapping[str, Any]) -> Column:
+    from pyspark.sql import functions as F
+
+    ts = F.col("timestamp")
+    conditions = []
+    if time_filter.get("start_ms") is not None:
+        conditions.append(ts < F.timestamp_millis(F.lit(int(time_filter["start_ms"]))))
+    if time_filter.get("end_ms") is not None:
+        conditions.append(ts >= F.timestamp_millis(F.lit(int(time_filter["end_ms"]))))
+    outside = F.lit(False)
+    for condition in conditions:
+        outside = outside | condition
+    return outside
+
+
+def window_counts(
+    staged: DataFrame, plan: Plan, time_filter: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per partition of an exact window: records read, in the end margin, kept, dropped; skew events.
+
+    The *end margin* is ``[cut end, planned end)``: the records past Kafka's own cut at the
+    window's end, read only because of the skew bound. A record's *lateness* is how far its
+    timestamp lies behind the newest timestamp read before it in its partition; the
+    largest lateness seen is the skew the bound must cover. A partition whose largest
+    lateness reaches half the bound gets a ``timestamp_skew`` event (at or past the bound,
+    records stamped inside the window may lie beyond the range read: raise ``max_skew``).
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from tidemark.spark.decode import OUTCOME_COLUMN
+
+    cuts = {k: v for k, v in (time_filter.get("cut_ends") or {}).items()}
+    bound = int(time_filter["max_skew_ms"])
+    ts_ms = F.unix_millis(F.col("timestamp"))
+    before = Window.partitionBy("topic", "partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, -1)
+    cut = F.lit(None).cast("long")
+    for key, value in cuts.items():
+        if value is not None:
+            topic, _, part = key.rpartition(":")
+            cut = F.when((F.col("topic") == topic) & (F.col("partition") == int(part)), F.lit(value)).otherwise(cut)
+    outside = F.col(OUTCOME_COLUMN) == OUTSIDE_WINDOW
+    in_margin = cut.isNotNull() & (F.col("offset") >= cut)
+    lateness = F.greatest(F.max(ts_ms).over(before) - ts_ms, F.lit(0))
+    rows = (
+        staged.select("topic", "partition", "offset", "timestamp", OUTCOME_COLUMN)
+        .withColumn("_late", lateness)
+        .groupBy("topic", "partition")
+        .agg(
+            F.count(F.lit(1)).alias("read"),
+            F.sum(in_margin.cast("long")).alias("read_in_margin"),
+            F.sum((~outside).cast("long")).alias("kept"),
+            F.sum(outside.cast("long")).alias("dropped"),
+            F.sum((in_margin & ~outside).cast("long")).alias("kept_in_margin"),
+            F.max("_late").alias("largest_skew_ms"),
+        )
+        .collect()
+    )
+    counts = []
+    events: list[dict[str, Any]] = []
+    for r in sorted(rows, key=lambda r: (r["topic"], r["partition"])):
+        doc = {k: (int(r[k]) if r[k] is not None else 0) for k in
+               ("read", "read_in_margin", "kept", "dropped", "kept_in_margin", "largest_skew_ms")}  # fmt: skip
+        doc = {"topic": r["topic"], "partition": int(r["partition"]), **doc}
+        counts.append(doc)
+        if bound and doc["largest_skew_ms"] * 2 >= bound:
+            exceeded = doc["largest_skew_ms"] >= bound
+            events.append({
+                "kind": "timestamp_skew", "topic": doc["topic"], "partition": doc["partition"],
+                "message": (
+                    f"{doc['topic']}[{doc['partition']}]: a record's timestamp lies {doc['largest_skew_ms']} ms behind "
+                    f"an earlier record's, {'at or past' if exceeded else 'over half of'} the window's skew bound "
+                    f"max_skew={bound} ms; records stamped inside the window may lie beyond the range read. "
+                    "Rerun with a larger max_skew to be sure"
+                ),
+                "details": {"largest_skew_ms": doc["largest_skew_ms"], "max_skew_ms": bound, "exceeded": exceeded},
+            })  # fmt: skip
+    return counts, events
+
+
+def outside_window_events(window: Sequence[Mapping[str, Any]], plan: Plan) -> list[dict[str, Any]]:
+    """``records_outside_window`` events of a committing exact window: records read, dropped, and committed past."""
+    ranges = {(p.topic, p.partition): (p.start, p.end) for p in plan.partitions}
+    events = []
+    for w in window:
+        if not w["dropped"]:
+            continue
+        start, end = ranges.get((w["topic"], w["partition"]), (None, None))
+        events.append({
+            "kind": "records_outside_window", "topic": w["topic"], "partition": w["partition"],
+            "message": f"{w['topic']}[{w['partition']}]: {w['dropped']} records in [{start}, {end}) are stamped "
+                       f"outside the window; the {plan.mode} leaves them out of the output and commits past them",
+            "details": {"dropped": w["dropped"], "start": start, "end": end},
+        })  # fmt: skip
+    return events
+
+
+def run_without_spark(plan: Plan, feed: Feed) -> JobResult:
+    """The job's result for a plan with no records: nothing to read, validate or publish.
+
+    Starting Spark for it would cost tens of seconds to learn nothing. The one check that
+    still applies is the feed's ``validation.expect_records``: an empty run must fail
+    instead of passing vacuously (the same rule the Spark job applies). The commit step
+    then re-commits every partition's offset, so idle partitions do not expire.
+    """
+    if plan.total_records:
+        raise TidemarkError(f"plan {plan.plan_id} has {plan.total_records} records; it needs the Spark job")
+    res = JobResult(plan.plan_id, feed.name, spark_skipped="the plan has no records to read")
+    res.finished_at = res.started_at
+    if feed.validation.expect_records:
+        ranges = ", ".join(f"{p.topic}[{p.partition}]@{p.start}" for p in plan.partitions)
+        res.error_type = "ValidationFailedError"
+        res.error = (
+            f"plan {plan.plan_id} of feed '{feed.name}' has no records ({ranges}) and validation.expect_records "
+            "is true: an empty run fails. Check the producers of the feed's topics, or set expect_records: false; "
+            "the group's offsets were not committed"
+        )
+        return res
+    res.published = True
+    return res
+
+
+def write_result(run_dir: Path | Location | str, result: JobResult) -> Location:
+    """Write ``job.json`` into ``run_dir`` (a local folder or an object-store location), whole."""
+    path = Location.of(run_dir) / JOB_FILE
+    path.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str))
+    return path
+
+
+def upload_run_dir(local: Path, target: Location) -> bool:
+    """Copy the job's local run folder to the state location, with local paths rewritten to URLs."""
+    for name in (JOB_FILE, "validation.json"):
+        path = local / name
+        if path.exists():
+            path.write_text(path.read_text().replace(str(local), target.url))
+    try:
+        target.upload_tree(local)
+    except TidemarkError as exc:
+        print(f"tidemark job: could not upload its run folder to {target}: {exc}", file=sys.stderr)
+        return False
+    shutil.rmtree(local, ignore_errors=True)
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the job; 0 on success, 1 on any failure (with ``job.json`` saying why)."""
+    args = parse_args(argv)
+    target = Location.of(args.run_dir)
+    # On an object store the job works in a local folder and uploads it at the end
+    # (job.json, validation.json, the Data Docs), wherever this driver runs.
+    run_dir = target.local_path() if target.is_local else Path(tempfile.mkdtemp(prefix="tidemark-run-"))
+    result = JobResult(plan_id="?", feed=args.feed or "?")
+    spark = None
+    try:
+        plan = Plan.from_json(Location.of(args.plan).read_text())
+        result.plan_id, result.feed = plan.plan_id, plan.feed
+        feed = load_feed(args.feed or plan.feed)
+        result.feed = feed.name
+        connection = from_env()
+        if plan.total_records:  # while the JVM starts the session, the main thread mostly waits
+            preload_great_expectations()
+        spark = _Timer(result).step("spark_session", lambda: session(f"tidemark-{feed.name}"))
+        if should_ship(spark.sparkContext.master, args.ship_package):
+            ship_package(spark)
+            result.spark["executor_package"] = executor_package_origin(spark)
+        run(spark, plan, feed, connection, run_dir, output_dir=args.output or None, result=result, run_id=target.name)
+    except Exception as exc:  # noqa: BLE001 - every failure must end as job.json + non-zero exit
+        result.error_type, result.error = root_cause(exc)
+        result.published = False
+        print(f"tidemark job failed: {result.error_type}: {result.error}", file=sys.stderr)
+        if not isinstance(exc, TidemarkError):
+            traceback.print_exc()
+    finally:
+        result.finished_at = datetime.now(UTC).isoformat()
+        write_result(run_dir, result)
+        if not target.is_local and not upload_run_dir(run_dir, target):
+            result.published = False
+    status = "published" if result.published else "failed"
+    print(f"tidemark job {status}: plan {result.plan_id}, {result.records_read} records read, "
+          f"{result.records_published} published, {result.records_quarantined} quarantined")  # fmt: skip
+    return 0 if result.published else 1

@@ -1,0 +1,1 @@
+"""The Kafka adapter: connection settings and thin typed calls over confluent-kafka."""

@@ -1,0 +1,607 @@
+"""A thin typed adapter over confluent-kafka's admin and consumer calls.
+
+Everything Tidemark asks of Kafka outside the Spark read goes through here: partition
+metadata and leaders, log start / high watermark / last stable offsets, offsets for
+timestamps, committed group offsets, topic and broker configs, topic creation. Calls are
+batched (one request per kind per call, which librdkafka fans out per broker) and every
+call has a timeout; per-partition errors are raised with the topic and partition named.
+The adapter counts the admin requests it issues so benchmarks can report them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    OffsetSpec,
+    ResourceType,
+)
+
+from tidemark._types import Isolation
+from tidemark._types import TopicPartition as TP
+from tidemark.errors import KafkaUnavailableError, TidemarkError
+from tidemark.kafka.connection import KafkaConnection, logged
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_S = 15.0
+ATTEMPT_TIMEOUT_S = 5.0  # one try of a retried metadata call
+RETRY_BACKOFF_S = 0.2
+# Answers that mean "leadership is moving, ask again" (librdkafka does not flag them retriable here).
+_LEADER_MOVING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+    }
+)
+
+
+# Metadata answers that mean "ask again shortly", not "this is wrong".
+_TRANSIENT_METADATA = frozenset({"_TIMED_OUT", "LEADER_NOT_AVAILABLE", "NOT_CONTROLLER", "_TRANSPORT"})
+
+
+# Group-coordinator answers that mean "ask again shortly".
+_COORDINATOR_BUSY = frozenset({"COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"})
+
+
+class _CoordinatorBusyError(Exception):
+    pass
+
+
+def _raise_if_busy(error: Any) -> None:
+    name = str(getattr(error, "name", lambda: "")())
+    if name in _COORDINATOR_BUSY:
+        raise _CoordinatorBusyError(name)
+
+
+class _TransientMetadataError(Exception):
+    def __init__(self, topic: str, error: Any) -> None:
+        super().__init__(f"{topic}: {error}")
+        self.topic = topic
+        self.error = error
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    topic: str
+    partition: int
+    leader: int
+    replicas: tuple[int, ...]
+    # The topic's id: a topic deleted and recreated under the same name gets a new one ("" if unknown).
+    topic_id: str = ""
+
+
+@dataclass(frozen=True)
+class Committed:
+    offset: int | None
+    metadata: str
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    member_id: str
+    client_id: str
+    host: str
+    assignment: tuple[TP, ...]
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """A consumer group's coordinator-side state (``dead`` when the group does not exist)."""
+
+    group: str
+    state: str
+    members: tuple[GroupMember, ...]
+    coordinator: int | None
+
+
+class KafkaAdapter:
+    """Batched, timed admin calls against one cluster."""
+
+    def __init__(
+        self,
+        connection: KafkaConnection,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        client_overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.connection = connection
+        self.timeout_s = timeout_s
+        self.requests = 0
+        # client_overrides: extra librdkafka settings for this client only (e.g. stats_cb in benchmarks).
+        self._config = logged(
+            connection.client_config(**{"socket.timeout.ms": int(timeout_s * 1000), **(client_overrides or {})})
+        )
+        self._admin = AdminClient(self._config)
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _result(self, future: Future[T], what: str) -> T:
+        try:
+            return future.result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise KafkaUnavailableError(f"{what} failed: {exc.args[0]}") from exc
+        except TimeoutError as exc:
+            raise KafkaUnavailableError(
+                f"{what} got no answer within {self.timeout_s:.0f}s from {self.connection.bootstrap_servers}; "
+                "check that the brokers are reachable and the security settings are right"
+            ) from exc
+        finally:
+            self._serve_log()
+
+    def _serve_log(self) -> None:
+        """Hand the admin client's queued librdkafka log lines to CLIENT_LOG (it queues them until polled)."""
+        self._admin.poll(0)
+
+    # -- metadata --------------------------------------------------------------------
+
+    def partitions(self, topics: Sequence[str]) -> list[PartitionInfo]:
+        """Every partition of ``topics`` with its leader, sorted by topic and partition.
+
+        Transient answers (no controller reachable yet, leader elections after a broker
+        stopped) are asked again until the adapter's timeout; a missing topic is not.
+        """
+        if not topics:
+            return []
+
+        def fresh_client() -> None:
+            # librdkafka keeps waiting for the controller its cached metadata names, even
+            # when that broker is gone; a new client bootstraps fresh metadata.
+            self._admin = AdminClient(self._config)
+
+        return self._retry(
+            # Short attempts: an attempt stuck on a broker that just stopped (KRaft brokers name
+            # a random live broker as "controller", and metadata lags) must not use up the budget.
+            lambda remaining_s: self._describe(topics, max(1.0, min(ATTEMPT_TIMEOUT_S, remaining_s))),
+            _TransientMetadataError,
+            lambda exc: KafkaUnavailableError(
+                f"describing topic '{exc.topic}' on {self.connection.bootstrap_servers} failed for "
+                f"{self.timeout_s:.0f}s: {exc.error}; check that the brokers are up and reachable from here and "
+                "that the security settings are right (nothing was read or committed)"
+            ),
+            pause_s=0.2,
+            on_retry=fresh_client,
+        )
+
+    def _retry(
+        self,
+        attempt: Callable[[float], T],
+        transient: type[Exception] | tuple[type[Exception], ...],
+        give_up: Callable[[Any], Exception],
+        *,
+        pause_s: float,
+        on_retry: Callable[[], None] | None = None,
+    ) -> T:
+        """``attempt(seconds left)`` until it stops raising ``transient`` or the adapter's timeout passes.
+
+        Past the timeout the last transient error becomes ``give_up(error)``, raised from it.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return attempt(deadline - time.monotonic())
+            except transient as exc:
+                self._serve_log()  # before on_retry may replace the client and its queue
+                if time.monotonic() > deadline:
+                    raise give_up(exc) from exc
+                if on_retry is not None:
+                    on_retry()
+                time.sleep(pause_s)
+
+    def _describe(self, topics: Sequence[str], timeout_s: float) -> list[PartitionInfo]:
+        from confluent_kafka import TopicCollection
+
+        self.requests += 1
+        futures = self._admin.describe_topics(TopicCollection(list(topics)), request_timeout=timeout_s)
+        out = []
+        for topic, future in futures.items():
+            try:
+                desc = future.result(timeout=timeout_s + 1.0)
+            except KafkaException as exc:
+                err = exc.args[0]
+                name = err.name()
+                if name == "UNKNOWN_TOPIC_OR_PART":
+                    raise TidemarkError(
+                        f"topic '{topic}' does not exist on {self.connection.bootstrap_servers}; "
+                        "create it or fix the feed's topic list"
+                    ) from exc
+                if name in _TRANSIENT_METADATA:
+                    raise _TransientMetadataError(topic, err) from exc
+                raise KafkaUnavailableError(f"describing topic '{topic}' failed: {err}") from exc
+            except TimeoutError as exc:
+                raise _TransientMetadataError(topic, f"no answer within {timeout_s:.0f}s") from exc
+            topic_id = "" if desc.topic_id is None else str(desc.topic_id)
+            for p in desc.partitions:
+                leader = p.leader.id if p.leader is not None else -1
+                out.append(PartitionInfo(topic, p.id, leader, tuple(r.id for r in p.replicas), topic_id))
+        return sorted(out, key=lambda i: (i.topic, i.partition))
+
+    def broker_ids(self) -> list[int]:
+        self.requests += 1
+        meta = self._admin.list_topics(timeout=self.timeout_s)
+        return sorted(meta.brokers)
+
+    # -- offsets ---------------------------------------------------------------------
+
+    def _list_offsets(self, requests: Mapping[TP, OffsetSpec], isolation: Isolation) -> dict[TP, int]:
+        if not requests:
+            return {}
+        level = IsolationLevel.READ_COMMITTED if isolation == "read_committed" else IsolationLevel.READ_UNCOMMITTED
+        out: dict[TP, int] = {}
+        pending = dict(requests)
+        deadline = time.monotonic() + self.timeout_s
+        while pending:
+            self.requests += 1
+            futures = self._admin.list_offsets(
+                {TopicPartition(t, p): spec for (t, p), spec in pending.items()},
+                isolation_level=level,
+                request_timeout=self.timeout_s,
+            )
+            retry: dict[TP, OffsetSpec] = {}
+            for tp, future in futures.items():
+                key = (tp.topic, tp.partition)
+                try:
+                    out[key] = int(future.result(timeout=self.timeout_s).offset)
+                except KafkaException as exc:
+                    # Leadership moves (new topics, restarts) answer NOT_LEADER for a moment: ask again.
+                    err = exc.args[0]
+                    if not (err.retriable() or err.code() in _LEADER_MOVING) or time.monotonic() > deadline:
+                        raise KafkaUnavailableError(
+                            f"ListOffsets for {tp.topic}[{tp.partition}] failed: {exc.args[0]}"
+                        ) from exc
+                    retry[key] = pending[key]
+                except TimeoutError as exc:
+                    raise KafkaUnavailableError(
+                        f"ListOffsets for {tp.topic}[{tp.partition}] got no answer within {self.timeout_s:.0f}s"
+                    ) from exc
+            if retry:
+                time.sleep(RETRY_BACKOFF_S)
+            pending = retry
+        return out
+
+    def log_start_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
+        return self._list_offsets({tp: OffsetSpec.earliest() for tp in tps}, "read_uncommitted")
+
+    def end_offsets(self, tps: Iterable[TP], isolation: Isolation) -> dict[TP, int]:
+        """High watermarks, or last stable offsets under ``read_committed``."""
+        return self._list_offsets({tp: OffsetSpec.latest() for tp in tps}, isolation)
+
+    def offsets_for_timestamp(self, tps: Iterable[TP], timestamp_ms: int, isolation: Isolation) -> dict[TP, int | None]:
+        """First offset whose timestamp is ≥ ``timestamp_ms``; ``None`` when no record is."""
+        raw = self._list_offsets({tp: OffsetSpec.for_timestamp(timestamp_ms) for tp in tps}, isolation)
+        return {tp: (off if off >= 0 else None) for tp, off in raw.items()}
+
+    def committed(self, group: str, tps: Sequence[TP]) -> dict[TP, Committed]:
+        """The group's committed offsets (``offset=None`` where it has none), with metadata."""
+        if not tps:
+            return {}
+        return self._while_coordinator_busy(lambda: self._committed(group, tps), f"OffsetFetch for group '{group}'")
+
+    def _committed(self, group: str, tps: Sequence[TP]) -> dict[TP, Committed]:
+        # A consumer's OffsetFetch, not AdminClient.list_consumer_group_offsets: librdkafka
+        # 2.16's admin path crashes the process (SIGSEGV in rd_kafka_cgrp_op, an admin client
+        # has no group handle) when the coordinator answers with a coordinator error, as a
+        # fresh cluster does. The consumer never joins the group: it only asks.
+        from confluent_kafka import Consumer
+
+        self.requests += 1
+        consumer = Consumer(
+            logged(
+                self.connection.client_config(
+                    **{
+                        "group.id": group,
+                        "enable.auto.commit": False,
+                        "socket.timeout.ms": int(self.timeout_s * 1000),
+                        "client.id": "tidemark-offset-fetch",
+                    }
+                )
+            )
+        )
+        try:
+            result = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=self.timeout_s)
+        except KafkaException as exc:
+            _raise_if_busy(exc.args[0])
+            raise KafkaUnavailableError(f"OffsetFetch for group '{group}' failed: {exc.args[0]}") from exc
+        finally:
+            consumer.close()
+        out: dict[TP, Committed] = {}
+        for tp in result:
+            if tp.error is not None:
+                _raise_if_busy(tp.error)
+                raise KafkaUnavailableError(
+                    f"OffsetFetch for group '{group}' on {tp.topic}[{tp.partition}]: {tp.error}"
+                )
+            offset = int(tp.offset) if tp.offset >= 0 else None
+            out[(tp.topic, tp.partition)] = Committed(offset, tp.metadata or "")
+        return out
+
+    def _while_coordinator_busy(self, call: Callable[[], T], what: str) -> T:
+        """Ask again while the group coordinator is loading or moving (fresh clusters, failovers)."""
+        return self._retry(
+            lambda _remaining_s: call(),
+            _CoordinatorBusyError,
+            lambda exc: KafkaUnavailableError(
+                f"{what}: the group coordinator stayed unavailable for {self.timeout_s:.0f}s ({exc})"
+            ),
+            pause_s=0.25,
+        )
+
+    def describe_group(self, group: str) -> GroupInfo:
+        """The group's state and live members (DescribeGroups / ConsumerGroupDescribe)."""
+        return self._while_coordinator_busy(lambda: self._describe_group(group), f"describing group '{group}'")
+
+    def _describe_group(self, group: str) -> GroupInfo:
+        self.requests += 1
+        futures = self._admin.describe_consumer_groups([group], request_timeout=self.timeout_s)
+        try:
+            desc = futures[group].result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if getattr(err, "name", lambda: "")() == "GROUP_ID_NOT_FOUND":
+                return GroupInfo(group, "dead", (), None)
+            _raise_if_busy(err)
+            raise KafkaUnavailableError(f"describing consumer group '{group}' failed: {err}") from exc
+        except TimeoutError as exc:
+            raise KafkaUnavailableError(f"describing consumer group '{group}' timed out") from exc
+        members = tuple(
+            GroupMember(
+                member_id=str(m.member_id),
+                client_id=str(m.client_id),
+                host=str(m.host),
+                assignment=tuple(
+                    (tp.topic, tp.partition) for tp in (m.assignment.topic_partitions if m.assignment else [])
+                ),
+            )
+            for m in desc.members
+        )
+        state = str(getattr(desc.state, "name", desc.state)).lower()
+        coordinator = desc.coordinator.id if desc.coordinator is not None else None
+        return GroupInfo(group, state, members, coordinator)
+
+    def alter_committed(self, group: str, offsets: Mapping[TP, tuple[int, str]]) -> dict[TP, str | None]:
+        """Set the group's committed offsets (offset, metadata) from outside the group.
+
+        Returns each partition's error name, or ``None`` where it was committed. The
+        coordinator accepts this only while the group has no members.
+        """
+        if not offsets:
+            return {}
+
+        def attempt() -> dict[TP, str | None]:
+            # Setting the same offsets and metadata again is harmless, so a busy
+            # coordinator's answer is simply asked again.
+            out = self._alter_committed(group, offsets)
+            busy = [e for e in out.values() if e in _COORDINATOR_BUSY]
+            if busy:
+                raise _CoordinatorBusyError(busy[0])
+            return out
+
+        return self._while_coordinator_busy(attempt, f"OffsetCommit for group '{group}'")
+
+    def _alter_committed(self, group: str, offsets: Mapping[TP, tuple[int, str]]) -> dict[TP, str | None]:
+        self.requests += 1
+        request = ConsumerGroupTopicPartitions(
+            group, [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
+        )
+        futures = self._admin.alter_consumer_group_offsets([request], request_timeout=self.timeout_s)
+        try:
+            result = futures[group].result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            err = exc.args[0]
+            name = str(getattr(err, "name", lambda: err)())
+            return {tp: name for tp in offsets}
+        except TimeoutError as exc:
+            raise KafkaUnavailableError(
+                f"OffsetCommit for group '{group}' got no answer within {self.timeout_s:.0f}s"
+            ) from exc
+        out: dict[TP, str | None] = {tp: "MISSING_FROM_RESPONSE" for tp in offsets}
+        for tp in result.topic_partitions:
+            out[(tp.topic, tp.partition)] = None if tp.error is None else str(tp.error.name())
+        return out
+
+    # -- configs ---------------------------------------------------------------------
+
+    def topic_and_broker_configs(
+        self, topics: Sequence[str], topic_names: Sequence[str], broker_id: int | None, broker_names: Sequence[str]
+    ) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+        """Topic configs and one broker's configs in a single DescribeConfigs request."""
+        resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+        if broker_id is not None:
+            # One BROKER resource per request is allowed; librdkafka then sends it all to that broker.
+            resources.append(ConfigResource(ResourceType.BROKER, str(broker_id)))
+        wanted = {*topic_names, *broker_names}
+        found = self._describe_configs(resources, sorted(wanted))
+        topic_cfg = {t: {n: v for n, v in found.get(t, {}).items() if n in topic_names} for t in topics}
+        broker_cfg = {} if broker_id is None else {n: v for n, v in found[str(broker_id)].items() if n in broker_names}
+        return topic_cfg, broker_cfg
+
+    def _describe_configs(self, resources: list[ConfigResource], names: Sequence[str]) -> dict[str, dict[str, str]]:
+        if not resources:
+            return {}
+        self.requests += 1
+        futures = self._admin.describe_configs(resources, request_timeout=self.timeout_s)
+        out = {}
+        for resource, future in futures.items():
+            entries = self._result(future, f"DescribeConfigs for {resource.name}")
+            out[resource.name] = {n: entries[n].value for n in names if n in entries}
+        return out
+
+    # -- topic management (demo, tests) ---------------------------------------------
+
+    def create_topic(
+        self, topic: str, partitions: int, replication: int = 1, config: Mapping[str, str] | None = None
+    ) -> None:
+        self.requests += 1
+        new = NewTopic(topic, num_partitions=partitions, replication_factor=replication, config=dict(config or {}))
+        future = self._admin.create_topics([new], request_timeout=self.timeout_s)[topic]
+        try:
+            future.result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                raise KafkaUnavailableError(f"creating topic '{topic}' failed: {exc.args[0]}") from exc
+        self._await_topic(topic)
+
+    def _await_topic(self, topic: str) -> None:
+        """Wait until every partition of a just-created topic has a leader brokers know of.
+
+        CreateTopics returns once the controller accepted the topic; brokers learn of it a
+        moment later, and a describe or produce in between sees "unknown topic".
+        """
+
+        def led(_remaining_s: float) -> None:
+            infos = self._describe([topic], ATTEMPT_TIMEOUT_S)
+            if not infos or any(i.leader < 0 for i in infos):
+                raise _TransientMetadataError(topic, "partitions without a leader")
+            # One broker knowing it is not enough: the next request may go to one that lags
+            # (seen on a loaded machine: "unknown topic" right after this returned).
+            for broker in self._admin.list_topics(timeout=ATTEMPT_TIMEOUT_S).brokers.values():
+                one = AdminClient({**self._config, "bootstrap.servers": f"{broker.host}:{broker.port}"})
+                try:
+                    meta = one.list_topics(topic, timeout=ATTEMPT_TIMEOUT_S).topics.get(topic)
+                except KafkaException as exc:
+                    raise _TransientMetadataError(topic, exc.args[0]) from exc
+                if meta is None or meta.error is not None or any(p.leader < 0 for p in meta.partitions.values()):
+                    raise _TransientMetadataError(topic, f"broker {broker.id} does not know it yet")
+
+        self._retry(
+            led,
+            # "Unknown topic" too: the brokers have not heard of it yet.
+            (TidemarkError, _TransientMetadataError),
+            lambda _exc: KafkaUnavailableError(
+                f"topic '{topic}' was created but has no leaders after {self.timeout_s:.0f}s"
+            ),
+            pause_s=0.1,
+        )
+
+    def delete_topic(self, topic: str) -> None:
+        self.requests += 1
+        self._result(self._admin.delete_topics([topic], request_timeout=self.timeout_s)[topic], f"deleting {topic}")
+
+    def add_partitions(self, topic: str, total: int) -> None:
+        self.requests += 1
+        future = self._admin.create_partitions([NewPartitions(topic, total)], request_timeout=self.timeout_s)[topic]
+        self._result(future, f"adding partitions to {topic}")
+
+    def delete_records(self, offsets: Mapping[TP, int]) -> dict[TP, int]:
+        """Move log start offsets forward (as retention would); returns the new ones."""
+        self.requests += 1
+        futures = self._admin.delete_records([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
+        out = {}
+        for tp, future in futures.items():
+            res: Any = self._result(future, f"DeleteRecords on {tp.topic}[{tp.partition}]")
+            out[(tp.topic, tp.partition)] = int(res.low_watermark)
+        return out
+
+    def timestamps_at(self, positions: Mapping[TP, int], isolation: Isolation) -> dict[TP, int | None]:
+        """The timestamp (ms) of the first record at or after each position, ``None`` where none arrived.
+
+        Kafka has no lookup from offset to timestamp, so one assign-only consumer fetches
+        from every position at once and keeps the first record of each partition; fetch
+        sizes are small because only one record per partition is wanted. Used for lag in
+        time (the age of the oldest unread record); partitions past the deadline stay ``None``.
+        """
+        if not positions:
+            return {}
+        from confluent_kafka import Consumer
+
+        self.requests += 1
+        consumer = Consumer(
+            logged(
+                self.connection.client_config(
+                    **{
+                        "group.id": "tidemark-lag-probe",  # never joins or commits: assign() only
+                        "enable.auto.commit": False,
+                        "isolation.level": isolation,
+                        "auto.offset.reset": "latest",
+                        "max.partition.fetch.bytes": 4096,
+                        "fetch.wait.max.ms": 50,
+                        "socket.timeout.ms": int(self.timeout_s * 1000),
+                        "client.id": "tidemark-lag-probe",
+                    }
+                )
+            )
+        )
+        found: dict[TP, int | None] = dict.fromkeys(positions)
+        try:
+            consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])
+            deadline = time.monotonic() + self.timeout_s
+            waiting = set(positions)
+            while waiting and time.monotonic() < deadline:
+                for msg in consumer.consume(num_messages=len(waiting), timeout=0.1):
+                    if msg.error() is not None:
+                        continue
+                    tp = (msg.topic(), msg.partition())
+                    if tp in waiting:
+                        found[tp] = int(msg.timestamp()[1])
+                        waiting.discard(tp)
+                        # one record is enough: stop fetching this partition
+                        consumer.pause([TopicPartition(tp[0], tp[1])])
+        finally:
+            consumer.close()
+        return found
+
+    @property
+    def admin(self) -> AdminClient:
+        """The underlying client, for the few calls this adapter does not wrap."""
+        return self._admin
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record to produce: tests and the demo build these."""
+
+    value: bytes | None
+    key: bytes | None = None
+    timestamp_ms: int | None = None
+    partition: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+def produce(connection: KafkaConnection, topic: str, records: Iterable[Record], **settings: Any) -> int:
+    """Produce ``records`` to ``topic`` and wait until every one is acknowledged."""
+    from confluent_kafka import Producer
+
+    config = connection.client_config(**{"linger.ms": 20, "enable.idempotence": True, **settings})
+    producer = Producer(logged(config))
+    failures: list[str] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            failures.append(f"{msg.topic()}[{msg.partition()}]: {err}")
+
+    count = 0
+    for rec in records:
+        kwargs: dict[str, Any] = {"value": rec.value, "key": rec.key, "on_delivery": on_delivery}
+        if rec.timestamp_ms is not None:
+            kwargs["timestamp"] = rec.timestamp_ms
+        if rec.partition is not None:
+            kwargs["partition"] = rec.partition
+        if rec.headers:
+            kwargs["headers"] = list(rec.headers)
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        count += 1
+        if count % 10_000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(60)
+    if remaining or failures:
+        raise KafkaUnavailableError(
+            f"producing to '{topic}': {remaining} records unacknowledged, {len(failures)} failed "
+            f"(first: {failures[:3]})"
+        )
+    return count

@@ -1,0 +1,100 @@
+"""Kafka connection settings: where the brokers are and how to authenticate.
+
+Connection settings never live in feed files. The CLI and the Spark job take them from
+the environment (``TIDEMARK_BOOTSTRAP_SERVERS`` plus ``TIDEMARK_KAFKA_*`` librdkafka
+settings, e.g. ``TIDEMARK_KAFKA_SASL_PASSWORD`` → ``sasl.password``), falling back to the
+embedded local cluster; DAG tasks take them from an Airflow connection of the Kafka
+provider's type. The object's ``repr`` and :meth:`describe` hide every secret, so it is
+safe to log; only :meth:`client_config` hands secrets to librdkafka.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidemark.errors import ConfigError
+
+ENV_BOOTSTRAP = "TIDEMARK_BOOTSTRAP_SERVERS"
+ENV_PREFIX = "TIDEMARK_KAFKA_"
+SECRET_MARKERS = ("password", "secret", "token", "key", "credential", "jaas")
+# Tidemark's own variables that share the prefix but are not librdkafka settings.
+NOT_CLIENT_SETTINGS = frozenset({"TIDEMARK_KAFKA_HOME", "TIDEMARK_KAFKA_CONN_ID"})
+
+# librdkafka's own log lines (``%3|...|FAIL|...``, ``%4|...|GETPID|...``) go through Python logging under
+# this name instead of straight to stderr: Airflow's task logs keep them, the CLI shows them only when asked
+# (``tidemark --kafka-log LEVEL``). Tidemark's own errors already say what failed and what to do.
+CLIENT_LOG = logging.getLogger("tidemark.kafka.client")
+
+
+def logged(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` for building one client, its log lines routed to :data:`CLIENT_LOG`.
+
+    Only for constructing a client: the logger is an object, never a setting to pass on as text
+    (Spark options, environment variables). Consumers and producers hand their lines over when
+    polled, an admin client when its ``poll`` is called (:class:`~tidemark.kafka.adapter.KafkaAdapter`
+    does after every call).
+    """
+    return {**config, "logger": CLIENT_LOG}
+
+
+def is_secret(name: str) -> bool:
+    lowered = name.lower()
+    return any(marker in lowered for marker in SECRET_MARKERS) and not lowered.endswith(".location")
+
+
+@dataclass(frozen=True)
+class KafkaConnection:
+    """Bootstrap servers plus extra librdkafka settings (security, timeouts)."""
+
+    bootstrap_servers: str
+    settings: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def client_config(self, **overrides: Any) -> dict[str, Any]:
+        """The full librdkafka config, secrets included: pass it to a client, never log it."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.settings, **overrides}
+
+    def describe(self) -> dict[str, str]:
+        """The settings with secret values replaced, for logs and reports."""
+        shown = {k: ("***" if is_secret(k) else v) for k, v in self.settings.items()}
+        return {"bootstrap.servers": self.bootstrap_servers, **shown}
+
+    def __repr__(self) -> str:
+        return f"KafkaConnection({self.describe()!r})"
+
+    def to_env(self) -> dict[str, str]:
+        """Environment variables that make :func:`from_env` rebuild this connection."""
+        env = {ENV_BOOTSTRAP: self.bootstrap_servers}
+        for key, value in self.settings.items():
+            env[ENV_PREFIX + key.upper().replace(".", "_")] = value
+        return env
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> KafkaConnection:
+    """Connection from ``TIDEMARK_*`` variables; without ``TIDEMARK_BOOTSTRAP_SERVERS`` a :class:`ConfigError`."""
+    env = os.environ if environ is None else environ
+    settings = {
+        name[len(ENV_PREFIX) :].lower().replace("_", "."): value
+        for name, value in env.items()
+        if name.startswith(ENV_PREFIX) and name not in NOT_CLIENT_SETTINGS
+    }
+    servers = env.get(ENV_BOOTSTRAP, "").strip()
+    if not servers:
+        raise ConfigError(
+            f"no Kafka brokers configured: set {ENV_BOOTSTRAP} (and TIDEMARK_KAFKA_* security settings) "
+            "to the cluster this run reads"
+        )
+    return KafkaConnection(servers, settings)
+
+
+def from_airflow_extra(extra: str | Mapping[str, Any]) -> KafkaConnection:
+    """Connection from a Kafka-provider Airflow connection's ``extra`` (librdkafka keys)."""
+    doc = json.loads(extra) if isinstance(extra, str) else dict(extra)
+    servers = str(doc.pop("bootstrap.servers", "")).strip()
+    if not servers:
+        raise ConfigError("the Airflow Kafka connection's extra has no 'bootstrap.servers'")
+    return KafkaConnection(servers, {k: str(v) for k, v in doc.items()})

@@ -1,0 +1,501 @@
+"""Airflow DAG factories: one DAG per feed, a backfill DAG and a replay DAG.
+
+Every DAG has the same three steps: ``plan`` (a task that finishes any published but
+uncommitted plan, then plans and saves the run's plan), ``read_validate_publish`` (the
+Spark job, submitted through the Spark provider so that ``local[*]`` becomes a cluster
+by changing the ``tidemark_spark`` connection) and ``commit`` (the only place offsets
+move). Kafka settings come from the ``tidemark_kafka`` connection (the Kafka provider's
+connection type: librdkafka keys in its extra) and reach the Spark job as environment
+variables set at execution time, so they never appear in rendered templates, XCom,
+plans or reports. Only this module and ``dags/`` import Airflow.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Asset, BaseHook, Param, get_current_context, task
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from tidemark.checkpoints.store import CheckpointStore
+from tidemark.config.models import Feed, dag_id, load_feeds, package_root
+from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
+from tidemark.kafka.connection import KafkaConnection, from_airflow_extra, from_env
+from tidemark.planning.requests import END_CHOICES, MAX_OFFSET, MAX_PARTITION, OUTPUT_ROOTS_ENV, START_CHOICES
+
+log = logging.getLogger(__name__)
+KAFKA_CONN_ID = os.environ.get("TIDEMARK_KAFKA_CONN_ID", "tidemark_kafka")
+SPARK_CONN_ID = os.environ.get("TIDEMARK_SPARK_CONN_ID", "tidemark_spark")
+CHECKPOINT_CONN_ID = os.environ.get("TIDEMARK_CHECKPOINT_CONN_ID", "tidemark_checkpoints")
+STORAGE_CONN_ID = os.environ.get("TIDEMARK_STORAGE_CONN_ID", "tidemark_storage")
+ICEBERG_CONN_ID = os.environ.get("TIDEMARK_ICEBERG_CONN_ID", "tidemark_iceberg")
+START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
+DEFAULT_ARGS: dict[str, Any] = {
+    "owner": "data-platform",
+    "retries": 2,
+    "retry_delay": timedelta(minutes=2),
+}
+
+
+def spark_job_path() -> str:
+    return os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
+
+
+def kafka_connection(conn_id: str = KAFKA_CONN_ID) -> KafkaConnection:
+    """The Kafka connection from Airflow, else the ``TIDEMARK_*`` environment."""
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
+        return from_env()
+    return from_airflow_extra(conn.extra_dejson)
+
+
+def checkpoint_store(conn_id: str = CHECKPOINT_CONN_ID) -> CheckpointStore | None:
+    """The shared checkpoint store from an Airflow connection of type postgres, if one is defined.
+
+    ``None`` means "not configured in Airflow": the pipeline then uses
+    ``TIDEMARK_CHECKPOINT_URL``, else SQLite under the state dir (one machine only).
+    """
+    from tidemark.checkpoints.store import open_store
+
+    url = _postgres_url(conn_id, "the checkpoint store", "postgresql")
+    return None if url is None else open_store(url)
+
+
+def _postgres_url(conn_id: str, needed_by: str, drivername: str) -> str | None:
+    """The SQLAlchemy URL (password included) of an Airflow connection of type postgres; ``None`` if undefined."""
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
+        return None
+    if conn.conn_type not in ("postgres", "postgresql"):
+        raise ConfigError(
+            f"Airflow connection '{conn_id}' has type '{conn.conn_type}'; {needed_by} needs type postgres"
+        )
+    from sqlalchemy.engine import URL
+
+    url = URL.create(
+        drivername, username=conn.login or None, password=conn.password or None, host=conn.host or None,
+        port=conn.port or None, database=conn.schema or None,
+    )  # fmt: skip
+    return url.render_as_string(hide_password=False)
+
+
+def storage_env(conn_id: str = STORAGE_CONN_ID) -> dict[str, str]:
+    """Object-store settings from an Airflow connection of type ``aws``, as the variables ``tidemark.storage`` reads.
+
+    login/password → ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``; extra ``region_name``
+    → ``AWS_REGION``, ``endpoint_url`` → ``TIDEMARK_S3_ENDPOINT``, ``aws_session_token`` →
+    ``AWS_SESSION_TOKEN``. Empty when no such connection exists (the environment then applies).
+    """
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
+        return {}
+    if conn.conn_type != "aws":
+        raise ConfigError(f"Airflow connection '{conn_id}' has type '{conn.conn_type}'; object storage needs type aws")
+    extra = conn.extra_dejson
+    pairs = {
+        "AWS_ACCESS_KEY_ID": conn.login, "AWS_SECRET_ACCESS_KEY": conn.password,
+        "AWS_SESSION_TOKEN": extra.get("aws_session_token"), "AWS_REGION": extra.get("region_name"),
+        "TIDEMARK_S3_ENDPOINT": extra.get("endpoint_url"),
+    }  # fmt: skip
+    return {k: str(v) for k, v in pairs.items() if v}
+
+
+def iceberg_env(conn_id: str = ICEBERG_CONN_ID) -> dict[str, str]:
+    """The Iceberg catalog from an Airflow connection of type postgres, as ``TIDEMARK_ICEBERG_CATALOG_URI``.
+
+    Empty when no such connection exists (the environment, else SQLite in the state dir, applies).
+    """
+    from tidemark.output.iceberg import CATALOG_URI_ENV
+
+    url = _postgres_url(conn_id, "the Iceberg catalog", "postgresql+psycopg")
+    return {} if url is None else {CATALOG_URI_ENV: url}
+
+
+@contextmanager
+def _storage_settings() -> Iterator[None]:
+    """The storage and Iceberg catalog connections' variables in this task's environment while it runs."""
+    settings = {**storage_env(), **iceberg_env()}
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def airflow_auth() -> list[Any]:
+    """FastAPI dependencies that let only authenticated Airflow users read Tidemark's pages.
+
+    Airflow mounts plugin apps with no auth of their own. These are Airflow's own checks:
+    the user comes from the ``Authorization: Bearer`` header or the UI's ``_token``
+    cookie (anonymous → 401), and must be allowed to see plugin views (else → 403).
+    """
+    from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
+    from airflow.api_fastapi.core_api.security import requires_access_view
+    from fastapi import Depends
+
+    return [Depends(requires_access_view(AccessView.PLUGINS))]
+
+
+def airflow_trigger_auth() -> list[Any]:
+    """FastAPI dependencies for the view's replay trigger: the user may create runs of the replay DAG.
+
+    The same check Airflow's own ``POST /api/v2/dags/{dag_id}/dagRuns`` makes, here so that
+    a viewer gets a 403 from the view itself (the forwarded REST call would refuse too).
+    """
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+    from fastapi import Depends
+
+    return [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id="tidemark_replay"))]
+
+
+def airflow_api_base() -> str | None:
+    """Airflow's ``[api] base_url`` (where its REST API is reached), or ``None`` when not configured."""
+    from airflow.configuration import conf
+
+    base = conf.get("api", "base_url", fallback=None)
+    return str(base) if base else None
+
+
+def feed_asset(feed: Feed) -> Asset:
+    """The Airflow Asset a feed publishes: its output location; downstream DAGs schedule on it.
+
+    Emitted by the feed DAG's commit task (the run's data is published and its offsets
+    committed), with the plan id and record count in the event's extra.
+    """
+    return Asset(name=f"tidemark_{feed.name}", uri=output_uri(feed), group="tidemark")
+
+
+def output_uri(feed: Feed) -> str:
+    """The feed's output as a URI: ``file://`` for a local folder, the URL itself for an object store."""
+    where = feed.output_location()
+    return where.local_path().resolve().as_uri() if where.is_local else where.url
+
+
+class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
+    """SparkSubmitOperator that hands the Kafka connection to the job at execution time."""
+
+    def __init__(self, *, kafka_conn_id: str = KAFKA_CONN_ID, **kwargs: Any) -> None:
+        from tidemark.spark.session import SUBMIT_CONF
+
+        # Same as the CLI's spark-submit: Tidemark's secret names redacted. The package is
+        # shipped by the job itself whenever the connection's master is not local[...].
+        kwargs["conf"] = {**SUBMIT_CONF, **(kwargs.get("conf") or {})}
+        super().__init__(**kwargs)
+        self.kafka_conn_id = kafka_conn_id
+
+    def conf_for_run(self, records: int, class_archive: str = "") -> dict[str, Any]:
+        """The Spark settings of a run of ``records``: a small run's driver JVM options, as ``tidemark run``.
+
+        Known only once the plan exists (at execution), so added here; the DAG's own
+        ``conf`` wins where it sets the same key.
+        """
+        from tidemark.spark.session import small_run_conf
+
+        own = dict(self.conf or {})
+        if own.get("spark.driver.extraClassPath") or self.driver_class_path:
+            class_archive = ""  # folders may be on it; see driver_class_archive
+        return {**small_run_conf(records, class_archive=class_archive), **own}
+
+    def execute(self, context: Any) -> None:
+        from tidemark.runs.pipeline import RunHandle, run_empty
+
+        handle = RunHandle.from_xcom(context["ti"].xcom_pull(task_ids="plan"))
+        if handle.dry_run:
+            raise AirflowSkipException(
+                f"dry run: plan {handle.plan_id} ({handle.records} records) is only planned, nothing is read; "
+                "the plan is in the plan task's log and in the run's report"
+            )
+        if handle.records == 0:
+            # Nothing to read: no Spark application. job.json records the (empty) result;
+            # the commit task still runs and re-commits the idle partitions.
+            with _storage_settings():
+                _no_retry_for_refusals(
+                    lambda: run_empty(handle, kafka_connection(self.kafka_conn_id), progress=log.info)
+                )
+            raise AirflowSkipException(
+                f"plan {handle.plan_id} has no records to read: Spark was not started; "
+                "the commit task re-commits the group's offsets"
+            )
+        from tidemark.spark.session import driver_class_archive
+
+        # Set after template rendering, so the values never reach the rendered-fields
+        # table; the hook adds them to spark-submit's environment (os.environ + these).
+        secrets_env = {**kafka_connection(self.kafka_conn_id).to_env(), **storage_env(), **iceberg_env()}
+        configured: dict[str, Any] = dict(getattr(self, "env_vars", None) or {})
+        self.env_vars = {**configured, **secrets_env}
+        self._hook = None  # rebuilt with the env above
+        with driver_class_archive() as class_archive:
+            self.conf = self.conf_for_run(handle.records, class_archive.option)
+            super().execute(context)  # raises when spark-submit fails
+            class_archive.succeeded = True
+
+
+# Refusals that a retry cannot change: bad feed files or trigger parameters, data loss
+# under policy fail, offsets moved by someone else. They fail the task at once instead
+# of waiting out the retries; broker hiccups and a group in use still retry.
+PERMANENT_ERRORS: tuple[type[Exception], ...] = (
+    ConfigError, PlanningError, OffsetsMovedError, ValidationFailedError,
+)  # fmt: skip
+
+
+def _no_retry_for_refusals(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return call()
+    except PERMANENT_ERRORS as exc:
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
+
+@task(task_id="plan")
+def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Finish any pending commit of the feed, then plan this run and save the plan."""
+    from tidemark.runs.pipeline import plan_run
+
+    with _storage_settings():
+        handle = _no_retry_for_refusals(
+            lambda: plan_run(
+                feed_name,
+                kafka_connection(),
+                mode=mode,
+                params=dict(params or {}),
+                progress=log.info,
+                checkpoints=checkpoint_store(),
+            ).to_xcom()
+        )
+        _record_airflow_run(handle["run_dir"])
+    return handle
+
+
+def _record_airflow_run(run_dir: str) -> None:
+    """Name the Airflow DAG run beside Tidemark's run, so the Tidemark view can link to it."""
+    import json
+
+    from tidemark.storage import Location
+
+    ctx = get_current_context()
+    doc = {"dag_id": ctx["ti"].dag_id, "dag_run_id": ctx["dag_run"].run_id}
+    (Location.of(run_dir) / "airflow.json").write_text(json.dumps(doc))
+
+
+# none_failed: the commit also runs after the Spark task skipped an empty plan.
+@task(task_id="commit", trigger_rule="none_failed")
+def commit_step(handle: dict[str, Any]) -> dict[str, Any]:
+    """Commit the plan's ends for the group (when the run asks for it) and write the report."""
+    from tidemark.runs.pipeline import RunHandle, commit_run
+
+    with _storage_settings():
+        outcome = _no_retry_for_refusals(
+            lambda: commit_run(
+                RunHandle.from_xcom(handle), kafka_connection(), progress=log.info, checkpoints=checkpoint_store()
+            ).to_xcom()
+        )
+    ctx = get_current_context()
+    for outlet in ctx["task"].outlets or []:  # feed DAGs: the feed's Asset (see feed_asset)
+        ctx["outlet_events"][outlet].extra = {
+            "plan_id": outcome["plan_id"], "run_id": outcome["run_id"], "records": handle["records"],
+        }  # fmt: skip
+    return outcome
+
+
+def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None) -> None:
+    # feed_name may be a template ("{{ params.feed }}"): TaskFlow arguments are rendered.
+    planned = plan_step(feed_name, mode)
+    job = TidemarkSparkSubmitOperator(
+        task_id="read_validate_publish",
+        application=spark_job_path(),
+        conn_id=SPARK_CONN_ID,
+        name="tidemark",
+        application_args=[
+            "--plan",
+            "{{ ti.xcom_pull(task_ids='plan')['plan_path'] }}",
+            "--run-dir",
+            "{{ ti.xcom_pull(task_ids='plan')['run_dir'] }}",
+        ],
+    )
+    committed = commit_step.override(outlets=outlets or [])(planned)
+    planned >> job >> committed
+
+
+def feed_dag(feed: Feed) -> DAG:
+    with DAG(
+        dag_id=dag_id(feed.name),
+        description=f"Scheduled consumption of {', '.join(feed.topics)} for group {feed.group}",
+        doc_md=(
+            f"Reads what group `{feed.group}` has not read yet from {', '.join(feed.topics)}, validates it, "
+            "publishes it and then commits the group's offsets. Failures before the commit leave offsets unchanged. "
+            f"Each successful run emits an event on the Asset `tidemark_{feed.name}` (its output): schedule "
+            "downstream DAGs on it."
+        ),
+        schedule=feed.schedule,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,  # one run of a feed at a time: runs of one group must not overlap
+        default_args=DEFAULT_ARGS,
+        tags=["tidemark", "feed", feed.name],
+    ) as dag:
+        _pipeline(feed.name, "scheduled", outlets=[feed_asset(feed)])
+    return dag
+
+
+def _feed_param(feeds: Mapping[str, Feed]) -> Param:
+    names = sorted(feeds)
+    return Param(names[0] if names else "", type="string", enum=names, title="Feed", description="The feed to read")
+
+
+def _window_params() -> dict[str, Param]:
+    """Form fields for timestamp bounds: exact windows (default) or Kafka's offset cut."""
+    return {
+        "window_mode": Param(
+            None, type=["null", "string"], enum=[None, "exact", "offset_cut"], title="Time window mode",
+            values_display={"exact": "Exact: only records stamped inside the window",
+                             "offset_cut": "Offset cut: first offset at/after start to first at/after end"},
+            description="Empty: the feed's time_windows.mode (exact unless set)", section="Time window",
+        ),
+        "max_skew": Param(
+            None, type=["null", "string"], title="Timestamp skew bound", section="Time window",
+            description="Exact windows: how far a record's timestamp may lag behind an earlier one's "
+            "(30s, 10m, PT10M). Empty: the feed's time_windows.max_skew (10m unless set)",
+        ),
+    }  # fmt: skip
+
+
+def _commit_params() -> dict[str, Param]:
+    """Form fields for moving the group: a committing run is the feed's next run (``pipeline.committing_request``)."""
+    return {
+        "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards",
+                        description="Publishes to the feed's own output and must start at the committed offsets"),
+        "allow_gap": Param(False, type="boolean", title="Allow skipping offsets (commit only)",
+                           description="A committing run starting past the committed offsets skips those records; "
+                           "refused unless set, and then each skipped range is an event"),
+    }  # fmt: skip
+
+
+def _selection_params(mode: str, dry_run_default: bool) -> dict[str, Param]:
+    """Form fields choosing partitions, where the run publishes, and whether it only plans."""
+    return {
+        "topics": Param(None, type=["null", "array"], items={"type": "string"}, title="Topics",
+                        description="Empty: every topic of the feed", section="Scope"),
+        "partitions": Param(None, type=["null", "array"],
+                            items={"type": "integer", "minimum": 0, "maximum": MAX_PARTITION},
+                            title="Partitions", description="Empty: every partition", section="Scope"),
+        "output": Param(None, type=["null", "string"], title="Output location", section="Scope",
+                        description=f"Empty: the feed's {mode} location beside its output (never the output itself; "
+                        "a committing run publishes to the feed's output); otherwise a place under it or under "
+                        f"{OUTPUT_ROOTS_ENV}"),
+        "dry_run": Param(dry_run_default, type="boolean", title="Dry run (plan only, read nothing)"),
+    }  # fmt: skip
+
+
+def _triggered_dag(mode: str, description: str, doc_md: str, params: dict[str, Param]) -> DAG:
+    """A DAG that people trigger from the UI form (no schedule), running one pipeline."""
+    with DAG(
+        dag_id=dag_id(mode),
+        description=description,
+        doc_md=doc_md,
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        default_args=DEFAULT_ARGS,
+        tags=["tidemark", mode],
+        params=params,
+    ) as dag:
+        _pipeline("{{ params.feed }}", mode)
+    return dag
+
+
+def backfill_dag(feeds: Mapping[str, Feed]) -> DAG:
+    return _triggered_dag(
+        "backfill",
+        "Read a feed's records between two timestamps",
+        "Reads every record of the feed's topics whose timestamp is in `[start, end)`. Exact windows (the "
+        "default) read past the end by the skew bound and keep exactly the records stamped inside the window, "
+        "counting the ones dropped; `offset_cut` reads from the first offset at or after `start` to the first "
+        "at or after `end`. Does not move the group's offsets unless `commit` is set; a committing backfill "
+        "publishes to the feed's output, must start at the committed offsets (or set `allow_gap`) and reports "
+        "the records it drops outside the window as events.",
+        {
+            "feed": _feed_param(feeds),
+            "start_timestamp": Param(type="string", format="date-time", title="Window start (inclusive)"),
+            "end_timestamp": Param(type="string", format="date-time", title="Window end (exclusive)"),
+            **_commit_params(),
+            **_window_params(),
+            **_selection_params("backfill", dry_run_default=False),
+        },
+    )
+
+
+def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
+    return _triggered_dag(
+        "replay",
+        "Re-read a feed from any start to any end",
+        "Manual replay: choose where to start and end, which topics and partitions, and where to publish "
+        "(default: the feed's replay location beside its output). A dry run (the default) only plans: the "
+        "ranges are in the plan task's log and the run's report, nothing is read. Offsets move only if `commit` "
+        "is set; a committing replay publishes to the feed's output and must start at the committed offsets "
+        "(or set `allow_gap`); a rewind is refused.",
+        {
+            "feed": _feed_param(feeds),
+            "start_from": Param(
+                "committed",
+                type="string",
+                enum=list(START_CHOICES),
+                values_display={
+                    "committed": "Group's committed offset",
+                    "earliest": "Earliest retained offset",
+                    "latest": "Latest offset (read nothing old)",
+                    "timestamp": "First offset at/after a timestamp",
+                    "offset": "An explicit offset (every partition)",
+                    "shift_by": "Committed offset shifted by N records",
+                    "by_duration": "First offset at/after now minus a duration",
+                },
+                title="Start from",
+                section="Start",
+            ),
+            "start_timestamp": Param(None, type=["null", "string"], format="date-time", section="Start"),
+            "start_offset": Param(None, type=["null", "integer"], minimum=0, maximum=MAX_OFFSET, section="Start"),
+            "shift_by": Param(
+                None,
+                type=["null", "integer"],
+                minimum=-MAX_OFFSET,
+                maximum=MAX_OFFSET,
+                section="Start",
+                description="Negative rewinds",
+            ),
+            "duration": Param(None, type=["null", "string"], section="Start", description="ISO 8601, e.g. PT6H"),
+            "end_at": Param("latest", type="string", enum=list(END_CHOICES), title="End at", section="End"),
+            "end_timestamp": Param(None, type=["null", "string"], format="date-time", section="End"),
+            "end_offset": Param(None, type=["null", "integer"], minimum=0, maximum=MAX_OFFSET, section="End"),
+            **_commit_params(),
+            **_window_params(),
+            **_selection_params("replay", dry_run_default=True),
+        },
+    )
+
+
+def all_dags(feeds_directory: Path | None = None) -> dict[str, DAG]:
+    """A DAG per feed plus backfill and replay, by DAG id.
+
+    Feeds whose DAG ids collide with each other or with a built-in DAG are refused by
+    :func:`tidemark.config.models.load_feeds`, so the DAG file shows an import error naming them
+    instead of one DAG silently replacing another.
+    """
+    feeds = load_feeds(feeds_directory)
+    dags = {d.dag_id: d for d in (feed_dag(f) for f in feeds.values())}
+    for extra in (backfill_dag(feeds), replay_dag(feeds)):
+        dags[extra.dag_id] = extra
+    return dags

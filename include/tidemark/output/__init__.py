@@ -1,0 +1,1 @@
+"""Where a plan is published: one publisher interface, with Parquet and Iceberg behind it."""

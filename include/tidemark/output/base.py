@@ -1,0 +1,176 @@
+"""Where a plan is published: the one place that knows a feed's output kind (Parquet folder or Iceberg table).
+
+The job, the pipeline and the DAGs ask a :class:`Publisher` three things and never look
+at the feed's ``output_format``: *is this plan already published?* (:meth:`Publisher.published`,
+the idempotence check of a rerun and of ``pending_commit``), *publish what the job
+staged* (:meth:`Publisher.new_staging` then :meth:`Publisher.publish_staged`), and *what
+position does the output's own history give for a group* (:meth:`Publisher.positions`,
+the planner's last resort when Kafka's offsets and the checkpoint store are both gone),
+and *take back a publication whose commit was refused for good* (:meth:`Publisher.retract`).
+
+:func:`publisher_for` chooses: a feed with ``output_format: iceberg`` publishes its
+scheduled runs to its table (:class:`tidemark.output.iceberg.IcebergPublisher`); every
+other case, and every backfill or replay (they publish beside the feed's output so that
+its readers never see a record twice), is the Parquet folder of :mod:`tidemark.output.parquet`,
+unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tidemark.config.models import Feed
+from tidemark.planning.plan import Plan, RecoveredPosition
+from tidemark.storage import Location
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+    from tidemark.output.parquet import Manifest, Staging
+    from tidemark.spark.stats import RangeStats
+
+
+@dataclass(frozen=True)
+class StagedRecords:
+    """How to read what the job staged: the outcome partitioning and the good records' columns.
+
+    ``read_good(folder)`` gives the good records under a staged outcome folder with exactly
+    the publication's columns (``schema``); ``rewrite`` says whether the staged files
+    carry columns the publication must not (a JSON feed's raw value), so that a
+    rename-only publication is impossible. ``write_quarantine(folders, target)`` writes
+    the records of the bad outcome folders under ``target`` (partitioned by topic and
+    date) with the full reason each outcome code stands for as the ``_reason`` column.
+    """
+
+    outcome_column: str
+    ok_value: str
+    schema: StructType
+    read_good: Callable[[Path], DataFrame]
+    rewrite: bool
+    write_quarantine: Callable[[Sequence[Path], Path], None]
+
+
+class Publisher(Protocol):
+    kind: str
+    location: Location  # where the published data lives (a folder, or the table's location)
+
+    def describe(self) -> str:
+        """For messages and reports: the output and its kind."""
+        ...
+
+    def published(self, plan_id: str) -> Manifest | None:
+        """The record of ``plan_id``'s publication (``reused=True``), or ``None`` when it was never published."""
+        ...
+
+    def new_staging(self, plan_id: str) -> Staging: ...
+
+    def publish_staged(
+        self,
+        staging: Staging,
+        plan: Plan,
+        feed: Feed,
+        *,
+        staged: StagedRecords,
+        stats: Sequence[RangeStats],
+        extra: Mapping[str, Any],
+        expect_records: int,
+        expect_quarantined: int,
+        run_id: str | None,
+    ) -> Manifest:
+        """Publish what the job staged, at most once per plan; raises :class:`~tidemark.errors.PublishError`."""
+        ...
+
+    def positions(self, feed: Feed) -> RecoveredPosition | None:
+        """The group's position from the output's history, or ``None`` when it keeps none."""
+        ...
+
+    def retract(self, plan_id: str, run_id: str) -> Manifest | None:
+        """Take ``plan_id``'s publication out of the output (its commit was refused for good).
+
+        Returns what was retracted, or ``None`` when the plan is not published there.
+        Afterwards :meth:`published` says ``None`` for the plan.
+        """
+        ...
+
+
+class ParquetPublisher:
+    """A Parquet folder with one manifest per plan (:mod:`tidemark.output.parquet`)."""
+
+    kind = "parquet"
+
+    def __init__(self, location: Location) -> None:
+        self.location = location
+
+    def describe(self) -> str:
+        return str(self.location)
+
+    def published(self, plan_id: str) -> Manifest | None:
+        from dataclasses import replace
+
+        from tidemark.output.parquet import load_manifest
+
+        found = load_manifest(self.location, plan_id)
+        return None if found is None else replace(found, reused=True)
+
+    def new_staging(self, plan_id: str) -> Staging:
+        from tidemark.output.parquet import new_staging
+
+        return new_staging(self.location, plan_id)
+
+    def publish_staged(
+        self,
+        staging: Staging,
+        plan: Plan,
+        feed: Feed,
+        *,
+        staged: StagedRecords,
+        stats: Sequence[RangeStats],
+        extra: Mapping[str, Any],
+        expect_records: int,
+        expect_quarantined: int,
+        run_id: str | None,
+    ) -> Manifest:
+        from tidemark.output.parquet import parquet_writer, publish_staged
+
+        def rewrite_good(source: Path, target: Path) -> None:
+            good = staged.read_good(source)
+            parquet_writer(good, "append").partitionBy("topic", "date").parquet(str(target))
+
+        # The manifest names the run that published (as an Iceberg snapshot does): a failed
+        # run that shares the plan id is then not taken for "published, not committed".
+        extra = {**extra, "run_id": run_id} if run_id else extra
+        return publish_staged(
+            staging, plan, feed, outcome_column=staged.outcome_column, ok_value=staged.ok_value,
+            write_quarantine=staged.write_quarantine, rewrite_good=rewrite_good if staged.rewrite else None,
+            stats=stats, extra=extra,
+            expect_records=expect_records, expect_quarantined=expect_quarantined,
+        )  # fmt: skip
+
+    def positions(self, feed: Feed) -> RecoveredPosition | None:
+        return None  # manifests name plans, not which of them the group committed last
+
+    def retract(self, plan_id: str, run_id: str) -> Manifest | None:
+        from tidemark.output.parquet import retract
+
+        return retract(self.location, plan_id)
+
+
+def publisher_for(feed: Feed, plan: Plan | None = None, output: Location | str | Path | None = None) -> Publisher:
+    """The publisher of ``plan`` (or of the feed's scheduled runs): given ``output``, else the plan's, else the feed's.
+
+    An explicit ``output`` or a plan that names its own output (backfills, replays) is a
+    Parquet folder; otherwise the feed's ``output_format`` decides.
+    """
+    if output is not None:
+        return ParquetPublisher(Location.of(output))
+    if plan is not None and plan.output:
+        return ParquetPublisher(Location.of(plan.output))
+    if feed.output_format == "iceberg":
+        from tidemark.output.iceberg import IcebergPublisher
+
+        return IcebergPublisher(feed)
+    return ParquetPublisher(feed.output_location())

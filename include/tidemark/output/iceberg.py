@@ -1,0 +1,536 @@
+"""Iceberg tables as a feed's output: Spark writes the data files, one pyiceberg catalog commit publishes them.
+
+No ``iceberg-spark-runtime`` release works on pyspark 4.3, so Spark does not talk to
+Iceberg here. The job stages and validates exactly as for a Parquet folder; then
+:meth:`IcebergPublisher.publish_staged`
+
+1. has Spark rewrite the good records into one Parquet file per ``(date, topic)``, each
+   file *containing* both columns (pyiceberg's ``add_files`` derives a file's partition
+   from its column statistics; Spark's ``partitionBy`` would drop them) with
+   ``TIMESTAMP_MICROS`` timestamps (Iceberg has no INT96);
+2. loads the table (created on first use from the feed's decoded schema, partitioned by
+   ``date`` then ``topic``, ``commit.retry.num-retries=0``) and looks for the plan id in
+   the snapshot history of the main branch: found, the plan is published and nothing is
+   written;
+3. uploads quarantined records to a sibling Parquet folder (``<output>.quarantine/plan_id=<id>/``,
+   replaced whole by a rerun of the plan) and the data files under the table's location
+   (``data/date=<d>/topic=<t>/<plan id>-<attempt>-<n>.parquet``; a file no snapshot
+   references is invisible to readers);
+4. commits them in **one** ``add_files`` with the plan id, run id, feed, group and the
+   per-partition ranges in the snapshot summary. The commit is a compare-and-set on the
+   metadata loaded in step 2: if anyone committed to the table since, the catalog refuses
+   it and, with retries off, pyiceberg does not rebase it: Tidemark reports a
+   :class:`~tidemark.errors.PublishError` naming the table and the plan, and a rerun
+   decides again from the new history.
+
+The catalog is whatever pyiceberg opens as the catalog named ``tidemark``:
+``TIDEMARK_ICEBERG_CATALOG_URI`` chooses it by scheme (a SQLAlchemy URL for the SQL
+catalog, ``postgresql://`` reached through psycopg 3; ``http(s)://`` for a REST catalog;
+``thrift://`` for a Hive metastore), ``TIDEMARK_ICEBERG_CATALOG_TYPE`` where the URI does
+not say (``glue``); without either, SQLite at ``<state dir>/iceberg_catalog.sqlite``.
+Further catalog properties (a REST catalog's ``credential`` or ``token``, ``warehouse``,
+Glue's region) come from pyiceberg's own ``PYICEBERG_CATALOG__TIDEMARK__<PROPERTY>``
+variables. Credentials come from the environment (or the Airflow connection
+``tidemark_iceberg``, see :func:`tidemark.orchestration.dags.iceberg_env`), never from feed
+files; S3 settings are the ones :mod:`tidemark.storage` uses. Whatever the catalog, the
+commit below is a compare-and-set: pyiceberg sends the metadata it read as the commit's
+requirement (SQL: a conditional update of the pointer row; REST: the server checks it;
+Glue: the table version), and the table's ``commit.retry.num-retries=0`` keeps it from
+rebasing a refused commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tidemark.config.models import Feed, state_location
+from tidemark.errors import ConfigError, PublishError
+from tidemark.faults import fault_point
+from tidemark.output.base import StagedRecords
+from tidemark.output.parquet import (
+    QUARANTINE_DIR,
+    FileEntry,
+    Manifest,
+    Staging,
+    local_staging_base,
+    prepare_staging_base,
+)
+from tidemark.planning.plan import Plan, RecoveredPosition
+from tidemark.storage import Location
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+    from pyiceberg.table.snapshots import Snapshot
+    from pyspark.sql.types import StructType
+
+    from tidemark.spark.stats import RangeStats
+
+CATALOG_URI_ENV = "TIDEMARK_ICEBERG_CATALOG_URI"
+CATALOG_TYPE_ENV = "TIDEMARK_ICEBERG_CATALOG_TYPE"
+CATALOG_NAME = "tidemark"
+PARTITION_FIELDS = ("date", "topic")
+NO_RETRY = {"commit.retry.num-retries": "0"}
+# Snapshot summary properties: what names the plan in the table's history.
+PLAN_KEY = "tidemark.plan-id"
+RUN_KEY = "tidemark.run-id"
+FEED_KEY = "tidemark.feed"
+GROUP_KEY = "tidemark.group"
+RANGES_KEY = "tidemark.ranges"
+RECORDS_KEY = "tidemark.records"
+QUARANTINED_KEY = "tidemark.quarantined"
+# On a snapshot that took a plan's files out again (its commit of the group was refused).
+RETRACTED_KEY = "tidemark.retracted-plan-id"
+_TOPIC_COPY, _DATE_COPY = "_tidemark_topic", "_tidemark_date"
+
+
+def catalog_uri() -> str | None:
+    """The catalog's URI: ``TIDEMARK_ICEBERG_CATALOG_URI``, else SQLite in a local state dir.
+
+    ``None`` when ``TIDEMARK_ICEBERG_CATALOG_TYPE`` names a catalog that needs no URI (Glue).
+    """
+    chosen = os.environ.get(CATALOG_URI_ENV) or None
+    if chosen is None and os.environ.get(CATALOG_TYPE_ENV):
+        return None
+    if chosen is None:
+        state = state_location()
+        if not state.is_local:
+            raise ConfigError(
+                f"the state dir {state.url} is on an object store, so the Iceberg catalog must be shared too: set "
+                f"{CATALOG_URI_ENV}=postgresql://user:password@host:port/db (or the Airflow connection)"
+            )
+        state.local_path().mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{state.local_path() / 'iceberg_catalog.sqlite'}"
+    scheme, sep, rest = chosen.partition("://")
+    if scheme in ("postgresql", "postgres"):  # psycopg 3 is installed, psycopg2 (SQLAlchemy's default) is not
+        return f"postgresql+psycopg{sep}{rest}"
+    return chosen
+
+
+def open_catalog() -> Catalog:
+    return _catalog(catalog_uri(), os.environ.get(CATALOG_TYPE_ENV) or None, *_s3_properties())
+
+
+def catalog_properties(uri: str | None, kind: str | None, endpoint: str | None, region: str | None) -> dict[str, str]:
+    """What Tidemark passes to pyiceberg's ``load_catalog`` (pyiceberg adds its own ``PYICEBERG_CATALOG__*``)."""
+    properties = {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO"}
+    if uri is not None:
+        properties["uri"] = uri
+    if kind is not None:
+        properties["type"] = kind
+    # Only where to reach S3: the credentials stay with the SDK's own chain (AWS_* variables,
+    # profiles, roles), so no secret is ever a catalog or table property.
+    if endpoint:
+        properties["s3.endpoint"] = endpoint
+    if region:
+        properties["s3.region"] = region
+    return properties
+
+
+@lru_cache(maxsize=4)
+def _catalog(uri: str | None, kind: str | None, endpoint: str | None, region: str | None) -> Catalog:
+    from pyiceberg.catalog import load_catalog
+
+    from tidemark.checkpoints.store import redact_url
+
+    where = redact_url(uri) if uri is not None else f"{CATALOG_TYPE_ENV}={kind}"
+    try:
+        return load_catalog(CATALOG_NAME, **catalog_properties(uri, kind, endpoint, region))
+    except Exception as exc:  # noqa: BLE001 - any driver error; re-raised with the password scrubbed
+        message = str(exc)
+        password = _password(uri) if uri is not None else None
+        if password:
+            message = message.replace(password, "***")
+        raise ConfigError(
+            f"cannot open the Iceberg catalog at {where}: {message}. Set {CATALOG_URI_ENV} (sqlite:///..., "
+            f"postgresql://..., https://... for REST, thrift://... for Hive) or {CATALOG_TYPE_ENV} (glue)"
+        ) from None
+
+
+def _password(uri: str) -> str | None:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(uri).password  # type: ignore[return-value]
+    except Exception:  # noqa: BLE001 - not a URL: nothing to hide
+        return None
+
+
+def _s3_properties() -> tuple[str | None, str | None]:
+    """The catalog's S3 endpoint and region: :func:`tidemark.storage.s3_settings`, a region for an endpoint."""
+    from tidemark.storage import s3_settings
+
+    endpoint, region, _ = s3_settings()
+    return endpoint, region or ("us-east-1" if endpoint else None)
+
+
+def table_schema(schema: StructType) -> pa.Schema:
+    """The table's schema from the feed's decoded Spark schema: every field optional, timestamps in µs UTC.
+
+    Optional because Spark writes every Parquet column as optional; a required table
+    field would refuse its own files.
+    """
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    def loosen(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_struct(t):
+            return pa.struct([pa.field(f.name, loosen(f.type), nullable=True) for f in t])
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return pa.list_(pa.field("element", loosen(t.value_type), nullable=True))
+        if pa.types.is_map(t):
+            return pa.map_(loosen(t.key_type), loosen(t.item_type))
+        return t
+
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    return pa.schema([pa.field(f.name, loosen(f.type), nullable=True) for f in arrow])
+
+
+def plan_history(table: Table) -> list[Snapshot]:
+    """The snapshots of the table's main branch, newest first (rolled-back ones are not history)."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    return list(ancestors_of(table.current_snapshot(), table.metadata))
+
+
+class IcebergPublisher:
+    """The feed's Iceberg table (see the module docstring)."""
+
+    kind = "iceberg"
+
+    def __init__(self, feed: Feed) -> None:
+        self.feed = feed
+        self.table_name = feed.iceberg_table
+        self.location = feed.output_location()
+        chosen = feed.iceberg.quarantine if feed.iceberg is not None else None
+        self.quarantine = Location.of(chosen) if chosen else self.location.with_name(f"{self.location.name}.quarantine")
+
+    def describe(self) -> str:
+        return f"iceberg:{self.table_name} ({self.location})"
+
+    # -- the table -----------------------------------------------------------------------
+
+    def load(self) -> Table | None:
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return open_catalog().load_table(self.table_name)
+        except NoSuchTableError:
+            return None
+
+    def load_or_create(self, schema: StructType) -> Table:
+        """The table, created on first use from ``schema``: partitioned by date then topic, no commit retries."""
+        from pyiceberg.exceptions import TableAlreadyExistsError
+
+        table = self.load()
+        if table is None:
+            catalog = open_catalog()
+            namespace = self.table_name.split(".", 1)[0]
+            catalog.create_namespace_if_not_exists(namespace)
+            try:
+                with (
+                    catalog.create_table_transaction(
+                        self.table_name, schema=table_schema(schema), location=self.location.url, properties=NO_RETRY
+                    ) as create,
+                    create.update_spec() as spec,
+                ):
+                    for name in PARTITION_FIELDS:
+                        spec.add_identity(name)
+            except TableAlreadyExistsError:
+                pass  # created meanwhile by another run: use it
+            table = catalog.load_table(self.table_name)
+        if table.properties.get("commit.retry.num-retries") != "0":
+            # A rebased retry would commit past the history check below: never allow one.
+            with table.transaction() as tx:
+                tx.set_properties(NO_RETRY)
+            table = open_catalog().load_table(self.table_name)
+        return table
+
+    # -- the Publisher protocol ------------------------------------------------------------
+
+    def published(self, plan_id: str) -> Manifest | None:
+        table = self.load()
+        return None if table is None else self._find(table, plan_id)
+
+    def _find(self, table: Table, plan_id: str) -> Manifest | None:
+        for snapshot in plan_history(table):
+            summary = snapshot.summary
+            if summary is not None and summary.get(RETRACTED_KEY) == plan_id:
+                return None  # newest first: retracted after its last publication
+            if summary is not None and summary.get(PLAN_KEY) == plan_id:
+                return Manifest(
+                    plan_id=plan_id,
+                    feed=str(summary.get(FEED_KEY)),
+                    group=str(summary.get(GROUP_KEY)),
+                    location=self.describe(),
+                    published_at=datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC).isoformat(),
+                    records=int(summary.get(RECORDS_KEY) or 0),
+                    quarantined=int(summary.get(QUARANTINED_KEY) or 0),
+                    ranges=tuple(json.loads(summary.get(RANGES_KEY) or "[]")),
+                    files=(),
+                    extra={
+                        "format": "iceberg",
+                        "table": self.table_name,
+                        "snapshot_id": snapshot.snapshot_id,
+                        "run_id": summary.get(RUN_KEY),
+                    },
+                    reused=True,
+                )
+        return None
+
+    def new_staging(self, plan_id: str) -> Staging:
+        # Always a local folder outside the table's location (a local table's location would
+        # otherwise hold it, and orphan-file cleanup would race with it).
+        root = prepare_staging_base(local_staging_base(self.location), plan_id) / f"{plan_id}.{uuid.uuid4().hex[:12]}"
+        root.mkdir()
+        return Staging(self.location, plan_id, root)
+
+    def publish_staged(
+        self,
+        staging: Staging,
+        plan: Plan,
+        feed: Feed,
+        *,
+        staged: StagedRecords,
+        stats: Sequence[RangeStats],
+        extra: Mapping[str, Any],
+        expect_records: int,
+        expect_quarantined: int,
+        run_id: str | None,
+    ) -> Manifest:
+        try:
+            return self._publish(staging, plan, feed, staged, stats, extra, expect_records, expect_quarantined, run_id)
+        except PublishError:
+            staging.discard()
+            raise
+        except Exception as exc:
+            staging.discard()
+            raise PublishError(
+                f"publishing plan {plan.plan_id} of feed '{feed.name}' to Iceberg table {self.table_name} failed: "
+                f"{exc}. Nothing was committed to the table; rerun to publish it"
+            ) from exc
+
+    def _publish(
+        self,
+        staging: Staging,
+        plan: Plan,
+        feed: Feed,
+        staged: StagedRecords,
+        stats: Sequence[RangeStats],
+        extra: Mapping[str, Any],
+        expect_records: int,
+        expect_quarantined: int,
+        run_id: str | None,
+    ) -> Manifest:
+        import pyarrow.parquet as pq
+
+        if plan.feed != feed.name or plan.plan_id != staging.plan_id:
+            raise PublishError(f"plan {plan.plan_id} (feed '{plan.feed}') does not match staging {staging.root}")
+        written = staging.written
+        good = written / f"{staged.outcome_column}={staged.ok_value}"
+        files_root = staging.root / "_iceberg"
+        if good.exists():
+            _write_table_files(staged.read_good(good), files_root)
+        data = _by_partition(files_root)
+        prefix = f"{staged.outcome_column}="
+        bad = [d for d in sorted(written.glob(f"{prefix}*")) if d != good and d.is_dir()] if written.exists() else []
+        records = sum(pq.read_metadata(path).num_rows for path, _ in data)
+        quarantined = sum(pq.read_metadata(p).num_rows for d in bad for p in d.rglob("*.parquet"))
+        for what, want, have in (("records", expect_records, records),
+                                 ("quarantined records", expect_quarantined, quarantined)):  # fmt: skip
+            if have != want:
+                raise PublishError(
+                    f"plan {plan.plan_id}: the staged Parquet files hold {have} {what}, validation passed on {want}; "
+                    f"nothing was committed to Iceberg table {self.table_name}"
+                )
+
+        table = self.load_or_create(staged.schema)  # the compare-and-set basis of the commit below
+        done = self._find(table, plan.plan_id)
+        if done is not None:  # published by an earlier attempt: write nothing
+            staging.discard()
+            return done
+
+        # Quarantine first: a sibling Parquet folder, replaced whole by any rerun of this plan.
+        quarantine = self.quarantine / f"plan_id={plan.plan_id}"
+        quarantine.remove_tree()
+        if bad:
+            from tidemark.output.parquet import _name_by_place
+
+            local = staging.root / QUARANTINE_DIR
+            staged.write_quarantine(bad, local)
+            _name_by_place(local)
+            quarantine.upload_tree(local)
+
+        # Data files under the table's location, named per attempt: a crashed attempt's files
+        # are never overwritten by a later one (which might commit them with other sizes).
+        attempt = uuid.uuid4().hex[:8]
+        upload = staging.root / "_upload"
+        names: list[str] = []
+        entries: list[FileEntry] = []
+        counters: dict[str, int] = {}
+        for path, (day, topic) in data:
+            part_dir = f"data/date={day}/topic={topic}"
+            index = counters[part_dir] = counters.get(part_dir, -1) + 1
+            name = f"{part_dir}/{plan.plan_id}-{attempt}-{index:05d}.parquet"
+            (upload / name).parent.mkdir(parents=True, exist_ok=True)
+            path.rename(upload / name)
+            names.append(name)
+            entries.append(_entry(upload / name, name))
+        if names:
+            self.location.upload_tree(upload, names)
+
+        fault_point("iceberg.before_commit")  # data files written, catalog not committed
+        ends = {(p.topic, p.partition): p for p in plan.partitions}
+        counted = {(s.topic, s.partition): s.records for s in stats}
+        ranges = [{"topic": t, "partition": n, "start": p.start, "end": p.end, "records": counted.get((t, n), 0)}
+                  for (t, n), p in sorted(ends.items())]  # fmt: skip
+        properties = {
+            PLAN_KEY: plan.plan_id, FEED_KEY: feed.name, GROUP_KEY: plan.group, RANGES_KEY: json.dumps(ranges),
+            RECORDS_KEY: str(records), QUARANTINED_KEY: str(quarantined), **({RUN_KEY: run_id} if run_id else {}),
+        }  # fmt: skip
+        commit_files(table, [str(self.location / n) for n in names], properties, self.table_name)
+        snapshot = table.current_snapshot()
+        staging.discard()
+        return Manifest(
+            plan_id=plan.plan_id,
+            feed=feed.name,
+            group=plan.group,
+            location=self.describe(),
+            published_at=datetime.now(UTC).isoformat(),
+            records=records,
+            quarantined=quarantined,
+            ranges=tuple(s.to_dict() for s in stats),
+            files=tuple(entries),
+            extra={
+                **extra,
+                "format": "iceberg",
+                "table": self.table_name,
+                "run_id": run_id,
+                "snapshot_id": None if snapshot is None else snapshot.snapshot_id,
+                "quarantine": str(quarantine) if bad else None,
+            },
+        )
+
+    def positions(self, feed: Feed) -> RecoveredPosition | None:
+        table = self.load()
+        if table is None:
+            return None
+        retracted: set[str] = set()
+        for snapshot in plan_history(table):
+            summary = snapshot.summary
+            if summary is not None and summary.get(RETRACTED_KEY):
+                retracted.add(str(summary.get(RETRACTED_KEY)))
+            if summary is None or summary.get(GROUP_KEY) != feed.group or summary.get(FEED_KEY) != feed.name:
+                continue
+            if summary.get(PLAN_KEY) in retracted:
+                continue
+            ranges = json.loads(summary.get(RANGES_KEY) or "[]")
+            return RecoveredPosition(
+                ends={(str(r["topic"]), int(r["partition"])): int(r["end"]) for r in ranges},
+                source=f"Iceberg table {self.table_name}, snapshot {snapshot.snapshot_id} "
+                f"(plan {summary.get(PLAN_KEY)})",
+                details={
+                    "table": self.table_name,
+                    "snapshot_id": snapshot.snapshot_id,
+                    "plan_id": summary.get(PLAN_KEY),
+                    "run_id": summary.get(RUN_KEY),
+                },
+            )
+        return None
+
+    def retract(self, plan_id: str, run_id: str) -> Manifest | None:
+        """Remove the plan's data files from the table in one new snapshot (``tidemark.retracted-plan-id``).
+
+        The files were named ``<plan id>-<attempt>-<n>.parquet`` when published, so exactly
+        this plan's files go, never another publication's. Unlike a publication, a retraction
+        may be retried on newer metadata: it deletes named files and checks no history.
+        """
+        from pyiceberg.exceptions import CommitFailedException
+
+        for _ in range(5):
+            table = self.load()
+            found = None if table is None else self._find(table, plan_id)
+            if table is None or found is None:
+                return None
+            files = [
+                task.file for task in table.scan().plan_files()
+                if task.file.file_path.rsplit("/", 1)[-1].startswith(f"{plan_id}-")
+            ]  # fmt: skip
+            properties = {RETRACTED_KEY: plan_id, RUN_KEY: run_id}
+            try:
+                with table.transaction() as tx, tx.update_snapshot(snapshot_properties=properties).overwrite() as ow:
+                    for data_file in files:
+                        ow.delete_data_file(data_file)
+            except CommitFailedException:
+                continue  # another commit landed meanwhile: look again
+            from tidemark.output.parquet import remove_objects
+
+            remove_objects(self.quarantine / f"plan_id={plan_id}")
+            return found
+        raise PublishError(
+            f"Iceberg table {self.table_name}: could not retract plan {plan_id} (run {run_id}) after 5 attempts, "
+            "each refused because the table changed meanwhile; rerun the feed, whose next run retracts it first"
+        )
+
+
+def commit_files(table: Table, paths: list[str], properties: Mapping[str, str], table_name: str) -> None:
+    """One ``add_files`` commit of ``paths``: a compare-and-set on the metadata ``table`` was loaded with.
+
+    With ``commit.retry.num-retries=0`` pyiceberg does not rebase a refused commit onto
+    whatever another writer committed meanwhile (that would slip past the history check
+    made on ``table``); the refusal becomes a :class:`PublishError` naming table and plan.
+    """
+    from pyiceberg.exceptions import CommitFailedException
+
+    plan_id = properties.get(PLAN_KEY, "?")
+    try:
+        table.add_files(paths, snapshot_properties=dict(properties))
+    except CommitFailedException as exc:
+        raise PublishError(
+            f"Iceberg table {table_name}: the commit of plan {plan_id} was refused because the table changed since "
+            f"it was read ({exc}); it was not retried on top of the other commit. Nothing of this plan is in the "
+            "table; rerun to decide again from the table's history"
+        ) from exc
+
+
+def _write_table_files(good: Any, target: Path) -> None:
+    """Spark writes one folder per (date, topic) whose files keep both columns, timestamps as micros."""
+    from pyspark.sql import functions as F
+
+    from tidemark.output.parquet import parquet_writer
+    from tidemark.spark.session import session_conf
+
+    # Iceberg reads no INT96.
+    with session_conf(good.sparkSession, "spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"):
+        copies = good.withColumn(_TOPIC_COPY, F.col("topic")).withColumn(_DATE_COPY, F.col("date").cast("string"))
+        parquet_writer(copies, "errorifexists").partitionBy(_DATE_COPY, _TOPIC_COPY).parquet(str(target))
+
+
+def _by_partition(root: Path) -> list[tuple[Path, tuple[str, str]]]:
+    """Spark's files under ``root`` with their ``(date, topic)``, from the folder names."""
+    found = []
+    for path in sorted(root.rglob("*.parquet")) if root.exists() else []:
+        parts = dict(p.split("=", 1) for p in path.relative_to(root).parts[:-1] if "=" in p)
+        found.append((path, (parts[_DATE_COPY], parts[_TOPIC_COPY])))
+    return found
+
+
+def _entry(path: Path, name: str) -> FileEntry:
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    return FileEntry(
+        path=name,
+        bytes=path.stat().st_size,
+        rows=pq.read_metadata(path).num_rows,
+        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+    )

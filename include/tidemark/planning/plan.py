@@ -1,0 +1,263 @@
+"""The plan document: exactly which offsets one run reads, and why.
+
+A plan is plain frozen data, serialised as versioned JSON. Its ``plan_id`` is a content
+hash of what decides the output (feed, group, mode, isolation, every range and the id of
+each range's topic), so the
+same ranges always get the same id and publishing them twice can be recognised and made
+a no-op. Creation time, the offsets the plan started from, events and the task grouping
+are recorded but do not change the id. A plan id therefore names *what is read and
+published*, not *when*: committing belongs to a run (see :mod:`tidemark.runs.commit`), and
+each run keeps its own copy of its plan document.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from tidemark._types import Isolation
+from tidemark.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tidemark.storage import Location
+
+PLAN_VERSION = 1
+
+Mode = Literal["scheduled", "backfill", "replay"]
+# Why a partition starts where it does.
+StartReason = Literal[
+    "committed",  # the group's committed offset
+    "checkpoint",  # group offsets expired; resumed from Tidemark's checkpoint
+    "earliest",  # no offsets: reset policy earliest (or a new partition)
+    "latest",  # no offsets: reset policy latest
+    "timestamp",  # no offsets: reset policy timestamp, or a backfill window's start
+    "log_start",  # start was below the log start; data-loss policy skip
+    "ahead_reset",  # start was past the end; ahead policy earliest/latest
+    "requested",  # a replay named the start explicitly (offset, shift, ...)
+    "table",  # no group offsets and no checkpoint: resumed from the output table's history
+]
+EventKind = Literal[
+    "group_offsets_expired",
+    "reset",
+    "new_partition",
+    "data_loss",
+    "offset_ahead",
+    "timestamp_past_end",
+    "capped",
+    "retention_warning",
+    "timestamp_skew",
+    "position_from_table",
+    "topic_recreated",
+    "offsets_skipped",  # a committing backfill/replay started past the committed offset (allow_gap)
+    "records_outside_window",  # a committing exact window's commit passed over records stamped outside it
+    "publication_retracted",  # a refused run's publication taken out of the feed's output
+]
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: EventKind
+    message: str
+    topic: str | None = None
+    partition: int | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """One partition's range ``[start, end)`` with the offsets it was derived from."""
+
+    topic: str
+    partition: int
+    leader: int
+    committed: int | None
+    checkpoint: int | None
+    log_start: int
+    high_watermark: int
+    end_available: int  # high watermark, or last stable offset under read_committed
+    start: int
+    end: int
+    reason: StartReason
+    # The id of the topic the range belongs to (None: unknown, e.g. a plan made before ids were recorded).
+    topic_id: str | None = None
+
+    @property
+    def records(self) -> int:
+        return self.end - self.start
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Task:
+    """One Spark input partition: chunks whose partitions share a leader broker."""
+
+    index: int
+    leader: int
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def records(self) -> int:
+        return sum(c.end - c.start for c in self.chunks)
+
+
+@dataclass(frozen=True)
+class Plan:
+    plan_id: str
+    feed: str
+    group: str
+    mode: Mode
+    commit: bool
+    isolation: Isolation
+    created_at: str
+    partitions: tuple[PartitionPlan, ...]
+    tasks: tuple[Task, ...]
+    events: tuple[Event, ...] = ()
+    window: Mapping[str, Any] = field(default_factory=dict)
+    version: int = PLAN_VERSION
+    output: str | None = None  # where this plan publishes (None: the feed's output); not part of the id
+
+    @property
+    def total_records(self) -> int:
+        return sum(p.records for p in self.partitions)
+
+    def ranges(self) -> Iterator[tuple[str, int, int, int]]:
+        for p in self.partitions:
+            yield (p.topic, p.partition, p.start, p.end)
+
+    def ends(self) -> dict[tuple[str, int], int]:
+        return {p.key: p.end for p in self.partitions}
+
+    @property
+    def time_filter(self) -> Mapping[str, Any] | None:
+        """The exact time window the job keeps records of, if any (``window["filter"]``)."""
+        found = self.window.get("filter")
+        return found if isinstance(found, Mapping) and found.get("mode") == "exact" else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Plan:
+        if doc.get("version") != PLAN_VERSION:
+            raise ConfigError(f"plan version {doc.get('version')!r} is not supported (expected {PLAN_VERSION})")
+        plan = cls(
+            plan_id=doc["plan_id"],
+            feed=doc["feed"],
+            group=doc["group"],
+            mode=doc["mode"],
+            commit=bool(doc["commit"]),
+            isolation=doc["isolation"],
+            created_at=doc["created_at"],
+            partitions=tuple(PartitionPlan(**p) for p in doc["partitions"]),
+            tasks=tuple(
+                Task(index=t["index"], leader=t["leader"], chunks=tuple(Chunk(**c) for c in t["chunks"]))
+                for t in doc["tasks"]
+            ),
+            events=tuple(Event(**e) for e in doc.get("events", ())),
+            window=doc.get("window", {}),
+            version=doc["version"],
+            output=doc.get("output"),
+        )
+        expected = compute_plan_id(plan.feed, plan.group, plan.mode, plan.isolation, plan.partitions, plan.time_filter)
+        if plan.plan_id != expected:
+            raise ConfigError(f"plan {plan.plan_id} does not match its content (hash {expected}); it was edited")
+        return plan
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        return cls.from_dict(json.loads(text))
+
+
+def compute_plan_id(
+    feed: str,
+    group: str,
+    mode: Mode,
+    isolation: Isolation,
+    partitions: tuple[PartitionPlan, ...],
+    time_filter: Mapping[str, Any] | None = None,
+) -> str:
+    """The content hash naming what is read and published.
+
+    An exact time window changes what is published from the same ranges, so its bounds
+    are part of the content; plans without one hash exactly as before. So are the topic
+    ids: the same offsets of a topic deleted and recreated under the same name are other
+    records, and its first run must not match a plan the old topic published.
+    """
+    content: dict[str, Any] = {
+        "version": PLAN_VERSION,
+        "feed": feed,
+        "group": group,
+        "mode": mode,
+        "isolation": isolation,
+        "ranges": sorted((p.topic, p.partition, p.start, p.end) for p in partitions),
+    }
+    if time_filter is not None:
+        content["time_filter"] = [time_filter.get("start_ms"), time_filter.get("end_ms")]
+    topic_ids = sorted({(p.topic, p.topic_id) for p in partitions if p.topic_id})
+    if topic_ids:
+        content["topic_ids"] = topic_ids
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    return digest[:20]
+
+
+def write_plan(plan: Plan, path: Path | Location) -> Path | Location:
+    """Write ``plan`` to ``path`` (a local path or an object-store location) whole: never half a plan."""
+    from tidemark.storage import Location
+
+    Location.of(path).write_text(plan.to_json())
+    return path
+
+
+class PlanStore:
+    """Plans previewed by ``tidemark plan``, saved as ``<state>/plans/<feed>/<plan_id>.json``.
+
+    A run does not use this store: it keeps its own copy of its plan in its run dir,
+    because the same plan id can be planned again later from other committed offsets,
+    with other events (see "Plans, runs and commits" in ``docs/ARCHITECTURE.md``).
+    """
+
+    def __init__(self, root: Path | Location) -> None:
+        from tidemark.storage import Location
+
+        self.root = Location.of(root)
+
+    def path(self, feed: str, plan_id: str) -> Location:
+        return self.root / "plans" / feed / f"{plan_id}.json"
+
+    def save(self, plan: Plan) -> Location:
+        path = self.path(plan.feed, plan.plan_id)
+        write_plan(plan, path)
+        return path
+
+    def load(self, feed: str, plan_id: str) -> Plan:
+        path = self.path(feed, plan_id)
+        if not path.exists():
+            raise ConfigError(f"no saved plan {plan_id} for feed '{feed}' under {path.parent}")
+        return Plan.from_json(path.read_text())
+
+
+@dataclass(frozen=True)
+class RecoveredPosition:
+    """A group's position as an output's history records it (the newest publication of the group)."""
+
+    ends: Mapping[tuple[str, int], int]
+    source: str  # for the event: where it was found (table, snapshot, plan)
+    details: Mapping[str, Any] = field(default_factory=dict)

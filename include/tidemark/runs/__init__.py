@@ -1,0 +1,1 @@
+"""One run outside Spark (CLI and Airflow tasks): plan, submit the job, commit, report, status."""

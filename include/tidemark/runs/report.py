@@ -1,0 +1,360 @@
+"""Run reports: one JSON document per run, under ``<state>/runs/<feed>/<run_id>/report.json``.
+
+A report says what one run planned (plan id, ranges, events), what it read and how it
+was validated (counts, gaps, the validation summary and its Data Docs page), where it
+wrote (output paths), and what it committed (the commit result), with timestamps. It is
+built from the plan, the Spark job's ``job.json`` and ``validation.json`` in the run
+dir, and the :class:`~tidemark.runs.commit.CommitResult`. Runs that never reached the report
+step (a failed Spark job) are still listed, from what their run dir holds.
+
+No credential ever appears in a report: connection settings are included only through
+:meth:`KafkaConnection.describe`, and before writing, every string is scrubbed of the
+secret values of the connection and of ``TIDEMARK_KAFKA_*`` secret variables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tidemark.config.models import state_location
+from tidemark.errors import ConfigError
+from tidemark.kafka.connection import ENV_PREFIX, KafkaConnection, is_secret
+from tidemark.planning.plan import Plan
+from tidemark.storage import Location
+
+REPORT_VERSION = 1
+REPORT_FILE = "report.json"
+PLAN_FILE = "plan.json"  # the run's own copy of its plan, written by the pipeline before any read
+REDACTED = "***"
+
+RunStatus = Literal["succeeded", "failed", "running"]
+
+
+class RunHandleLike(Protocol):
+    """The parts of :class:`tidemark.runs.pipeline.RunHandle` a report needs."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def feed(self) -> str: ...
+    @property
+    def plan_id(self) -> str: ...
+    @property
+    def run_dir(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def commit(self) -> bool: ...
+    @property
+    def resumed(self) -> str | None: ...
+
+
+class CommitLike(Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class RunReport(BaseModel):
+    """One run, as ``tidemark report RUN`` prints it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = REPORT_VERSION
+    run_id: str
+    feed: str
+    status: RunStatus
+    plan_id: str | None = None
+    group: str | None = None
+    mode: str | None = None
+    commit_requested: bool | None = None
+    resumed_plan: str | None = None  # an earlier plan whose commit this run finished first
+    ranges: list[dict[str, Any]] = Field(default_factory=list)
+    counts: dict[str, int] = Field(default_factory=dict)
+    gaps: dict[str, int] = Field(default_factory=dict)  # "topic[partition]" -> offsets with no record
+    window: list[dict[str, Any]] = Field(default_factory=list)  # exact time windows: per-partition counts
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    validation: dict[str, Any] | None = None
+    data_docs: str | None = None
+    outputs: dict[str, Any] = Field(default_factory=dict)
+    commit: dict[str, Any] | None = None
+    error: str | None = None
+    connection: dict[str, str] | None = None
+    timestamps: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def started_at(self) -> str | None:
+        return self.timestamps.get("planned_at") or self.timestamps.get("started_at")
+
+    @property
+    def finished_at(self) -> str | None:
+        return self.timestamps.get("finished_at")
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+Root = Path | Location | str  # the state dir: a local folder or an object-store URL
+
+
+def runs_root(root: Root | None = None) -> Location:
+    return (Location.of(root) if root is not None else state_location()) / "runs"
+
+
+def run_dir_for(feed: str, run_id: str, root: Root | None = None) -> Location:
+    return runs_root(root) / feed / run_id
+
+
+def _read_json(path: Location) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    return doc if isinstance(doc, dict) else None
+
+
+def _ranges(plan: Plan) -> list[dict[str, Any]]:
+    return [
+        {
+            "topic": p.topic,
+            "partition": p.partition,
+            "start": p.start,
+            "end": p.end,
+            "records": p.records,
+            "committed_before": p.committed,
+            "checkpoint_before": p.checkpoint,
+            "log_start": p.log_start,
+            "high_watermark": p.high_watermark,
+            "reason": p.reason,
+        }
+        for p in plan.partitions
+    ]
+
+
+def _events(
+    plan: Plan | None, job: Mapping[str, Any] | None, commit: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if plan is not None:
+        for e in plan.events:
+            out.append({"source": "plan", "kind": e.kind, "message": e.message, "topic": e.topic,
+                        "partition": e.partition, "details": dict(e.details)})  # fmt: skip
+    for e in (job or {}).get("events") or []:
+        out.append({"source": "job", **e} if isinstance(e, Mapping) else {"source": "job", "message": str(e)})
+    for tp in (commit or {}).get("expired") or []:
+        out.append({"source": "commit", "kind": "group_offsets_expired", "topic": tp["topic"],
+                    "partition": tp["partition"], "details": {},
+                    "message": f"{tp['topic']}[{tp['partition']}]: the group's offset vanished after planning "
+                               "(expired or deleted); committed back at the plan's end"})  # fmt: skip
+    return out
+
+
+def build_report(
+    *,
+    handle: RunHandleLike,
+    plan: Plan | None,
+    job: Mapping[str, Any] | None,
+    commit: CommitLike | None = None,
+    skipped_reason: str | None = None,
+    error: str | None = None,
+    connection: KafkaConnection | None = None,
+    timestamps: Mapping[str, str] | None = None,
+) -> RunReport:
+    """A report from the plan, the Spark job's ``job.json`` and the commit result.
+
+    Keys read from ``job`` when present: ``validation`` (else ``validation.json`` in the
+    run dir), ``counts``, ``gaps``, ``outputs`` (or ``output``/``quarantine``/``manifest``
+    paths), ``events``, ``error``, ``published`` and ``*_at`` timestamps.
+    """
+    run_dir = Location.of(handle.run_dir)
+    job = dict(job or {})
+    status_doc = _read_json(run_dir / "run.json") or {}
+    validation = job.get("validation") or _read_json(run_dir / "validation.json")
+    counts: dict[str, int] = {}
+    if plan is not None:
+        counts["planned"] = plan.total_records
+    for key, value in (job.get("counts") or {}).items():
+        if isinstance(value, int):
+            counts[key] = value
+    if validation:
+        for key, value in (validation.get("counts") or {}).items():
+            if isinstance(value, int):
+                counts.setdefault(key, value)
+    gaps: dict[str, int] = {}
+    if isinstance(job.get("gaps"), Mapping):
+        gaps = {str(k): int(v) for k, v in job["gaps"].items()}
+    elif validation:
+        gaps = {f"{p['topic']}[{p['partition']}]": int(p["gaps"]) for p in validation.get("partitions", [])}
+    outputs = dict(job.get("outputs") or {})
+    for key in ("output", "output_path", "quarantine", "quarantine_path", "manifest", "manifest_path"):
+        if job.get(key) and key not in outputs:
+            outputs[key] = job[key]
+    commit_doc: dict[str, Any] | None
+    if commit is not None:
+        commit_doc = commit.to_dict()
+    elif skipped_reason is not None:
+        commit_doc = {"status": "skipped", "reason": skipped_reason}
+    else:
+        commit_doc = None
+    stamps = {k: str(v) for k, v in status_doc.items() if k.endswith("_at") and v}
+    stamps.update({k: str(v) for k, v in job.items() if k.endswith("_at") and v})
+    if commit is not None:
+        stamps["committed_at"] = str(commit_doc.get("finished_at")) if commit_doc else _now()
+    stamps.update(timestamps or {})
+    stamps.setdefault("finished_at", _now())
+    failure = error or job.get("error") or status_doc.get("error")
+    return RunReport(
+        run_id=handle.run_id,
+        feed=handle.feed,
+        status="failed" if failure else "succeeded",
+        plan_id=handle.plan_id,
+        group=plan.group if plan is not None else None,
+        mode=handle.mode,
+        commit_requested=handle.commit,
+        resumed_plan=handle.resumed,
+        ranges=_ranges(plan) if plan is not None else [],
+        counts=counts,
+        gaps=gaps,
+        window=list(job.get("window") or []),
+        events=_events(plan, job, commit_doc),
+        validation=validation,
+        data_docs=(validation or {}).get("data_docs") or (validation or {}).get("data_docs_index"),
+        outputs=outputs,
+        commit=commit_doc,
+        error=str(failure) if failure else None,
+        connection=connection.describe() if connection is not None else None,
+        timestamps=stamps,
+    )
+
+
+# -- redaction -------------------------------------------------------------------------
+
+
+def secret_values(connection: KafkaConnection | None = None, environ: Mapping[str, str] | None = None) -> set[str]:
+    """Secret setting values that must never be written: the connection's and the env's."""
+    env = os.environ if environ is None else environ
+    values = {v for k, v in (connection.settings.items() if connection else ()) if is_secret(k)}
+    values |= {v for k, v in env.items() if k.startswith(ENV_PREFIX) and is_secret(k[len(ENV_PREFIX) :])}
+    # Object-store and checkpoint-store credentials (tidemark.storage, tidemark.checkpoints.store).
+    values |= {env[k] for k in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN") if env.get(k)}
+    checkpoint_url = env.get("TIDEMARK_CHECKPOINT_URL", "")
+    if "://" in checkpoint_url and "@" in checkpoint_url:
+        credentials = checkpoint_url.split("://", 1)[1].rsplit("@", 1)[0]
+        if ":" in credentials:
+            from urllib.parse import unquote
+
+            values.add(unquote(credentials.split(":", 1)[1]))
+    return {v for v in values if len(v) >= 3}  # shorter values would blank out ordinary text
+
+
+def redact(value: Any, secrets: Iterable[str]) -> Any:
+    """``value`` with every occurrence of a secret replaced, recursively."""
+    found = sorted(set(secrets), key=len, reverse=True)
+    if not found:
+        return value
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, str):
+            for s in found:
+                v = v.replace(s, REDACTED)
+            return v
+        if isinstance(v, Mapping):
+            return {walk(k): walk(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [walk(x) for x in v]
+        return v
+
+    return walk(value)
+
+
+# -- store -------------------------------------------------------------------------------
+
+
+def save_report(
+    report: RunReport,
+    run_dir: Path | Location | None = None,
+    *,
+    root: Root | None = None,
+    connection: KafkaConnection | None = None,
+) -> Path | Location:
+    """Write ``report.json`` whole into the run dir (derived from feed and run id if not given).
+
+    Returns a ``Path`` for a local run dir, else the report's object-store location.
+    """
+    folder = Location.of(run_dir) if run_dir is not None else run_dir_for(report.feed, report.run_id, root)
+    doc = redact(report.model_dump(mode="json"), secret_values(connection))
+    path = folder / REPORT_FILE
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True))
+    return path.local_path() if path.is_local else path
+
+
+def _from_run_dir(run_dir: Location, feed: str) -> RunReport:
+    """A report for a run that never wrote one (failed or still running), from its run dir.
+
+    The run's own copy of its plan (``plan.json``) gives the ranges and the plan's events,
+    so a run that failed in the Spark job still shows, say, that its group offsets had expired.
+    """
+    status = _read_json(run_dir / "run.json") or {}
+    plan_doc = _read_json(run_dir / PLAN_FILE)
+    plan = Plan.from_dict(plan_doc) if plan_doc else None
+    job = _read_json(run_dir / "job.json") or {}
+    handle = status.get("handle") or {}
+    validation = _read_json(run_dir / "validation.json")
+    error = job.get("error") or status.get("error")
+    if not error and validation and validation.get("success") is False:
+        error = validation.get("failure")
+    finished = status.get("failed_at") or status.get("finished_at")
+    return RunReport(
+        run_id=run_dir.name,
+        feed=feed,
+        status="failed" if error else ("succeeded" if status.get("committed") else "running"),
+        plan_id=handle.get("plan_id"),
+        group=plan.group if plan is not None else None,
+        mode=handle.get("mode"),
+        commit_requested=handle.get("commit"),
+        ranges=_ranges(plan) if plan is not None else [],
+        counts={"planned": int(handle["records"])} if isinstance(handle.get("records"), int) else {},
+        events=_events(plan, job),
+        validation=validation,
+        data_docs=(validation or {}).get("data_docs"),
+        error=str(error) if error else None,
+        timestamps={k: str(v) for k, v in {**status, **job}.items() if k.endswith("_at") and v}
+        | ({"finished_at": str(finished)} if finished else {}),
+    )
+
+
+def load_report(run_id: str, feed: str | None = None, *, root: Root | None = None) -> RunReport:
+    """A run's report by run id (searched across feeds unless ``feed`` is given) or by path or URL."""
+    if run_id.endswith(REPORT_FILE) and Location.of(run_id).exists():
+        return RunReport.model_validate_json(Location.of(run_id).read_text())
+    base = runs_root(root)
+    candidates = [base / feed / run_id] if feed else [f / run_id for f in base.children(folders_only=True)]
+    candidates = [c for c in candidates if c.exists() and not c.is_file()]
+    if not candidates:
+        raise ConfigError(
+            f"no run '{run_id}' under {base}{f'/{feed}' if feed else ''} (list runs with 'tidemark runs FEED')"
+        )
+    if len(candidates) > 1:
+        feeds = ", ".join(c.parent.name for c in candidates)
+        raise ConfigError(f"run id '{run_id}' exists for several feeds ({feeds}); pass --feed")
+    folder = candidates[0]
+    path = folder / REPORT_FILE
+    if path.exists():
+        return RunReport.model_validate_json(path.read_text())
+    return _from_run_dir(folder, folder.parent.name)
+
+
+def list_runs(feed: str, limit: int = 20, *, root: Root | None = None) -> list[RunReport]:
+    """The feed's most recent runs, newest first (run ids start with their UTC start time)."""
+    base = runs_root(root) / feed
+    folders = sorted(base.children(folders_only=True), key=lambda d: d.name, reverse=True)[:limit]
+    out = []
+    for folder in folders:
+        path = folder / REPORT_FILE
+        out.append(RunReport.model_validate_json(path.read_text()) if path.exists() else _from_run_dir(folder, feed))
+    return out

@@ -1,0 +1,1 @@
+"""Spark plumbing used inside the job: the session, the Kafka data source and record decoding."""

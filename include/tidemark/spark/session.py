@@ -1,0 +1,192 @@
+"""SparkSession construction for the CLI, the Spark job and the tests.
+
+``local[*]`` by default; ``TIDEMARK_SPARK_MASTER`` (or an explicit master) points at a
+cluster instead. Python workers run the same interpreter as the driver so that
+``tidemark`` and its pinned dependencies are importable in them.
+
+:data:`SUBMIT_CONF` is what every Tidemark application sets, whichever way it starts
+(``spark-submit`` from the CLI or the Airflow operator, or an in-process session):
+Spark's redaction pattern widened to every name Tidemark treats as secret, so a Kafka
+setting that reaches Spark's configuration (``spark.executorEnv.TIDEMARK_KAFKA_*``, an
+option in a plan description) shows as ``*********(redacted)`` in the UI's environment
+page, the event log and Spark's own logs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tidemark.kafka.connection import SECRET_MARKERS
+from tidemark.settings import cache_root
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+# Spark's default spark.redaction.regex, plus Tidemark's secret markers (tidemark.kafka.connection.is_secret).
+SPARK_DEFAULT_REDACTION = ("secret", "password", "token", r"access[.]?key")
+# The Iceberg catalog's URL holds its database password (spark.*Env.TIDEMARK_ICEBERG_CATALOG_URI on YARN/Kubernetes).
+URL_SECRETS = ("catalog_uri",)
+REDACTION_REGEX = "(?i)" + "|".join(dict.fromkeys((*SPARK_DEFAULT_REDACTION, *SECRET_MARKERS, *URL_SECRETS)))
+SUBMIT_CONF = {"spark.redaction.regex": REDACTION_REGEX}
+
+# A small run's driver JVM (in local mode: the whole application) lives for seconds, and on
+# a 2-core machine the C2 JIT compiler's and the parallel GC's threads take cores from the
+# work: C1 only and the serial collector cut the CPU of a 1,000- and a 100,000-record run
+# by a third or more (docs/read-publish.md, "Small runs"). A long run needs C2, so only
+# runs of at most SMALL_RUN_MAX_RECORDS get them.
+SMALL_RUN_JAVA_OPTIONS_ENV = "TIDEMARK_SMALL_RUN_JAVA_OPTIONS"
+SMALL_RUN_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+SMALL_RUN_MAX_RECORDS = 250_000
+
+
+def small_run_conf(
+    records: int, max_records: int = SMALL_RUN_MAX_RECORDS, *, class_archive: str = ""
+) -> dict[str, str]:
+    """Extra ``spark-submit`` conf for a run of ``records``: the driver's JVM options when it is small.
+
+    ``class_archive`` is :func:`driver_class_archive`'s option, added to them.
+    ``TIDEMARK_SMALL_RUN_JAVA_OPTIONS`` replaces the options; set empty, it turns them all
+    off (then ``spark.driver.extraJavaOptions`` from a deployment's ``spark-defaults.conf``
+    is left alone, as it is for every larger run).
+    """
+    if not 0 < records <= max_records:
+        return {}
+    options = os.environ.get(SMALL_RUN_JAVA_OPTIONS_ENV, SMALL_RUN_JAVA_OPTIONS).strip()
+    return {"spark.driver.extraJavaOptions": f"{options} {class_archive}".strip()} if options else {}
+
+
+# A Spark driver JVM spends seconds loading the same ten thousand classes at every start.
+# Java's class-data sharing maps them from an archive instead: the first small run on a
+# machine writes one (-XX:ArchiveClassesAtExit; that run takes about 40 s longer), every
+# later one starts from it (-XX:SharedArchiveFile), which cuts a 1,000-record run's wall
+# and CPU time by about a fifth (docs/read-publish.md, "Small runs"). The archive is
+# keyed by the Java binary and Spark's jars; one that no longer matches them (a changed
+# classpath, say) is ignored by the JVM, which then starts as it would without it.
+CLASS_ARCHIVE_ENV = "TIDEMARK_CLASS_ARCHIVE_DIR"  # "off" (or empty): no archive
+STALE_ARCHIVE_S = 3600.0  # a half-written archive older than this belongs to a run that died
+
+
+def class_archive_path(cache: Path) -> Path:
+    """The archive for the Java that ``spark-submit`` starts and the installed Spark's jars."""
+    import pyspark
+
+    java_home = os.environ.get("JAVA_HOME")
+    java = Path(java_home, "bin", "java") if java_home else Path(shutil.which("java") or "java")
+    java = java.resolve()
+    jars = Path(pyspark.__file__).parent / "jars"
+    # The JVM checks the archive's classpath against its own: its folders are part of the key.
+    stamp = [str(java), *(str(java.stat()[i]) for i in (6, 8) if java.exists())]
+    stamp += [str(jars.resolve()), os.environ.get("SPARK_CONF_DIR", ""), *sorted(p.name for p in jars.glob("*.jar"))]
+    key = hashlib.sha256("\n".join(stamp).encode()).hexdigest()[:16]
+    return cache / f"spark-{pyspark.__version__}-driver-{key}.jsa"
+
+
+def classpath_has_folders() -> bool:
+    """Whether ``spark-submit``'s driver classpath may hold a folder with files in it.
+
+    Besides Spark's jars it holds the Spark configuration folder and, when set, Hadoop's
+    and YARN's, plus ``SPARK_DIST_CLASSPATH``. A JVM cannot archive classes with a folder
+    that has files on its classpath (it fails at exit), so Tidemark then uses no archive.
+    """
+    import pyspark
+
+    spark_home = Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
+    conf = Path(os.environ.get("SPARK_CONF_DIR") or spark_home / "conf")
+    if conf.is_dir() and any(conf.iterdir()):
+        return True
+    return any(os.environ.get(name) for name in ("HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH"))
+
+
+@dataclass
+class ClassArchive:
+    """What :func:`driver_class_archive` yields: the driver's JVM option, and the run's outcome."""
+
+    option: str
+    succeeded: bool = False  # set by the caller once spark-submit exited 0
+
+
+@contextmanager
+def driver_class_archive() -> Iterator[ClassArchive]:
+    """The driver JVM option that starts it from the class-data archive, or has it write one.
+
+    Used around one ``spark-submit``: when the archive is missing, the JVM writes a new one
+    under a name of its own at exit, and leaving the block moves that into place if the
+    caller marked the run ``succeeded`` (atomic: concurrent first runs each write their
+    own, and one of them wins; a JVM that died while writing leaves nothing behind).
+    The option is ``""`` when ``TIDEMARK_CLASS_ARCHIVE_DIR`` is ``off``, the folder cannot
+    be written, or the classpath has folders (:func:`classpath_has_folders`; a
+    ``spark-submit`` given more classpath, such as ``spark.driver.extraClassPath``, must
+    not get the option either).
+    """
+    setting = os.environ.get(CLASS_ARCHIVE_ENV, str(cache_root() / "jvm")).strip()
+    if setting.lower() in ("", "off") or classpath_has_folders():
+        yield ClassArchive("")
+        return
+    try:
+        archive = class_archive_path(Path(setting))
+        archive.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        yield ClassArchive("")
+        return
+    quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # warnings about classes it cannot archive
+    if archive.exists():
+        yield ClassArchive(f"-XX:SharedArchiveFile={archive} {quiet}")
+        return
+    for stale in archive.parent.glob(f"{archive.name}.*.tmp"):
+        with suppress(OSError):  # another run may be removing it too
+            if time.time() - stale.stat().st_mtime > STALE_ARCHIVE_S:
+                stale.unlink()
+    partial = archive.with_name(f"{archive.name}.{uuid.uuid4().hex[:12]}.tmp")
+    run = ClassArchive(f"-XX:ArchiveClassesAtExit={partial} {quiet}")
+    try:
+        yield run
+        if run.succeeded and partial.exists() and partial.stat().st_size > 0:
+            os.replace(partial, archive)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+@contextmanager
+def session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    """``key`` set to ``value`` in ``spark``'s session for the block, then back to what it was."""
+    before = spark.conf.get(key)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
+
+
+def local_session(app_name: str = "tidemark", master: str | None = None) -> SparkSession:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    master = master or os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]")
+    if master.startswith("local"):
+        # Keep a local session on loopback (Spark otherwise binds the host's first interface).
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.driver.memory", os.environ.get("TIDEMARK_SPARK_DRIVER_MEMORY", "2g"))
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    for key, value in SUBMIT_CONF.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session

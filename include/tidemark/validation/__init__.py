@@ -1,0 +1,1 @@
+"""Validation inside the job: expectation rules, range completeness checks and the feed's GX suite."""

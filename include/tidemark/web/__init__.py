@@ -1,0 +1,1 @@
+"""The Tidemark view: a FastAPI app over the run reports, mounted by the Airflow plugin."""

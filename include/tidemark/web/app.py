@@ -1,0 +1,555 @@
+"""The Tidemark view behind the Airflow plugin (a small FastAPI app rendering Jinja2 templates).
+
+``create_app()`` builds the app; the plugin in ``plugins/`` mounts it under ``/tidemark``
+and adds a navigation entry. Pages (templates in ``tidemark/templates/``): ``/`` lists
+feeds with their lag, last run and trouble; ``/feeds/{feed}`` shows per partition the
+committed offset, checkpoint, log start, end and lag in records and in time, the recent
+runs as a chart (inline SVG drawn here) and a table with links to their Airflow run and
+Data Docs, the runs' events with times, and a replay form. JSON: ``/api/feeds``,
+``/api/feeds/{feed}``, ``POST /api/feeds/{feed}/replay/preview`` (plans exactly as a dry
+run would, reads nothing) and ``POST /api/feeds/{feed}/replay`` (triggers
+``tidemark_replay`` through Airflow's REST API with the caller's own credentials).
+
+Handlers are thin: the data comes from :mod:`tidemark.runs.status`, :mod:`tidemark.runs.report`
+and :func:`tidemark.runs.pipeline.plan_request`. A feed whose brokers do not answer shows its
+error instead of failing the page. No connection setting is ever rendered (not even the
+broker addresses), and error texts are scrubbed of secret values. Airflow mounts plugin
+apps without auth; the plugin passes Airflow's own security dependencies:
+``dependencies`` guard every route (an authenticated user), ``trigger_dependencies`` the
+trigger (a user who may run the replay DAG).
+
+The view runs on Airflow's origin, where the login cookie lives, so it keeps other
+content from acting there. Run files (Data Docs, written from record data) are served
+with a sandboxing Content-Security-Policy: no script runs and nothing loads from the
+internet. The POST endpoints take only a JSON body (``application/json``, which a form
+on another site cannot send) and refuse requests whose ``Origin`` or ``Sec-Fetch-Site``
+is not this origin. Pages may be framed by Airflow itself only, and no OpenAPI document
+is served. The preview and the trigger share one validation, the planner's: whatever
+the preview accepts is what the trigger starts.
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import Body, Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from tidemark.checkpoints.store import CheckpointStore, default_store
+from tidemark.config.models import Feed, load_feeds
+from tidemark.errors import ConfigError, PlanningError, TidemarkError, shown
+from tidemark.kafka.adapter import KafkaAdapter
+from tidemark.kafka.connection import KafkaConnection, from_env
+from tidemark.planning.requests import END_CHOICES, REPLAY_PARAMS, START_CHOICES, flag
+from tidemark.runs.report import RunReport, list_runs, redact, run_dir_for, secret_values
+from tidemark.runs.status import FeedStatus, feed_status
+from tidemark.storage import Location
+
+REPLAY_DAG = "tidemark_replay"
+AIRFLOW_FILE = "airflow.json"  # the Airflow DAG run that made a Tidemark run (written by the plan task)
+CHART_RUNS = 30
+# The replay DAG's Params a trigger from the view may carry: all but allow_gap (the view's
+# form has no such field; skipping offsets is left to the DAG's own form and the CLI).
+REPLAY_KEYS = frozenset(REPLAY_PARAMS) - {"allow_gap"}
+
+Trigger = Callable[[Request, dict[str, Any]], dict[str, Any]]
+
+# Run files hold record data (GX writes rejected values into its pages unescaped): sandboxed,
+# they run no script and load nothing from elsewhere, yet show their server-rendered HTML.
+FILES_CSP = (
+    "sandbox; default-src 'none'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "font-src 'self' data:; frame-ancestors 'self'; base-uri 'none'; form-action 'none'"
+)
+# The view's own pages: inline script and style of its templates; framed by Airflow (same origin) only.
+PAGE_CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'self'"
+)
+DETAIL_CHARS = 600  # an error text longer than this is cut (inputs are quoted only in part anyway)
+
+# A run id or one name of a path below it: no separators, no control characters, not "." or "..".
+_SAFE_NAME = re.compile(r"^(?!\.\.?$)[^/\\\x00-\x1f\x7f]{1,255}$")
+
+_templates = Environment(
+    loader=PackageLoader("tidemark.web", "templates"), autoescape=select_autoescape(["html"]), auto_reload=False
+)
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _duration(ms: int | None) -> str:
+    """A lag in time as people read it: 0s, 42s, 7m 5s, 3h 10m, 2d 4h."""
+    if ms is None:
+        return "-"
+    seconds = ms // 1000
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if seconds >= size:
+            rest = (seconds % size) // sub_size
+            return f"{seconds // size}{unit} {rest}{sub}" if rest else f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _when(text: str | None) -> str:
+    """A report's ISO timestamp, to the second, in UTC."""
+    if not text:
+        return "-"
+    try:
+        return datetime.fromisoformat(text).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    except ValueError:
+        return text
+
+
+def _iso(ms: int | None) -> str:
+    return "" if ms is None else datetime.fromtimestamp(ms / 1000, UTC).isoformat().replace("+00:00", "Z")
+
+
+_templates.globals.update(dash=_dash, duration=_duration, iso=_iso, when=_when)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run as the page shows it."""
+
+    run_id: str
+    mode: str | None
+    status: str
+    plan_id: str | None
+    records: int
+    lag_before: int | None  # records the group had not read when the run was planned (its ranges' partitions)
+    started_at: str | None
+    error: str | None
+    airflow_url: str | None
+    docs_url: str | None
+
+
+def _dry_run(report: RunReport) -> bool:
+    return "dry run" in str((report.commit or {}).get("reason", ""))
+
+
+def _records(report: RunReport) -> int:
+    """Records the run read (a dry run reads none; its plan's count is in the report)."""
+    c = report.counts
+    return 0 if _dry_run(report) else int(c.get("rows", c.get("read", c.get("planned", 0))))
+
+
+def _lag_before(report: RunReport) -> int | None:
+    lags = []
+    for r in report.ranges:
+        position = r.get("committed_before")
+        if position is None:
+            position = r.get("checkpoint_before")
+        if position is None:  # the group had no position: the run started by policy
+            position = r.get("start")
+        end = r.get("high_watermark")
+        if position is not None and end is not None:
+            lags.append(max(int(end) - int(position), 0))
+    return sum(lags) if lags else None
+
+
+def _run_row(report: RunReport, root: str, runs_root: Path | None) -> RunRow:
+    run_dir = run_dir_for(report.feed, report.run_id, runs_root)
+    airflow_url = None
+    airflow_doc = run_dir / AIRFLOW_FILE
+    if airflow_doc.exists():
+        doc = json.loads(airflow_doc.read_text())
+        airflow_url = f"/dags/{doc['dag_id']}/runs/{quote(str(doc['dag_run_id']), safe='')}"
+    docs_url = f"{root}/runs/{report.feed}/{report.run_id}/docs" if report.data_docs else None
+    mode = f"{report.mode} (dry run)" if _dry_run(report) else report.mode
+    return RunRow(report.run_id, mode, report.status, report.plan_id, _records(report), _lag_before(report),
+                  report.started_at, report.error, airflow_url, docs_url)  # fmt: skip
+
+
+def _chart(rows: Sequence[RunRow], width: int = 640, height: int = 180) -> dict[str, Any]:
+    """Bar and line geometry for the recent runs, oldest first (the template only draws it)."""
+    left, right, top, bottom = 40, 10, 24, height - 20
+    runs = list(reversed(rows[:CHART_RUNS]))
+    max_records = max((r.records for r in runs), default=0)
+    max_lag = max((r.lag_before or 0 for r in runs), default=0)
+    span = bottom - top
+    step = (width - left - right) / max(len(runs), 1)
+    bars, points = [], []
+    for i, r in enumerate(runs):
+        h = 0.0 if not max_records else span * r.records / max_records
+        x = left + i * step
+        w = min(step * 0.7, 36.0)
+        bars.append({"x": round(x + (step - w) / 2, 1), "y": round(bottom - h, 1), "w": round(w, 1),
+                     "h": round(h, 1), "label": f"{r.run_id}: {r.records} records"})  # fmt: skip
+        if r.lag_before is not None:
+            y = bottom - (0.0 if not max_lag else span * r.lag_before / max_lag)
+            points.append({"x": round(x + step / 2, 1), "y": round(y, 1), "label": f"{r.run_id}: lag {r.lag_before}"})
+    return {
+        "width": width, "height": height, "left": left, "right": right, "bottom": bottom, "bars": bars,
+        "points": points, "line": " ".join(f"{p['x']},{p['y']}" for p in points),
+        "max_records": max_records, "max_lag": max_lag,
+    }  # fmt: skip
+
+
+_NOTABLE = ("reset", "group_offsets_expired", "data_loss", "offset_ahead", "new_partition", "retention_warning")
+
+
+def _events(reports: Sequence[RunReport]) -> list[dict[str, Any]]:
+    """Resets, expired offsets, lost ranges and quarantined records of the recent runs, newest first."""
+    out = []
+    for report in reports:
+        when = report.started_at
+        for e in report.events:
+            if e.get("kind") not in _NOTABLE:
+                continue
+            where = (
+                f"{e['topic']}[{e['partition']}]"
+                if e.get("topic") is not None and e.get("partition") is not None
+                else ""
+            )
+            out.append({"time": when, "run_id": report.run_id, "kind": e.get("kind"), "where": where,
+                        "message": e.get("message", "")})  # fmt: skip
+        quarantined = report.counts.get("quarantined", 0)
+        if quarantined:
+            out.append({"time": report.finished_at or when, "run_id": report.run_id, "kind": "quarantined",
+                        "where": "", "message": f"{quarantined} bad records kept in the run's quarantine"})  # fmt: skip
+    return out
+
+
+def replay_conf(feed: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The replay DAG's conf from a form's parameters: known keys only, a dry run unless said otherwise."""
+    unknown = sorted(set(body) - REPLAY_KEYS)
+    if unknown:
+        named = ", ".join(k if len(k) <= 40 else shown(k) for k in unknown[:5]) + (", …" if len(unknown) > 5 else "")
+        raise ConfigError(f"unknown replay parameters: {named} (known: {', '.join(sorted(REPLAY_KEYS))})")
+    conf = {k: v for k, v in body.items() if v is not None and v != ""}
+    conf["dry_run"] = flag(body, "dry_run", default=True)
+    return {"feed": feed, **conf}
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS] + "…"
+
+
+def _origin(url: str) -> str:
+    """``scheme://host:port`` of a URL, with the scheme's default port spelled out."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url.strip().lower())
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return ""
+    return f"{parts.scheme}://{parts.hostname}:{port}" if parts.scheme and parts.hostname else ""
+
+
+def same_origin_json(request: Request, api_base: str | None = None) -> None:
+    """Refuse what a page on another origin could send: a non-JSON body, or a foreign Origin / Sec-Fetch-Site.
+
+    A form or a no-CORS fetch from another site (or another port of this host, which
+    browsers count as the same site and send the login cookie to) can only send
+    form-encoded or text bodies; ``application/json`` needs a CORS preflight this app
+    never grants. Browsers also name the page's origin on every cross-origin POST.
+    Callers that are not browsers (the API with a bearer token) send neither header.
+    """
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise HTTPException(415, "send the parameters as a JSON object with Content-Type: application/json")
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site != "same-origin":
+        raise HTTPException(403, f"cross-site request refused (Sec-Fetch-Site: {shown(site)})")
+    origin = request.headers.get("origin")
+    if origin is not None:
+        allowed = {_origin(str(request.base_url))} | ({_origin(api_base)} if api_base else set())
+        if _origin(origin) not in allowed - {""}:
+            raise HTTPException(403, f"cross-origin request refused (Origin: {shown(origin)})")
+
+
+def airflow_trigger(request: Request, conf: dict[str, Any], api_base: str | None = None) -> dict[str, Any]:
+    """Trigger the replay DAG through Airflow's REST API as the caller (their bearer token or UI cookie).
+
+    Going through the public API (not Airflow's internals) keeps Airflow's own checks:
+    the conf is validated against the DAG's Params and the run records who triggered it.
+    ``api_base`` is Airflow's configured ``[api] base_url``; without one, the address
+    the request came to.
+    """
+    headers = {"Content-Type": "application/json"}
+    if auth := request.headers.get("authorization"):
+        headers["Authorization"] = auth
+    elif token := request.cookies.get("_token"):
+        headers["Cookie"] = f"_token={token}"
+    base = (api_base or f"{request.url.scheme}://{request.url.netloc}").rstrip("/")
+    url = f"{base}/api/v2/dags/{REPLAY_DAG}/dagRuns"
+    data = json.dumps({"logical_date": None, "conf": conf}).encode()
+    req = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            doc: dict[str, Any] = json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        detail = err.read().decode(errors="replace")
+        try:
+            detail = json.loads(detail).get("detail", detail)
+        except (ValueError, AttributeError):
+            pass
+        raise HTTPException(err.code, detail) from err
+    return {"dag_id": REPLAY_DAG, "dag_run_id": doc["dag_run_id"], "state": doc.get("state"), "conf": conf}
+
+
+@dataclass(frozen=True)
+class ViewDeps:
+    """What the view reads, each asked for per request: feeds, Kafka, the checkpoint store, run reports."""
+
+    feeds: Callable[[], Mapping[str, Feed]]
+    connection: Callable[[], KafkaConnection]
+    checkpoints: Callable[[], CheckpointStore]
+    runs: Callable[[str], list[RunReport]]
+    runs_root: Path | None
+    timeout_s: float
+
+    def scrub(self, text: str) -> str:
+        conn = self.connection()
+        text = str(redact(text, secret_values(conn)))
+        # Broker addresses are connection settings too: a viewer learns that Kafka did not answer, not where it is.
+        servers = {conn.bootstrap_servers} | {s.strip() for s in conn.bootstrap_servers.split(",") if s.strip()}
+        servers |= {s.rsplit(":", 1)[0] for s in servers if ":" in s}
+        for server in sorted(servers, key=len, reverse=True):
+            text = text.replace(server, "the feed's brokers")
+        return _clip(text)
+
+    def adapter(self) -> KafkaAdapter:
+        return KafkaAdapter(self.connection(), timeout_s=self.timeout_s)
+
+    def status_of(self, feed: Feed) -> FeedStatus:
+        return feed_status(feed, self.adapter(), self.checkpoints(), lag_times=True)
+
+    def feed_or_404(self, name: str) -> Feed:
+        known = self.feeds()
+        if name not in known:
+            raise HTTPException(404, f"no feed named '{name}' (known: {', '.join(sorted(known)) or 'none'})")
+        return known[name]
+
+    def summary(self, feed: Feed, root: str) -> dict[str, Any]:
+        """One row of the feeds page: lag, trouble and the last run (or the error that hid them)."""
+        row: dict[str, Any] = {"name": feed.name, "group": feed.group, "topics": list(feed.topics),
+                               "schedule": feed.schedule, "error": None, "trouble": []}  # fmt: skip
+        try:
+            status = self.status_of(feed)
+            row.update(lag=status.total_lag, lag_ms=status.max_lag_ms, lag_time=_duration(status.max_lag_ms),
+                       unpositioned=status.unpositioned,
+                       trouble=list(status.trouble))  # fmt: skip
+        except TidemarkError as exc:
+            row["error"] = self.scrub(str(exc))
+        recent = self.runs(feed.name)[:1]
+        row["last"] = _run_row(recent[0], root, self.runs_root).__dict__ if recent else None
+        return row
+
+    def feed_view(self, feed: Feed, root: str) -> dict[str, Any]:
+        """A feed's status (or the error), its recent reports and their rows."""
+        status: FeedStatus | None = None
+        error = None
+        try:
+            status = self.status_of(feed)
+        except TidemarkError as exc:
+            error = self.scrub(str(exc))
+        reports = self.runs(feed.name)[:CHART_RUNS]
+        rows = [_run_row(r, root, self.runs_root) for r in reports]
+        return {"status": status, "error": error, "reports": reports, "rows": rows}
+
+    def plan_of(self, name: str, body: Any) -> tuple[Feed, dict[str, Any], Any, Any, bool, KafkaAdapter]:
+        """The preview's and the trigger's one validation: the plan a dry run of ``body`` would make."""
+        from tidemark.runs.pipeline import plan_request
+
+        feed = self.feed_or_404(name)
+        if not isinstance(body, dict):
+            raise HTTPException(400, f"send the replay parameters as a JSON object, got {shown(body)}")
+        try:
+            conf = replay_conf(name, body)
+            kafka = self.adapter()
+            plan, output, dry_run = plan_request(feed, kafka, self.checkpoints(), "replay", conf)
+        except (ConfigError, PlanningError) as exc:  # bad parameters, or the plan itself refused (data loss, ...)
+            raise HTTPException(400, self.scrub(str(exc))) from exc
+        except TidemarkError as exc:
+            raise HTTPException(502, self.scrub(str(exc))) from exc
+        return feed, conf, plan, output, dry_run, kafka
+
+    def preview(self, name: str, body: Any) -> dict[str, Any]:
+        """What a replay of ``body`` would read: ranges with their first and last record times, and its effect."""
+        feed, conf, plan, output, dry_run, kafka = self.plan_of(name, body)
+        try:
+            firsts = kafka.timestamps_at({p.key: p.start for p in plan.partitions if p.records}, feed.isolation)
+            lasts = kafka.timestamps_at({p.key: p.end - 1 for p in plan.partitions if p.records}, feed.isolation)
+        except TidemarkError as exc:
+            raise HTTPException(502, self.scrub(str(exc))) from exc
+        if plan.commit and not dry_run:
+            effect = f"group '{plan.group}' is committed at each range's end after the replay publishes"
+        else:
+            effect = f"group '{plan.group}' keeps its offsets (nothing is committed)"
+        return {
+            "plan_id": plan.plan_id,
+            "records": plan.total_records,
+            "dry_run": dry_run,
+            "commit": plan.commit,
+            "output": str(output),
+            "group_effect": effect,
+            "ranges": [
+                {
+                    "topic": p.topic,
+                    "partition": p.partition,
+                    "start": p.start,
+                    "end": p.end,
+                    "records": p.records,
+                    "committed": p.committed,
+                    "reason": p.reason,
+                    "first_record_at": _iso(firsts.get(p.key)) or None,
+                    "last_record_at": _iso(lasts.get(p.key)) or None,
+                }
+                for p in plan.partitions
+            ],
+            "events": [{"kind": e.kind, "message": e.message} for e in plan.events],
+            "conf": conf,
+        }
+
+    def data_docs_path(self, feed: str, run_id: str) -> str:
+        """The run's Data Docs index, relative to its run folder."""
+        self.feed_or_404(feed)
+        report = next((r for r in self.runs(feed) if r.run_id == run_id), None)
+        if report is None or not report.data_docs:
+            raise HTTPException(404, f"run {run_id} of feed '{feed}' has no Data Docs")
+        run_dir = run_dir_for(feed, run_id, self.runs_root).url
+        index = Location.of(report.data_docs).url
+        if not index.startswith(run_dir + "/"):
+            raise HTTPException(404, "Data Docs outside the run's folder")
+        return index[len(run_dir) + 1 :]
+
+    def run_file(self, feed: str, run_id: str, path: str) -> Response:
+        """Data Docs pages and their assets; only under the run's ``gx/`` folder (local or object store).
+
+        Served sandboxed (``FILES_CSP``): they are written from record data.
+        """
+        self.feed_or_404(feed)
+        parts = path.split("/")
+        missing = HTTPException(404, f"no file {shown(path)} in the Data Docs of run {shown(run_id)}")
+        if not _SAFE_NAME.match(run_id) or parts[0] != "gx" or not all(_SAFE_NAME.match(p) for p in parts):
+            raise missing
+        target = run_dir_for(feed, run_id, self.runs_root)
+        for part in parts:
+            target = target / part
+        if not target.is_file():
+            raise missing
+        headers = {"Content-Security-Policy": FILES_CSP, "Cross-Origin-Resource-Policy": "same-origin"}
+        if target.is_local:
+            return FileResponse(target.local_path(), headers=headers)
+        media = mimetypes.guess_type(path)[0] or "application/octet-stream"
+        return Response(target.read_bytes(), media_type=media, headers=headers)
+
+
+def _root_of(request: Request) -> str:
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+async def _security_headers(request: Request, call_next: Callable[[Request], Any]) -> Response:
+    response: Response = await call_next(request)
+    response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["X-Frame-Options"] = "SAMEORIGIN"
+    return response
+
+
+async def _unreadable_body(request: Request, exc: Exception) -> JSONResponse:
+    # FastAPI's default answer quotes the whole input back; name the problem only.
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    problems = "; ".join(
+        _clip(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg', 'invalid')}") for e in errors[:5]
+    )
+    return JSONResponse({"detail": _clip(f"unreadable request: {problems}")}, status_code=422)
+
+
+def create_app(
+    *,
+    feeds: Callable[[], Mapping[str, Feed]] = load_feeds,
+    connection: Callable[[], KafkaConnection] = from_env,
+    checkpoints: Callable[[], CheckpointStore] = default_store,
+    runs: Callable[[str], list[RunReport]] = list_runs,
+    runs_root: Path | None = None,
+    timeout_s: float = 5.0,
+    dependencies: Sequence[Any] = (),
+    trigger_dependencies: Sequence[Any] = (),
+    trigger: Trigger | None = None,
+    api_base: Callable[[], str | None] = lambda: None,
+) -> FastAPI:
+    """The app; ``dependencies`` guard every route, ``trigger_dependencies`` also the replay trigger.
+
+    ``trigger`` starts a replay run (default: :func:`airflow_trigger` at ``api_base()``). The
+    routes are thin: the work is in :class:`ViewDeps` and the pure helpers above.
+    """
+    deps = ViewDeps(feeds, connection, checkpoints, runs, runs_root, timeout_s)
+    start_run: Trigger = trigger or (lambda request, conf: airflow_trigger(request, conf, api_base()))
+    app = FastAPI(title="Tidemark", docs_url=None, redoc_url=None, openapi_url=None, dependencies=list(dependencies))
+    app.middleware("http")(_security_headers)
+    app.add_exception_handler(RequestValidationError, _unreadable_body)
+
+    def csrf(request: Request) -> None:
+        same_origin_json(request, api_base())
+
+    @app.get("/", response_class=HTMLResponse)
+    def index(request: Request) -> HTMLResponse:
+        rows = [deps.summary(f, _root_of(request)) for _, f in sorted(deps.feeds().items())]
+        return HTMLResponse(_templates.get_template("index.html").render(title="Tidemark feeds", feeds=rows))
+
+    @app.get("/api/feeds")
+    def feeds_json(request: Request) -> list[dict[str, Any]]:
+        return [deps.summary(f, _root_of(request)) for _, f in sorted(deps.feeds().items())]
+
+    @app.get("/api/feeds/{name}")
+    def feed_json(name: str, request: Request) -> dict[str, Any]:
+        view = deps.feed_view(deps.feed_or_404(name), _root_of(request))
+        status_doc = view["status"].to_dict() if view["status"] is not None else {"error": view["error"]}
+        return {
+            "status": status_doc,
+            "runs": [r.model_dump(exclude={"connection"}) for r in view["reports"][:20]],
+            "run_rows": [r.__dict__ for r in view["rows"]],
+            "events": _events(view["reports"]),
+        }
+
+    @app.get("/feeds/{name}", response_class=HTMLResponse)
+    def feed_page(name: str, request: Request) -> HTMLResponse:
+        feed = deps.feed_or_404(name)
+        root = _root_of(request)
+        view = deps.feed_view(feed, root)
+        status: FeedStatus | None = view["status"]
+        rows: list[RunRow] = view["rows"]
+        html = _templates.get_template("feed.html").render(
+            title=f"Tidemark · {name}", feed=feed, root=root, status=status, error=view["error"],
+            trouble=status.trouble if status else (), runs=rows, last=rows[0] if rows else None,
+            chart_data=_chart(rows), events=_events(view["reports"]), start_choices=START_CHOICES,
+            end_choices=END_CHOICES,
+        )  # fmt: skip
+        return HTMLResponse(html)
+
+    @app.post("/api/feeds/{name}/replay/preview", dependencies=[Depends(csrf)])
+    def replay_preview(name: str, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        return deps.preview(name, body)
+
+    @app.post("/api/feeds/{name}/replay", dependencies=[Depends(csrf), *trigger_dependencies])
+    def replay_trigger(name: str, request: Request, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        # Planned first, as the preview plans: a run is started only for what would run.
+        _feed, conf, _plan, _output, _dry_run, _kafka = deps.plan_of(name, body)
+        return start_run(request, conf)
+
+    @app.get("/runs/{feed}/{run_id}/docs")
+    def data_docs(feed: str, run_id: str, request: Request) -> RedirectResponse:
+        index = deps.data_docs_path(feed, run_id)
+        return RedirectResponse(f"{_root_of(request)}/runs/{feed}/{run_id}/files/{index}")
+
+    @app.get("/runs/{feed}/{run_id}/files/{path:path}")
+    def run_file(feed: str, run_id: str, path: str) -> Response:
+        return deps.run_file(feed, run_id, path)
+
+    return app

@@ -1,0 +1,1 @@
+"""Support code for the tests: local servers that only tests start."""

@@ -1,0 +1,1 @@
+"""Local PostgreSQL, s3proxy and Spark standalone servers started by the test fixtures."""

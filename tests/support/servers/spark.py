@@ -1,0 +1,205 @@
+"""A throwaway Spark standalone cluster on this machine: one master and one worker, for tests.
+
+Both run from pyspark's own pip distribution (``pyspark/bin/spark-class`` with
+``org.apache.spark.deploy.master.Master`` / ``...worker.Worker``), each in its own JVM
+process, on free 127.0.0.1 ports, with their logs, work folder and an empty Spark conf
+folder under a fresh temporary folder. :func:`start` returns once the master's JSON page
+lists the worker as ALIVE; :meth:`LocalSpark.stop` stops the worker, then the master,
+checking each pid's ``/proc/<pid>/cmdline`` before signalling it (pids wrap quickly).
+
+The worker's environment has no ``PYTHONPATH`` and its executors' Python is the
+interpreter running this module; whatever a job needs beyond pyspark and the installed
+dependencies must be shipped with it (``tidemark`` is, see :func:`tidemark.job.steps.ship_package`).
+Nothing here is used by a production deployment: there ``tidemark_spark`` points at a
+real master.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tidemark.devtools.kafka.cluster import free_port
+from tidemark.errors import LocalServerError
+
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 30.0
+
+
+def spark_home() -> Path:
+    """pyspark's installed folder: it carries ``bin/spark-class`` and ``jars/``."""
+    import pyspark
+
+    home = Path(pyspark.__file__).resolve().parent
+    if not (home / "bin" / "spark-class").exists():
+        raise LocalServerError(f"{home} has no bin/spark-class: is the full pyspark distribution installed?")
+    return home
+
+
+@dataclass(frozen=True)
+class LocalSpark:
+    """A running master and worker: ports, pids and the folder holding their files."""
+
+    home: Path
+    master_port: int
+    master_ui_port: int
+    worker_ui_port: int
+    master_pid: int
+    worker_pid: int
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://127.0.0.1:{self.master_port}"
+
+    @property
+    def work_dir(self) -> Path:
+        """The worker's work folder: one ``app-*/<executor id>/`` folder per executor."""
+        return self.home / "work"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "logs"
+
+    def state(self) -> dict[str, Any]:
+        """The master's JSON status page (workers, applications)."""
+        return _master_state(self.master_ui_port)
+
+    def stop(self, purge: bool = True) -> None:
+        """Stop the worker (its executors with it), then the master; remove the folder if ``purge``."""
+        for pid, main_class in ((self.worker_pid, WORKER_CLASS), (self.master_pid, MASTER_CLASS)):
+            _terminate(pid, main_class, self.home)
+        if purge:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _runs(pid: int, main_class: str, home: Path) -> bool:
+    """Whether ``pid`` is still the JVM we started (its class and our folder on its command line)."""
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return False  # our child, reaped now
+    except ChildProcessError:
+        pass
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return main_class.encode() in cmdline and str(home).encode() in cmdline
+
+
+def _terminate(pid: int, main_class: str, home: Path) -> None:
+    if not _runs(pid, main_class, home):
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while _runs(pid, main_class, home):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+        time.sleep(0.1)
+
+
+def _master_state(ui_port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as resp:  # our own local master
+        doc: dict[str, Any] = json.loads(resp.read().decode())
+    return doc
+
+
+def _environment(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
+    env.pop("PYTHONPATH", None)  # executors must not find tidemark on an inherited path
+    conf_dir = home / "conf"
+    conf_dir.mkdir(exist_ok=True)
+    env.update({
+        "SPARK_HOME": str(spark_home()),
+        "SPARK_CONF_DIR": str(conf_dir),  # empty: no spark-defaults.conf or spark-env.sh from elsewhere
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOG_DIR": str(home / "logs"),
+        "SPARK_DAEMON_MEMORY": "256m",
+        "PYSPARK_PYTHON": sys.executable,
+    })  # fmt: skip
+    return env
+
+
+def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [str(spark_home() / "bin" / "spark-class"), *args],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=log.parent,
+        )  # fmt: skip
+
+
+def start(base: Path | None = None, *, cores: int = 2, memory: str = "1g") -> LocalSpark:
+    """Start a master and one worker (``cores``, ``memory``); returns once the worker is ALIVE."""
+    home = Path(tempfile.mkdtemp(prefix="tidemark-spark-", dir=base))
+    for sub in ("logs", "work"):
+        (home / sub).mkdir()
+    env = _environment(home)
+    master_port, master_ui, worker_port, worker_ui = (free_port() for _ in range(4))
+    # The home folder is on each command line (-D... below) so that stop() can recognise its JVMs.
+    env["SPARK_DAEMON_JAVA_OPTS"] = f"-Dtidemark.spark.home={home} -XX:+UseSerialGC"
+    master = _spawn(
+        [MASTER_CLASS, "--host", "127.0.0.1", "--port", str(master_port), "--webui-port", str(master_ui)],
+        env, home / "logs" / "master.log",
+    )  # fmt: skip
+    worker: subprocess.Popen[bytes] | None = None
+    cluster = LocalSpark(home, master_port, master_ui, worker_ui, master.pid, -1)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        # The master first (the worker gives up after a few failed registrations), at the ports
+        # it really bound: a port taken between free_port() and the bind makes Spark move to
+        # the next one, where another process may answer.
+        master_port, master_ui = _bound_ports(master, "master", home, deadline, ("sparkMaster", "MasterUI"))
+        worker = _spawn(
+            [WORKER_CLASS, f"spark://127.0.0.1:{master_port}", "--host", "127.0.0.1", "--port", str(worker_port),
+             "--webui-port", str(worker_ui), "--cores", str(cores), "--memory", memory,
+             "--work-dir", str(home / "work")],
+            env, home / "logs" / "worker.log",
+        )  # fmt: skip
+        cluster = LocalSpark(home, master_port, master_ui, worker_ui, master.pid, worker.pid)  # stop() goes by pid
+        (worker_ui,) = _bound_ports(worker, "worker", home, deadline, ("WorkerUI",))
+        cluster = LocalSpark(home, master_port, master_ui, worker_ui, master.pid, worker.pid)
+        while not any(w.get("state") == "ALIVE" for w in _master_state(master_ui).get("workers", [])):
+            _check_alive(master, "master", home, deadline)
+            _check_alive(worker, "worker", home, deadline)
+            time.sleep(0.3)
+    except BaseException:
+        cluster.stop(purge=False)
+        raise
+    return cluster
+
+
+def _bound_ports(
+    proc: subprocess.Popen[bytes], name: str, home: Path, deadline: float, services: tuple[str, ...]
+) -> tuple[int, ...]:
+    """The ports the daemon's log says its ``services`` bound, once it has said so for all of them."""
+    log = home / "logs" / f"{name}.log"
+    while True:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        found = [re.search(rf"Successfully started service '{s}' on port (\d+)", text) for s in services]
+        if all(found):
+            return tuple(int(m.group(1)) for m in found if m)
+        _check_alive(proc, name, home, deadline)
+        time.sleep(0.3)
+
+
+def _check_alive(proc: subprocess.Popen[bytes], name: str, home: Path, deadline: float) -> None:
+    if proc.poll() is None and time.monotonic() < deadline:
+        return
+    log = home / "logs" / f"{name}.log"
+    tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+    what = f"exited with {proc.returncode}" if proc.returncode is not None else f"not ready in {START_TIMEOUT_S:.0f}s"
+    raise LocalServerError(f"the Spark standalone {name} {what} (log {log}):\n{tail}")
