@@ -822,7 +822,8 @@ PUBLISHING_POINTS = ("job.after_publish", "iceberg.before_commit")
           asserted="the asked-for crash happens; after every run I1–I2 on the feed that ran; every fault point "
                    "crashed at least twice in 60 runs (in 8, three different points); at the end each feed's "
                    "published output (Parquet folders; the Iceberg table and the quarantine of its published "
-                   "plans) equals the oracle over everything its group committed, no gap, no duplicate (I3)")  # fmt: skip
+                   "plans) equals the oracle over everything its group committed, no gap, no duplicate "
+                   "(I3)")  # fmt: skip
 def test_soak_many_runs(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     import random
 

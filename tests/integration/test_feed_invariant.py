@@ -286,9 +286,9 @@ def test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_on
     """
     import threading
 
-    from tidemark.output import iceberg as iceberg_output
     from tidemark.config.models import load_feed
     from tidemark.errors import PublishError
+    from tidemark.output import iceberg as iceberg_output
     from tidemark.output.iceberg import IcebergPublisher, plan_history
 
     fenv.use_iceberg("tidemark.twice")
