@@ -281,8 +281,9 @@ def test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_on
 
     The zombie stops where its data files are uploaded and the table it loaded (the basis
     of its commit, in which the plan was not yet published) is in hand; the retry runs to
-    the same point; then both commit. One commit lands, the other is refused naming the
-    table and the plan; the run commits the plan once and the table equals the oracle.
+    the same point and commits first; then the zombie commits. The zombie's commit is
+    refused naming the table and the plan; the run commits the plan once and the table
+    equals the oracle.
     """
     import threading
 
@@ -298,15 +299,26 @@ def test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_on
     handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
     zombie_waits = threading.Event()
     both_staged = threading.Barrier(2, timeout=120)
-    point = iceberg_output.fault_point
+    retry_committed = threading.Event()
+    point, commit_files = iceberg_output.fault_point, iceberg_output.commit_files
 
-    def commit_together(name: Any) -> None:
+    def commit_in_turn(name: Any) -> None:
         if name == "iceberg.before_commit":
             zombie_waits.set()
             both_staged.wait()  # each attempt has loaded the table and uploaded its files
+            if threading.current_thread().name == "zombie":
+                retry_committed.wait(120)  # the zombie wakes up after the retry's commit
         point(name)
 
-    monkeypatch.setattr(iceberg_output, "fault_point", commit_together)
+    def retry_commit_files(*args: Any) -> None:
+        try:
+            commit_files(*args)
+        finally:
+            if threading.current_thread().name == "retry":
+                retry_committed.set()
+
+    monkeypatch.setattr(iceberg_output, "fault_point", commit_in_turn)
+    monkeypatch.setattr(iceberg_output, "commit_files", retry_commit_files)
     outcomes: dict[str, Any] = {}
 
     def attempt(name: str) -> None:
@@ -315,19 +327,19 @@ def test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_on
         except Exception as exc:  # noqa: BLE001 - an attempt's failure is part of the outcome asserted below
             outcomes[name] = exc
 
-    zombie = threading.Thread(target=attempt, args=("zombie",))
+    zombie = threading.Thread(target=attempt, args=("zombie",), name="zombie")
     zombie.start()
     assert zombie_waits.wait(120), f"the first attempt never reached the table commit: {outcomes}"
-    retry = threading.Thread(target=attempt, args=("retry",))
+    retry = threading.Thread(target=attempt, args=("retry",), name="retry")
     retry.start()
     for thread in (zombie, retry):
         thread.join(180)
     monkeypatch.setattr(iceberg_output, "fault_point", point)
-    assert not both_staged.broken, f"the two attempts did not both reach the table commit: {outcomes}"
-    refused = [o for o in outcomes.values() if isinstance(o, Exception)]
-    assert len(outcomes) == 2 and len(refused) == 1, outcomes
-    assert isinstance(refused[0], PublishError), repr(refused[0])
-    assert_names(str(refused[0]), "Iceberg table tidemark.twice", f"plan {handle.plan_id}", "refused",
+    monkeypatch.setattr(iceberg_output, "commit_files", commit_files)
+    assert not both_staged.broken and retry_committed.is_set(), f"the attempts did not commit in turn: {outcomes}"
+    assert isinstance(outcomes.get("retry"), dict), outcomes
+    assert isinstance(outcomes.get("zombie"), PublishError), outcomes
+    assert_names(str(outcomes["zombie"]), "Iceberg table tidemark.twice", f"plan {handle.plan_id}", "refused",
                  "table changed", "rerun")  # fmt: skip
     table = IcebergPublisher(load_feed(fenv.feed)).load()
     assert table is not None
@@ -337,3 +349,43 @@ def test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_on
     assert fenv.committed() == {0: 7, 1: 7, 2: 7}
     assert_output_matches_kafka(fenv)
     fenv.check("test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_once")
+
+
+def test_a_commit_another_writer_undid_in_part_fails_its_read_back_and_the_next_run_finishes_it(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the alter and the read-back another writer puts partition 0 back where the plan started.
+
+    The read-back names the partition and both offsets and records no checkpoint; the run
+    stays pending, and the next run commits it (partition 0's offset is again the one the
+    plan was made from), so the output holds every committed record once.
+    """
+    from tidemark.errors import CommitError
+    from tidemark.runs import commit
+
+    fenv.produce(9)
+    fenv.run()  # the group at 3 on every partition
+    fenv.produce(6)
+    handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(handle, fenv.kafka.connection)
+    point = commit.fault_point
+
+    def undo_partition_0(name: Any) -> None:
+        if name == "commit.after_kafka":  # the alter went through, the read-back has not run
+            fenv.kafka.adapter.alter_committed(fenv.group, {(fenv.topic, 0): (3, "someone else")})
+        point(name)
+
+    monkeypatch.setattr(commit, "fault_point", undo_partition_0)
+    with pytest.raises(CommitError) as err:
+        commit_run(handle, fenv.kafka.connection, root=fenv.root)
+    monkeypatch.setattr(commit, "fault_point", point)
+
+    assert not isinstance(err.value, OffsetsMovedError), err.value
+    assert_names(str(err.value), f"group '{fenv.group}'", f"plan {handle.plan_id}",
+                 rf"{fenv.topic}\[0\] expected 5, read back 3", "checkpoint was not updated",
+                 "Run the feed again")  # fmt: skip
+    assert fenv.committed() == {0: 3, 1: 5, 2: 5}
+    nxt, _, _ = fenv.run()
+    assert nxt.resumed == handle.plan_id and fenv.committed() == {0: 5, 1: 5, 2: 5}
+    assert_output_matches_kafka(fenv)
+    fenv.check("test_a_commit_another_writer_undid_in_part_fails_its_read_back_and_the_next_run_finishes_it")
