@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import posixpath
 import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -157,7 +158,9 @@ class Location:
         if self.is_local:
             path = Path(self.url)
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")
+            # A temporary name of this writer's own: two writers of one file (a retried task
+            # beside its zombie) must not truncate or rename each other's half-written copy.
+            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
             with tmp.open("wb") as fh:
                 fh.write(data)
                 fh.flush()

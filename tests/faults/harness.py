@@ -99,6 +99,17 @@ class Tally:
     runs: int = 0
     checks: int = 0
 
+    def compared(self, expected: Counter[Row], kinds: Mapping[Row, str]) -> None:
+        """Count one oracle check: each distinct row once, as good or quarantined, so records = good + quarantined."""
+        self.checks += 1
+        for row in expected:
+            self.records_checked += 1
+            if kinds[row] == GOOD:
+                self.good_checked += 1
+            else:
+                assert kinds[row] == QUARANTINED, f"unclassified oracle row {row}: {kinds[row]}"
+                self.quarantined_checked += 1
+
 
 SCOREBOARD: dict[str, Tally] = {}
 
@@ -180,6 +191,8 @@ class FaultEnv:
     partitions: int = 3
     topic_config: Mapping[str, str] | None = None
     remote: str | None = None  # an s3:// prefix: state and output there (checkpoints then in PostgreSQL)
+    feed: str = "faults"  # feeds of one test share its feeds folder and state dir; each has its own output
+    iceberg: str | None = None  # publish into this Iceberg table (see :meth:`published_by_kind`)
     topic: str = field(init=False)
     group: str = field(init=False)
     sent: int = field(init=False, default=0)
@@ -189,15 +202,12 @@ class FaultEnv:
         self.feeds = self.tmp / "feeds"
         # Local paths, or Locations on the object store: both have `/`, `with_name` and `str`.
         self.root: Any = self.tmp / "state" if self.remote is None else Location.of(f"{self.remote}/state")
-        self.output: Any = self.tmp / "out" if self.remote is None else Location.of(f"{self.remote}/out")
+        out = "out" if self.feed == "faults" else f"out-{self.feed}"
+        self.output: Any = self.tmp / out if self.remote is None else Location.of(f"{self.remote}/{out}")
         self.feeds.mkdir(parents=True, exist_ok=True)
         self.topic = self.kafka.new_topic(partitions=self.partitions, config=self.topic_config, prefix="fault")
         self.group = f"g-fault-{uuid.uuid4().hex[:8]}"
         self.write_feed()
-
-    @property
-    def feed(self) -> str:
-        return "faults"
 
     def feed_doc(self, **overrides: Any) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -206,6 +216,7 @@ class FaultEnv:
             "records_per_task": 40,
             "deserialization": {"format": "string"},
             "output": str(self.output),
+            **({"output_format": "iceberg", "iceberg": {"table": self.iceberg}} if self.iceberg else {}),
             "validation": {
                 "on_bad_records": "quarantine",
                 "quarantine_max_ratio": 0.5,
@@ -218,6 +229,11 @@ class FaultEnv:
 
     def write_feed(self, **overrides: Any) -> None:
         (self.feeds / f"{self.feed}.yaml").write_text(yaml.safe_dump(self.feed_doc(**overrides)))
+
+    def use_iceberg(self, table: str) -> None:
+        """Make the feed an Iceberg feed publishing into ``table`` (the catalog in the state dir)."""
+        self.iceberg = table
+        self.write_feed()
 
     def produce(self, count: int, bad: Iterable[int] = (), partition: int | None = None) -> None:
         bad = set(bad)
@@ -306,8 +322,14 @@ class FaultEnv:
 
         Locally every file under a plan folder counts (a rename publishes it whole); on an
         object store the files that plans' manifests list (the manifest is the commit point).
-        A file under a plan's ``_quarantine/`` folder holds quarantined records.
+        A file under a plan's ``_quarantine/`` folder holds quarantined records. An Iceberg
+        feed's good records are the table's rows; its quarantined ones are the files of the
+        sibling ``<output>.quarantine/plan_id=<id>/`` folders of the plans the table's history
+        holds (the catalog commit is the commit point: a folder whose plan never reached the
+        table, or was retracted from it, is not published).
         """
+        if self.iceberg is not None and output is None:
+            return self._iceberg_rows()
         rows: dict[str, Counter[Row]] = {GOOD: Counter(), QUARANTINED: Counter()}
         where = Location.of(output if output is not None else self.output)
         if where.is_local:
@@ -320,17 +342,35 @@ class FaultEnv:
                 manifest = load_manifest(where, folder.name[len("plan_id=") :])
                 files += [(f.path, folder / f.path) for f in (manifest.files if manifest else ())]
         for name, loc in files:
-            topic = next((part[len("topic=") :] for part in name.split("/") if part.startswith("topic=")), None)
-            table = pq.read_table(loc.fs_path, filesystem=loc.fs)
-            names = table.column_names
-            topics = table.column("topic").to_pylist() if "topic" in names else [topic] * table.num_rows
-            # Bytes as stored: a quarantined record's value need not be valid UTF-8.
-            values = table.column("value").cast(pa.binary()).to_pylist()
             kind = QUARANTINED if f"/{QUARANTINE_DIR}/" in f"/{name}" else GOOD
-            for t, p, o, v in zip(topics, table.column("partition").to_pylist(),
-                                  table.column("offset").to_pylist(), values, strict=True):  # fmt: skip
-                rows[kind][(str(t), int(p), int(o), digest(v))] += 1
+            _read_rows(name, loc, rows[kind])
         return rows
+
+    def _iceberg_rows(self) -> dict[str, Counter[Row]]:
+        from tidemark.config.models import load_feed
+        from tidemark.output.iceberg import IcebergPublisher
+
+        rows: dict[str, Counter[Row]] = {GOOD: Counter(), QUARANTINED: Counter()}
+        publisher = IcebergPublisher(load_feed(self.feed))
+        table = publisher.load()
+        if table is None:
+            return rows
+        data = table.scan(selected_fields=("topic", "partition", "offset", "value")).to_arrow()
+        columns = [data.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")]
+        rows[GOOD].update((str(t), int(p), int(o), digest(v)) for t, p, o, v in zip(*columns, strict=True))
+        for folder in publisher.quarantine.children(folders_only=True):
+            plan_id = folder.name[len("plan_id=") :]
+            if folder.name.startswith("plan_id=") and publisher.published(plan_id) is not None:
+                for name, _ in folder.files():
+                    if name.endswith(".parquet"):
+                        _read_rows(name, folder / name, rows[QUARANTINED])
+        return rows
+
+    def expect(self, ranges: Mapping[tuple[str, int], tuple[int, int]]) -> tuple[Counter[Row], dict[Row, str]]:
+        """The oracle's rows over ``ranges``, and where the feed's expectations put each (good or quarantined)."""
+        scanned = scan(self.kafka.connection, ranges)
+        classify = self.classifier()
+        return Counter(row for row, _ in scanned), {row: classify(value) for row, value in scanned}
 
     def check(self, test: str, starts: Mapping[int, int] | None = None, *, final: bool = True) -> Check:
         """Assert I1 and I2 (and I3 when ``final``) and add the counts to the scoreboard.
@@ -347,10 +387,7 @@ class FaultEnv:
         for p, c in committed.items():
             start = (starts or {}).get(p, 0)
             ranges[(self.topic, p)] = (start, start if c is None else c)
-        scanned = scan(self.kafka.connection, ranges)
-        expected: Counter[Row] = Counter(row for row, _ in scanned)
-        classify = self.classifier()
-        kinds = {row: classify(value) for row, value in scanned}
+        expected, kinds = self.expect(ranges)
         by_kind = self.published_by_kind()
         got = by_kind[GOOD] + by_kind[QUARANTINED]
 
@@ -366,13 +403,10 @@ class FaultEnv:
             duplicated=sorted(r for r, n in got.items() if n > 1),
             foreign=sorted(in_range - expected),
             misrouted=misrouted,
-            checked=sum(expected.values()),
+            checked=len(expected),
         )
         tally = SCOREBOARD.setdefault(test, Tally())
-        tally.checks += 1
-        tally.records_checked += result.checked
-        tally.good_checked += sum(1 for r in expected if kinds[r] == GOOD)
-        tally.quarantined_checked += sum(1 for r in expected if kinds[r] == QUARANTINED)
+        tally.compared(expected, kinds)
         tally.records_lost += len(result.lost)
         tally.records_duplicated += sum(got[r] - 1 for r in result.duplicated)
         tally.records_misrouted += len(result.misrouted)
@@ -389,6 +423,19 @@ class FaultEnv:
             beyond = sorted(r for r in got if r[2] >= ranges[(r[0], r[1])][1])
             assert not beyond, f"I3: published beyond the committed offsets: {beyond[:5]}"
         return result
+
+
+def _read_rows(name: str, loc: Location, into: Counter[Row]) -> None:
+    """Count the records of one published Parquet file (its topic from a ``topic=`` folder where it has no column)."""
+    topic = next((part[len("topic=") :] for part in name.split("/") if part.startswith("topic=")), None)
+    table = pq.read_table(loc.fs_path, filesystem=loc.fs)
+    names = table.column_names
+    topics = table.column("topic").to_pylist() if "topic" in names else [topic] * table.num_rows
+    # Bytes as stored: a quarantined record's value need not be valid UTF-8.
+    values = table.column("value").cast(pa.binary()).to_pylist()
+    for t, p, o, v in zip(topics, table.column("partition").to_pylist(),
+                          table.column("offset").to_pylist(), values, strict=True):  # fmt: skip
+        into[(str(t), int(p), int(o), digest(v))] += 1
 
 
 def assert_names(message: str, *fragments: str) -> None:

@@ -3,8 +3,8 @@
 ``make faults-table`` runs the fault suite, then this module. The table lists every
 registered scenario test (number, title, how the fault is injected, what is asserted)
 and what the suite's last run compared (``tests/faults/last-run.json``): runs, partitions,
-records good and quarantined; and which scenarios ``make mutants`` turned red
-(``tests/mutants/last-run.json``).
+records (each distinct oracle row once per check; good + quarantined = records); and which
+scenarios ``make mutants`` turned red (``tests/mutants/last-run.json``).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def render(counts: dict[str, object], mutants_run: dict[str, object] | None = No
     assert isinstance(by_test, dict)
     mutants = list((mutants_run or {}).get("mutants") or [])  # type: ignore[call-overload]
     rows = ["| # | scenario | injected | asserted | test | shapes | runs | partitions | records compared "
-            "(good + quarantined) | red under mutant |",
+            "(distinct rows: good + quarantined) | red under mutant |",
             "|---|---|---|---|---|---|---:|---:|---:|---|"]  # fmt: skip
     shown_red = 0
     for s in sorted(SCENARIOS.values(), key=lambda s: (int("".join(c for c in s.number if c.isdigit())), s.number)):
@@ -95,8 +95,9 @@ def render(counts: dict[str, object], mutants_run: dict[str, object] | None = No
     totals = (
         f"**What the last run compared:** {counts.get('scenarios_run', 0)} scenario tests made "
         f"{sum(v.get('runs', 0) for v in by_test.values())} runs; {counts.get('checks', 0)} oracle checks compared "
-        f"{counts.get('records_checked', 0)} records ({counts.get(g, 0)} that the feed's expectations put in the "
-        f"output, {counts.get(q, 0)} in its quarantine) over up to "
+        f"{counts.get('records_checked', 0)} records, each distinct `(topic, partition, offset, value)` row once per "
+        f"check: {counts.get(g, 0)} that the feed's expectations put in the output + {counts.get(q, 0)} in its "
+        "quarantine, over up to "
         f"{max((v.get('partitions', 0) for v in by_test.values()), default=0)} partitions per scenario, record by "
         "record, with where each was published. A check that finds a record lost, doubled, foreign or misrouted "
         "fails its scenario.\n\n"

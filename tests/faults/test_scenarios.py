@@ -808,50 +808,71 @@ def test_coordinator_paused_while_planning(fenv: FaultEnv) -> None:
     fenv.check("test_coordinator_paused_while_planning")
 
 
-SOAK_POINTS = ("job.after_publish", "commit.before", "commit.after_kafka")
+SOAK_POINTS = ("job.after_publish", "iceberg.before_commit", "commit.before", "commit.after_kafka")
+# Crashes at these points need a job that publishes, so a plan with records.
+PUBLISHING_POINTS = ("job.after_publish", "iceberg.before_commit")
 
 
 @scenario("21", "Many runs in a row (soak)",
-          injected="runs with random amounts of new data (some bad records) between them; every third run "
-                   "crashes at a fault point, the points taken in turn (each shuffled round hits every point "
-                   "once); a crash after publishing is asked for only on a plan with records (no job starts "
-                   "otherwise); `make soak` runs 60, the suite 8",
-          asserted="the asked-for crash happens; after every run I1–I2; every fault point crashed at least twice "
-                   "in 60 runs (once in 8); at the end the union of published outputs equals the oracle over "
-                   "everything committed, with no gap and no duplicate (I3)")  # fmt: skip
+          injected="two feeds, one publishing Parquet, one an Iceberg table, run in turn with random amounts of new "
+                   "data (some bad records) before each run; every third run crashes at a fault point, the points "
+                   "taken in turn (each shuffled round hits every point once); a crash at iceberg.before_commit "
+                   "runs the Iceberg feed; a crash in or after publishing is asked for only on a plan with records "
+                   "(no job starts otherwise); `make soak` runs 60, the suite 8",
+          asserted="the asked-for crash happens; after every run I1–I2 on the feed that ran; every fault point "
+                   "crashed at least twice in 60 runs (in 8, three different points); at the end each feed's "
+                   "published output (Parquet folders; the Iceberg table and the quarantine of its published "
+                   "plans) equals the oracle over everything its group committed, no gap, no duplicate "
+                   "(I3)")  # fmt: skip
 def test_soak_many_runs(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     import random
 
     runs = int(os.environ.get("TIDEMARK_SOAK_RUNS", "8"))
     rng = random.Random(int(os.environ.get("TIDEMARK_SOAK_SEED", "13")))
-    fenv.write_feed(validation={**fenv.feed_doc()["validation"], "quarantine_max_ratio": 1.0})
+    iceberg = FaultEnv(fenv.kafka, fenv.spark, fenv.tmp, fenv.name, feed="soak_iceberg", iceberg="tidemark.soak")
+    feeds = (fenv, iceberg)
+    for env in feeds:
+        env.write_feed(validation={**env.feed_doc()["validation"], "quarantine_max_ratio": 1.0})
     hits = dict.fromkeys(SOAK_POINTS, 0)
+    ran = dict.fromkeys((env.feed for env in feeds), 0)
     turn: list[str] = []
     for n in range(runs):
+        env = feeds[n % 2]
         count = rng.choice([0, 1, 7, 40, 150])
         point = None
         if n % 3 == 1:  # two undisturbed runs between crashes finish whatever the last crash left
             if not turn:
                 turn = rng.sample(SOAK_POINTS, len(SOAK_POINTS))
             point = turn.pop()
-            if point == "job.after_publish":
+            if point == "iceberg.before_commit":
+                env = iceberg
+            if point in PUBLISHING_POINTS:
                 count = max(count, 1)  # an empty plan starts no job: that point could not be reached
-        fenv.produce(count, bad={fenv.sent + i for i in range(count) if rng.random() < 0.05})
+        env.produce(count, bad={env.sent + i for i in range(count) if rng.random() < 0.05})
+        ran[env.feed] += 1
         if point is not None:
             monkeypatch.setenv(FAULTS_ENV, point)
             with pytest.raises(InjectedFault, match=point):
-                fenv.run()
+                env.run()
             monkeypatch.delenv(FAULTS_ENV)
             hits[point] += 1
         else:
-            fenv.run()
-        fenv.check("test_soak_many_runs", final=False)
-    fenv.run()  # a last undisturbed run finishes whatever a crash left
-    assert sum(v or 0 for v in fenv.committed().values()) == fenv.sent
-    fenv.check("test_soak_many_runs")
-    print(f"soak: {runs} runs, {sum(hits.values())} crashed, {fenv.sent} records; crashes per fault point: {hits}")
-    wanted = 2 if runs >= 6 * len(SOAK_POINTS) else 1 if runs >= 3 * len(SOAK_POINTS) - 1 else 0
+            env.run()
+        env.check("test_soak_many_runs", final=False)
+    for env in feeds:
+        env.run()  # a last undisturbed run finishes whatever a crash left
+        assert sum(v or 0 for v in env.committed().values()) == env.sent, env.feed
+        env.check("test_soak_many_runs")
+    records = {env.feed: env.sent for env in feeds}
+    print(f"soak: {runs} runs {ran}, {sum(hits.values())} crashed, records {records}; crashes per fault point: {hits}")
+    crashes = sum(hits.values())
+    assert crashes == (runs + 1) // 3
+    # Each shuffled round hits every point once: whole rounds give each point as many crashes.
+    wanted = max(1, crashes // len(SOAK_POINTS)) if crashes >= len(SOAK_POINTS) else 0
     assert min(hits.values()) >= wanted, f"fault points hit fewer than {wanted} times in {runs} runs: {hits}"
+    assert sum(1 for v in hits.values() if v) == min(crashes, len(SOAK_POINTS)), hits
+    if runs >= 60:
+        assert min(hits.values()) >= 2, f"a fault point crashed fewer than twice in {runs} runs: {hits}"
 
 
 @scenario("15", "A backfill window past the last record; out-of-order CreateTime",

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import KafkaTestCluster
-from tests.faults.harness import FaultEnv, Row, oracle
+from tests.faults.harness import FaultEnv, Row, assert_names, oracle
 from tidemark.errors import OffsetsMovedError, PlanningError, TidemarkError
 from tidemark.kafka.adapter import Record
 from tidemark.runs.pipeline import commit_run, plan_run
@@ -216,29 +216,11 @@ def test_committing_exact_window_names_the_records_it_commits_past(fenv: FaultEn
     assert_output_matches_kafka(fenv, outside)
 
 
-def iceberg_feed(fenv: FaultEnv, table: str) -> None:
-    """Make ``fenv``'s feed an Iceberg feed; ``fenv.published()`` then reads the table's rows."""
-    from tests.faults.harness import digest
-    from tidemark.config.models import load_feed
-    from tidemark.output.iceberg import IcebergPublisher
-
-    fenv.write_feed(output_format="iceberg", iceberg={"table": table})
-
-    def table_rows(output: Any = None) -> Counter[Row]:
-        loaded = IcebergPublisher(load_feed(fenv.feed)).load()
-        assert loaded is not None
-        data = loaded.scan(selected_fields=("topic", "partition", "offset", "value")).to_arrow()
-        columns = [data.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")]
-        return Counter((t, int(p), int(o), digest(v)) for t, p, o, v in zip(*columns, strict=True))
-
-    fenv.published = table_rows  # type: ignore[method-assign]
-
-
 def test_iceberg_feed_committing_replay_finishing_between_publish_and_commit(fenv: FaultEnv) -> None:
     from tidemark.config.models import load_feed
     from tidemark.output.iceberg import IcebergPublisher, plan_history
 
-    iceberg_feed(fenv, "tidemark.invariant")
+    fenv.use_iceberg("tidemark.invariant")
     fenv.produce(12)
     replay = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root, mode="replay",
                       params={"start_from": "committed", "commit": True})  # fmt: skip
@@ -270,7 +252,7 @@ def test_iceberg_plan_in_the_table_but_not_committed_to_kafka_is_finished_once(
     from tidemark.faults import FAULTS_ENV, InjectedFault
     from tidemark.output.iceberg import IcebergPublisher, plan_history
 
-    iceberg_feed(fenv, "tidemark.crashed")
+    fenv.use_iceberg("tidemark.crashed")
     fenv.produce(9)
     crashed = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
     fenv.in_process(crashed, fenv.kafka.connection)  # its snapshot is in the table
@@ -290,3 +272,120 @@ def test_iceberg_plan_in_the_table_but_not_committed_to_kafka_is_finished_once(
     assert table is not None
     published = [(s.summary or {}).get("tidemark.plan-id") for s in plan_history(table)]
     assert published.count(crashed.plan_id) == 1, published
+
+
+def test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_once(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A zombie driver and the retried task publish one plan into the table; the catalog's compare-and-set lets one in.
+
+    The zombie stops where its data files are uploaded and the table it loaded (the basis
+    of its commit, in which the plan was not yet published) is in hand; the retry runs to
+    the same point and commits first; then the zombie commits. The zombie's commit is
+    refused naming the table and the plan; the run commits the plan once and the table
+    equals the oracle.
+    """
+    import threading
+
+    from tidemark.config.models import load_feed
+    from tidemark.errors import PublishError
+    from tidemark.output import iceberg as iceberg_output
+    from tidemark.output.iceberg import IcebergPublisher, plan_history
+
+    fenv.use_iceberg("tidemark.twice")
+    fenv.produce(6)
+    fenv.run()  # the table exists: both attempts load it, neither creates it
+    fenv.produce(15, bad={10})
+    handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    zombie_waits = threading.Event()
+    both_staged = threading.Barrier(2, timeout=120)
+    retry_committed = threading.Event()
+    point, commit_files = iceberg_output.fault_point, iceberg_output.commit_files
+
+    def commit_in_turn(name: Any) -> None:
+        if name == "iceberg.before_commit":
+            zombie_waits.set()
+            both_staged.wait()  # each attempt has loaded the table and uploaded its files
+            if threading.current_thread().name == "zombie":
+                retry_committed.wait(120)  # the zombie wakes up after the retry's commit
+        point(name)
+
+    def retry_commit_files(*args: Any) -> None:
+        try:
+            commit_files(*args)
+        finally:
+            if threading.current_thread().name == "retry":
+                retry_committed.set()
+
+    monkeypatch.setattr(iceberg_output, "fault_point", commit_in_turn)
+    monkeypatch.setattr(iceberg_output, "commit_files", retry_commit_files)
+    outcomes: dict[str, Any] = {}
+
+    def attempt(name: str) -> None:
+        try:
+            outcomes[name] = fenv.in_process(handle, fenv.kafka.connection)
+        except Exception as exc:  # noqa: BLE001 - an attempt's failure is part of the outcome asserted below
+            outcomes[name] = exc
+
+    zombie = threading.Thread(target=attempt, args=("zombie",), name="zombie")
+    zombie.start()
+    assert zombie_waits.wait(120), f"the first attempt never reached the table commit: {outcomes}"
+    retry = threading.Thread(target=attempt, args=("retry",), name="retry")
+    retry.start()
+    for thread in (zombie, retry):
+        thread.join(180)
+    monkeypatch.setattr(iceberg_output, "fault_point", point)
+    monkeypatch.setattr(iceberg_output, "commit_files", commit_files)
+    assert not both_staged.broken and retry_committed.is_set(), f"the attempts did not commit in turn: {outcomes}"
+    assert isinstance(outcomes.get("retry"), dict), outcomes
+    assert isinstance(outcomes.get("zombie"), PublishError), outcomes
+    assert_names(str(outcomes["zombie"]), "Iceberg table tidemark.twice", f"plan {handle.plan_id}", "refused",
+                 "table changed", "rerun")  # fmt: skip
+    table = IcebergPublisher(load_feed(fenv.feed)).load()
+    assert table is not None
+    published = [(s.summary or {}).get("tidemark.plan-id") for s in plan_history(table)]
+    assert published.count(handle.plan_id) == 1, published
+    commit_run(handle, fenv.kafka.connection, root=fenv.root)
+    assert fenv.committed() == {0: 7, 1: 7, 2: 7}
+    assert_output_matches_kafka(fenv)
+    fenv.check("test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_once")
+
+
+def test_a_commit_another_writer_undid_in_part_fails_its_read_back_and_the_next_run_finishes_it(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the alter and the read-back another writer puts partition 0 back where the plan started.
+
+    The read-back names the partition and both offsets and records no checkpoint; the run
+    stays pending, and the next run commits it (partition 0's offset is again the one the
+    plan was made from), so the output holds every committed record once.
+    """
+    from tidemark.errors import CommitError
+    from tidemark.runs import commit
+
+    fenv.produce(9)
+    fenv.run()  # the group at 3 on every partition
+    fenv.produce(6)
+    handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(handle, fenv.kafka.connection)
+    point = commit.fault_point
+
+    def undo_partition_0(name: Any) -> None:
+        if name == "commit.after_kafka":  # the alter went through, the read-back has not run
+            fenv.kafka.adapter.alter_committed(fenv.group, {(fenv.topic, 0): (3, "someone else")})
+        point(name)
+
+    monkeypatch.setattr(commit, "fault_point", undo_partition_0)
+    with pytest.raises(CommitError) as err:
+        commit_run(handle, fenv.kafka.connection, root=fenv.root)
+    monkeypatch.setattr(commit, "fault_point", point)
+
+    assert not isinstance(err.value, OffsetsMovedError), err.value
+    assert_names(str(err.value), f"group '{fenv.group}'", f"plan {handle.plan_id}",
+                 rf"{fenv.topic}\[0\] expected 5, read back 3", "checkpoint was not updated",
+                 "Run the feed again")  # fmt: skip
+    assert fenv.committed() == {0: 3, 1: 5, 2: 5}
+    nxt, _, _ = fenv.run()
+    assert nxt.resumed == handle.plan_id and fenv.committed() == {0: 5, 1: 5, 2: 5}
+    assert_output_matches_kafka(fenv)
+    fenv.check("test_a_commit_another_writer_undid_in_part_fails_its_read_back_and_the_next_run_finishes_it")

@@ -38,6 +38,39 @@ def test_write_read_list_and_remove(root: Location, tmp_path: Path) -> None:
     assert list((root / "missing").files()) == [] and (root / "missing").children() == []
 
 
+def test_two_local_writers_of_one_file_each_replace_it_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retried task and its zombie write one run's ``job.json`` at once: both land, the file is one of them, whole."""
+    import os
+    import threading
+
+    target = Location.of(tmp_path / "run" / "job.json")
+    both_written = threading.Barrier(2, timeout=30)
+    fsync = os.fsync
+
+    def fsync_together(fd: int) -> None:
+        fsync(fd)
+        both_written.wait()  # each writer has its content on disk, neither has renamed it into place
+
+    monkeypatch.setattr(os, "fsync", fsync_together)
+    errors: list[BaseException] = []
+
+    def write(text: str) -> None:
+        try:
+            target.write_text(text)
+        except Exception as exc:  # noqa: BLE001 - a writer's failure is the outcome asserted below
+            errors.append(exc)
+
+    texts = ['{"attempt": "zombie"}', '{"attempt": "retry", "pad": "' + "x" * 64 + '"}']
+    threads = [threading.Thread(target=write, args=(t,)) for t in texts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == [] and not both_written.broken
+    assert target.read_text() in texts
+    assert [p.name for p in target.local_path().parent.iterdir()] == ["job.json"]
+
+
 def test_upload_and_download_a_tree_and_read_parquet_in_place(root: Location, tmp_path: Path) -> None:
     source = tmp_path / "src"
     (source / "topic=t" / "date=2026-01-01").mkdir(parents=True)

@@ -56,6 +56,7 @@ class Mutant:
 
 
 SCENARIOS = "tests/faults/test_scenarios.py"
+VIEW = "include/tidemark/web/app.py"
 
 MUTANTS = (
     Mutant(
@@ -151,6 +152,99 @@ MUTANTS = (
         (
             "tests/integration/output/test_sink.py::test_two_attempts_publishing_one_plan_at_the_same_time_publish_it_once",
         ),
+    ),
+    Mutant(
+        "iceberg-publish-not-exclusive",
+        "a plan is published once, also by two attempts at the same time (the Iceberg commit's compare-and-set on "
+        "the table the plan-id check read)",
+        (
+            Edit(
+                "include/tidemark/output/iceberg.py",
+                "commit_files(table, [str(self.location / n) for n in names], properties, self.table_name)",
+                "commit_files(self.load() or table, [str(self.location / n) for n in names], properties, "
+                "self.table_name)",
+            ),
+        ),
+        (
+            "tests/integration/test_feed_invariant.py"
+            "::test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_once",
+        ),
+    ),
+    Mutant(
+        "state-writers-share-a-temp-file",
+        "state files are replaced whole, also by two writers at once (a retried task beside its zombie)",
+        (
+            Edit(
+                "include/tidemark/storage.py",
+                'tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")',
+                'tmp = path.with_name(f".{path.name}.tmp")',
+            ),
+        ),
+        ("tests/integration/test_storage.py::test_two_local_writers_of_one_file_each_replace_it_whole",),
+    ),
+    Mutant(
+        "commit-idle-check-skipped",
+        "a commit is refused while the group has live members, with an error naming them (the idle-group check)",
+        (
+            Edit(
+                "include/tidemark/runs/commit.py",
+                "    _check_group_idle(kafka.describe_group(plan.group), plan)\n",
+                "    pass\n",
+            ),
+        ),
+        ("tests/integration/runs/test_commit.py::test_live_consumer_blocks_the_commit",),
+    ),
+    Mutant(
+        "commit-member-errors-unnamed",
+        "a member joining between the compare-and-set read and the alter gets the commit refused as a group in use",
+        (
+            Edit(
+                "include/tidemark/runs/commit.py",
+                "        if set(failed.values()) & _MEMBER_ERRORS:\n",
+                "        if False:\n",
+            ),
+        ),
+        (
+            "tests/integration/runs/test_commit.py"
+            "::test_a_member_joining_between_the_compare_and_the_alter_gets_the_commit_refused",
+        ),
+    ),
+    Mutant(
+        "commit-read-back-skipped",
+        "a commit another writer undid in part is not recorded as done (the read-back after the alter)",
+        (
+            Edit(
+                "include/tidemark/runs/commit.py",
+                "    _verify(plan, kafka.committed(plan.group, tps), metadata)\n",
+                "    pass\n",
+            ),
+        ),
+        (
+            "tests/integration/test_feed_invariant.py"
+            "::test_a_commit_another_writer_undid_in_part_fails_its_read_back_and_the_next_run_finishes_it",
+        ),
+    ),
+    Mutant(
+        "replay-trigger-drops-the-users-token",
+        "a replay started from the view runs as the logged-in user (the view forwards their token to Airflow)",
+        (
+            Edit(VIEW, '    if auth := request.headers.get("authorization"):\n', "    if False:\n"),
+            Edit(VIEW, '    elif token := request.cookies.get("_token"):\n', "    elif False:\n"),
+        ),
+        ("tests/e2e/test_view_runs.py::test_the_views_trigger_starts_the_replay_as_the_user",),
+    ),
+    Mutant(
+        "fault-tally-counts-two-ways",
+        "the faults table's records compared are its good plus its quarantined ones (rows with multiplicity in "
+        "the total, distinct in the split)",
+        (
+            Edit(
+                "tests/faults/harness.py",
+                "            self.records_checked += 1\n",
+                "            self.records_checked += expected[row]\n",
+            ),
+        ),
+        ("tests/unit/test_fault_tally.py::test_records_compared_are_good_plus_quarantined_counted_as_distinct_rows",),
     ),
     Mutant(
         "publish-despite-a-moved-group",

@@ -138,7 +138,8 @@ def _verify(plan: Plan, readback: Mapping[TP, Committed], metadata: Mapping[TP, 
         raise CommitError(
             f"committed offsets of group '{plan.group}' do not match plan {plan.plan_id} after the commit: "
             + "; ".join(wrong)
-            + ". Another client may have committed at the same time; the checkpoint was not updated."
+            + ". Another client may have committed at the same time; the checkpoint was not updated. Run the feed "
+            "again: it commits this plan again, or refuses it if another writer moved the group."
         )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer
@@ -86,14 +87,20 @@ def store(checkpoint_store: CheckpointStore) -> CheckpointStore:
     return checkpoint_store
 
 
-@pytest.fixture
-def live_consumer(kafka: KafkaTestCluster, topic: str, group: str) -> Iterator[Consumer]:
+def join_group(kafka: KafkaTestCluster, topic: str, group: str) -> Consumer:
+    """A subscribed consumer of ``group``, returned once the group assigned it partitions."""
     consumer = Consumer(kafka.connection.client_config(**{"group.id": group, "enable.auto.commit": False}))
     consumer.subscribe([topic])
     deadline = time.monotonic() + 30
     while not consumer.assignment() and time.monotonic() < deadline:
         consumer.poll(0.2)
     assert consumer.assignment(), "the live consumer never got an assignment"
+    return consumer
+
+
+@pytest.fixture
+def live_consumer(kafka: KafkaTestCluster, topic: str, group: str) -> Iterator[Consumer]:
+    consumer = join_group(kafka, topic, group)
     try:
         yield consumer
     finally:
@@ -174,6 +181,39 @@ def test_live_consumer_blocks_the_commit(
     assert group_offsets(kafka, plan) == {(topic, 0): None, (topic, 1): None, (topic, 2): None}
     assert not store.run_committed(group, "run-1")
     assert store.get(group, plan.ends()) == {}
+
+
+def test_a_member_joining_between_the_compare_and_the_alter_gets_the_commit_refused(
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group is empty when checked; a consumer joins right after the compare-and-set read, before the alter."""
+    from tidemark.runs import commit
+
+    joined: list[Consumer] = []
+    compare = commit.moved_since_planning
+
+    def compare_then_join(*args: Any) -> tuple[list[str], list[TP]]:
+        found = compare(*args)
+        joined.append(join_group(kafka, topic, group))
+        return found
+
+    monkeypatch.setattr(commit, "moved_since_planning", compare_then_join)
+    plan = hand_plan(kafka, topic, group)
+    try:
+        with pytest.raises(GroupInUseError) as err:
+            commit_plan(plan, kafka.connection, store, run_id="run-1")
+    finally:
+        for consumer in joined:
+            consumer.close()
+
+    assert len(joined) == 1
+    assert f"group '{group}'" in str(err.value) and "gained members while committing" in str(err.value)
+    assert f"{topic}[0] offset 5" in str(err.value) and "stop the live consumer and rerun" in str(err.value)
+    assert group_offsets(kafka, plan) == {(topic, 0): None, (topic, 1): None, (topic, 2): None}
+    assert not store.run_committed(group, "run-1")
+    monkeypatch.setattr(commit, "moved_since_planning", compare)
+    assert commit_plan(plan, kafka.connection, store, run_id="run-1").status == "committed"
+    assert group_offsets(kafka, plan) == plan.ends()
 
 
 def test_commit_succeeds_once_the_live_consumer_left(
