@@ -66,12 +66,56 @@ class KafkaConnection:
     def __repr__(self) -> str:
         return f"KafkaConnection({self.describe()!r})"
 
+    def principal(self) -> str:
+        """The Kafka principal these settings authenticate as, as ACLs name it (``User:...``), for error messages.
+
+        Taken from the settings, not asked of the brokers: the SASL user, the unsecured JWT's
+        ``principal``, the client certificate's CN (brokers that map subjects to principals by CN,
+        ``ssl.principal.mapping.rules``), else the OAUTHBEARER client id.
+        """
+        settings = {k.lower(): v for k, v in self.settings.items()}
+        mechanism = settings.get("sasl.mechanism", settings.get("sasl.mechanisms", "")).upper()
+        protocol = settings.get("security.protocol", "plaintext").upper()
+        if protocol.startswith("SASL") and mechanism != "OAUTHBEARER" and settings.get("sasl.username"):
+            return f"User:{settings['sasl.username']}"
+        if protocol.startswith("SASL") and mechanism == "OAUTHBEARER":
+            config = dict(
+                part.split("=", 1) for part in settings.get("sasl.oauthbearer.config", "").split() if "=" in part
+            )
+            name = config.get("principal") or settings.get("sasl.oauthbearer.client.id")
+            return f"User:{name}" if name else "the OAUTHBEARER token's principal"
+        if protocol == "SSL":
+            return _certificate_principal(settings) or "the client certificate's principal"
+        return "User:ANONYMOUS"
+
     def to_env(self) -> dict[str, str]:
         """Environment variables that make :func:`from_env` rebuild this connection."""
         env = {ENV_BOOTSTRAP: self.bootstrap_servers}
         for key, value in self.settings.items():
             env[ENV_PREFIX + key.upper().replace(".", "_")] = value
         return env
+
+
+def _certificate_principal(settings: Mapping[str, str]) -> str | None:
+    pem = settings.get("ssl.certificate.pem")
+    if pem is None and settings.get("ssl.certificate.location"):
+        try:
+            with open(settings["ssl.certificate.location"], "rb") as handle:
+                pem_bytes = handle.read()
+        except OSError:
+            return None
+    elif pem is None:
+        return None
+    else:
+        pem_bytes = pem.encode()
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    try:
+        names = x509.load_pem_x509_certificate(pem_bytes).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    except ValueError:
+        return None
+    return f"User:{names[0].value!s}" if names else None
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> KafkaConnection:
