@@ -43,9 +43,20 @@ def senv(secure_kafka: SecuredKafka, spark: Any, tmp_path: Path, monkeypatch: py
 
 
 def _cli(env: FaultEnv, connection: KafkaConnection, *args: str) -> dict[str, Any]:
-    """``tidemark <args> --json`` with the connection in the environment only, as a deployment sets it."""
+    """``tidemark <args> --json`` with the connection in the environment only, as a deployment sets it.
+
+    Spark writes its event log (configuration, job properties, plans) under ``env.tmp/events``.
+    """
+    conf, events = env.tmp / "spark-conf", env.tmp / "events"
+    if not conf.exists():
+        conf.mkdir()
+        events.mkdir()
+        (conf / "spark-defaults.conf").write_text(
+            f"spark.eventLog.enabled true\nspark.eventLog.dir file://{events}\nspark.eventLog.compress false\n"
+        )
     cli_env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDEMARK_KAFKA_", "TIDEMARK_BOOTSTRAP"))}
-    cli_env |= {**connection.to_env(), "TIDEMARK_FEEDS_DIR": str(env.feeds), "TIDEMARK_STATE_DIR": str(env.root)}
+    cli_env |= {**connection.to_env(), "TIDEMARK_FEEDS_DIR": str(env.feeds), "TIDEMARK_STATE_DIR": str(env.root),
+                "SPARK_CONF_DIR": str(conf)}  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "tidemark.cli", *args, env.feed, "--json"],
         env=cli_env, capture_output=True, text=True, check=False,
@@ -81,7 +92,7 @@ def _assert_published_as_scanned(env: FaultEnv, handle: RunHandle, admin: KafkaC
 
 def _no_secret_written(env: FaultEnv, connection: KafkaConnection) -> None:
     secrets = [v.encode() for k, v in connection.settings.items() if is_secret(k)]
-    for path in [*env.root.rglob("*"), *env.tmp.glob("out*/**/*")]:
+    for path in [*env.root.rglob("*"), *env.tmp.glob("out*/**/*"), *env.tmp.glob("events/*")]:
         if path.is_file():
             data = path.read_bytes()
             assert not [s for s in secrets if s in data], path
@@ -124,4 +135,25 @@ def test_feed_backfill_and_replay_on_the_secured_cluster(
     replay = run("replay", {"start_from": "earliest"}, "replay", "--start-from", "earliest")
     _assert_published_as_scanned(senv, replay, admin)
     assert senv.committed() == {0: 5, 1: 5}  # neither moves the group unless asked
+    if source == "cli":
+        assert len(list(senv.tmp.glob("events/*"))) == 3  # one event log per spark-submit, searched below
     _no_secret_written(senv, feed_conn)
+
+
+def test_a_token_callback_named_in_the_settings_reaches_the_executors(
+    secure_kafka: SecuredKafka, senv: FaultEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``oauth_cb`` as the Kafka provider's connections give it: a dotted name, imported by each client's process."""
+    cluster = secure_kafka.cluster
+    settings = {
+        **cluster.connection("oauthbearer", PRINCIPAL).settings,
+        "oauth_cb": "tests.support.tokens.unsecured_jwt",
+    }
+    settings.pop("enable.sasl.oauthbearer.unsecure.jwt")  # the token comes from the callback alone
+    conn = KafkaConnection(cluster.sasl_bootstrap(), settings)
+    senv.produce(6)
+    repo = str(Path(__file__).resolve().parents[2])  # the Spark workers import tests.support.tokens from here
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    handle = RunHandle.from_xcom(_cli(senv, conn, "run")["run"])
+    assert senv.committed() == {p: e for (_, p), (_, e) in _ranges(handle).items()} == {0: 3, 1: 3}
+    senv.check("secured_oauth_cb")

@@ -63,3 +63,19 @@ def test_principal_named_in_acl_errors_comes_from_each_mechanisms_settings(tmp_p
     ]  # fmt: skip
     pem = {"security.protocol": "SSL", "ssl.certificate.pem": cert.read_text()}
     assert KafkaConnection("b:9093", pem).principal() == "User:reader-tls"
+
+
+def test_a_token_callback_travels_by_name_and_is_imported_where_a_client_is_built() -> None:
+    from tests.support.tokens import unsecured_jwt
+    from tidemark.kafka.connection import logged
+
+    conn = KafkaConnection(
+        "b:9093", {"sasl.mechanism": "OAUTHBEARER", "oauth_cb": "tests.support.tokens.unsecured_jwt"}
+    )
+    env = conn.to_env()
+    assert env["TIDEMARK_KAFKA_OAUTH_CB"] == "tests.support.tokens.unsecured_jwt"
+    assert from_env(env) == conn  # the name survives the environment, as it does Spark options
+    assert logged(conn.client_config())["oauth_cb"] is unsecured_jwt
+    for path in ("tests.support.tokens.missing", "no_such_module.cb", "tests.support.tokens.LIFETIME_S"):
+        with pytest.raises(ConfigError, match=f"'oauth_cb'.*{path}"):
+            logged(KafkaConnection("b:9093", {"oauth_cb": path}).client_config())
