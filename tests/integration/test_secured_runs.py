@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -157,3 +158,37 @@ def test_a_token_callback_named_in_the_settings_reaches_the_executors(
     handle = RunHandle.from_xcom(_cli(senv, conn, "run")["run"])
     assert senv.committed() == {p: e for (_, p), (_, e) in _ranges(handle).items()} == {0: 3, 1: 3}
     senv.check("secured_oauth_cb")
+
+
+def test_a_password_and_a_private_key_that_authenticate_are_written_nowhere(
+    secure_kafka: SecuredKafka, senv: FaultEnv
+) -> None:
+    """mTLS with an encrypted key given as PEM text: the key and its password both really authenticate."""
+    from cryptography.hazmat.primitives import serialization as ser
+
+    password = f"key-pass-{uuid.uuid4().hex}"
+    plain = secure_kafka.cluster.connection("mtls", PRINCIPAL, pem=True)
+    key = ser.load_pem_private_key(plain.settings["ssl.key.pem"].encode(), password=None)
+    encrypted = key.private_bytes(
+        ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.BestAvailableEncryption(password.encode())
+    )
+    conn = KafkaConnection(
+        plain.bootstrap_servers, {**plain.settings, "ssl.key.pem": encrypted.decode(), "ssl.key.password": password}
+    )
+    senv.produce(6, bad={1})
+
+    handle = RunHandle.from_xcom(_cli(senv, conn, "run")["run"])
+
+    assert senv.committed() == {0: 3, 1: 3}
+    senv.check("secured_secrets")
+    assert list(Path(handle.run_dir).glob("gx/**/*.html")), "the run wrote no Data Docs page to search"
+    assert len(list(senv.tmp.glob("events/*"))) == 1
+    # The password, the whole key and each line of its body (a partial dump would still leak).
+    body = [line for line in encrypted.decode().splitlines() if line and not line.startswith("-----")]
+    secrets = [password, encrypted.decode(), *body]
+    for path in [*senv.root.rglob("*"), *senv.tmp.glob("out*/**/*"), *senv.tmp.glob("events/*")]:
+        if path.is_file():
+            data = path.read_bytes()
+            assert not [s for s in secrets if s.encode() in data], path
+    metadata = [c.metadata for c in secure_kafka.admin.adapter.committed(senv.group, senv.tps()).values()]
+    assert metadata and not [s for s in secrets for m in metadata if s in m]
