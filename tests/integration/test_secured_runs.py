@@ -6,6 +6,9 @@ topic, produces and scans. Settings come from the CLI's environment (``tidemark 
 ``spark-submit``, whose executors build their own consumers) or from an Airflow Kafka
 connection's extra (certificates as PEM strings), read by ``orchestration.dags.kafka_connection``.
 Every run's output is compared with an independent ``read_committed`` scan of its plan's ranges.
+The ``spark-submit`` runs write Spark's event log, which is searched for the secrets with
+the run's state and output; a token callback named in the settings (``oauth_cb``) is
+imported by the executors themselves.
 """
 
 from __future__ import annotations
