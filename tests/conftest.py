@@ -35,6 +35,7 @@ from tests.support.servers.s3 import LocalS3
 from tests.support.servers.spark import LocalSpark
 from tidemark.checkpoints.store import CheckpointStore, PostgresCheckpointStore, SqliteCheckpointStore
 from tidemark.devtools.kafka.cluster import LocalCluster
+from tidemark.devtools.kafka.secure import SecureCluster
 from tidemark.kafka.adapter import KafkaAdapter, Record, produce
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.settings import cache_root
@@ -186,6 +187,33 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaTestCluster
     finally:
         if not shared_home:
             cluster.down(purge=True)
+
+
+@dataclass
+class SecuredKafka:
+    """The session's secured cluster; ``admin`` (a super user over SCRAM) makes topics and records."""
+
+    cluster: SecureCluster
+    admin: KafkaTestCluster
+    start_s: float
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredKafka]:
+    """A one-broker secured cluster (TLS, SCRAM, OAUTHBEARER, ACLs) for the tests that need it.
+
+    Its own home and ports; never the shared cluster, which stays PLAINTEXT.
+    """
+    _stop_orphaned_test_clusters(tmp_path_factory.getbasetemp().parent)
+    home = tmp_path_factory.mktemp("kafka-secure")
+    cluster = SecureCluster(home)
+    (home / OWNER_FILE).write_text(str(os.getpid()))
+    started = time.monotonic()
+    cluster.up(brokers=1)
+    try:
+        yield SecuredKafka(cluster, KafkaTestCluster(cluster.admin_connection(), cluster), time.monotonic() - started)
+    finally:
+        cluster.down(purge=True)
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,10 @@ class KafkaUnavailableError(TidemarkError):
     """Brokers did not answer in time, or answered with an error for a whole request."""
 
 
+class AuthorizationError(TidemarkError):
+    """The connection's principal lacks an ACL: the message names the principal, the resource and the operation."""
+
+
 class PlanningError(TidemarkError):
     """The planner refused to plan (data loss, offsets ahead of the log, missing offsets)."""
 

@@ -76,3 +76,25 @@ def test_iceberg_catalog_from_a_postgres_connection(postgres: str, monkeypatch: 
     assert iceberg_env("tidemark_ice_missing") == {}
     with pytest.raises(ConfigError, match="Iceberg catalog needs type postgres"):
         iceberg_env("tidemark_ice_wrong")
+
+
+def test_a_kafka_connection_names_a_token_callback_only_from_the_providers_allowlist(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tidemark.errors import ConfigError
+    from tidemark.kafka.connection import logged
+    from tidemark.orchestration.dags import kafka_connection
+
+    path = "tests.support.tokens.unsecured_jwt"
+    extra = {"bootstrap.servers": "b:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER",
+             "sasl.oauthbearer.config": "principal=feed", "oauth_cb": path}  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_KAFKA_CB", json.dumps({"conn_type": "kafka", "extra": extra}))
+    monkeypatch.delenv("AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST", raising=False)
+    with pytest.raises(ConfigError, match=f"oauth_cb='{path}'.*callback_allowlist"):
+        kafka_connection("tidemark_kafka_cb")
+
+    monkeypatch.setenv("AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST", f"other.cb, {path}")
+    conn = kafka_connection("tidemark_kafka_cb")
+    assert conn.settings["oauth_cb"] == path and conn.to_env()["TIDEMARK_KAFKA_OAUTH_CB"] == path
+    token, _, principal, _ = logged(conn.client_config())["oauth_cb"]("principal=feed")
+    assert principal == "feed" and token.count(".") == 2

@@ -28,7 +28,7 @@ from confluent_kafka.admin import (
 
 from tidemark._types import Isolation
 from tidemark._types import TopicPartition as TP
-from tidemark.errors import KafkaUnavailableError, TidemarkError
+from tidemark.errors import AuthorizationError, KafkaUnavailableError, TidemarkError
 from tidemark.kafka.connection import KafkaConnection, logged
 
 T = TypeVar("T")
@@ -50,6 +50,11 @@ _LEADER_MOVING = frozenset(
 
 # Metadata answers that mean "ask again shortly", not "this is wrong".
 _TRANSIENT_METADATA = frozenset({"_TIMED_OUT", "LEADER_NOT_AVAILABLE", "NOT_CONTROLLER", "_TRANSPORT"})
+
+
+# Kafka's "not allowed" answers, by the kind of resource whose ACL is missing.
+_DENIED = {"TOPIC_AUTHORIZATION_FAILED": "topic", "GROUP_AUTHORIZATION_FAILED": "group",
+           "CLUSTER_AUTHORIZATION_FAILED": "cluster"}  # fmt: skip
 
 
 # Group-coordinator answers that mean "ask again shortly".
@@ -119,6 +124,8 @@ class KafkaAdapter:
         self.connection = connection
         self.timeout_s = timeout_s
         self.requests = 0
+        # What the principal may do per topic, as the brokers said when describing it (None: not said).
+        self.topic_operations: dict[str, frozenset[str] | None] = {}
         # client_overrides: extra librdkafka settings for this client only (e.g. stats_cb in benchmarks).
         self._config = logged(
             connection.client_config(**{"socket.timeout.ms": int(timeout_s * 1000), **(client_overrides or {})})
@@ -127,10 +134,23 @@ class KafkaAdapter:
 
     # -- helpers ---------------------------------------------------------------------
 
-    def _result(self, future: Future[T], what: str) -> T:
+    def denied(self, kind: str, name: str, operation: str, during: str, after: str = "") -> AuthorizationError:
+        """The error for a missing ACL: who, on what, which operation to grant, and how (``after``: what happened)."""
+        principal = self.connection.principal()
+        target = "--cluster" if kind == "cluster" else f"--{kind} {name}"
+        return AuthorizationError(
+            f"{principal} may not {operation} {kind} '{name}' on {self.connection.bootstrap_servers} ({during}); "
+            f"grant it, e.g. kafka-acls.sh --bootstrap-server {self.connection.bootstrap_servers} --add "
+            f"--allow-principal {principal} --operation {operation} {target}, then rerun{after}"
+        )
+
+    def _result(self, future: Future[T], what: str, resource: tuple[str, str, str] | None = None) -> T:
+        """``future``'s value; ``resource`` (kind, name, operation) names the ACL an authorization failure lacks."""
         try:
             return future.result(timeout=self.timeout_s)
         except KafkaException as exc:
+            if resource is not None and _error_name(exc.args[0]) in _DENIED:
+                raise self.denied(*resource, during=what) from exc
             raise KafkaUnavailableError(f"{what} failed: {exc.args[0]}") from exc
         except TimeoutError as exc:
             raise KafkaUnavailableError(
@@ -203,7 +223,9 @@ class KafkaAdapter:
         from confluent_kafka import TopicCollection
 
         self.requests += 1
-        futures = self._admin.describe_topics(TopicCollection(list(topics)), request_timeout=timeout_s)
+        futures = self._admin.describe_topics(
+            TopicCollection(list(topics)), request_timeout=timeout_s, include_authorized_operations=True
+        )
         out = []
         for topic, future in futures.items():
             try:
@@ -218,9 +240,12 @@ class KafkaAdapter:
                     ) from exc
                 if name in _TRANSIENT_METADATA:
                     raise _TransientMetadataError(topic, err) from exc
+                if name == "TOPIC_AUTHORIZATION_FAILED":
+                    raise self.denied("topic", topic, "Describe", "describing the topic") from exc
                 raise KafkaUnavailableError(f"describing topic '{topic}' failed: {err}") from exc
             except TimeoutError as exc:
                 raise _TransientMetadataError(topic, f"no answer within {timeout_s:.0f}s") from exc
+            self.topic_operations[topic] = _operations(desc.authorized_operations)
             topic_id = "" if desc.topic_id is None else str(desc.topic_id)
             for p in desc.partitions:
                 leader = p.leader.id if p.leader is not None else -1
@@ -319,6 +344,8 @@ class KafkaAdapter:
         for tp in result:
             if tp.error is not None:
                 _raise_if_busy(tp.error)
+                if _error_name(tp.error) in _DENIED:
+                    raise self.denied("topic", tp.topic, "Describe", f"OffsetFetch for group '{group}'")
                 raise KafkaUnavailableError(
                     f"OffsetFetch for group '{group}' on {tp.topic}[{tp.partition}]: {tp.error}"
                 )
@@ -368,6 +395,30 @@ class KafkaAdapter:
         state = str(getattr(desc.state, "name", desc.state)).lower()
         coordinator = desc.coordinator.id if desc.coordinator is not None else None
         return GroupInfo(group, state, members, coordinator)
+
+    def group_operations(self, group: str) -> frozenset[str] | None:
+        """What the principal may do with ``group`` (``None`` where the brokers do not say); a group it
+        may not even describe raises :class:`AuthorizationError`. Works for groups that do not exist yet."""
+        return self._while_coordinator_busy(lambda: self._group_operations(group), f"describing group '{group}'")
+
+    def _group_operations(self, group: str) -> frozenset[str] | None:
+        self.requests += 1
+        futures = self._admin.describe_consumer_groups(
+            [group], request_timeout=self.timeout_s, include_authorized_operations=True
+        )
+        try:
+            desc = futures[group].result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if _error_name(err) == "GROUP_AUTHORIZATION_FAILED":
+                raise self.denied("group", group, "Describe", "describing the consumer group") from exc
+            if _error_name(err) == "GROUP_ID_NOT_FOUND":
+                return None
+            _raise_if_busy(err)
+            raise KafkaUnavailableError(f"describing consumer group '{group}' failed: {err}") from exc
+        except TimeoutError as exc:
+            raise KafkaUnavailableError(f"describing consumer group '{group}' timed out") from exc
+        return _operations(desc.authorized_operations)
 
     def alter_committed(self, group: str, offsets: Mapping[TP, tuple[int, str]]) -> dict[TP, str | None]:
         """Set the group's committed offsets (offset, metadata) from outside the group.
@@ -433,7 +484,9 @@ class KafkaAdapter:
         futures = self._admin.describe_configs(resources, request_timeout=self.timeout_s)
         out = {}
         for resource, future in futures.items():
-            entries = self._result(future, f"DescribeConfigs for {resource.name}")
+            kind = "topic" if resource.restype == ResourceType.TOPIC else "cluster"
+            name = resource.name if kind == "topic" else "kafka-cluster"
+            entries = self._result(future, f"DescribeConfigs for {resource.name}", (kind, name, "DescribeConfigs"))
             out[resource.name] = {n: entries[n].value for n in names if n in entries}
         return out
 
@@ -555,6 +608,17 @@ class KafkaAdapter:
     def admin(self) -> AdminClient:
         """The underlying client, for the few calls this adapter does not wrap."""
         return self._admin
+
+
+def _error_name(error: Any) -> str:
+    return str(getattr(error, "name", lambda: "")())
+
+
+def _operations(ops: Any) -> frozenset[str] | None:
+    """Authorized operations as upper-case names (``READ``, ``DESCRIBE``...); ``None`` when the brokers did not say."""
+    if ops is None:
+        return None
+    return frozenset(str(getattr(op, "name", op)).upper() for op in ops)
 
 
 @dataclass(frozen=True)

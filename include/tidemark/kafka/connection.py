@@ -31,15 +31,46 @@ NOT_CLIENT_SETTINGS = frozenset({"TIDEMARK_KAFKA_HOME", "TIDEMARK_KAFKA_CONN_ID"
 CLIENT_LOG = logging.getLogger("tidemark.kafka.client")
 
 
-def logged(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``config`` for building one client, its log lines routed to :data:`CLIENT_LOG`.
+# Settings whose value names a Python callable (``package.module.function``), as the Airflow Kafka
+# provider's connection extra gives them (MSK IAM's token callback, for instance). They travel as that
+# name (environment, Spark options) and each process that builds a client, Spark executors included,
+# imports the callable itself: a callable cannot be sent through an environment variable.
+CALLBACK_SETTINGS = ("oauth_cb",)
+# Settings with underscores in their name, which TIDEMARK_KAFKA_* variables cannot tell from dots.
+_ENV_NAMES = {name.replace("_", "."): name for name in CALLBACK_SETTINGS}
 
-    Only for constructing a client: the logger is an object, never a setting to pass on as text
-    (Spark options, environment variables). Consumers and producers hand their lines over when
-    polled, an admin client when its ``poll`` is called (:class:`~tidemark.kafka.adapter.KafkaAdapter`
+
+def logged(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` for building one client, its log lines routed to :data:`CLIENT_LOG`, callbacks imported.
+
+    Only for constructing a client: the logger and the callbacks are objects, never settings to pass
+    on as text (Spark options, environment variables). Consumers and producers hand their lines over
+    when polled, an admin client when its ``poll`` is called (:class:`~tidemark.kafka.adapter.KafkaAdapter`
     does after every call).
     """
-    return {**config, "logger": CLIENT_LOG}
+    return {**resolve_callbacks(config), "logger": CLIENT_LOG}
+
+
+def resolve_callbacks(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with each :data:`CALLBACK_SETTINGS` value given as a dotted name replaced by the callable."""
+    import importlib
+
+    out = dict(config)
+    for key in CALLBACK_SETTINGS:
+        path = out.get(key)
+        if not isinstance(path, str):
+            continue
+        module, _, name = path.rpartition(".")
+        try:
+            out[key] = getattr(importlib.import_module(module), name) if module else None
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(
+                f"Kafka setting '{key}': cannot import '{path}' ({exc}); it must name a function importable "
+                "where the client runs (the Airflow worker, the Spark driver and every executor)"
+            ) from exc
+        if not callable(out[key]):
+            raise ConfigError(f"Kafka setting '{key}': '{path}' is not a callable (give package.module.function)")
+    return out
 
 
 def is_secret(name: str) -> bool:
@@ -66,6 +97,28 @@ class KafkaConnection:
     def __repr__(self) -> str:
         return f"KafkaConnection({self.describe()!r})"
 
+    def principal(self) -> str:
+        """The Kafka principal these settings authenticate as, as ACLs name it (``User:...``), for error messages.
+
+        Taken from the settings, not asked of the brokers: the SASL user, the unsecured JWT's
+        ``principal``, the client certificate's CN (brokers that map subjects to principals by CN,
+        ``ssl.principal.mapping.rules``), else the OAUTHBEARER client id.
+        """
+        settings = {k.lower(): v for k, v in self.settings.items()}
+        mechanism = settings.get("sasl.mechanism", settings.get("sasl.mechanisms", "")).upper()
+        protocol = settings.get("security.protocol", "plaintext").upper()
+        if protocol.startswith("SASL") and mechanism != "OAUTHBEARER" and settings.get("sasl.username"):
+            return f"User:{settings['sasl.username']}"
+        if protocol.startswith("SASL") and mechanism == "OAUTHBEARER":
+            config = dict(
+                part.split("=", 1) for part in settings.get("sasl.oauthbearer.config", "").split() if "=" in part
+            )
+            name = config.get("principal") or settings.get("sasl.oauthbearer.client.id")
+            return f"User:{name}" if name else "the OAUTHBEARER token's principal"
+        if protocol == "SSL":
+            return _certificate_principal(settings) or "the client certificate's principal"
+        return "User:ANONYMOUS"
+
     def to_env(self) -> dict[str, str]:
         """Environment variables that make :func:`from_env` rebuild this connection."""
         env = {ENV_BOOTSTRAP: self.bootstrap_servers}
@@ -74,14 +127,33 @@ class KafkaConnection:
         return env
 
 
+def _certificate_principal(settings: Mapping[str, str]) -> str | None:
+    pem = settings.get("ssl.certificate.pem")
+    if pem is None and settings.get("ssl.certificate.location"):
+        try:
+            with open(settings["ssl.certificate.location"], "rb") as handle:
+                pem_bytes = handle.read()
+        except OSError:
+            return None
+    elif pem is None:
+        return None
+    else:
+        pem_bytes = pem.encode()
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    try:
+        names = x509.load_pem_x509_certificate(pem_bytes).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    except ValueError:
+        return None
+    return f"User:{names[0].value!s}" if names else None
+
+
 def from_env(environ: Mapping[str, str] | None = None) -> KafkaConnection:
     """Connection from ``TIDEMARK_*`` variables; without ``TIDEMARK_BOOTSTRAP_SERVERS`` a :class:`ConfigError`."""
     env = os.environ if environ is None else environ
-    settings = {
-        name[len(ENV_PREFIX) :].lower().replace("_", "."): value
-        for name, value in env.items()
-        if name.startswith(ENV_PREFIX) and name not in NOT_CLIENT_SETTINGS
-    }
+    keys = {name: name[len(ENV_PREFIX) :].lower().replace("_", ".") for name in env if name.startswith(ENV_PREFIX)}
+    settings = {_ENV_NAMES.get(key, key): env[name] for name, key in keys.items() if name not in NOT_CLIENT_SETTINGS}
     servers = env.get(ENV_BOOTSTRAP, "").strip()
     if not servers:
         raise ConfigError(

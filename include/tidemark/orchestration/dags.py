@@ -27,7 +27,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from tidemark.checkpoints.store import CheckpointStore
 from tidemark.config.models import Feed, dag_id, load_feeds, package_root
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
-from tidemark.kafka.connection import KafkaConnection, from_airflow_extra, from_env
+from tidemark.kafka.connection import CALLBACK_SETTINGS, KafkaConnection, from_airflow_extra, from_env
 from tidemark.planning.requests import END_CHOICES, MAX_OFFSET, MAX_PARTITION, OUTPUT_ROOTS_ENV, START_CHOICES
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,25 @@ def kafka_connection(conn_id: str = KAFKA_CONN_ID) -> KafkaConnection:
         conn = BaseHook.get_connection(conn_id)
     except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
         return from_env()
-    return from_airflow_extra(conn.extra_dejson)
+    extra = conn.extra_dejson
+    _check_callbacks(conn_id, extra)
+    return from_airflow_extra(extra)
+
+
+def _check_callbacks(conn_id: str, extra: Mapping[str, Any]) -> None:
+    """Callbacks named in a connection's extra are imported only if ``[apache_kafka] callback_allowlist`` lists
+    them, the Kafka provider's own rule (anyone who may edit a connection could otherwise name any code)."""
+    from airflow.providers.common.compat.sdk import conf
+
+    allowed = {p.strip() for p in (conf.get("apache_kafka", "callback_allowlist", fallback="") or "").split(",")}
+    for key in CALLBACK_SETTINGS:
+        path = extra.get(key)
+        if isinstance(path, str) and path not in allowed:
+            raise ConfigError(
+                f"the Airflow connection '{conn_id}' names the callback {key}={path!r}, which "
+                "[apache_kafka] callback_allowlist does not list; add its full path there (as for the Kafka "
+                "provider's hooks) or remove it from the connection"
+            )
 
 
 def checkpoint_store(conn_id: str = CHECKPOINT_CONN_ID) -> CheckpointStore | None:

@@ -55,6 +55,7 @@ EventKind = Literal[
     "offsets_skipped",  # a committing backfill/replay started past the committed offset (allow_gap)
     "records_outside_window",  # a committing exact window's commit passed over records stamped outside it
     "publication_retracted",  # a refused run's publication taken out of the feed's output
+    "permission_missing",  # an optional read (topic or broker configs) the principal may not do: skipped
 ]
 
 

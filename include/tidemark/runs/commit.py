@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from tidemark._types import TopicPartition as TP
 from tidemark.checkpoints.store import CheckpointStore
-from tidemark.errors import CommitError, GroupInUseError, KafkaUnavailableError, OffsetsMovedError
+from tidemark.errors import AuthorizationError, CommitError, GroupInUseError, KafkaUnavailableError, OffsetsMovedError
 from tidemark.faults import fault_point
 from tidemark.job.guard import moved_since_planning
 from tidemark.kafka.adapter import Committed, GroupInfo, KafkaAdapter
@@ -102,7 +102,7 @@ def metadata_limit(kafka: KafkaAdapter, plan: Plan) -> int:
     if leaders:
         try:
             _, broker = kafka.topic_and_broker_configs([], [], leaders[0], [METADATA_LIMIT_CONFIG])
-        except KafkaUnavailableError:
+        except (KafkaUnavailableError, AuthorizationError):
             broker = {}
         value = broker.get(METADATA_LIMIT_CONFIG)
         configured = int(value) if value not in (None, "") else METADATA_MAX_BYTES

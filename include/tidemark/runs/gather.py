@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 from tidemark._types import TopicPartition as TP
 from tidemark.checkpoints.store import CheckpointStore
 from tidemark.config.models import Feed, WindowMode
-from tidemark.errors import ConfigError, PlanningError
+from tidemark.errors import AuthorizationError, ConfigError, KafkaUnavailableError, PlanningError
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.output.base import publisher_for
-from tidemark.planning.plan import Mode, Plan, RecoveredPosition
+from tidemark.planning.plan import Event, Mode, Plan, RecoveredPosition
 from tidemark.planning.resolve import (
     OFFSETS_RETENTION_MINUTES,
     RETENTION_MS,
@@ -52,6 +52,9 @@ class FeedSnapshot:
     requests: int  # admin calls issued (each fans out to at most one request per broker)
     log_append_time: tuple[str, ...] = ()  # topics stamped by the broker (message.timestamp.type)
     recovered: RecoveredPosition | None = None  # asked of the output when offsets and checkpoints are gone
+    # What the principal may do with the group (None: the brokers did not say) and optional reads it may not do.
+    group_operations: frozenset[str] | None = None
+    notices: tuple[Event, ...] = ()
 
 
 def _to_ms(value: str | None, scale: int = 1) -> int | None:
@@ -97,7 +100,11 @@ def snapshot_feed(
     when some partition has neither a committed offset nor a checkpoint.
     """
     before = adapter.requests
-    infos = adapter.partitions(feed.topics)
+    try:
+        infos = adapter.partitions(feed.topics)
+        group_operations = _group_operations(adapter, feed.group)
+    except AuthorizationError as exc:
+        raise AuthorizationError(f"{exc} (nothing was read or committed)") from exc
     tps = [(i.topic, i.partition) for i in infos]
     committed = adapter.committed(feed.group, tps)
     saved = checkpoints.get(feed.group, tps)
@@ -127,9 +134,7 @@ def snapshot_feed(
     elif reset_timestamp_ms is not None:
         ts_start = adapter.offsets_for_timestamp(reset_tps, reset_timestamp_ms, feed.isolation)
     leaders = sorted({i.leader for i in infos if i.leader >= 0})
-    topic_cfg, broker_cfg = adapter.topic_and_broker_configs(
-        feed.topics, [RETENTION_MS, TIMESTAMP_TYPE], leaders[0] if leaders else None, [OFFSETS_RETENTION_MINUTES]
-    )
+    topic_cfg, broker_cfg, notices = _configs(adapter, feed, leaders[0] if leaders else None)
     ts_end: dict[TP, int | None] = {}
     ts_cut: dict[TP, int | None] = {}
     if window_end_ms is not None:
@@ -162,7 +167,60 @@ def snapshot_feed(
         topic_retention_ms={t: _to_ms(topic_cfg.get(t, {}).get(RETENTION_MS)) for t in feed.topics},
     )
     log_append = tuple(t for t in feed.topics if topic_cfg.get(t, {}).get(TIMESTAMP_TYPE) == "LogAppendTime")
-    return FeedSnapshot(mark_new_partitions(snaps), retention, adapter.requests - before, log_append, recovered)
+    return FeedSnapshot(
+        mark_new_partitions(snaps), retention, adapter.requests - before, log_append, recovered,
+        group_operations, notices,
+    )  # fmt: skip
+
+
+def _group_operations(adapter: KafkaAdapter, group: str) -> frozenset[str] | None:
+    """Asked before OffsetFetch, which without Describe on the group only times out: this names the missing ACL.
+
+    Any other failure leaves the operations unknown; the OffsetFetch that follows retries and reports it as before.
+    """
+    try:
+        return adapter.group_operations(group)
+    except KafkaUnavailableError:
+        return None
+
+
+def _configs(
+    adapter: KafkaAdapter, feed: Feed, broker: int | None
+) -> tuple[dict[str, dict[str, str]], dict[str, str], tuple[Event, ...]]:
+    """Topic and broker configs for retention warnings and timestamp types, as far as the principal may read them.
+
+    Both are optional: without DescribeConfigs on a topic its retention is unknown (no warning) and
+    its timestamps are taken as CreateTime (exact windows keep their margin); without it on the
+    cluster, the group offsets' retention is unknown. Each skipped read is a ``permission_missing`` event.
+    """
+    notices: list[Event] = []
+    readable = [t for t in feed.topics if _may(adapter.topic_operations.get(t), "DESCRIBE_CONFIGS")]
+    for topic in sorted(set(feed.topics) - set(readable)):
+        error = adapter.denied("topic", topic, "DescribeConfigs", "reading its retention.ms and timestamp type")
+        notices.append(Event("permission_missing", f"{error}; no retention warning for it", topic=topic))
+    names = [RETENTION_MS, TIMESTAMP_TYPE]
+    try:
+        topic_cfg, broker_cfg = adapter.topic_and_broker_configs(readable, names, broker, [OFFSETS_RETENTION_MINUTES])
+    except AuthorizationError as exc:
+        if broker is None:
+            raise
+        notices.append(Event("permission_missing", f"{exc}; no warning about the group offsets' retention"))
+        topic_cfg, broker_cfg = adapter.topic_and_broker_configs(readable, names, None, [])
+    return topic_cfg, broker_cfg, tuple(notices)
+
+
+def _may(operations: frozenset[str] | None, operation: str) -> bool:
+    return operations is None or operation in operations or "ALL" in operations
+
+
+def require_permissions(adapter: KafkaAdapter, feed: Feed, snap: FeedSnapshot, plan: Plan) -> None:
+    """Refuse a plan whose principal could not read its ranges or commit its ends, before anything happens."""
+    after = " (nothing was read or committed)"
+    for topic in sorted({p.topic for p in plan.partitions if p.end > p.start}):
+        if not _may(adapter.topic_operations.get(topic), "READ"):
+            raise adapter.denied("topic", topic, "Read", f"reading plan {plan.plan_id}'s ranges", after)
+    if plan.commit and not _may(snap.group_operations, "READ"):
+        raise adapter.denied("group", feed.group, "Read", f"committing plan {plan.plan_id}'s ends", after)
 
 
 def _choose(
@@ -256,4 +314,6 @@ def plan_feed(
         replay=replay,
         time_filter=time_filter,
     )
-    return build_plan(request, Observed(chosen, snap.retention, snap.recovered))
+    plan = build_plan(request, Observed(chosen, snap.retention, snap.recovered))
+    require_permissions(adapter, feed, snap, plan)
+    return replace(plan, events=(*plan.events, *snap.notices)) if snap.notices else plan

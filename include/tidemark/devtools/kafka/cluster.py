@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from tidemark.errors import ConfigError, LocalKafkaError, TidemarkError
 from tidemark.kafka.connection import ENV_BOOTSTRAP, KafkaConnection, from_env
@@ -338,6 +339,10 @@ class LocalCluster:
         self._save(state)
         return state
 
+    def _format_extra(self) -> list[str]:
+        """More ``StorageTool format`` arguments (a secured cluster's SCRAM users)."""
+        return []
+
     def _format_command(self, lib: Path, state: ClusterState, node: Node) -> list[str]:
         return [
             *self._java_cmd(lib, heap="128m"),
@@ -349,9 +354,13 @@ class LocalCluster:
             f"--cluster-id={state.cluster_id}",
             f"--config={node.config_file}",
             "--ignore-formatted",
+            *self._format_extra(),
         ]
 
     def _server_properties(self, state: ClusterState, node: Node) -> str:
+        return "".join(f"{k}={v}\n" for k, v in self._properties(state, node).items())
+
+    def _properties(self, state: ClusterState, node: Node) -> dict[str, str]:
         replicas = str(min(3, len(state.nodes)))
         voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in state.nodes)
         props = {
@@ -370,7 +379,7 @@ class LocalCluster:
             **BASE_SETTINGS,
             **state.settings,
         }
-        return "".join(f"{k}={v}\n" for k, v in props.items())
+        return props
 
     def _java_cmd(self, lib: Path, heap: str) -> list[str]:
         return [
@@ -426,7 +435,7 @@ class LocalCluster:
                         f"Kafka node {node.node_id} exited while starting. Last lines of {node.log_file}:\n"
                         f"{_tail(node.log_file)}\n--- {node.stdout_file}:\n{_tail(node.stdout_file, 15)}"
                     )
-                admin = AdminClient({"bootstrap.servers": node.address, "logger": _QUIET})  # type: ignore[dict-item]
+                admin = AdminClient({**self._admin_config(node), "logger": _QUIET})
                 try:
                     meta = admin.list_topics(timeout=2)
                 except Exception:  # noqa: BLE001 - not up yet; retried until the deadline
@@ -440,6 +449,10 @@ class LocalCluster:
                 )
             if pending:
                 time.sleep(0.5)
+
+    def _admin_config(self, node: Node) -> dict[str, Any]:
+        """librdkafka settings of a client that may ask ``node`` for the whole cluster's metadata."""
+        return {"bootstrap.servers": node.address}
 
     def down(self, purge: bool = False) -> list[int]:
         """Stop the nodes this cluster started; with ``purge`` also delete its data.
