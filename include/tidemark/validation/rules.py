@@ -41,6 +41,7 @@ import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -552,7 +553,11 @@ def run_gx(df: DataFrame, feed: Feed, plan: Plan, run_dir: Path, *, list_unexpec
             },
         )
     )
-    run = checkpoint.run(batch_parameters={"dataframe": df}, run_id=RunIdentifier(run_name=plan.plan_id))
+    # The run time is given, so GX does not parse the plan id as a date: an id of only
+    # digits would otherwise become a year too large for datetime (OverflowError), and one
+    # that reads as a date would stamp the result with that date.
+    run_id = RunIdentifier(run_name=plan.plan_id, run_time=datetime.now(UTC))
+    run = checkpoint.run(batch_parameters={"dataframe": df}, run_id=run_id)
     (_identifier, result), *_ = run.run_results.items()
     doc = result.to_json_dict()
     result_path = docs_root / "validation_result.json"

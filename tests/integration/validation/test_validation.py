@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -398,3 +399,18 @@ def test_outcome_codes_stand_for_the_reasons_validate_gives_past_one_bitmask_chu
     assert got[0]["code"] == OK_OUTCOME and got[0]["reason"] == ""
     assert [codes.reason(r["code"]) for r in got[1:]] == [r["reason"] for r in got[1:]]
     assert all(len(r["code"]) < 40 for r in got)
+
+
+@pytest.mark.parametrize("plan_id", ["43061566701966215906", "20240101000000000000"])
+def test_a_plan_id_that_looks_like_a_number_or_a_date_validates_and_keeps_todays_run_time(
+    spark: Any, tmp_path: Path, plan_id: str
+) -> None:
+    df = spark.createDataFrame(clean_rows(0, 0, 5), SCHEMA)
+    plan = replace(make_plan({0: (0, 5)}), plan_id=plan_id)
+    before = datetime.now(UTC)
+
+    outcome = validate(df, plan, feed(), tmp_path)
+
+    run_id = json.loads(Path(outcome.summary["gx_result"]).read_text())["meta"]["run_id"]
+    assert run_id["run_name"] == plan_id
+    assert datetime.fromisoformat(run_id["run_time"]) >= before
