@@ -118,17 +118,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The fault suite's closing line: scenarios, oracle checks, records compared; lost, duplicated, misrouted.
 
     In one process the scoreboard is here; under xdist the controller ran no test, so it
-    reads the count the fault suite's worker wrote at its end (if written by this run).
+    merges the counts its workers wrote at their end (if written by this run).
     """
-    import json
+    from tests.faults.harness import SCOREBOARD, merge_scoreboards, write_scoreboard
 
-    from tests.faults.harness import LAST_RUN, SCOREBOARD, write_scoreboard
-
-    if SCOREBOARD:
-        doc = write_scoreboard()
-    elif LAST_RUN.exists() and LAST_RUN.stat().st_mtime >= _STARTED:
-        doc = json.loads(LAST_RUN.read_text())
-    else:
+    doc = write_scoreboard() if SCOREBOARD else merge_scoreboards(since=_STARTED)
+    if doc is None:
         return
     terminalreporter.write_line(
         f"fault suite: {doc['scenarios_run']} scenario tests, {doc['checks']} oracle checks compared "

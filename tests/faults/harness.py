@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import tempfile
 import uuid
@@ -444,15 +445,35 @@ def assert_names(message: str, *fragments: str) -> None:
     assert not missing, f"I4: error does not name {missing}: {message}"
 
 
-def write_scoreboard() -> dict[str, Any]:
+def write_scoreboard(board: Mapping[str, Tally] = SCOREBOARD, path: Path | None = None) -> dict[str, Any]:
+    """Write ``board``'s totals and per-test tallies to ``path`` (default: this process's own file)."""
     totals = Tally()
-    for tally in SCOREBOARD.values():
+    for tally in board.values():
         for name, value in vars(tally).items():
             setattr(totals, name, getattr(totals, name) + value)
     doc = {
-        "scenarios_run": len(SCOREBOARD),
+        "scenarios_run": len(board),
         **vars(totals),
-        "by_test": {name: vars(t) for name, t in sorted(SCOREBOARD.items())},
+        "by_test": {name: vars(t) for name, t in sorted(board.items())},
     }
-    LAST_RUN.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    (path or scoreboard_path()).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return doc
+
+
+def scoreboard_path() -> Path:
+    """Where this process writes its count: under xdist each worker a file of its own, since the
+    fault suite and other oracle-checked tests (secured runs, S3 publishers) run on different
+    workers; the controller merges them into ``LAST_RUN`` (:func:`merge_scoreboards`)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return LAST_RUN.with_name(f"last-run.{worker}.json") if worker else LAST_RUN
+
+
+def merge_scoreboards(since: float) -> dict[str, Any] | None:
+    """Merge the workers' files written after ``since`` into ``LAST_RUN``; None if there are none."""
+    parts = [p for p in LAST_RUN.parent.glob("last-run.gw*.json") if p.stat().st_mtime >= since]
+    if not parts:
+        return None
+    board = {name: Tally(**t) for p in parts for name, t in json.loads(p.read_text())["by_test"].items()}
+    for p in parts:
+        p.unlink()
+    return write_scoreboard(board, LAST_RUN)
