@@ -281,9 +281,16 @@ class KafkaAdapter:
                 except KafkaException as exc:
                     # Leadership moves (new topics, restarts) answer NOT_LEADER for a moment: ask again.
                     err = exc.args[0]
-                    if not (err.retriable() or err.code() in _LEADER_MOVING) or time.monotonic() > deadline:
+                    moving = err.code() in _LEADER_MOVING
+                    if not (err.retriable() or moving) or time.monotonic() > deadline:
+                        hint = (
+                            f"; its leadership kept moving for {self.timeout_s:.0f}s (a broker restarting or "
+                            "resuming): run again once the cluster has settled"
+                            if moving
+                            else ""
+                        )
                         raise KafkaUnavailableError(
-                            f"ListOffsets for {tp.topic}[{tp.partition}] failed: {exc.args[0]}"
+                            f"ListOffsets for {tp.topic}[{tp.partition}] failed: {exc.args[0]}{hint}"
                         ) from exc
                     retry[key] = pending[key]
                 except TimeoutError as exc:
