@@ -278,11 +278,13 @@ class FaultEnv:
         return result.to_dict()
 
     def run(
-        self, mode: str = "scheduled", params: Mapping[str, Any] | None = None
+        self, mode: str = "scheduled", params: Mapping[str, Any] | None = None, master: str | None = None
     ) -> tuple[RunHandle, dict[str, Any], CommitOutcome]:
+        """One run of the feed: the job in this session, or with ``master`` through ``spark-submit`` to that master."""
         handle, job, outcome = run_feed(
-            self.feed, self.kafka.connection, mode=mode, params=params, root=self.root, job_runner=self.in_process
-        )
+            self.feed, self.kafka.connection, mode=mode, params=params, root=self.root, master=master,
+            job_runner=None if master else self.in_process,
+        )  # fmt: skip
         self.run_ids.add(handle.run_id)
         return handle, job, outcome
 
