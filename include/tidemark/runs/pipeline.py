@@ -464,12 +464,14 @@ def spark_submit_command(handle: RunHandle, master: str | None = None, *, class_
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
     conf = {"spark.ui.enabled": "false", "spark.pyspark.python": sys.executable, **SUBMIT_CONF}
     conf.update(small_run_conf(handle.records, class_archive=class_archive))
+    jars = s3a_jars()
     return [
         spark_submit,
         "--master",
         master or os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]"),
         "--name",
         f"tidemark-{handle.feed}",
+        *(["--jars", ",".join(jars)] if jars else []),
         *(arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")),
         job,
         "--plan",
@@ -477,6 +479,28 @@ def spark_submit_command(handle: RunHandle, master: str | None = None, *, class_
         "--run-dir",
         handle.run_dir,
     ]
+
+
+S3A_JARS_ENV = "TIDEMARK_S3A_JARS"
+
+
+def s3a_jars() -> list[str]:
+    """The jars of Hadoop's s3a connector named by ``TIDEMARK_S3A_JARS`` (comma-separated jars or folders of jars).
+
+    ``spark-submit --jars`` puts them on the driver's classpath and ships them to the
+    executors, so no worker needs them installed. Unset: the cluster's own classpath must
+    have s3a wherever executors stage on the object store (EMR and Dataproc images do).
+    """
+    found: list[str] = []
+    for item in filter(None, (part.strip() for part in os.environ.get(S3A_JARS_ENV, "").split(","))):
+        path = Path(item).expanduser()
+        if path.is_dir():
+            found += sorted(str(jar) for jar in path.glob("*.jar"))
+        elif path.is_file():
+            found.append(str(path))
+        else:
+            raise ConfigError(f"{S3A_JARS_ENV}: {item} is neither a jar nor a folder of jars")
+    return found
 
 
 def run_job(

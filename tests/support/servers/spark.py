@@ -82,7 +82,10 @@ class LocalSpark:
 
     @property
     def work_dir(self) -> Path:
-        """The worker's work folder: one ``app-*/<executor id>/`` folder per executor (not seen here with ``private_tmp``)."""
+        """The worker's work folder: one ``app-*/<executor id>/`` folder per executor.
+
+        With ``private_tmp`` it is inside the worker's own ``/tmp``: not visible from here.
+        """
         return PRIVATE_WORK if self.private_tmp else self.home / "work"
 
     @property
