@@ -22,7 +22,9 @@ cluster).
 
 **Object stores** (``s3://bucket/prefix``, through :mod:`tidemark.storage`) have no atomic
 rename, so there the manifest is the commit point. The job stages on local disk
-(``TIDEMARK_STAGING_DIR``, default the temp dir), everything is checked there, and
+(``TIDEMARK_STAGING_DIR``, default the temp dir) or, on a cluster whose executors share no
+disk with the driver, under ``<output>/_staging/`` on the store (:func:`stages_on_store`);
+everything is checked there, the driver assembles the publication locally, and
 publishing then (1) uploads the data and quarantine files under names that belong to this
 attempt alone (``part-00000.<attempt>.parquet``, ...), (2) looks for a manifest once more
 and, if another publisher of the same plan wrote one meanwhile, deletes only its own
@@ -434,8 +436,8 @@ def staging_base(output: Location) -> Path:
     """Where ``output``'s staging folders live: ``<output>/_staging`` on a local disk (renamed into place).
 
     For an object store, a local folder: ``TIDEMARK_STAGING_DIR`` (default the temp dir)
-    ``/tidemark-staging/<hash of the output URL>``. On a Spark cluster it must be a mount
-    that the driver and every executor share (the executors write, the driver uploads).
+    ``/tidemark-staging/<hash of the output URL>``. Where Spark stages on the store instead
+    (:func:`stages_on_store`), the driver still assembles the publication there.
     """
     if output.is_local:
         return output.local_path() / STAGING_DIR

@@ -29,6 +29,7 @@ import pytest
 
 from tests.conftest import S3_BUCKET, KafkaTestCluster
 from tests.faults.harness import FaultEnv
+from tests.integration.spark.test_spark_cluster import _files_with
 from tests.support.servers import s3 as s3_local
 from tests.support.servers import spark as spark_local
 from tests.support.servers.s3 import LocalS3
@@ -183,10 +184,6 @@ def _event_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: str = "")
 def _worker_view(cluster: LocalSpark) -> Path:
     """The worker's work folder as seen through its own mount namespace (``/proc/<pid>/root``)."""
     return Path(f"/proc/{cluster.worker_pid}/root{cluster.work_dir}")
-
-
-def _files_with(root: Path, needle: bytes) -> list[Path]:
-    return [p for p in sorted(root.rglob("*")) if p.is_file() and needle in p.read_bytes()]
 
 
 def _executor_pids(cluster: LocalSpark) -> list[int]:
