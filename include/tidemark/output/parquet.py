@@ -245,16 +245,17 @@ STAGE_ON_STORE_ENV = "TIDEMARK_STAGE_ON_STORE"  # "1": stage on the object store
 def stages_on_store(output: Location, master: str) -> bool:
     """Whether the executors stage ``output``'s plan on the object store rather than in a local folder.
 
-    Only an object-store output can: then by default whenever the master is not
-    ``local[...]`` (a cluster's executors need not share a disk with the driver), and
-    ``TIDEMARK_STAGE_ON_STORE`` (``1``/``0``) decides otherwise.
+    Only an object-store output can. ``TIDEMARK_STAGE_ON_STORE`` (``1``/``0``) decides;
+    unset, a ``TIDEMARK_STAGING_DIR`` set by the deployment (a mount the driver and the
+    executors share) keeps staging there, and otherwise the store is used whenever the
+    master is not ``local[...]`` (a cluster's executors need not share a disk with the driver).
     """
     if output.is_local:
         return False
     setting = os.environ.get(STAGE_ON_STORE_ENV, "").strip()
     if setting in ("0", "1"):
         return setting == "1"
-    return not master.startswith("local")
+    return not os.environ.get("TIDEMARK_STAGING_DIR") and not master.startswith("local")
 
 
 def spark_path(where: str | Path | Location) -> str:
