@@ -458,7 +458,7 @@ def spark_submit_command(handle: RunHandle, master: str | None = None, *, class_
     travel inside the read's tasks, never as Spark configuration, and
     :data:`~tidemark.spark.session.SUBMIT_CONF` widens Spark's redaction to Tidemark's secret names.
     """
-    from tidemark.spark.session import SUBMIT_CONF, small_run_conf
+    from tidemark.spark.session import SUBMIT_CONF, s3a_jars, small_run_conf
 
     job = os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
@@ -479,28 +479,6 @@ def spark_submit_command(handle: RunHandle, master: str | None = None, *, class_
         "--run-dir",
         handle.run_dir,
     ]
-
-
-S3A_JARS_ENV = "TIDEMARK_S3A_JARS"
-
-
-def s3a_jars() -> list[str]:
-    """The jars of Hadoop's s3a connector named by ``TIDEMARK_S3A_JARS`` (comma-separated jars or folders of jars).
-
-    ``spark-submit --jars`` puts them on the driver's classpath and ships them to the
-    executors, so no worker needs them installed. Unset: the cluster's own classpath must
-    have s3a wherever executors stage on the object store (EMR and Dataproc images do).
-    """
-    found: list[str] = []
-    for item in filter(None, (part.strip() for part in os.environ.get(S3A_JARS_ENV, "").split(","))):
-        path = Path(item).expanduser()
-        if path.is_dir():
-            found += sorted(str(jar) for jar in path.glob("*.jar"))
-        elif path.is_file():
-            found.append(str(path))
-        else:
-            raise ConfigError(f"{S3A_JARS_ENV}: {item} is neither a jar nor a folder of jars")
-    return found
 
 
 def run_job(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tidemark.errors import ConfigError
 from tidemark.kafka.connection import SECRET_MARKERS
 from tidemark.settings import cache_root
 
@@ -156,6 +157,28 @@ def driver_class_archive() -> Iterator[ClassArchive]:
         partial.unlink(missing_ok=True)
 
 
+S3A_JARS_ENV = "TIDEMARK_S3A_JARS"
+
+
+def s3a_jars() -> list[str]:
+    """The jars of Hadoop's s3a connector named by ``TIDEMARK_S3A_JARS`` (comma-separated jars or folders of jars).
+
+    ``spark-submit --jars`` puts them on the driver's classpath and ships them to the
+    executors, so no worker needs them installed. Unset: the cluster's own classpath must
+    have s3a wherever executors stage on the object store (EMR and Dataproc images do).
+    """
+    found: list[str] = []
+    for item in filter(None, (part.strip() for part in os.environ.get(S3A_JARS_ENV, "").split(","))):
+        path = Path(item).expanduser()
+        if path.is_dir():
+            found += sorted(str(jar) for jar in path.glob("*.jar"))
+        elif path.is_file():
+            found.append(str(path))
+        else:
+            raise ConfigError(f"{S3A_JARS_ENV}: {item} is neither a jar nor a folder of jars")
+    return found
+
+
 def configure_s3a(spark: SparkSession) -> None:
     """Point Hadoop's s3a connector (Spark's way to ``s3://`` staging) at the store :mod:`tidemark.storage` uses.
 
@@ -222,6 +245,9 @@ def local_session(app_name: str = "tidemark", master: str | None = None) -> Spar
     )
     for key, value in SUBMIT_CONF.items():
         builder = builder.config(key, value)
+    jars = s3a_jars()
+    if jars:  # for an in-process session: staging on the object store needs s3a in the driver's JVM
+        builder = builder.config("spark.jars", ",".join(jars)).config("spark.driver.extraClassPath", ":".join(jars))
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session

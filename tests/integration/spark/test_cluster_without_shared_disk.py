@@ -30,14 +30,12 @@ import pytest
 from tests.conftest import S3_BUCKET, KafkaTestCluster
 from tests.faults.harness import FaultEnv
 from tests.integration.spark.test_spark_cluster import _files_with
-from tests.support.servers import s3 as s3_local
 from tests.support.servers import spark as spark_local
 from tests.support.servers.s3 import LocalS3
 from tests.support.servers.spark import LocalSpark
 from tidemark.checkpoints.store import URL_ENV
 from tidemark.errors import TidemarkError
 from tidemark.output.iceberg import CATALOG_URI_ENV
-from tidemark.runs.pipeline import S3A_JARS_ENV
 from tidemark.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -53,18 +51,12 @@ def apart_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSpa
         cluster.stop(purge=True)
 
 
-@pytest.fixture(scope="module")
-def apart_s3() -> Iterator[LocalS3]:
-    """An S3 server Spark's s3a can commit to (s3proxy's in-memory backend), with the s3a jars for spark-submit."""
-    server = s3_local.start(backend="transient")
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            for key, value in {**server.env(), S3A_JARS_ENV: str(s3_local.fetch_s3a_jars())}.items():
-                patch.setenv(key, value)
-            server.create_bucket(S3_BUCKET)
-            yield server
-    finally:
-        server.stop(purge=True)
+@pytest.fixture
+def apart_s3(s3a_store: LocalS3, s3a_jars: Path, monkeypatch: pytest.MonkeyPatch) -> LocalS3:
+    """The session's S3 server that s3a can commit to, in this test's environment (``spark-submit`` inherits it)."""
+    for key, value in s3a_store.env().items():
+        monkeypatch.setenv(key, value)
+    return s3a_store
 
 
 @pytest.mark.parametrize("kind", ["parquet", "iceberg"])
