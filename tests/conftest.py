@@ -242,6 +242,36 @@ def s3() -> Iterator[LocalS3]:
         server.stop(purge=True)
 
 
+@pytest.fixture(scope="session")
+def s3a_jars() -> Iterator[Path]:
+    """Hadoop's s3a connector jars (fetched once with Maven), named by ``TIDEMARK_S3A_JARS`` for the session.
+
+    In-process sessions put them on their classpath and ``spark-submit`` ships them
+    (:func:`tidemark.spark.session.s3a_jars`): Spark then stages on an object store wherever asked.
+    """
+    from tests.support.servers import s3 as s3_local
+    from tidemark.spark.session import S3A_JARS_ENV
+
+    folder = s3_local.fetch_s3a_jars()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(S3A_JARS_ENV, str(folder))
+        yield folder
+
+
+@pytest.fixture(scope="session")
+def s3a_store() -> Iterator[LocalS3]:
+    """An S3 server Spark's s3a can commit to: s3proxy's in-memory backend (its filesystem backend
+    refuses s3a's renames). Tests put its ``env()`` into theirs; it has the bucket ``S3_BUCKET``."""
+    from tests.support.servers import s3 as s3_local
+
+    server = s3_local.start(backend="transient")
+    try:
+        server.create_bucket(S3_BUCKET)
+        yield server
+    finally:
+        server.stop(purge=True)
+
+
 @pytest.fixture
 def s3_prefix(s3: LocalS3) -> str:
     """A fresh ``s3://tidemark/<test>-<uuid>`` prefix for one test."""
@@ -272,7 +302,7 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSpa
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(s3a_jars: Path) -> Iterator[Any]:
     from tidemark.spark.session import local_session
 
     session = local_session("tidemark-tests")

@@ -3,32 +3,44 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import S3_BUCKET, KafkaTestCluster
-from tests.faults.harness import LOCAL, SCOREBOARD, FaultEnv, Tally, write_scoreboard
+from tests.faults.harness import LOCAL, S3_STAGING, SCOREBOARD, FaultEnv, Tally, write_scoreboard
+from tidemark.output.parquet import STAGE_ON_STORE_ENV
 
 
 @pytest.fixture
 def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-         request: pytest.FixtureRequest) -> FaultEnv:  # fmt: skip
+         request: pytest.FixtureRequest) -> Iterator[FaultEnv]:  # fmt: skip
     """A fault environment on the embedded default (local state and output, SQLite checkpoints),
     or, with ``@ON_BOTH_SHAPES``, also on the deployment shape: state and output on the
-    session's S3 server (s3proxy), checkpoints in its PostgreSQL."""
+    session's S3 server (s3proxy), checkpoints in its PostgreSQL; and that shape with Spark
+    staging on S3 (``TIDEMARK_STAGE_ON_STORE=1``) as a cluster without a shared disk does."""
     remote = None
-    if getattr(request, "param", LOCAL) != LOCAL:
-        request.getfixturevalue("s3")  # its AWS_* settings are in the environment for the session
-        remote = f"s3://{S3_BUCKET}/faults-{uuid.uuid4().hex[:12]}"
-        monkeypatch.setenv("TIDEMARK_CHECKPOINT_URL", request.getfixturevalue("postgres"))
-    env = FaultEnv(kafka, spark, tmp_path, request.node.name, remote=remote)
-    SCOREBOARD.setdefault(request.node.name, Tally())  # counted as run even where no record is checked
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
-    monkeypatch.delenv("TIDEMARK_FAULTS", raising=False)
-    return env
+    shape = getattr(request, "param", LOCAL)
+    # The store's settings get a patch of their own, as the session's S3 settings do: a test
+    # may undo its monkeypatch midway and still read the output.
+    with pytest.MonkeyPatch.context() as store_env:
+        if shape == S3_STAGING:  # Spark stages through s3a: on the S3 server whose backend takes its renames
+            for key, value in request.getfixturevalue("s3a_store").env().items():
+                store_env.setenv(key, value)
+            store_env.setenv(STAGE_ON_STORE_ENV, "1")
+        elif shape != LOCAL:
+            request.getfixturevalue("s3")  # its AWS_* settings are in the environment for the session
+        if shape != LOCAL:
+            remote = f"s3://{S3_BUCKET}/faults-{uuid.uuid4().hex[:12]}"
+            monkeypatch.setenv("TIDEMARK_CHECKPOINT_URL", request.getfixturevalue("postgres"))
+        env = FaultEnv(kafka, spark, tmp_path, request.node.name, remote=remote)
+        SCOREBOARD.setdefault(request.node.name, Tally())  # counted as run even where no record is checked
+        monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
+        monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
+        monkeypatch.delenv("TIDEMARK_FAULTS", raising=False)
+        yield env
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

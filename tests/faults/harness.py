@@ -53,9 +53,11 @@ from tidemark.runs.pipeline import CommitOutcome, RunHandle, run_feed
 from tidemark.storage import Location
 
 LOCAL = "local"
-# The crash, overlap and retry scenarios run on both: the embedded default, and state and
-# output on S3 with checkpoints in PostgreSQL (the fixture ``fenv`` reads the parameter).
-ON_BOTH_SHAPES = pytest.mark.parametrize("fenv", [LOCAL, "s3+postgres"], indirect=True)
+S3_STAGING = "s3+postgres+s3-staging"
+# The crash, overlap and retry scenarios run on every shape: the embedded default; state and
+# output on S3 with checkpoints in PostgreSQL; and that with Spark staging on S3 too, as on a
+# cluster without a shared disk (the fixture ``fenv`` reads the parameter).
+ON_BOTH_SHAPES = pytest.mark.parametrize("fenv", [LOCAL, "s3+postgres", S3_STAGING], indirect=True)
 Row = tuple[str, int, int, str]  # topic, partition, offset, sha256 of the value (hex)
 F = TypeVar("F", bound=Callable[..., Any])
 LAST_RUN = Path(__file__).with_name("last-run.json")
@@ -279,11 +281,13 @@ class FaultEnv:
         return result.to_dict()
 
     def run(
-        self, mode: str = "scheduled", params: Mapping[str, Any] | None = None
+        self, mode: str = "scheduled", params: Mapping[str, Any] | None = None, master: str | None = None
     ) -> tuple[RunHandle, dict[str, Any], CommitOutcome]:
+        """One run of the feed: the job in this session, or with ``master`` through ``spark-submit`` to that master."""
         handle, job, outcome = run_feed(
-            self.feed, self.kafka.connection, mode=mode, params=params, root=self.root, job_runner=self.in_process
-        )
+            self.feed, self.kafka.connection, mode=mode, params=params, root=self.root, master=master,
+            job_runner=None if master else self.in_process,
+        )  # fmt: skip
         self.run_ids.add(handle.run_id)
         return handle, job, outcome
 

@@ -37,9 +37,11 @@ the invariants:
 - **I3** after the fault and the rerun the output is what an undisturbed run gives;
 - **I4** every error names topic, partition and offsets and says what to do.
 
-Scenarios marked *local, S3 + PostgreSQL* run twice: on the embedded default (local state
-and output, SQLite checkpoints) and on the deployment shape (state and output on a real
-S3 server, s3proxy, with checkpoints in a real PostgreSQL), both started by the suite.
+Scenarios marked *local, S3 + PostgreSQL* run three times: on the embedded default (local
+state and output, SQLite checkpoints), on the deployment shape (state and output on a real
+S3 server, s3proxy, with checkpoints in a real PostgreSQL), and on that shape with Spark
+staging on S3 as well (through s3a, as on a cluster without a shared disk), all started by
+the suite.
 
 """
 

@@ -40,7 +40,7 @@ from tidemark.errors import (
 from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.kafka.adapter import Record
 from tidemark.kafka.connection import KafkaConnection
-from tidemark.output.parquet import staging_base
+from tidemark.output.parquet import STAGING_DIR, stages_on_store, staging_base
 from tidemark.planning.metadata import metadata_run_id
 from tidemark.runs.pipeline import commit_run, plan_run
 from tidemark.storage import Location
@@ -150,9 +150,20 @@ def test_spark_driver_killed_mid_write(fenv: FaultEnv) -> None:
         [sys.executable, "-m", "tidemark.cli", "run", fenv.feed], env=env, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    staging = staging_base(Location.of(fenv.output))  # local on both shapes: Spark writes there first
+    output = Location.of(fenv.output)
+    if stages_on_store(output, "local[*]"):  # Spark writes there first: on the store, or in a local folder
+        remote = output / STAGING_DIR
+
+        def writing() -> bool:
+            return any(True for _ in remote.files())
+    else:
+        staging = staging_base(output)
+
+        def writing() -> bool:
+            return bool(list(staging.glob("*/*")))
+
     deadline = time.monotonic() + 240
-    while not list(staging.glob("*/*")):
+    while not writing():
         assert proc.poll() is None, "the run ended before it started writing"
         assert time.monotonic() < deadline, "the job never started writing its staging folder"
         time.sleep(0.05)

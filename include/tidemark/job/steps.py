@@ -178,7 +178,7 @@ def run(
         refuse_if_moved(plan, connection, run_id)
     preload_great_expectations()
     source, positions = _read(spark, plan, feed, connection, timer, res)
-    staging = publisher.new_staging(plan.plan_id)
+    staging = publisher.new_staging(plan.plan_id, on_store=_stage_on_store(spark, publisher))
     try:
         manifest = _stage_validate_publish(
             spark, source, plan, feed, run_dir, publisher, staging, positions, timer, res, run_id
@@ -246,7 +246,7 @@ def _stage_validate_publish(
     from pyspark.sql import functions as F
 
     from tidemark.output.base import StagedRecords
-    from tidemark.output.parquet import parquet_writer, utc_date
+    from tidemark.output.parquet import PASS_DIR, parquet_writer, spark_path, utc_date
     from tidemark.spark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
     from tidemark.validation.rules import DECODE_CODE, OK_OUTCOME, OutcomeCodes, validate
 
@@ -264,11 +264,11 @@ def _stage_validate_publish(
         lambda: (
             parquet_writer(staged_df, "errorifexists")
             .partitionBy(OUTCOME_COLUMN, "topic", "date")
-            .parquet(str(staging.written))
+            .parquet(spark_path(staging.written_url))
         ),
     )
     # Explicit schema: partition values are read back as written ("007" stays a string topic).
-    staged = spark.read.schema(staged_df.schema).parquet(str(staging.written))
+    staged = spark.read.schema(staged_df.schema).parquet(spark_path(staging.written_url))
     keeps_raw = raw_value_kept(feed.deserialization)  # JSON feeds stage the raw value beside the fields
     value_column = RAW_VALUE_COLUMN if keeps_raw else "value"
     undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_CODE)
@@ -302,13 +302,13 @@ def _stage_validate_publish(
     record_schema = staged_df.drop(OUTCOME_COLUMN).schema
     published_schema = staged_df.drop(OUTCOME_COLUMN, RAW_VALUE_COLUMN).schema
 
-    def read_good(source: Path) -> DataFrame:
+    def read_good(source: str) -> DataFrame:
         # JSON feeds stage the raw value beside the fields: publish the fields only.
-        good = spark.read.schema(record_schema).parquet(str(source))
+        good = spark.read.schema(record_schema).parquet(spark_path(source))
         return good.select(*published_schema.names)
 
     if time_filter is not None:  # neither published nor quarantined: they are outside the window
-        shutil.rmtree(staging.written / f"{OUTCOME_COLUMN}={OUTSIDE_WINDOW}", ignore_errors=True)
+        staging.remove(PASS_DIR, f"{OUTCOME_COLUMN}={OUTSIDE_WINDOW}")
     manifest: Manifest = timer.step(
         "publish",
         lambda: publisher.publish_staged(
@@ -322,6 +322,17 @@ def _stage_validate_publish(
         ),
     )  # fmt: skip
     return manifest
+
+
+def _stage_on_store(spark: SparkSession, publisher: Publisher) -> bool:
+    """Whether the executors stage on the output's object store, with the session's s3a set up for it if so."""
+    from tidemark.output.parquet import stages_on_store
+    from tidemark.spark.session import configure_s3a
+
+    if not stages_on_store(publisher.location, spark.sparkContext.master):
+        return False
+    configure_s3a(spark)
+    return True
 
 
 def gap_events(stats: Sequence[RangeStats]) -> list[dict[str, Any]]:
@@ -349,7 +360,7 @@ def gap_events(stats: Sequence[RangeStats]) -> list[dict[str, Any]]:
 
 def quarantine_writer(
     spark: SparkSession, schema: StructType, reason: Callable[[str], str]
-) -> Callable[[Sequence[Path], Path], None]:
+) -> Callable[[Sequence[str], str], None]:
     """Writes staged bad-outcome folders (``<outcome>=<code>/topic=*/date=*``, ``schema``) under a
     target folder, partitioned by topic and date, with ``reason(code)`` as the ``_reason`` column.
 
@@ -358,19 +369,20 @@ def quarantine_writer(
     """
     from pyspark.sql import functions as F
 
-    from tidemark.output.parquet import parquet_writer
+    from tidemark.output.parquet import parquet_writer, spark_path
+    from tidemark.storage import Location
     from tidemark.validation.rules import REASON_COLUMN
 
-    def write(folders: Sequence[Path], target: Path) -> None:
+    def write(folders: Sequence[str], target: str) -> None:
         frames = [
-            spark.read.schema(schema).parquet(str(folder))
-            .withColumn(REASON_COLUMN, F.lit(reason(folder.name.partition("=")[2])))
+            spark.read.schema(schema).parquet(spark_path(folder))
+            .withColumn(REASON_COLUMN, F.lit(reason(Location.of(folder).name.partition("=")[2])))
             for folder in folders
         ]  # fmt: skip
         bad = functools.reduce(lambda a, b: a.unionByName(b), frames)
-        parquet_writer(bad, "errorifexists").partitionBy("topic", "date").parquet(str(target))
+        parquet_writer(bad, "errorifexists").partitionBy("topic", "date").parquet(spark_path(target))
         for marker in ("_SUCCESS", "._SUCCESS.crc"):  # not Parquet: readers of the folder would trip on it
-            (target / marker).unlink(missing_ok=True)
+            (Location.of(target) / marker).remove_file()
 
     return write
 

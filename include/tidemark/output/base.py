@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 class StagedRecords:
     """How to read what the job staged: the outcome partitioning and the good records' columns.
 
+    Folders are given as :meth:`Staging.url` gives them (a local path or an object-store URL).
     ``read_good(folder)`` gives the good records under a staged outcome folder with exactly
     the publication's columns (``schema``); ``rewrite`` says whether the staged files
     carry columns the publication must not (a JSON feed's raw value), so that a
@@ -49,9 +50,9 @@ class StagedRecords:
     outcome_column: str
     ok_value: str
     schema: StructType
-    read_good: Callable[[Path], DataFrame]
+    read_good: Callable[[str], DataFrame]
     rewrite: bool
-    write_quarantine: Callable[[Sequence[Path], Path], None]
+    write_quarantine: Callable[[Sequence[str], str], None]
 
 
 class Publisher(Protocol):
@@ -66,7 +67,9 @@ class Publisher(Protocol):
         """The record of ``plan_id``'s publication (``reused=True``), or ``None`` when it was never published."""
         ...
 
-    def new_staging(self, plan_id: str) -> Staging: ...
+    def new_staging(self, plan_id: str, on_store: bool = False) -> Staging:
+        """A fresh staging for ``plan_id``; ``on_store``: Spark stages on the output's object store."""
+        ...
 
     def publish_staged(
         self,
@@ -116,10 +119,10 @@ class ParquetPublisher:
         found = load_manifest(self.location, plan_id)
         return None if found is None else replace(found, reused=True)
 
-    def new_staging(self, plan_id: str) -> Staging:
+    def new_staging(self, plan_id: str, on_store: bool = False) -> Staging:
         from tidemark.output.parquet import new_staging
 
-        return new_staging(self.location, plan_id)
+        return new_staging(self.location, plan_id, on_store)
 
     def publish_staged(
         self,
@@ -134,11 +137,11 @@ class ParquetPublisher:
         expect_quarantined: int,
         run_id: str | None,
     ) -> Manifest:
-        from tidemark.output.parquet import parquet_writer, publish_staged
+        from tidemark.output.parquet import parquet_writer, publish_staged, spark_path
 
-        def rewrite_good(source: Path, target: Path) -> None:
+        def rewrite_good(source: str, target: str) -> None:
             good = staged.read_good(source)
-            parquet_writer(good, "append").partitionBy("topic", "date").parquet(str(target))
+            parquet_writer(good, "append").partitionBy("topic", "date").parquet(spark_path(target))
 
         # The manifest names the run that published (as an Iceberg snapshot does): a failed
         # run that shares the plan id is then not taken for "published, not committed".

@@ -55,11 +55,14 @@ from tidemark.errors import ConfigError, PublishError
 from tidemark.faults import fault_point
 from tidemark.output.base import StagedRecords
 from tidemark.output.parquet import (
+    PASS_DIR,
     QUARANTINE_DIR,
+    STAGING_DIR,
     FileEntry,
     Manifest,
     Staging,
     local_staging_base,
+    prepare_remote_staging,
     prepare_staging_base,
 )
 from tidemark.planning.plan import Plan, RecoveredPosition
@@ -90,6 +93,7 @@ QUARANTINED_KEY = "tidemark.quarantined"
 # On a snapshot that took a plan's files out again (its commit of the group was refused).
 RETRACTED_KEY = "tidemark.retracted-plan-id"
 _TOPIC_COPY, _DATE_COPY = "_tidemark_topic", "_tidemark_date"
+TABLE_FILES_DIR = "_iceberg"  # inside a staging folder: the good records rewritten as table files
 
 
 def catalog_uri() -> str | None:
@@ -286,12 +290,16 @@ class IcebergPublisher:
                 )
         return None
 
-    def new_staging(self, plan_id: str) -> Staging:
-        # Always a local folder outside the table's location (a local table's location would
-        # otherwise hold it, and orphan-file cleanup would race with it).
-        root = prepare_staging_base(local_staging_base(self.location), plan_id) / f"{plan_id}.{uuid.uuid4().hex[:12]}"
+    def new_staging(self, plan_id: str, on_store: bool = False) -> Staging:
+        # The driver's folder is local and outside the table's location (a local table's
+        # location would otherwise hold it, and orphan-file cleanup would race with it).
+        # On the store Spark stages under <location>/_staging/, which no snapshot references:
+        # orphan-file removal may take it only once it is older than the run.
+        name = f"{plan_id}.{uuid.uuid4().hex[:12]}"
+        root = prepare_staging_base(local_staging_base(self.location), plan_id) / name
         root.mkdir()
-        return Staging(self.location, plan_id, root)
+        remote = prepare_remote_staging(self.location / STAGING_DIR, plan_id) / name if on_store else None
+        return Staging(self.location, plan_id, root, remote)
 
     def publish_staged(
         self,
@@ -377,20 +385,20 @@ class IcebergPublisher:
 
     def _staged_files(
         self, staging: Staging, plan: Plan, staged: StagedRecords, expect_records: int, expect_quarantined: int
-    ) -> tuple[list[tuple[Path, tuple[str, str]]], list[Path], int, int]:
+    ) -> tuple[list[tuple[Path, tuple[str, str]]], list[str], int, int]:
         """The staged data files (rewritten as table files) and quarantine folders, counted against validation."""
         import pyarrow.parquet as pq
 
-        written = staging.written
-        good = written / f"{staged.outcome_column}={staged.ok_value}"
-        files_root = staging.root / "_iceberg"
-        if good.exists():
-            _write_table_files(staged.read_good(good), files_root)
+        good = f"{staged.outcome_column}={staged.ok_value}"
+        outcomes = staging.outcomes(staged.outcome_column)
+        files_root = staging.root / TABLE_FILES_DIR
+        if good in outcomes:
+            _write_table_files(staged.read_good(staging.url(PASS_DIR, good)), staging.url(TABLE_FILES_DIR))
+            staging.pull(TABLE_FILES_DIR, files_root)
         data = _by_partition(files_root)
-        prefix = f"{staged.outcome_column}="
-        bad = [d for d in sorted(written.glob(f"{prefix}*")) if d != good and d.is_dir()] if written.exists() else []
+        bad = [staging.url(PASS_DIR, name) for name in outcomes if name != good]
         records = sum(pq.read_metadata(path).num_rows for path, _ in data)
-        quarantined = sum(pq.read_metadata(p).num_rows for d in bad for p in d.rglob("*.parquet"))
+        quarantined = staging.parquet_rows(bad)
         for what, want, have in (("records", expect_records, records),
                                  ("quarantined records", expect_quarantined, quarantined)):  # fmt: skip
             if have != want:
@@ -400,7 +408,7 @@ class IcebergPublisher:
                 )
         return data, bad, records, quarantined
 
-    def _replace_quarantine(self, staging: Staging, plan: Plan, staged: StagedRecords, bad: list[Path]) -> Location:
+    def _replace_quarantine(self, staging: Staging, plan: Plan, staged: StagedRecords, bad: list[str]) -> Location:
         """Quarantine first: a sibling Parquet folder, replaced whole by any rerun of this plan."""
         quarantine = self.quarantine / f"plan_id={plan.plan_id}"
         quarantine.remove_tree()
@@ -408,7 +416,8 @@ class IcebergPublisher:
             from tidemark.output.parquet import _name_by_place
 
             local = staging.root / QUARANTINE_DIR
-            staged.write_quarantine(bad, local)
+            staged.write_quarantine(bad, staging.url(QUARANTINE_DIR))
+            staging.pull(QUARANTINE_DIR, local)
             _name_by_place(local)
             quarantine.upload_tree(local)
         return quarantine
@@ -520,17 +529,17 @@ def commit_files(table: Table, paths: list[str], properties: Mapping[str, str], 
         ) from exc
 
 
-def _write_table_files(good: Any, target: Path) -> None:
+def _write_table_files(good: Any, target: str) -> None:
     """Spark writes one folder per (date, topic) whose files keep both columns, timestamps as micros."""
     from pyspark.sql import functions as F
 
-    from tidemark.output.parquet import parquet_writer
+    from tidemark.output.parquet import parquet_writer, spark_path
     from tidemark.spark.session import session_conf
 
     # Iceberg reads no INT96.
     with session_conf(good.sparkSession, "spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"):
         copies = good.withColumn(_TOPIC_COPY, F.col("topic")).withColumn(_DATE_COPY, F.col("date").cast("string"))
-        parquet_writer(copies, "errorifexists").partitionBy(_DATE_COPY, _TOPIC_COPY).parquet(str(target))
+        parquet_writer(copies, "errorifexists").partitionBy(_DATE_COPY, _TOPIC_COPY).parquet(spark_path(target))
 
 
 def _by_partition(root: Path) -> list[tuple[Path, tuple[str, str]]]:

@@ -22,7 +22,9 @@ cluster).
 
 **Object stores** (``s3://bucket/prefix``, through :mod:`tidemark.storage`) have no atomic
 rename, so there the manifest is the commit point. The job stages on local disk
-(``TIDEMARK_STAGING_DIR``, default the temp dir), everything is checked there, and
+(``TIDEMARK_STAGING_DIR``, default the temp dir) or, on a cluster whose executors share no
+disk with the driver, under ``<output>/_staging/`` on the store (:func:`stages_on_store`);
+everything is checked there, the driver assembles the publication locally, and
 publishing then (1) uploads the data and quarantine files under names that belong to this
 attempt alone (``part-00000.<attempt>.parquet``, ...), (2) looks for a manifest once more
 and, if another publisher of the same plan wrote one meanwhile, deletes only its own
@@ -234,38 +236,135 @@ def publish(
 # -- staged publication: the job writes once, then validation decides ----------------------
 
 PASS_DIR = "_pass"  # inside a staging folder: the job's single write, partitioned by outcome
+REWRITTEN_DIR = "_good"  # inside a staging folder on the object store: good records rewritten by Spark
+
+
+STAGE_ON_STORE_ENV = "TIDEMARK_STAGE_ON_STORE"  # "1": stage on the object store, "0": never; unset: by master
+
+
+def stages_on_store(output: Location, master: str) -> bool:
+    """Whether the executors stage ``output``'s plan on the object store rather than in a local folder.
+
+    Only an object-store output can. ``TIDEMARK_STAGE_ON_STORE`` (``1``/``0``) decides;
+    unset, a ``TIDEMARK_STAGING_DIR`` set by the deployment (a mount the driver and the
+    executors share) keeps staging there, and otherwise the store is used whenever the
+    master is not ``local[...]`` (a cluster's executors need not share a disk with the driver).
+    """
+    if output.is_local:
+        return False
+    setting = os.environ.get(STAGE_ON_STORE_ENV, "").strip()
+    if setting in ("0", "1"):
+        return setting == "1"
+    return not os.environ.get("TIDEMARK_STAGING_DIR") and not master.startswith("local")
+
+
+def spark_path(where: str | Path | Location) -> str:
+    """The path Spark opens for a folder: local as is, ``s3://`` through Hadoop's s3a connector."""
+    text = str(where)
+    return "s3a://" + text[len("s3://") :] if text.startswith("s3://") else text
 
 
 @dataclass(frozen=True)
 class Staging:
     """A fresh staging folder for one plan, and where the job's single write goes.
 
-    The job writes every record once, to :attr:`written`, partitioned by
+    The job writes every record once, to :attr:`written_url`, partitioned by
     ``(outcome, topic, date)``: ``outcome=ok`` for records to publish, else why the
     record is bad. Validation reads it back (columnar, so a check costs only the columns
     it needs) and :func:`publish_staged` turns it into the publication by renames.
+
+    With ``remote`` (an object-store folder) Spark writes and reads there instead of under
+    ``root``, so nothing assumes that the driver sees the executors' disks: the driver
+    pulls what it publishes into ``root`` (:meth:`pull`) once Spark has written it.
     """
 
     output: Location
     plan_id: str
-    root: Path  # always local: Spark writes here, and a local folder can be renamed into place
+    root: Path  # the driver's local folder, where the publication is assembled
+    remote: Location | None = None  # where Spark writes and reads the staged files, when not ``root``
 
     @property
     def written(self) -> Path:
         return self.root / PASS_DIR
 
+    @property
+    def written_url(self) -> str:
+        return self.url(PASS_DIR)
+
+    def url(self, *parts: str) -> str:
+        """A folder of the staging as Spark's side sees it: a local path, or an object-store URL."""
+        if self.remote is None:
+            return str(self.root.joinpath(*parts))
+        where = self.remote
+        for part in parts:
+            where = where / part
+        return str(where)
+
+    def outcomes(self, outcome_column: str) -> list[str]:
+        """The outcome folders (``<outcome_column>=<code>``) Spark wrote, sorted."""
+        if self.remote is None:
+            found = [d.name for d in self.written.iterdir() if d.is_dir()] if self.written.exists() else []
+        else:
+            found = [c.name for c in (self.remote / PASS_DIR).children(folders_only=True)]
+        return sorted(name for name in found if name.startswith(f"{outcome_column}="))
+
+    def remove(self, *parts: str) -> None:
+        """Delete a staged folder (an outcome that is neither published nor quarantined)."""
+        Location.of(self.url(*parts)).remove_tree()
+
+    def pull(self, source: str, target: Path) -> None:
+        """Copy the Parquet files of the remote staged folder ``source`` (relative) into the local ``target``."""
+        if self.remote is None:
+            return
+        folder = self.remote / source
+        for name, _ in folder.files():
+            if name.endswith(".parquet"):
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                (target / name).write_bytes((folder / name).read_bytes())
+
+    def parquet_rows(self, folders: Sequence[str]) -> int:
+        """The records in the Parquet files under ``folders`` (from :meth:`url`), from their footers."""
+        import pyarrow.parquet as pq
+
+        rows = 0
+        for folder in map(Location.of, folders):
+            for name, _ in folder.files():
+                if name.endswith(".parquet"):
+                    with folder.fs.open_input_file((folder / name).fs_path) as fh:
+                        rows += pq.read_metadata(fh).num_rows
+        return rows
+
     def discard(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+        if self.remote is not None:
+            try:
+                self.remote.remove_tree()
+            except (StateStoreError, FileNotFoundError):  # left over: the plan's next attempt removes it
+                pass
 
 
-def new_staging(output: Where, plan_id: str) -> Staging:
-    """A new, empty staging folder for ``plan_id`` (leftovers of crashed attempts are removed)."""
+def new_staging(output: Where, plan_id: str, on_store: bool = False) -> Staging:
+    """A new, empty staging folder for ``plan_id`` (leftovers of crashed attempts are removed).
+
+    ``on_store`` (an object-store output): Spark stages under ``<output>/_staging/`` (readers
+    of the output skip ``_``-prefixed folders); the driver assembles the publication locally.
+    """
     output = Location.of(output)
     if load_manifest(output, plan_id) is not None:
         raise PublishError(f"plan {plan_id} is already published under {output}; there is nothing to stage")
-    root = _staging_root(output, plan_id) / f"{plan_id}.{uuid.uuid4().hex[:12]}"
-    root.mkdir()
-    return Staging(output, plan_id, root)
+    name = f"{plan_id}.{uuid.uuid4().hex[:12]}"
+    remote = prepare_remote_staging(output / STAGING_DIR, plan_id) / name if on_store else None
+    base = prepare_staging_base(local_staging_base(output), plan_id) if on_store else _staging_root(output, plan_id)
+    (base / name).mkdir()
+    return Staging(output, plan_id, base / name, remote)
+
+
+def prepare_remote_staging(base: Location, plan_id: str) -> Location:
+    """``base`` without what crashed attempts of ``plan_id`` left there on the object store."""
+    for leftover in base.children(folders_only=True):
+        if leftover.name.startswith(f"{plan_id}."):
+            leftover.remove_tree()
+    return base
 
 
 def publish_staged(
@@ -275,8 +374,8 @@ def publish_staged(
     *,
     outcome_column: str,
     ok_value: str,
-    write_quarantine: Callable[[Sequence[Path], Path], None],
-    rewrite_good: Callable[[Path, Path], None] | None = None,
+    write_quarantine: Callable[[Sequence[str], str], None],
+    rewrite_good: Callable[[str, str], None] | None = None,
     stats: Sequence[RangeStats] = (),
     extra: Mapping[str, Any] | None = None,
     expect_records: int | None = None,
@@ -297,19 +396,24 @@ def publish_staged(
     if plan.feed != feed.name or plan.plan_id != staging.plan_id:
         raise PublishError(f"plan {plan.plan_id} (feed '{plan.feed}') does not match staging {staging.root}")
     try:
-        written = staging.written
-        good = written / f"{outcome_column}={ok_value}"
-        if good.exists():
+        good = f"{outcome_column}={ok_value}"
+        outcomes = staging.outcomes(outcome_column)
+        if good in outcomes:
             if rewrite_good is not None:
-                rewrite_good(good, staging.root)
+                target = staging.root if staging.remote is None else staging.url(REWRITTEN_DIR)
+                rewrite_good(staging.url(PASS_DIR, good), str(target))
+                staging.pull(REWRITTEN_DIR, staging.root)
+            elif staging.remote is not None:
+                staging.pull(f"{PASS_DIR}/{good}", staging.root)
             else:
-                for topic_dir in sorted(good.iterdir()):
+                for topic_dir in sorted((staging.written / good).iterdir()):
                     if topic_dir.is_dir():
                         os.rename(topic_dir, staging.root / topic_dir.name)
-        bad = [d for d in sorted(written.glob(f"{outcome_column}=*")) if d != good and d.is_dir()]
+        bad = [staging.url(PASS_DIR, name) for name in outcomes if name != good]
         if bad:
-            write_quarantine(bad, staging.root / QUARANTINE_DIR)
-        shutil.rmtree(written, ignore_errors=True)
+            write_quarantine(bad, staging.url(QUARANTINE_DIR))
+            staging.pull(QUARANTINE_DIR, staging.root / QUARANTINE_DIR)
+        shutil.rmtree(staging.written, ignore_errors=True)
 
         def check(manifest: Manifest) -> None:
             for what, want, have in (("records", expect_records, manifest.records),
@@ -333,8 +437,8 @@ def staging_base(output: Location) -> Path:
     """Where ``output``'s staging folders live: ``<output>/_staging`` on a local disk (renamed into place).
 
     For an object store, a local folder: ``TIDEMARK_STAGING_DIR`` (default the temp dir)
-    ``/tidemark-staging/<hash of the output URL>``. On a Spark cluster it must be a mount
-    that the driver and every executor share (the executors write, the driver uploads).
+    ``/tidemark-staging/<hash of the output URL>``. Where Spark stages on the store instead
+    (:func:`stages_on_store`), the driver still assembles the publication there.
     """
     if output.is_local:
         return output.local_path() / STAGING_DIR

@@ -458,18 +458,20 @@ def spark_submit_command(handle: RunHandle, master: str | None = None, *, class_
     travel inside the read's tasks, never as Spark configuration, and
     :data:`~tidemark.spark.session.SUBMIT_CONF` widens Spark's redaction to Tidemark's secret names.
     """
-    from tidemark.spark.session import SUBMIT_CONF, small_run_conf
+    from tidemark.spark.session import SUBMIT_CONF, s3a_jars, small_run_conf
 
     job = os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
     conf = {"spark.ui.enabled": "false", "spark.pyspark.python": sys.executable, **SUBMIT_CONF}
     conf.update(small_run_conf(handle.records, class_archive=class_archive))
+    jars = s3a_jars()
     return [
         spark_submit,
         "--master",
         master or os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]"),
         "--name",
         f"tidemark-{handle.feed}",
+        *(["--jars", ",".join(jars)] if jars else []),
         *(arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")),
         job,
         "--plan",

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tidemark.errors import ConfigError
 from tidemark.kafka.connection import SECRET_MARKERS
 from tidemark.settings import cache_root
 
@@ -156,6 +157,63 @@ def driver_class_archive() -> Iterator[ClassArchive]:
         partial.unlink(missing_ok=True)
 
 
+S3A_JARS_ENV = "TIDEMARK_S3A_JARS"
+
+
+def s3a_jars() -> list[str]:
+    """The jars of Hadoop's s3a connector named by ``TIDEMARK_S3A_JARS`` (comma-separated jars or folders of jars).
+
+    ``spark-submit --jars`` puts them on the driver's classpath and ships them to the
+    executors, so no worker needs them installed. Unset: the cluster's own classpath must
+    have s3a wherever executors stage on the object store (EMR and Dataproc images do).
+    """
+    found: list[str] = []
+    for item in filter(None, (part.strip() for part in os.environ.get(S3A_JARS_ENV, "").split(","))):
+        path = Path(item).expanduser()
+        if path.is_dir():
+            found += sorted(str(jar) for jar in path.glob("*.jar"))
+        elif path.is_file():
+            found.append(str(path))
+        else:
+            raise ConfigError(f"{S3A_JARS_ENV}: {item} is neither a jar nor a folder of jars")
+    return found
+
+
+def configure_s3a(spark: SparkSession) -> None:
+    """Point Hadoop's s3a connector (Spark's way to ``s3://`` staging) at the store :mod:`tidemark.storage` uses.
+
+    Endpoint, region and credentials come from the same environment (``AWS_*``,
+    ``TIDEMARK_S3_ENDPOINT``). They are set on the running context's Hadoop configuration,
+    not as Spark configuration: the executors receive them inside the write's and the
+    read's tasks, as the Kafka settings travel, so they never reach the environment page
+    or the event log's Spark properties. Without keys in the environment s3a's own chain
+    (instance profile, web identity) applies. The s3a jars must be on the driver's and the
+    executors' classpath (``TIDEMARK_S3A_JARS``, or the cluster's own).
+    """
+    from tidemark.storage import s3_settings
+
+    endpoint, region, key_id = s3_settings()
+    settings = {"fs.s3a.endpoint.region": region or "us-east-1"}
+    if endpoint:
+        settings.update({
+            "fs.s3a.endpoint": endpoint,
+            "fs.s3a.path.style.access": "true",
+            "fs.s3a.connection.ssl.enabled": str(endpoint.startswith("https")).lower(),
+            # s3proxy 2.6 answers the SDK's bulk delete (DeleteObjects) with 501 NotImplemented.
+            "fs.s3a.multiobjectdelete.enable": "false",
+        })  # fmt: skip
+    secret = os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key_id and secret:
+        settings.update({"fs.s3a.access.key": key_id, "fs.s3a.secret.key": secret})
+        token = os.environ.get("AWS_SESSION_TOKEN")
+        if token:
+            settings["fs.s3a.session.token"] = token
+            settings["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    for key, value in settings.items():
+        hadoop.set(key, value)
+
+
 @contextmanager
 def session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
     """``key`` set to ``value`` in ``spark``'s session for the block, then back to what it was."""
@@ -187,6 +245,9 @@ def local_session(app_name: str = "tidemark", master: str | None = None) -> Spar
     )
     for key, value in SUBMIT_CONF.items():
         builder = builder.config(key, value)
+    jars = s3a_jars()
+    if jars:  # for an in-process session: staging on the object store needs s3a in the driver's JVM
+        builder = builder.config("spark.jars", ",".join(jars)).config("spark.driver.extraClassPath", ":".join(jars))
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session

@@ -141,8 +141,9 @@ def _quarantine_writer(reasons: dict[str, str]) -> Any:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    def write(folders: Any, target: Path) -> None:
-        for folder in folders:
+    def write(folders: Any, target_url: str) -> None:
+        target = Path(target_url)
+        for folder in map(Path, folders):
             why = reasons[folder.name.partition("=")[2]]
             for path in sorted(folder.rglob("*.parquet")):
                 table = pq.read_table(path, partitioning=None)

@@ -10,6 +10,13 @@ checking each pid's ``/proc/<pid>/cmdline`` before signalling it (pids wrap quic
 The worker's environment has no ``PYTHONPATH`` and its executors' Python is the
 interpreter running this module; whatever a job needs beyond pyspark and the installed
 dependencies must be shipped with it (``tidemark`` is, see :func:`tidemark.job.steps.ship_package`).
+
+``start(private_tmp=True)`` starts the worker in a mount namespace of its own
+(``unshare -m``, root only) with a fresh tmpfs on ``/tmp`` that holds its work and scratch
+folders: the worker, its executors and their Python workers then cannot see any file the
+driver writes under ``/tmp`` (the test folders, the default staging folder), as on a
+cluster whose machines share no disk. The worker's work folder is then not readable from
+outside; its log still is (the log file is opened here, before the namespace).
 Nothing here is used by a production deployment: there ``tidemark_spark`` points at a
 real master.
 """
@@ -37,6 +44,14 @@ MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
+# Inside the worker's own /tmp (a tmpfs of its mount namespace) with ``private_tmp``.
+PRIVATE_WORK = Path("/tmp/tidemark-spark-worker/work")
+PRIVATE_SCRATCH = Path("/tmp/tidemark-spark-worker/scratch")
+# Run as `sh -c PRIVATE_TMP_SCRIPT spark-class ARGS...` under `unshare -m` (mounts private by default).
+PRIVATE_TMP_SCRIPT = (
+    f"mount -t tmpfs -o size=2g,mode=1777 tidemark-worker-tmp /tmp && mkdir -p {PRIVATE_WORK} {PRIVATE_SCRATCH} "
+    '&& exec "$0" "$@"'
+)
 
 
 def spark_home() -> Path:
@@ -59,6 +74,7 @@ class LocalSpark:
     worker_ui_port: int
     master_pid: int
     worker_pid: int
+    private_tmp: bool = False  # the worker runs in its own mount namespace with a private /tmp
 
     @property
     def master_url(self) -> str:
@@ -66,8 +82,11 @@ class LocalSpark:
 
     @property
     def work_dir(self) -> Path:
-        """The worker's work folder: one ``app-*/<executor id>/`` folder per executor."""
-        return self.home / "work"
+        """The worker's work folder: one ``app-*/<executor id>/`` folder per executor.
+
+        With ``private_tmp`` it is inside the worker's own ``/tmp``: not visible from here.
+        """
+        return PRIVATE_WORK if self.private_tmp else self.home / "work"
 
     @property
     def log_dir(self) -> Path:
@@ -134,16 +153,26 @@ def _environment(home: Path) -> dict[str, str]:
     return env
 
 
-def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def _spawn(args: list[str], env: dict[str, str], log: Path, private_tmp: bool = False) -> subprocess.Popen[bytes]:
+    command = [str(spark_home() / "bin" / "spark-class"), *args]
+    if private_tmp:
+        unshare = shutil.which("unshare")
+        if unshare is None or os.geteuid() != 0:
+            raise LocalServerError("a worker with a private /tmp needs util-linux 'unshare' and root (unshare -m)")
+        # unshare, sh and spark-class each exec the next: the pid stays the worker JVM's.
+        command = [unshare, "-m", "--propagation", "private", "sh", "-c", PRIVATE_TMP_SCRIPT, *command]
     with log.open("ab") as out:
         return subprocess.Popen(
-            [str(spark_home() / "bin" / "spark-class"), *args],
+            command,
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=log.parent,
         )  # fmt: skip
 
 
-def start(base: Path | None = None, *, cores: int = 2, memory: str = "1g") -> LocalSpark:
-    """Start a master and one worker (``cores``, ``memory``); returns once the worker is ALIVE."""
+def start(base: Path | None = None, *, cores: int = 2, memory: str = "1g", private_tmp: bool = False) -> LocalSpark:
+    """Start a master and one worker (``cores``, ``memory``); returns once the worker is ALIVE.
+
+    ``private_tmp``: the worker in a mount namespace of its own (see the module docstring).
+    """
     home = Path(tempfile.mkdtemp(prefix="tidemark-spark-", dir=base))
     for sub in ("logs", "work"):
         (home / sub).mkdir()
@@ -156,22 +185,24 @@ def start(base: Path | None = None, *, cores: int = 2, memory: str = "1g") -> Lo
         env, home / "logs" / "master.log",
     )  # fmt: skip
     worker: subprocess.Popen[bytes] | None = None
-    cluster = LocalSpark(home, master_port, master_ui, worker_ui, master.pid, -1)
+    cluster = LocalSpark(home, master_port, master_ui, worker_ui, master.pid, -1, private_tmp)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         # The master first (the worker gives up after a few failed registrations), at the ports
         # it really bound: a port taken between free_port() and the bind makes Spark move to
         # the next one, where another process may answer.
         master_port, master_ui = _bound_ports(master, "master", home, deadline, ("sparkMaster", "MasterUI"))
+        worker_env = {**env, "SPARK_LOCAL_DIRS": str(PRIVATE_SCRATCH)} if private_tmp else env
         worker = _spawn(
             [WORKER_CLASS, f"spark://127.0.0.1:{master_port}", "--host", "127.0.0.1", "--port", str(worker_port),
              "--webui-port", str(worker_ui), "--cores", str(cores), "--memory", memory,
-             "--work-dir", str(home / "work")],
-            env, home / "logs" / "worker.log",
+             "--work-dir", str(PRIVATE_WORK if private_tmp else home / "work")],
+            worker_env, home / "logs" / "worker.log", private_tmp,
         )  # fmt: skip
-        cluster = LocalSpark(home, master_port, master_ui, worker_ui, master.pid, worker.pid)  # stop() goes by pid
+        # stop() goes by pid
+        cluster = LocalSpark(home, master_port, master_ui, worker_ui, master.pid, worker.pid, private_tmp)
         (worker_ui,) = _bound_ports(worker, "worker", home, deadline, ("WorkerUI",))
-        cluster = LocalSpark(home, master_port, master_ui, worker_ui, master.pid, worker.pid)
+        cluster = LocalSpark(home, master_port, master_ui, worker_ui, master.pid, worker.pid, private_tmp)
         while not any(w.get("state") == "ALIVE" for w in _master_state(master_ui).get("workers", [])):
             _check_alive(master, "master", home, deadline)
             _check_alive(worker, "worker", home, deadline)

@@ -31,6 +31,11 @@ from tidemark.settings import cache_root
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
+S3A_POM = HERE / "s3a-pom.xml"
+# s3proxy's backends: "filesystem-nio2" keeps objects as files; "transient" keeps them in memory
+# as plain keys. Hadoop's s3a commits (rename) fail on the first with "destination parent is
+# not a directory" (seen with hadoop-aws 3.5.0) and pass on the second.
+BACKENDS = ("filesystem-nio2", "transient")
 START_TIMEOUT_S = 90.0
 REGION = "us-east-1"
 
@@ -43,24 +48,38 @@ def fetch_jar() -> Path:
     """The s3proxy jar, downloaded once with Maven (about 41 MB)."""
     target = cache_root() / f"s3proxy-{s3proxy_version()}"
     jar = target / f"s3proxy-{s3proxy_version()}-jar-with-dependencies.jar"
-    if jar.exists():
-        return jar
+    if not jar.exists():
+        _maven_copy(POM, target, f"s3proxy {s3proxy_version()}")
+    return jar
+
+
+def fetch_s3a_jars() -> Path:
+    """The folder of Hadoop's s3a connector jars for pyspark's Hadoop (``s3a-pom.xml``), downloaded once with Maven."""
+    target = cache_root() / f"s3a-{pom_property(S3A_POM, 'hadoop.version')}"
+    if not (target / ".complete").exists():
+        _maven_copy(S3A_POM, target, "the s3a connector")
+        (target / ".complete").touch()
+    return target
+
+
+def _maven_copy(pom: Path, target: Path, what: str) -> None:
+    """``mvn dependency:copy-dependencies`` of ``pom`` into ``target``, which appears whole or not at all."""
     mvn = shutil.which("mvn")
     if mvn is None:
         raise LocalServerError(
-            "'mvn' was not found on PATH: Maven fetches s3proxy from Maven Central (apt-get install maven)"
+            f"'mvn' was not found on PATH: Maven fetches {what} from Maven Central (apt-get install maven)"
         )
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    cmd = [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies", f"-DoutputDirectory={partial}"]
+    cmd = [mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={partial}",
+           "-DincludeScope=runtime"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
-        raise LocalServerError(f"Maven could not fetch s3proxy {s3proxy_version()} (exit {proc.returncode}):\n{tail}")
+        raise LocalServerError(f"Maven could not fetch {what} (exit {proc.returncode}):\n{tail}")
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
-    return jar
 
 
 @dataclass(frozen=True)
@@ -122,8 +141,13 @@ def _alive(pid: int) -> bool:
     return waited == 0
 
 
-def start(base: Path | None = None) -> LocalS3:
-    """Start s3proxy on a free port with a fresh, empty data dir; returns once it answers."""
+def start(base: Path | None = None, backend: str = "filesystem-nio2") -> LocalS3:
+    """Start s3proxy on a free port with a fresh, empty data dir; returns once it answers.
+
+    ``backend`` is one of :data:`BACKENDS` (``transient``: where Spark writes through s3a).
+    """
+    if backend not in BACKENDS:
+        raise LocalServerError(f"unknown s3proxy backend {backend!r}: one of {', '.join(BACKENDS)}")
     jar = fetch_jar()
     home = Path(tempfile.mkdtemp(prefix="tidemark-s3-", dir=base))
     (home / "data").mkdir()
@@ -136,7 +160,7 @@ def start(base: Path | None = None) -> LocalS3:
             "s3proxy.authorization=aws-v2-or-v4",
             f"s3proxy.identity={access_key}",
             f"s3proxy.credential={secret_key}",
-            "jclouds.provider=filesystem-nio2",
+            f"jclouds.provider={backend}",
             f"jclouds.filesystem.basedir={home / 'data'}",
             f"jclouds.identity={access_key}",
             f"jclouds.credential={secret_key}",
