@@ -458,12 +458,14 @@ def spark_submit_command(handle: RunHandle, master: str | None = None, *, class_
     travel inside the read's tasks, never as Spark configuration, and
     :data:`~tidemark.spark.session.SUBMIT_CONF` widens Spark's redaction to Tidemark's secret names.
     """
-    from tidemark.spark.session import SUBMIT_CONF, small_run_conf
+    from tidemark.spark.session import SUBMIT_CONF, avro_conf, small_run_conf
 
     job = os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
     conf = {"spark.ui.enabled": "false", "spark.pyspark.python": sys.executable, **SUBMIT_CONF}
     conf.update(small_run_conf(handle.records, class_archive=class_archive))
+    if load_feed(handle.feed).deserialization.format == "avro":
+        conf.update(avro_conf())
     return [
         spark_submit,
         "--master",
