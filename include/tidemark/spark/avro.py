@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 
 MAGIC = "00"  # the wire format's first byte, as Spark's hex() spells it
 HEADER_BYTES = 5
+# from_avro's PERMISSIVE mode turns a body that does not decode into a struct of nulls, which a record of
+# nullable fields can also be. Decoding uses the reader schema plus this field (boolean, default true): no
+# writer has it, so every record that decodes gets true by resolution, and only a failed one gets null.
+DECODED_MARK = "_tidemark_decoded"
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,13 @@ class AvroSchemas:
     @property
     def field_names(self) -> list[str]:
         return [str(f["name"]) for f in json.loads(self.reader)["fields"]]
+
+    @property
+    def marked_reader(self) -> str:
+        """The reader schema with :data:`DECODED_MARK` added, what ``from_avro`` resolves each writer to."""
+        doc = json.loads(self.reader)
+        doc["fields"] = [*doc["fields"], {"name": DECODED_MARK, "type": "boolean", "default": True}]
+        return json.dumps(doc)
 
     def report(self) -> dict[str, Any]:
         """The report's ``schemas``: the reader schema's subject, version and id, and the ids seen per partition."""
@@ -214,13 +225,14 @@ def schema_changed_events(uses: list[SchemaUse], reader_id: int) -> list[dict[st
 
 
 def decoded_value(schemas: AvroSchemas) -> Column:
-    """The value decoded with its writer schema and resolved to the reader's (a struct), null where it did not decode."""
+    """The value decoded with its writer schema and resolved to the reader's (a struct, with :data:`DECODED_MARK`
+    true), null where it did not decode."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
     body = F.expr(f"substr(value, {HEADER_BYTES + 1})")
     sid = schema_id_column()
-    options = {"avroSchema": schemas.reader, "mode": "PERMISSIVE"}
+    options = {"avroSchema": schemas.marked_reader, "mode": "PERMISSIVE"}
     out: Column | None = None
     # Nulls only (no writer seen): decode with the reader itself, so the column still has the reader's type.
     writers = schemas.writers or {schemas.reader_id: schemas.reader}
@@ -228,4 +240,4 @@ def decoded_value(schemas: AvroSchemas) -> Column:
         decoded = from_avro(body, writer, options)
         out = F.when(sid == writer_id, decoded) if out is None else out.when(sid == writer_id, decoded)
     assert out is not None
-    return out
+    return F.when(out.getField(DECODED_MARK), out)
