@@ -255,9 +255,7 @@ class Feed(_Model):
         if self.iceberg is not None and self.output_format != "iceberg":
             raise ValueError("'iceberg' settings need output_format: iceberg")
         if self.deserialization.format == "avro" and self.deserialization.subject is None and len(self.topics) > 1:
-            raise ValueError(
-                "deserialization.subject: a feed of several topics names the subject of its reader schema"
-            )
+            raise ValueError("deserialization.subject: a feed of several topics names the subject of its reader schema")
         return self
 
     @property

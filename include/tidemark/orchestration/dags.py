@@ -250,10 +250,10 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
 
     def conf_for_feed(self, feed: str) -> dict[str, str]:
         """``from_avro`` on the class path for an Avro feed, unless the DAG's own conf puts it there."""
-        from tidemark.config.models import load_feed
+        from tidemark.runs.pipeline import decodes_avro
         from tidemark.spark.session import avro_conf
 
-        if load_feed(feed).deserialization.format != "avro" or self.packages or self.jars:
+        if not decodes_avro(feed) or self.packages or self.jars:
             return {}
         return avro_conf()
 

@@ -447,6 +447,14 @@ def plan_table(plan: Plan) -> list[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
+def decodes_avro(feed: str) -> bool:
+    """Whether ``feed``'s job needs ``from_avro``; a feed that does not load is the job's to report."""
+    try:
+        return load_feed(feed).deserialization.format == "avro"
+    except ConfigError:
+        return False
+
+
 def spark_submit_command(handle: RunHandle, master: str | None = None, *, class_archive: str = "") -> list[str]:
     """The ``spark-submit`` command of a run, for ``local[*]`` or any cluster master.
 
@@ -464,7 +472,7 @@ def spark_submit_command(handle: RunHandle, master: str | None = None, *, class_
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
     conf = {"spark.ui.enabled": "false", "spark.pyspark.python": sys.executable, **SUBMIT_CONF}
     conf.update(small_run_conf(handle.records, class_archive=class_archive))
-    if load_feed(handle.feed).deserialization.format == "avro":
+    if decodes_avro(handle.feed):
         conf.update(avro_conf())
     return [
         spark_submit,

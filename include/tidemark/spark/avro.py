@@ -24,9 +24,9 @@ date, timestamp) and enums onto Spark types itself. It needs the ``spark-avro`` 
 from __future__ import annotations
 
 import json
-from itertools import pairwise
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from tidemark.config.models import Feed
@@ -165,7 +165,8 @@ def resolve_schemas(spark: SparkSession, uses: list[SchemaUse], feed: Feed, clie
             writers[sid] = client.schema_by_id(sid)
         except SchemaNotFoundError:
             raise SchemaError(
-                f"{_where(use)}: schema id {sid} is unknown to the schema registry ({client.connection.describe()['url']}); "
+                f"{_where(use)}: schema id {sid} is unknown to the schema registry "
+                f"({client.connection.describe()['url']}); "
                 f"{use.records} records of this partition up to offset {use.last_offset} carry it. Check that the "
                 "feed's registry connection points at the registry the producers use; nothing was published or "
                 "committed"

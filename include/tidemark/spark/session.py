@@ -51,6 +51,7 @@ def avro_conf() -> dict[str, str]:
     jar = os.environ.get(AVRO_JAR_ENV, "").strip()
     return {"spark.jars": jar} if jar else {"spark.jars.packages": AVRO_PACKAGE}
 
+
 # A small run's driver JVM (in local mode: the whole application) lives for seconds, and on
 # a 2-core machine the C2 JIT compiler's and the parallel GC's threads take cores from the
 # work: C1 only and the serial collector cut the CPU of a 1,000- and a 100,000-record run

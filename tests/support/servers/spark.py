@@ -215,7 +215,7 @@ def fetch_avro_jar() -> Path:
     from tidemark.settings import cache_root
     from tidemark.spark.session import AVRO_PACKAGE
 
-    group, artifact, version = AVRO_PACKAGE.split(":")
+    _, artifact, version = AVRO_PACKAGE.split(":")
     target = cache_root() / f"spark-avro-{version}"
     jar = target / f"{artifact}-{version}.jar"
     if jar.exists():
