@@ -1,14 +1,16 @@
 """Decoding record keys and values per feed, with every failure kept aside and counted.
 
 A feed's ``deserialization`` says how values are read: raw ``bytes``, UTF-8 ``string``,
-or ``json`` with declared top-level fields (``integer`` → long, ``number`` → double,
-``string``, ``boolean``); keys are UTF-8 strings unless ``key_format: bytes``. Decoding
+``json`` with declared top-level fields (``integer`` → long, ``number`` → double,
+``string``, ``boolean``), or ``avro`` in the Schema Registry wire format (the reader
+schema's fields as typed, possibly nested columns; :mod:`tidemark.spark.avro` finds and
+resolves the schemas first); keys are UTF-8 strings unless ``key_format: bytes``. Decoding
 is done with Spark's own column functions (JVM speed, no Python per record) and splits
 the records in two: ``good`` carries the decoded columns; ``bad`` carries the raw
 record plus ``decode_error``, the first reason it failed. No record is dropped: every
 input row is in exactly one of the two.
 
-Decoded JSON fields become top-level columns of ``good`` (so expectations can name
+Decoded JSON and Avro fields become top-level columns of ``good`` (so expectations can name
 them) and replace the raw ``value``. What counts as a failure: a key or value that is
 not valid UTF-8 (when decoded as text); a JSON value that does not parse, is not an
 object, or has a field of the wrong type (strings accept any scalar, as Spark's JSON
