@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster
-from tests.integration.read_helpers import consume_independently, plan_for
+from tests.integration.read_helpers import consume_independently, plan_for, run_job_in_process
 from tidemark.kafka.adapter import Record
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.runs.pipeline import RunHandle, run_feed
@@ -137,20 +137,7 @@ class AvroEnv:
         return quarantine.to_table().to_pylist()
 
     def in_process(self, handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
-        from tidemark.config.models import load_feed
-        from tidemark.job.steps import JobResult, run, write_result
-
-        plan = handle.plan()
-        result = JobResult(plan.plan_id, plan.feed)
-        try:
-            run(self.spark, plan, load_feed(plan.feed), connection, Path(handle.run_dir), result=result,
-                run_id=handle.run_id)  # fmt: skip
-        except Exception as exc:
-            result.error = str(exc)
-            raise
-        finally:
-            write_result(Path(handle.run_dir), result)
-        return result.to_dict()
+        return run_job_in_process(self.spark, handle, connection)
 
     def run(self, job_runner: Any = None) -> tuple[RunHandle, dict[str, Any], Any]:
         return run_feed("orders", self.kafka.connection, root=self.root, job_runner=job_runner or self.in_process)
