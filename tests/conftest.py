@@ -16,7 +16,9 @@ The ``s3`` fixture starts one s3proxy (:mod:`tests.support.servers.s3`) per sess
 bucket ``tidemark`` and puts its endpoint and credentials in the environment, as a
 deployment would; tests use fresh prefixes under that bucket. ``spark_cluster`` starts a
 Spark standalone master and worker (:mod:`tests.support.servers.spark`) from pyspark's own
-distribution, once per session, only for the tests that ask for it.
+distribution, once per session, only for the tests that ask for it. ``registry`` starts one
+Apicurio Registry (:mod:`tidemark.devtools.registry`, fetched by Maven on first use) per
+session and yields the URL of its Confluent-compatible API.
 """
 
 from __future__ import annotations
@@ -302,9 +304,27 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSpa
 
 
 @pytest.fixture(scope="session")
-def spark(s3a_jars: Path) -> Iterator[Any]:
-    from tidemark.spark.session import local_session
+def registry() -> Iterator[str]:
+    """The URL of a real schema registry's Confluent API (``.../apis/ccompat/v7``), empty, for the session."""
+    from tests.support.servers.spark import fetch_avro_jar
+    from tidemark.devtools import registry as local_registry
+    from tidemark.spark.session import AVRO_JAR_ENV
 
-    session = local_session("tidemark-tests")
+    os.environ.setdefault(AVRO_JAR_ENV, str(fetch_avro_jar()))  # for the spark-submits of Avro runs
+    server = local_registry.start()
+    try:
+        yield server.url
+    finally:
+        server.stop(purge=True)
+
+
+@pytest.fixture(scope="session")
+def spark(s3a_jars: Path) -> Iterator[Any]:
+    from tests.support.servers.spark import fetch_avro_jar
+    from tidemark.spark.session import AVRO_JAR_ENV, local_session
+
+    # With spark-avro (from_avro): one session per worker serves the Avro tests too.
+    os.environ.setdefault(AVRO_JAR_ENV, str(fetch_avro_jar()))
+    session = local_session("tidemark-tests", avro=True)
     yield session
     session.stop()

@@ -80,3 +80,15 @@ class LocalServerError(TidemarkError):
 
 class StateStoreError(TidemarkError):
     """The checkpoint store or the storage holding state and outputs refused a request or was unreachable."""
+
+
+class RegistryUnavailableError(TidemarkError):
+    """The schema registry could not be reached, refused the credentials or failed a request."""
+
+
+class SchemaNotFoundError(TidemarkError):
+    """The schema registry does not know a schema id, subject or version a run needs."""
+
+
+class SchemaError(ReadError):
+    """Records Tidemark cannot decode as a whole: unsupported framing, or a writer schema the reader cannot resolve."""

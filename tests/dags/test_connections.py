@@ -98,3 +98,31 @@ def test_a_kafka_connection_names_a_token_callback_only_from_the_providers_allow
     assert conn.settings["oauth_cb"] == path and conn.to_env()["TIDEMARK_KAFKA_OAUTH_CB"] == path
     token, _, principal, _ = logged(conn.client_config())["oauth_cb"]("principal=feed")
     assert principal == "feed" and token.count(".") == 2
+
+
+def test_schema_registry_from_an_http_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tidemark.errors import ConfigError
+    from tidemark.kafka.registry import from_env
+    from tidemark.orchestration.dags import registry_env
+
+    url = "http://127.0.0.1:8081/apis/ccompat/v7"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_TIDEMARK_SR_TEST",
+        json.dumps({"conn_type": "http", "host": url, "login": "reader", "password": "sr-secret"}),
+    )
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_TIDEMARK_SR_PARTS",
+        json.dumps({"conn_type": "http", "host": "registry.internal", "port": 8081, "schema": "https"}),
+    )
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_SR_NO_HOST", json.dumps({"conn_type": "http", "login": "x"}))  # fmt: skip
+
+    env = registry_env("tidemark_sr_test")
+    assert env == {"TIDEMARK_SCHEMA_REGISTRY_URL": url, "TIDEMARK_SCHEMA_REGISTRY_USERNAME": "reader",
+                   "TIDEMARK_SCHEMA_REGISTRY_PASSWORD": "sr-secret"}  # fmt: skip
+    connection = from_env(env)
+    assert connection is not None and "sr-secret" not in repr(connection)
+    assert connection.describe() == {"url": url, "username": "reader", "password": "***"}
+    assert registry_env("tidemark_sr_parts") == {"TIDEMARK_SCHEMA_REGISTRY_URL": "https://registry.internal:8081"}
+    assert registry_env("tidemark_sr_missing") == {}  # not configured: the environment applies
+    with pytest.raises(ConfigError, match="no host"):
+        registry_env("tidemark_sr_no_host")

@@ -143,3 +143,23 @@ def produce_transactions(
     while adapter.end_offsets([(topic, partition)], "read_committed")[(topic, partition)] < want:
         assert time.monotonic() < deadline, f"{topic}[{partition}]: the last transaction marker never became stable"
         time.sleep(0.2)
+
+
+def run_job_in_process(spark: Any, handle: Any, connection: KafkaConnection) -> dict[str, Any]:
+    """A run's Spark job in the test's own session (the code ``spark-submit`` runs), ``job.json`` written
+    as it would be; for ``run_feed(job_runner=...)``."""
+    from pathlib import Path
+
+    from tidemark.config.models import load_feed
+    from tidemark.job.steps import JobResult, run, write_result
+
+    plan = handle.plan()
+    result = JobResult(plan.plan_id, plan.feed)
+    try:
+        run(spark, plan, load_feed(plan.feed), connection, Path(handle.run_dir), result=result, run_id=handle.run_id)
+    except Exception as exc:
+        result.error = str(exc)
+        raise
+    finally:
+        write_result(Path(handle.run_dir), result)
+    return result.to_dict()

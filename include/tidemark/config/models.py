@@ -39,7 +39,7 @@ OnMissing = Literal["earliest", "latest", "timestamp", "fail"]
 OnNewPartition = Literal["earliest", "latest"]
 OnDataLoss = Literal["fail", "skip"]
 OnAhead = Literal["fail", "earliest", "latest"]
-ValueFormat = Literal["bytes", "string", "json"]
+ValueFormat = Literal["bytes", "string", "json", "avro"]
 OnBadRecords = Literal["fail", "quarantine"]
 FieldType = Literal["string", "integer", "number", "boolean"]
 OutputFormat = Literal["parquet", "iceberg"]
@@ -81,11 +81,20 @@ class JsonField(_Model):
 
 
 class Deserialization(_Model):
-    """How record values are decoded; keys are decoded as UTF-8 strings unless ``bytes``."""
+    """How record values are decoded; keys are decoded as UTF-8 strings unless ``bytes``.
+
+    ``avro`` values are in the Schema Registry wire format (magic byte 0, a 4-byte schema
+    id, the Avro body). Every writer schema is resolved to one reader schema: version
+    ``schema_version`` of ``subject`` (default ``<topic>-value``, the registry's topic-name
+    strategy), or the subject's latest version when no version is pinned. The registry
+    itself (URL, credentials) is a connection, never part of the feed.
+    """
 
     format: ValueFormat = "bytes"
     key_format: Literal["bytes", "string"] = "string"
     fields: tuple[JsonField, ...] = ()
+    subject: str | None = Field(default=None, min_length=1)
+    schema_version: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _fields_only_for_json(self) -> Deserialization:
@@ -93,7 +102,17 @@ class Deserialization(_Model):
             raise ValueError("'fields' declares a JSON schema and needs format: json")
         if self.format == "json" and not self.fields:
             raise ValueError("format: json needs 'fields' (the declared schema)")
+        if self.format != "avro" and (self.subject is not None or self.schema_version is not None):
+            raise ValueError("'subject' and 'schema_version' name a registry schema and need format: avro")
         return self
+
+    def reader_subject(self, topics: tuple[str, ...]) -> str:
+        """The subject whose version is the reader schema: ``subject``, else ``<topic>-value``."""
+        if self.subject is not None:
+            return self.subject
+        if len(topics) != 1:
+            raise ConfigError("deserialization.subject: a feed of several topics names the reader schema's subject")
+        return f"{topics[0]}-value"
 
 
 class Expectation(_Model):
@@ -235,6 +254,8 @@ class Feed(_Model):
             raise ValueError("max_records_per_partition is larger than max_records_per_run")
         if self.iceberg is not None and self.output_format != "iceberg":
             raise ValueError("'iceberg' settings need output_format: iceberg")
+        if self.deserialization.format == "avro" and self.deserialization.subject is None and len(self.topics) > 1:
+            raise ValueError("deserialization.subject: a feed of several topics names the subject of its reader schema")
         return self
 
     @property

@@ -42,6 +42,8 @@ from tidemark.config.models import Feed, load_feed
 from tidemark.errors import ConfigError, TidemarkError
 from tidemark.faults import fault_point
 from tidemark.kafka.connection import KafkaConnection, from_env
+from tidemark.kafka.registry import RegistryConnection
+from tidemark.kafka.registry import from_env as registry_from_env
 from tidemark.planning.plan import Plan
 from tidemark.storage import Location
 
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
 
     from tidemark.output.base import Publisher
     from tidemark.output.parquet import Manifest, Staging
+    from tidemark.spark.avro import AvroSchemas
     from tidemark.spark.stats import RangeStats
 
 JOB_FILE = "job.json"
@@ -82,6 +85,7 @@ class JobResult:
     spark_skipped: str | None = None  # why no Spark application was started (a plan with no records)
     window: list[dict[str, Any]] = field(default_factory=list)  # exact windows: per-partition counts
     events: list[dict[str, Any]] = field(default_factory=list)
+    schemas: dict[str, Any] | None = None  # Schema Registry feeds: reader schema, writer ids seen (spark.avro)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -136,6 +140,7 @@ def run(
     output_dir: Path | Location | str | None = None,
     result: JobResult | None = None,
     run_id: str | None = None,
+    registry: RegistryConnection | None = None,
 ) -> JobResult:
     """Read ``plan`` once into staging, check and validate it there, then publish; fill the result.
 
@@ -153,6 +158,11 @@ def run(
        quarantine, or an Iceberg table) publishes the staged records, after their counts
        are checked against what validation passed. ``output_dir`` forces a Parquet folder.
     Any failure discards the staging folder: nothing is visible, nothing to clean up.
+
+    An ``avro`` feed first runs one aggregation over the values' schema ids and resolves
+    every writer schema to the reader schema through ``registry`` (default: the
+    ``TIDEMARK_SCHEMA_REGISTRY_*`` environment), step ``schemas``, before anything is staged:
+    a framing, id or schema change it cannot resolve fails the run there.
     """
     from tidemark.job.guard import refuse_if_moved
     from tidemark.output.base import publisher_for
@@ -181,7 +191,7 @@ def run(
     staging = publisher.new_staging(plan.plan_id, on_store=_stage_on_store(spark, publisher))
     try:
         manifest = _stage_validate_publish(
-            spark, source, plan, feed, run_dir, publisher, staging, positions, timer, res, run_id
+            spark, source, plan, feed, run_dir, publisher, staging, positions, timer, res, run_id, registry
         )
     except BaseException:
         staging.discard()
@@ -241,8 +251,9 @@ def _stage_validate_publish(
     timer: _Timer,
     res: JobResult,
     run_id: str | None,
+    registry: RegistryConnection | None = None,
 ) -> Manifest:
-    """Steps ``write``, ``window``, ``validate`` and ``publish`` over ``staging``; fills ``res`` as they pass."""
+    """Steps ``schemas`` (Avro), ``write``, ``window``, ``validate`` and ``publish`` over ``staging``; fills ``res``."""
     from pyspark.sql import functions as F
 
     from tidemark.output.base import StagedRecords
@@ -250,7 +261,12 @@ def _stage_validate_publish(
     from tidemark.spark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
     from tidemark.validation.rules import DECODE_CODE, OK_OUTCOME, OutcomeCodes, validate
 
-    decoded = annotate(source, feed.deserialization)
+    avro = None
+    if feed.deserialization.format == "avro":
+        avro = timer.step("schemas", lambda: _avro_schemas(spark, source, feed, registry))
+        res.schemas = avro.report()
+        res.events += list(avro.events)
+    decoded = annotate(source, feed.deserialization, avro)
     codes = OutcomeCodes.of([c for c in decoded.columns if c not in (RAW_VALUE_COLUMN, "plan_id")], feed)
     outcome = codes.column()
     time_filter = plan.time_filter
@@ -335,6 +351,17 @@ def _stage_on_store(spark: SparkSession, publisher: Publisher) -> bool:
     return True
 
 
+def _avro_schemas(
+    spark: SparkSession, source: DataFrame, feed: Feed, registry: RegistryConnection | None
+) -> AvroSchemas:
+    """The run's reader and writer schemas, fetched once here on the driver (the executors never ask the registry)."""
+    from tidemark.kafka.registry import RegistryClient, require
+    from tidemark.spark.avro import resolve_schemas, scan_schema_ids
+
+    client = RegistryClient(require(registry if registry is not None else registry_from_env(), feed.name))
+    return resolve_schemas(spark, scan_schema_ids(source), feed, client)
+
+
 def gap_events(stats: Sequence[RangeStats]) -> list[dict[str, Any]]:
     """A ``gap`` event per range with offsets that hold no record the plan's isolation can see.
 
@@ -408,8 +435,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def session(app_name: str) -> SparkSession:
-    """The spark-submit session when there is one, else a local session."""
+def session(app_name: str, *, avro: bool = False) -> SparkSession:
+    """The spark-submit session when there is one, else a local session (with ``from_avro`` when ``avro``)."""
     if os.environ.get("PYSPARK_GATEWAY_PORT"):  # started by spark-submit: its master and conf apply
         from pyspark.sql import SparkSession
 
@@ -417,7 +444,7 @@ def session(app_name: str) -> SparkSession:
         return spark
     from tidemark.spark.session import local_session
 
-    return local_session(app_name)
+    return local_session(app_name, avro=avro)
 
 
 def _ship_setting(value: str) -> bool | None:
@@ -654,7 +681,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         connection = from_env()
         if plan.total_records:  # while the JVM starts the session, the main thread mostly waits
             preload_great_expectations()
-        spark = _Timer(result).step("spark_session", lambda: session(f"tidemark-{feed.name}"))
+        spark = _Timer(result).step(
+            "spark_session", lambda: session(f"tidemark-{feed.name}", avro=feed.deserialization.format == "avro")
+        )
         if should_ship(spark.sparkContext.master, args.ship_package):
             ship_package(spark)
             result.spark["executor_package"] = executor_package_origin(spark)

@@ -28,6 +28,7 @@ from tidemark.checkpoints.store import CheckpointStore
 from tidemark.config.models import Feed, dag_id, load_feeds, package_root
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
 from tidemark.kafka.connection import CALLBACK_SETTINGS, KafkaConnection, from_airflow_extra, from_env
+from tidemark.kafka.registry import RegistryConnection
 from tidemark.planning.requests import END_CHOICES, MAX_OFFSET, MAX_PARTITION, OUTPUT_ROOTS_ENV, START_CHOICES
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ SPARK_CONN_ID = os.environ.get("TIDEMARK_SPARK_CONN_ID", "tidemark_spark")
 CHECKPOINT_CONN_ID = os.environ.get("TIDEMARK_CHECKPOINT_CONN_ID", "tidemark_checkpoints")
 STORAGE_CONN_ID = os.environ.get("TIDEMARK_STORAGE_CONN_ID", "tidemark_storage")
 ICEBERG_CONN_ID = os.environ.get("TIDEMARK_ICEBERG_CONN_ID", "tidemark_iceberg")
+REGISTRY_CONN_ID = os.environ.get("TIDEMARK_SCHEMA_REGISTRY_CONN_ID", "tidemark_schema_registry")
 START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "data-platform",
@@ -104,6 +106,22 @@ def _postgres_url(conn_id: str, needed_by: str, drivername: str) -> str | None:
         port=conn.port or None, database=conn.schema or None,
     )  # fmt: skip
     return url.render_as_string(hide_password=False)
+
+
+def registry_env(conn_id: str = REGISTRY_CONN_ID) -> dict[str, str]:
+    """The schema registry from an Airflow connection (type http: host = the registry's URL, login, password),
+    as the variables :mod:`tidemark.kafka.registry` reads. Empty when no such connection exists (the
+    environment then applies)."""
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
+        return {}
+    url = str(conn.host or "").strip()
+    if not url:
+        raise ConfigError(f"Airflow connection '{conn_id}' has no host: give the schema registry's URL there")
+    if "://" not in url:
+        url = f"{conn.schema or 'http'}://{url}" + (f":{conn.port}" if conn.port else "")
+    return RegistryConnection(url.rstrip("/"), conn.login or None, conn.password or None).to_env()
 
 
 def storage_env(conn_id: str = STORAGE_CONN_ID) -> dict[str, str]:
@@ -230,6 +248,15 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
             class_archive = ""  # folders may be on it; see driver_class_archive
         return {**small_run_conf(records, class_archive=class_archive), **own}
 
+    def conf_for_feed(self, feed: str) -> dict[str, str]:
+        """``from_avro`` on the class path for an Avro feed, unless the DAG's own conf puts it there."""
+        from tidemark.runs.pipeline import decodes_avro
+        from tidemark.spark.session import avro_conf
+
+        if not decodes_avro(feed) or self.packages or self.jars:
+            return {}
+        return avro_conf()
+
     def execute(self, context: Any) -> None:
         from tidemark.runs.pipeline import RunHandle, run_empty
 
@@ -254,12 +281,13 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
 
         # Set after template rendering, so the values never reach the rendered-fields
         # table; the hook adds them to spark-submit's environment (os.environ + these).
-        secrets_env = {**kafka_connection(self.kafka_conn_id).to_env(), **storage_env(), **iceberg_env()}
+        secrets_env = {**kafka_connection(self.kafka_conn_id).to_env(), **storage_env(), **iceberg_env(),
+                       **registry_env()}  # fmt: skip
         configured: dict[str, Any] = dict(getattr(self, "env_vars", None) or {})
         self.env_vars = {**configured, **secrets_env}
         self._hook = None  # rebuilt with the env above
         with driver_class_archive() as class_archive:
-            self.conf = self.conf_for_run(handle.records, class_archive.option)
+            self.conf = {**self.conf_for_feed(handle.feed), **self.conf_for_run(handle.records, class_archive.option)}
             super().execute(context)  # raises when spark-submit fails
             class_archive.succeeded = True
 

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tidemark.config.models import state_location
 from tidemark.errors import ConfigError
 from tidemark.kafka.connection import ENV_PREFIX, KafkaConnection, is_secret
+from tidemark.kafka.registry import ENV_PASSWORD as REGISTRY_PASSWORD_ENV
 from tidemark.planning.plan import Plan
 from tidemark.storage import Location
 
@@ -85,6 +86,7 @@ class RunReport(BaseModel):
     commit: dict[str, Any] | None = None
     error: str | None = None
     connection: dict[str, str] | None = None
+    schemas: dict[str, Any] | None = None  # Schema Registry feeds: the reader schema and the writer ids seen
     timestamps: dict[str, str] = Field(default_factory=dict)
 
     @property
@@ -228,6 +230,7 @@ def build_report(
         commit=commit_doc,
         error=str(failure) if failure else None,
         connection=connection.describe() if connection is not None else None,
+        schemas=job.get("schemas"),
         timestamps=stamps,
     )
 
@@ -242,6 +245,7 @@ def secret_values(connection: KafkaConnection | None = None, environ: Mapping[st
     values |= {v for k, v in env.items() if k.startswith(ENV_PREFIX) and is_secret(k[len(ENV_PREFIX) :])}
     # Object-store and checkpoint-store credentials (tidemark.storage, tidemark.checkpoints.store).
     values |= {env[k] for k in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN") if env.get(k)}
+    values |= {env[k] for k in (REGISTRY_PASSWORD_ENV,) if env.get(k)}  # tidemark.kafka.registry
     checkpoint_url = env.get("TIDEMARK_CHECKPOINT_URL", "")
     if "://" in checkpoint_url and "@" in checkpoint_url:
         credentials = checkpoint_url.split("://", 1)[1].rsplit("@", 1)[0]

@@ -1,14 +1,16 @@
 """Decoding record keys and values per feed, with every failure kept aside and counted.
 
 A feed's ``deserialization`` says how values are read: raw ``bytes``, UTF-8 ``string``,
-or ``json`` with declared top-level fields (``integer`` → long, ``number`` → double,
-``string``, ``boolean``); keys are UTF-8 strings unless ``key_format: bytes``. Decoding
+``json`` with declared top-level fields (``integer`` → long, ``number`` → double,
+``string``, ``boolean``), or ``avro`` in the Schema Registry wire format (the reader
+schema's fields as typed, possibly nested columns; :mod:`tidemark.spark.avro` finds and
+resolves the schemas first); keys are UTF-8 strings unless ``key_format: bytes``. Decoding
 is done with Spark's own column functions (JVM speed, no Python per record) and splits
 the records in two: ``good`` carries the decoded columns; ``bad`` carries the raw
 record plus ``decode_error``, the first reason it failed. No record is dropped: every
 input row is in exactly one of the two.
 
-Decoded JSON fields become top-level columns of ``good`` (so expectations can name
+Decoded JSON and Avro fields become top-level columns of ``good`` (so expectations can name
 them) and replace the raw ``value``. What counts as a failure: a key or value that is
 not valid UTF-8 (when decoded as text); a JSON value that does not parse, is not an
 object, or has a field of the wrong type (strings accept any scalar, as Spark's JSON
@@ -26,6 +28,8 @@ from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
+
+    from tidemark.spark.avro import AvroSchemas
 
 ERROR_COLUMN = "decode_error"
 METADATA_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key", "headers", "plan_id")
@@ -94,10 +98,16 @@ def decode_reasons(deser: Deserialization) -> list[str]:
         reasons.append("value is not valid UTF-8")
         reasons.append("value is not a JSON object matching the declared field types")
         reasons += [f"required field '{f.name}' is missing or null" for f in required]
+    elif deser.format == "avro":
+        reasons.append("value is null (tombstone)")
+        reasons.append(AVRO_BODY_REASON)
     return reasons
 
 
-def _decoding(df: DataFrame, deser: Deserialization) -> _Decoding:
+AVRO_BODY_REASON = "value does not decode against its Avro writer schema"
+
+
+def _decoding(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = None) -> _Decoding:
     from pyspark.sql import functions as F
 
     check_fields(deser)
@@ -115,6 +125,16 @@ def _decoding(df: DataFrame, deser: Deserialization) -> _Decoding:
         text = F.col("value").cast("string")
         failed.append(F.col("value").isNotNull() & ~F.is_valid_utf8(text))
         value_cols = [text.alias("value")]
+    elif deser.format == "avro":
+        if avro is None:
+            raise ConfigError("format: avro decodes with the run's schemas (tidemark.spark.avro.resolve_schemas)")
+        from tidemark.spark.avro import decoded_value
+
+        work = work.withColumn(_PARSED, decoded_value(avro))
+        parsed = F.col(_PARSED)
+        failed.append(F.col("value").isNull())
+        failed.append(F.col("value").isNotNull() & parsed.isNull())
+        value_cols = [parsed.getField(name).alias(name) for name in avro.field_names]
     else:
         text = F.col("value").cast("string")
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
@@ -133,11 +153,11 @@ def _decoding(df: DataFrame, deser: Deserialization) -> _Decoding:
 
 
 def raw_value_kept(deser: Deserialization) -> bool:
-    """Whether the decoded columns lose the raw value (JSON), so :func:`annotate` keeps it aside."""
-    return deser.format == "json"
+    """Whether the decoded columns lose the raw value (JSON, Avro), so :func:`annotate` keeps it aside."""
+    return deser.format in ("json", "avro")
 
 
-def annotate(df: DataFrame, deser: Deserialization) -> DataFrame:
+def annotate(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = None) -> DataFrame:
     """Every record of ``df`` decoded, in one projection: no row is dropped or split off.
 
     Columns: the metadata columns, ``key`` (decoded), the value column(s) (``value``, or
@@ -147,16 +167,16 @@ def annotate(df: DataFrame, deser: Deserialization) -> DataFrame:
     the binary, and JSON feeds (whose fields cannot hold them) get the raw value as
     :data:`RAW_VALUE_COLUMN` (see :func:`raw_value_kept`).
     """
-    d = _decoding(df, deser)
+    d = _decoding(df, deser, avro)
     raw = [d.work["value"].alias(RAW_VALUE_COLUMN)] if raw_value_kept(deser) else []
     return d.work.select(*d.record(*raw), d.error.alias(ERROR_COLUMN))
 
 
-def decode(df: DataFrame, deser: Deserialization) -> Decoded:
+def decode(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = None) -> Decoded:
     """Split ``df`` (the source's schema) into decoded ``good`` rows and raw ``bad`` rows."""
     from pyspark.sql import functions as F
 
-    d = _decoding(df, deser)
+    d = _decoding(df, deser, avro)
     work = d.work.withColumn(ERROR_COLUMN, d.error)
     good = work.where(F.col(ERROR_COLUMN).isNull()).select(*d.record())
     bad = work.where(F.col(ERROR_COLUMN).isNotNull()).select(*df.columns, ERROR_COLUMN)

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster
+from tests.integration.read_helpers import run_job_in_process
 from tidemark.errors import TidemarkError, ValidationFailedError
 from tidemark.kafka.adapter import Record
 from tidemark.kafka.connection import KafkaConnection
@@ -78,27 +79,7 @@ class Env:
         return sorted(rows)
 
     def in_process(self, handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
-        from tidemark.config.models import load_feed
-        from tidemark.job.steps import JobResult, run, write_result
-
-        plan = handle.plan()
-        result = JobResult(plan.plan_id, plan.feed)
-        try:
-            run(
-                self.spark,
-                plan,
-                load_feed(plan.feed),
-                connection,
-                Path(handle.run_dir),
-                result=result,
-                run_id=handle.run_id,
-            )
-        except Exception as exc:
-            result.error = str(exc)
-            raise
-        finally:
-            write_result(Path(handle.run_dir), result)
-        return result.to_dict()
+        return run_job_in_process(self.spark, handle, connection)
 
     def run(self) -> tuple[RunHandle, dict[str, Any], Any]:
         return run_feed("pipe", self.kafka.connection, root=self.root, job_runner=self.in_process)

@@ -234,3 +234,34 @@ def _check_alive(proc: subprocess.Popen[bytes], name: str, home: Path, deadline:
     tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
     what = f"exited with {proc.returncode}" if proc.returncode is not None else f"not ready in {START_TIMEOUT_S:.0f}s"
     raise LocalServerError(f"the Spark standalone {name} {what} (log {log}):\n{tail}")
+
+
+def fetch_avro_jar() -> Path:
+    """The spark-avro jar (``from_avro``), downloaded once with Maven into the cache.
+
+    Tests point ``TIDEMARK_SPARK_AVRO_JAR`` at it, so no Spark application of the suite
+    resolves :data:`tidemark.spark.session.AVRO_PACKAGE` through Ivy at its start (seconds
+    each time); its only dependencies (Avro, xz, Scala's parallel collections) ship with pyspark.
+    """
+    from tidemark.settings import cache_root
+    from tidemark.spark.session import AVRO_PACKAGE
+
+    _, artifact, version = AVRO_PACKAGE.split(":")
+    target = cache_root() / f"spark-avro-{version}"
+    jar = target / f"{artifact}-{version}.jar"
+    if jar.exists():
+        return jar
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise LocalServerError("'mvn' was not found on PATH: Maven fetches spark-avro from Maven Central")
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    cmd = [mvn, "-B", "-q", "dependency:copy", f"-Dartifact={AVRO_PACKAGE}", f"-DoutputDirectory={partial}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=partial)
+    if proc.returncode != 0 or not (partial / jar.name).exists():
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+        raise LocalServerError(f"Maven could not fetch {AVRO_PACKAGE} (exit {proc.returncode}):\n{tail}")
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return jar

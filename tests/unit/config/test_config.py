@@ -85,6 +85,13 @@ INVALID = [
         "validation.expectations.0.type",
         "pattern",
     ),
+    ("subject-without-avro", "deserialization: {subject: orders-value}\n", "deserialization", "need format: avro"),
+    (
+        "zero-schema-version",
+        "deserialization: {format: avro, schema_version: 0}\n",
+        "deserialization.schema_version",
+        "greater than 0",
+    ),
     ("quarantine-ratio", "validation: {quarantine_max_ratio: 2}\n", "validation.quarantine_max_ratio", "less than"),
     ("unknown-output-format", "output_format: delta\n", "output_format", "'parquet' or 'iceberg'"),
     ("iceberg-settings-for-parquet", "iceberg: {table: lake.orders}\n", "(file)", "need output_format: iceberg"),
@@ -179,6 +186,16 @@ def test_schedule_intervals(schedule: str, interval: timedelta) -> None:
     assert schedule_interval(schedule) == interval
     feed = Feed(name="f", topics=("a",), group="g", schedule=schedule)
     assert feed.interval == interval
+
+
+def test_avro_reader_subject_defaults_to_the_topics_value_subject(tmp_path: Path) -> None:
+    feed = load_feed_file(write(tmp_path, MINIMAL + "deserialization: {format: avro}\n"))
+    assert feed.deserialization.reader_subject(feed.topics) == "orders-value"
+    two = "topics: [orders, refunds]\ngroup: g\ndeserialization: {format: avro}\n"
+    with pytest.raises(ConfigError, match="several topics names the subject"):
+        load_feed_file(write(tmp_path, two))
+    pinned = load_feed_file(write(tmp_path, two.replace("avro}", "avro, subject: shop, schema_version: 2}")))
+    assert (pinned.deserialization.reader_subject(pinned.topics), pinned.deserialization.schema_version) == ("shop", 2)
 
 
 def test_iceberg_table_defaults_to_the_feed_name(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidemark.devtools.kafka.cluster import free_port, java, pom_property
+from tidemark.devtools.processes import stop_pid
 from tidemark.errors import LocalServerError
 from tidemark.settings import cache_root
 
@@ -119,26 +119,9 @@ class LocalS3:
         ).create_dir(name)  # fmt: skip
 
     def stop(self, purge: bool = True) -> None:
-        try:
-            os.kill(self.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        else:
-            deadline = time.monotonic() + 30
-            while _alive(self.pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _alive(self.pid):
-                os.kill(self.pid, signal.SIGKILL)
+        stop_pid(self.pid)
         if purge:
             shutil.rmtree(self.home, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:  # not our child: ask the kernel
-        return Path(f"/proc/{pid}").exists()
-    return waited == 0
 
 
 def start(base: Path | None = None, backend: str = "filesystem-nio2") -> LocalS3:

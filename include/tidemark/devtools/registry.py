@@ -1,0 +1,137 @@
+"""A local Confluent-compatible schema registry: Apicurio Registry on its in-memory storage.
+
+Confluent's own registry is not on Maven Central; Apicurio Registry is, as one
+``tar.gz`` (about 104 MB) that :func:`fetch` downloads once with Maven and unpacks into
+the cache (``~/.cache/tidemark/apicurio-registry-<version>/``), like the Kafka jars.
+:func:`start` runs it on a free 127.0.0.1 port and returns once its Confluent API
+(``/apis/ccompat/v7``) answers. It needs no Kafka (H2 in memory), so a stopped registry
+forgets its schemas. It differs from Confluent's in two ways that matter to callers:
+schema ids are content ids (not consecutive), and the default compatibility is ``NONE``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidemark.devtools.kafka.cluster import free_port, java
+from tidemark.devtools.processes import stop_pid
+from tidemark.errors import LocalServerError
+from tidemark.settings import cache_root
+
+APICURIO_VERSION = "3.0.9"  # 3.1+ needs Java 21
+START_TIMEOUT_S = 120.0
+CCOMPAT_PATH = "/apis/ccompat/v7"
+
+
+def home() -> Path:
+    return cache_root() / f"apicurio-registry-{APICURIO_VERSION}"
+
+
+def runner_jar() -> Path:
+    return home() / f"apicurio-registry-app-{APICURIO_VERSION}-runner.jar"
+
+
+def fetch() -> Path:
+    """The registry's runner jar, downloaded and unpacked once; later calls return it at once."""
+    jar = runner_jar()
+    if jar.exists():
+        return jar
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise LocalServerError(
+            "'mvn' was not found on PATH: Maven fetches Apicurio Registry from Maven Central (apt-get install maven)"
+        )
+    target = home()
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    # dependency:copy by coordinates: listing the artifact as a <dependency> fails (its parent POM is not on Central).
+    artifact = f"io.apicurio:apicurio-registry-app:{APICURIO_VERSION}:tar.gz:all"
+    cmd = [mvn, "-B", "-q", "dependency:copy", f"-Dartifact={artifact}", f"-DoutputDirectory={partial}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=partial)
+    archives = list(partial.glob("*.tar.gz"))
+    if proc.returncode != 0 or not archives:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+        raise LocalServerError(
+            f"Maven could not fetch Apicurio Registry {APICURIO_VERSION} (exit {proc.returncode}):\n{tail}"
+        )
+    with tarfile.open(archives[0]) as tar:
+        tar.extractall(partial, filter="data")
+    archives[0].unlink()
+    found = list(partial.rglob(jar.name))
+    if not found:
+        raise LocalServerError(f"the Apicurio Registry archive has no {jar.name} (unpacked in {partial})")
+    # The runner jar finds its lib/ folder beside itself: keep the unpacked folder whole.
+    app_dir = found[0].parent
+    shutil.rmtree(target, ignore_errors=True)
+    if app_dir == partial:
+        partial.rename(target)
+    else:
+        app_dir.rename(target)
+        shutil.rmtree(partial, ignore_errors=True)
+    return jar
+
+
+@dataclass(frozen=True)
+class LocalRegistry:
+    """One running registry: its folder (log), port and pid."""
+
+    home: Path
+    port: int
+    pid: int
+
+    @property
+    def url(self) -> str:
+        """The Confluent-compatible API, what schema registry clients take as their URL."""
+        return f"http://127.0.0.1:{self.port}{CCOMPAT_PATH}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "registry.log"
+
+    def stop(self, purge: bool = True) -> None:
+        stop_pid(self.pid)
+        if purge:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+
+def start(base: Path | None = None, port: int | None = None) -> LocalRegistry:
+    """Start a registry (empty) on ``port`` or a free one; returns once its Confluent API answers."""
+    jar = fetch()
+    folder = Path(tempfile.mkdtemp(prefix="tidemark-registry-", dir=base))
+    port = port or free_port()
+    log = folder / "registry.log"
+    cmd = [
+        java(), "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+        f"-Dquarkus.http.port={port}", "-Dquarkus.http.host=127.0.0.1",
+        "-jar", str(jar),
+    ]  # fmt: skip
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=folder)
+    server = LocalRegistry(home=folder, port=port, pid=proc.pid)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not answers(server.url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = log.read_text(errors="replace")[-3000:]
+            server.stop(purge=False)
+            raise LocalServerError(f"Apicurio Registry did not start on 127.0.0.1:{port} (log {log}):\n{tail}")
+        time.sleep(0.3)
+    return server
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/subjects", timeout=5):  # our own local server
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False

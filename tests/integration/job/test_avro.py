@@ -1,0 +1,349 @@
+"""Avro feeds end to end on the real cluster and a real schema registry (Apicurio, the ``registry`` fixture).
+
+Records are produced with confluent-kafka's own ``AvroSerializer`` through the registry.
+Each publishing test compares the feed's whole output with an independent
+``read_committed`` scan of the topic decoded by confluent-kafka's ``AvroDeserializer``;
+each failing one checks that nothing was published and the group did not move.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import KafkaTestCluster
+from tests.integration.read_helpers import consume_independently, plan_for, run_job_in_process
+from tidemark.kafka.adapter import Record
+from tidemark.kafka.connection import KafkaConnection
+from tidemark.runs.pipeline import RunHandle, run_feed
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+ORDER_V1 = {
+    "type": "record", "name": "Order", "namespace": "shop",
+    "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "customer", "type": {"type": "record", "name": "Customer", "fields": [
+            {"name": "id", "type": "long"}, {"name": "email", "type": ["null", "string"], "default": None}]}},
+        {"name": "items", "type": {"type": "array", "items": "string"}},
+        {"name": "tags", "type": {"type": "map", "values": "int"}},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID", "SHIPPED"]}},
+    ],
+}  # fmt: skip
+# v2: an added field with a default, and id promoted from int to long.
+ORDER_V2 = {**ORDER_V1, "fields": [
+    {"name": "id", "type": "long"}, *ORDER_V1["fields"][1:],
+    {"name": "channel", "type": "string", "default": "web"},
+]}  # fmt: skip
+# An incompatible v2: an added field without a default (v1 records have no value for it).
+ORDER_BAD = {**ORDER_V1, "fields": [*ORDER_V1["fields"], {"name": "region", "type": "string"}]}
+
+
+def order(i: int, *, v2: bool = False) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "id": i,
+        "customer": {"id": 1000 + i, "email": None if i % 3 == 0 else f"c{i}@example.com"},
+        "items": [f"sku-{j}" for j in range(i % 4)],
+        "tags": {f"t{j}": j for j in range(i % 3)},
+        "amount": Decimal(f"{i}.{i % 100:02d}"),
+        "day": dt.date(2026, 1, 1) + dt.timedelta(days=i),
+        "at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=i),
+        "status": ["NEW", "PAID", "SHIPPED"][i % 3],
+    }
+    if v2:
+        doc["channel"] = "app" if i % 2 else "store"
+    return doc
+
+
+class AvroEnv:
+    """A feeds folder, a state dir, a topic and its registry subject for one test."""
+
+    def __init__(self, kafka: KafkaTestCluster, registry: str, tmp_path: Path, spark: Any) -> None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        self.kafka, self.registry, self.spark = kafka, registry, spark
+        self.root, self.feeds, self.output = tmp_path / "state", tmp_path / "feeds", tmp_path / "out"
+        self.feeds.mkdir()
+        self.topic = kafka.new_topic(partitions=2, prefix="avro")
+        self.group = f"g-avro-{uuid.uuid4().hex[:8]}"
+        self.sr = SchemaRegistryClient({"url": registry})
+        self.write_feed()
+
+    def write_feed(self, expectations: Sequence[dict[str, Any]] = (), **deserialization: Any) -> None:
+        doc = {
+            "topics": [self.topic], "group": self.group, "output": str(self.output),
+            "deserialization": {"format": "avro", **deserialization},
+            "validation": {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5,
+                           "expectations": list(expectations)},
+        }  # fmt: skip
+        (self.feeds / "orders.yaml").write_text(yaml.safe_dump(doc))
+
+    def serializer(self, schema: dict[str, Any]) -> Callable[[dict[str, Any]], bytes]:
+        from confluent_kafka.schema_registry.avro import AvroSerializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        ser = AvroSerializer(self.sr, json.dumps(schema), conf={"auto.register.schemas": True})
+        ctx = SerializationContext(self.topic, MessageField.VALUE)
+        return lambda doc: ser(doc, ctx)
+
+    def produce(self, values: Sequence[bytes], partition: int) -> None:
+        records = [Record(value=v, key=f"k{partition}-{n}".encode(), partition=partition) for n, v in enumerate(values)]
+        self.kafka.produce(self.topic, records)
+
+    def committed(self) -> dict[int, int | None]:
+        tps = [(self.topic, p) for p in range(2)]
+        return {p: c.offset for (_, p), c in self.kafka.adapter.committed(self.group, tps).items()}
+
+    def scan(self, reader: dict[str, Any], undecodable: Sequence[tuple[int, int]] = ()) -> dict[tuple[int, int], Any]:
+        """The oracle: every record of the topic read_committed by a plain consumer, decoded by confluent-kafka
+        (except those at ``undecodable``, given as their raw bytes)."""
+        from confluent_kafka.schema_registry.avro import AvroDeserializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        de = AvroDeserializer(self.sr, json.dumps(reader))
+        ctx = SerializationContext(self.topic, MessageField.VALUE)
+        plan = plan_for(self.kafka.adapter, [self.topic])
+        records = consume_independently(self.kafka.connection, plan)
+        return {(p, o): v if (p, o) in undecodable else de(v, ctx) for (_, p, o, _, v) in records}
+
+    def published(self) -> dict[tuple[int, int], dict[str, Any]]:
+        import pyarrow.dataset as ds
+
+        files = [str(f) for f in sorted(self.output.glob("plan_id=*/topic=*/date=*/*.parquet"))]  # not _quarantine
+        table = ds.dataset(files, format="parquet").to_table()
+        return {(r["partition"], r["offset"]): r for r in table.to_pylist()}
+
+    def quarantined(self) -> list[dict[str, Any]]:
+        import pyarrow.dataset as ds
+
+        found = list(self.output.glob("plan_id=*/_quarantine"))
+        if not found:
+            return []
+        quarantine = ds.dataset(str(found[0]), format="parquet", partitioning="hive", ignore_prefixes=["."])
+        return quarantine.to_table().to_pylist()
+
+    def in_process(self, handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
+        return run_job_in_process(self.spark, handle, connection)
+
+    def run(self, job_runner: Any = None) -> tuple[RunHandle, dict[str, Any], Any]:
+        return run_feed("orders", self.kafka.connection, root=self.root, job_runner=job_runner or self.in_process)
+
+    def report(self) -> dict[str, Any]:
+        (path,) = self.root.glob("runs/orders/*/report.json")
+        return dict(json.loads(path.read_text()))
+
+
+@pytest.fixture
+def env(kafka: KafkaTestCluster, registry: str, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> AvroEnv:
+    e = AvroEnv(kafka, registry, tmp_path, spark)
+    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(e.feeds))
+    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(e.root))
+    monkeypatch.setenv("TIDEMARK_SCHEMA_REGISTRY_URL", registry)
+    return e
+
+
+def _as_published(doc: dict[str, Any]) -> dict[str, Any]:
+    """An oracle record as Parquet hands it back: maps as (key, value) pairs, timestamps in UTC."""
+    out = dict(doc)
+    out["tags"] = sorted(doc["tags"].items())
+    return out
+
+
+def _published_value(row: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    out = {n: row[n] for n in names}
+    out["tags"] = sorted(out["tags"])
+    at = out["at"]  # Spark's Parquet timestamps (INT96) come back naive, in UTC
+    at = at.to_pydatetime() if hasattr(at, "to_pydatetime") else at
+    out["at"] = at.replace(tzinfo=dt.UTC) if at.tzinfo is None else at.astimezone(dt.UTC)
+    return out
+
+
+def test_avro_feed_publishes_the_scan_with_nested_and_logical_types(env: AvroEnv) -> None:
+    import pyarrow as pa
+
+    # GX on Spark names a nested field with a dot (a backquoted `customer`.`id` finds no column).
+    nested = {"column": "customer.id", "min_value": 1000, "max_value": 1029}
+    env.write_feed(expectations=[{"type": "expect_column_values_to_be_between", "kwargs": nested}])
+    ser = env.serializer(ORDER_V1)
+    for partition in range(2):
+        env.produce([ser(order(i)) for i in range(partition, 30, 2)], partition)
+    good = ser(order(99))
+    env.produce([good[:5] + b"\xff\xff\xff\xff"], 1)  # a known schema id, a body that does not decode
+
+    env.run()
+
+    scanned = env.scan(ORDER_V1, undecodable=[(1, 15)])
+    assert scanned.pop((1, 15)) == good[:5] + b"\xff\xff\xff\xff"
+    expected = scanned
+    published = env.published()
+    names = [f["name"] for f in ORDER_V1["fields"]]
+    assert {k: _published_value(r, names) for k, r in published.items()} == {
+        k: _as_published(v) for k, v in expected.items()
+    }
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(next(iter(env.output.glob("plan_id=*/topic=*/date=*/*.parquet"))))
+    assert schema.field("customer").type == pa.struct([("id", pa.int64()), ("email", pa.string())])
+    assert schema.field("items").type == pa.list_(pa.field("element", pa.string()))
+    assert pa.types.is_map(schema.field("tags").type)
+    assert schema.field("amount").type == pa.decimal128(10, 2)
+    assert schema.field("day").type == pa.date32()
+    assert pa.types.is_timestamp(schema.field("at").type)
+    assert schema.field("status").type == pa.string()
+    assert "value" not in schema.names and "_raw_value" not in schema.names
+
+    (bad,) = env.quarantined()
+    assert (bad["partition"], bad["offset"]) == (1, 15)
+    assert bad["_reason"] == "decode_error: value does not decode against its Avro writer schema"
+    assert bad["_raw_value"] == good[:5] + b"\xff\xff\xff\xff"
+    writer_id = int.from_bytes(good[1:5], "big")
+    report = env.report()
+    assert report["status"] == "succeeded"
+    (checked,) = [e for e in report["validation"]["expectations"] if e["kwargs"] == nested]
+    # Checked by GX on the whole batch; not translated into a row rule (a failure fails the run, never quarantines).
+    assert (checked["success"], checked["unexpected_count"], checked["row_level"]) == (True, 0, False)
+    assert report["schemas"]["writer_ids"] == [writer_id]
+    assert report["schemas"]["reader"] == {"subject": f"{env.topic}-value", "version": 1, "id": writer_id}
+    assert env.committed() == {0: 15, 1: 16}
+
+
+def test_v1_to_v2_mid_range_publishes_one_table_with_both_resolved(env: AvroEnv) -> None:
+    v1, v2 = env.serializer(ORDER_V1), env.serializer(ORDER_V2)
+    for partition in range(2):
+        env.produce([v1(order(i)) for i in range(10)] + [v2(order(i, v2=True)) for i in range(10, 20)], partition)
+
+    env.run()
+
+    published = env.published()
+    expected = env.scan(ORDER_V2)  # the subject's latest: v2, as the feed pins no version
+    assert len(published) == len(expected) == 40
+    names = [f["name"] for f in ORDER_V2["fields"]]
+    assert {k: _published_value(r, names) for k, r in published.items()} == {
+        k: _as_published(v) for k, v in expected.items()
+    }
+    assert {r["channel"] for k, r in published.items() if k[1] < 10} == {"web"}  # v1 rows: the default
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(next(iter(env.output.glob("plan_id=*/topic=*/date=*/*.parquet"))))
+    assert schema.field("id").type == pa.int64()
+    report = env.report()
+    id1 = env.sr.get_latest_version(f"{env.topic}-value").schema_id
+    changes = [e for e in report["events"] if e["kind"] == "schema_changed"]
+    assert sorted((e["partition"], e["details"]["offset"], e["details"]["to_schema_id"]) for e in changes) == [
+        (0, 10, id1), (1, 10, id1)
+    ]  # fmt: skip
+    assert len(report["schemas"]["writer_ids"]) == 2 and report["schemas"]["reader"]["id"] == id1
+    assert env.committed() == {0: 20, 1: 20}
+
+
+def test_incompatible_change_fails_before_publishing_naming_offset_ids_and_field(env: AvroEnv) -> None:
+    v1, bad = env.serializer(ORDER_V1), env.serializer(ORDER_BAD)
+    env.produce([v1(order(i)) for i in range(5)], 0)
+    first = v1(order(0))
+    env.produce([bad({**order(i), "region": "eu"}) for i in range(5, 8)], 0)
+    env.produce([v1(order(i)) for i in range(3)], 1)
+    latest = env.sr.get_latest_version(f"{env.topic}-value").schema_id
+    v1_id = int.from_bytes(first[1:5], "big")
+
+    with pytest.raises(Exception, match="cannot be read with the reader schema") as info:
+        env.run()
+
+    message = str(info.value)
+    assert f"{env.topic}[0] offset 0" in message
+    assert f"schema id {v1_id}" in message and f"reader schema id {latest}" in message
+    assert "region" in message
+    assert not list(env.output.glob("plan_id=*")) if env.output.exists() else True
+    assert env.committed() == {0: None, 1: None}
+
+
+@pytest.mark.parametrize("case", ["unknown_id", "not_framed"])
+def test_unknown_schema_id_or_other_framing_fails_the_run(env: AvroEnv, case: str) -> None:
+    ser = env.serializer(ORDER_V1)
+    env.produce([ser(order(i)) for i in range(4)], 0)
+    good = ser(order(4))
+    odd = b"\x00" + (2_000_000_000).to_bytes(4, "big") + good[5:] if case == "unknown_id" else b'{"id": 4}'
+    env.produce([odd], 1)
+
+    with pytest.raises(Exception) as info:  # noqa: PT011 - the message is checked below
+        env.run()
+
+    message = str(info.value)
+    assert f"{env.topic}[1] offset 0" in message
+    if case == "unknown_id":
+        assert "schema id 2000000000 is unknown to the schema registry" in message
+    else:
+        assert "not in the Schema Registry wire format" in message
+    assert not env.output.exists() or not list(env.output.glob("plan_id=*"))
+    assert env.committed() == {0: None, 1: None}
+
+
+def test_registry_stopped_during_the_run_fails_it_with_nothing_committed(
+    env: AvroEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from tidemark.devtools import registry as local_registry
+
+    own = local_registry.start()  # the session's registry stays up for the other tests
+    try:
+        monkeypatch.setenv("TIDEMARK_SCHEMA_REGISTRY_URL", own.url)
+        env.sr = SchemaRegistryClient({"url": own.url})
+        ser = env.serializer(ORDER_V1)
+        env.produce([ser(order(i)) for i in range(6)], 0)
+
+        def stop_then_run(handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
+            own.stop(purge=False)  # planned; the registry goes away before the job asks it
+            return env.in_process(handle, connection)
+
+        with pytest.raises(Exception, match="cannot be reached") as info:
+            env.run(stop_then_run)
+    finally:
+        own.stop()
+    assert "start it or fix the registry connection's URL, then rerun" in str(info.value)
+    assert not env.output.exists() or not list(env.output.glob("plan_id=*"))
+    assert type(info.value).__name__ == "RegistryUnavailableError"
+    assert env.committed() == {0: None, 1: None}
+
+
+def test_registry_password_reaches_no_artefact(env: AvroEnv, tmp_path: Path) -> None:
+    ser = env.serializer(ORDER_V1)
+    env.produce([ser(order(i)) for i in range(4)], 0)
+    password = f"pw-{uuid.uuid4().hex}"
+    # The Spark UI's environment page shows what the event log records: the application's properties.
+    conf_dir, events = tmp_path / "spark-conf", tmp_path / "spark-events"
+    conf_dir.mkdir()
+    events.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        f"spark.eventLog.enabled true\nspark.eventLog.dir {events}\n"
+        "spark.eventLog.compress false\nspark.eventLog.rolling.enabled false\n"  # plain text, to search
+    )
+    cli_env = {
+        **os.environ, **env.kafka.connection.to_env(), "SPARK_CONF_DIR": str(conf_dir),
+        "TIDEMARK_SCHEMA_REGISTRY_USERNAME": "tidemark", "TIDEMARK_SCHEMA_REGISTRY_PASSWORD": password,
+    }  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "tidemark.cli", "run", "orders"], env=cli_env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert env.committed() == {0: 4, 1: 0}
+    assert password not in proc.stdout + proc.stderr
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "spark-submit.log" for p in files) and any(p.name == "report.json" for p in files)
+    event_logs = [p for p in events.rglob("*") if p.is_file()]
+    assert any(b"SparkListenerEnvironmentUpdate" in p.read_bytes() for p in event_logs)
+    leaks = [p for p in files if password.encode() in p.read_bytes()]
+    assert leaks == []
