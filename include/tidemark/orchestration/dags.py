@@ -282,7 +282,8 @@ def _no_retry_for_refusals(call: Callable[[], dict[str, Any]]) -> dict[str, Any]
 @task(task_id="plan")
 def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Finish any pending commit of the feed, then plan this run and save the plan."""
-    from tidemark.runs.pipeline import plan_run
+    from tidemark.orchestration import metrics
+    from tidemark.runs.pipeline import RunHandle, plan_run
 
     with _storage_settings():
         handle = _no_retry_for_refusals(
@@ -296,6 +297,7 @@ def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None
             ).to_xcom()
         )
         _record_airflow_run(handle["run_dir"])
+        metrics.planned(RunHandle.from_xcom(handle).plan())
     return handle
 
 
@@ -314,14 +316,21 @@ def _record_airflow_run(run_dir: str) -> None:
 @task(task_id="commit", trigger_rule="none_failed")
 def commit_step(handle: dict[str, Any]) -> dict[str, Any]:
     """Commit the plan's ends for the group (when the run asks for it) and write the report."""
+    from tidemark.orchestration import metrics
     from tidemark.runs.pipeline import RunHandle, commit_run
 
-    with _storage_settings():
-        outcome = _no_retry_for_refusals(
-            lambda: commit_run(
+    def commit() -> dict[str, Any]:
+        try:
+            return commit_run(
                 RunHandle.from_xcom(handle), kafka_connection(), progress=log.info, checkpoints=checkpoint_store()
             ).to_xcom()
-        )
+        except OffsetsMovedError:
+            metrics.commit_refused(handle["feed"])
+            raise
+
+    with _storage_settings():
+        outcome = _no_retry_for_refusals(commit)
+        metrics.finished(handle["feed"], handle["run_dir"], outcome["report_path"], committed=outcome["committed"])
     ctx = get_current_context()
     for outlet in ctx["task"].outlets or []:  # feed DAGs: the feed's Asset (see feed_asset)
         ctx["outlet_events"][outlet].extra = {

@@ -1,0 +1,112 @@
+"""A feed DAG's metrics reach a StatsD listener through Airflow's own metrics client.
+
+The test opens a UDP socket as the StatsD server, points Airflow's ``[metrics]`` settings at
+it (InfluxDB-style tags on), runs the feed DAG with ``dag.test`` in a fresh interpreter and
+checks the datagrams against a ``read_committed`` scan of the topic: records read, the
+ones that do not parse (quarantined) and the rest (published), lag per partition.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import KafkaTestCluster
+from tests.e2e.test_airflow_dags import SECRET, airflow_env  # noqa: F401 - the module's Airflow home fixture
+from tests.faults.harness import scan
+from tidemark.kafka.adapter import Record
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+# What the task runner does before a task runs (task_runner.main); dag.test runs tasks in-process without it.
+RUN_DAG = """
+import json, sys
+from airflow.sdk.observability import stats
+from airflow.sdk.observability.metrics import stats_utils
+stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
+from tidemark.orchestration.dags import all_dags
+run = all_dags()[sys.argv[1]].test()
+print("DAGRUN_STATE=" + str(run.state))
+"""
+
+
+def _received(sock: socket.socket) -> list[str]:
+    lines = []
+    sock.settimeout(2.0)
+    try:
+        while True:
+            lines.extend(sock.recv(65536).decode().splitlines())
+    except TimeoutError:
+        return lines
+
+
+def _parse(lines: list[str]) -> dict[tuple[str, str], list[float]]:
+    """``name,tag=v,...:value|type`` → {(name, type): values} with the tags kept in the name."""
+    out: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for line in lines:
+        name, _, rest = line.partition(":")
+        value, _, kind = rest.partition("|")
+        out[(name, kind)].append(float(value))
+    return out
+
+
+def test_feed_run_sends_its_metrics_to_statsd(
+    kafka: KafkaTestCluster,
+    airflow_env: dict[str, str],  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+) -> None:
+    topic = kafka.new_topic(partitions=2, prefix="met")
+    feeds, state = tmp_path / "feeds", tmp_path / "state"
+    feeds.mkdir()
+    feed = {
+        "topics": [topic], "group": f"g-met-{uuid.uuid4().hex[:8]}", "schedule": "@daily",
+        "deserialization": {"format": "json", "fields": [{"name": "n", "type": "integer"}]},
+        "validation": {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5},
+        "output": str(tmp_path / "out"),
+    }  # fmt: skip
+    (feeds / "met.yaml").write_text(yaml.safe_dump(feed))
+    bad = {3, 4, 9}  # 4 → partition 0, 3 and 9 → partition 1
+    kafka.produce(topic, [
+        Record(value=b"{broken" if i in bad else json.dumps({"n": i}).encode(), partition=i % 2) for i in range(12)
+    ])  # fmt: skip
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.1", 0))
+    env = {
+        **airflow_env, "TIDEMARK_FEEDS_DIR": str(feeds), "TIDEMARK_STATE_DIR": str(state),
+        "AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+        "AIRFLOW__METRICS__STATSD_PORT": str(listener.getsockname()[1]),
+        "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True",
+    }  # fmt: skip
+
+    try:
+        proc = subprocess.run([sys.executable, "-c", RUN_DAG, "tidemark_met"], env=env, capture_output=True,
+                              text=True, check=False, timeout=600)  # fmt: skip
+        lines = _received(listener)
+    finally:
+        listener.close()
+
+    assert "DAGRUN_STATE=success" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = scan(kafka.connection, {(topic, 0): (0, 6), (topic, 1): (0, 6)})  # the independent truth
+    unparsable = sum(1 for _, value in rows if value == b"{broken")
+    assert (len(rows), unparsable) == (12, 3)
+    got = _parse([ln for ln in lines if ln.startswith("airflow.tidemark.")])
+    for p in (0, 1):
+        tags = f"feed=met,topic={topic},partition={p}"
+        assert got[(f"airflow.tidemark.lag_records,{tags}", "g")] == [6]
+        assert got[(f"airflow.tidemark.planned_records,{tags}", "g")] == [6]
+    assert got[("airflow.tidemark.records_read,feed=met", "c")] == [len(rows)]
+    assert got[("airflow.tidemark.records_quarantined,feed=met", "c")] == [unparsable]
+    assert got[("airflow.tidemark.records_published,feed=met", "c")] == [len(rows) - unparsable]
+    assert got[("airflow.tidemark.run.committed,feed=met", "c")] == [1]
+    job = json.loads(next(state.glob("runs/met/*/job.json")).read_text())
+    for step, seconds in job["timings_s"].items():  # durations as the job measured them, in milliseconds
+        assert got[(f"airflow.tidemark.step.{step},feed=met", "ms")] == [pytest.approx(seconds * 1000, abs=1)]
+    assert not any(SECRET in line for line in lines)
