@@ -1,4 +1,4 @@
-"""A feed DAG's metrics reach a StatsD listener through Airflow's own metrics client.
+"""A feed DAG's metrics reach a StatsD listener through Airflow's own metrics client; its alerts fail its check.
 
 The test opens a UDP socket as the StatsD server, points Airflow's ``[metrics]`` settings at
 it (InfluxDB-style tags on), runs the feed DAG with ``dag.test`` in a fresh interpreter and
@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster
-from tests.e2e.test_airflow_dags import SECRET, airflow_env  # noqa: F401 - the module's Airflow home fixture
+from tests.e2e.test_airflow_dags import ROOT, SECRET, airflow_env  # noqa: F401 - the module's Airflow home fixture
 from tests.faults.harness import scan
 from tidemark.kafka.adapter import Record
 
@@ -110,3 +110,66 @@ def test_feed_run_sends_its_metrics_to_statsd(
     for step, seconds in job["timings_s"].items():  # durations as the job measured them, in milliseconds
         assert got[(f"airflow.tidemark.step.{step},feed=met", "ms")] == [pytest.approx(seconds * 1000, abs=1)]
     assert not any(SECRET in line for line in lines)
+
+
+# A deployment's cluster policy adding a failure callback to every task, as notifiers are attached.
+LOCAL_SETTINGS = """
+import os
+
+
+def _notify(context):
+    with open(os.environ["ALERT_FILE"], "a") as out:
+        out.write(context["ti"].task_id + ": " + str(context["exception"]) + "\\n")
+
+
+def task_policy(task):
+    task.on_failure_callback = [_notify]  # set after construction: the list form the task runner iterates
+"""
+
+# Through the DagBag (as the DAG processor loads DAGs), which applies the cluster policy.
+RUN_DAGBAG = """
+import sys
+from pathlib import Path
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[2])
+assert not bag.import_errors, bag.import_errors
+run = bag.dags[sys.argv[1]].test()
+print("DAGRUN_STATE=" + str(run.state))
+"""
+
+
+def test_feed_lagging_more_than_its_max_lag_fails_its_check_and_the_failure_callback_fires(
+    kafka: KafkaTestCluster,
+    airflow_env: dict[str, str],  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+) -> None:
+    topic = kafka.new_topic(partitions=2, prefix="lag")
+    group = f"g-lag-{uuid.uuid4().hex[:8]}"
+    feeds, state, policy = tmp_path / "feeds", tmp_path / "state", tmp_path / "policy"
+    feeds.mkdir()
+    policy.mkdir()
+    (policy / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
+    feed = {
+        "topics": [topic], "group": group, "schedule": "@daily", "deserialization": {"format": "string"},
+        "max_records_per_run": 4,  # 10 produced: 6 stay unread, as old as the run is long (Spark alone: > 2 s)
+        "alerts": {"max_lag": "2s"}, "output": str(tmp_path / "out"),
+    }  # fmt: skip
+    (feeds / "lag.yaml").write_text(yaml.safe_dump(feed))
+    kafka.produce(topic, [Record(value=f"v{i}".encode(), partition=i % 2) for i in range(10)])
+    alert_file = tmp_path / "alerts.txt"
+    env = {
+        **airflow_env, "TIDEMARK_FEEDS_DIR": str(feeds), "TIDEMARK_STATE_DIR": str(state),
+        "ALERT_FILE": str(alert_file), "PYTHONPATH": str(policy),
+    }  # fmt: skip
+
+    proc = subprocess.run([sys.executable, "-c", RUN_DAGBAG, "tidemark_lag", str(ROOT / "dags")], env=env,
+                          capture_output=True, text=True, check=False, timeout=600)  # fmt: skip
+
+    assert "DAGRUN_STATE=failed" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-4000:]
+    committed = kafka.adapter.committed(group, [(topic, 0), (topic, 1)])
+    assert {tp: c.offset for tp, c in committed.items()} == {(topic, 0): 2, (topic, 1): 2}  # the run itself stands
+    alerts = alert_file.read_text().splitlines()
+    assert len(alerts) == 1 and alerts[0].startswith("check: "), alerts  # only the check failed
+    for p in (0, 1):
+        assert f"feed 'lag': {topic}[{p}] lags" in alerts[0] and "(3 records from offset 2 to 5)" in alerts[0]
+    assert "more than alerts.max_lag 2s" in alerts[0]

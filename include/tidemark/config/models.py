@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 OnMissing = Literal["earliest", "latest", "timestamp", "fail"]
 OnNewPartition = Literal["earliest", "latest"]
 OnDataLoss = Literal["fail", "skip"]
+AlertPolicy = Literal["fail", "warn"]
 OnAhead = Literal["fail", "earliest", "latest"]
 ValueFormat = Literal["bytes", "string", "json"]
 OnBadRecords = Literal["fail", "quarantine"]
@@ -140,6 +141,34 @@ class TimeWindows(_Model):
         return int(parse_skew(self.max_skew).total_seconds() * 1000)
 
 
+class Alerts(_Model):
+    """When a feed DAG's ``check`` task (after the commit) fails, so Airflow's failure callbacks and notifiers fire.
+
+    ``max_lag``: the oldest record the group has not read may be at most this old after a run
+    (``30s``, ``30m``, ``2h`` or ISO 8601). ``on_data_loss`` / ``on_expired_offsets``: a run
+    whose plan or commit has a ``data_loss`` / ``group_offsets_expired`` event fails the
+    check (``fail``) or only logs it (``warn``).
+    """
+
+    max_lag: str | None = None
+    on_data_loss: AlertPolicy = "warn"
+    on_expired_offsets: AlertPolicy = "warn"
+
+    @field_validator("max_lag")
+    @classmethod
+    def _lag_ok(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parse_skew(v, "alerts.max_lag")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from exc
+        return v
+
+    @property
+    def max_lag_ms(self) -> int | None:
+        return None if self.max_lag is None else int(parse_skew(self.max_lag, "alerts.max_lag").total_seconds() * 1000)
+
+
 ICEBERG_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}\.[A-Za-z_][A-Za-z0-9_]{0,99}$")
 
 
@@ -188,6 +217,7 @@ class Feed(_Model):
     iceberg: IcebergOutput | None = None
     validation: Validation = Validation()
     time_windows: TimeWindows = TimeWindows()
+    alerts: Alerts | None = None
 
     @field_validator("name")
     @classmethod

@@ -339,7 +339,38 @@ def commit_step(handle: dict[str, Any]) -> dict[str, Any]:
     return outcome
 
 
-def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None) -> None:
+@task(task_id="check")
+def check_step(handle: dict[str, Any], outcome: dict[str, Any]) -> None:
+    """Apply the feed's ``alerts`` after the commit: its lag in time, and its run's data-loss and expiry events.
+
+    A broken rule fails this task (not the commit: the run's data and offsets stand), so the
+    deployment's failure callbacks and notifiers fire; a ``warn`` policy only logs.
+    """
+    import json
+
+    from tidemark.checkpoints.store import open_store
+    from tidemark.config.models import load_feed
+    from tidemark.kafka.adapter import KafkaAdapter
+    from tidemark.orchestration import metrics
+    from tidemark.runs.alerts import check_alerts
+    from tidemark.runs.status import feed_status
+    from tidemark.storage import Location
+
+    feed = load_feed(handle["feed"])
+    with _storage_settings():
+        status = feed_status(
+            feed, KafkaAdapter(kafka_connection()), checkpoint_store() or open_store(), lag_times=True
+        )  # fmt: skip
+        report = json.loads(Location.of(outcome["report_path"]).read_text())
+    metrics.lagging(status)
+    found = check_alerts(feed, status, report.get("events") or [])
+    for warning in found.warnings:
+        log.warning("alert (warn): %s", warning)
+    if found.failures:
+        raise AirflowFailException("; ".join(found.failures))
+
+
+def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None, *, alerts: bool = False) -> None:
     # feed_name may be a template ("{{ params.feed }}"): TaskFlow arguments are rendered.
     planned = plan_step(feed_name, mode)
     job = TidemarkSparkSubmitOperator(
@@ -356,6 +387,8 @@ def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None) -> 
     )
     committed = commit_step.override(outlets=outlets or [])(planned)
     planned >> job >> committed
+    if alerts:  # feed DAGs whose feed sets alerts
+        check_step(planned, committed)
 
 
 def feed_dag(feed: Feed) -> DAG:
@@ -375,7 +408,7 @@ def feed_dag(feed: Feed) -> DAG:
         default_args=DEFAULT_ARGS,
         tags=["tidemark", "feed", feed.name],
     ) as dag:
-        _pipeline(feed.name, "scheduled", outlets=[feed_asset(feed)])
+        _pipeline(feed.name, "scheduled", outlets=[feed_asset(feed)], alerts=feed.alerts is not None)
     return dag
 
 

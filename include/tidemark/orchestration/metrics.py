@@ -20,6 +20,7 @@ from typing import Any
 from airflow.sdk.observability import stats
 
 from tidemark.planning.plan import Plan
+from tidemark.runs.status import FeedStatus
 from tidemark.storage import Location
 
 PREFIX = "tidemark"
@@ -73,3 +74,10 @@ def finished(feed: str, run_dir: str, report_path: str, *, committed: bool) -> N
 
 def commit_refused(feed: str) -> None:
     stats.incr(f"{PREFIX}.commit_refused", tags=_tags(feed))
+
+
+def lagging(status: FeedStatus) -> None:
+    """Lag in time after the run: the age of the oldest record the group has not read (0 when none)."""
+    for p in status.partitions:
+        if p.lag_ms is not None:
+            stats.gauge(f"{PREFIX}.lag_seconds", p.lag_ms / 1000, tags=_tags(status.feed, p.topic, p.partition))
