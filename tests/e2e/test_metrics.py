@@ -15,6 +15,7 @@ import sys
 import uuid
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -26,16 +27,42 @@ from tidemark.kafka.adapter import Record
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-# What the task runner does before a task runs (task_runner.main); dag.test runs tasks in-process without it.
+# Through the DagBag, as the DAG processor loads DAGs (it applies the cluster policy), with the metrics client
+# initialized as the task runner does before a task runs (task_runner.main); dag.test runs tasks in-process.
 RUN_DAG = """
-import json, sys
+import sys
 from airflow.sdk.observability import stats
 from airflow.sdk.observability.metrics import stats_utils
 stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
-from tidemark.orchestration.dags import all_dags
-run = all_dags()[sys.argv[1]].test()
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[2])
+assert not bag.import_errors, bag.import_errors
+run = bag.dags[sys.argv[1]].test()
 print("DAGRUN_STATE=" + str(run.state))
 """
+
+
+def _run_feed(
+    base_env: dict[str, str], tmp_path: Path, name: str, feed: dict[str, Any], **env: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Write the feed, run its DAG with a UDP socket as Airflow's StatsD server; what it received."""
+    feeds = tmp_path / "feeds"
+    feeds.mkdir()
+    (feeds / f"{name}.yaml").write_text(yaml.safe_dump({"schedule": "@daily", "output": str(tmp_path / "out"), **feed}))
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.1", 0))
+    env = {
+        **base_env, "TIDEMARK_FEEDS_DIR": str(feeds), "TIDEMARK_STATE_DIR": str(tmp_path / "state"),
+        "AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+        "AIRFLOW__METRICS__STATSD_PORT": str(listener.getsockname()[1]),
+        "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True", **env,
+    }  # fmt: skip
+    try:
+        proc = subprocess.run([sys.executable, "-c", RUN_DAG, f"tidemark_{name}", str(ROOT / "dags")], env=env,
+                              capture_output=True, text=True, check=False, timeout=600)  # fmt: skip
+        return proc, _received(listener)
+    finally:
+        listener.close()
 
 
 def _received(sock: socket.socket) -> list[str]:
@@ -49,9 +76,9 @@ def _received(sock: socket.socket) -> list[str]:
 
 
 def _parse(lines: list[str]) -> dict[tuple[str, str], list[float]]:
-    """``name,tag=v,...:value|type`` → {(name, type): values} with the tags kept in the name."""
+    """Tidemark's ``name,tag=v,...:value|type`` → {(name, type): values} with the tags kept in the name."""
     out: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for line in lines:
+    for line in (ln for ln in lines if ln.startswith("airflow.tidemark.")):
         name, _, rest = line.partition(":")
         value, _, kind = rest.partition("|")
         out[(name, kind)].append(float(value))
@@ -64,40 +91,23 @@ def test_feed_run_sends_its_metrics_to_statsd(
     tmp_path: Path,
 ) -> None:
     topic = kafka.new_topic(partitions=2, prefix="met")
-    feeds, state = tmp_path / "feeds", tmp_path / "state"
-    feeds.mkdir()
-    feed = {
-        "topics": [topic], "group": f"g-met-{uuid.uuid4().hex[:8]}", "schedule": "@daily",
-        "deserialization": {"format": "json", "fields": [{"name": "n", "type": "integer"}]},
-        "validation": {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5},
-        "output": str(tmp_path / "out"),
-    }  # fmt: skip
-    (feeds / "met.yaml").write_text(yaml.safe_dump(feed))
     bad = {3, 4, 9}  # 4 → partition 0, 3 and 9 → partition 1
     kafka.produce(topic, [
         Record(value=b"{broken" if i in bad else json.dumps({"n": i}).encode(), partition=i % 2) for i in range(12)
     ])  # fmt: skip
-    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    listener.bind(("127.0.0.1", 0))
-    env = {
-        **airflow_env, "TIDEMARK_FEEDS_DIR": str(feeds), "TIDEMARK_STATE_DIR": str(state),
-        "AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
-        "AIRFLOW__METRICS__STATSD_PORT": str(listener.getsockname()[1]),
-        "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True",
+    feed = {
+        "topics": [topic], "group": f"g-met-{uuid.uuid4().hex[:8]}",
+        "deserialization": {"format": "json", "fields": [{"name": "n", "type": "integer"}]},
+        "validation": {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5},
     }  # fmt: skip
 
-    try:
-        proc = subprocess.run([sys.executable, "-c", RUN_DAG, "tidemark_met"], env=env, capture_output=True,
-                              text=True, check=False, timeout=600)  # fmt: skip
-        lines = _received(listener)
-    finally:
-        listener.close()
+    proc, lines = _run_feed(airflow_env, tmp_path, "met", feed)
 
     assert "DAGRUN_STATE=success" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = scan(kafka.connection, {(topic, 0): (0, 6), (topic, 1): (0, 6)})  # the independent truth
     unparsable = sum(1 for _, value in rows if value == b"{broken")
     assert (len(rows), unparsable) == (12, 3)
-    got = _parse([ln for ln in lines if ln.startswith("airflow.tidemark.")])
+    got = _parse(lines)
     for p in (0, 1):
         tags = f"feed=met,topic={topic},partition={p}"
         assert got[(f"airflow.tidemark.lag_records,{tags}", "g")] == [6]
@@ -106,7 +116,7 @@ def test_feed_run_sends_its_metrics_to_statsd(
     assert got[("airflow.tidemark.records_quarantined,feed=met", "c")] == [unparsable]
     assert got[("airflow.tidemark.records_published,feed=met", "c")] == [len(rows) - unparsable]
     assert got[("airflow.tidemark.run.committed,feed=met", "c")] == [1]
-    job = json.loads(next(state.glob("runs/met/*/job.json")).read_text())
+    job = json.loads(next(tmp_path.glob("state/runs/met/*/job.json")).read_text())
     for step, seconds in job["timings_s"].items():  # durations as the job measured them, in milliseconds
         assert got[(f"airflow.tidemark.step.{step},feed=met", "ms")] == [pytest.approx(seconds * 1000, abs=1)]
     assert not any(SECRET in line for line in lines)
@@ -126,17 +136,6 @@ def task_policy(task):
     task.on_failure_callback = [_notify]  # set after construction: the list form the task runner iterates
 """
 
-# Through the DagBag (as the DAG processor loads DAGs), which applies the cluster policy.
-RUN_DAGBAG = """
-import sys
-from pathlib import Path
-from airflow.dag_processing.dagbag import DagBag
-bag = DagBag(dag_folder=sys.argv[2])
-assert not bag.import_errors, bag.import_errors
-run = bag.dags[sys.argv[1]].test()
-print("DAGRUN_STATE=" + str(run.state))
-"""
-
 
 def test_feed_lagging_more_than_its_max_lag_fails_its_check_and_the_failure_callback_fires(
     kafka: KafkaTestCluster,
@@ -145,25 +144,18 @@ def test_feed_lagging_more_than_its_max_lag_fails_its_check_and_the_failure_call
 ) -> None:
     topic = kafka.new_topic(partitions=2, prefix="lag")
     group = f"g-lag-{uuid.uuid4().hex[:8]}"
-    feeds, state, policy = tmp_path / "feeds", tmp_path / "state", tmp_path / "policy"
-    feeds.mkdir()
+    policy = tmp_path / "policy"
     policy.mkdir()
     (policy / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
-    feed = {
-        "topics": [topic], "group": group, "schedule": "@daily", "deserialization": {"format": "string"},
-        "max_records_per_run": 4,  # 10 produced: 6 stay unread, as old as the run is long (Spark alone: > 2 s)
-        "alerts": {"max_lag": "2s"}, "output": str(tmp_path / "out"),
-    }  # fmt: skip
-    (feeds / "lag.yaml").write_text(yaml.safe_dump(feed))
     kafka.produce(topic, [Record(value=f"v{i}".encode(), partition=i % 2) for i in range(10)])
-    alert_file = tmp_path / "alerts.txt"
-    env = {
-        **airflow_env, "TIDEMARK_FEEDS_DIR": str(feeds), "TIDEMARK_STATE_DIR": str(state),
-        "ALERT_FILE": str(alert_file), "PYTHONPATH": str(policy),
+    feed = {
+        "topics": [topic], "group": group, "deserialization": {"format": "string"},
+        "max_records_per_run": 4,  # 10 produced: 6 stay unread, as old as the run is long (Spark alone: > 2 s)
+        "alerts": {"max_lag": "2s"},
     }  # fmt: skip
+    alert_file = tmp_path / "alerts.txt"
 
-    proc = subprocess.run([sys.executable, "-c", RUN_DAGBAG, "tidemark_lag", str(ROOT / "dags")], env=env,
-                          capture_output=True, text=True, check=False, timeout=600)  # fmt: skip
+    proc, lines = _run_feed(airflow_env, tmp_path, "lag", feed, ALERT_FILE=str(alert_file), PYTHONPATH=str(policy))
 
     assert "DAGRUN_STATE=failed" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-4000:]
     committed = kafka.adapter.committed(group, [(topic, 0), (topic, 1)])
@@ -173,3 +165,8 @@ def test_feed_lagging_more_than_its_max_lag_fails_its_check_and_the_failure_call
     for p in (0, 1):
         assert f"feed 'lag': {topic}[{p}] lags" in alerts[0] and "(3 records from offset 2 to 5)" in alerts[0]
     assert "more than alerts.max_lag 2s" in alerts[0]
+    got = _parse(lines)
+    for p in (0, 1):  # the lag in time the check saw, sent from the check task
+        (seconds,) = got[(f"airflow.tidemark.lag_seconds,feed=lag,topic={topic},partition={p}", "g")]
+        assert seconds > 2
+        assert f"{topic}[{p}] lags {seconds / 60:.1f} min" in alerts[0]
