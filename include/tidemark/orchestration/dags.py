@@ -28,6 +28,7 @@ from tidemark.checkpoints.store import CheckpointStore
 from tidemark.config.models import Feed, dag_id, load_feeds, package_root
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
 from tidemark.kafka.connection import CALLBACK_SETTINGS, KafkaConnection, from_airflow_extra, from_env
+from tidemark.planning.plan import Plan
 from tidemark.planning.requests import END_CHOICES, MAX_OFFSET, MAX_PARTITION, OUTPUT_ROOTS_ENV, START_CHOICES
 
 log = logging.getLogger(__name__)
@@ -208,7 +209,15 @@ def output_uri(feed: Feed) -> str:
 class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
     """SparkSubmitOperator that hands the Kafka connection to the job at execution time."""
 
-    def __init__(self, *, kafka_conn_id: str = KAFKA_CONN_ID, **kwargs: Any) -> None:
+    template_fields = (*SparkSubmitOperator.template_fields, "lineage")
+
+    def __init__(
+        self,
+        *,
+        kafka_conn_id: str = KAFKA_CONN_ID,
+        lineage: str = "{{ ti.xcom_pull(task_ids='plan', key='lineage') | tojson }}",
+        **kwargs: Any,
+    ) -> None:
         from tidemark.spark.session import SUBMIT_CONF
 
         # Same as the CLI's spark-submit: Tidemark's secret names redacted. The package is
@@ -216,6 +225,7 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         kwargs["conf"] = {**SUBMIT_CONF, **(kwargs.get("conf") or {})}
         super().__init__(**kwargs)
         self.kafka_conn_id = kafka_conn_id
+        self.lineage = lineage
 
     def conf_for_run(self, records: int, class_archive: str = "") -> dict[str, Any]:
         """The Spark settings of a run of ``records``: a small run's driver JVM options, as ``tidemark run``.
@@ -263,6 +273,18 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
             super().execute(context)  # raises when spark-submit fails
             class_archive.succeeded = True
 
+    # OpenLineage (the provider's DefaultExtractor calls these): the datasets the plan task described
+    # (tidemark.orchestration.lineage), rendered into ``lineage`` before the START event.
+    def get_openlineage_facets_on_start(self) -> Any:
+        import json
+
+        from tidemark.orchestration.lineage import operator_lineage
+
+        return operator_lineage(json.loads(self.lineage or "null") or {})
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return self.get_openlineage_facets_on_start()
+
 
 # Refusals that a retry cannot change: bad feed files or trigger parameters, data loss
 # under policy fail, offsets moved by someone else. They fail the task at once instead
@@ -297,8 +319,19 @@ def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None
             ).to_xcom()
         )
         _record_airflow_run(handle["run_dir"])
-        metrics.planned(RunHandle.from_xcom(handle).plan())
+        plan = RunHandle.from_xcom(handle).plan()
+        metrics.planned(plan)
+        _describe_lineage(plan)
     return handle
+
+
+def _describe_lineage(plan: Plan) -> None:
+    """The run's datasets for the Spark task's OpenLineage events (see TidemarkSparkSubmitOperator)."""
+    from tidemark.config.models import load_feed
+    from tidemark.orchestration.lineage import describe
+
+    doc = describe(load_feed(plan.feed), plan, kafka_connection().bootstrap_servers)
+    get_current_context()["ti"].xcom_push(key="lineage", value=doc)
 
 
 def _record_airflow_run(run_dir: str) -> None:
