@@ -133,3 +133,18 @@ def test_a_feed_with_alerts_checks_them_after_the_commit(tmp_path: Path) -> None
     assert {t.task_id for t in dag.tasks} == {"plan", "read_validate_publish", "commit", "check"}
     assert dag.get_task("commit").downstream_task_ids == {"check"}  # the check never gates the commit
     assert dag.get_task("check").downstream_task_ids == set()
+
+
+def test_the_watchdog_dag_exists_when_a_feed_sets_stale_after(tmp_path: Path) -> None:
+    from tidemark.orchestration.dags import all_dags
+
+    feeds = tmp_path / "feeds"
+    feeds.mkdir()
+    (feeds / "calm.yaml").write_text(f"topics: [t]\ngroup: g1\noutput: {tmp_path / 'calm'}\n")
+    assert "tidemark_watchdog" not in all_dags(feeds)
+    watched = f"topics: [t]\ngroup: g2\noutput: {tmp_path / 'w'}\nalerts: {{stale_after: 6h}}\n"
+    (feeds / "watched.yaml").write_text(watched)
+
+    watchdog = all_dags(feeds)["tidemark_watchdog"]
+
+    assert [t.task_id for t in watchdog.tasks] == ["stale_feeds"] and watchdog.schedule == "*/10 * * * *"

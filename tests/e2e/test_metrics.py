@@ -12,6 +12,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -47,8 +48,16 @@ def _run_feed(
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """Write the feed, run its DAG with a UDP socket as Airflow's StatsD server; what it received."""
     feeds = tmp_path / "feeds"
-    feeds.mkdir()
+    feeds.mkdir(exist_ok=True)
     (feeds / f"{name}.yaml").write_text(yaml.safe_dump({"schedule": "@daily", "output": str(tmp_path / "out"), **feed}))
+    return run_dag(base_env, tmp_path, f"tidemark_{name}", **env)
+
+
+def run_dag(
+    base_env: dict[str, str], tmp_path: Path, dag_id: str, **env: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run a DAG over the feeds in ``tmp_path/feeds`` with a UDP socket as Airflow's StatsD server."""
+    feeds = tmp_path / "feeds"
     listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     listener.bind(("127.0.0.1", 0))
     env = {
@@ -58,7 +67,7 @@ def _run_feed(
         "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True", **env,
     }  # fmt: skip
     try:
-        proc = subprocess.run([sys.executable, "-c", RUN_DAG, f"tidemark_{name}", str(ROOT / "dags")], env=env,
+        proc = subprocess.run([sys.executable, "-c", RUN_DAG, dag_id, str(ROOT / "dags")], env=env,
                               capture_output=True, text=True, check=False, timeout=600)  # fmt: skip
         return proc, _received(listener)
     finally:
@@ -137,6 +146,14 @@ def task_policy(task):
 """
 
 
+def _failure_policy(tmp_path: Path) -> Path:
+    """A folder with the cluster policy above, to put on the DAG run's PYTHONPATH."""
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
+    return policy
+
+
 def test_feed_lagging_more_than_its_max_lag_fails_its_check_and_the_failure_callback_fires(
     kafka: KafkaTestCluster,
     airflow_env: dict[str, str],  # noqa: F811 - the fixture imported above
@@ -144,9 +161,7 @@ def test_feed_lagging_more_than_its_max_lag_fails_its_check_and_the_failure_call
 ) -> None:
     topic = kafka.new_topic(partitions=2, prefix="lag")
     group = f"g-lag-{uuid.uuid4().hex[:8]}"
-    policy = tmp_path / "policy"
-    policy.mkdir()
-    (policy / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
+    policy = _failure_policy(tmp_path)
     kafka.produce(topic, [Record(value=f"v{i}".encode(), partition=i % 2) for i in range(10)])
     feed = {
         "topics": [topic], "group": group, "deserialization": {"format": "string"},
@@ -170,3 +185,37 @@ def test_feed_lagging_more_than_its_max_lag_fails_its_check_and_the_failure_call
         (seconds,) = got[(f"airflow.tidemark.lag_seconds,feed=lag,topic={topic},partition={p}", "g")]
         assert seconds > 2
         assert f"{topic}[{p}] lags {seconds / 60:.1f} min" in alerts[0]
+
+
+def test_watchdog_names_a_feed_whose_last_commit_is_older_than_its_stale_after_and_the_callback_fires(
+    kafka: KafkaTestCluster,
+    airflow_env: dict[str, str],  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+) -> None:
+    topic = kafka.new_topic(partitions=1, prefix="wd")
+    policy = _failure_policy(tmp_path)
+    kafka.produce(topic, [Record(value=f"v{i}".encode()) for i in range(3)])
+    group = f"g-wd-{uuid.uuid4().hex[:8]}"
+    feed = {"topics": [topic], "group": group, "deserialization": {"format": "string"}}
+    before = time.time()
+    ran, _ = _run_feed(airflow_env, tmp_path, "wd", {**feed, "alerts": {"stale_after": "1h"}})
+    after = time.time()
+    assert "DAGRUN_STATE=success" in ran.stdout, ran.stdout[-4000:] + ran.stderr[-4000:]
+    assert kafka.adapter.committed(group, [(topic, 0)])[(topic, 0)].offset == 3  # the run committed
+    # Now the feed has not committed for longer than it may (as if its DAG were paused since that run).
+    (tmp_path / "feeds" / "wd.yaml").write_text(
+        yaml.safe_dump({"schedule": "@daily", "output": str(tmp_path / "out"), **feed, "alerts": {"stale_after": "1s"}})
+    )
+    alert_file = tmp_path / "alerts.txt"
+    checked_from = time.time()
+
+    proc, lines = run_dag(
+        airflow_env, tmp_path, "tidemark_watchdog", ALERT_FILE=str(alert_file), PYTHONPATH=str(policy)
+    )  # fmt: skip
+
+    assert "DAGRUN_STATE=failed" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (alert,) = alert_file.read_text().splitlines()
+    assert alert.startswith("stale_feeds: feed 'wd' last committed a run ") and "alerts.stale_after 1s" in alert
+    assert "check that its DAG tidemark_wd is unpaused" in alert
+    (age,) = _parse(lines)[("airflow.tidemark.last_commit_age_seconds,feed=wd", "g")]
+    assert checked_from - after <= age <= time.time() - before  # the commit happened while the feed DAG ran

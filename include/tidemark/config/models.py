@@ -24,6 +24,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -147,19 +148,22 @@ class Alerts(_Model):
     ``max_lag``: the oldest record the group has not read may be at most this old after a run
     (``30s``, ``30m``, ``2h`` or ISO 8601). ``on_data_loss`` / ``on_expired_offsets``: a run
     whose plan or commit has a ``data_loss`` / ``group_offsets_expired`` event fails the
-    check (``fail``) or only logs it (``warn``).
+    check (``fail``) or only logs it (``warn``). ``stale_after``: the ``tidemark_watchdog`` DAG
+    fails naming the feed when its last committed run is older than this (its DAG paused,
+    its runs failing or not scheduled).
     """
 
     max_lag: str | None = None
     on_data_loss: AlertPolicy = "warn"
     on_expired_offsets: AlertPolicy = "warn"
+    stale_after: str | None = None
 
-    @field_validator("max_lag")
+    @field_validator("max_lag", "stale_after")
     @classmethod
-    def _lag_ok(cls, v: str | None) -> str | None:
+    def _duration_ok(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is not None:
             try:
-                parse_skew(v, "alerts.max_lag")
+                parse_skew(v, f"alerts.{info.field_name}")
             except ConfigError as exc:
                 raise ValueError(str(exc)) from exc
         return v
@@ -345,7 +349,7 @@ def load_feed(name_or_path: str, directory: Path | None = None) -> Feed:
     raise ConfigError(f"no feed named '{name_or_path}' in {folder} (known feeds: {known})")
 
 
-BUILTIN_DAGS = ("backfill", "replay")  # Tidemark's own DAGs, tidemark_<name>: no feed may take their ids
+BUILTIN_DAGS = ("backfill", "replay", "watchdog")  # Tidemark's own DAGs, tidemark_<name>: no feed may take their ids
 
 
 def dag_id(name: str) -> str:

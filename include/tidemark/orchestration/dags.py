@@ -38,6 +38,7 @@ CHECKPOINT_CONN_ID = os.environ.get("TIDEMARK_CHECKPOINT_CONN_ID", "tidemark_che
 STORAGE_CONN_ID = os.environ.get("TIDEMARK_STORAGE_CONN_ID", "tidemark_storage")
 ICEBERG_CONN_ID = os.environ.get("TIDEMARK_ICEBERG_CONN_ID", "tidemark_iceberg")
 START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
+WATCHDOG_SCHEDULE = os.environ.get("TIDEMARK_WATCHDOG_SCHEDULE", "*/10 * * * *")
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "data-platform",
     "retries": 2,
@@ -403,6 +404,47 @@ def check_step(handle: dict[str, Any], outcome: dict[str, Any]) -> None:
         raise AirflowFailException("; ".join(found.failures))
 
 
+@task(task_id="stale_feeds")
+def stale_step() -> None:
+    """Fail naming every feed whose last committed run is older than its ``alerts.stale_after``."""
+    from tidemark.orchestration import metrics
+    from tidemark.runs.alerts import last_commit_at, stale_feeds
+
+    feeds = [f for f in load_feeds().values() if f.alerts is not None and f.alerts.stale_after]
+    # The present, not the DAG run's logical time: a watchdog run that starts late must not understate an age.
+    now = datetime.now(UTC)
+    with _storage_settings():
+        last = {f.name: last_commit_at(f.name) for f in feeds}
+    metrics.commit_ages(last, now)
+    found = stale_feeds(feeds, last, now)
+    if found:  # a retry cannot make a feed fresh: fail at once, so notifiers fire now
+        raise AirflowFailException("; ".join(found))
+    log.info("every feed with alerts.stale_after committed a run recently enough: %s", sorted(last))
+
+
+def watchdog_dag() -> DAG:
+    """Checks on a schedule of its own whether feeds stopped committing: their own DAGs cannot say so when paused."""
+    with DAG(
+        dag_id=dag_id("watchdog"),
+        description="Fails naming every feed whose last committed run is older than its alerts.stale_after",
+        doc_md=(
+            "Every 10 minutes, reads each feed's newest committed run (feeds that set `alerts.stale_after`) and "
+            "fails naming the feeds whose last commit is older than that, so the deployment's failure callbacks "
+            "and notifiers fire: a paused feed DAG, runs that keep failing, or runs no longer scheduled. It also "
+            "sends `tidemark.last_commit_age_seconds` per feed. It runs in the same scheduler: a stopped "
+            "scheduler stops it too (watch Airflow's own `scheduler_heartbeat` metric for that)."
+        ),
+        schedule=WATCHDOG_SCHEDULE,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        default_args=DEFAULT_ARGS,
+        tags=["tidemark", "watchdog"],
+    ) as dag:
+        stale_step()
+    return dag
+
+
 def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None, *, alerts: bool = False) -> None:
     # feed_name may be a template ("{{ params.feed }}"): TaskFlow arguments are rendered.
     planned = plan_step(feed_name, mode)
@@ -581,7 +623,7 @@ def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
 
 
 def all_dags(feeds_directory: Path | None = None) -> dict[str, DAG]:
-    """A DAG per feed plus backfill and replay, by DAG id.
+    """A DAG per feed plus backfill and replay (and the watchdog when a feed sets ``alerts.stale_after``), by DAG id.
 
     Feeds whose DAG ids collide with each other or with a built-in DAG are refused by
     :func:`tidemark.config.models.load_feeds`, so the DAG file shows an import error naming them
@@ -591,4 +633,6 @@ def all_dags(feeds_directory: Path | None = None) -> dict[str, DAG]:
     dags = {d.dag_id: d for d in (feed_dag(f) for f in feeds.values())}
     for extra in (backfill_dag(feeds), replay_dag(feeds)):
         dags[extra.dag_id] = extra
+    if any(f.alerts is not None and f.alerts.stale_after for f in feeds.values()):
+        dags[dag_id("watchdog")] = watchdog_dag()
     return dags

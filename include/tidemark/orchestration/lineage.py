@@ -11,8 +11,9 @@ is disabled or has no transport).
   OpenLineage names Kafka; only host and port: a listener name or user info is dropped),
   name = the topic, with the facet ``tidemark_offsets``: the plan's ``[start, end)`` per partition.
 - Output: a Parquet folder as Airflow's own asset converters name it (``file`` + the
-  absolute path, or ``s3://<bucket>`` + the key), the names it gives the feed's Asset too; an Iceberg table as namespace ``iceberg://tidemark`` (Tidemark's
-  catalog name) and the table's identifier.
+  absolute path, or ``s3://<bucket>`` + the key), the names the feed's Asset gets too; an
+  Iceberg table as namespace ``iceberg://tidemark`` (Tidemark's catalog name) and the
+  table's identifier.
 """
 
 from __future__ import annotations

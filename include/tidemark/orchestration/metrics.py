@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk.observability import stats
@@ -81,3 +81,10 @@ def lagging(status: FeedStatus) -> None:
     for p in status.partitions:
         if p.lag_ms is not None:
             stats.gauge(f"{PREFIX}.lag_seconds", p.lag_ms / 1000, tags=_tags(status.feed, p.topic, p.partition))
+
+
+def commit_ages(last_commits: Mapping[str, datetime | None], now: datetime) -> None:
+    """Per feed, seconds since its last committed run (from the watchdog; feeds that never committed send none)."""
+    for feed, last in last_commits.items():
+        if last is not None:
+            stats.gauge(f"{PREFIX}.last_commit_age_seconds", (now - last).total_seconds(), tags=_tags(feed))

@@ -1,17 +1,21 @@
 """A feed's alert rules applied to its lag after a run and to the run's events.
 
 Pure over values the caller gathers (the feed's status with lag in time, the run report's
-events): the Airflow ``check`` task turns the failures into a failed task, so Airflow's
-failure callbacks and notifiers fire, and logs the warnings.
+events; for the watchdog, when each feed last committed a run): the Airflow ``check`` and
+``stale_feeds`` tasks turn the failures into a failed task, so Airflow's failure callbacks
+and notifiers fire, and log the warnings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from tidemark.config.models import Feed
+from tidemark.config.durations import parse_skew
+from tidemark.config.models import Feed, dag_id
+from tidemark.runs.report import Root, list_runs
 from tidemark.runs.status import FeedStatus
 
 # The event kind each policy of ``alerts`` watches.
@@ -51,3 +55,33 @@ def check_alerts(feed: Feed, status: FeedStatus, events: Iterable[Mapping[str, A
             line = f"feed '{feed.name}': event {kind} ({e.get('message')})"
             (failures if getattr(alerts, policy) == "fail" else warnings).append(f"{line} [alerts.{policy}]")
     return AlertCheck(tuple(failures), tuple(warnings))
+
+
+def last_commit_at(feed: str, *, root: Root | None = None, look_back: int = 50) -> datetime | None:
+    """When the feed's newest committed run committed (from its run reports), ``None`` when none did."""
+    for report in list_runs(feed, limit=look_back, root=root):  # newest first
+        stamp = report.timestamps.get("committed_at")
+        if stamp:
+            return datetime.fromisoformat(stamp)
+    return None
+
+
+def stale_feeds(feeds: Iterable[Feed], last_commits: Mapping[str, datetime | None], now: datetime) -> tuple[str, ...]:
+    """The feeds whose last committed run is older than their ``alerts.stale_after``, with what to do."""
+    out = []
+    for feed in feeds:
+        after = feed.alerts.stale_after if feed.alerts is not None else None
+        if after is None:
+            continue
+        todo = f"check that its DAG {dag_id(feed.name)} is unpaused, scheduled and its runs succeed"
+        last = last_commits.get(feed.name)
+        if last is None:
+            out.append(f"feed '{feed.name}' has no committed run (alerts.stale_after {after}): {todo}")
+            continue
+        age_ms = int((now - last).total_seconds() * 1000)
+        if age_ms > parse_skew(after, "alerts.stale_after").total_seconds() * 1000:
+            out.append(
+                f"feed '{feed.name}' last committed a run {_minutes(age_ms)} ago (at {last.isoformat()}), "
+                f"more than alerts.stale_after {after}: {todo}"
+            )
+    return tuple(out)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from tidemark.config.models import Alerts, Feed
-from tidemark.runs.alerts import check_alerts
+from tidemark.runs.alerts import check_alerts, stale_feeds
 from tidemark.runs.status import FeedStatus, PartitionStatus
 
 LOSS = {"kind": "data_loss", "topic": "t", "partition": 1, "message": "t[1]: offsets [0, 40) deleted by retention"}
@@ -61,3 +62,27 @@ def test_a_feed_without_alerts_is_never_checked() -> None:
 def test_max_lag_must_be_a_duration() -> None:
     with pytest.raises(ValidationError, match=r"alerts.max_lag"):
         _feed(max_lag="soon")
+
+
+def test_a_feed_whose_last_commit_is_older_than_stale_after_is_named_others_are_not() -> None:
+    now = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    feeds = [
+        Feed(name=name, topics=("t",), group="g", alerts=Alerts(stale_after="2h") if name != "unwatched" else None)
+        for name in ("old", "fresh", "never", "unwatched")
+    ]
+    last = {"old": now - timedelta(hours=2, seconds=1), "fresh": now - timedelta(hours=2), "never": None,
+            "unwatched": now - timedelta(days=9)}  # fmt: skip
+
+    found = stale_feeds(feeds, last, now)
+
+    assert found == (
+        "feed 'old' last committed a run 120.0 min ago (at 2026-03-01T09:59:59+00:00), more than "
+        "alerts.stale_after 2h: check that its DAG tidemark_old is unpaused, scheduled and its runs succeed",
+        "feed 'never' has no committed run (alerts.stale_after 2h): check that its DAG tidemark_never is "
+        "unpaused, scheduled and its runs succeed",
+    )
+
+
+def test_stale_after_must_be_a_duration() -> None:
+    with pytest.raises(ValidationError, match=r"alerts\.stale_after"):
+        Alerts(stale_after="soon")
