@@ -122,3 +122,29 @@ def test_feeds_with_colliding_dag_ids_give_an_import_error_naming_both_files(
     assert str(tmp_path / "orders.v1.yaml") in error and str(tmp_path / "orders_v1.yaml") in error
     assert "'tidemark_orders_v1'" in error
     assert str(tmp_path / "replay.yaml") in error and "'tidemark_replay'" in error
+
+
+def test_a_feed_with_alerts_checks_them_after_the_commit(tmp_path: Path) -> None:
+    from tidemark.config.models import Alerts, Feed
+    from tidemark.orchestration.dags import feed_dag
+
+    dag = feed_dag(Feed(name="al", topics=("t",), group="g", output=str(tmp_path), alerts=Alerts(max_lag="30m")))
+
+    assert {t.task_id for t in dag.tasks} == {"plan", "read_validate_publish", "commit", "check"}
+    assert dag.get_task("commit").downstream_task_ids == {"check"}  # the check never gates the commit
+    assert dag.get_task("check").downstream_task_ids == set()
+
+
+def test_the_watchdog_dag_exists_when_a_feed_sets_stale_after(tmp_path: Path) -> None:
+    from tidemark.orchestration.dags import all_dags
+
+    feeds = tmp_path / "feeds"
+    feeds.mkdir()
+    (feeds / "calm.yaml").write_text(f"topics: [t]\ngroup: g1\noutput: {tmp_path / 'calm'}\n")
+    assert "tidemark_watchdog" not in all_dags(feeds)
+    watched = f"topics: [t]\ngroup: g2\noutput: {tmp_path / 'w'}\nalerts: {{stale_after: 6h}}\n"
+    (feeds / "watched.yaml").write_text(watched)
+
+    watchdog = all_dags(feeds)["tidemark_watchdog"]
+
+    assert [t.task_id for t in watchdog.tasks] == ["stale_feeds"] and watchdog.schedule == "*/10 * * * *"

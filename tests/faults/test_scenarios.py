@@ -627,14 +627,24 @@ def test_bad_params_and_configs(fenv: FaultEnv) -> None:
 @scenario("18", "Secrets never written",
           injected="a SASL password in the connection settings of a full run (PLAINTEXT ignores it)",
           asserted="the password appears in no plan, report, job.json, validation result, Data Docs page, "
-                   "log, commit metadata or published file")  # fmt: skip
-def test_secrets_never_written(fenv: FaultEnv, capfd: pytest.CaptureFixture[str]) -> None:
+                   "log, commit metadata or published file, nor in the run's StatsD datagrams or lineage events "
+                   "(also with the password in the bootstrap URL's user info)")  # fmt: skip
+def test_secrets_never_written(
+    fenv: FaultEnv, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     secret = "s3cr3t-fault-suite"
     conn = KafkaConnection(fenv.kafka.bootstrap_servers, {"sasl.password": secret})
     fenv.produce(9, bad={2})
     from tidemark.runs.pipeline import run_feed
 
-    run_feed(fenv.feed, conn, root=fenv.root, job_runner=fenv.in_process)
+    handle, _, outcome = run_feed(fenv.feed, conn, root=fenv.root, job_runner=fenv.in_process)
+    # Bootstrap URLs with a listener name and user info exist in the wild; lineage names only host:port.
+    with_userinfo = f"SASL_SSL://tidemark:{secret}@{conn.bootstrap_servers}"
+    datagrams, events = _metrics_and_lineage(handle.plan_path, handle.run_dir, outcome.report_path, with_userinfo,
+                                             fenv.tmp, monkeypatch)  # fmt: skip
+    assert any(d.startswith("airflow.tidemark.records_read") for d in datagrams), datagrams
+    assert len(events) == 2 and all(fenv.topic in e for e in events), events
+    assert not [text for text in (*datagrams, *events) if secret in text]
     out, errs = capfd.readouterr()
     assert secret not in out + errs
     for path in [*fenv.root.rglob("*"), *fenv.output.rglob("*")]:
@@ -643,6 +653,52 @@ def test_secrets_never_written(fenv: FaultEnv, capfd: pytest.CaptureFixture[str]
     got = fenv.kafka.adapter.committed(fenv.group, fenv.tps())
     assert all(secret not in c.metadata for c in got.values())
     fenv.check("test_secrets_never_written")
+
+
+def _metrics_and_lineage(
+    plan_path: str, run_dir: str, report_path: str, bootstrap_servers: str, tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[str], list[str]]:
+    """What a feed DAG's tasks send for this run: metrics through Airflow's StatsD client (a UDP socket as the
+    server), a START and a COMPLETE lineage event through the OpenLineage client's file transport."""
+    import socket
+
+    from airflow.sdk.observability import stats
+    from airflow.sdk.observability.metrics import stats_utils
+    from openlineage.client import OpenLineageClient
+    from openlineage.client.event_v2 import Job, Run, RunEvent, RunState
+    from openlineage.client.transport.file import FileConfig, FileTransport
+    from openlineage.client.uuid import generate_new_uuid
+
+    from tests.e2e.test_metrics import _received
+    from tidemark.config.models import load_feed
+    from tidemark.orchestration import lineage, metrics
+    from tidemark.planning.plan import Plan
+
+    plan = Plan.from_json(Location.of(plan_path).read_text())
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.1", 0))
+    for key, value in {"STATSD_ON": "True", "STATSD_HOST": "127.0.0.1", "STATSD_INFLUXDB_ENABLED": "True",
+                       "STATSD_PORT": str(listener.getsockname()[1])}.items():  # fmt: skip
+        monkeypatch.setenv(f"AIRFLOW__METRICS__{key}", value)
+    try:
+        stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
+        metrics.planned(plan)
+        metrics.finished(plan.feed, run_dir, report_path, committed=True)
+        datagrams = _received(listener)
+    finally:
+        monkeypatch.setenv("AIRFLOW__METRICS__STATSD_ON", "False")
+        stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
+        listener.close()
+
+    found = lineage.operator_lineage(lineage.describe(load_feed(plan.feed), plan, bootstrap_servers))
+    path = tmp / "lineage.jsonl"
+    client = OpenLineageClient(transport=FileTransport(FileConfig(log_file_path=str(path), append=True)))
+    run = Run(runId=str(generate_new_uuid()))
+    for state in (RunState.START, RunState.COMPLETE):
+        client.emit(RunEvent(eventType=state, eventTime=datetime.now(UTC).isoformat(), run=run,
+                             job=Job(namespace="tidemark", name=f"tidemark_{plan.feed}.read_validate_publish"),
+                             inputs=found.inputs, outputs=found.outputs))  # fmt: skip
+    return datagrams, path.read_text().splitlines()
 
 
 @scenario("19", "The task process killed and the task retried",

@@ -24,6 +24,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 OnMissing = Literal["earliest", "latest", "timestamp", "fail"]
 OnNewPartition = Literal["earliest", "latest"]
 OnDataLoss = Literal["fail", "skip"]
+AlertPolicy = Literal["fail", "warn"]
 OnAhead = Literal["fail", "earliest", "latest"]
 ValueFormat = Literal["bytes", "string", "json", "avro"]
 OnBadRecords = Literal["fail", "quarantine"]
@@ -159,6 +161,37 @@ class TimeWindows(_Model):
         return int(parse_skew(self.max_skew).total_seconds() * 1000)
 
 
+class Alerts(_Model):
+    """When a feed DAG's ``check`` task (after the commit) fails, so Airflow's failure callbacks and notifiers fire.
+
+    ``max_lag``: the oldest record the group has not read may be at most this old after a run
+    (``30s``, ``30m``, ``2h`` or ISO 8601). ``on_data_loss`` / ``on_expired_offsets``: a run
+    whose plan or commit has a ``data_loss`` / ``group_offsets_expired`` event fails the
+    check (``fail``) or only logs it (``warn``). ``stale_after``: the ``tidemark_watchdog`` DAG
+    fails naming the feed when its last committed run is older than this (its DAG paused,
+    its runs failing or not scheduled).
+    """
+
+    max_lag: str | None = None
+    on_data_loss: AlertPolicy = "warn"
+    on_expired_offsets: AlertPolicy = "warn"
+    stale_after: str | None = None
+
+    @field_validator("max_lag", "stale_after")
+    @classmethod
+    def _duration_ok(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None:
+            try:
+                parse_skew(v, f"alerts.{info.field_name}")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from exc
+        return v
+
+    @property
+    def max_lag_ms(self) -> int | None:
+        return None if self.max_lag is None else int(parse_skew(self.max_lag, "alerts.max_lag").total_seconds() * 1000)
+
+
 ICEBERG_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}\.[A-Za-z_][A-Za-z0-9_]{0,99}$")
 
 
@@ -207,6 +240,7 @@ class Feed(_Model):
     iceberg: IcebergOutput | None = None
     validation: Validation = Validation()
     time_windows: TimeWindows = TimeWindows()
+    alerts: Alerts | None = None
 
     @field_validator("name")
     @classmethod
@@ -336,7 +370,7 @@ def load_feed(name_or_path: str, directory: Path | None = None) -> Feed:
     raise ConfigError(f"no feed named '{name_or_path}' in {folder} (known feeds: {known})")
 
 
-BUILTIN_DAGS = ("backfill", "replay")  # Tidemark's own DAGs, tidemark_<name>: no feed may take their ids
+BUILTIN_DAGS = ("backfill", "replay", "watchdog")  # Tidemark's own DAGs, tidemark_<name>: no feed may take their ids
 
 
 def dag_id(name: str) -> str:

@@ -29,6 +29,7 @@ from tidemark.config.models import Feed, dag_id, load_feeds, package_root
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
 from tidemark.kafka.connection import CALLBACK_SETTINGS, KafkaConnection, from_airflow_extra, from_env
 from tidemark.kafka.registry import RegistryConnection
+from tidemark.planning.plan import Plan
 from tidemark.planning.requests import END_CHOICES, MAX_OFFSET, MAX_PARTITION, OUTPUT_ROOTS_ENV, START_CHOICES
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ STORAGE_CONN_ID = os.environ.get("TIDEMARK_STORAGE_CONN_ID", "tidemark_storage")
 ICEBERG_CONN_ID = os.environ.get("TIDEMARK_ICEBERG_CONN_ID", "tidemark_iceberg")
 REGISTRY_CONN_ID = os.environ.get("TIDEMARK_SCHEMA_REGISTRY_CONN_ID", "tidemark_schema_registry")
 START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
+WATCHDOG_SCHEDULE = os.environ.get("TIDEMARK_WATCHDOG_SCHEDULE", "*/10 * * * *")
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "data-platform",
     "retries": 2,
@@ -226,7 +228,15 @@ def output_uri(feed: Feed) -> str:
 class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
     """SparkSubmitOperator that hands the Kafka connection to the job at execution time."""
 
-    def __init__(self, *, kafka_conn_id: str = KAFKA_CONN_ID, **kwargs: Any) -> None:
+    template_fields = (*SparkSubmitOperator.template_fields, "lineage")
+
+    def __init__(
+        self,
+        *,
+        kafka_conn_id: str = KAFKA_CONN_ID,
+        lineage: str = "{{ ti.xcom_pull(task_ids='plan', key='lineage') | tojson }}",
+        **kwargs: Any,
+    ) -> None:
         from tidemark.spark.session import SUBMIT_CONF
 
         # Same as the CLI's spark-submit: Tidemark's secret names redacted. The package is
@@ -234,6 +244,7 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         kwargs["conf"] = {**SUBMIT_CONF, **(kwargs.get("conf") or {})}
         super().__init__(**kwargs)
         self.kafka_conn_id = kafka_conn_id
+        self.lineage = lineage
 
     def conf_for_run(self, records: int, class_archive: str = "") -> dict[str, Any]:
         """The Spark settings of a run of ``records``: a small run's driver JVM options, as ``tidemark run``.
@@ -291,6 +302,18 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
             super().execute(context)  # raises when spark-submit fails
             class_archive.succeeded = True
 
+    # OpenLineage (the provider's DefaultExtractor calls these): the datasets the plan task described
+    # (tidemark.orchestration.lineage), rendered into ``lineage`` before the START event.
+    def get_openlineage_facets_on_start(self) -> Any:
+        import json
+
+        from tidemark.orchestration.lineage import operator_lineage
+
+        return operator_lineage(json.loads(self.lineage or "null") or {})
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return self.get_openlineage_facets_on_start()
+
 
 # Refusals that a retry cannot change: bad feed files or trigger parameters, data loss
 # under policy fail, offsets moved by someone else. They fail the task at once instead
@@ -310,7 +333,8 @@ def _no_retry_for_refusals(call: Callable[[], dict[str, Any]]) -> dict[str, Any]
 @task(task_id="plan")
 def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Finish any pending commit of the feed, then plan this run and save the plan."""
-    from tidemark.runs.pipeline import plan_run
+    from tidemark.orchestration import metrics
+    from tidemark.runs.pipeline import RunHandle, plan_run
 
     with _storage_settings():
         handle = _no_retry_for_refusals(
@@ -324,7 +348,19 @@ def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None
             ).to_xcom()
         )
         _record_airflow_run(handle["run_dir"])
+        plan = RunHandle.from_xcom(handle).plan()
+        metrics.planned(plan)
+        _describe_lineage(plan)
     return handle
+
+
+def _describe_lineage(plan: Plan) -> None:
+    """The run's datasets for the Spark task's OpenLineage events (see TidemarkSparkSubmitOperator)."""
+    from tidemark.config.models import load_feed
+    from tidemark.orchestration.lineage import describe
+
+    doc = describe(load_feed(plan.feed), plan, kafka_connection().bootstrap_servers)
+    get_current_context()["ti"].xcom_push(key="lineage", value=doc)
 
 
 def _record_airflow_run(run_dir: str) -> None:
@@ -342,14 +378,21 @@ def _record_airflow_run(run_dir: str) -> None:
 @task(task_id="commit", trigger_rule="none_failed")
 def commit_step(handle: dict[str, Any]) -> dict[str, Any]:
     """Commit the plan's ends for the group (when the run asks for it) and write the report."""
+    from tidemark.orchestration import metrics
     from tidemark.runs.pipeline import RunHandle, commit_run
 
-    with _storage_settings():
-        outcome = _no_retry_for_refusals(
-            lambda: commit_run(
+    def commit() -> dict[str, Any]:
+        try:
+            return commit_run(
                 RunHandle.from_xcom(handle), kafka_connection(), progress=log.info, checkpoints=checkpoint_store()
             ).to_xcom()
-        )
+        except OffsetsMovedError:
+            metrics.commit_refused(handle["feed"])
+            raise
+
+    with _storage_settings():
+        outcome = _no_retry_for_refusals(commit)
+        metrics.finished(handle["feed"], handle["run_dir"], outcome["report_path"], committed=outcome["committed"])
     ctx = get_current_context()
     for outlet in ctx["task"].outlets or []:  # feed DAGs: the feed's Asset (see feed_asset)
         ctx["outlet_events"][outlet].extra = {
@@ -358,7 +401,79 @@ def commit_step(handle: dict[str, Any]) -> dict[str, Any]:
     return outcome
 
 
-def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None) -> None:
+@task(task_id="check")
+def check_step(handle: dict[str, Any], outcome: dict[str, Any]) -> None:
+    """Apply the feed's ``alerts`` after the commit: its lag in time, and its run's data-loss and expiry events.
+
+    A broken rule fails this task (not the commit: the run's data and offsets stand), so the
+    deployment's failure callbacks and notifiers fire; a ``warn`` policy only logs.
+    """
+    import json
+
+    from tidemark.checkpoints.store import open_store
+    from tidemark.config.models import load_feed
+    from tidemark.kafka.adapter import KafkaAdapter
+    from tidemark.orchestration import metrics
+    from tidemark.runs.alerts import check_alerts
+    from tidemark.runs.status import feed_status
+    from tidemark.storage import Location
+
+    feed = load_feed(handle["feed"])
+    with _storage_settings():
+        status = feed_status(
+            feed, KafkaAdapter(kafka_connection()), checkpoint_store() or open_store(), lag_times=True
+        )  # fmt: skip
+        report = json.loads(Location.of(outcome["report_path"]).read_text())
+    metrics.lagging(status)
+    found = check_alerts(feed, status, report.get("events") or [])
+    for warning in found.warnings:
+        log.warning("alert (warn): %s", warning)
+    if found.failures:
+        raise AirflowFailException("; ".join(found.failures))
+
+
+@task(task_id="stale_feeds")
+def stale_step() -> None:
+    """Fail naming every feed whose last committed run is older than its ``alerts.stale_after``."""
+    from tidemark.orchestration import metrics
+    from tidemark.runs.alerts import last_commit_at, stale_feeds
+
+    feeds = [f for f in load_feeds().values() if f.alerts is not None and f.alerts.stale_after]
+    # The present, not the DAG run's logical time: a watchdog run that starts late must not understate an age.
+    now = datetime.now(UTC)
+    with _storage_settings():
+        last = {f.name: last_commit_at(f.name) for f in feeds}
+    metrics.commit_ages(last, now)
+    found = stale_feeds(feeds, last, now)
+    if found:  # a retry cannot make a feed fresh: fail at once, so notifiers fire now
+        raise AirflowFailException("; ".join(found))
+    log.info("every feed with alerts.stale_after committed a run recently enough: %s", sorted(last))
+
+
+def watchdog_dag() -> DAG:
+    """Checks on a schedule of its own whether feeds stopped committing: their own DAGs cannot say so when paused."""
+    with DAG(
+        dag_id=dag_id("watchdog"),
+        description="Fails naming every feed whose last committed run is older than its alerts.stale_after",
+        doc_md=(
+            "Every 10 minutes, reads each feed's newest committed run (feeds that set `alerts.stale_after`) and "
+            "fails naming the feeds whose last commit is older than that, so the deployment's failure callbacks "
+            "and notifiers fire: a paused feed DAG, runs that keep failing, or runs no longer scheduled. It also "
+            "sends `tidemark.last_commit_age_seconds` per feed. It runs in the same scheduler: a stopped "
+            "scheduler stops it too (watch Airflow's own `scheduler_heartbeat` metric for that)."
+        ),
+        schedule=WATCHDOG_SCHEDULE,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        default_args=DEFAULT_ARGS,
+        tags=["tidemark", "watchdog"],
+    ) as dag:
+        stale_step()
+    return dag
+
+
+def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None, *, alerts: bool = False) -> None:
     # feed_name may be a template ("{{ params.feed }}"): TaskFlow arguments are rendered.
     planned = plan_step(feed_name, mode)
     job = TidemarkSparkSubmitOperator(
@@ -375,6 +490,8 @@ def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None) -> 
     )
     committed = commit_step.override(outlets=outlets or [])(planned)
     planned >> job >> committed
+    if alerts:  # feed DAGs whose feed sets alerts
+        check_step(planned, committed)
 
 
 def feed_dag(feed: Feed) -> DAG:
@@ -394,7 +511,7 @@ def feed_dag(feed: Feed) -> DAG:
         default_args=DEFAULT_ARGS,
         tags=["tidemark", "feed", feed.name],
     ) as dag:
-        _pipeline(feed.name, "scheduled", outlets=[feed_asset(feed)])
+        _pipeline(feed.name, "scheduled", outlets=[feed_asset(feed)], alerts=feed.alerts is not None)
     return dag
 
 
@@ -534,7 +651,7 @@ def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
 
 
 def all_dags(feeds_directory: Path | None = None) -> dict[str, DAG]:
-    """A DAG per feed plus backfill and replay, by DAG id.
+    """A DAG per feed plus backfill and replay (and the watchdog when a feed sets ``alerts.stale_after``), by DAG id.
 
     Feeds whose DAG ids collide with each other or with a built-in DAG are refused by
     :func:`tidemark.config.models.load_feeds`, so the DAG file shows an import error naming them
@@ -544,4 +661,6 @@ def all_dags(feeds_directory: Path | None = None) -> dict[str, DAG]:
     dags = {d.dag_id: d for d in (feed_dag(f) for f in feeds.values())}
     for extra in (backfill_dag(feeds), replay_dag(feeds)):
         dags[extra.dag_id] = extra
+    if any(f.alerts is not None and f.alerts.stale_after for f in feeds.values()):
+        dags[dag_id("watchdog")] = watchdog_dag()
     return dags

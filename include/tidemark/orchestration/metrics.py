@@ -1,0 +1,90 @@
+"""Feed metrics sent through Airflow's own metrics client, so the deployment's StatsD or OpenTelemetry settings apply.
+
+The plan task sends lag and planned records per partition and a counter per plan event;
+the commit task sends the run's record counts, the Spark job's step durations (from
+``job.json``), the outcome and a counter per job or commit event; a refused commit is
+counted where it is refused. Everything is read from the run's plan, ``job.json`` and
+report after the fact: nothing is sent from Spark executors, and the read path is
+untouched. Tags are the feed, topic and partition (never a connection setting); whether
+they reach the backend is the deployment's choice (``[metrics] statsd_influxdb_enabled``,
+``statsd_datadog_enabled`` or ``otel_on``). The README lists every name.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.sdk.observability import stats
+
+from tidemark.planning.plan import Plan
+from tidemark.runs.status import FeedStatus
+from tidemark.storage import Location
+
+PREFIX = "tidemark"
+
+
+def _tags(feed: str, topic: str | None = None, partition: int | None = None) -> dict[str, str]:
+    tags = {"feed": feed}
+    if topic is not None:
+        tags["topic"] = topic
+    if partition is not None:
+        tags["partition"] = str(partition)
+    return tags
+
+
+def _count_events(feed: str, events: Iterable[Mapping[str, Any]]) -> None:
+    for event in events:
+        kind = event.get("kind")
+        if kind:
+            stats.incr(f"{PREFIX}.event.{kind}", tags=_tags(feed, event.get("topic"), event.get("partition")))
+
+
+def planned(plan: Plan) -> None:
+    """Lag (records between the position a partition starts from and the end it could read) and planned records."""
+    for p in plan.partitions:
+        tags = _tags(plan.feed, p.topic, p.partition)
+        stats.gauge(f"{PREFIX}.lag_records", max(p.end_available - p.start, 0), tags=tags)
+        stats.gauge(f"{PREFIX}.planned_records", p.records, tags=tags)
+    _count_events(
+        plan.feed, ({"kind": e.kind, "topic": e.topic, "partition": e.partition} for e in plan.events)
+    )  # fmt: skip
+
+
+def _read_json(path: Location) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def finished(feed: str, run_dir: str, report_path: str, *, committed: bool) -> None:
+    """The run's counts, step durations, outcome, and the events its job and commit reported."""
+    job = _read_json(Location.of(run_dir) / "job.json")
+    tags = _tags(feed)
+    for key in ("records_read", "records_published", "records_quarantined"):
+        value = job.get(key)
+        if isinstance(value, int):
+            stats.incr(f"{PREFIX}.{key}", count=value, tags=tags)
+    for step, seconds in (job.get("timings_s") or {}).items():
+        stats.timing(f"{PREFIX}.step.{step}", timedelta(seconds=float(seconds)), tags=tags)
+    stats.incr(f"{PREFIX}.run.{'committed' if committed else 'not_committed'}", tags=tags)
+    report = _read_json(Location.of(report_path))
+    _count_events(feed, (e for e in report.get("events") or [] if e.get("source") != "plan"))  # plan task sent those
+
+
+def commit_refused(feed: str) -> None:
+    stats.incr(f"{PREFIX}.commit_refused", tags=_tags(feed))
+
+
+def lagging(status: FeedStatus) -> None:
+    """Lag in time after the run: the age of the oldest record the group has not read (0 when none)."""
+    for p in status.partitions:
+        if p.lag_ms is not None:
+            stats.gauge(f"{PREFIX}.lag_seconds", p.lag_ms / 1000, tags=_tags(status.feed, p.topic, p.partition))
+
+
+def commit_ages(last_commits: Mapping[str, datetime | None], now: datetime) -> None:
+    """Per feed, seconds since its last committed run (from the watchdog; feeds that never committed send none)."""
+    for feed, last in last_commits.items():
+        if last is not None:
+            stats.gauge(f"{PREFIX}.last_commit_age_seconds", (now - last).total_seconds(), tags=_tags(feed))
