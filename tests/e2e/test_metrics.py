@@ -20,11 +20,16 @@ from typing import Any
 
 import pytest
 import yaml
+from fastapi.testclient import TestClient
 
 from tests.conftest import KafkaTestCluster
 from tests.e2e.test_airflow_dags import ROOT, SECRET, airflow_env  # noqa: F401 - the module's Airflow home fixture
 from tests.faults.harness import scan
+from tidemark.checkpoints.store import SqliteCheckpointStore
+from tidemark.config.models import load_feed
 from tidemark.kafka.adapter import Record
+from tidemark.runs.report import list_runs
+from tidemark.web.app import create_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -101,8 +106,10 @@ def test_feed_run_sends_its_metrics_to_statsd(
 ) -> None:
     topic = kafka.new_topic(partitions=2, prefix="met")
     bad = {3, 4, 9}  # 4 → partition 0, 3 and 9 → partition 1
+    stamped = int(time.time() * 1000) - 3_600_000  # an hour old: record i is stamped stamped + i
     kafka.produce(topic, [
-        Record(value=b"{broken" if i in bad else json.dumps({"n": i}).encode(), partition=i % 2) for i in range(12)
+        Record(value=b"{broken" if i in bad else json.dumps({"n": i}).encode(), partition=i % 2,
+               timestamp_ms=stamped + i) for i in range(12)
     ])  # fmt: skip
     feed = {
         "topics": [topic], "group": f"g-met-{uuid.uuid4().hex[:8]}",
@@ -110,7 +117,9 @@ def test_feed_run_sends_its_metrics_to_statsd(
         "validation": {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5},
     }  # fmt: skip
 
+    before_ms = time.time() * 1000
     proc, lines = _run_feed(airflow_env, tmp_path, "met", feed)
+    after_ms = time.time() * 1000
 
     assert "DAGRUN_STATE=success" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = scan(kafka.connection, {(topic, 0): (0, 6), (topic, 1): (0, 6)})  # the independent truth
@@ -128,7 +137,23 @@ def test_feed_run_sends_its_metrics_to_statsd(
     job = json.loads(next(tmp_path.glob("state/runs/met/*/job.json")).read_text())
     for step, seconds in job["timings_s"].items():  # durations as the job measured them, in milliseconds
         assert got[(f"airflow.tidemark.step.{step},feed=met", "ms")] == [pytest.approx(seconds * 1000, abs=1)]
+    lag_s = {}
+    for p in (0, 1):  # the oldest unread record of partition p was stamped stamped + p, before the run was planned
+        (lag_s[p],) = got[(f"airflow.tidemark.lag_seconds_at_plan,feed=met,topic={topic},partition={p}", "g")]
+        assert (before_ms - stamped - p) / 1000 <= lag_s[p] <= (after_ms - stamped - p) / 1000
     assert not any(SECRET in line for line in lines)
+
+    # The Tidemark view shows the run with the numbers the metrics carried.
+    view = create_app(feeds=lambda: {"met": load_feed("met", tmp_path / "feeds")},
+                      connection=lambda: kafka.connection, runs=lambda name: list_runs(name, root=tmp_path / "state"),
+                      checkpoints=lambda: SqliteCheckpointStore(tmp_path / "view-cp.sqlite"))  # fmt: skip
+    client = TestClient(view)
+    (row,) = client.get("/api/feeds/met").json()["run_rows"]
+    assert (row["records"], row["published"], row["quarantined"]) == (len(rows), len(rows) - unparsable, unparsable)
+    assert row["lag_time_before_ms"] == pytest.approx(max(lag_s.values()) * 1000, abs=1)
+    page = client.get("/feeds/met").text
+    assert f'class="lag-time-point" data-ms="{row["lag_time_before_ms"]}"' in page
+    assert f'data-col="lag_time_before" data-ms="{row["lag_time_before_ms"]}">1h' in page
 
 
 # A deployment's cluster policy adding a failure callback to every task, as notifiers are attached.

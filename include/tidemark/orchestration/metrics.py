@@ -2,12 +2,14 @@
 
 The plan task sends lag and planned records per partition and a counter per plan event;
 the commit task sends the run's record counts, the Spark job's step durations (from
-``job.json``), the outcome and a counter per job or commit event; a refused commit is
-counted where it is refused. Everything is read from the run's plan, ``job.json`` and
-report after the fact: nothing is sent from Spark executors, and the read path is
-untouched. Tags are the feed, topic and partition (never a connection setting); whether
-they reach the backend is the deployment's choice (``[metrics] statsd_influxdb_enabled``,
-``statsd_datadog_enabled`` or ``otel_on``). The README lists every name.
+``job.json``), the lag in time at plan time per partition (the age of the oldest record
+the run read, from the report: the number the Tidemark view charts), the outcome and a
+counter per job or commit event; a refused commit is counted where it is refused.
+Everything is read from the run's plan, ``job.json`` and report after the fact: nothing
+is sent from Spark executors, and the read path is untouched. Tags are the feed, topic
+and partition (never a connection setting); whether they reach the backend is the
+deployment's choice (``[metrics] statsd_influxdb_enabled``, ``statsd_datadog_enabled`` or
+``otel_on``). The README lists every name.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from airflow.sdk.observability import stats
 
 from tidemark.planning.plan import Plan
+from tidemark.runs.report import RunReport
 from tidemark.runs.status import FeedStatus
 from tidemark.storage import Location
 
@@ -43,10 +46,15 @@ def _count_events(feed: str, events: Iterable[Mapping[str, Any]]) -> None:
 
 
 def planned(plan: Plan) -> None:
-    """Lag (records between the position a partition starts from and the end it could read) and planned records."""
+    """Lag (records between the position a partition starts from and the end it could read) and planned records.
+
+    Lag only for plans that start at the group's position (scheduled and committing runs):
+    a replay or backfill from older offsets says nothing about how far the group is behind.
+    """
     for p in plan.partitions:
         tags = _tags(plan.feed, p.topic, p.partition)
-        stats.gauge(f"{PREFIX}.lag_records", max(p.end_available - p.start, 0), tags=tags)
+        if plan.commit:
+            stats.gauge(f"{PREFIX}.lag_records", max(p.end_available - p.start, 0), tags=tags)
         stats.gauge(f"{PREFIX}.planned_records", p.records, tags=tags)
     _count_events(
         plan.feed, ({"kind": e.kind, "topic": e.topic, "partition": e.partition} for e in plan.events)
@@ -68,8 +76,11 @@ def finished(feed: str, run_dir: str, report_path: str, *, committed: bool) -> N
     for step, seconds in (job.get("timings_s") or {}).items():
         stats.timing(f"{PREFIX}.step.{step}", timedelta(seconds=float(seconds)), tags=tags)
     stats.incr(f"{PREFIX}.run.{'committed' if committed else 'not_committed'}", tags=tags)
-    report = _read_json(Location.of(report_path))
-    _count_events(feed, (e for e in report.get("events") or [] if e.get("source") != "plan"))  # plan task sent those
+    doc = _read_json(Location.of(report_path))
+    _count_events(feed, (e for e in doc.get("events") or [] if e.get("source") != "plan"))  # plan task sent those
+    if doc and doc.get("commit_requested"):  # started at the group's position: its lag, as the view charts it
+        for (topic, partition), ms in RunReport.model_validate(doc).lag_ms_at_plan().items():
+            stats.gauge(f"{PREFIX}.lag_seconds_at_plan", ms / 1000, tags=_tags(feed, topic, partition))
 
 
 def commit_refused(feed: str) -> None:

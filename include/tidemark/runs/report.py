@@ -87,6 +87,7 @@ class RunReport(BaseModel):
     error: str | None = None
     connection: dict[str, str] | None = None
     schemas: dict[str, Any] | None = None  # Schema Registry feeds: the reader schema and the writer ids seen
+    timings_s: dict[str, float] = Field(default_factory=dict)  # the Spark job's step durations
     timestamps: dict[str, str] = Field(default_factory=dict)
 
     @property
@@ -96,6 +97,28 @@ class RunReport(BaseModel):
     @property
     def finished_at(self) -> str | None:
         return self.timestamps.get("finished_at")
+
+    def lag_ms_at_plan(self) -> dict[tuple[str, int], int]:
+        """Per partition, how old the oldest record the run read was when the run was planned (0: nothing to read).
+
+        For a run that starts at the group's position (a scheduled or committing run), this
+        is the group's lag in time at plan time: the age of its oldest unread record. A
+        partition the run read nothing from counts 0 when nothing was left to read, and is
+        left out when the job did not say (it failed, or an older report).
+        """
+        planned = self.timestamps.get("planned_at")
+        if not planned:
+            return {}
+        planned_ms = int(datetime.fromisoformat(planned).timestamp() * 1000)
+        out = {}
+        for r in self.ranges:
+            key = (str(r["topic"]), int(r["partition"]))
+            first = r.get("first_record_ms")
+            if isinstance(first, int):
+                out[key] = max(planned_ms - first, 0)
+            elif r.get("records") == 0 and r.get("start") == r.get("end_available"):
+                out[key] = 0
+        return out
 
 
 def _now() -> str:
@@ -120,7 +143,17 @@ def _read_json(path: Location) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _ranges(plan: Plan) -> list[dict[str, Any]]:
+def _first_record_ms(job: Mapping[str, Any]) -> dict[tuple[str, int], int]:
+    """Per partition, the oldest timestamp among the records the job read (its ``ranges`` statistics)."""
+    out = {}
+    for r in job.get("ranges") or []:
+        if isinstance(r, Mapping) and isinstance(r.get("min_timestamp_ms"), int):
+            out[(str(r["topic"]), int(r["partition"]))] = int(r["min_timestamp_ms"])
+    return out
+
+
+def _ranges(plan: Plan, job: Mapping[str, Any]) -> list[dict[str, Any]]:
+    firsts = _first_record_ms(job)
     return [
         {
             "topic": p.topic,
@@ -132,7 +165,9 @@ def _ranges(plan: Plan) -> list[dict[str, Any]]:
             "checkpoint_before": p.checkpoint,
             "log_start": p.log_start,
             "high_watermark": p.high_watermark,
+            "end_available": p.end_available,
             "reason": p.reason,
+            "first_record_ms": firsts.get(p.key),  # None: nothing read (or the job did not finish)
         }
         for p in plan.partitions
     ]
@@ -183,6 +218,9 @@ def build_report(
     for key, value in (job.get("counts") or {}).items():
         if isinstance(value, int):
             counts[key] = value
+    for key in ("records_read", "records_published", "records_quarantined"):  # as the metrics send them
+        if isinstance(job.get(key), int):
+            counts[key.removeprefix("records_")] = job[key]
     if validation:
         for key, value in (validation.get("counts") or {}).items():
             if isinstance(value, int):
@@ -219,7 +257,7 @@ def build_report(
         mode=handle.mode,
         commit_requested=handle.commit,
         resumed_plan=handle.resumed,
-        ranges=_ranges(plan) if plan is not None else [],
+        ranges=_ranges(plan, job) if plan is not None else [],
         counts=counts,
         gaps=gaps,
         window=list(job.get("window") or []),
@@ -231,6 +269,7 @@ def build_report(
         error=str(failure) if failure else None,
         connection=connection.describe() if connection is not None else None,
         schemas=job.get("schemas"),
+        timings_s={str(k): float(v) for k, v in (job.get("timings_s") or {}).items()},
         timestamps=stamps,
     )
 
@@ -321,7 +360,7 @@ def _from_run_dir(run_dir: Location, feed: str) -> RunReport:
         group=plan.group if plan is not None else None,
         mode=handle.get("mode"),
         commit_requested=handle.get("commit"),
-        ranges=_ranges(plan) if plan is not None else [],
+        ranges=_ranges(plan, job) if plan is not None else [],
         counts={"planned": int(handle["records"])} if isinstance(handle.get("records"), int) else {},
         events=_events(plan, job),
         validation=validation,

@@ -4,8 +4,10 @@
 and adds a navigation entry. Pages (templates in ``tidemark/templates/``): ``/`` lists
 feeds with their lag, last run and trouble; ``/feeds/{feed}`` shows per partition the
 committed offset, checkpoint, log start, end and lag in records and in time, the recent
-runs as a chart (inline SVG drawn here) and a table with links to their Airflow run and
-Data Docs, the runs' events with times, and a replay form. JSON: ``/api/feeds``,
+runs as charts (inline SVG drawn here: records and lag in records; lag in time at each
+run's planning, the number ``tidemark.lag_seconds_at_plan`` sends) and a table with the
+metrics' per-run numbers and links to their Airflow run and Data Docs, the runs' events
+with times, and a replay form. JSON: ``/api/feeds``,
 ``/api/feeds/{feed}``, ``POST /api/feeds/{feed}/replay/preview`` (plans exactly as a dry
 run would, reads nothing) and ``POST /api/feeds/{feed}/replay`` (triggers
 ``tidemark_replay`` through Airflow's REST API with the caller's own credentials).
@@ -130,6 +132,10 @@ class RunRow:
     plan_id: str | None
     records: int
     lag_before: int | None  # records the group had not read when the run was planned (its ranges' partitions)
+    lag_time_before_ms: int | None  # age of the oldest unread record then (scheduled and committing runs)
+    published: int | None
+    quarantined: int | None
+    job_seconds: float | None  # the Spark job's steps, summed
     started_at: str | None
     error: str | None
     airflow_url: str | None
@@ -169,8 +175,32 @@ def _run_row(report: RunReport, root: str, runs_root: Path | None) -> RunRow:
         airflow_url = f"/dags/{doc['dag_id']}/runs/{quote(str(doc['dag_run_id']), safe='')}"
     docs_url = f"{root}/runs/{report.feed}/{report.run_id}/docs" if report.data_docs else None
     mode = f"{report.mode} (dry run)" if _dry_run(report) else report.mode
-    return RunRow(report.run_id, mode, report.status, report.plan_id, _records(report), _lag_before(report),
-                  report.started_at, report.error, airflow_url, docs_url)  # fmt: skip
+    lags = report.lag_ms_at_plan() if report.commit_requested else {}
+    return RunRow(
+        report.run_id, mode, report.status, report.plan_id, _records(report), _lag_before(report),
+        max(lags.values()) if lags else None, report.counts.get("published"), report.counts.get("quarantined"),
+        round(sum(report.timings_s.values()), 1) if report.timings_s else None,
+        report.started_at, report.error, airflow_url, docs_url,
+    )  # fmt: skip
+
+
+def _lag_time_chart(rows: Sequence[RunRow], width: int = 640, height: int = 140) -> dict[str, Any]:
+    """Line geometry of the lag in time at each run's planning, oldest run first (what ``lag_seconds_at_plan`` sent)."""
+    left, right, top, bottom = 40, 10, 24, height - 20
+    runs = list(reversed(rows[:CHART_RUNS]))
+    highest = max((r.lag_time_before_ms or 0 for r in runs), default=0)
+    step = (width - left - right) / max(len(runs), 1)
+    points = []
+    for i, r in enumerate(runs):
+        if r.lag_time_before_ms is None:
+            continue
+        y = bottom - (0.0 if not highest else (bottom - top) * r.lag_time_before_ms / highest)
+        points.append({"x": round(left + i * step + step / 2, 1), "y": round(y, 1), "ms": r.lag_time_before_ms,
+                       "label": f"{r.run_id}: oldest unread record {_duration(r.lag_time_before_ms)} old"})  # fmt: skip
+    return {
+        "width": width, "height": height, "left": left, "right": right, "bottom": bottom, "points": points,
+        "line": " ".join(f"{p['x']},{p['y']}" for p in points), "max": _duration(highest) if points else "-",
+    }  # fmt: skip
 
 
 def _chart(rows: Sequence[RunRow], width: int = 640, height: int = 180) -> dict[str, Any]:
@@ -528,8 +558,8 @@ def create_app(
         html = _templates.get_template("feed.html").render(
             title=f"Tidemark · {name}", feed=feed, root=root, status=status, error=view["error"],
             trouble=status.trouble if status else (), runs=rows, last=rows[0] if rows else None,
-            chart_data=_chart(rows), events=_events(view["reports"]), start_choices=START_CHOICES,
-            end_choices=END_CHOICES,
+            chart_data=_chart(rows), lag_chart=_lag_time_chart(rows), events=_events(view["reports"]),
+            start_choices=START_CHOICES, end_choices=END_CHOICES,
         )  # fmt: skip
         return HTMLResponse(html)
 

@@ -176,3 +176,33 @@ def test_cli_runs_and_report(
 
     assert main(["report", "nope"]) == 2
     assert "no run 'nope'" in capsys.readouterr().err
+
+
+def test_lag_in_time_at_plan_is_the_age_of_the_oldest_record_read_and_zero_where_nothing_was_left(
+    tmp_path: Path,
+) -> None:
+    parts = (
+        PartitionPlan("orders", 0, 1, 10, None, 0, 20, 20, 10, 20, "committed"),
+        PartitionPlan("orders", 1, 2, 8, None, 0, 8, 8, 8, 8, "committed"),  # nothing left to read
+        PartitionPlan("orders", 2, 2, 3, None, 0, 9, 9, 3, 9, "committed"),  # the job said nothing about it
+    )
+    plan = Plan(compute_plan_id("orders", "g", "scheduled", "read_committed", parts),
+                "orders", "g", "scheduled", True, "read_committed", "2026-01-01T00:00:00+00:00", parts, ())  # fmt: skip
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    planned_ms = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+    read = RangeStats("orders", 0, 10, 20, 10, 10, 19, 0, planned_ms - 90_500, planned_ms - 1, 90, "")
+    job = {
+        "ranges": [read.to_dict()],
+        "records_read": 10, "records_published": 9, "records_quarantined": 1, "timings_s": {"read": 1.5},
+    }  # fmt: skip
+    handle = Handle("run-1", "orders", plan.plan_id, str(run_dir))
+
+    report = build_report(handle=handle, plan=plan, job=job, timestamps={"planned_at": "2026-01-01T00:00:00+00:00"})
+
+    assert report.lag_ms_at_plan() == {("orders", 0): 90_500, ("orders", 1): 0}
+    assert {k: report.counts[k] for k in ("read", "published", "quarantined")} == {"read": 10, "published": 9,
+                                                                                     "quarantined": 1}  # fmt: skip
+    assert report.timings_s == {"read": 1.5}
+    again = RunReport.model_validate_json(report.model_dump_json())  # as the view and the metrics read it back
+    assert again.lag_ms_at_plan() == report.lag_ms_at_plan()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tidemark.errors import ConfigError
-from tidemark.web.app import RunRow, _chart, _duration, replay_conf
+from tidemark.web.app import RunRow, _chart, _duration, _lag_time_chart, replay_conf
 
 
 @pytest.mark.parametrize(
@@ -26,12 +26,25 @@ def test_replay_conf_is_a_dry_run_unless_said_and_refuses_unknown_keys() -> None
         replay_conf("orders", {"feed": "other"})  # the feed comes from the page, not the body
 
 
+def _row(run_id: str, records: int, lag: int | None, lag_ms: int | None = None) -> RunRow:
+    return RunRow(run_id, "scheduled", "succeeded", "p", records, lag, lag_ms, None, None, None, None, None, None, None)
+
+
 def test_chart_draws_runs_oldest_first_scaled_to_the_largest() -> None:
-    rows = [RunRow(f"r{i}", "scheduled", "succeeded", "p", records, lag, None, None, None, None)
-            for i, (records, lag) in enumerate([(10, 40), (40, 80), (0, None)])]  # fmt: skip
+    rows = [_row(f"r{i}", records, lag) for i, (records, lag) in enumerate([(10, 40), (40, 80), (0, None)])]
     chart = _chart(rows)
     assert [b["label"] for b in chart["bars"]] == ["r2: 0 records", "r1: 40 records", "r0: 10 records"]
     assert chart["max_records"] == 40 and chart["max_lag"] == 80
     tallest = max(chart["bars"], key=lambda b: b["h"])
     assert tallest["label"].startswith("r1") and tallest["y"] == 24  # reaches the top of the plot area
     assert len(chart["points"]) == 2  # a run without a known lag has no point
+
+
+def test_lag_time_chart_puts_each_runs_lag_oldest_first_and_skips_runs_without_one() -> None:
+    rows = [_row("r2", 5, 5, 30_000), _row("r1", 5, 5, None), _row("r0", 5, 5, 120_000)]  # newest first, as listed
+    chart = _lag_time_chart(rows)
+    assert [(p["label"].split(":")[0], p["ms"]) for p in chart["points"]] == [("r0", 120_000), ("r2", 30_000)]
+    oldest, newest = chart["points"]
+    assert oldest["y"] == 24 and newest["y"] == pytest.approx(24 + (chart["bottom"] - 24) * 3 / 4, abs=0.1)
+    assert oldest["x"] < newest["x"] and chart["max"] == "2m"
+    assert _lag_time_chart([_row("r0", 0, None)])["points"] == []
