@@ -558,7 +558,7 @@ def create_app(
         html = _templates.get_template("feed.html").render(
             title=f"Tidemark · {name}", feed=feed, root=root, status=status, error=view["error"],
             trouble=status.trouble if status else (), runs=rows, last=rows[0] if rows else None,
-            chart_data=_chart(rows), lag_chart=_lag_time_chart(rows), events=_events(view["reports"]),
+            chart_data=_chart(rows), lag_chart_data=_lag_time_chart(rows), events=_events(view["reports"]),
             start_choices=START_CHOICES, end_choices=END_CHOICES,
         )  # fmt: skip
         return HTMLResponse(html)
