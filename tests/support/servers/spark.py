@@ -15,7 +15,9 @@ dependencies must be shipped with it (``tidemark`` is, see :func:`tidemark.job.s
 (``unshare -m``, root only) with a fresh tmpfs on ``/tmp`` that holds its work and scratch
 folders: the worker, its executors and their Python workers then cannot see any file the
 driver writes under ``/tmp`` (the test folders, the default staging folder), as on a
-cluster whose machines share no disk. The worker's work folder is then not readable from
+cluster whose machines share no disk. Only the installation (the virtualenv and pyspark,
+when the checkout itself is under ``/tmp``) is bound back in, as every machine of a cluster
+has its own. The worker's work folder is then not readable from
 outside; its log still is (the log file is opened here, before the namespace).
 Nothing here is used by a production deployment: there ``tidemark_spark`` points at a
 real master.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -47,11 +50,35 @@ STOP_TIMEOUT_S = 30.0
 # Inside the worker's own /tmp (a tmpfs of its mount namespace) with ``private_tmp``.
 PRIVATE_WORK = Path("/tmp/tidemark-spark-worker/work")
 PRIVATE_SCRATCH = Path("/tmp/tidemark-spark-worker/scratch")
-# Run as `sh -c PRIVATE_TMP_SCRIPT spark-class ARGS...` under `unshare -m` (mounts private by default).
-PRIVATE_TMP_SCRIPT = (
-    f"mount -t tmpfs -o size=2g,mode=1777 tidemark-worker-tmp /tmp && mkdir -p {PRIVATE_WORK} {PRIVATE_SCRATCH} "
-    '&& exec "$0" "$@"'
-)
+
+
+def private_tmp_script(keep: list[str]) -> str:
+    """``sh -c`` text run under ``unshare -m`` (mounts private by default) before ``exec spark-class ARGS...``.
+
+    A fresh tmpfs on ``/tmp``, then the folders in ``keep`` (relative to ``/tmp``: the
+    installation, when a checkout lives there) bound back from the covered ``/tmp``, which
+    the shell still reaches through its working folder (hence no canonicalizing: that would
+    turn ``./x`` into ``/tmp/x``, on the new tmpfs). The worker starts in ``/``, so no
+    relative path leads it back to the driver's files.
+    """
+    binds = ""
+    for k in map(shlex.quote, keep):
+        binds += f" && mkdir -p /tmp/{k} && mount --no-canonicalize --bind ./{k} /tmp/{k}"
+    return (
+        f"cd /tmp && mount -t tmpfs -o size=2g,mode=1777 tidemark-worker-tmp /tmp{binds} && cd / "
+        f'&& mkdir -p {PRIVATE_WORK} {PRIVATE_SCRATCH} && exec "$0" "$@"'
+    )
+
+
+def _installation_under_tmp() -> list[str]:
+    """The Python installation and pyspark folders that lie under ``/tmp`` (a checkout there), relative to it."""
+    found: list[Path] = []
+    for folder in (Path(sys.prefix), Path(sys.base_prefix), spark_home()):
+        resolved = folder.resolve()
+        if resolved.is_relative_to("/tmp") and resolved != Path("/tmp"):
+            found.append(resolved.relative_to("/tmp"))
+    outermost = [f for f in found if not any(f != o and f.is_relative_to(o) for o in found)]
+    return sorted({str(f) for f in outermost})
 
 
 def spark_home() -> Path:
@@ -160,7 +187,8 @@ def _spawn(args: list[str], env: dict[str, str], log: Path, private_tmp: bool = 
         if unshare is None or os.geteuid() != 0:
             raise LocalServerError("a worker with a private /tmp needs util-linux 'unshare' and root (unshare -m)")
         # unshare, sh and spark-class each exec the next: the pid stays the worker JVM's.
-        command = [unshare, "-m", "--propagation", "private", "sh", "-c", PRIVATE_TMP_SCRIPT, *command]
+        script = private_tmp_script(_installation_under_tmp())
+        command = [unshare, "-m", "--propagation", "private", "sh", "-c", script, *command]
     with log.open("ab") as out:
         return subprocess.Popen(
             command,
