@@ -275,6 +275,8 @@ def _stage_validate_publish(
     outcome = outcome.alias(OUTCOME_COLUMN)
     day = utc_date().alias("date")
     staged_df = decoded.select(*[c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")], day, outcome)
+    # Before anything is staged: an Iceberg table that cannot take these columns refuses the run here.
+    publisher.check_schema(staged_df.drop(OUTCOME_COLUMN, RAW_VALUE_COLUMN).schema, plan)
     timer.step(
         "write",  # the one read of Kafka
         lambda: (
