@@ -11,13 +11,15 @@ Iceberg here. The job stages and validates exactly as for a Parquet folder; then
 2. loads the table (created on first use from the feed's decoded schema, partitioned by
    ``date`` then ``topic``, ``commit.retry.num-retries=0``) and looks for the plan id in
    the snapshot history of the main branch: found, the plan is published and nothing is
-   written;
+   written; then checks the decoded schema against the table's (:func:`schema_changes`:
+   columns to add, types to promote, or a refusal);
 3. uploads quarantined records to a sibling Parquet folder (``<output>.quarantine/plan_id=<id>/``,
    replaced whole by a rerun of the plan) and the data files under the table's location
    (``data/date=<d>/topic=<t>/<plan id>-<attempt>-<n>.parquet``; a file no snapshot
    references is invisible to readers);
 4. commits them in **one** ``add_files`` with the plan id, run id, feed, group and the
-   per-partition ranges in the snapshot summary. The commit is a compare-and-set on the
+   per-partition ranges in the snapshot summary, in the same transaction as the schema
+   change, if any (:func:`commit_files`). The commit is a compare-and-set on the
    metadata loaded in step 2: if anyone committed to the table since, the catalog refuses
    it and, with retries off, pyiceberg does not rebase it: Tidemark reports a
    :class:`~tidemark.errors.PublishError` naming the table and the plan, and a rerun

@@ -404,6 +404,10 @@ def test_iceberg_table_schema_evolves_in_the_snapshot_that_adds_the_data(env: Av
     expected = {k: _as_published({**v, "channel": None} if k[1] < 6 else v) for k, v in env.scan(ORDER_V2).items()}
     assert {k: _published_value(r, names) for k, r in published.items()} == expected
     assert {r["channel"] for k, r in published.items() if 6 <= k[1] < 8} == {"web"}
+    reports = [json.loads(p.read_text()) for p in env.root.glob("runs/orders/*/report.json")]
+    (event,) = [e for r in reports for e in r["events"] if e["kind"] == "table_schema_evolved"]
+    assert event["details"]["snapshot_id"] == second.snapshot_id
+    assert event["details"]["changes"] == ["promoted id: int -> long", "added channel: string"]
 
 
 def test_iceberg_column_narrowed_by_the_reader_fails_before_publishing(env: AvroEnv) -> None:
