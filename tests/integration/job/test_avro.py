@@ -49,6 +49,13 @@ ORDER_V2 = {**ORDER_V1, "fields": [
     {"name": "id", "type": "long"}, *ORDER_V1["fields"][1:],
     {"name": "channel", "type": "string", "default": "web"},
 ]}  # fmt: skip
+# v2 with a nested addition too: the customer record gains a field with a default.
+ORDER_V2_NESTED = {**ORDER_V2, "fields": [
+    ORDER_V2["fields"][0],
+    {"name": "customer", "type": {**ORDER_V1["fields"][1]["type"], "fields": [
+        *ORDER_V1["fields"][1]["type"]["fields"], {"name": "vip", "type": "boolean", "default": False}]}},
+    *ORDER_V2["fields"][2:],
+]}  # fmt: skip
 # An incompatible v2: an added field without a default (v1 records have no value for it).
 ORDER_BAD = {**ORDER_V1, "fields": [*ORDER_V1["fields"], {"name": "region", "type": "string"}]}
 
@@ -374,10 +381,16 @@ def test_iceberg_table_schema_evolves_in_the_snapshot_that_adds_the_data(env: Av
         env.produce([v1(order(i)) for i in range(6)], partition)
     env.run()
     assert env.committed() == {0: 6, 1: 6}
-    # The producer moves to v2 (channel added with a default, id int -> long) in the middle of run 2's range.
-    v2 = env.serializer(ORDER_V2)
+    # The producer moves to v2 (channel and customer.vip added with defaults, id int -> long) in the middle of
+    # run 2's range.
+    v2 = env.serializer(ORDER_V2_NESTED)
+
+    def order_v2(i: int) -> dict[str, Any]:
+        doc = order(i, v2=True)
+        return {**doc, "customer": {**doc["customer"], "vip": i % 2 == 0}}
+
     for partition in range(2):
-        env.produce([v1(order(i)) for i in range(6, 8)] + [v2(order(i, v2=True)) for i in range(8, 12)], partition)
+        env.produce([v1(order(i)) for i in range(6, 8)] + [v2(order_v2(i)) for i in range(8, 12)], partition)
     env.run()
     assert env.committed() == {0: 12, 1: 12}
 
@@ -385,6 +398,7 @@ def test_iceberg_table_schema_evolves_in_the_snapshot_that_adds_the_data(env: Av
     schema = table.schema()
     assert str(schema.find_field("id").field_type) == "long"
     assert str(schema.find_field("channel").field_type) == "string" and schema.find_field("channel").optional
+    assert str(schema.find_field("customer.vip").field_type) == "boolean"
     first, second = reversed(plan_history(table))
     schemas = table.schemas()
     assert "channel" not in schemas[first.schema_id].column_names
@@ -398,16 +412,23 @@ def test_iceberg_table_schema_evolves_in_the_snapshot_that_adds_the_data(env: Av
     rows = table.scan().to_arrow().to_pylist()
     published = {(r["partition"], r["offset"]): r for r in rows}
     assert {r["topic"] for r in rows} == {env.topic} and len(rows) == len(published) == 24
-    names = [f["name"] for f in ORDER_V2["fields"]]
-    # Run 1's files predate the column: Iceberg reads a column added later as null there. Run 2's v1
-    # records were resolved by Avro, so they carry the field's default ("web"), as the oracle's do.
-    expected = {k: _as_published({**v, "channel": None} if k[1] < 6 else v) for k, v in env.scan(ORDER_V2).items()}
+    names = [f["name"] for f in ORDER_V2_NESTED["fields"]]
+
+    def before_the_columns(v: dict[str, Any]) -> dict[str, Any]:
+        return {**v, "channel": None, "customer": {**v["customer"], "vip": None}}
+
+    # Run 1's files predate the columns: Iceberg reads a column added later as null there. Run 2's v1
+    # records were resolved by Avro, so they carry the fields' defaults, as the oracle's do.
+    scanned = env.scan(ORDER_V2_NESTED)
+    expected = {k: _as_published(before_the_columns(v) if k[1] < 6 else v) for k, v in scanned.items()}
     assert {k: _published_value(r, names) for k, r in published.items()} == expected
-    assert {r["channel"] for k, r in published.items() if 6 <= k[1] < 8} == {"web"}
+    assert {(r["channel"], r["customer"]["vip"]) for k, r in published.items() if 6 <= k[1] < 8} == {("web", False)}
     reports = [json.loads(p.read_text()) for p in env.root.glob("runs/orders/*/report.json")]
     (event,) = [e for r in reports for e in r["events"] if e["kind"] == "table_schema_evolved"]
     assert event["details"]["snapshot_id"] == second.snapshot_id
-    assert event["details"]["changes"] == ["promoted id: int -> long", "added channel: string"]
+    assert event["details"]["changes"] == [
+        "promoted id: int -> long", "added customer.vip: boolean", "added channel: string"
+    ]  # fmt: skip
 
 
 def test_iceberg_column_narrowed_by_the_reader_fails_before_publishing(env: AvroEnv) -> None:
