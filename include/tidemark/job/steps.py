@@ -275,6 +275,8 @@ def _stage_validate_publish(
     outcome = outcome.alias(OUTCOME_COLUMN)
     day = utc_date().alias("date")
     staged_df = decoded.select(*[c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")], day, outcome)
+    # Before anything is staged: an Iceberg table that cannot take these columns refuses the run here.
+    publisher.check_schema(staged_df.drop(OUTCOME_COLUMN, RAW_VALUE_COLUMN).schema, plan)
     timer.step(
         "write",  # the one read of Kafka
         lambda: (
@@ -337,7 +339,20 @@ def _stage_validate_publish(
             run_id=run_id,
         ),
     )  # fmt: skip
+    if manifest.extra.get("schema_changes"):
+        res.events.append(table_schema_event(manifest))
     return manifest
+
+
+def table_schema_event(manifest: Manifest) -> dict[str, Any]:
+    """A ``table_schema_evolved`` event: the Iceberg table's schema changed in the snapshot that added the plan."""
+    changes = list(manifest.extra["schema_changes"])
+    table, snapshot = manifest.extra.get("table"), manifest.extra.get("snapshot_id")
+    return {
+        "kind": "table_schema_evolved",
+        "message": f"Iceberg table {table}: {'; '.join(changes)}, in snapshot {snapshot}, the one adding these records",
+        "details": {"table": table, "snapshot_id": snapshot, "changes": changes},
+    }
 
 
 def _stage_on_store(spark: SparkSession, publisher: Publisher) -> bool:

@@ -63,6 +63,10 @@ class Publisher(Protocol):
         """For messages and reports: the output and its kind."""
         ...
 
+    def check_schema(self, schema: StructType, plan: Plan) -> None:
+        """Raise before anything is staged when the output cannot take ``plan``'s records of ``schema``."""
+        ...
+
     def published(self, plan_id: str) -> Manifest | None:
         """The record of ``plan_id``'s publication (``reused=True``), or ``None`` when it was never published."""
         ...
@@ -110,6 +114,9 @@ class ParquetPublisher:
 
     def describe(self) -> str:
         return str(self.location)
+
+    def check_schema(self, schema: StructType, plan: Plan) -> None:
+        """Any schema: each plan's folder carries its own."""
 
     def published(self, plan_id: str) -> Manifest | None:
         from dataclasses import replace

@@ -11,13 +11,15 @@ Iceberg here. The job stages and validates exactly as for a Parquet folder; then
 2. loads the table (created on first use from the feed's decoded schema, partitioned by
    ``date`` then ``topic``, ``commit.retry.num-retries=0``) and looks for the plan id in
    the snapshot history of the main branch: found, the plan is published and nothing is
-   written;
+   written; then checks the decoded schema against the table's (:func:`schema_changes`:
+   columns to add, types to promote, or a refusal);
 3. uploads quarantined records to a sibling Parquet folder (``<output>.quarantine/plan_id=<id>/``,
    replaced whole by a rerun of the plan) and the data files under the table's location
    (``data/date=<d>/topic=<t>/<plan id>-<attempt>-<n>.parquet``; a file no snapshot
    references is invisible to readers);
 4. commits them in **one** ``add_files`` with the plan id, run id, feed, group and the
-   per-partition ranges in the snapshot summary. The commit is a compare-and-set on the
+   per-partition ranges in the snapshot summary, in the same transaction as the schema
+   change, if any (:func:`commit_files`). The commit is a compare-and-set on the
    metadata loaded in step 2: if anyone committed to the table since, the catalog refuses
    it and, with retries off, pyiceberg does not rebase it: Tidemark reports a
    :class:`~tidemark.errors.PublishError` naming the table and the plan, and a rerun
@@ -51,7 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidemark.config.models import Feed, state_location
-from tidemark.errors import ConfigError, PublishError
+from tidemark.errors import ConfigError, PublishError, SchemaError
 from tidemark.faults import fault_point
 from tidemark.output.base import StagedRecords
 from tidemark.output.parquet import (
@@ -71,8 +73,10 @@ from tidemark.storage import Location
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyiceberg.catalog import Catalog
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table
     from pyiceberg.table.snapshots import Snapshot
+    from pyiceberg.types import IcebergType
     from pyspark.sql.types import StructType
 
     from tidemark.spark.stats import RangeStats
@@ -205,6 +209,77 @@ def plan_history(table: Table) -> list[Snapshot]:
     return list(ancestors_of(table.current_snapshot(), table.metadata))
 
 
+def schema_changes(current: Schema, decoded: pa.Schema, table_name: str, records: str) -> list[str]:
+    """How the table's schema must change to take records of the ``decoded`` schema; raises when it cannot.
+
+    The rule: a column the records have and the table lacks is added (optional; older data
+    files read it as null); a column whose table type the records widen the way Iceberg
+    allows (int → long, float → double, a decimal's precision at the same scale) is
+    promoted; a column the table has and the records lack stays, null in the new files.
+    Any other difference (a narrowing such as long → int, another type, a struct where a
+    value was) is refused with a :class:`SchemaError` naming the table, the column, both
+    types and ``records`` (which records were refused). Nested fields follow the same rule.
+    Returned: one line per change (``added channel: string``, ``promoted id: int -> long``).
+    """
+    from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
+
+    changes: list[str] = []
+    refused: list[str] = []
+    _compare(current.as_struct(), _pyarrow_to_schema_without_ids(decoded).as_struct(), "", changes, refused)
+    if refused:
+        raise SchemaError(
+            f"Iceberg table {table_name} cannot take {records}: {'; '.join(refused)}. An Iceberg column only "
+            "widens (int -> long, float -> double, a decimal's precision); the table keeps what it has. Make the "
+            "feed's decoded schema fit the table: pin deserialization.schema_version to a version with the "
+            "table's type or a wider one (Avro resolves newer records to it), or restore the field's type in the "
+            "producer's schema, or publish to a new table (iceberg.table); nothing was published or committed"
+        )
+    return changes
+
+
+def _compare(table: IcebergType, decoded: IcebergType, path: str, changes: list[str], refused: list[str]) -> None:
+    from pyiceberg.types import ListType, MapType, StructType
+
+    if isinstance(table, StructType) and isinstance(decoded, StructType):
+        for f in decoded.fields:
+            name = f"{path}.{f.name}" if path else f.name
+            existing = table.field_by_name(f.name)
+            if existing is None:
+                changes.append(f"added {name}: {f.field_type}")
+            else:
+                _compare(existing.field_type, f.field_type, name, changes, refused)
+    elif isinstance(table, ListType) and isinstance(decoded, ListType):
+        _compare(table.element_type, decoded.element_type, f"{path}.element", changes, refused)
+    elif isinstance(table, MapType) and isinstance(decoded, MapType):
+        _compare(table.key_type, decoded.key_type, f"{path}.key", changes, refused)
+        _compare(table.value_type, decoded.value_type, f"{path}.value", changes, refused)
+    elif table.is_primitive and decoded.is_primitive and table == decoded:
+        return
+    elif _widens(table, decoded):
+        changes.append(f"promoted {path}: {table} -> {decoded}")
+    else:
+        kind = "a narrowing" if _widens(decoded, table) else "not a promotion Iceberg allows"
+        refused.append(f"column '{path}' is {table} in the table and {decoded} in the records ({kind})")
+
+
+def _widens(old: IcebergType, new: IcebergType) -> bool:
+    """Iceberg's type promotions (the table format's own list, narrower than Avro's: no int -> double)."""
+    from pyiceberg.types import DecimalType, DoubleType, FloatType, IntegerType, LongType
+
+    if isinstance(old, DecimalType) and isinstance(new, DecimalType):
+        return old.scale == new.scale and new.precision > old.precision
+    return (isinstance(old, IntegerType) and isinstance(new, LongType)) or (
+        isinstance(old, FloatType) and isinstance(new, DoubleType)
+    )
+
+
+def _records_of(plan: Plan) -> str:
+    """The plan's records as a refusal names them: its id and its non-empty ranges (the first five)."""
+    ranges = [f"{t}[{n}] offsets [{start}, {end})" for t, n, start, end in plan.ranges() if end > start]
+    shown = ", ".join(ranges[:5]) + (f" and {len(ranges) - 5} more ranges" if len(ranges) > 5 else "")
+    return f"the records of plan {plan.plan_id} ({shown or 'no records'})"
+
+
 class IcebergPublisher:
     """The feed's Iceberg table (see the module docstring)."""
 
@@ -259,6 +334,12 @@ class IcebergPublisher:
         return table
 
     # -- the Publisher protocol ------------------------------------------------------------
+
+    def check_schema(self, schema: StructType, plan: Plan) -> None:
+        """Refuse, before anything is staged, records the table cannot take (:func:`schema_changes`)."""
+        table = self.load()
+        if table is not None:
+            schema_changes(table.schema(), table_schema(schema), self.table_name, _records_of(plan))
 
     def published(self, plan_id: str) -> Manifest | None:
         table = self.load()
@@ -316,7 +397,7 @@ class IcebergPublisher:
     ) -> Manifest:
         try:
             return self._publish(staging, plan, feed, staged, stats, extra, expect_records, expect_quarantined, run_id)
-        except PublishError:
+        except (PublishError, SchemaError):
             staging.discard()
             raise
         except Exception as exc:
@@ -347,6 +428,9 @@ class IcebergPublisher:
         if done is not None:  # published by an earlier attempt: write nothing
             staging.discard()
             return done
+        # Checked again on the table the commit is based on: it may have changed since check_schema.
+        decoded = table_schema(staged.schema)
+        changes = schema_changes(table.schema(), decoded, self.table_name, _records_of(plan))
 
         quarantine = self._replace_quarantine(staging, plan, staged, bad)
         names, entries = self._upload_data(staging, plan, data)
@@ -360,7 +444,8 @@ class IcebergPublisher:
             PLAN_KEY: plan.plan_id, FEED_KEY: feed.name, GROUP_KEY: plan.group, RANGES_KEY: json.dumps(ranges),
             RECORDS_KEY: str(records), QUARANTINED_KEY: str(quarantined), **({RUN_KEY: run_id} if run_id else {}),
         }  # fmt: skip
-        commit_files(table, [str(self.location / n) for n in names], properties, self.table_name)
+        paths = [str(self.location / n) for n in names]
+        commit_files(table, paths, properties, self.table_name, evolve_to=decoded if changes else None)
         snapshot = table.current_snapshot()
         staging.discard()
         return Manifest(
@@ -380,6 +465,7 @@ class IcebergPublisher:
                 "run_id": run_id,
                 "snapshot_id": None if snapshot is None else snapshot.snapshot_id,
                 "quarantine": str(quarantine) if bad else None,
+                "schema_changes": changes,
             },
         )
 
@@ -509,8 +595,19 @@ class IcebergPublisher:
         )
 
 
-def commit_files(table: Table, paths: list[str], properties: Mapping[str, str], table_name: str) -> None:
+def commit_files(
+    table: Table,
+    paths: list[str],
+    properties: Mapping[str, str],
+    table_name: str,
+    evolve_to: pa.Schema | None = None,
+) -> None:
     """One ``add_files`` commit of ``paths``: a compare-and-set on the metadata ``table`` was loaded with.
+
+    With ``evolve_to`` the same commit first unions the table's schema with it (columns
+    added, types promoted, as :func:`schema_changes` allowed), so the snapshot that adds
+    the files is the first one with the new schema: no reader sees the schema change
+    without its data, and no file has a column the table lacks.
 
     With ``commit.retry.num-retries=0`` pyiceberg does not rebase a refused commit onto
     whatever another writer committed meanwhile (that would slip past the history check
@@ -520,7 +617,11 @@ def commit_files(table: Table, paths: list[str], properties: Mapping[str, str], 
 
     plan_id = properties.get(PLAN_KEY, "?")
     try:
-        table.add_files(paths, snapshot_properties=dict(properties))
+        with table.transaction() as tx:
+            if evolve_to is not None:
+                with tx.update_schema() as update:
+                    update.union_by_name(evolve_to)
+            tx.add_files(paths, snapshot_properties=dict(properties))
     except CommitFailedException as exc:
         raise PublishError(
             f"Iceberg table {table_name}: the commit of plan {plan_id} was refused because the table changed since "

@@ -49,6 +49,13 @@ ORDER_V2 = {**ORDER_V1, "fields": [
     {"name": "id", "type": "long"}, *ORDER_V1["fields"][1:],
     {"name": "channel", "type": "string", "default": "web"},
 ]}  # fmt: skip
+# v2 with a nested addition too: the customer record gains a field with a default.
+ORDER_V2_NESTED = {**ORDER_V2, "fields": [
+    ORDER_V2["fields"][0],
+    {"name": "customer", "type": {**ORDER_V1["fields"][1]["type"], "fields": [
+        *ORDER_V1["fields"][1]["type"]["fields"], {"name": "vip", "type": "boolean", "default": False}]}},
+    *ORDER_V2["fields"][2:],
+]}  # fmt: skip
 # An incompatible v2: an added field without a default (v1 records have no value for it).
 ORDER_BAD = {**ORDER_V1, "fields": [*ORDER_V1["fields"], {"name": "region", "type": "string"}]}
 
@@ -83,13 +90,18 @@ class AvroEnv:
         self.sr = SchemaRegistryClient({"url": registry})
         self.write_feed()
 
-    def write_feed(self, expectations: Sequence[dict[str, Any]] = (), **deserialization: Any) -> None:
+    def write_feed(
+        self, expectations: Sequence[dict[str, Any]] = (), *, iceberg: str | None = None, **deserialization: Any
+    ) -> None:
+        """The feed ``orders``; ``iceberg``: the Iceberg table it publishes to (SQLite catalog in the state dir)."""
         doc = {
             "topics": [self.topic], "group": self.group, "output": str(self.output),
             "deserialization": {"format": "avro", **deserialization},
             "validation": {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5,
                            "expectations": list(expectations)},
         }  # fmt: skip
+        if iceberg is not None:
+            doc |= {"output_format": "iceberg", "iceberg": {"table": iceberg}}
         (self.feeds / "orders.yaml").write_text(yaml.safe_dump(doc))
 
     def serializer(self, schema: dict[str, Any]) -> Callable[[dict[str, Any]], bytes]:
@@ -145,6 +157,15 @@ class AvroEnv:
     def report(self) -> dict[str, Any]:
         (path,) = self.root.glob("runs/orders/*/report.json")
         return dict(json.loads(path.read_text()))
+
+    def iceberg_table(self) -> Any:
+        """The feed's Iceberg table, read back through the catalog."""
+        from tidemark.config.models import load_feed
+        from tidemark.output.iceberg import IcebergPublisher
+
+        table = IcebergPublisher(load_feed("orders")).load()
+        assert table is not None
+        return table
 
 
 @pytest.fixture
@@ -347,3 +368,92 @@ def test_registry_password_reaches_no_artefact(env: AvroEnv, tmp_path: Path) -> 
     assert any(b"SparkListenerEnvironmentUpdate" in p.read_bytes() for p in event_logs)
     leaks = [p for p in files if password.encode() in p.read_bytes()]
     assert leaks == []
+
+
+def test_iceberg_table_schema_evolves_in_the_snapshot_that_adds_the_data(env: AvroEnv) -> None:
+    from pyiceberg.serializers import FromInputFile
+
+    from tidemark.output.iceberg import plan_history
+
+    env.write_feed(iceberg=f"lake.orders_{uuid.uuid4().hex[:8]}")
+    v1 = env.serializer(ORDER_V1)
+    for partition in range(2):
+        env.produce([v1(order(i)) for i in range(6)], partition)
+    env.run()
+    assert env.committed() == {0: 6, 1: 6}
+    # The producer moves to v2 (channel and customer.vip added with defaults, id int -> long) in the middle of
+    # run 2's range.
+    v2 = env.serializer(ORDER_V2_NESTED)
+
+    def order_v2(i: int) -> dict[str, Any]:
+        doc = order(i, v2=True)
+        return {**doc, "customer": {**doc["customer"], "vip": i % 2 == 0}}
+
+    for partition in range(2):
+        env.produce([v1(order(i)) for i in range(6, 8)] + [v2(order_v2(i)) for i in range(8, 12)], partition)
+    env.run()
+    assert env.committed() == {0: 12, 1: 12}
+
+    table = env.iceberg_table()
+    schema = table.schema()
+    assert str(schema.find_field("id").field_type) == "long"
+    assert str(schema.find_field("channel").field_type) == "string" and schema.find_field("channel").optional
+    assert str(schema.find_field("customer.vip").field_type) == "boolean"
+    first, second = reversed(plan_history(table))
+    schemas = table.schemas()
+    assert "channel" not in schemas[first.schema_id].column_names
+    assert str(schemas[first.schema_id].find_field("id").field_type) == "int"
+    assert second.schema_id == schema.schema_id  # the data's snapshot is the one written with the new schema
+    # Every earlier version of the table's metadata has the old schema: the schema change never stood alone.
+    earlier = [FromInputFile.table_metadata(table.io.new_input(e.metadata_file)) for e in table.metadata.metadata_log]
+    assert earlier and all("channel" not in m.schema().column_names for m in earlier)
+    assert earlier[-1].current_snapshot_id == first.snapshot_id
+
+    rows = table.scan().to_arrow().to_pylist()
+    published = {(r["partition"], r["offset"]): r for r in rows}
+    assert {r["topic"] for r in rows} == {env.topic} and len(rows) == len(published) == 24
+    names = [f["name"] for f in ORDER_V2_NESTED["fields"]]
+
+    def before_the_columns(v: dict[str, Any]) -> dict[str, Any]:
+        return {**v, "channel": None, "customer": {**v["customer"], "vip": None}}
+
+    # Run 1's files predate the columns: Iceberg reads a column added later as null there. Run 2's v1
+    # records were resolved by Avro, so they carry the fields' defaults, as the oracle's do.
+    scanned = env.scan(ORDER_V2_NESTED)
+    expected = {k: _as_published(before_the_columns(v) if k[1] < 6 else v) for k, v in scanned.items()}
+    assert {k: _published_value(r, names) for k, r in published.items()} == expected
+    assert {(r["channel"], r["customer"]["vip"]) for k, r in published.items() if 6 <= k[1] < 8} == {("web", False)}
+    reports = [json.loads(p.read_text()) for p in env.root.glob("runs/orders/*/report.json")]
+    (event,) = [e for r in reports for e in r["events"] if e["kind"] == "table_schema_evolved"]
+    assert event["details"]["snapshot_id"] == second.snapshot_id
+    assert event["details"]["changes"] == [
+        "promoted id: int -> long", "added customer.vip: boolean", "added channel: string"
+    ]  # fmt: skip
+
+
+def test_iceberg_column_narrowed_by_the_reader_fails_before_publishing(env: AvroEnv) -> None:
+    from tidemark.output.iceberg import plan_history
+
+    table_name = f"lake.orders_{uuid.uuid4().hex[:8]}"
+    env.write_feed(iceberg=table_name)
+    wide = env.serializer(ORDER_V2)  # the table is created with id: long
+    env.produce([wide(order(i, v2=True)) for i in range(4)], 0)
+    env.run()
+    files_before = {f["file_path"] for f in env.iceberg_table().inspect.files().to_pylist()}
+    uploaded_before = sorted(env.output.rglob("*.parquet"))
+    # The subject's next version narrows id back to int (and drops channel); its records resolve in Avro.
+    narrow = env.serializer(ORDER_V1)
+    env.produce([narrow(order(i)) for i in range(4, 8)], 0)
+    env.produce([narrow(order(i)) for i in range(3)], 1)
+
+    with pytest.raises(Exception, match="cannot take") as info:
+        env.run()
+
+    message = str(info.value)
+    assert table_name in message and "'id'" in message and "long" in message and "int" in message
+    assert "schema_version" in message  # what to do
+    table = env.iceberg_table()
+    assert len(plan_history(table)) == 1 and str(table.schema().find_field("id").field_type) == "long"
+    assert {f["file_path"] for f in table.inspect.files().to_pylist()} == files_before
+    assert sorted(env.output.rglob("*.parquet")) == uploaded_before  # nothing uploaded, no quarantine
+    assert env.committed() == {0: 4, 1: 0}  # run 1's ends
