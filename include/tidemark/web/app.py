@@ -228,7 +228,10 @@ def _chart(rows: Sequence[RunRow], width: int = 640, height: int = 180) -> dict[
     }  # fmt: skip
 
 
-_NOTABLE = ("reset", "group_offsets_expired", "data_loss", "offset_ahead", "new_partition", "retention_warning")
+_NOTABLE = (
+    "reset", "group_offsets_expired", "data_loss", "offset_ahead", "new_partition", "retention_warning",
+    "schema_changed", "table_schema_evolved",
+)  # fmt: skip
 
 
 def _events(reports: Sequence[RunReport]) -> list[dict[str, Any]]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tidemark.errors import ConfigError
-from tidemark.web.app import RunRow, _chart, _duration, _lag_time_chart, replay_conf
+from tidemark.runs.report import RunReport
+from tidemark.web.app import RunRow, _chart, _duration, _events, _lag_time_chart, replay_conf
 
 
 @pytest.mark.parametrize(
@@ -48,3 +49,15 @@ def test_lag_time_chart_puts_each_runs_lag_oldest_first_and_skips_runs_without_o
     assert oldest["y"] == 24 and newest["y"] == pytest.approx(24 + (chart["bottom"] - 24) * 3 / 4, abs=0.1)
     assert oldest["x"] < newest["x"] and chart["max"] == "2m"
     assert _lag_time_chart([_row("r0", 0, None)])["points"] == []
+
+
+def test_the_events_table_lists_schema_changes_and_leaves_routine_events_out() -> None:
+    events = [
+        {"kind": "schema_changed", "topic": "orders", "partition": 2, "message": "id 7 -> 9"},
+        {"kind": "table_schema_evolved", "message": "added channel"},
+        {"kind": "gaps", "topic": "orders", "partition": 0, "message": "3 offsets"},
+    ]
+    report = RunReport(run_id="r1", feed="orders", status="succeeded", events=events)
+    assert [(e["kind"], e["where"]) for e in _events([report])] == [
+        ("schema_changed", "orders[2]"), ("table_schema_evolved", ""),
+    ]  # fmt: skip
