@@ -61,9 +61,9 @@ OPENLINEAGE_PACKAGE = "io.openlineage:openlineage-spark_2.13:1.53.0"
 OPENLINEAGE_LISTENER = "io.openlineage.spark.agent.OpenLineageSparkListener"
 OPENLINEAGE_ENV = "TIDEMARK_SPARK_OPENLINEAGE"
 OPENLINEAGE_JAR_ENV = "TIDEMARK_SPARK_OPENLINEAGE_JAR"
-# Kept off whatever the deployment's Spark configuration says: ``debug`` carries the listener's own
-# configuration (an HTTP transport's API key), the plan facets the query plan, whose data source
-# options hold the Kafka connection's settings on the executors' read.
+# Kept off whatever spark-defaults.conf says: ``debug`` carries the listener's own configuration (its
+# transport's settings), the plan facets the query plan, whose data source options hold the Kafka
+# connection's settings on the executors' read.
 OPENLINEAGE_UNSAFE_FACETS = ("debug", "spark.logicalPlan", "spark_unknown")
 # Spark settings that hold comma-separated lists: two sources of conf add to them instead of replacing.
 LIST_SETTINGS = ("spark.jars", "spark.jars.packages", "spark.extraListeners")
