@@ -260,13 +260,17 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         return {**small_run_conf(records, class_archive=class_archive), **own}
 
     def conf_for_feed(self, feed: str) -> dict[str, str]:
-        """``from_avro`` on the class path for an Avro feed, unless the DAG's own conf puts it there."""
-        from tidemark.runs.pipeline import decodes_avro
-        from tidemark.spark.session import avro_conf
+        """``from_avro`` for an Avro feed and OpenLineage's Spark listener when turned on.
 
-        if not decodes_avro(feed) or self.packages or self.jars:
+        Nothing when the DAG's own ``packages`` or ``jars`` are set: spark-submit's
+        ``--packages``/``--jars`` would replace these jars, so those must name them.
+        """
+        from tidemark.runs.pipeline import decodes_avro
+        from tidemark.spark.session import avro_conf, merge_conf, openlineage_conf
+
+        if self.packages or self.jars:
             return {}
-        return avro_conf()
+        return merge_conf(avro_conf() if decodes_avro(feed) else {}, openlineage_conf())
 
     def execute(self, context: Any) -> None:
         from tidemark.runs.pipeline import RunHandle, run_empty
@@ -288,7 +292,7 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
                 f"plan {handle.plan_id} has no records to read: Spark was not started; "
                 "the commit task re-commits the group's offsets"
             )
-        from tidemark.spark.session import driver_class_archive
+        from tidemark.spark.session import driver_class_archive, merge_conf
 
         # Set after template rendering, so the values never reach the rendered-fields
         # table; the hook adds them to spark-submit's environment (os.environ + these).
@@ -298,9 +302,23 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         self.env_vars = {**configured, **secrets_env}
         self._hook = None  # rebuilt with the env above
         with driver_class_archive() as class_archive:
-            self.conf = {**self.conf_for_feed(handle.feed), **self.conf_for_run(handle.records, class_archive.option)}
+            run_conf = self.conf_for_run(handle.records, class_archive.option)
+            self.conf = merge_conf(self.conf_for_feed(handle.feed), run_conf)
+            # The provider adds the parent job ([openlineage] spark_inject_parent_job_info) to this conf.
             super().execute(context)  # raises when spark-submit fails
             class_archive.succeeded = True
+
+    def _get_hook(self) -> Any:
+        # [openlineage] spark_inject_transport_info puts an HTTP transport's API key into the conf, and the
+        # hook logs the spark-submit command: the task log shows such values masked, as a connection's password.
+        from airflow.sdk.log import mask_secret
+
+        from tidemark.kafka.connection import is_secret
+
+        for key, value in (self.conf or {}).items():
+            if value and is_secret(str(key)):
+                mask_secret(str(value))
+        return super()._get_hook()
 
     # OpenLineage (the provider's DefaultExtractor calls these): the datasets the plan task described
     # (tidemark.orchestration.lineage), rendered into ``lineage`` before the START event.

@@ -466,17 +466,16 @@ def spark_submit_command(handle: RunHandle, master: str | None = None, *, class_
     travel inside the read's tasks, never as Spark configuration, and
     :data:`~tidemark.spark.session.SUBMIT_CONF` widens Spark's redaction to Tidemark's secret names.
     """
-    from tidemark.spark.session import SUBMIT_CONF, avro_conf, s3a_jars, small_run_conf
+    from tidemark.spark.session import SUBMIT_CONF, avro_conf, merge_conf, openlineage_conf, s3a_jars, small_run_conf
 
     job = os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
     conf = {"spark.ui.enabled": "false", "spark.pyspark.python": sys.executable, **SUBMIT_CONF}
     conf.update(small_run_conf(handle.records, class_archive=class_archive))
     jars = s3a_jars()
-    if decodes_avro(handle.feed):
-        avro = avro_conf()  # a local spark-avro jar joins --jars, which would otherwise replace it
-        jars += [jar for jar in avro.pop("spark.jars", "").split(",") if jar]
-        conf.update(avro)
+    extra = merge_conf(avro_conf() if decodes_avro(handle.feed) else {}, openlineage_conf())
+    jars += [jar for jar in extra.pop("spark.jars", "").split(",") if jar]  # --jars would replace them otherwise
+    conf.update(extra)
     return [
         spark_submit,
         "--master",

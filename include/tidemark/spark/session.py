@@ -53,6 +53,48 @@ def avro_conf() -> dict[str, str]:
     return {"spark.jars": jar} if jar else {"spark.jars.packages": AVRO_PACKAGE}
 
 
+# OpenLineage's Spark listener, which the deployment turns on (TIDEMARK_SPARK_OPENLINEAGE=on): the job's own
+# lineage events, which hang under the Airflow task's run when Airflow's OpenLineage provider injects the
+# parent job ([openlineage] spark_inject_parent_job_info). 1.53.0 supports Spark 4 and runs on pyspark 4.3.0.
+# Spark fetches the package like spark-avro; TIDEMARK_SPARK_OPENLINEAGE_JAR names a local copy instead.
+OPENLINEAGE_PACKAGE = "io.openlineage:openlineage-spark_2.13:1.53.0"
+OPENLINEAGE_LISTENER = "io.openlineage.spark.agent.OpenLineageSparkListener"
+OPENLINEAGE_ENV = "TIDEMARK_SPARK_OPENLINEAGE"
+OPENLINEAGE_JAR_ENV = "TIDEMARK_SPARK_OPENLINEAGE_JAR"
+# Kept off whatever spark-defaults.conf says: ``debug`` carries the listener's own configuration (its
+# transport's settings), the plan facets the query plan, whose data source options hold the Kafka
+# connection's settings on the executors' read.
+OPENLINEAGE_UNSAFE_FACETS = ("debug", "spark.logicalPlan", "spark_unknown")
+# Spark settings that hold comma-separated lists: two sources of conf add to them instead of replacing.
+LIST_SETTINGS = ("spark.jars", "spark.jars.packages", "spark.extraListeners")
+
+
+def openlineage_conf() -> dict[str, str]:
+    """The Spark conf that turns OpenLineage's Spark listener on; ``{}`` while the deployment has it off."""
+    setting = os.environ.get(OPENLINEAGE_ENV, "").strip().lower()
+    if setting in ("", "off", "false", "0"):
+        return {}
+    if setting not in ("on", "true", "1"):
+        raise ConfigError(f"{OPENLINEAGE_ENV}={setting!r}: use 'on' to start OpenLineage's Spark listener, or 'off'")
+    jar = os.environ.get(OPENLINEAGE_JAR_ENV, "").strip()
+    conf = {"spark.extraListeners": OPENLINEAGE_LISTENER}
+    conf.update({"spark.jars": jar} if jar else {"spark.jars.packages": OPENLINEAGE_PACKAGE})
+    conf.update({f"spark.openlineage.facets.{facet}.disabled": "true" for facet in OPENLINEAGE_UNSAFE_FACETS})
+    return conf
+
+
+def merge_conf(*confs: dict[str, str]) -> dict[str, str]:
+    """``confs`` in order (a later one wins), the :data:`LIST_SETTINGS` joined instead, without repeats."""
+    merged: dict[str, str] = {}
+    for conf in confs:
+        for key, value in conf.items():
+            if key in LIST_SETTINGS and merged.get(key):
+                items = [item.strip() for item in f"{merged[key]},{value}".split(",") if item.strip()]
+                value = ",".join(dict.fromkeys(items))
+            merged[key] = value
+    return merged
+
+
 # A small run's driver JVM (in local mode: the whole application) lives for seconds, and on
 # a 2-core machine the C2 JIT compiler's and the parallel GC's threads take cores from the
 # work: C1 only and the serial collector cut the CPU of a 1,000- and a 100,000-record run

@@ -271,25 +271,38 @@ def fetch_avro_jar() -> Path:
     resolves :data:`tidemark.spark.session.AVRO_PACKAGE` through Ivy at its start (seconds
     each time); its only dependencies (Avro, xz, Scala's parallel collections) ship with pyspark.
     """
-    from tidemark.settings import cache_root
     from tidemark.spark.session import AVRO_PACKAGE
 
-    _, artifact, version = AVRO_PACKAGE.split(":")
-    target = cache_root() / f"spark-avro-{version}"
+    return fetch_jar(AVRO_PACKAGE)
+
+
+def fetch_openlineage_jar() -> Path:
+    """OpenLineage's Spark listener (one shaded jar, no dependencies), for ``TIDEMARK_SPARK_OPENLINEAGE_JAR``."""
+    from tidemark.spark.session import OPENLINEAGE_PACKAGE
+
+    return fetch_jar(OPENLINEAGE_PACKAGE)
+
+
+def fetch_jar(package: str) -> Path:
+    """The jar of ``package`` (``group:artifact:version``) from Maven Central, downloaded once into the cache."""
+    from tidemark.settings import cache_root
+
+    _, artifact, version = package.split(":")
+    target = cache_root() / f"{re.sub(r'_2[.]1[0-9]$', '', artifact)}-{version}"
     jar = target / f"{artifact}-{version}.jar"
     if jar.exists():
         return jar
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise LocalServerError("'mvn' was not found on PATH: Maven fetches spark-avro from Maven Central")
+        raise LocalServerError(f"'mvn' was not found on PATH: Maven fetches {package} from Maven Central")
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    cmd = [mvn, "-B", "-q", "dependency:copy", f"-Dartifact={AVRO_PACKAGE}", f"-DoutputDirectory={partial}"]
+    cmd = [mvn, "-B", "-q", "dependency:copy", f"-Dartifact={package}", f"-DoutputDirectory={partial}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=partial)
     if proc.returncode != 0 or not (partial / jar.name).exists():
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
-        raise LocalServerError(f"Maven could not fetch {AVRO_PACKAGE} (exit {proc.returncode}):\n{tail}")
+        raise LocalServerError(f"Maven could not fetch {package} (exit {proc.returncode}):\n{tail}")
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
     return jar

@@ -171,3 +171,21 @@ def test_the_archive_is_keyed_by_spark_conf_folder_and_java(monkeypatch: pytest.
     java.write_text("#!/bin/sh\n")
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
     assert class_archive_path(tmp_path) != plain
+
+
+def test_the_openlineage_listeners_local_jar_joins_the_s3a_jars(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from tidemark.spark.session import OPENLINEAGE_ENV, OPENLINEAGE_JAR_ENV, OPENLINEAGE_LISTENER, S3A_JARS_ENV
+
+    s3a = tmp_path / "hadoop-aws.jar"
+    s3a.write_bytes(b"")
+    monkeypatch.setenv(S3A_JARS_ENV, str(s3a))
+    monkeypatch.setenv(OPENLINEAGE_JAR_ENV, "/opt/jars/openlineage-spark.jar")
+    monkeypatch.delenv(OPENLINEAGE_ENV, raising=False)
+    assert "spark.extraListeners" not in _conf(spark_submit_command(HANDLE, "local[*]"))
+    monkeypatch.setenv(OPENLINEAGE_ENV, "on")
+    cmd = spark_submit_command(HANDLE, "local[*]")
+    assert cmd[cmd.index("--jars") + 1] == f"{s3a},/opt/jars/openlineage-spark.jar"
+    assert _conf(cmd)["spark.extraListeners"] == OPENLINEAGE_LISTENER
+    assert "spark.jars" not in _conf(cmd)  # --jars would replace it
