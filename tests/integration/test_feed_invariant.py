@@ -310,9 +310,9 @@ def test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_on
                 retry_committed.wait(120)  # the zombie wakes up after the retry's commit
         point(name)
 
-    def retry_commit_files(*args: Any) -> None:
+    def retry_commit_files(*args: Any, **kwargs: Any) -> None:
         try:
-            commit_files(*args)
+            commit_files(*args, **kwargs)
         finally:
             if threading.current_thread().name == "retry":
                 retry_committed.set()
