@@ -50,10 +50,20 @@ the suite.
 MODULES = (tests.faults.test_scenarios, tests.faults.test_feed_invariant, tests.faults.test_topic_identity)
 
 
-def _on_both_shapes(test: str) -> bool:
+SHAPE_NAMES = {
+    "local": "local",
+    "s3+postgres": "S3 + PostgreSQL",
+    "s3+postgres+s3-staging": "S3 + PostgreSQL + S3 staging",
+}
+
+
+def _shapes(test: str) -> str:
+    """The deployment shapes the scenario runs on (its ``fenv`` parameters), as the table names them."""
     fn = next(getattr(m, test) for m in MODULES if hasattr(m, test))
-    marks = getattr(fn, "pytestmark", [])
-    return any(m.name == "parametrize" and m.args[0] == "fenv" for m in marks)
+    for mark in getattr(fn, "pytestmark", []):
+        if mark.name == "parametrize" and mark.args[0] == "fenv":
+            return ", ".join(SHAPE_NAMES.get(shape, shape) for shape in mark.args[1])
+    return "local"
 
 
 def _mutants() -> dict[str, object]:
@@ -85,7 +95,7 @@ def render(counts: dict[str, object], mutants_run: dict[str, object] | None = No
         bad = sum(v.get("quarantined_checked", 0) for v in mine)
         runs = sum(v.get("runs", 0) for v in mine)
         partitions = max((v.get("partitions", 0) for v in mine), default=0)
-        shapes = "local, S3 + PostgreSQL" if _on_both_shapes(s.test) else "local"
+        shapes = _shapes(s.test)
         red = _red_by(s.test, mutants)
         shown_red += bool(red)
         rows.append(
