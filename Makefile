@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: install demo test lint unit integration faults faults-table soak mutants bench bench-small bench-quick bench-plan kafka-up kafka-down clean lock
-.PHONY: browser bench-view airflow airflow-down
+.PHONY: browser bench-view bench-observe airflow airflow-down
 
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
@@ -84,6 +84,11 @@ bench-plan: install
 bench-view: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tests.bench.view $(BENCH_VIEW_ARGS)
+
+# A 1,000-record feed DAG run with StatsD and OpenLineage on vs both off, alternating rounds, medians side by side.
+bench-observe: install
+	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
+	$(BIN)/python -m tests.bench.observe $(BENCH_OBSERVE_ARGS)
 
 kafka-up: install
 	$(BIN)/tidemark kafka up
