@@ -184,19 +184,30 @@ def _run_row(report: RunReport, root: str, runs_root: Path | None) -> RunRow:
     )  # fmt: skip
 
 
+def _line(
+    runs: Sequence[RunRow], value: Callable[[RunRow], int | None], label: Callable[[RunRow, int], str],
+    left: float, step: float, top: float, bottom: float,
+) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
+    """A line's points, one per run that has a value, scaled to the largest value; and that value."""
+    highest = max((value(r) or 0 for r in runs), default=0)
+    points = []
+    for i, r in enumerate(runs):
+        v = value(r)
+        if v is None:
+            continue
+        y = bottom - (0.0 if not highest else (bottom - top) * v / highest)
+        points.append({"x": round(left + i * step + step / 2, 1), "y": round(y, 1), "value": v, "label": label(r, v)})
+    return points, highest
+
+
 def _lag_time_chart(rows: Sequence[RunRow], width: int = 640, height: int = 140) -> dict[str, Any]:
     """Line geometry of the lag in time at each run's planning, oldest run first (what ``lag_seconds_at_plan`` sent)."""
     left, right, top, bottom = 40, 10, 24, height - 20
     runs = list(reversed(rows[:CHART_RUNS]))
-    highest = max((r.lag_time_before_ms or 0 for r in runs), default=0)
     step = (width - left - right) / max(len(runs), 1)
-    points = []
-    for i, r in enumerate(runs):
-        if r.lag_time_before_ms is None:
-            continue
-        y = bottom - (0.0 if not highest else (bottom - top) * r.lag_time_before_ms / highest)
-        points.append({"x": round(left + i * step + step / 2, 1), "y": round(y, 1), "ms": r.lag_time_before_ms,
-                       "label": f"{r.run_id}: oldest unread record {_duration(r.lag_time_before_ms)} old"})  # fmt: skip
+    points, highest = _line(runs, lambda r: r.lag_time_before_ms,
+                            lambda r, ms: f"{r.run_id}: oldest unread record {_duration(ms)} old",
+                            left, step, top, bottom)  # fmt: skip
     return {
         "width": width, "height": height, "left": left, "right": right, "bottom": bottom, "points": points,
         "line": " ".join(f"{p['x']},{p['y']}" for p in points), "max": _duration(highest) if points else "-",
@@ -208,19 +219,17 @@ def _chart(rows: Sequence[RunRow], width: int = 640, height: int = 180) -> dict[
     left, right, top, bottom = 40, 10, 24, height - 20
     runs = list(reversed(rows[:CHART_RUNS]))
     max_records = max((r.records for r in runs), default=0)
-    max_lag = max((r.lag_before or 0 for r in runs), default=0)
     span = bottom - top
     step = (width - left - right) / max(len(runs), 1)
-    bars, points = [], []
+    bars = []
     for i, r in enumerate(runs):
         h = 0.0 if not max_records else span * r.records / max_records
         x = left + i * step
         w = min(step * 0.7, 36.0)
         bars.append({"x": round(x + (step - w) / 2, 1), "y": round(bottom - h, 1), "w": round(w, 1),
                      "h": round(h, 1), "label": f"{r.run_id}: {r.records} records"})  # fmt: skip
-        if r.lag_before is not None:
-            y = bottom - (0.0 if not max_lag else span * r.lag_before / max_lag)
-            points.append({"x": round(x + step / 2, 1), "y": round(y, 1), "label": f"{r.run_id}: lag {r.lag_before}"})
+    points, max_lag = _line(runs, lambda r: r.lag_before, lambda r, lag: f"{r.run_id}: lag {lag}",
+                            left, step, top, bottom)  # fmt: skip
     return {
         "width": width, "height": height, "left": left, "right": right, "bottom": bottom, "bars": bars,
         "points": points, "line": " ".join(f"{p['x']},{p['y']}" for p in points),

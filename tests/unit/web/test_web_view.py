@@ -44,7 +44,7 @@ def test_chart_draws_runs_oldest_first_scaled_to_the_largest() -> None:
 def test_lag_time_chart_puts_each_runs_lag_oldest_first_and_skips_runs_without_one() -> None:
     rows = [_row("r2", 5, 5, 30_000), _row("r1", 5, 5, None), _row("r0", 5, 5, 120_000)]  # newest first, as listed
     chart = _lag_time_chart(rows)
-    assert [(p["label"].split(":")[0], p["ms"]) for p in chart["points"]] == [("r0", 120_000), ("r2", 30_000)]
+    assert [(p["label"].split(":")[0], p["value"]) for p in chart["points"]] == [("r0", 120_000), ("r2", 30_000)]
     oldest, newest = chart["points"]
     assert oldest["y"] == 24 and newest["y"] == pytest.approx(24 + (chart["bottom"] - 24) * 3 / 4, abs=0.1)
     assert oldest["x"] < newest["x"] and chart["max"] == "2m"
