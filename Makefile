@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test lint unit integration faults faults-table soak mutants bench bench-small bench-quick bench-plan kafka-up kafka-down clean lock
+.PHONY: install demo test test-extended lint unit integration faults faults-table soak mutants bench bench-small bench-quick bench-plan kafka-up kafka-down clean lock
 .PHONY: browser bench-view bench-observe airflow airflow-down
 
 $(STAMP):
@@ -33,7 +33,12 @@ lint: install
 # 2 cores a third worker made the suite slower (28.8 min against 25.5 min for pytest).
 TEST_WORKERS ?= 2
 test: lint browser
-	$(BIN)/pytest -v --durations=25 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
+	$(BIN)/pytest -v --durations=25 -m "not extended" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
+
+# The slow variants `make test` leaves out (pytest marker `extended`): the benchmark harness's
+# own tests and the fault scenarios on the S3 + PostgreSQL shape with local staging.
+test-extended: install
+	$(BIN)/pytest -v --durations=10 -m extended $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
 
 # The e2e browser test drives Debian's Chromium with Playwright (Playwright's own browser download is unreachable).
 browser:

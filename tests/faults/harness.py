@@ -54,10 +54,14 @@ from tidemark.storage import Location
 
 LOCAL = "local"
 S3_STAGING = "s3+postgres+s3-staging"
+S3_POSTGRES = "s3+postgres"
 # The crash, overlap and retry scenarios run on every shape: the embedded default; state and
 # output on S3 with checkpoints in PostgreSQL; and that with Spark staging on S3 too, as on a
-# cluster without a shared disk (the fixture ``fenv`` reads the parameter).
-ON_BOTH_SHAPES = pytest.mark.parametrize("fenv", [LOCAL, "s3+postgres", S3_STAGING], indirect=True)
+# cluster without a shared disk (the fixture ``fenv`` reads the parameter). The middle shape is
+# the third one's publish path with local staging: `make test` leaves it to `make test-extended`.
+ON_BOTH_SHAPES = pytest.mark.parametrize(
+    "fenv", [LOCAL, pytest.param(S3_POSTGRES, marks=pytest.mark.extended), S3_STAGING], indirect=True
+)
 Row = tuple[str, int, int, str]  # topic, partition, offset, sha256 of the value (hex)
 F = TypeVar("F", bound=Callable[..., Any])
 LAST_RUN = Path(__file__).with_name("last-run.json")

@@ -41,7 +41,8 @@ Scenarios marked *local, S3 + PostgreSQL* run three times: on the embedded defau
 state and output, SQLite checkpoints), on the deployment shape (state and output on a real
 S3 server, s3proxy, with checkpoints in a real PostgreSQL), and on that shape with Spark
 staging on S3 as well (through s3a, as on a cluster without a shared disk), all started by
-the suite.
+the suite. `make test` runs the first and the third; the second (the third's publish path with
+local staging) runs in `make faults` and `make test-extended`.
 
 """
 
@@ -62,7 +63,8 @@ def _shapes(test: str) -> str:
     fn = next(getattr(m, test) for m in MODULES if hasattr(m, test))
     for mark in getattr(fn, "pytestmark", []):
         if mark.name == "parametrize" and mark.args[0] == "fenv":
-            return ", ".join(SHAPE_NAMES.get(shape, shape) for shape in mark.args[1])
+            shapes = [getattr(shape, "values", (shape,))[0] for shape in mark.args[1]]  # a pytest.param or a value
+            return ", ".join(SHAPE_NAMES.get(shape, shape) for shape in shapes)
     return "local"
 
 

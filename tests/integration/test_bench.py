@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import KafkaTestCluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.extended]  # `make test-extended`
 
 
 def test_bench_runs_interleaved_rounds_and_reads_kafka_once(kafka: KafkaTestCluster, tmp_path: Path) -> None:
