@@ -109,6 +109,36 @@ def test_clean_batch_passes_with_a_data_docs_page(spark: Any, tmp_path: Path) ->
     json.dumps(outcome.summary)  # JSON-serialisable as is
 
 
+def test_data_docs_templates_are_compiled_once_and_then_loaded_from_the_cache(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GX renders every page with a new Jinja environment: the templates compile in the first run only."""
+    import jinja2
+
+    from tidemark.validation.rules import run_gx
+
+    monkeypatch.setenv("TIDEMARK_CACHE_DIR", str(tmp_path / "cache"))
+    compiled: list[str | None] = []
+    compile_template = jinja2.Environment.compile
+
+    def counting(self: Any, source: Any, name: str | None = None, *args: Any, **kwargs: Any) -> Any:
+        compiled.append(name)
+        return compile_template(self, source, name, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counting)
+    df = spark.createDataFrame(clean_rows(0, 0, 10), SCHEMA)
+    plan = make_plan({0: (0, 10)})
+    first = run_gx(df, feed(), plan, tmp_path / "a", list_unexpected=False)
+    first_compiled = len(compiled)
+    second = run_gx(df, feed(), plan, tmp_path / "b", list_unexpected=False)
+
+    assert first_compiled > 10
+    assert compiled[first_compiled:] == []  # the second run loaded every template it compiled before
+    assert list((tmp_path / "cache" / "jinja").iterdir())
+    pages = [o.data_docs.read_text() for o in (first, second) if o.data_docs is not None]
+    assert len(pages) == 2 and all("order_id" in page and "amount" in page for page in pages)
+
+
 def _gx_jobs(spark: Any, group: str, call: Any) -> tuple[Any, int]:
     """``call()``'s result and how many Spark jobs it ran."""
     spark.sparkContext.setJobGroup(group, group)
