@@ -95,15 +95,24 @@ class Deserialization(_Model):
     format: ValueFormat = "bytes"
     key_format: Literal["bytes", "string"] = "string"
     fields: tuple[JsonField, ...] = ()
+    # A JSON value's schema in Spark's DDL, nested and logical types included
+    # ("id long NOT NULL, customer struct<id: long, name: string>, placed_at timestamp"):
+    # the alternative to ``fields``; a top-level NOT NULL field is required.
+    schema_ddl: str | None = Field(default=None, min_length=1)
     subject: str | None = Field(default=None, min_length=1)
     schema_version: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _fields_only_for_json(self) -> Deserialization:
-        if self.fields and self.format != "json":
-            raise ValueError("'fields' declares a JSON schema and needs format: json")
-        if self.format == "json" and not self.fields:
-            raise ValueError("format: json needs 'fields' (the declared schema)")
+        if (self.fields or self.schema_ddl) and self.format != "json":
+            raise ValueError("'fields' and 'schema_ddl' declare a JSON schema and need format: json")
+        if self.format == "json" and not self.fields and not self.schema_ddl:
+            raise ValueError(
+                "format: json needs the declared schema: 'fields' (top-level scalars) or 'schema_ddl' "
+                "(Spark DDL with nested and logical types)"
+            )
+        if self.fields and self.schema_ddl:
+            raise ValueError("declare the JSON schema once: 'fields' or 'schema_ddl', not both")
         if self.format != "avro" and (self.subject is not None or self.schema_version is not None):
             raise ValueError("'subject' and 'schema_version' name a registry schema and need format: avro")
         return self

@@ -259,7 +259,7 @@ def _stage_validate_publish(
     from tidemark.output.base import StagedRecords
     from tidemark.output.parquet import PASS_DIR, parquet_writer, spark_path, utc_date
     from tidemark.spark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
-    from tidemark.validation.rules import DECODE_CODE, OK_OUTCOME, OutcomeCodes, validate
+    from tidemark.validation.rules import DECODE_CODE, OK_OUTCOME, OutcomeCodes, column_paths, validate
 
     avro = None
     if feed.deserialization.format == "avro":
@@ -267,7 +267,7 @@ def _stage_validate_publish(
         res.schemas = avro.report()
         res.events += list(avro.events)
     decoded = annotate(source, feed.deserialization, avro)
-    codes = OutcomeCodes.of([c for c in decoded.columns if c not in (RAW_VALUE_COLUMN, "plan_id")], feed)
+    codes = OutcomeCodes.of([c for c in column_paths(decoded.schema) if c not in (RAW_VALUE_COLUMN, "plan_id")], feed)
     outcome = codes.column()
     time_filter = plan.time_filter
     if time_filter is not None:  # exact window: records stamped outside it are read, counted and left out

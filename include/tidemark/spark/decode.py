@@ -2,13 +2,14 @@
 
 A feed's ``deserialization`` says how values are read: raw ``bytes``, UTF-8 ``string``,
 ``json`` with declared top-level fields (``integer`` → long, ``number`` → double,
-``string``, ``boolean``), or ``avro`` in the Schema Registry wire format (the reader
-schema's fields as typed, possibly nested columns; :mod:`tidemark.spark.avro` finds and
-resolves the schemas first); keys are UTF-8 strings unless ``key_format: bytes``. Decoding
-is done with Spark's own column functions (JVM speed, no Python per record) and splits
-the records in two: ``good`` carries the decoded columns; ``bad`` carries the raw
-record plus ``decode_error``, the first reason it failed. No record is dropped: every
-input row is in exactly one of the two.
+``string``, ``boolean``) or a schema in Spark's DDL (``schema_ddl``: structs, arrays, maps,
+decimals, dates, timestamps; a top-level ``NOT NULL`` field is required), or ``avro`` in
+the Schema Registry wire format (the reader schema's fields as typed, possibly nested
+columns; :mod:`tidemark.spark.avro` finds and resolves the schemas first); keys are UTF-8
+strings unless ``key_format: bytes``. Decoding is done with Spark's own column functions
+(JVM speed, no Python per record) and splits the records in two: ``good`` carries the
+decoded columns; ``bad`` carries the raw record plus ``decode_error``, the first reason it
+failed. No record is dropped: every input row is in exactly one of the two.
 
 Decoded JSON and Avro fields become top-level columns of ``good`` (so expectations can name
 them) and replace the raw ``value``. What counts as a failure: a key or value that is
@@ -23,11 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tidemark.config.models import Deserialization, JsonField
+from tidemark.config.models import Deserialization
 from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import StructType
 
     from tidemark.spark.avro import AvroSchemas
 
@@ -37,7 +39,6 @@ RAW_VALUE_COLUMN = "_raw_value"
 OUTCOME_COLUMN = "_outcome"  # the job's staging partition: "ok" or why a record is bad
 # Names a declared field may not take: record columns, and the job's own (``date`` partitions the output).
 RESERVED_COLUMNS = frozenset({*METADATA_COLUMNS, "value", ERROR_COLUMN, RAW_VALUE_COLUMN, OUTCOME_COLUMN, "date"})
-_SPARK_TYPES = {"string": "string", "integer": "long", "number": "double", "boolean": "boolean"}
 _CORRUPT = "_tidemark_corrupt"
 _PARSED = "_tidemark_parsed"
 
@@ -50,15 +51,44 @@ class Decoded:
     bad: DataFrame
 
 
-def json_schema_ddl(fields: tuple[JsonField, ...]) -> str:
-    """The Spark DDL of the declared fields (plus the corrupt-record column)."""
-    cols = [f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in fields]
-    return ", ".join([*cols, f"`{_CORRUPT}` string"])
+def declared_json(deser: Deserialization) -> tuple[StructType, tuple[str, ...]]:
+    """The JSON value's declared type (every field nullable, as ``from_json`` reads) and its required fields.
+
+    ``schema_ddl`` is parsed by Spark (an active session is needed); ``fields`` map to scalars.
+    """
+    from pyspark.sql import types as T
+
+    if deser.schema_ddl is None:
+        scalars = {
+            "string": T.StringType(),
+            "integer": T.LongType(),
+            "number": T.DoubleType(),
+            "boolean": T.BooleanType(),
+        }
+        declared = T.StructType([T.StructField(f.name, scalars[f.type], not f.required) for f in deser.fields])
+    else:
+        try:
+            declared = T.DataType.fromDDL(deser.schema_ddl)
+        except Exception as exc:  # Spark's parser raises ParseException (and others for unknown types)
+            raise ConfigError(
+                f"deserialization.schema_ddl {deser.schema_ddl!r} is not a Spark DDL schema "
+                f"('name type, ...', e.g. 'id long NOT NULL, customer struct<id: long>'): {str(exc).strip()[:300]}"
+            ) from exc
+        if not isinstance(declared, T.StructType):
+            raise ConfigError(
+                f"deserialization.schema_ddl {deser.schema_ddl!r} must list named fields ('name type, ...')"
+            )
+    required = tuple(f.name for f in declared.fields if not f.nullable)
+    return T.StructType([T.StructField(f.name, f.dataType, True) for f in declared.fields]), required
+
+
+def _json_names(deser: Deserialization) -> list[str]:
+    return [f.name for f in deser.fields] if deser.schema_ddl is None else list(declared_json(deser)[0].names)
 
 
 def check_fields(deser: Deserialization) -> None:
     """Declared JSON fields must not clash with the record's metadata columns."""
-    names = [f.name for f in deser.fields]
+    names = _json_names(deser)
     clash = sorted(set(names) & RESERVED_COLUMNS)
     if clash:
         raise ConfigError(f"deserialization.fields: {clash} clash with Tidemark's record columns; rename them")
@@ -92,12 +122,12 @@ def decode_reasons(deser: Deserialization) -> list[str]:
     if deser.format == "string":
         reasons.append("value is not valid UTF-8")
     elif deser.format == "json":
-        required = [f for f in deser.fields if f.required]
+        required = [f.name for f in deser.fields if f.required] if deser.schema_ddl is None else declared_json(deser)[1]
         if required:
             reasons.append("value is null (tombstone)")
         reasons.append("value is not valid UTF-8")
         reasons.append("value is not a JSON object matching the declared field types")
-        reasons += [f"required field '{f.name}' is missing or null" for f in required]
+        reasons += [f"required field '{name}' is missing or null" for name in required]
     elif deser.format == "avro":
         reasons.append("value is null (tombstone)")
         reasons.append(AVRO_BODY_REASON)
@@ -138,15 +168,15 @@ def _decoding(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = 
     else:
         text = F.col("value").cast("string")
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
-        work = work.withColumn(_PARSED, F.from_json(text, json_schema_ddl(deser.fields), options))
+        declared, required = declared_json(deser)
+        work = work.withColumn(_PARSED, F.from_json(text, declared.add(_CORRUPT, "string"), options))
         parsed = F.col(_PARSED)
-        required = [f for f in deser.fields if f.required]
         if required:
             failed.append(F.col("value").isNull())
         failed.append(~F.is_valid_utf8(text))
         failed.append(parsed.getField(_CORRUPT).isNotNull())
-        failed += [F.col("value").isNotNull() & parsed.getField(f.name).isNull() for f in required]
-        value_cols = [parsed.getField(f.name).alias(f.name) for f in deser.fields]
+        failed += [F.col("value").isNotNull() & parsed.getField(name).isNull() for name in required]
+        value_cols = [parsed.getField(name).alias(name) for name in declared.names]
     reasons = [F.when(c, F.lit(why)) for c, why in zip(failed, decode_reasons(deser), strict=True)]
     error = F.coalesce(*reasons) if reasons else F.lit(None).cast("string")
     return _Decoding(work, key_col, value_cols, error)

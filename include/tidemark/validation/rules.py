@@ -105,8 +105,26 @@ _IGNORED_KWARGS = frozenset({"mostly", "result_format", "catch_exceptions", "met
 
 
 def quote_ident(name: str) -> str:
-    """A Spark SQL identifier: the whole name in backticks, so ``a.b`` is one column, like GX."""
+    """A Spark SQL identifier: the whole name in backticks, so ``a.b`` is one column."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def column_paths(schema: Any) -> list[str]:
+    """A Spark schema's column names and, below each struct, its fields' dotted paths (``customer.id``).
+
+    Expectations may name a nested field by its path, as GX's Spark engine reads it.
+    """
+    from pyspark.sql.types import StructType
+
+    def walk(struct: StructType, prefix: str) -> list[str]:
+        out = []
+        for f in struct.fields:
+            out.append(prefix + f.name)
+            if isinstance(f.dataType, StructType):
+                out += walk(f.dataType, f"{prefix}{f.name}.")
+        return out
+
+    return walk(schema, "")
 
 
 def sql_literal(value: Any) -> str:
@@ -157,12 +175,15 @@ def translate(expectation: Expectation, columns: Iterable[str] | None = None, in
     column = kwargs.get("column")
     if not isinstance(column, str) or not column:
         raise Untranslatable("no 'column' argument")
-    if columns is not None and column not in set(columns):
+    names = set(columns) if columns is not None else set()
+    if columns is not None and column not in names:
         raise Untranslatable(f"column '{column}' is not in the data")
     unknown = set(kwargs) - _IGNORED_KWARGS - {"column"} - _KNOWN_ARGS[kind]
     if unknown:
         raise Untranslatable(f"arguments {sorted(unknown)} are not translated")
-    col = quote_ident(column)
+    # A path below a struct column (``customer.id``, see :func:`column_paths`) is quoted part by part.
+    nested = "." in column and column.split(".", 1)[0] in names
+    col = ".".join(map(quote_ident, column.split("."))) if nested else quote_ident(column)
     present = f"{col} IS NOT NULL"
     if kind == "expect_column_values_to_not_be_null":
         sql = f"{col} IS NULL"
@@ -932,7 +953,7 @@ def validate(
 
     run_dir.mkdir(parents=True, exist_ok=True)
     policy = feed.validation
-    rules, untranslatable = split_rules(policy.expectations, df.columns)
+    rules, untranslatable = split_rules(policy.expectations, column_paths(df.schema))
     flags = [F.coalesce(F.expr(r.sql), F.lit(False)) for r in rules]
     bad = _or(flags)
     marks = _marked(df, decode_failed, flags, raw_value_column)

@@ -404,3 +404,55 @@ def test_a_committed_offset_past_the_end_is_an_offset_ahead_event_in_the_report_
                for line in lines), lines  # fmt: skip
     log = consume_independently(env.kafka.connection, plan_for(env.kafka.adapter, [env.topic]))
     assert env.published_rows() == [(p, o) for _, p, o, _, _ in log]  # each once, none skipped
+
+
+def test_nested_json_declared_in_spark_ddl_publishes_the_scan_with_its_types_and_checks_a_nested_field(
+    env: Env,
+) -> None:
+    """A JSON feed with a ``schema_ddl``: structs, arrays, decimals, timestamps in the Parquet output, equal
+    to an independent read_committed scan parsed with ``json``; an expectation names a nested field and
+    sends the record that breaks it to the quarantine, with the record of the wrong nested type."""
+    from decimal import Decimal
+
+    import pyarrow.parquet as pq
+
+    from tests.integration.read_helpers import consume_independently
+
+    env.write_feed(
+        deserialization={"format": "json", "schema_ddl": "n long NOT NULL, customer struct<id: long, vip: boolean>, "
+                         "amount decimal(10,2), tags array<string>, placed_at timestamp"},
+        validation={"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5, "expectations": [
+            {"type": "expect_column_values_to_be_between", "kwargs": {"column": "customer.id", "min_value": 0}}]},
+    )  # fmt: skip
+    docs = [{"n": i, "customer": {"id": i * 10, "vip": i % 2 == 0}, "amount": f"{i}.25", "tags": [f"t{i}"] * (i % 3),
+             "placed_at": f"2026-03-0{1 + i % 3}T10:00:00Z"} for i in range(12)]  # fmt: skip
+    docs[4]["customer"]["id"] = -1  # breaks the nested expectation
+    docs[7]["customer"]["id"] = "seventy"  # not a long: does not decode
+    env.kafka.produce(env.topic, [Record(json.dumps(d).encode(), partition=i % 3) for i, d in enumerate(docs)])
+
+    handle, job, outcome = env.run()
+
+    assert outcome.committed and job["records_read"] == 12 and job["records_quarantined"] == 2
+    scanned = {(r[1], r[2]): json.loads(r[4]) for r in consume_independently(env.kafka.connection, handle.plan())}
+    assert len(scanned) == 12
+    tables = [pq.read_table(f) for f in sorted(env.output.glob("plan_id=*/topic=*/**/*.parquet"))]
+    published = [row for t in tables for row in t.to_pylist()]
+    assert str(tables[0].schema.field("customer").type) == "struct<id: int64, vip: bool>"
+    assert str(tables[0].schema.field("amount").type) == "decimal128(10, 2)"
+    assert str(tables[0].schema.field("tags").type) == "list<element: string>"
+    assert str(tables[0].schema.field("placed_at").type).startswith("timestamp")
+    expected = {k: v for k, v in scanned.items() if v["n"] not in (4, 7)}
+    assert {(r["partition"], r["offset"]): r["n"] for r in published} == {k: v["n"] for k, v in expected.items()}
+    for r in published:
+        want = expected[(r["partition"], r["offset"])]
+        assert r["customer"] == want["customer"] and r["amount"] == Decimal(want["amount"])
+        assert r["tags"] == want["tags"]
+        assert r["placed_at"].strftime("%Y-%m-%dT%H:%M:%SZ") == want["placed_at"]
+    quarantined = [
+        row for f in env.output.glob("plan_id=*/_quarantine/**/*.parquet") for row in pq.read_table(f).to_pylist()
+    ]
+    reasons = {
+        json.loads(bytes(q["_raw_value"]) if "_raw_value" in q else q["value"])["n"]: q["_reason"] for q in quarantined
+    }
+    assert sorted(reasons) == [4, 7], reasons
+    assert "customer.id" in reasons[4] and "declared field types" in reasons[7]

@@ -72,7 +72,24 @@ INVALID = [
         "larger than max_records_per_run",
     ),
     ("bad-schedule", "schedule: every tuesday\n", "schedule", "neither a preset"),
-    ("json-without-fields", "deserialization: {format: json}\n", "deserialization", "needs 'fields'"),
+    (
+        "json-without-fields",
+        "deserialization: {format: json}\n",
+        "deserialization",
+        "'fields' (top-level scalars) or 'schema_ddl'",
+    ),
+    (
+        "json-fields-and-ddl",
+        "deserialization: {format: json, fields: [{name: a, type: string}], schema_ddl: 'a string'}\n",
+        "deserialization",
+        "not both",
+    ),
+    (
+        "ddl-without-json",
+        "deserialization: {format: string, schema_ddl: 'a string'}\n",
+        "deserialization",
+        "need format: json",
+    ),
     (
         "fields-without-json",
         "deserialization: {fields: [{name: a, type: string}]}\n",

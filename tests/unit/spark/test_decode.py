@@ -9,7 +9,7 @@ import pytest
 
 from tidemark.config.models import Deserialization, JsonField
 from tidemark.errors import ConfigError
-from tidemark.spark.decode import ERROR_COLUMN, RAW_VALUE_COLUMN, annotate, decode, json_schema_ddl
+from tidemark.spark.decode import ERROR_COLUMN, RAW_VALUE_COLUMN, annotate, declared_json, decode
 
 pytestmark = pytest.mark.spark
 
@@ -92,6 +92,58 @@ def test_json_fields_become_columns_and_failures_are_kept(spark: Any) -> None:
     assert bytes(out.bad.where("offset = 3").collect()[0].value) == b"not json"
 
 
+NESTED_DDL = (
+    "order_id long NOT NULL, customer struct<id: long, name: string>, placed_at timestamp, "
+    "day date, amount decimal(10,2), tags array<string>, attrs map<string, int>"
+)
+
+
+def test_json_schema_ddl_gives_nested_and_logical_columns_and_a_nested_type_error_is_a_bad_record(spark: Any) -> None:
+    from datetime import date
+    from decimal import Decimal
+
+    values: list[bytes | None] = [
+        b'{"order_id": 1, "customer": {"id": 7, "name": "Ana"}, "placed_at": "2026-01-02T03:04:05Z", '
+        b'"day": "2026-01-02", "amount": 12.5, "tags": ["new", "gift"], "attrs": {"size": 2}}',
+        b'{"order_id": 2}',  # everything but the NOT NULL field may be missing
+        b'{"order_id": 3, "customer": {"id": "seven"}}',  # a nested field of the wrong type
+        b'{"order_id": 4, "tags": "gift"}',  # not an array
+        b'{"order_id": 5, "day": "yesterday"}',  # not a date
+        b'{"customer": {"id": 8}}',  # the required field missing
+        None,
+    ]
+    df = _records(spark, [(b"k", v) for v in values])
+    out = decode(df, Deserialization(format="json", schema_ddl=NESTED_DDL))
+
+    types = dict(out.good.dtypes)
+    assert [types[c] for c in ("order_id", "customer", "placed_at", "day", "amount", "tags", "attrs")] == [
+        "bigint", "struct<id:bigint,name:string>", "timestamp", "date", "decimal(10,2)", "array<string>",
+        "map<string,int>",
+    ]  # fmt: skip
+    good = out.good.orderBy("offset").collect()
+    assert [r.offset for r in good] == [0, 1]
+    first = good[0]
+    assert (first.customer.id, first.customer.name, first.day, first.amount, first.tags, first.attrs) == (
+        7, "Ana", date(2026, 1, 2), Decimal("12.50"), ["new", "gift"], {"size": 2})  # fmt: skip
+    assert out.good.where("offset = 0").selectExpr("unix_timestamp(placed_at)").first()[0] == 1767323045
+    bad = {r.offset: r[ERROR_COLUMN] for r in out.bad.collect()}
+    assert bad == {
+        2: "value is not a JSON object matching the declared field types",
+        3: "value is not a JSON object matching the declared field types",
+        4: "value is not a JSON object matching the declared field types",
+        5: "required field 'order_id' is missing or null",
+        6: "value is null (tombstone)",
+    }
+
+
+def test_json_schema_ddl_that_does_not_parse_names_itself(spark: Any) -> None:
+    df = _records(spark, [(b"k", b"{}")])
+    with pytest.raises(ConfigError, match=r"schema_ddl 'id lo ng,' is not a Spark DDL schema"):
+        decode(df, Deserialization(format="json", schema_ddl="id lo ng,"))
+    with pytest.raises(ConfigError, match=r"\['offset'\] clash"):
+        decode(df, Deserialization(format="json", schema_ddl="offset long, x string"))
+
+
 @pytest.mark.parametrize("name", ["offset", "date", "_raw_value", "_outcome"])
 def test_json_field_names_must_not_clash_with_record_or_job_columns(spark: Any, name: str) -> None:
     df = _records(spark, [(b"k", b"{}")])
@@ -115,6 +167,9 @@ def test_annotate_keeps_every_row_with_its_raw_bytes(spark: Any) -> None:
     assert RAW_VALUE_COLUMN not in plain.columns and plain.count() == 3
 
 
-def test_schema_ddl() -> None:
-    ddl = json_schema_ddl(_fields(a="integer", b="number", c="string", d="boolean"))
-    assert ddl == "`a` long, `b` double, `c` string, `d` boolean, `_tidemark_corrupt` string"
+def test_declared_fields_map_to_nullable_spark_scalars_and_keep_what_is_required() -> None:
+    declared, required = declared_json(
+        Deserialization(format="json", fields=_fields(a="integer", b="number", c="string", d="boolean"))
+    )
+    assert declared.simpleString() == "struct<a:bigint,b:double,c:string,d:boolean>"
+    assert all(f.nullable for f in declared.fields) and required == ("a", "b", "c", "d")

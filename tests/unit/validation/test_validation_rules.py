@@ -83,6 +83,17 @@ def test_translation(expectation: Expectation, sql: str) -> None:
     assert rule.label == f"{expectation.type}({expectation.kwargs['column']})"
 
 
+def test_a_nested_path_below_a_struct_column_is_quoted_part_by_part() -> None:
+    columns = ["id", "customer", "customer.id", "customer.address", "customer.address.zip", "a.b"]
+    between = translate(exp("expect_column_values_to_be_between", column="customer.id", min_value=0), columns)
+    assert between.sql == "`customer`.`id` IS NOT NULL AND (`customer`.`id` < 0)"
+    deep = translate(exp("expect_column_values_to_not_be_null", column="customer.address.zip"), columns)
+    assert deep.sql == "`customer`.`address`.`zip` IS NULL"
+    assert translate(exp("expect_column_values_to_not_be_null", column="a.b"), columns).sql == "`a.b` IS NULL"
+    with pytest.raises(Untranslatable, match=r"'customer\.email' is not in the data"):
+        translate(exp("expect_column_values_to_not_be_null", column="customer.email"), columns)
+
+
 @pytest.mark.parametrize(
     ("expectation", "why"),
     [
