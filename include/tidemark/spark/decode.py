@@ -27,9 +27,15 @@ from tidemark.config.models import Deserialization, JsonField
 from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from pyspark.sql import Column, DataFrame
 
     from tidemark.spark.avro import AvroSchemas
+    from tidemark.spark.json_schema import JsonSchemas
+    from tidemark.spark.protobuf import ProtobufSchemas
+
+    RunSchemas: TypeAlias = AvroSchemas | JsonSchemas | ProtobufSchemas
 
 ERROR_COLUMN = "decode_error"
 METADATA_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key", "headers", "plan_id")
@@ -101,13 +107,24 @@ def decode_reasons(deser: Deserialization) -> list[str]:
     elif deser.format == "avro":
         reasons.append("value is null (tombstone)")
         reasons.append(AVRO_BODY_REASON)
+    elif deser.format == "json_schema":
+        reasons.append("value is null (tombstone)")
+        reasons.append("value is not valid UTF-8")
+        reasons.append(JSON_SCHEMA_BODY_REASON)
+        reasons.append(JSON_SCHEMA_RULE_REASON)
+    elif deser.format == "protobuf":
+        reasons.append("value is null (tombstone)")
+        reasons.append(PROTOBUF_BODY_REASON)
     return reasons
 
 
 AVRO_BODY_REASON = "value does not decode against its Avro writer schema"
+JSON_SCHEMA_BODY_REASON = "value is not a JSON object of the reader JSON Schema's types"
+JSON_SCHEMA_RULE_REASON = "value lacks a required property or has a value outside an enum of the reader JSON Schema"
+PROTOBUF_BODY_REASON = "value does not decode as the Protobuf message of its writer schema"
 
 
-def _decoding(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = None) -> _Decoding:
+def _decoding(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = None) -> _Decoding:
     from pyspark.sql import functions as F
 
     check_fields(deser)
@@ -135,6 +152,29 @@ def _decoding(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = 
         failed.append(F.col("value").isNull())
         failed.append(F.col("value").isNotNull() & parsed.isNull())
         value_cols = [parsed.getField(name).alias(name) for name in avro.field_names]
+    elif deser.format in ("json_schema", "protobuf"):
+        if avro is None:
+            raise ConfigError(f"format: {deser.format} decodes with the run's schemas (tidemark.spark.wire)")
+        if deser.format == "json_schema":
+            from tidemark.spark.json_schema import JsonSchemas, body_text, parsed_value, violations
+
+            assert isinstance(avro, JsonSchemas)
+            work = work.withColumn(_PARSED, parsed_value(avro))
+            parsed = F.col(_PARSED)
+            failed.append(F.col("value").isNull())
+            failed.append(F.col("value").isNotNull() & ~F.is_valid_utf8(body_text()))
+            failed.append(F.col("value").isNotNull() & (parsed.isNull() | parsed.getField(_CORRUPT).isNotNull()))
+            check = violations(avro.document)
+            failed.append(F.col("value").isNotNull() & (check(parsed) if check is not None else F.lit(False)))
+        else:
+            from tidemark.spark.protobuf import ProtobufSchemas, decoded_frame
+
+            assert isinstance(avro, ProtobufSchemas)
+            work = decoded_frame(work, avro, _PARSED)
+            parsed = F.col(_PARSED)
+            failed.append(F.col("value").isNull())
+            failed.append(F.col("value").isNotNull() & parsed.isNull())
+        value_cols = [parsed.getField(name).alias(name) for name in avro.field_names]
     else:
         text = F.col("value").cast("string")
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
@@ -154,10 +194,10 @@ def _decoding(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = 
 
 def raw_value_kept(deser: Deserialization) -> bool:
     """Whether the decoded columns lose the raw value (JSON, Avro), so :func:`annotate` keeps it aside."""
-    return deser.format in ("json", "avro")
+    return deser.format in ("json", "avro", "json_schema", "protobuf")
 
 
-def annotate(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = None) -> DataFrame:
+def annotate(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = None) -> DataFrame:
     """Every record of ``df`` decoded, in one projection: no row is dropped or split off.
 
     Columns: the metadata columns, ``key`` (decoded), the value column(s) (``value``, or
@@ -172,7 +212,7 @@ def annotate(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = N
     return d.work.select(*d.record(*raw), d.error.alias(ERROR_COLUMN))
 
 
-def decode(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = None) -> Decoded:
+def decode(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = None) -> Decoded:
     """Split ``df`` (the source's schema) into decoded ``good`` rows and raw ``bad`` rows."""
     from pyspark.sql import functions as F
 
