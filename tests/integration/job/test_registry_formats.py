@@ -191,3 +191,132 @@ def test_json_schema_unknown_id_or_other_framing_fails_the_run(env: RegistryEnv,
         assert "not in the Schema Registry wire format" in message
     assert not env.output.exists() or not list(env.output.glob("plan_id=*"))
     assert env.committed() == {0: None, 1: None}
+
+
+def _order_classes() -> tuple[Any, Any]:
+    """``shop.Order`` (importing ``shop.Customer`` from its own file, and the well-known Timestamp) and
+    ``shop.Order.Line``, built at run time from descriptors, as a producer's generated code would hold them."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+    field = descriptor_pb2.FieldDescriptorProto
+    one, many = field.LABEL_OPTIONAL, field.LABEL_REPEATED
+    customer = descriptor_pb2.FileDescriptorProto(name="shop/customer.proto", package="shop", syntax="proto3")
+    c = customer.message_type.add(name="Customer")
+    c.field.add(name="id", number=1, type=field.TYPE_INT64, label=one)
+    c.field.add(name="email", number=2, type=field.TYPE_STRING, label=one, proto3_optional=True, oneof_index=0)
+    c.oneof_decl.add(name="_email")
+    order = descriptor_pb2.FileDescriptorProto(
+        name="shop/order.proto", package="shop", syntax="proto3",
+        dependency=["shop/customer.proto", "google/protobuf/timestamp.proto"],
+    )  # fmt: skip
+    status = order.enum_type.add(name="Status")
+    for n, name in enumerate(["NEW", "PAID", "SHIPPED"]):
+        status.value.add(name=name, number=n)
+    o = order.message_type.add(name="Order")
+    o.field.add(name="id", number=1, type=field.TYPE_INT32, label=one)
+    o.field.add(name="customer", number=2, type=field.TYPE_MESSAGE, type_name=".shop.Customer", label=one)
+    o.field.add(name="items", number=3, type=field.TYPE_STRING, label=many)
+    o.field.add(name="tags", number=4, type=field.TYPE_MESSAGE, type_name=".shop.Order.TagsEntry", label=many)
+    o.field.add(name="amount", number=5, type=field.TYPE_DOUBLE, label=one)
+    o.field.add(name="at", number=6, type=field.TYPE_MESSAGE, type_name=".google.protobuf.Timestamp", label=one)
+    o.field.add(name="status", number=7, type=field.TYPE_ENUM, type_name=".shop.Status", label=one)
+    o.field.add(name="lines", number=8, type=field.TYPE_MESSAGE, type_name=".shop.Order.Line", label=many)
+    entry = o.nested_type.add(name="TagsEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=field.TYPE_STRING, label=one)
+    entry.field.add(name="value", number=2, type=field.TYPE_INT32, label=one)
+    line = o.nested_type.add(name="Line")
+    line.field.add(name="sku", number=1, type=field.TYPE_STRING, label=one)
+    line.field.add(name="qty", number=2, type=field.TYPE_INT64, label=one)
+    pool = descriptor_pool.DescriptorPool()
+    for proto in (
+        descriptor_pb2.FileDescriptorProto.FromString(timestamp_pb2.DESCRIPTOR.serialized_pb),
+        customer,
+        order,
+    ):
+        pool.Add(proto)
+    get = message_factory.GetMessageClass
+    return get(pool.FindMessageTypeByName("shop.Order")), get(pool.FindMessageTypeByName("shop.Order.Line"))
+
+
+def proto_order(cls: Any, i: int) -> Any:
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=i, microseconds=i)
+    msg = cls(id=i, items=[f"sku-{j}" for j in range(i % 4)], tags={f"t{j}": j for j in range(i % 3)},
+              amount=i + 0.5, at=at, status=i % 3)  # fmt: skip
+    if i % 5:  # every fifth order has no customer (an unset message reads null)
+        msg.customer.id = 1000 + i
+        if i % 3:
+            msg.customer.email = f"c{i}@example.com"
+    for j in range(i % 2):
+        msg.lines.add(sku=f"sku-{j}", qty=j + 1)
+    return msg
+
+
+def _proto_as_published(m: Any) -> dict[str, Any]:
+    """An oracle message as the published row should hold it, read off the message's own accessors."""
+    customer = None
+    if m.HasField("customer"):
+        customer = {"id": m.customer.id, "email": m.customer.email if m.customer.HasField("email") else None}
+    return {
+        "id": m.id, "customer": customer, "items": list(m.items), "tags": sorted(m.tags.items()),
+        "amount": m.amount, "at": m.at.ToDatetime(tzinfo=dt.UTC),
+        "status": m.DESCRIPTOR.fields_by_name["status"].enum_type.values_by_number[m.status].name,
+        "lines": [{"sku": x.sku, "qty": x.qty} for x in m.lines],
+    }  # fmt: skip
+
+
+def test_protobuf_feed_publishes_the_scan_typed_and_quarantines_bad_bodies(env: RegistryEnv) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    env.write_feed(format="protobuf")
+    order_cls, line_cls = _order_classes()
+    ctx = SerializationContext(env.topic, MessageField.VALUE)
+    conf = {"auto.register.schemas": True, "use.deprecated.format": False}
+    ser = ProtobufSerializer(order_cls, env.sr, conf)
+    for partition in range(2):
+        env.produce([ser(proto_order(order_cls, i), ctx) for i in range(partition, 20, 2)], partition)
+    good = ser(proto_order(order_cls, 99), ctx)
+    assert good[5] == 0  # the first message's index, in the serializers' short form
+    # A nested message of the same file, framed by its own serializer: indexes [0, 1], not the reader's message.
+    line = ProtobufSerializer(line_cls, env.sr, conf)  # registers the same file: the same id
+    bad = {(1, 10): good[:6] + b"\xff\xff\xff", (1, 11): line(line_cls(sku="x", qty=2), ctx)}
+    assert bad[(1, 11)][:5] == good[:5] and bad[(1, 11)][5:8] == b"\x04\x00\x02"
+    env.produce(list(bad.values()), 1)
+
+    env.run()
+
+    de = ProtobufDeserializer(order_cls, {"use.deprecated.format": False})
+    scanned = env.scan_with(lambda v: de(v, ctx), undecodable=bad)
+    assert {k: scanned.pop(k) for k in bad} == bad
+    expected = {k: _proto_as_published(m) for k, m in scanned.items()}
+    names = [f.name for f in order_cls.DESCRIPTOR.fields]
+    published = {
+        k: {**{n: r[n] for n in names}, "tags": sorted(r["tags"]), "at": _utc(r["at"])}
+        for k, r in env.published().items()
+    }
+    assert published == expected and len(published) == 20
+    assert sum(r["customer"] is None for r in published.values()) == 4
+
+    schema = pq.read_schema(next(iter(env.output.glob("plan_id=*/topic=*/date=*/*.parquet"))))
+    assert schema.field("customer").type == pa.struct([("id", pa.int64()), ("email", pa.string())])
+    assert schema.field("items").type == pa.list_(pa.field("element", pa.string()))
+    assert schema.field("tags").type == pa.map_(pa.string(), pa.int32())
+    assert schema.field("lines").type == pa.list_(
+        pa.field("element", pa.struct([("sku", pa.string()), ("qty", pa.int64())]))
+    )
+    assert (schema.field("id").type, schema.field("amount").type) == (pa.int32(), pa.float64())
+    assert pa.types.is_timestamp(schema.field("at").type) and schema.field("status").type == pa.string()
+
+    quarantined = {(q["partition"], q["offset"]): q for q in env.quarantined()}
+    assert {k: q["_raw_value"] for k, q in quarantined.items()} == bad
+    assert {q["_reason"] for q in quarantined.values()} == {
+        "decode_error: value does not decode as the Protobuf message of its writer schema"
+    }
+    report = env.report()
+    writer_id = int.from_bytes(good[1:5], "big")
+    assert report["status"] == "succeeded" and report["schemas"]["format"] == "protobuf"
+    assert report["schemas"]["reader"] == {"subject": f"{env.topic}-value", "version": 1, "id": writer_id}
+    assert env.committed() == {0: 10, 1: 12}
