@@ -279,6 +279,9 @@ def test_protobuf_feed_publishes_the_scan_typed_and_quarantines_bad_bodies(env: 
     for partition in range(2):
         env.produce([ser(proto_order(order_cls, i), ctx) for i in range(partition, 20, 2)], partition)
     good = ser(proto_order(order_cls, 99), ctx)
+    # The serializer registered shop/customer.proto under its own subject: the reader schema references it.
+    (reference,) = env.sr.get_latest_version(f"{env.topic}-value").schema.references
+    assert reference.name == "shop/customer.proto"
     assert good[5] == 0  # the first message's index, in the serializers' short form
     # A nested message of the same file, framed by its own serializer: indexes [0, 1], not the reader's message.
     line = ProtobufSerializer(line_cls, env.sr, conf)  # registers the same file: the same id
