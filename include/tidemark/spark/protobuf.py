@@ -159,18 +159,84 @@ def resolve_schemas(uses: list[SchemaUse], feed: Feed, client: RegistryClient) -
         raise SchemaError(f"{what} does not map onto Spark types: {exc}") from None
     check_columns(feed, reader, {n: None for n in schemas.field_names})
 
-    def fetch(sid: int) -> tuple[str, dict[tuple[int, ...], str]]:
-        schema_type, text, _ = client.typed_schema(sid, "serialized")
+    def fetch(sid: int) -> tuple[str, tuple[dict[tuple[int, ...], str], list[bytes]]]:
+        schema_type, text, refs = client.typed_schema(sid, "serialized")
         if schema_type != "PROTOBUF":
-            return schema_type, {}
-        return schema_type, _index_names(_file_proto(text, f"schema id {sid}"))
+            return schema_type, ({}, [])
+        what = f"schema id {sid}"
+        return schema_type, (_index_names(_file_proto(text, what)), _file_set(client, text, refs, what))
 
-    writers, _ = writer_schemas(uses, feed, client, fetch)
+    writers, first_use = writer_schemas(uses, feed, client, fetch)
+    reader_message = schemas.descriptor()
+    for sid, (_, writer_files) in writers.items():
+        writer_message = ProtobufSchemas("protobuf", "", 0, 0, (), files=tuple(writer_files), message=message)
+        try:
+            problem = _incompatibility(reader_message, writer_message.descriptor(), reader_message.name)
+        except KeyError:
+            problem = None  # the writer's file lacks the reader's message: its records are bad records, by index
+        if problem is not None:
+            use = first_use[sid]
+            raise SchemaError(
+                f"{use.topic}[{use.partition}] offset {use.first_offset}: records written with schema id {sid} cannot "
+                f"be read with the reader schema id {reader.schema_id} (subject '{reader.subject}' version "
+                f"{reader.version}): {problem}. Pin a deserialization.schema_version whose field numbers keep their "
+                "types, or give the changed field a new number; nothing was published or committed"
+            )
     return ProtobufSchemas(
         format="protobuf", subject=reader.subject, version=reader.version, reader_id=reader.schema_id,
         writer_ids=tuple(writers), seen=tuple(uses), events=tuple(schema_changed_events(uses, reader.schema_id)),
-        files=tuple(files), message=message, index_names=writers,
+        files=tuple(files), message=message, index_names={sid: names for sid, (names, _) in writers.items()},
     )  # fmt: skip
+
+
+def _wire_kind(f: FieldDescriptor) -> str:
+    """What a field's bytes are on the wire, so far as a reader of another declared type still reads them right."""
+    t = f.type
+    if t in (f.TYPE_MESSAGE, f.TYPE_GROUP):
+        return "message"
+    if t in (f.TYPE_SINT32, f.TYPE_SINT64):
+        return "zigzag varint"
+    if t in (f.TYPE_FIXED32, f.TYPE_SFIXED32, f.TYPE_FLOAT):
+        return "fixed32" if t != f.TYPE_FLOAT else "float"
+    if t in (f.TYPE_FIXED64, f.TYPE_SFIXED64, f.TYPE_DOUBLE):
+        return "fixed64" if t != f.TYPE_DOUBLE else "double"
+    if t in (f.TYPE_STRING, f.TYPE_BYTES):
+        return "length-delimited"
+    return "varint"  # int32, int64, uint32, uint64, bool, enum: Protobuf reads each as the other
+
+
+def _incompatibility(reader: Descriptor, writer: Descriptor, path: str) -> str | None:
+    """The first field whose number the writer fills with bytes the reader would misread (Protobuf keeps such a
+    value as an unknown field and reads the default: a silently wrong row), or None."""
+    for f in reader.fields:
+        w = writer.fields_by_number.get(f.number)
+        if w is None:
+            continue
+        where = f"field '{path}.{f.name}' (number {f.number})"
+        if _is_map(f) != _is_map(w) or f.is_repeated != w.is_repeated or _wire_kind(f) != _wire_kind(w):
+            return f"{where} is {_kind_name(w)} in the writer and {_kind_name(f)} in the reader"
+        if _is_map(f):
+            for part in ("key", "value"):
+                mine, theirs = f.message_type.fields_by_name[part], w.message_type.fields_by_name[part]
+                if _wire_kind(mine) != _wire_kind(theirs):
+                    return (
+                        f"{where}: the map's {part} is {_kind_name(theirs)} in the writer, {_kind_name(mine)} in "
+                        "the reader"
+                    )
+        elif _wire_kind(f) == "message" and f.message_type.full_name != TIMESTAMP:
+            nested = _incompatibility(f.message_type, w.message_type, f"{path}.{f.name}")
+            if nested is not None:
+                return nested
+    return None
+
+
+def _kind_name(f: FieldDescriptor) -> str:
+    if _is_map(f):
+        return "a map"
+    from google.protobuf.descriptor import FieldDescriptor
+
+    names = {v: k.removeprefix("TYPE_").lower() for k, v in vars(FieldDescriptor).items() if k.startswith("TYPE_")}
+    return names.get(f.type, str(f.type)) + (" (repeated)" if f.is_repeated else "")
 
 
 def spark_type(message: Descriptor) -> DataType:

@@ -193,9 +193,10 @@ def test_json_schema_unknown_id_or_other_framing_fails_the_run(env: RegistryEnv,
     assert env.committed() == {0: None, 1: None}
 
 
-def _order_classes() -> tuple[Any, Any]:
+def _order_classes(amount: str = "double") -> tuple[Any, Any]:
     """``shop.Order`` (importing ``shop.Customer`` from its own file, and the well-known Timestamp) and
-    ``shop.Order.Line``, built at run time from descriptors, as a producer's generated code would hold them."""
+    ``shop.Order.Line``, built at run time from descriptors, as a producer's generated code would hold them;
+    ``amount``: the type of field 5."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 
     field = descriptor_pb2.FieldDescriptorProto
@@ -217,7 +218,7 @@ def _order_classes() -> tuple[Any, Any]:
     o.field.add(name="customer", number=2, type=field.TYPE_MESSAGE, type_name=".shop.Customer", label=one)
     o.field.add(name="items", number=3, type=field.TYPE_STRING, label=many)
     o.field.add(name="tags", number=4, type=field.TYPE_MESSAGE, type_name=".shop.Order.TagsEntry", label=many)
-    o.field.add(name="amount", number=5, type=field.TYPE_DOUBLE, label=one)
+    o.field.add(name="amount", number=5, type=getattr(field, "TYPE_" + amount.upper()), label=one)
     o.field.add(name="at", number=6, type=field.TYPE_MESSAGE, type_name=".google.protobuf.Timestamp", label=one)
     o.field.add(name="status", number=7, type=field.TYPE_ENUM, type_name=".shop.Status", label=one)
     o.field.add(name="lines", number=8, type=field.TYPE_MESSAGE, type_name=".shop.Order.Line", label=many)
@@ -323,3 +324,32 @@ def test_protobuf_feed_publishes_the_scan_typed_and_quarantines_bad_bodies(env: 
     assert report["status"] == "succeeded" and report["schemas"]["format"] == "protobuf"
     assert report["schemas"]["reader"] == {"subject": f"{env.topic}-value", "version": 1, "id": writer_id}
     assert env.committed() == {0: 10, 1: 12}
+
+
+def test_protobuf_field_number_retyped_fails_before_publishing_naming_offset_ids_and_field(env: RegistryEnv) -> None:
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    env.write_feed(format="protobuf")
+    ctx = SerializationContext(env.topic, MessageField.VALUE)
+    conf = {"auto.register.schemas": True, "use.deprecated.format": False}
+    (v1_cls, _), (v2_cls, _) = _order_classes(), _order_classes(amount="string")
+    v1, v2 = ProtobufSerializer(v1_cls, env.sr, conf), ProtobufSerializer(v2_cls, env.sr, conf)
+    first = v1(proto_order(v1_cls, 0), ctx)
+    env.produce([first] + [v1(proto_order(v1_cls, i), ctx) for i in range(1, 4)], 0)
+    # v2 reuses number 5 for a string: read with v2, a v1 record's double would silently become "".
+    retyped = v2_cls(id=4, amount="4.50")
+    env.produce([v2(retyped, ctx)], 0)
+    latest = env.sr.get_latest_version(f"{env.topic}-value").schema_id
+    v1_id = int.from_bytes(first[1:5], "big")
+    assert latest != v1_id
+
+    with pytest.raises(Exception, match="cannot be read with the reader schema") as info:
+        env.run()
+
+    message = str(info.value)
+    assert f"{env.topic}[0] offset 0" in message
+    assert f"schema id {v1_id}" in message and f"reader schema id {latest}" in message
+    assert "field 'Order.amount' (number 5) is double in the writer and string in the reader" in message
+    assert not env.output.exists() or not list(env.output.glob("plan_id=*"))
+    assert env.committed() == {0: None, 1: None}
