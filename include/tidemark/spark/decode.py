@@ -2,16 +2,18 @@
 
 A feed's ``deserialization`` says how values are read: raw ``bytes``, UTF-8 ``string``,
 ``json`` with declared top-level fields (``integer`` → long, ``number`` → double,
-``string``, ``boolean``), or ``avro`` in the Schema Registry wire format (the reader
-schema's fields as typed, possibly nested columns; :mod:`tidemark.spark.avro` finds and
-resolves the schemas first); keys are UTF-8 strings unless ``key_format: bytes``. Decoding
-is done with Spark's own column functions (JVM speed, no Python per record) and splits
-the records in two: ``good`` carries the decoded columns; ``bad`` carries the raw
-record plus ``decode_error``, the first reason it failed. No record is dropped: every
-input row is in exactly one of the two.
+``string``, ``boolean``), or ``avro``, ``json_schema`` or ``protobuf`` in the Schema
+Registry wire format (the reader schema's fields as typed, possibly nested columns;
+:mod:`tidemark.spark.avro`, :mod:`tidemark.spark.json_schema` and
+:mod:`tidemark.spark.protobuf` find the schemas first); keys are UTF-8 strings unless
+``key_format: bytes``. Decoding is done with Spark's own column functions (JVM speed, no
+Python per record; Protobuf alone is parsed in the Python workers, over Arrow batches)
+and splits the records in two: ``good`` carries the decoded columns; ``bad`` carries the
+raw record plus ``decode_error``, the first reason it failed. No record is dropped:
+every input row is in exactly one of the two.
 
-Decoded JSON and Avro fields become top-level columns of ``good`` (so expectations can name
-them) and replace the raw ``value``. What counts as a failure: a key or value that is
+Decoded JSON and registry fields become top-level columns of ``good`` (so expectations
+can name them) and replace the raw ``value``. What counts as a failure: a key or value that is
 not valid UTF-8 (when decoded as text); a JSON value that does not parse, is not an
 object, or has a field of the wrong type (strings accept any scalar, as Spark's JSON
 reader does); a required field that is missing or null; a null value (tombstone) when
