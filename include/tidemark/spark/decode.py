@@ -147,8 +147,9 @@ def _decoding(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = N
     elif deser.format == "avro":
         if avro is None:
             raise ConfigError("format: avro decodes with the run's schemas (tidemark.spark.avro.resolve_schemas)")
-        from tidemark.spark.avro import decoded_value
+        from tidemark.spark.avro import AvroSchemas, decoded_value
 
+        assert isinstance(avro, AvroSchemas)
         work = work.withColumn(_PARSED, decoded_value(avro))
         parsed = F.col(_PARSED)
         failed.append(F.col("value").isNull())

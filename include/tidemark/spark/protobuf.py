@@ -236,7 +236,7 @@ def _kind_name(f: FieldDescriptor) -> str:
     from google.protobuf.descriptor import FieldDescriptor
 
     names = {v: k.removeprefix("TYPE_").lower() for k, v in vars(FieldDescriptor).items() if k.startswith("TYPE_")}
-    return names.get(f.type, str(f.type)) + (" (repeated)" if f.is_repeated else "")
+    return str(names.get(f.type, f.type)) + (" (repeated)" if f.is_repeated else "")
 
 
 def spark_type(message: Descriptor) -> DataType:
