@@ -63,6 +63,12 @@ class ProtobufSchemas(RegistrySchemas):
     def field_names(self) -> list[str]:
         return [f.name for f in self.descriptor().fields]
 
+    def report(self) -> dict[str, Any]:
+        """The report's ``schemas``, the reader's message named too (a file may declare several)."""
+        out = super().report()
+        out["reader"]["message"] = self.message
+        return out
+
     def descriptor(self) -> Descriptor:
         from google.protobuf import descriptor_pb2, descriptor_pool
 

@@ -344,7 +344,8 @@ def test_protobuf_feed_publishes_the_scan_typed_and_quarantines_bad_bodies(env: 
     report = env.report()
     writer_id = int.from_bytes(good[1:5], "big")
     assert report["status"] == "succeeded" and report["schemas"]["format"] == "protobuf"
-    assert report["schemas"]["reader"] == {"subject": f"{env.topic}-value", "version": 1, "id": writer_id}
+    reader = {"subject": f"{env.topic}-value", "version": 1, "id": writer_id, "message": "shop.Order"}
+    assert report["schemas"]["reader"] == reader and report["schemas"]["writer_ids"] == [writer_id]
     assert env.committed() == {0: 10, 1: 12}
 
 
