@@ -41,7 +41,9 @@ OnNewPartition = Literal["earliest", "latest"]
 OnDataLoss = Literal["fail", "skip"]
 AlertPolicy = Literal["fail", "warn"]
 OnAhead = Literal["fail", "earliest", "latest"]
-ValueFormat = Literal["bytes", "string", "json", "avro"]
+ValueFormat = Literal["bytes", "string", "json", "avro", "json_schema", "protobuf"]
+# Values in the Schema Registry wire format: their schema comes from the registry, by id.
+REGISTRY_FORMATS = frozenset({"avro", "json_schema", "protobuf"})
 OnBadRecords = Literal["fail", "quarantine"]
 FieldType = Literal["string", "integer", "number", "boolean"]
 OutputFormat = Literal["parquet", "iceberg"]
@@ -89,7 +91,9 @@ class Deserialization(_Model):
     id, the Avro body). Every writer schema is resolved to one reader schema: version
     ``schema_version`` of ``subject`` (default ``<topic>-value``, the registry's topic-name
     strategy), or the subject's latest version when no version is pinned. The registry
-    itself (URL, credentials) is a connection, never part of the feed.
+    itself (URL, credentials) is a connection, never part of the feed. ``json_schema`` and
+    ``protobuf`` values are framed the same way (a Protobuf body after its message
+    indexes) and read with the same subject's reader schema.
     """
 
     format: ValueFormat = "bytes"
@@ -113,8 +117,10 @@ class Deserialization(_Model):
             )
         if self.fields and self.schema_ddl:
             raise ValueError("declare the JSON schema once: 'fields' or 'schema_ddl', not both")
-        if self.format != "avro" and (self.subject is not None or self.schema_version is not None):
-            raise ValueError("'subject' and 'schema_version' name a registry schema and need format: avro")
+        if self.format not in REGISTRY_FORMATS and (self.subject is not None or self.schema_version is not None):
+            raise ValueError(
+                "'subject' and 'schema_version' name a registry schema and need format: avro, json_schema or protobuf"
+            )
         return self
 
     def reader_subject(self, topics: tuple[str, ...]) -> str:
@@ -297,7 +303,8 @@ class Feed(_Model):
             raise ValueError("max_records_per_partition is larger than max_records_per_run")
         if self.iceberg is not None and self.output_format != "iceberg":
             raise ValueError("'iceberg' settings need output_format: iceberg")
-        if self.deserialization.format == "avro" and self.deserialization.subject is None and len(self.topics) > 1:
+        registry = self.deserialization.format in REGISTRY_FORMATS
+        if registry and self.deserialization.subject is None and len(self.topics) > 1:
             raise ValueError("deserialization.subject: a feed of several topics names the subject of its reader schema")
         return self
 

@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidemark.config.models import Feed, load_feed
+from tidemark.config.models import REGISTRY_FORMATS, Feed, load_feed
 from tidemark.errors import ConfigError, TidemarkError
 from tidemark.faults import fault_point
 from tidemark.kafka.connection import KafkaConnection, from_env
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from tidemark.output.base import Publisher
     from tidemark.output.parquet import Manifest, Staging
-    from tidemark.spark.avro import AvroSchemas
+    from tidemark.spark.decode import RunSchemas
     from tidemark.spark.stats import RangeStats
 
 JOB_FILE = "job.json"
@@ -262,7 +262,7 @@ def _stage_validate_publish(
     from tidemark.validation.rules import DECODE_CODE, OK_OUTCOME, OutcomeCodes, column_paths, validate
 
     avro = None
-    if feed.deserialization.format == "avro":
+    if feed.deserialization.format in REGISTRY_FORMATS:
         avro = timer.step("schemas", lambda: _avro_schemas(spark, source, feed, registry))
         res.schemas = avro.report()
         res.events += list(avro.events)
@@ -368,13 +368,22 @@ def _stage_on_store(spark: SparkSession, publisher: Publisher) -> bool:
 
 def _avro_schemas(
     spark: SparkSession, source: DataFrame, feed: Feed, registry: RegistryConnection | None
-) -> AvroSchemas:
+) -> RunSchemas:
     """The run's reader and writer schemas, fetched once here on the driver (the executors never ask the registry)."""
     from tidemark.kafka.registry import RegistryClient, require
     from tidemark.spark.avro import resolve_schemas, scan_schema_ids
 
     client = RegistryClient(require(registry if registry is not None else registry_from_env(), feed.name))
-    return resolve_schemas(spark, scan_schema_ids(source), feed, client)
+    uses = scan_schema_ids(source)
+    if feed.deserialization.format == "json_schema":
+        from tidemark.spark import json_schema
+
+        return json_schema.resolve_schemas(uses, feed, client)
+    if feed.deserialization.format == "protobuf":
+        from tidemark.spark import protobuf
+
+        return protobuf.resolve_schemas(uses, feed, client)
+    return resolve_schemas(spark, uses, feed, client)
 
 
 def gap_events(stats: Sequence[RangeStats]) -> list[dict[str, Any]]:

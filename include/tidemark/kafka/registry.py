@@ -94,11 +94,22 @@ def require(connection: RegistryConnection | None, feed: str) -> RegistryConnect
 
 
 @dataclass(frozen=True)
+class SchemaReference:
+    """An import of a registered schema (a Protobuf file's dependency): its import name and where it is registered."""
+
+    name: str
+    subject: str
+    version: int
+
+
+@dataclass(frozen=True)
 class SubjectVersion:
     subject: str
     version: int
     schema_id: int
     schema: str
+    schema_type: str = "AVRO"
+    references: tuple[SchemaReference, ...] = ()
 
 
 class RegistryClient:
@@ -107,6 +118,7 @@ class RegistryClient:
     def __init__(self, connection: RegistryConnection) -> None:
         self.connection = connection
         self._by_id: dict[int, str] = {}
+        self._typed: dict[tuple[int, str | None], tuple[str, str, tuple[SchemaReference, ...]]] = {}
 
     def _get(self, path: str, what: str) -> Any:
         url = self.connection.url.rstrip("/") + path
@@ -155,3 +167,28 @@ class RegistryClient:
         found = SubjectVersion(subject, int(doc["version"]), int(doc["id"]), str(doc["schema"]))
         self._by_id.setdefault(found.schema_id, found.schema)
         return found
+
+    def typed_version(self, subject: str, version: int | None, fmt: str | None = None) -> SubjectVersion:
+        """Like :meth:`version`, of any schema type, with its type and references; ``fmt``: the API's ``format``
+        (``serialized``: a Protobuf schema as a base64 ``FileDescriptorProto`` instead of ``.proto`` text)."""
+        which = "latest" if version is None else str(version)
+        quoted = urllib.parse.quote(subject, safe="")
+        query = f"?format={fmt}" if fmt else ""
+        doc = self._get(f"/subjects/{quoted}/versions/{which}{query}", f"version {which} of subject '{subject}'")
+        return SubjectVersion(subject, int(doc["version"]), int(doc["id"]), str(doc["schema"]),
+                              str(doc.get("schemaType", "AVRO")), _references(doc))  # fmt: skip
+
+    def typed_schema(self, schema_id: int, fmt: str | None = None) -> tuple[str, str, tuple[SchemaReference, ...]]:
+        """The schema registered under ``schema_id`` of any type: its type, its text and its references."""
+        key = (schema_id, fmt)
+        if key not in self._typed:
+            query = f"?format={fmt}" if fmt else ""
+            doc = self._get(f"/schemas/ids/{schema_id}{query}", f"schema id {schema_id}")
+            self._typed[key] = (str(doc.get("schemaType", "AVRO")), str(doc["schema"]), _references(doc))
+        return self._typed[key]
+
+
+def _references(doc: Mapping[str, Any]) -> tuple[SchemaReference, ...]:
+    return tuple(
+        SchemaReference(str(r["name"]), str(r["subject"]), int(r["version"])) for r in doc.get("references") or ()
+    )

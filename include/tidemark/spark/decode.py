@@ -3,16 +3,18 @@
 A feed's ``deserialization`` says how values are read: raw ``bytes``, UTF-8 ``string``,
 ``json`` with declared top-level fields (``integer`` → long, ``number`` → double,
 ``string``, ``boolean``) or a schema in Spark's DDL (``schema_ddl``: structs, arrays, maps,
-decimals, dates, timestamps; a top-level ``NOT NULL`` field is required), or ``avro`` in
-the Schema Registry wire format (the reader schema's fields as typed, possibly nested
-columns; :mod:`tidemark.spark.avro` finds and resolves the schemas first); keys are UTF-8
-strings unless ``key_format: bytes``. Decoding is done with Spark's own column functions
-(JVM speed, no Python per record) and splits the records in two: ``good`` carries the
+decimals, dates, timestamps; a top-level ``NOT NULL`` field is required), or ``avro``,
+``json_schema`` or ``protobuf`` in the Schema Registry wire format (the reader schema's
+fields as typed, possibly nested columns; :mod:`tidemark.spark.avro`,
+:mod:`tidemark.spark.json_schema` and :mod:`tidemark.spark.protobuf` find the schemas
+first); keys are UTF-8 strings unless ``key_format: bytes``. Decoding is done with Spark's
+own column functions (JVM speed, no Python per record; Protobuf alone is parsed in the
+Python workers, over Arrow batches) and splits the records in two: ``good`` carries the
 decoded columns; ``bad`` carries the raw record plus ``decode_error``, the first reason it
 failed. No record is dropped: every input row is in exactly one of the two.
 
-Decoded JSON and Avro fields become top-level columns of ``good`` (so expectations can name
-them) and replace the raw ``value``. What counts as a failure: a key or value that is
+Decoded JSON and registry fields become top-level columns of ``good`` (so expectations
+can name them) and replace the raw ``value``. What counts as a failure: a key or value that is
 not valid UTF-8 (when decoded as text); a JSON value that does not parse, is not an
 object, or has a field of the wrong type (strings accept any scalar, as Spark's JSON
 reader does); a required field that is missing or null; a null value (tombstone) when
@@ -28,10 +30,16 @@ from tidemark.config.models import Deserialization
 from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
     from tidemark.spark.avro import AvroSchemas
+    from tidemark.spark.json_schema import JsonSchemas
+    from tidemark.spark.protobuf import ProtobufSchemas
+
+    RunSchemas: TypeAlias = AvroSchemas | JsonSchemas | ProtobufSchemas
 
 ERROR_COLUMN = "decode_error"
 METADATA_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key", "headers", "plan_id")
@@ -131,13 +139,24 @@ def decode_reasons(deser: Deserialization) -> list[str]:
     elif deser.format == "avro":
         reasons.append("value is null (tombstone)")
         reasons.append(AVRO_BODY_REASON)
+    elif deser.format == "json_schema":
+        reasons.append("value is null (tombstone)")
+        reasons.append("value is not valid UTF-8")
+        reasons.append(JSON_SCHEMA_BODY_REASON)
+        reasons.append(JSON_SCHEMA_RULE_REASON)
+    elif deser.format == "protobuf":
+        reasons.append("value is null (tombstone)")
+        reasons.append(PROTOBUF_BODY_REASON)
     return reasons
 
 
 AVRO_BODY_REASON = "value does not decode against its Avro writer schema"
+JSON_SCHEMA_BODY_REASON = "value is not a JSON object of the reader JSON Schema's types"
+JSON_SCHEMA_RULE_REASON = "value lacks a required property or has a value outside an enum of the reader JSON Schema"
+PROTOBUF_BODY_REASON = "value does not decode as the Protobuf message of its writer schema"
 
 
-def _decoding(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = None) -> _Decoding:
+def _decoding(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = None) -> _Decoding:
     from pyspark.sql import functions as F
 
     check_fields(deser)
@@ -158,12 +177,36 @@ def _decoding(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = 
     elif deser.format == "avro":
         if avro is None:
             raise ConfigError("format: avro decodes with the run's schemas (tidemark.spark.avro.resolve_schemas)")
-        from tidemark.spark.avro import decoded_value
+        from tidemark.spark.avro import AvroSchemas, decoded_value
 
+        assert isinstance(avro, AvroSchemas)
         work = work.withColumn(_PARSED, decoded_value(avro))
         parsed = F.col(_PARSED)
         failed.append(F.col("value").isNull())
         failed.append(F.col("value").isNotNull() & parsed.isNull())
+        value_cols = [parsed.getField(name).alias(name) for name in avro.field_names]
+    elif deser.format in ("json_schema", "protobuf"):
+        if avro is None:
+            raise ConfigError(f"format: {deser.format} decodes with the run's schemas (tidemark.spark.wire)")
+        if deser.format == "json_schema":
+            from tidemark.spark.json_schema import JsonSchemas, body_text, parsed_value, violations
+
+            assert isinstance(avro, JsonSchemas)
+            work = work.withColumn(_PARSED, parsed_value(avro))
+            parsed = F.col(_PARSED)
+            failed.append(F.col("value").isNull())
+            failed.append(F.col("value").isNotNull() & ~F.is_valid_utf8(body_text()))
+            failed.append(F.col("value").isNotNull() & (parsed.isNull() | parsed.getField(_CORRUPT).isNotNull()))
+            check = violations(avro.document)
+            failed.append(F.col("value").isNotNull() & (check(parsed) if check is not None else F.lit(False)))
+        else:
+            from tidemark.spark.protobuf import ProtobufSchemas, decoded_frame
+
+            assert isinstance(avro, ProtobufSchemas)
+            work = decoded_frame(work, avro, _PARSED)
+            parsed = F.col(_PARSED)
+            failed.append(F.col("value").isNull())
+            failed.append(F.col("value").isNotNull() & parsed.isNull())
         value_cols = [parsed.getField(name).alias(name) for name in avro.field_names]
     else:
         text = F.col("value").cast("string")
@@ -184,10 +227,10 @@ def _decoding(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = 
 
 def raw_value_kept(deser: Deserialization) -> bool:
     """Whether the decoded columns lose the raw value (JSON, Avro), so :func:`annotate` keeps it aside."""
-    return deser.format in ("json", "avro")
+    return deser.format in ("json", "avro", "json_schema", "protobuf")
 
 
-def annotate(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = None) -> DataFrame:
+def annotate(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = None) -> DataFrame:
     """Every record of ``df`` decoded, in one projection: no row is dropped or split off.
 
     Columns: the metadata columns, ``key`` (decoded), the value column(s) (``value``, or
@@ -202,7 +245,7 @@ def annotate(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = N
     return d.work.select(*d.record(*raw), d.error.alias(ERROR_COLUMN))
 
 
-def decode(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = None) -> Decoded:
+def decode(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = None) -> Decoded:
     """Split ``df`` (the source's schema) into decoded ``good`` rows and raw ``bad`` rows."""
     from pyspark.sql import functions as F
 

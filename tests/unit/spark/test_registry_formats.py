@@ -1,0 +1,82 @@
+"""The pure parts of the JSON Schema and Protobuf formats: a JSON Schema as Spark types, Protobuf's message indexes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidemark.config.models import Deserialization
+
+
+def test_json_schema_maps_nullable_refs_maps_and_logical_strings_onto_spark_types() -> None:
+    from pyspark.sql import types as T
+
+    from tidemark.spark.json_schema import spark_type
+
+    doc = {
+        "type": "object",
+        "properties": {
+            "n": {"type": ["null", "integer"]},
+            "x": {"anyOf": [{"type": "null"}, {"type": "number"}]},
+            "who": {"$ref": "#/$defs/Who"},
+            "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "day": {"type": "string", "format": "date"},
+            "at": {"type": "string", "format": "date-time"},
+            "state": {"enum": ["A", "B"]},
+            "flags": {"type": "array", "items": {"type": "boolean"}},
+        },
+        "$defs": {"Who": {"type": "object", "properties": {"name": {"type": "string"}}}},
+    }
+    assert spark_type(doc) == T.StructType([
+        T.StructField("n", T.LongType()), T.StructField("x", T.DoubleType()),
+        T.StructField("who", T.StructType([T.StructField("name", T.StringType())])),
+        T.StructField("counts", T.MapType(T.StringType(), T.LongType())), T.StructField("day", T.DateType()),
+        T.StructField("at", T.TimestampType()), T.StructField("state", T.StringType()),
+        T.StructField("flags", T.ArrayType(T.BooleanType())),
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("prop", "why"),
+    [
+        ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, "no single Spark type"),
+        ({"$ref": "#/properties/p"}, "recursive"),
+        ({"type": "object"}, "without properties"),
+        ({"$ref": "other.json#/X"}, "not a reference inside the schema"),
+    ],
+)
+def test_json_schema_without_one_spark_type_is_refused_naming_the_property(prop: dict[str, object], why: str) -> None:
+    from tidemark.spark.json_schema import spark_type
+
+    with pytest.raises(ValueError, match=why):
+        spark_type({"type": "object", "properties": {"p": prop}})
+
+
+@pytest.mark.parametrize(
+    ("after_prefix", "path", "body_at"),
+    [
+        (b"\x00", (0,), 6),  # the serializers' short form for the first message
+        (b"\x04\x00\x02", (0, 1), 8),  # two indexes, zigzag: 2 -> 4, 0 -> 0, 1 -> 2
+        (b"\x02\x80\x01", (64,), 8),  # one index of two varint bytes: 64 -> 128
+    ],
+)
+def test_protobuf_message_indexes_are_zigzag_varints_after_the_prefix(
+    after_prefix: bytes, path: tuple[int, ...], body_at: int
+) -> None:
+    from tidemark.spark.protobuf import message_indexes
+
+    assert message_indexes(b"\x00\x00\x00\x00\x07" + after_prefix + b"\x08\x01") == (path, body_at)
+
+
+@pytest.mark.parametrize("after_prefix", [b"", b"\x04\x00", b"\x02\x80", b"\x01"])
+def test_protobuf_message_indexes_cut_short_or_negative_are_a_bad_record(after_prefix: bytes) -> None:
+    from tidemark.spark.protobuf import _BadRecord, message_indexes
+
+    with pytest.raises(_BadRecord):
+        message_indexes(b"\x00\x00\x00\x00\x07" + after_prefix)
+
+
+def test_registry_formats_take_subject_and_version_and_other_formats_do_not() -> None:
+    for fmt in ("avro", "json_schema", "protobuf"):
+        assert Deserialization(format=fmt, subject="s-value", schema_version=2).subject == "s-value"  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="need format: avro, json_schema or protobuf"):
+        Deserialization(format="json", fields=({"name": "a", "type": "string"},), subject="s")  # type: ignore[arg-type]
