@@ -395,7 +395,7 @@ class FaultEnv:
 
     def quarantine_reasons(self) -> dict[tuple[int, int], str]:
         """Each quarantined record's reason, by (partition, offset), from the published quarantine files."""
-        reasons = {}
+        reasons: dict[tuple[int, int], str] = {}
         for name, loc in self._published_files():
             if _quarantined(name):
                 table = pq.read_table(loc.fs_path, filesystem=loc.fs, columns=["partition", "offset", REASON_COLUMN])
