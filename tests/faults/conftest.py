@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,9 @@ import pytest
 
 from tests.conftest import S3_BUCKET, KafkaTestCluster
 from tests.faults.harness import LOCAL, S3_STAGING, SCOREBOARD, FaultEnv, Tally, write_scoreboard
+from tidemark.devtools import registry as local_registry
+from tidemark.devtools.registry import LocalRegistry
+from tidemark.kafka.registry import ENV_URL
 from tidemark.output.parquet import STAGE_ON_STORE_ENV
 
 
@@ -41,6 +45,45 @@ def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytes
         monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
         monkeypatch.delenv("TIDEMARK_FAULTS", raising=False)
         yield env
+
+
+@dataclass
+class FaultRegistry:
+    """The fault suite's schema registry: durable, so that a scenario can stop it and bring it back
+    on the same URL with the same schemas and ids (:func:`tidemark.devtools.registry.restart`)."""
+
+    server: LocalRegistry
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def stop(self) -> None:
+        self.server.stop(purge=False)
+
+    def restart(self) -> None:
+        self.server = local_registry.restart(self.server)
+
+    def up(self) -> bool:
+        return local_registry.answers(self.url)
+
+
+@pytest.fixture(scope="session")
+def fault_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultRegistry]:
+    held = FaultRegistry(local_registry.start(tmp_path_factory.mktemp("fault-registry"), durable=True))
+    try:
+        yield held
+    finally:
+        held.server.stop(purge=True)
+
+
+@pytest.fixture
+def avro_registry(fault_registry: FaultRegistry, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultRegistry]:
+    """The fault registry as the feeds' registry (for the CLI and the job); up again after the test."""
+    monkeypatch.setenv(ENV_URL, fault_registry.url)
+    yield fault_registry
+    if not fault_registry.up():  # a scenario that failed while it was stopped
+        fault_registry.restart()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -9,7 +9,9 @@ offsets (the oracle: ``(topic, partition, offset, sha256(value))`` per record):
 - **I1** no partition's committed offset is past data that was not validated and
   published (every record below the committed offset is published or quarantined), and
   every record sits where the feed's expectations put it: good ones in the output, bad
-  ones in its quarantine (classified from the raw bytes, :meth:`FaultEnv.classifier`);
+  ones in its quarantine (classified from the raw bytes, :meth:`FaultEnv.classifier`; an
+  Avro feed's by decoding them with fastavro against the registry's writer schema,
+  :class:`AvroValues`, its good records compared by their decoded fields);
 - **I2** the published output (good and quarantined records, across every plan folder)
   equals the oracle over what was committed: nothing lost, nothing twice, no record
   that Kafka does not hold at that offset;
@@ -50,7 +52,9 @@ from tidemark.kafka.adapter import Record
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.output.parquet import QUARANTINE_DIR, load_manifest
 from tidemark.runs.pipeline import CommitOutcome, RunHandle, run_feed
+from tidemark.spark.decode import RAW_VALUE_COLUMN
 from tidemark.storage import Location
+from tidemark.validation.rules import REASON_COLUMN
 
 LOCAL = "local"
 S3_STAGING = "s3+postgres+s3-staging"
@@ -194,7 +198,8 @@ class Check:
 
 @dataclass
 class FaultEnv:
-    """A feed (string values; ``v-…`` is good, anything else is quarantined) over one topic."""
+    """A feed (string values; ``v-…`` is good, anything else is quarantined) over one topic; or, after
+    :meth:`use_avro`, Avro values (good when the body decodes against its writer schema)."""
 
     kafka: KafkaTestCluster
     spark: Any
@@ -205,6 +210,7 @@ class FaultEnv:
     remote: str | None = None  # an s3:// prefix: state and output there (checkpoints then in PostgreSQL)
     feed: str = "faults"  # feeds of one test share its feeds folder and state dir; each has its own output
     iceberg: str | None = None  # publish into this Iceberg table (see :meth:`published_by_kind`)
+    avro: AvroValues | None = None  # values in the Schema Registry wire format (see :meth:`use_avro`)
     topic: str = field(init=False)
     group: str = field(init=False)
     sent: int = field(init=False, default=0)
@@ -226,14 +232,15 @@ class FaultEnv:
             "topics": [self.topic],
             "group": self.group,
             "records_per_task": 40,
-            "deserialization": {"format": "string"},
+            "deserialization": {"format": "avro" if self.avro else "string"},
             "output": str(self.output),
             **({"output_format": "iceberg", "iceberg": {"table": self.iceberg}} if self.iceberg else {}),
             "validation": {
                 "on_bad_records": "quarantine",
                 "quarantine_max_ratio": 0.5,
-                "expectations": [{"type": "expect_column_values_to_match_regex",
-                                  "kwargs": {"column": "value", "regex": "^v-"}}],
+                # An Avro feed's bad records are those whose body does not decode.
+                "expectations": [] if self.avro else [{"type": "expect_column_values_to_match_regex",
+                                                       "kwargs": {"column": "value", "regex": "^v-"}}],
             },
         }  # fmt: skip
         doc.update(overrides)
@@ -246,6 +253,32 @@ class FaultEnv:
         """Make the feed an Iceberg feed publishing into ``table`` (the catalog in the state dir)."""
         self.iceberg = table
         self.write_feed()
+
+    def use_avro(self, registry_url: str) -> AvroValues:
+        """Make the feed an Avro feed whose records are written through the registry at ``registry_url``."""
+        self.avro = AvroValues(registry_url, self.topic)
+        self.write_feed()
+        return self.avro
+
+    def produce_avro(
+        self, count: int, poison: Iterable[int] = (), unknown: Iterable[int] = (), partition: int | None = None
+    ) -> None:
+        """``count`` records written by confluent-kafka's AvroSerializer, numbered on from the last; those in
+        ``poison`` keep a valid prefix (magic byte, a registered id) before a body that does not decode, those in
+        ``unknown`` a body framed with a schema id the registry does not know."""
+        assert self.avro is not None, "produce_avro needs use_avro first"
+        poison, unknown = set(poison), set(unknown)
+        records = []
+        for i in range(self.sent, self.sent + count):
+            value = self.avro.serialize({"id": i, "name": f"v-{i}-{uuid.uuid4().hex[:6]}"})
+            if i in poison:
+                value = value[:5] + b"\xff\xff\xff\xff"
+            elif i in unknown:
+                value = b"\x00" + UNKNOWN_SCHEMA_ID.to_bytes(4, "big") + value[5:]
+            target = partition if partition is not None else i % self.partitions
+            records.append(Record(value=value, key=f"k{i}".encode(), partition=target))
+        self.sent += count
+        self.kafka.produce(self.topic, records)
 
     def produce(self, count: int, bad: Iterable[int] = (), partition: int | None = None) -> None:
         bad = set(bad)
@@ -343,22 +376,35 @@ class FaultEnv:
         table, or was retracted from it, is not published).
         """
         if self.iceberg is not None and output is None:
+            assert self.avro is None, "the fault oracle reads Avro feeds' Parquet output only"
             return self._iceberg_rows()
         rows: dict[str, Counter[Row]] = {GOOD: Counter(), QUARANTINED: Counter()}
+        for name, loc in self._published_files(output):
+            kind = QUARANTINED if _quarantined(name) else GOOD
+            _read_rows(name, loc, rows[kind], self.avro)
+        return rows
+
+    def _published_files(self, output: Any = None) -> list[tuple[str, Location]]:
+        """The Parquet files published under ``output`` (see :meth:`published_by_kind`)."""
         where = Location.of(output if output is not None else self.output)
         if where.is_local:
-            files = [(str(p), Location.of(p)) for p in sorted(where.local_path().glob("plan_id=*/**/*.parquet"))]
-        else:
-            files = []
-            for folder in where.children(folders_only=True):
-                if not folder.name.startswith("plan_id="):
-                    continue
-                manifest = load_manifest(where, folder.name[len("plan_id=") :])
-                files += [(f.path, folder / f.path) for f in (manifest.files if manifest else ())]
-        for name, loc in files:
-            kind = QUARANTINED if f"/{QUARANTINE_DIR}/" in f"/{name}" else GOOD
-            _read_rows(name, loc, rows[kind])
-        return rows
+            return [(str(p), Location.of(p)) for p in sorted(where.local_path().glob("plan_id=*/**/*.parquet"))]
+        files = []
+        for folder in where.children(folders_only=True):
+            if not folder.name.startswith("plan_id="):
+                continue
+            manifest = load_manifest(where, folder.name[len("plan_id=") :])
+            files += [(f.path, folder / f.path) for f in (manifest.files if manifest else ())]
+        return files
+
+    def quarantine_reasons(self) -> dict[tuple[int, int], str]:
+        """Each quarantined record's reason, by (partition, offset), from the published quarantine files."""
+        reasons: dict[tuple[int, int], str] = {}
+        for name, loc in self._published_files():
+            if _quarantined(name):
+                table = pq.read_table(loc.fs_path, filesystem=loc.fs, columns=["partition", "offset", REASON_COLUMN])
+                reasons |= {(r["partition"], r["offset"]): r[REASON_COLUMN] for r in table.to_pylist()}
+        return reasons
 
     def _iceberg_rows(self) -> dict[str, Counter[Row]]:
         from tidemark.config.models import load_feed
@@ -383,6 +429,13 @@ class FaultEnv:
     def expect(self, ranges: Mapping[tuple[str, int], tuple[int, int]]) -> tuple[Counter[Row], dict[Row, str]]:
         """The oracle's rows over ``ranges``, and where the feed's expectations put each (good or quarantined)."""
         scanned = scan(self.kafka.connection, ranges)
+        if self.avro is not None:
+            # A good Avro record is published as its decoded fields: compare those, not the framed bytes.
+            kinds: dict[Row, str] = {}
+            for (t, p, o, raw_digest), value in scanned:
+                kind, decoded = self.avro.classify(value)
+                kinds[(t, p, o, raw_digest if decoded is None else decoded)] = kind
+            return Counter(kinds.keys()), kinds
         classify = self.classifier()
         return Counter(row for row, _ in scanned), {row: classify(value) for row, value in scanned}
 
@@ -439,17 +492,87 @@ class FaultEnv:
         return result
 
 
-def _read_rows(name: str, loc: Location, into: Counter[Row]) -> None:
+def _quarantined(name: str) -> bool:
+    return f"/{QUARANTINE_DIR}/" in f"/{name}"
+
+
+def _read_rows(name: str, loc: Location, into: Counter[Row], avro: AvroValues | None = None) -> None:
     """Count the records of one published Parquet file (its topic from a ``topic=`` folder where it has no column)."""
     topic = next((part[len("topic=") :] for part in name.split("/") if part.startswith("topic=")), None)
     table = pq.read_table(loc.fs_path, filesystem=loc.fs)
     names = table.column_names
     topics = table.column("topic").to_pylist() if "topic" in names else [topic] * table.num_rows
-    # Bytes as stored: a quarantined record's value need not be valid UTF-8.
-    values = table.column("value").cast(pa.binary()).to_pylist()
-    for t, p, o, v in zip(topics, table.column("partition").to_pylist(),
-                          table.column("offset").to_pylist(), values, strict=True):  # fmt: skip
-        into[(str(t), int(p), int(o), digest(v))] += 1
+    if avro is None:
+        # Bytes as stored: a quarantined record's value need not be valid UTF-8.
+        digests = [digest(v) for v in table.column("value").cast(pa.binary()).to_pylist()]
+    elif RAW_VALUE_COLUMN in names:  # an Avro feed's quarantine keeps the raw value
+        digests = [digest(v) for v in table.column(RAW_VALUE_COLUMN).to_pylist()]
+    else:
+        digests = [fields_digest(r) for r in table.select(list(AVRO_FIELDS)).to_pylist()]
+    for t, p, o, d in zip(topics, table.column("partition").to_pylist(),
+                          table.column("offset").to_pylist(), digests, strict=True):  # fmt: skip
+        into[(str(t), int(p), int(o), d)] += 1
+
+
+# -- Avro values ------------------------------------------------------------------------
+
+AVRO_SCHEMA: dict[str, Any] = {
+    "type": "record", "name": "FaultRecord", "namespace": "tidemark.faults",
+    "fields": [{"name": "id", "type": "long"}, {"name": "name", "type": "string"}],
+}  # fmt: skip
+AVRO_FIELDS = tuple(str(f["name"]) for f in AVRO_SCHEMA["fields"])
+UNKNOWN_SCHEMA_ID = 2_000_000_000  # the registry's ids are small content ids
+
+
+def fields_digest(record: Mapping[str, Any]) -> str:
+    """A decoded record's digest: its fields as canonical JSON (what the oracle and the output both have)."""
+    return digest(json.dumps({f: record[f] for f in AVRO_FIELDS}, sort_keys=True))
+
+
+@dataclass
+class AvroValues:
+    """A topic's values written with :data:`AVRO_SCHEMA` through a registry, and read back independently.
+
+    Records are written by confluent-kafka's ``AvroSerializer`` (subject ``<topic>-value``);
+    :meth:`classify` decodes a raw value with fastavro against the writer schema the registry
+    holds for its id, not with anything of Tidemark's.
+    """
+
+    registry_url: str
+    topic: str
+
+    def __post_init__(self) -> None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+        from confluent_kafka.schema_registry.avro import AvroSerializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        self.client = SchemaRegistryClient({"url": self.registry_url})
+        self._serializer = AvroSerializer(self.client, json.dumps(AVRO_SCHEMA), conf={"auto.register.schemas": True})
+        self._context = SerializationContext(self.topic, MessageField.VALUE)
+
+    def serialize(self, record: Mapping[str, Any]) -> bytes:
+        return bytes(self._serializer(dict(record), self._context))
+
+    def classify(self, value: bytes | None) -> tuple[str, str | None]:
+        """Good (with :func:`fields_digest`) or quarantined (None: the raw bytes are what is published).
+
+        An id the registry does not know raises: such a record fails the run, it is never published.
+        """
+        import io
+
+        import fastavro
+
+        if value is None:
+            return QUARANTINED, None  # a tombstone has no fields to publish
+        assert len(value) >= 5 and value[0] == 0, f"not in the wire format: {value[:8]!r}"
+        writer = self.client.get_schema(int.from_bytes(value[1:5], "big"))
+        parsed = fastavro.parse_schema(json.loads(writer.schema_str))
+        try:
+            record = fastavro.schemaless_reader(io.BytesIO(value[5:]), parsed, fastavro.parse_schema(AVRO_SCHEMA))
+        except (IndexError, EOFError, ValueError, UnicodeDecodeError):  # fastavro's errors for a truncated body
+            return QUARANTINED, None
+        assert isinstance(record, dict)
+        return GOOD, fields_digest(record)
 
 
 def assert_names(message: str, *fragments: str) -> None:

@@ -31,7 +31,9 @@ the invariants:
 
 - **I1** no committed offset is past data that was not validated and published, and
   every published record sits where the feed's expectations put it (classified by the
-  oracle from the raw bytes: good ones in the output, bad ones in the quarantine);
+  oracle from the raw bytes: good ones in the output, bad ones in the quarantine; an Avro
+  feed's values decoded with fastavro against the registry's writer schema, its good
+  records compared by their decoded fields);
 - **I2** the published output (good and quarantined records) equals the oracle over what
   was committed: nothing lost, nothing twice, nothing Kafka does not hold there;
 - **I3** after the fault and the rerun the output is what an undisturbed run gives;

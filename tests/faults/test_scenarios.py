@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,7 +27,17 @@ import yaml
 from confluent_kafka import Consumer, Producer
 
 from tests.conftest import KafkaTestCluster
-from tests.faults.harness import ON_BOTH_SHAPES, FaultEnv, assert_names, oracle, scenario
+from tests.faults.conftest import FaultRegistry
+from tests.faults.harness import (
+    ON_BOTH_SHAPES,
+    QUARANTINED,
+    UNKNOWN_SCHEMA_ID,
+    FaultEnv,
+    assert_names,
+    oracle,
+    scenario,
+)
+from tests.faults.test_feed_invariant import report_events
 from tidemark.devtools.kafka.cluster import LocalCluster
 from tidemark.errors import (
     ConfigError,
@@ -35,6 +46,8 @@ from tidemark.errors import (
     KafkaUnavailableError,
     OffsetsMovedError,
     PlanningError,
+    RegistryUnavailableError,
+    SchemaError,
     TidemarkError,
     ValidationFailedError,
 )
@@ -43,7 +56,8 @@ from tidemark.kafka.adapter import Record
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.output.parquet import STAGING_DIR, stages_on_store, staging_base
 from tidemark.planning.metadata import metadata_run_id
-from tidemark.runs.pipeline import commit_run, plan_run
+from tidemark.runs.pipeline import RunHandle, commit_run, plan_run, run_feed
+from tidemark.spark.decode import AVRO_BODY_REASON
 from tidemark.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.faults]
@@ -1209,3 +1223,86 @@ def test_all_brokers_down_at_plan_time(spark: Any, tmp_path: Path, monkeypatch: 
         fenv.run()
         assert fenv.committed() == {0: 3, 1: 3, 2: 3}
         fenv.check("test_all_brokers_down_at_plan_time")
+
+
+@scenario("25a", "Schema registry down at read time (Avro feed)",
+          injected="the feed's registry stopped after the plan, before the job asks it for the run's schemas; "
+                   "started again (same URL, same schemas) before the rerun",
+          asserted="the run fails naming the registry, the subject and what to do; nothing published, offsets "
+                   "unchanged; the rerun publishes exactly the scan and commits; I1–I4")  # fmt: skip
+@ON_BOTH_SHAPES
+def test_registry_down_at_read_time(fenv: FaultEnv, avro_registry: FaultRegistry) -> None:
+    fenv.use_avro(avro_registry.url)
+    fenv.produce_avro(9)
+
+    def registry_stops_then_job(handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
+        avro_registry.stop()  # planned (planning never asks the registry); the job finds it gone
+        return fenv.in_process(handle, connection)
+
+    with pytest.raises(RegistryUnavailableError) as err:
+        run_feed(fenv.feed, fenv.kafka.connection, root=fenv.root, job_runner=registry_stops_then_job)
+    assert_names(str(err.value), re.escape(avro_registry.url), f"subject '{fenv.topic}-value'", "cannot be reached",
+                 "start it or fix the registry connection's URL, then rerun")  # fmt: skip
+    assert fenv.committed() == {0: None, 1: None, 2: None}
+    assert not fenv.published()
+    avro_registry.restart()
+    fenv.produce_avro(3)
+    fenv.run()
+    assert fenv.committed() == {0: 4, 1: 4, 2: 4}
+    fenv.check("test_registry_down_at_read_time")
+
+
+@scenario("25b", "A poison Avro record among good ones",
+          injected="one value framed with a registered schema id whose body does not decode against that schema, "
+                   "among records written by confluent-kafka's AvroSerializer",
+          asserted="the poison record is quarantined with its reason and raw bytes, the good ones published as "
+                   "typed columns, offsets committed past both; the oracle decodes every value with fastavro; "
+                   "I1–I3")  # fmt: skip
+@ON_BOTH_SHAPES
+def test_poison_avro_record_is_quarantined(fenv: FaultEnv, avro_registry: FaultRegistry) -> None:
+    fenv.use_avro(avro_registry.url)
+    fenv.produce_avro(12, poison={7})
+    fenv.run()
+    assert fenv.committed() == {0: 4, 1: 4, 2: 4}
+    check = fenv.check("test_poison_avro_record_is_quarantined")
+    assert check.checked == 12
+    (bad,) = fenv.published_by_kind()[QUARANTINED]
+    assert bad[1:3] == (1, 2)  # record 7: partition 1, offset 2
+    assert fenv.quarantine_reasons() == {(1, 2): f"decode_error: {AVRO_BODY_REASON}"}
+
+
+@scenario("25c", "A record framed with a schema id the registry does not know",
+          injected="one value in the wire format with schema id 2000000000 (never registered) after a normal "
+                   "run; then the documented skip: a committing replay of that partition from the next offset "
+                   "with allow_gap",
+          asserted="the run fails naming topic, partition, offset and the id and what to check; nothing published "
+                   "or committed; the skip is an offsets_skipped event naming the one record; later runs proceed; "
+                   "I1–I4")  # fmt: skip
+@ON_BOTH_SHAPES
+def test_unknown_schema_id_fails_the_run_until_skipped(fenv: FaultEnv, avro_registry: FaultRegistry) -> None:
+    fenv.use_avro(avro_registry.url)
+    fenv.produce_avro(6)
+    fenv.run()
+    assert fenv.committed() == {0: 2, 1: 2, 2: 2}
+    fenv.produce_avro(6, unknown={7})  # record 7: partition 1, offset 2
+
+    with pytest.raises(SchemaError) as err:
+        fenv.run()
+    assert_names(str(err.value), rf"{fenv.topic}\[1\] offset 2", f"schema id {UNKNOWN_SCHEMA_ID} is unknown",
+                 re.escape(avro_registry.url), "registry connection points at the registry the producers use",
+                 "nothing was published or committed")  # fmt: skip
+    assert fenv.committed() == {0: 2, 1: 2, 2: 2}
+    fenv.check("test_unknown_schema_id_fails_the_run_until_skipped")
+
+    # The producers' registry never had the id: skip the record, as the README's committing replays allow.
+    fenv.run("replay", {"start_from": "offset", "start_offset": 3, "partitions": "1", "commit": True,
+                        "allow_gap": True})  # fmt: skip
+    (skipped,) = report_events(fenv, "offsets_skipped")
+    assert (skipped["partition"], skipped["details"]["start"], skipped["details"]["end"]) == (1, 2, 3)
+    assert fenv.committed() == {0: 2, 1: 4, 2: 2}
+    fenv.produce_avro(3)
+    fenv.run()
+    assert fenv.committed() == {0: 5, 1: 5, 2: 5}
+    # Partition 1's oracle from 3 on ([0, 2) was checked above): offset 2 is the skipped record.
+    fenv.check("test_unknown_schema_id_fails_the_run_until_skipped", starts={1: 3})
+    assert (fenv.topic, 1, 2) not in {r[:3] for r in fenv.published()}

@@ -5,7 +5,9 @@ Confluent's own registry is not on Maven Central; Apicurio Registry is, as one
 the cache (``~/.cache/tidemark/apicurio-registry-<version>/``), like the Kafka jars.
 :func:`start` runs it on a free 127.0.0.1 port and returns once its Confluent API
 (``/apis/ccompat/v7``) answers. It needs no Kafka (H2 in memory), so a stopped registry
-forgets its schemas. It differs from Confluent's in two ways that matter to callers:
+forgets its schemas; one started ``durable`` keeps them in an H2 file in its folder, so
+:func:`restart` brings it back on the same port with the same ids (what a registry outage
+looks like to a feed). It differs from Confluent's in two ways that matter to callers:
 schema ids are content ids (not consecutive), and the default compatibility is ``NONE``.
 """
 
@@ -87,6 +89,7 @@ class LocalRegistry:
     home: Path
     port: int
     pid: int
+    durable: bool = False
 
     @property
     def url(self) -> str:
@@ -103,20 +106,32 @@ class LocalRegistry:
             shutil.rmtree(self.home, ignore_errors=True)
 
 
-def start(base: Path | None = None, port: int | None = None) -> LocalRegistry:
-    """Start a registry (empty) on ``port`` or a free one; returns once its Confluent API answers."""
-    jar = fetch()
+def start(base: Path | None = None, port: int | None = None, *, durable: bool = False) -> LocalRegistry:
+    """Start a registry (empty) on ``port`` or a free one; returns once its Confluent API answers.
+
+    ``durable``: its schemas live in an H2 file in its folder, so that :func:`restart` keeps them.
+    """
     folder = Path(tempfile.mkdtemp(prefix="tidemark-registry-", dir=base))
-    port = port or free_port()
+    return _launch(folder, port or free_port(), durable)
+
+
+def restart(server: LocalRegistry) -> LocalRegistry:
+    """Start a stopped ``server`` again in its folder and on its port (a durable one with its schemas and ids)."""
+    return _launch(server.home, server.port, server.durable)
+
+
+def _launch(folder: Path, port: int, durable: bool) -> LocalRegistry:
+    jar = fetch()
     log = folder / "registry.log"
+    storage = [f"-Dapicurio.datasource.url=jdbc:h2:file:{folder / 'schemas'}"] if durable else []
     cmd = [
         java(), "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-        f"-Dquarkus.http.port={port}", "-Dquarkus.http.host=127.0.0.1",
+        f"-Dquarkus.http.port={port}", "-Dquarkus.http.host=127.0.0.1", *storage,
         "-jar", str(jar),
     ]  # fmt: skip
     with log.open("ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=folder)
-    server = LocalRegistry(home=folder, port=port, pid=proc.pid)
+    server = LocalRegistry(home=folder, port=port, pid=proc.pid, durable=durable)
     deadline = time.monotonic() + START_TIMEOUT_S
     while not answers(server.url):
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -29,6 +29,15 @@ def test_demo_feed_loads() -> None:
     assert Policy.from_feed(feed).records_per_task == 500
 
 
+def test_avro_demo_feed_loads_as_the_demo_writes_it() -> None:
+    from tidemark.cli.demo import AVRO_FEED, AVRO_TOPIC
+
+    feed = load_feed(AVRO_FEED, package_root() / "feeds")
+    assert feed.topics == (AVRO_TOPIC,) and feed.deserialization.format == "avro"
+    assert feed.deserialization.reader_subject(feed.topics) == f"{AVRO_TOPIC}-value"  # the serializer's subject
+    assert feed.interval is None  # triggered only: the demo's registry does not outlive the demo
+
+
 def test_minimal_feed_defaults_are_the_safe_ones(tmp_path: Path) -> None:
     feed = load_feed_file(write(tmp_path, MINIMAL))
     assert feed.name == "orders"
