@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.e2e.test_metrics import RUN_DAG
+from tests.e2e.test_metrics import RUN_DAG, _received
 from tidemark.cli.demo import DEMO_FEED, demo_events
 from tidemark.devtools.kafka.cluster import connection_from_env
 from tidemark.kafka.adapter import KafkaAdapter, produce
@@ -85,6 +85,7 @@ def _run(env: dict[str, str], variant: str, lineage_file: Path, log: Path | None
     listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     listener.bind(("127.0.0.1", 0))
     switches = _switches(variant, listener.getsockname()[1], lineage_file)
+    events_before = len(lineage_file.read_text().splitlines()) if lineage_file.exists() else 0
     try:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
@@ -92,12 +93,19 @@ def _run(env: dict[str, str], variant: str, lineage_file: Path, log: Path | None
                               env={**env, **switches}, capture_output=True, text=True, check=False)  # fmt: skip
         seconds = time.monotonic() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        datagrams = [line for line in _received(listener) if line.startswith("airflow.tidemark.")]
     finally:
         listener.close()
     if log is not None:
         log.write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     if "DAGRUN_STATE=success" not in proc.stdout:
         raise SystemExit(f"the feed DAG failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    # A variant measures what it names only if its switches took: metrics and lineage arrive exactly when on.
+    events = (len(lineage_file.read_text().splitlines()) if lineage_file.exists() else 0) - events_before
+    on = set() if variant == "none" else set(variant.split("+"))
+    if bool(datagrams) != ("statsd" in on) or bool(events) != ("lineage" in on):
+        raise SystemExit(f"variant {variant}: {len(datagrams)} Tidemark StatsD datagrams and {events} lineage "
+                         "events arrived; its settings did not take effect")  # fmt: skip
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     return seconds, cpu
 
