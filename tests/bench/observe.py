@@ -80,8 +80,14 @@ def _switches(variant: str, statsd_port: int, lineage_file: Path) -> dict[str, s
     return env
 
 
-def _run(env: dict[str, str], variant: str, lineage_file: Path, log: Path | None = None) -> tuple[float, float]:
-    """Wall-clock and CPU seconds (user + system, the DAG run's process and the children it waited for)."""
+def _run(
+    env: dict[str, str], variant: str, lineage_file: Path, log: Path | None = None, profile: Path | None = None
+) -> tuple[float, float]:
+    """Wall-clock and CPU seconds (user + system, the DAG run's process and the children it waited for).
+
+    ``profile``: cProfile's statistics of the run's own process to that file (forked children not included).
+    """
+    code = RUN_DAG if profile is None else f"import cProfile\ncProfile.run({RUN_DAG!r}, {str(profile)!r})"
     listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     listener.bind(("127.0.0.1", 0))
     switches = _switches(variant, listener.getsockname()[1], lineage_file)
@@ -89,7 +95,7 @@ def _run(env: dict[str, str], variant: str, lineage_file: Path, log: Path | None
     try:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, "-c", RUN_DAG, "tidemark_observe", str(ROOT / "dags")],
+        proc = subprocess.run([sys.executable, "-c", code, "tidemark_observe", str(ROOT / "dags")],
                               env={**env, **switches}, capture_output=True, text=True, check=False)  # fmt: skip
         seconds = time.monotonic() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -130,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"comma-separated, the first is the baseline: 'none' or parts of {PARTS} "
                         "joined by '+'")  # fmt: skip
     parser.add_argument("--keep-logs", action="store_true", help="keep each run's output in the work folder")
+    parser.add_argument("--profile", action="store_true", help="and its cProfile statistics (times include the "
+                        "profiler's overhead): where a variant's time goes, e.g. in the listener's hooks")  # fmt: skip
     parser.add_argument("--doc", type=Path, help="append the table to this Markdown page")
     args = parser.parse_args(argv)
     variants = args.variants.split(",")
@@ -154,8 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Each round shifts the order by one, so no variant always runs first or after the same one.
         for variant in variants[round_no % len(variants) :] + variants[: round_no % len(variants)]:
             sent += produce(connection, topic, demo_events(args.records, start_id=sent))
-            log = work / f"run-{round_no}-{variant}.log" if args.keep_logs else None
-            seconds, cpu_seconds = _run(env, variant, work / "lineage.jsonl", log)
+            name = work / f"run-{round_no}-{variant}"
+            seconds, cpu_seconds = _run(env, variant, work / "lineage.jsonl",
+                                        name.with_suffix(".log") if args.keep_logs or args.profile else None,
+                                        name.with_suffix(".prof") if args.profile else None)  # fmt: skip
             loads.append(os.getloadavg()[0])
             print(f"round {round_no}{' (warm-up)' if round_no == 0 else ''}: {variant} {seconds:.1f} s, "
                   f"CPU {cpu_seconds:.1f} s, load {loads[-1]:.1f}", flush=True)  # fmt: skip
@@ -170,8 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = "python -m tests.bench.observe " + " ".join(argv if argv is not None else sys.argv[1:])
         with args.doc.open("a") as page:
             page.write(f"\n### {datetime.date.today().isoformat()}: `{command}`\n\n{summary}.\n\n{table}\n")
-    if args.keep_logs:
-        print(f"task logs in {work}")
+    if args.keep_logs or args.profile:
+        print(f"task logs (and profiles) in {work}")
     return 0
 
 
