@@ -89,7 +89,7 @@ bench-view: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tests.bench.view $(BENCH_VIEW_ARGS)
 
-# A 1,000-record feed DAG run with StatsD and OpenLineage on vs both off, alternating rounds, medians side by side.
+# A 1,000-record feed DAG run with StatsD and OpenLineage off, on, and variants (--variants), rotating rounds, medians side by side.
 bench-observe: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tests.bench.observe $(BENCH_OBSERVE_ARGS)
