@@ -73,11 +73,8 @@ TARGETS = {"R3/R4": 1.5, "R3/R1": 0.8, "R6/R4w": 1.3}
 # -- dataset and plan --------------------------------------------------------------------
 
 
-def ensure_dataset(connection: KafkaConnection, records: int, log: Callable[[str], None]) -> str:
-    """The frozen benchmark topic holding exactly ``records`` records (produced on first use)."""
-    from confluent_kafka import Producer
-
-    topic = f"tidemark-bench-{records}-v1"
+def frozen_topic(connection: KafkaConnection, topic: str, records: int) -> bool:
+    """Create ``topic`` (8 partitions, kept forever) if missing; True when it already holds exactly ``records``."""
     adapter = KafkaAdapter(connection)
     adapter.create_topic(topic, PARTITIONS, 1, {"retention.ms": "-1", "retention.bytes": "-1"})
     tps = [(topic, p) for p in range(PARTITIONS)]
@@ -88,19 +85,36 @@ def ensure_dataset(connection: KafkaConnection, records: int, log: Callable[[str
         time.sleep(0.5)
     time.sleep(1.0)  # a new topic's leaders reach every broker's metadata a moment later
     have = sum(adapter.end_offsets(tps, "read_uncommitted").values())
-    if have == records:
-        return topic
-    if have:
+    if have and have != records:
         raise TidemarkError(f"benchmark topic {topic} holds {have} records, expected {records}; delete it to redo")
+    return have == records
+
+
+def ensure_dataset(connection: KafkaConnection, records: int, log: Callable[[str], None]) -> str:
+    """The frozen benchmark topic holding exactly ``records`` records (produced on first use)."""
+    topic = f"tidemark-bench-{records}-v1"
+    if frozen_topic(connection, topic, records):
+        return topic
     log(f"producing {records:,} records of {VALUE_BYTES} bytes to {topic} ...")
+    payload = bytes(np.random.default_rng(7).integers(32, 127, VALUE_BYTES, dtype=np.uint8))
+    produce_numbered(connection, topic, records, lambda i: payload, log)
+    return topic
+
+
+def produce_numbered(
+    connection: KafkaConnection, topic: str, records: int, value_of: Callable[[int], bytes], log: Callable[[str], None]
+) -> None:
+    """Records 0..``records``-1 (key: the number, 10 digits; value: ``value_of(number)``), record i to partition i % 8."""
+    from confluent_kafka import Producer
+
     producer = Producer(connection.client_config(**{"linger.ms": 50, "batch.size": 1_000_000,
                                                     "queue.buffering.max.kbytes": 262144, "acks": "1"}))  # fmt: skip
-    payload = bytes(np.random.default_rng(7).integers(32, 127, VALUE_BYTES, dtype=np.uint8))
     started = time.monotonic()
     for i in range(records):
+        value = value_of(i)
         while True:
             try:
-                producer.produce(topic, value=payload, key=b"%010d" % i, partition=i % PARTITIONS)
+                producer.produce(topic, value=value, key=b"%010d" % i, partition=i % PARTITIONS)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -109,7 +123,6 @@ def ensure_dataset(connection: KafkaConnection, records: int, log: Callable[[str
     if producer.flush(300):
         raise TidemarkError(f"producing the benchmark data to {topic} did not finish")
     log(f"produced in {time.monotonic() - started:.1f}s")
-    return topic
 
 
 def frozen_plan(connection: KafkaConnection, topic: str) -> Plan:
