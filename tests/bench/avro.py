@@ -385,6 +385,7 @@ def run_benchmark(
         "when": datetime.now(UTC).isoformat(),
         "records": records,
         "value_bytes": round(data.value_bytes, 1),
+        "what": f"Reading and decoding {records:,} Avro records (mean value {data.value_bytes:.0f} B, two schema versions)",
         "partitions": PARTITIONS,
         "runs": runs,
         "warmups": 1,
