@@ -128,12 +128,12 @@ def _decoding(df: DataFrame, deser: Deserialization, avro: AvroSchemas | None = 
     elif deser.format == "avro":
         if avro is None:
             raise ConfigError("format: avro decodes with the run's schemas (tidemark.spark.avro.resolve_schemas)")
-        from tidemark.spark.avro import decoded_value
+        from tidemark.spark.avro import decode_failed, decoded_value
 
         work = work.withColumn(_PARSED, decoded_value(avro))
         parsed = F.col(_PARSED)
         failed.append(F.col("value").isNull())
-        failed.append(F.col("value").isNotNull() & parsed.isNull())
+        failed.append(F.col("value").isNotNull() & decode_failed(parsed))
         value_cols = [parsed.getField(name).alias(name) for name in avro.field_names]
     else:
         text = F.col("value").cast("string")
