@@ -69,10 +69,10 @@ from tidemark.devtools.kafka.cluster import connection_from_env
 from tidemark.errors import TidemarkError
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.kafka.registry import ENV_URL, RegistryConnection
-from tidemark.planning.plan import Plan, compute_plan_id
+from tidemark.planning.plan import compute_plan_id
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame
 
 BENCH_FEED = "tidemark-bench-avro"
 POOL = 20_000  # distinct encoded records per schema version
@@ -171,7 +171,7 @@ def ensure_avro_dataset(
     pool1, pool2 = _pools(registry, topic, min(POOL, records))
     ids = (_schema_id(pool1[0]), _schema_id(pool2[0]))
     half = records // 2
-    value_bytes = (sum(map(len, pool1)) / len(pool1) * half + sum(map(len, pool2)) / len(pool2) * (records - half))
+    value_bytes = sum(map(len, pool1)) / len(pool1) * half + sum(map(len, pool2)) / len(pool2) * (records - half)
     if frozen_topic(connection, topic, records):
         found = _ids_on_topic(connection, topic)
         if found != ids:
@@ -321,8 +321,10 @@ def run_benchmark(
         target = work / f"a4w-{time.time_ns()}"
         df = _kafka_df(spark, connection, plan)
         decoded = spark_from_avro(df, dict(schemas.writers), schemas.reader).alias("v")
-        out = df.select("topic", "partition", "offset", "timestamp", F.col("timestampType").alias("timestamp_type"),
-                        F.col("key").cast("string").alias("key"), decoded, "headers").select("*", "v.*").drop("v")  # fmt: skip
+        out = df.select(
+            "topic", "partition", "offset", "timestamp", F.col("timestampType").alias("timestamp_type"),
+            F.col("key").cast("string").alias("key"), decoded, "headers",
+        ).select("*", "v.*").drop("v")  # fmt: skip
         _parquet_layout(out).write.partitionBy("topic", "date").parquet(str(target))
         pending.append(lambda: _after_a4w(target))
 
@@ -385,7 +387,7 @@ def run_benchmark(
         "when": datetime.now(UTC).isoformat(),
         "records": records,
         "value_bytes": round(data.value_bytes, 1),
-        "what": f"Reading and decoding {records:,} Avro records (mean value {data.value_bytes:.0f} B, two schema versions)",
+        "what": f"Reading and decoding {records:,} Avro records (mean value {data.value_bytes:.0f} B, two versions)",
         "partitions": PARTITIONS,
         "runs": runs,
         "warmups": 1,
@@ -429,7 +431,8 @@ def print_report(doc: dict[str, Any]) -> None:
         print("  A6 steps (median s): " + ", ".join(f"{k} {statistics.median(s.get(k, 0) for s in steps):.2f}"
                                                     for k in names))  # fmt: skip
     if doc["content_digest"]:
-        print(f"both sides wrote the same {doc['content_digest'][0]:,} records (row-hash sum {doc['content_digest'][1]})")
+        rows, digest = doc["content_digest"]
+        print(f"both sides wrote the same {rows:,} records (row-hash sum {digest})")
     print("ratios of the medians: " + ", ".join(f"{k} = {v}" for k, v in doc["ratios"].items()))
     for k, values in doc["ratios_by_round"].items():
         if values:

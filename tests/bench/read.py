@@ -104,7 +104,7 @@ def ensure_dataset(connection: KafkaConnection, records: int, log: Callable[[str
 def produce_numbered(
     connection: KafkaConnection, topic: str, records: int, value_of: Callable[[int], bytes], log: Callable[[str], None]
 ) -> None:
-    """Records 0..``records``-1 (key: the number, 10 digits; value: ``value_of(number)``), record i to partition i % 8."""
+    """Numbers 0 to ``records`` - 1 (key: the number as 10 digits, value: ``value_of(number)``) to partition n % 8."""
     from confluent_kafka import Producer
 
     producer = Producer(connection.client_config(**{"linger.ms": 50, "batch.size": 1_000_000,

@@ -95,9 +95,7 @@ def test_avro_bench_sides_must_write_the_same_records(spark: Any) -> None:
 
 
 @pytest.mark.bench
-def test_avro_bench_runs_both_rows_through_the_registry(
-    kafka: KafkaTestCluster, registry: str, tmp_path: Path
-) -> None:
+def test_avro_bench_runs_both_rows_through_the_registry(kafka: KafkaTestCluster, registry: str, tmp_path: Path) -> None:
     """``make bench``'s Avro rows shrunk: two schema versions on the topic, every runner once per round."""
     env = {**os.environ, **kafka.connection.to_env(), "TIDEMARK_SCHEMA_REGISTRY_URL": registry}
     cmd = [sys.executable, "-m", "tests.bench.avro", "--records", "8000", "--runs", "1", "--out", str(tmp_path)]

@@ -62,11 +62,11 @@ def test_avro_chart_colours_tidemark_and_spark_and_names_the_format() -> None:
         _runner("A4w", "Spark Kafka source + from_avro → Parquet", 250_000),
     ]
     doc = {**_read_doc(), "runners": {r["name"]: r for r in runners},
-           "what": "Reading and decoding 500,000 Avro records (mean value 48 B, two schema versions)"}  # fmt: skip
+           "what": "Reading and decoding 500,000 Avro records (mean value 48 B, two versions)"}  # fmt: skip
     fig = charts.read_figure(doc)
     ax = fig.axes[0]
     colours = [to_hex(bar.get_facecolor()) for bar in ax.patches[:4]]
     assert colours == [charts.TIDEMARK] * 3 + [charts.SPARK]
     # No floor runner ran: the legend names only the two kinds shown.
     assert [t.get_text() for t in fig.legends[0].get_texts()] == [label for _, label in charts.KINDS[:2]]
-    assert ax.get_title().startswith("Reading and decoding 500,000 Avro records (mean value 48 B, two schema versions)")
+    assert ax.get_title().startswith("Reading and decoding 500,000 Avro records (mean value 48 B, two versions)")
