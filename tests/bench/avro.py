@@ -54,16 +54,21 @@ from tests.bench.read import (
     Sample,
     _kafka_df,
     _parquet_layout,
-    _split_text,
     _timed_spark,
     bench_session,
     frozen_plan,
     frozen_topic,
     local_broker_pids,
+    machine_facts,
+    median_ratios,
     metrics_folder,
+    print_cpu_splits,
+    print_ratios,
     produce_numbered,
     read_metrics,
+    round_line,
     spark_kafka_jars,
+    targets_met,
 )
 from tidemark.devtools.kafka.cluster import connection_from_env
 from tidemark.errors import TidemarkError
@@ -363,26 +368,12 @@ def run_benchmark(
             for check in pending:
                 check()
             pending.clear()
-            what = "warm-up" if round_no == 0 else f"run {round_no}/{runs}"
-            log(f"{name:<3} {what}: {sample.records / sample.seconds:,.0f} rec/s, {sample.seconds:.2f}s, "
-                f"{sample.cpu_seconds:.1f} CPU-s{_split_text(sample.cpu_split)}")  # fmt: skip
+            log(round_line(name, round_no, runs, sample))
             if round_no:
                 results[name].samples.append(sample)
     shutil.rmtree(work, ignore_errors=True)
 
-    def ratio(a: str, b: str) -> float | None:
-        ra, rb = results.get(a), results.get(b)
-        if not ra or not rb or not ra.samples or not rb.samples:
-            return None
-        return round(ra.median_rate / rb.median_rate, 3)
-
-    def round_ratios(a: str, b: str) -> list[float]:
-        ra, rb = results.get(a), results.get(b)
-        if not ra or not rb or len(ra.samples) != len(rb.samples):
-            return []
-        return [round(y.seconds / x.seconds, 3) for x, y in zip(ra.samples, rb.samples, strict=True)]
-
-    ratios = {"A6/A4w": ratio("A6", "A4w"), "A3/A3b": ratio("A3", "A3b")}
+    ratios, by_round = median_ratios(results, ("A6/A4w", "A3/A3b"))
     doc = {
         "when": datetime.now(UTC).isoformat(),
         "records": records,
@@ -394,18 +385,13 @@ def run_benchmark(
         "topic": topic,
         "writer_schema_ids": list(data.writer_ids),
         "plan_id": plan.plan_id,
-        "spark_master": spark.sparkContext.master,
-        "spark_version": spark.version,
-        "spark_kafka_connector": connector,
-        "cpus": os.cpu_count(),
+        **machine_facts(spark, connector),
         "runners": {k: v.summary() for k, v in results.items()},
         "a6_steps_seconds": step_seconds[1:],  # per measured A6 run (warm-up left out)
         "content_digest": list(digests.get("A6") or digests.get("A4w") or ()),
         "ratios": ratios,
-        "ratios_by_round": {k: round_ratios(*k.split("/")) for k in ratios},
-        "targets": {
-            k: {"target": t, "value": ratios.get(k), "met": (ratios.get(k) or 0) >= t} for k, t in TARGETS.items()
-        },
+        "ratios_by_round": by_round,
+        "targets": targets_met(ratios, TARGETS),
     }
     spark.stop()
     return doc
@@ -422,9 +408,7 @@ def print_report(doc: dict[str, Any]) -> None:
         read = "" if r["kafka_payload_read_ratio"] is None else f"{r['kafka_payload_read_ratio']:.2f}"
         print(f"{r['name']:<6} {r['median_records_per_s']:>15,} {r['median_seconds']:>11} "
               f"{r['median_records_per_cpu_s']:>11,} {read:>13}  {r['label']}")  # fmt: skip
-    for r in doc["runners"].values():
-        if r.get("median_cpu_split"):
-            print(f"  {r['name']} CPU-s (median) by process:{_split_text(r['median_cpu_split'])}")
+    print_cpu_splits(doc)
     steps = doc["a6_steps_seconds"]
     if steps:
         names = [k for k in steps[0] if k != "validator"]
@@ -433,13 +417,7 @@ def print_report(doc: dict[str, Any]) -> None:
     if doc["content_digest"]:
         rows, digest = doc["content_digest"]
         print(f"both sides wrote the same {rows:,} records (row-hash sum {digest})")
-    print("ratios of the medians: " + ", ".join(f"{k} = {v}" for k, v in doc["ratios"].items()))
-    for k, values in doc["ratios_by_round"].items():
-        if values:
-            listed = ", ".join(f"{v:.2f}" for v in values)
-            print(f"  {k} round by round: {listed} (median {statistics.median(values):.2f})")
-    for k, t in doc["targets"].items():
-        print(f"target {k} ≥ {t['target']}: {t['value']} → {'met' if t['met'] else 'NOT met'}")
+    print_ratios(doc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -43,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -716,9 +716,7 @@ def run_benchmark(
                 result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"
                 log(f"  {name} failed: {result.error}")
                 continue
-            what = "warm-up" if round_no == 0 else f"run {round_no}/{runs}"
-            log(f"{name:<3} {what}: {sample.records / sample.seconds:,.0f} rec/s, {sample.seconds:.2f}s, "
-                f"{sample.cpu_seconds:.1f} CPU-s{_split_text(sample.cpu_split)}")  # fmt: skip
+            log(round_line(name, round_no, runs, sample))
             if round_no:
                 result.samples.append(sample)
     del F
@@ -731,23 +729,7 @@ def run_benchmark(
         except TidemarkError as exc:
             memory = {"error": str(exc)}
 
-    def ratio(a: str, b: str) -> float | None:
-        ra, rb = results.get(a), results.get(b)
-        if not ra or not rb or not ra.samples or not rb.samples:
-            return None
-        return round(ra.median_rate / rb.median_rate, 3)
-
-    def round_ratios(a: str, b: str) -> list[float]:
-        ra, rb = results.get(a), results.get(b)
-        if not ra or not rb or len(ra.samples) != len(rb.samples):
-            return []
-        return [
-            round((x.records / x.seconds) / (y.records / y.seconds), 3)
-            for x, y in zip(ra.samples, rb.samples, strict=True)
-        ]
-
-    ratios = {"R3/R4": ratio("R3", "R4"), "R3/R1": ratio("R3", "R1"), "R6/R4w": ratio("R6", "R4w"),
-              "R3/R0": ratio("R3", "R0"), "R6/R4": ratio("R6", "R4"), "R3/RF": ratio("R3", "RF")}  # fmt: skip
+    ratios, by_round = median_ratios(results, ("R3/R4", "R3/R1", "R6/R4w", "R3/R0", "R6/R4", "R3/RF"))
     doc = {
         "when": datetime.now(UTC).isoformat(),
         "records": records,
@@ -757,22 +739,71 @@ def run_benchmark(
         "warmups": 1,
         "topic": topic,
         "plan_id": plan.plan_id,
-        "spark_master": spark.sparkContext.master,
-        "spark_version": spark.version,
-        "spark_kafka_connector": connector,
-        "cpus": os.cpu_count(),
+        **machine_facts(spark, connector),
         "runners": {k: v.summary() for k, v in results.items()},
         "r6_steps_seconds": step_seconds[1:],  # per measured R6 run (warm-up left out)
         "task_memory": memory,
         "ratios": ratios,
         # The same ratios taken within each round (runners ran back to back), and their median.
-        "ratios_by_round": {k: round_ratios(*k.split("/")) for k in ratios},
-        "targets": {
-            k: {"target": t, "value": ratios.get(k), "met": (ratios.get(k) or 0) >= t} for k, t in TARGETS.items()
-        },
+        "ratios_by_round": by_round,
+        "targets": targets_met(ratios, TARGETS),
     }
     spark.stop()
     return doc
+
+
+def median_ratios(
+    results: Mapping[str, RunnerResult], pairs: Sequence[str]
+) -> tuple[dict[str, float | None], dict[str, list[float]]]:
+    """For each ``"A/B"`` of ``pairs``: A's median records/s over B's, and the same ratio within each round."""
+    ratios: dict[str, float | None] = {}
+    by_round: dict[str, list[float]] = {}
+    for pair in pairs:
+        a, b = (results.get(name) for name in pair.split("/"))
+        ratios[pair], by_round[pair] = None, []
+        if a is None or b is None or not a.samples or not b.samples:
+            continue
+        ratios[pair] = round(a.median_rate / b.median_rate, 3)
+        if len(a.samples) == len(b.samples):
+            by_round[pair] = [
+                round((x.records / x.seconds) / (y.records / y.seconds), 3)
+                for x, y in zip(a.samples, b.samples, strict=True)
+            ]
+    return ratios, by_round
+
+
+def round_line(name: str, round_no: int, runs: int, sample: Sample) -> str:
+    """One runner's line of one round, as the benchmarks print it while they run."""
+    what = "warm-up" if round_no == 0 else f"run {round_no}/{runs}"
+    return (f"{name:<3} {what}: {sample.records / sample.seconds:,.0f} rec/s, {sample.seconds:.2f}s, "
+            f"{sample.cpu_seconds:.1f} CPU-s{_split_text(sample.cpu_split)}")  # fmt: skip
+
+
+def machine_facts(spark: SparkSession, connector: str) -> dict[str, Any]:
+    """What a benchmark ran on: Spark's master and version, the Kafka connector, the CPUs."""
+    return {"spark_master": spark.sparkContext.master, "spark_version": spark.version,
+            "spark_kafka_connector": connector, "cpus": os.cpu_count()}  # fmt: skip
+
+
+def targets_met(ratios: Mapping[str, float | None], targets: Mapping[str, float]) -> dict[str, dict[str, Any]]:
+    return {k: {"target": t, "value": ratios.get(k), "met": (ratios.get(k) or 0) >= t} for k, t in targets.items()}
+
+
+def print_cpu_splits(doc: dict[str, Any]) -> None:
+    for r in doc["runners"].values():
+        if r.get("median_cpu_split"):
+            print(f"  {r['name']} CPU-s (median) by process:{_split_text(r['median_cpu_split'])}")
+
+
+def print_ratios(doc: dict[str, Any]) -> None:
+    """The ratios of the medians, round by round, and the targets of a benchmark's document."""
+    print("ratios of the medians: " + ", ".join(f"{k} = {v}" for k, v in doc["ratios"].items()))
+    for k, values in (doc.get("ratios_by_round") or {}).items():
+        if values:
+            listed = ", ".join(f"{v:.2f}" for v in values)
+            print(f"  {k} round by round: {listed} (median {statistics.median(values):.2f})")
+    for k, t in doc["targets"].items():
+        print(f"target {k} ≥ {t['target']}: {t['value']} → {'met' if t['met'] else 'NOT met'}")
 
 
 def _split_text(split: dict[str, float] | None) -> str:
@@ -796,16 +827,8 @@ def print_report(doc: dict[str, Any]) -> None:
         ratio = "" if r["kafka_payload_read_ratio"] is None else f"{r['kafka_payload_read_ratio']:.2f}"
         print(f"{r['name']:<5} {r['median_records_per_s']:>15,} {r['median_records_per_cpu_s']:>11,} {rss:>14} "
               f"{ratio:>13}  {r['label']}" + (f" ({r['note']})" if r["note"] else ""))  # fmt: skip
-    for r in doc["runners"].values():
-        if r.get("median_cpu_split"):
-            print(f"  {r['name']} CPU-s (median) by process:{_split_text(r['median_cpu_split'])}")
-    print("ratios of the medians: " + ", ".join(f"{k} = {v}" for k, v in doc["ratios"].items()))
-    for k, values in (doc.get("ratios_by_round") or {}).items():
-        if values:
-            listed = ", ".join(f"{v:.2f}" for v in values)
-            print(f"  {k} round by round: {listed} (median {statistics.median(values):.2f})")
-    for k, t in doc["targets"].items():
-        print(f"target {k} ≥ {t['target']}: {t['value']} → {'met' if t['met'] else 'NOT met'}")
+    print_cpu_splits(doc)
+    print_ratios(doc)
     memory = doc.get("task_memory") or {}
     if memory.get("points"):
         sizes = ", ".join(f"{p['records']:,} → {p['peak_rss_mb']:.0f} MB" for p in memory["points"])
