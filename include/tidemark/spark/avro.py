@@ -232,14 +232,16 @@ def decoded_value(schemas: AvroSchemas) -> Column:
     from pyspark.sql.avro.functions import from_avro
 
     body = F.expr(f"substr(value, {HEADER_BYTES + 1})")
-    sid = schema_id_column()
+    header = F.substring(F.col("value"), 1, HEADER_BYTES)
     options = {"avroSchema": schemas.marked_reader, "mode": "PERMISSIVE"}
     out: Column | None = None
     # Nulls only (no writer seen): decode with the reader itself, so the column still has the reader's type.
     writers = schemas.writers or {schemas.reader_id: schemas.reader}
     for writer_id, writer in sorted(writers.items()):
         decoded = from_avro(body, writer, options)
-        out = F.when(sid == writer_id, decoded) if out is None else out.when(sid == writer_id, decoded)
+        # The five header bytes compared as bytes: no hex text and number parsing per record and writer.
+        framed = header == F.lit(bytes.fromhex(MAGIC) + writer_id.to_bytes(4, "big"))
+        out = F.when(framed, decoded) if out is None else out.when(framed, decoded)
     assert out is not None
     # Returned as is, not nulled where the mark is missing: that wraps the whole CASE in another one naming it
     # twice, and Spark then decodes every value twice (a third slower, measured with the Avro benchmark).
