@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test test-extended lint unit integration faults faults-table soak mutants bench bench-small bench-quick bench-plan kafka-up kafka-down clean lock
+.PHONY: install demo test test-extended lint unit integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
 .PHONY: browser bench-view bench-observe airflow airflow-down
 
 $(STAMP):
@@ -68,6 +68,7 @@ mutants: install
 bench: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tests.bench.read $(BENCH_ARGS)
+	$(BIN)/python -m tests.bench.avro $(BENCH_AVRO_ARGS)
 	$(BIN)/python -m tests.bench.small $(BENCH_SMALL_ARGS)
 
 # The small-run table alone: `tidemark run` vs Spark's Kafka source, 0 / 1,000 / 100,000 records.
@@ -78,6 +79,13 @@ bench-small: install
 bench-quick: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tests.bench.read --quick $(BENCH_ARGS)
+	$(BIN)/python -m tests.bench.avro --quick $(BENCH_AVRO_ARGS)
+
+# The Avro rows alone (5M records; BENCH_AVRO_ARGS='--quick' for 500k): needs a schema registry, started
+# for the run unless TIDEMARK_SCHEMA_REGISTRY_URL names one.
+bench-avro: install
+	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
+	$(BIN)/python -m tests.bench.avro $(BENCH_AVRO_ARGS)
 
 # Planning benchmark: plans a 1,000-partition feed on the running cluster; prints median/p99 and requests.
 bench-plan: install

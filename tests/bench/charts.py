@@ -20,9 +20,9 @@ TIDEMARK = "#2f5bb7"
 SPARK = "#8c8c8c"
 FLOOR = "#d0d0d0"
 
-# The read benchmark's runners by what they stand for (tests/bench/read.py's docstring).
-TIDEMARK_RUNNERS = {"R3", "R6"}
-SPARK_RUNNERS = {"R4", "R4w"}
+# The read and Avro benchmarks' runners by what they stand for (tests/bench/read.py's, avro.py's docstrings).
+TIDEMARK_RUNNERS = {"R3", "R6", "A3b", "A3", "A6"}
+SPARK_RUNNERS = {"R4", "R4w", "A4w"}
 KINDS = (
     (TIDEMARK, "Tidemark"),
     (SPARK, "Spark's own Kafka source"),
@@ -45,13 +45,16 @@ def read_figure(doc: dict[str, Any]) -> Figure:
     ax.invert_yaxis()  # top to bottom in the order the runners ran
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.set_xlabel("records per second, median of the measured runs (higher is better)")
+    what = doc.get("what", f"Reading {doc['records']:,} records of {doc['value_bytes']} B")
     ax.set_title(
-        f"Reading {doc['records']:,} records of {doc['value_bytes']} B from {doc['partitions']} partitions\n"
+        f"{what} from {doc['partitions']} partitions\n"
         f"{doc['runs']} measured runs per runner, {doc['cpus']} CPUs, Spark {doc['spark_version']} "
         f"{doc['spark_master']}",
         fontsize=10,
     )
-    fig.legend(handles=[Patch(color=c, label=label) for c, label in KINDS], loc="outside lower center", fontsize=8)
+    shown = {_colour(r["name"]) for r in runners}
+    kinds = [Patch(color=c, label=label) for c, label in KINDS if c in shown]
+    fig.legend(handles=kinds, loc="outside lower center", fontsize=8)
     ax.margins(x=0.18)
     return fig
 

@@ -43,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -73,11 +73,8 @@ TARGETS = {"R3/R4": 1.5, "R3/R1": 0.8, "R6/R4w": 1.3}
 # -- dataset and plan --------------------------------------------------------------------
 
 
-def ensure_dataset(connection: KafkaConnection, records: int, log: Callable[[str], None]) -> str:
-    """The frozen benchmark topic holding exactly ``records`` records (produced on first use)."""
-    from confluent_kafka import Producer
-
-    topic = f"tidemark-bench-{records}-v1"
+def frozen_topic(connection: KafkaConnection, topic: str, records: int) -> bool:
+    """Create ``topic`` (8 partitions, kept forever) if missing; True when it already holds exactly ``records``."""
     adapter = KafkaAdapter(connection)
     adapter.create_topic(topic, PARTITIONS, 1, {"retention.ms": "-1", "retention.bytes": "-1"})
     tps = [(topic, p) for p in range(PARTITIONS)]
@@ -88,19 +85,36 @@ def ensure_dataset(connection: KafkaConnection, records: int, log: Callable[[str
         time.sleep(0.5)
     time.sleep(1.0)  # a new topic's leaders reach every broker's metadata a moment later
     have = sum(adapter.end_offsets(tps, "read_uncommitted").values())
-    if have == records:
-        return topic
-    if have:
+    if have and have != records:
         raise TidemarkError(f"benchmark topic {topic} holds {have} records, expected {records}; delete it to redo")
+    return have == records
+
+
+def ensure_dataset(connection: KafkaConnection, records: int, log: Callable[[str], None]) -> str:
+    """The frozen benchmark topic holding exactly ``records`` records (produced on first use)."""
+    topic = f"tidemark-bench-{records}-v1"
+    if frozen_topic(connection, topic, records):
+        return topic
     log(f"producing {records:,} records of {VALUE_BYTES} bytes to {topic} ...")
+    payload = bytes(np.random.default_rng(7).integers(32, 127, VALUE_BYTES, dtype=np.uint8))
+    produce_numbered(connection, topic, records, lambda i: payload, log)
+    return topic
+
+
+def produce_numbered(
+    connection: KafkaConnection, topic: str, records: int, value_of: Callable[[int], bytes], log: Callable[[str], None]
+) -> None:
+    """Numbers 0 to ``records`` - 1 (key: the number as 10 digits, value: ``value_of(number)``) to partition n % 8."""
+    from confluent_kafka import Producer
+
     producer = Producer(connection.client_config(**{"linger.ms": 50, "batch.size": 1_000_000,
                                                     "queue.buffering.max.kbytes": 262144, "acks": "1"}))  # fmt: skip
-    payload = bytes(np.random.default_rng(7).integers(32, 127, VALUE_BYTES, dtype=np.uint8))
     started = time.monotonic()
     for i in range(records):
+        value = value_of(i)
         while True:
             try:
-                producer.produce(topic, value=payload, key=b"%010d" % i, partition=i % PARTITIONS)
+                producer.produce(topic, value=value, key=b"%010d" % i, partition=i % PARTITIONS)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -109,7 +123,6 @@ def ensure_dataset(connection: KafkaConnection, records: int, log: Callable[[str
     if producer.flush(300):
         raise TidemarkError(f"producing the benchmark data to {topic} did not finish")
     log(f"produced in {time.monotonic() - started:.1f}s")
-    return topic
 
 
 def frozen_plan(connection: KafkaConnection, topic: str) -> Plan:
@@ -703,9 +716,7 @@ def run_benchmark(
                 result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"
                 log(f"  {name} failed: {result.error}")
                 continue
-            what = "warm-up" if round_no == 0 else f"run {round_no}/{runs}"
-            log(f"{name:<3} {what}: {sample.records / sample.seconds:,.0f} rec/s, {sample.seconds:.2f}s, "
-                f"{sample.cpu_seconds:.1f} CPU-s{_split_text(sample.cpu_split)}")  # fmt: skip
+            log(round_line(name, round_no, runs, sample))
             if round_no:
                 result.samples.append(sample)
     del F
@@ -718,23 +729,7 @@ def run_benchmark(
         except TidemarkError as exc:
             memory = {"error": str(exc)}
 
-    def ratio(a: str, b: str) -> float | None:
-        ra, rb = results.get(a), results.get(b)
-        if not ra or not rb or not ra.samples or not rb.samples:
-            return None
-        return round(ra.median_rate / rb.median_rate, 3)
-
-    def round_ratios(a: str, b: str) -> list[float]:
-        ra, rb = results.get(a), results.get(b)
-        if not ra or not rb or len(ra.samples) != len(rb.samples):
-            return []
-        return [
-            round((x.records / x.seconds) / (y.records / y.seconds), 3)
-            for x, y in zip(ra.samples, rb.samples, strict=True)
-        ]
-
-    ratios = {"R3/R4": ratio("R3", "R4"), "R3/R1": ratio("R3", "R1"), "R6/R4w": ratio("R6", "R4w"),
-              "R3/R0": ratio("R3", "R0"), "R6/R4": ratio("R6", "R4"), "R3/RF": ratio("R3", "RF")}  # fmt: skip
+    ratios, by_round = median_ratios(results, ("R3/R4", "R3/R1", "R6/R4w", "R3/R0", "R6/R4", "R3/RF"))
     doc = {
         "when": datetime.now(UTC).isoformat(),
         "records": records,
@@ -744,22 +739,71 @@ def run_benchmark(
         "warmups": 1,
         "topic": topic,
         "plan_id": plan.plan_id,
-        "spark_master": spark.sparkContext.master,
-        "spark_version": spark.version,
-        "spark_kafka_connector": connector,
-        "cpus": os.cpu_count(),
+        **machine_facts(spark, connector),
         "runners": {k: v.summary() for k, v in results.items()},
         "r6_steps_seconds": step_seconds[1:],  # per measured R6 run (warm-up left out)
         "task_memory": memory,
         "ratios": ratios,
         # The same ratios taken within each round (runners ran back to back), and their median.
-        "ratios_by_round": {k: round_ratios(*k.split("/")) for k in ratios},
-        "targets": {
-            k: {"target": t, "value": ratios.get(k), "met": (ratios.get(k) or 0) >= t} for k, t in TARGETS.items()
-        },
+        "ratios_by_round": by_round,
+        "targets": targets_met(ratios, TARGETS),
     }
     spark.stop()
     return doc
+
+
+def median_ratios(
+    results: Mapping[str, RunnerResult], pairs: Sequence[str]
+) -> tuple[dict[str, float | None], dict[str, list[float]]]:
+    """For each ``"A/B"`` of ``pairs``: A's median records/s over B's, and the same ratio within each round."""
+    ratios: dict[str, float | None] = {}
+    by_round: dict[str, list[float]] = {}
+    for pair in pairs:
+        a, b = (results.get(name) for name in pair.split("/"))
+        ratios[pair], by_round[pair] = None, []
+        if a is None or b is None or not a.samples or not b.samples:
+            continue
+        ratios[pair] = round(a.median_rate / b.median_rate, 3)
+        if len(a.samples) == len(b.samples):
+            by_round[pair] = [
+                round((x.records / x.seconds) / (y.records / y.seconds), 3)
+                for x, y in zip(a.samples, b.samples, strict=True)
+            ]
+    return ratios, by_round
+
+
+def round_line(name: str, round_no: int, runs: int, sample: Sample) -> str:
+    """One runner's line of one round, as the benchmarks print it while they run."""
+    what = "warm-up" if round_no == 0 else f"run {round_no}/{runs}"
+    return (f"{name:<3} {what}: {sample.records / sample.seconds:,.0f} rec/s, {sample.seconds:.2f}s, "
+            f"{sample.cpu_seconds:.1f} CPU-s{_split_text(sample.cpu_split)}")  # fmt: skip
+
+
+def machine_facts(spark: SparkSession, connector: str) -> dict[str, Any]:
+    """What a benchmark ran on: Spark's master and version, the Kafka connector, the CPUs."""
+    return {"spark_master": spark.sparkContext.master, "spark_version": spark.version,
+            "spark_kafka_connector": connector, "cpus": os.cpu_count()}  # fmt: skip
+
+
+def targets_met(ratios: Mapping[str, float | None], targets: Mapping[str, float]) -> dict[str, dict[str, Any]]:
+    return {k: {"target": t, "value": ratios.get(k), "met": (ratios.get(k) or 0) >= t} for k, t in targets.items()}
+
+
+def print_cpu_splits(doc: dict[str, Any]) -> None:
+    for r in doc["runners"].values():
+        if r.get("median_cpu_split"):
+            print(f"  {r['name']} CPU-s (median) by process:{_split_text(r['median_cpu_split'])}")
+
+
+def print_ratios(doc: dict[str, Any]) -> None:
+    """The ratios of the medians, round by round, and the targets of a benchmark's document."""
+    print("ratios of the medians: " + ", ".join(f"{k} = {v}" for k, v in doc["ratios"].items()))
+    for k, values in (doc.get("ratios_by_round") or {}).items():
+        if values:
+            listed = ", ".join(f"{v:.2f}" for v in values)
+            print(f"  {k} round by round: {listed} (median {statistics.median(values):.2f})")
+    for k, t in doc["targets"].items():
+        print(f"target {k} ≥ {t['target']}: {t['value']} → {'met' if t['met'] else 'NOT met'}")
 
 
 def _split_text(split: dict[str, float] | None) -> str:
@@ -783,16 +827,8 @@ def print_report(doc: dict[str, Any]) -> None:
         ratio = "" if r["kafka_payload_read_ratio"] is None else f"{r['kafka_payload_read_ratio']:.2f}"
         print(f"{r['name']:<5} {r['median_records_per_s']:>15,} {r['median_records_per_cpu_s']:>11,} {rss:>14} "
               f"{ratio:>13}  {r['label']}" + (f" ({r['note']})" if r["note"] else ""))  # fmt: skip
-    for r in doc["runners"].values():
-        if r.get("median_cpu_split"):
-            print(f"  {r['name']} CPU-s (median) by process:{_split_text(r['median_cpu_split'])}")
-    print("ratios of the medians: " + ", ".join(f"{k} = {v}" for k, v in doc["ratios"].items()))
-    for k, values in (doc.get("ratios_by_round") or {}).items():
-        if values:
-            listed = ", ".join(f"{v:.2f}" for v in values)
-            print(f"  {k} round by round: {listed} (median {statistics.median(values):.2f})")
-    for k, t in doc["targets"].items():
-        print(f"target {k} ≥ {t['target']}: {t['value']} → {'met' if t['met'] else 'NOT met'}")
+    print_cpu_splits(doc)
+    print_ratios(doc)
     memory = doc.get("task_memory") or {}
     if memory.get("points"):
         sizes = ", ".join(f"{p['records']:,} → {p['peak_rss_mb']:.0f} MB" for p in memory["points"])

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,3 +71,43 @@ def test_small_run_bench_times_both_sides_over_the_same_offsets(kafka: KafkaTest
     assert set(doc["targets"]) == {"0 records: tidemark seconds", "1,000 records: tidemark seconds",
                                    "1,000 records: spark/tidemark"}  # fmt: skip
     assert (tmp_path / "bench-small-quick.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_avro_bench_sides_must_write_the_same_records(spark: Any) -> None:
+    """The Avro row's output check: a record missing, or one decoded field differing, fails the benchmark."""
+    from tests.bench.avro import check_output, content_digest
+    from tidemark.errors import TidemarkError
+
+    rows = [(p, o, f"sku-{o}", o * 1.5) for p in range(2) for o in range(50)]
+    columns = ["partition", "offset", "sku", "price"]
+    tidemark = spark.createDataFrame(rows, columns)
+    other_order = spark.createDataFrame(list(reversed(rows)), columns)
+    one_field_off = spark.createDataFrame([(*r[:3], r[3] + (r == rows[7])) for r in rows], columns)
+    fields = ["sku", "price"]
+
+    digest = check_output("A6", content_digest(tidemark, fields), None, 100)
+    assert check_output("A4w", content_digest(other_order, fields), digest, 100) == digest
+    with pytest.raises(TidemarkError, match="A4w wrote other content than the other side"):
+        check_output("A4w", content_digest(one_field_off, fields), digest, 100)
+    with pytest.raises(TidemarkError, match="A4w wrote 99 records, expected 100"):
+        check_output("A4w", content_digest(tidemark.where("offset != 7 or partition != 1"), fields), digest, 100)
+
+
+def test_avro_bench_runs_both_rows_through_the_registry(kafka: KafkaTestCluster, registry: str, tmp_path: Path) -> None:
+    """``make bench``'s Avro rows shrunk: two schema versions on the topic, every runner once per round."""
+    env = {**os.environ, **kafka.connection.to_env(), "TIDEMARK_SCHEMA_REGISTRY_URL": registry}
+    cmd = [sys.executable, "-m", "tests.bench.avro", "--records", "8000", "--runs", "1", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+    doc = json.loads((tmp_path / "bench-avro-8000.json").read_text())
+    assert set(doc["runners"]) == {"A3b", "A3", "A6", "A4w"}
+    assert len(set(doc["writer_schema_ids"])) == 2
+    for runner in doc["runners"].values():
+        assert [s["records"] for s in runner["samples"]] == [8000]
+    # Checked after every A6 and A4w round: both wrote all the records, with the same content.
+    assert doc["content_digest"][0] == 8000
+    assert "schemas" in doc["a6_steps_seconds"][0]
+    assert set(doc["ratios"]) == set(doc["targets"]) == {"A6/A4w", "A3/A3b"}
+    order = [line.split()[0] for line in proc.stdout.splitlines() if " rec/s, " in line]
+    assert order == ["A3b", "A3", "A6", "A4w"] * 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from matplotlib.colors import to_hex
 
 from tests.bench import charts
@@ -50,3 +51,21 @@ def test_small_runs_chart_pairs_tidemark_and_spark_per_size() -> None:
     assert [t.get_text() for t in ax.texts] == ["0.6 s", "14.1 s", "14.3 s", "18.8 s"]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend[0].startswith("tidemark run") and legend[1].startswith("Spark's Kafka source")
+
+
+def test_avro_chart_colours_tidemark_and_spark_and_names_the_format() -> None:
+    runners = [
+        _runner("A3b", "Tidemark Spark read, bytes → noop", 900_000),
+        _runner("A3", "Tidemark Spark read, Avro → noop", 700_000),
+        _runner("A6", "Tidemark end to end, Avro → Parquet + commit", 300_000),
+        _runner("A4w", "Spark Kafka source + from_avro → Parquet", 250_000),
+    ]
+    doc = {**_read_doc(), "runners": {r["name"]: r for r in runners},
+           "what": "Reading and decoding 500,000 Avro records (mean value 48 B, two versions)"}  # fmt: skip
+    fig = charts.read_figure(doc)
+    ax = fig.axes[0]
+    colours = [to_hex(bar.get_facecolor()) for bar in ax.patches[:4]]
+    assert colours == [charts.TIDEMARK] * 3 + [charts.SPARK]
+    # No floor runner ran: the legend names only the two kinds shown.
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [label for _, label in charts.KINDS[:2]]
+    assert ax.get_title().startswith("Reading and decoding 500,000 Avro records (mean value 48 B, two versions)")

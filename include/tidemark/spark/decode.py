@@ -177,13 +177,13 @@ def _decoding(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = N
     elif deser.format == "avro":
         if avro is None:
             raise ConfigError("format: avro decodes with the run's schemas (tidemark.spark.avro.resolve_schemas)")
-        from tidemark.spark.avro import AvroSchemas, decoded_value
+        from tidemark.spark.avro import AvroSchemas, decode_failed, decoded_value
 
         assert isinstance(avro, AvroSchemas)
         work = work.withColumn(_PARSED, decoded_value(avro))
         parsed = F.col(_PARSED)
         failed.append(F.col("value").isNull())
-        failed.append(F.col("value").isNotNull() & parsed.isNull())
+        failed.append(F.col("value").isNotNull() & decode_failed(parsed))
         value_cols = [parsed.getField(name).alias(name) for name in avro.field_names]
     elif deser.format in ("json_schema", "protobuf"):
         if avro is None:
