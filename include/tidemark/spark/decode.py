@@ -212,7 +212,11 @@ def _decoding(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = N
         text = F.col("value").cast("string")
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
         declared, required = declared_json(deser)
-        work = work.withColumn(_PARSED, F.from_json(text, declared.add(_CORRUPT, "string"), options))
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        # A new struct: add() would change declared itself, and its names are the value columns below.
+        with_corrupt = StructType([*declared.fields, StructField(_CORRUPT, StringType())])
+        work = work.withColumn(_PARSED, F.from_json(text, with_corrupt, options))
         parsed = F.col(_PARSED)
         if required:
             failed.append(F.col("value").isNull())

@@ -39,7 +39,12 @@ def test_both_oracles_finish_a_range_that_ends_in_aborted_records(kafka: KafkaTe
     hanging = open_transaction(kafka, topic, [b"h0"])  # offset 4: the last stable offset from here on
     aborted.abort_transaction(30)  # its marker at offset 5, after the open transaction's record
     try:
-        end = kafka.adapter.end_offsets([(topic, 0)], "read_committed")[(topic, 0)]
+        # The coordinator writes the abort marker after abort_transaction returns: until then the
+        # aborted transaction holds the last stable offset at 1.
+        deadline = time.monotonic() + 30
+        while (end := kafka.adapter.end_offsets([(topic, 0)], "read_committed")[(topic, 0)]) < 4:
+            assert time.monotonic() < deadline, f"the abort marker was never written (last stable offset {end})"
+            time.sleep(0.1)
         assert end == 4, "the setup must leave the last stable offset right after the aborted records"
 
         rows = scan(kafka.connection, {(topic, 0): (0, end)})

@@ -437,6 +437,7 @@ def test_nested_json_declared_in_spark_ddl_publishes_the_scan_with_its_types_and
     assert len(scanned) == 12
     tables = [pq.read_table(f) for f in sorted(env.output.glob("plan_id=*/topic=*/**/*.parquet"))]
     published = [row for t in tables for row in t.to_pylist()]
+    assert not [name for name in tables[0].schema.names if name.startswith("_tidemark")]
     assert str(tables[0].schema.field("customer").type) == "struct<id: int64, vip: bool>"
     assert str(tables[0].schema.field("amount").type) == "decimal128(10, 2)"
     assert str(tables[0].schema.field("tags").type) == "list<element: string>"
