@@ -49,9 +49,11 @@ def test_a_run_with_state_and_output_on_s3_publishes_once(
     }))  # fmt: skip
     values = [b"{broken" if i == 3 else json.dumps({"n": i}).encode() for i in range(8)]
     kafka.produce(topic, [Record(value=v, key=b"k", partition=i % 2) for i, v in enumerate(values)])
-    # No local state dir: HOME points at an empty folder, the state dir and output are URLs.
+    # No local state dir: HOME points at an empty folder, the state dir and output are URLs. The
+    # machine's cache (compiled Data Docs templates) is not state: it has its own folder here.
     env = {**os.environ, **kafka.connection.to_env(), "TIDEMARK_FEEDS_DIR": str(feeds),
-           "TIDEMARK_STATE_DIR": state.url, URL_ENV: postgres, "HOME": str(tmp_path / "home")}  # fmt: skip
+           "TIDEMARK_STATE_DIR": state.url, URL_ENV: postgres, "HOME": str(tmp_path / "home"),
+           "TIDEMARK_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
 
     first = subprocess.run([sys.executable, "-m", "tidemark.cli", "run", "orders"], env=env,
                            capture_output=True, text=True, check=False)  # fmt: skip
@@ -62,6 +64,7 @@ def test_a_run_with_state_and_output_on_s3_publishes_once(
     assert {tp: c.offset for tp, c in kafka.adapter.committed(group, list(ends)).items()} == ends
     assert {tp: c.offset for tp, c in PostgresCheckpointStore(postgres).get(group, ends).items()} == ends
     assert not (tmp_path / "home").exists()  # nothing was written locally
+    assert {p.name for p in (tmp_path / "cache").iterdir()} <= {"jinja"}  # but the template cache
     (run_dir,) = (state / "runs" / "orders").children(folders_only=True)
     left = [name for name, _ in run_dir.files()]
     assert {"plan.json", "run.json", "job.json", "validation.json", "report.json", "spark-submit.log"} <= set(left)
