@@ -90,13 +90,9 @@ def declared_json(deser: Deserialization) -> tuple[StructType, tuple[str, ...]]:
     return T.StructType([T.StructField(f.name, f.dataType, True) for f in declared.fields]), required
 
 
-def _json_names(deser: Deserialization) -> list[str]:
-    return [f.name for f in deser.fields] if deser.schema_ddl is None else list(declared_json(deser)[0].names)
-
-
 def check_fields(deser: Deserialization) -> None:
     """Declared JSON fields must not clash with the record's metadata columns."""
-    names = _json_names(deser)
+    names = declared_json(deser)[0].names
     clash = sorted(set(names) & RESERVED_COLUMNS)
     if clash:
         raise ConfigError(f"deserialization.fields: {clash} clash with Tidemark's record columns; rename them")
@@ -130,7 +126,7 @@ def decode_reasons(deser: Deserialization) -> list[str]:
     if deser.format == "string":
         reasons.append("value is not valid UTF-8")
     elif deser.format == "json":
-        required = [f.name for f in deser.fields if f.required] if deser.schema_ddl is None else declared_json(deser)[1]
+        required = declared_json(deser)[1]
         if required:
             reasons.append("value is null (tombstone)")
         reasons.append("value is not valid UTF-8")
