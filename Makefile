@@ -28,8 +28,9 @@ lint: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
-# Two workers by default (TEST_WORKERS=0 runs in one process); the fault suite and the e2e
-# tests each stay on one worker (tests/conftest.py, ONE_WORKER_DIRS and its scheduler). On
+# Two workers by default (TEST_WORKERS=0 runs in one process); tests that share a costly server
+# (the fault suite, the e2e tests' Airflow, the secured cluster, the Spark clusters) each stay
+# on one worker (tests/conftest.py, ONE_WORKER_GROUPS and its scheduler). On
 # 2 cores a third worker made the suite slower (28.8 min against 25.5 min for pytest).
 TEST_WORKERS ?= 2
 test: lint browser

@@ -105,12 +105,30 @@ def keyed_records(
 
 
 OWNER_FILE = "pytest.pid"
-# Under pytest-xdist (`make test` runs two workers), these folders' tests stay on one
-# worker each: the fault suite counts its scenarios in one process, and the e2e tests share
-# one Airflow (a session fixture that would otherwise start once per worker). Every other
-# test is scheduled on its own, as xdist's "load" does. (Not xdist_group: xdist 3.8 marks
-# groups by rewriting a node id that pytest 9 no longer reads.)
-ONE_WORKER_DIRS = ("faults", "e2e")
+# Under pytest-xdist (`make test` runs two workers), these groups of tests stay on one worker
+# each, so that what they share starts once, not once per worker: the fault suite counts its
+# scenarios in one process, and it shares the Schema Registry with the registry formats' tests;
+# the e2e tests share one Airflow; the secured tests one SASL/TLS cluster; the Spark cluster
+# tests their standalone clusters. Every other test is scheduled on its own, as xdist's "load"
+# does. (Not xdist_group: xdist 3.8 marks groups by rewriting a node id that pytest 9 no longer
+# reads.)
+ONE_WORKER_GROUPS = {
+    "faults+registry": ("tests/faults/", "tests/integration/job/test_avro.py",
+                        "tests/integration/job/test_registry_formats.py"),
+    "e2e": ("tests/e2e/",),
+    "secured": ("tests/integration/test_secured_runs.py", "tests/integration/runs/test_secured_acls.py",
+                "tests/integration/devtools/test_secured_cluster.py"),
+    "spark-clusters": ("tests/integration/spark/test_cluster_without_shared_disk.py",
+                       "tests/integration/spark/test_spark_cluster.py", "tests/integration/test_iceberg_runs.py"),
+}  # fmt: skip
+
+
+def one_worker_group(nodeid: str) -> str | None:
+    """The :data:`ONE_WORKER_GROUPS` name a test belongs to, if any."""
+    for group, prefixes in ONE_WORKER_GROUPS.items():
+        if nodeid.startswith(prefixes):
+            return group
+    return None
 
 
 _STARTED = time.time()  # before any worker of this run wrote a fault count
@@ -140,11 +158,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class OneWorkerDirs(LoadScopeScheduling):  # type: ignore[misc]
-        """Scopes: a whole folder of ONE_WORKER_DIRS, else the single test. The biggest go out first."""
+        """Scopes: a whole group of ONE_WORKER_GROUPS, else the single test. The biggest go out first."""
 
         def _split_scope(self, nodeid: str) -> str:
-            parts = nodeid.split("/", 2)
-            return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in ONE_WORKER_DIRS else nodeid
+            return one_worker_group(nodeid) or nodeid
 
     return OneWorkerDirs(config, log)
 

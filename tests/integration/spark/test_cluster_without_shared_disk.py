@@ -142,12 +142,13 @@ def test_an_executor_killed_mid_write_leaves_offsets_and_output_untouched(
     killed = None
     deadline = time.monotonic() + 300
     while killed is None and runner.is_alive() and time.monotonic() < deadline:
-        writing = [name for name, _ in staging.files() if "/_temporary/" in f"/{name}"]
+        # The write job has begun when its first task file is on the store: its tasks run on the
+        # executor. (Polled gently: the run shares the machine with this loop; the write lasts seconds.)
         executors = _executor_pids(apart_cluster)
-        if writing and executors:  # the write job has begun: its tasks run on the executor
+        if executors and any("/_temporary/" in f"/{name}" for name, _ in staging.files()):
             os.kill(executors[0], signal.SIGKILL)
             killed = executors[0]
-        time.sleep(0.05)
+        time.sleep(0.25)
     runner.join(300)
     assert killed is not None, "the run ended before its write stage could be interrupted"
     assert failed and "Offsets were not committed" in str(failed[0]), failed
@@ -181,14 +182,16 @@ def _worker_view(cluster: LocalSpark) -> Path:
 def _executor_pids(cluster: LocalSpark) -> list[int]:
     """The executor JVMs this cluster's worker started (its children), oldest first."""
     found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for task in Path(f"/proc/{cluster.worker_pid}/task").iterdir():
         try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (proc / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
+            children = (task / "children").read_text().split()
+        except OSError:  # the thread ended meanwhile
             continue
-        if ppid == cluster.worker_pid and b"CoarseGrainedExecutorBackend" in cmdline:
-            found.append(int(proc.name))
+        for pid in children:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"CoarseGrainedExecutorBackend" in cmdline:
+                found.append(int(pid))
     return sorted(found)
