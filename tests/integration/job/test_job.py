@@ -41,7 +41,9 @@ def _produce(kafka: KafkaTestCluster, topic: str) -> None:
     kafka.produce(topic, records)
 
 
-def test_spark_submit_publishes_once_and_reports(kafka: KafkaTestCluster, tmp_path: Path) -> None:
+def test_spark_submit_publishes_once_and_reports(
+    kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     topic = kafka.new_topic(partitions=2, config=KEEP, prefix="job")
     _produce(kafka, topic)
     feed_path = _feed_file(tmp_path, topic)
@@ -71,7 +73,13 @@ def test_spark_submit_publishes_once_and_reports(kafka: KafkaTestCluster, tmp_pa
     assert sorted(p.name for p in final.iterdir() if p.name.startswith("topic=")) == [f"topic={topic}"]
     assert (final / f"topic={topic}" / "date=2026-01-01").is_dir()
 
-    second = submit(tmp_path / "run2")
+    # The plan's job once more (a retried task; the job's own entry point, in this process's session).
+    from tidemark.job.steps import main
+
+    for key, value in kafka.connection.to_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["--plan", str(plan_path), "--feed", str(feed_path), "--run-dir", str(tmp_path / "run2")]) == 0
+    second = json.loads((tmp_path / "run2" / "job.json").read_text())
     assert second["published"] and second["reused"]
     assert second["manifest"]["files"] == first["manifest"]["files"]
     import pyarrow.dataset as ds

@@ -139,6 +139,8 @@ BASE_SETTINGS: dict[str, str] = {
     "log.retention.check.interval.ms": "1000",
     "log.initial.task.delay.ms": "0",
     "offsets.retention.check.interval.ms": "5000",
+    # The log cleaner looks for compactable logs every second, not every 15 s (its default idle backoff).
+    "log.cleaner.backoff.ms": "1000",
     "num.partitions": "1",
 }
 
