@@ -132,7 +132,7 @@ class RunningAirflow:
             assert status == 200, doc
             if doc["state"] in ("success", "failed"):
                 return str(doc["state"])
-            time.sleep(2)
+            time.sleep(0.5)
         raise AssertionError(f"{dag_id} run {run_id} did not finish in {timeout_s:.0f}s; logs: {self.airflow.home}")
 
     def task_logs(self, dag_id: str, run_id: str) -> str:

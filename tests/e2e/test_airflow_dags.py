@@ -30,13 +30,19 @@ SECRET = "pa55-not-for-logs"
 # The interpreter ends with os._exit once the run's state is printed: the run is over and
 # recorded in the metadata database, and the interpreter's own shutdown (Airflow's and the
 # clients' exit handlers) took 2-3 s more of every run.
-RUN_DAG = """
+# Several runs of one DAG may share the interpreter (argv[2] a JSON list of confs); each run's
+# output starts with a RUN_MARK line on both streams.
+RUN_MARK = "=== tidemark e2e: next DAG run ==="
+RUN_DAG = f"""
 import faulthandler, json, os, sys
 faulthandler.enable(file=open(sys.argv[3], "w"), all_threads=True)
 from tidemark.orchestration.dags import all_dags
 dag = all_dags()[sys.argv[1]]
-run = dag.test(run_conf=json.loads(sys.argv[2]) or None)
-print("DAGRUN_STATE=" + str(run.state), flush=True)
+for conf in json.loads(sys.argv[2]):
+    print({RUN_MARK!r}, flush=True)
+    print({RUN_MARK!r}, file=sys.stderr, flush=True)
+    run = dag.test(run_conf=conf or None)
+    print("DAGRUN_STATE=" + str(run.state), flush=True)
 sys.stderr.flush()
 os._exit(0)
 """
@@ -78,12 +84,22 @@ def _run_dag(env: dict[str, str], dag_id: str, conf: dict[str, Any] | None = Non
     now fetches offsets through a consumer. The faulthandler trace makes any recurrence
     diagnosable from the assertion message.)
     """
+    (run,) = _run_dags(env, dag_id, [conf])
+    return run
+
+
+def _run_dags(
+    env: dict[str, str], dag_id: str, confs: list[dict[str, Any] | None]
+) -> list[subprocess.CompletedProcess[str]]:
+    """Runs of one DAG, one after the other in one fresh interpreter; each run's own output."""
     trace = Path(env["AIRFLOW_HOME"]) / f"faulthandler-{dag_id}.log"
-    args = [sys.executable, "-c", RUN_DAG, dag_id, json.dumps(conf or {}), str(trace)]
+    args = [sys.executable, "-c", RUN_DAG, dag_id, json.dumps([c or {} for c in confs]), str(trace)]
     proc = subprocess.run(args, env=env, capture_output=True, text=True, check=False, timeout=600)
     if proc.returncode < 0:
         pytest.fail(f"{dag_id}: interpreter killed by signal {-proc.returncode}. Stack:\n{trace.read_text()}")
-    return proc
+    outs, errs = proc.stdout.split(RUN_MARK)[1:], proc.stderr.split(RUN_MARK)[1:]
+    assert len(outs) == len(errs) == len(confs), proc.stdout[-4000:] + proc.stderr[-4000:]
+    return [subprocess.CompletedProcess(args, proc.returncode, out, err) for out, err in zip(outs, errs, strict=True)]
 
 
 def test_feed_dag_then_replay_dag(kafka: KafkaTestCluster, airflow_env: dict[str, str], tmp_path: Path) -> None:
@@ -122,14 +138,16 @@ def test_feed_dag_then_replay_dag(kafka: KafkaTestCluster, airflow_env: dict[str
     assert len(list((tmp_path / "out.replays").glob("plan_id=*/_manifest.json"))) == 1  # beside the feed's output
     assert len(list(output.glob("plan_id=*/_manifest.json"))) == 1  # the feed's own output: the scheduled run only
 
-    dry = _run_dag(env, "tidemark_replay", {"feed": "af", "start_from": "earliest"})  # dry_run defaults to true
+    dry, bad = _run_dags(env, "tidemark_replay", [
+        {"feed": "af", "start_from": "earliest"},  # dry_run defaults to true
+        {"feed": "af", "start_from": "offset"},
+    ])  # fmt: skip
     assert "DAGRUN_STATE=success" in dry.stdout, dry.stdout[-4000:] + dry.stderr[-4000:]
     newest = sorted(state.glob("runs/af/*"))[-1]
     assert not (newest / "job.json").exists()  # nothing read
     assert json.loads((newest / "report.json").read_text())["commit"]["status"] == "skipped"
     assert "dry run" in dry.stdout + dry.stderr
 
-    bad = _run_dag(env, "tidemark_replay", {"feed": "af", "start_from": "offset"})
     assert "DAGRUN_STATE=success" not in bad.stdout
     assert "start_from=offset needs parameter 'start_offset'" in bad.stdout + bad.stderr
 
