@@ -134,6 +134,12 @@ def one_worker_group(nodeid: str) -> str | None:
 _STARTED = time.time()  # before any worker of this run wrote a fault count
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.support.cputime import CpuTimes
+
+    config.pluginmanager.register(CpuTimes(), "tidemark-cputime")
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The fault suite's closing line: scenarios, oracle checks, records compared; lost, duplicated, misrouted.
 
