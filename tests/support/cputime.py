@@ -72,7 +72,7 @@ class CpuTimes:
         if report.when != "teardown":
             return
         for name, value in report.user_properties:
-            if name == CPU_PROPERTY:
+            if name == CPU_PROPERTY and isinstance(value, int | float):
                 self.costs.append((float(value), report.nodeid))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
