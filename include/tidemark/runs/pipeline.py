@@ -450,7 +450,7 @@ def plan_table(plan: Plan) -> list[str]:
 def decodes_avro(feed: str) -> bool:
     """Whether ``feed``'s job needs ``from_avro``; a feed that does not load is the job's to report."""
     try:
-        return load_feed(feed).deserialization.format == "avro"
+        return load_feed(feed).deserialization.decodes_avro
     except ConfigError:
         return False
 

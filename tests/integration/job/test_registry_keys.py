@@ -1,0 +1,183 @@
+"""Keys in the Schema Registry formats end to end on the real cluster and a real schema registry (Apicurio).
+
+Keys are produced with confluent-kafka's own serializers under the key's subject
+(``<topic>-key``); each publishing test compares the feed's whole output, keys included,
+with an independent ``read_committed`` scan decoded by confluent-kafka's deserializers,
+and the run's range statistics with the same statistics over the scan's raw bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import KafkaTestCluster
+from tests.integration.job.test_avro import ORDER_V1, _as_published, _published_value, env_of, order
+from tests.integration.job.test_registry_formats import RegistryEnv
+from tests.integration.read_helpers import consume_independently, plan_for
+from tidemark.kafka.adapter import Record
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+ORDER_KEY = {
+    "type": "record", "name": "OrderKey", "namespace": "shop",
+    "fields": [
+        {"name": "region", "type": "string"},
+        {"name": "id", "type": "long"},
+        {"name": "shard", "type": ["null", "int"], "default": None},
+    ],
+}  # fmt: skip
+ORDER_KEY_JSON = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "title": "OrderKey", "type": "object",
+    "properties": {"region": {"enum": ["eu", "us"]}, "id": {"type": "integer"}},
+    "required": ["id"],
+}  # fmt: skip
+
+
+def order_key(i: int) -> dict[str, Any]:
+    return {"region": ["eu", "us"][i % 2], "id": 10_000 + i, "shard": None if i % 3 == 0 else i % 4}
+
+
+class KeyEnv(RegistryEnv):
+    def key_serializer(self, kind: str, schema: dict[str, Any]) -> Callable[[dict[str, Any]], bytes]:
+        """confluent-kafka's serializer of ``kind`` for keys: it registers ``schema`` under ``<topic>-key``."""
+        from confluent_kafka.schema_registry.avro import AvroSerializer
+        from confluent_kafka.schema_registry.json_schema import JSONSerializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        conf = {"auto.register.schemas": True}
+        if kind == "avro":
+            ser: Any = AvroSerializer(self.sr, json.dumps(schema), conf=conf)
+        else:
+            ser = JSONSerializer(json.dumps(schema), self.sr, conf=conf)
+        ctx = SerializationContext(self.topic, MessageField.KEY)
+        return lambda doc: ser(doc, ctx)
+
+    def produce_keyed(self, records: Sequence[tuple[bytes, bytes]], partition: int) -> None:
+        self.kafka.produce(self.topic, [Record(key=k, value=v, partition=partition) for k, v in records])
+
+    def raw_scan(self) -> list[tuple[Any, ...]]:
+        """The oracle's records, read_committed by a plain consumer: (topic, partition, offset, key, value)."""
+        return consume_independently(self.kafka.connection, plan_for(self.kafka.adapter, [self.topic]))
+
+    def scan_stats(self, records: list[tuple[Any, ...]]) -> dict[int, tuple[int, str]]:
+        """Per partition, the bytes and checksum of the scan's raw keys and values, by the statistics' own rule."""
+        from pyspark.sql import types as T
+
+        from tidemark.spark.stats import range_stats
+
+        schema = T.StructType([
+            T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()),
+            T.StructField("offset", T.LongType()), T.StructField("key", T.BinaryType()),
+            T.StructField("value", T.BinaryType()), T.StructField("timestamp", T.TimestampType()),
+        ])  # fmt: skip
+        df = self.spark.createDataFrame([(*r, None) for r in records], schema)
+        return {s.partition: (s.bytes, s.checksum) for s in range_stats(df, plan_for(self.kafka.adapter, [self.topic]))}
+
+
+@pytest.fixture
+def env(kafka: KafkaTestCluster, registry: str, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> KeyEnv:
+    return env_of(KeyEnv, kafka, registry, tmp_path, spark, monkeypatch)
+
+
+def _deserializer(env: KeyEnv, kind: str, field: str, schema: dict[str, Any]) -> Callable[[bytes], Any]:
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    ctx = SerializationContext(env.topic, MessageField.KEY if field == "key" else MessageField.VALUE)
+    if kind == "avro":
+        de: Any = AvroDeserializer(env.sr, json.dumps(schema))
+    else:
+        de = JSONDeserializer(None, schema_registry_client=env.sr)
+    return lambda raw: de(raw, ctx)
+
+
+def test_avro_keyed_feed_publishes_the_scan_with_decoded_keys_and_quarantines_a_bad_key(env: KeyEnv) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    env.write_feed(key_format="avro")
+    key, value = env.key_serializer("avro", ORDER_KEY), env.serializer(ORDER_V1)
+    sent: dict[tuple[int, int], dict[str, Any]] = {}
+    for partition in range(2):
+        ids = range(partition, 20, 2)
+        env.produce_keyed([(key(order_key(i)), value(order(i))) for i in ids], partition)
+        sent |= {(partition, n): order_key(i) for n, i in enumerate(ids)}
+    known = key(order_key(99))
+    bad_key = known[:5] + b"\xff\xff\xff\xff\xff"  # the key's registered id, a body that does not decode
+    env.produce_keyed([(bad_key, value(order(50)))], 1)
+
+    _, job, _ = env.run()
+
+    raw = env.raw_scan()
+    key_of, value_of = _deserializer(env, "avro", "key", ORDER_KEY), _deserializer(env, "avro", "value", ORDER_V1)
+    scanned = {(p, o): (key_of(k), value_of(v)) for (_, p, o, k, v) in raw if (p, o) != (1, 10)}
+    published = env.published()
+    assert {k: r["key"] for k, r in published.items()} == {k: kv[0] for k, kv in scanned.items()} == sent
+    names = [f["name"] for f in ORDER_V1["fields"]]
+    assert {k: _published_value(r, names) for k, r in published.items()} == {
+        k: _as_published(kv[1]) for k, kv in scanned.items()
+    }
+    schema = pq.read_schema(next(iter(env.output.glob("plan_id=*/topic=*/date=*/*.parquet"))))
+    assert schema.field("key").type == pa.struct([("region", pa.string()), ("id", pa.int64()), ("shard", pa.int32())])
+    assert {"_raw_key", "_raw_value", "value"}.isdisjoint(schema.names)
+
+    (quarantined,) = env.quarantined()
+    assert (quarantined["partition"], quarantined["offset"]) == (1, 10)
+    assert quarantined["_reason"] == "decode_error: key does not decode against its Avro writer schema"
+    assert quarantined["_raw_key"] == bad_key
+    # The range statistics count and hash the bytes Kafka holds, not the decoded key.
+    assert {r["partition"]: (r["bytes"], r["checksum"]) for r in job["ranges"]} == env.scan_stats(raw)
+    report = env.report()
+    key_id = int.from_bytes(known[1:5], "big")
+    assert report["status"] == "succeeded" and report["schemas"]["key"]["format"] == "avro"
+    assert report["schemas"]["key"]["reader"] == {"subject": f"{env.topic}-key", "version": 1, "id": key_id}
+    assert report["schemas"]["key"]["writer_ids"] == [key_id]
+    assert report["schemas"]["reader"]["subject"] == f"{env.topic}-value"
+    assert env.committed() == {0: 10, 1: 11}
+
+
+def test_json_schema_keyed_feed_publishes_the_scan_and_quarantines_a_key_breaking_its_schema(env: KeyEnv) -> None:
+    env.write_feed(format="string", key_format="json_schema")
+    key = env.key_serializer("json_schema", ORDER_KEY_JSON)
+    for partition in range(2):
+        ids = range(partition, 8, 2)
+        env.produce_keyed([(key({"region": "eu", "id": i}), f"v{i}".encode()) for i in ids], partition)
+    prefix = key({"region": "us", "id": 99})[:5]
+    bad = {(0, 4): prefix + b'{"region": "eu"}', (1, 4): prefix + b'{"region": "mars", "id": 3}'}
+    env.produce_keyed([(bad[(0, 4)], b"v-bad0")], 0)
+    env.produce_keyed([(bad[(1, 4)], b"v-bad1")], 1)
+
+    _, job, _ = env.run()
+
+    raw = env.raw_scan()
+    key_of = _deserializer(env, "json_schema", "key", ORDER_KEY_JSON)
+    expected = {(p, o): (key_of(k), v.decode()) for (_, p, o, k, v) in raw if (p, o) not in bad}
+    published = {k: (r["key"], r["value"]) for k, r in env.published().items()}
+    assert published == expected and len(published) == 8
+    quarantined = {(q["partition"], q["offset"]): q for q in env.quarantined()}
+    assert {k: q["_raw_key"] for k, q in quarantined.items()} == bad
+    assert {q["_reason"] for q in quarantined.values()} == {
+        "decode_error: key lacks a required property or has a value outside an enum of the reader JSON Schema"
+    }
+    assert {r["partition"]: (r["bytes"], r["checksum"]) for r in job["ranges"]} == env.scan_stats(raw)
+    assert env.report()["schemas"]["key"]["reader"]["subject"] == f"{env.topic}-key"
+    assert env.committed() == {0: 5, 1: 5}
+
+
+def test_unknown_key_schema_id_fails_the_run_with_nothing_committed(env: KeyEnv) -> None:
+    env.write_feed(format="string", key_format="avro")
+    key = env.key_serializer("avro", ORDER_KEY)
+    env.produce_keyed([(key(order_key(i)), b"v") for i in range(3)], 0)
+    env.produce_keyed([(b"\x00" + (2_000_000_000).to_bytes(4, "big") + b"\x02eu", b"v")], 1)
+
+    with pytest.raises(Exception, match="schema id 2000000000 is unknown to the schema registry") as info:
+        env.run()
+
+    env.assert_refused(info, f"{env.topic}[1] offset 0", "in their key", "nothing was published or committed")
