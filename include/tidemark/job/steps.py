@@ -274,7 +274,7 @@ def _stage_validate_publish(
 
     schemas: dict[str, RunSchemas] = {}
     if feed.deserialization.registry_parts:
-        schemas = timer.step("schemas", lambda: _registry_schemas(spark, source, feed, registry))
+        schemas = timer.step("schemas", lambda: _registry_schemas(spark, source, plan, feed, registry))
         res.schemas = schemas_report(schemas)
         res.events += [e for s in schemas.values() for e in s.events]
     decoded = annotate(source, feed.deserialization, schemas.get("value"), schemas.get("key"))
@@ -382,15 +382,16 @@ def _stage_on_store(spark: SparkSession, publisher: Publisher) -> bool:
 
 
 def _registry_schemas(
-    spark: SparkSession, source: DataFrame, feed: Feed, registry: RegistryConnection | None
+    spark: SparkSession, source: DataFrame, plan: Plan, feed: Feed, registry: RegistryConnection | None
 ) -> dict[str, RunSchemas]:
     """The run's reader and writer schemas of each registry-format part (``key``, ``value``), fetched once here on
-    the driver (the executors never ask the registry)."""
+    the driver (the executors never ask the registry); the readers the plan recorded stand for "latest"."""
     from tidemark.kafka.registry import RegistryClient, require
     from tidemark.spark import avro, json_schema, protobuf
-    from tidemark.spark.wire import scan_schema_ids
+    from tidemark.spark.wire import pin_planned, scan_schema_ids
 
     client = RegistryClient(require(registry if registry is not None else registry_from_env(), feed.name))
+    feed = pin_planned(feed, plan.readers)
     found: dict[str, RunSchemas] = {}
     for part in feed.deserialization.registry_parts:
         uses = scan_schema_ids(source, part)

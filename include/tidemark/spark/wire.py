@@ -227,3 +227,29 @@ def schema_changed_events(uses: list[SchemaUse], reader_id: int, part: RecordPar
                             "to_schema_id": after.schema_id, "reader_schema_id": reader_id, "part": part},
             })  # fmt: skip
     return events
+
+
+def planned_readers(feed: Feed, client: RegistryClient) -> dict[str, dict[str, Any]]:
+    """The reader schema of each registry-format part whose version the feed does not pin: the subject's latest
+    version now, for the plan (:attr:`tidemark.planning.plan.Plan.readers`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for part in feed.deserialization.registry_parts:
+        if feed.deserialization.reader_version(part) is None:
+            reader = reader_version(feed, client, part=part)
+            out[part] = {"subject": reader.subject, "version": reader.version, "id": reader.schema_id}
+    return out
+
+
+def pin_planned(feed: Feed, readers: Mapping[str, Mapping[str, Any]]) -> Feed:
+    """``feed`` with the reader versions its plan recorded pinned, so that every attempt of the plan decodes with
+    the reader of its planning; a part the feed pins itself, or whose subject changed since, is left alone."""
+    deser = feed.deserialization
+    update: dict[str, int] = {}
+    for part in deser.registry_parts:
+        planned = readers.get(part)
+        same_subject = planned is not None and planned["subject"] == deser.reader_subject(feed.topics, part)
+        if planned and same_subject and deser.reader_version(part) is None:
+            update["schema_version" if part == "value" else "key_schema_version"] = int(planned["version"])
+    if not update:
+        return feed
+    return feed.model_copy(update={"deserialization": deser.model_copy(update=update)})
