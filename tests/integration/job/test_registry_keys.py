@@ -1,6 +1,6 @@
 """Keys in the Schema Registry formats end to end on the real cluster and a real schema registry (Apicurio).
 
-Keys are produced with confluent-kafka's own serializers under the key's subject
+Keys are produced with confluent-kafka's own serializers (Avro, JSON Schema, Protobuf) under the key's subject
 (``<topic>-key``); each publishing test compares the feed's whole output, keys included,
 with an independent ``read_committed`` scan decoded by confluent-kafka's deserializers,
 and the run's range statistics with the same statistics over the scan's raw bytes.
@@ -169,6 +169,60 @@ def test_json_schema_keyed_feed_publishes_the_scan_and_quarantines_a_key_breakin
     assert {r["partition"]: (r["bytes"], r["checksum"]) for r in job["ranges"]} == env.scan_stats(raw)
     assert env.report()["schemas"]["key"]["reader"]["subject"] == f"{env.topic}-key"
     assert env.committed() == {0: 5, 1: 5}
+
+
+def _proto_key_class() -> Any:
+    """``shop.OrderKey`` (a region enum and an id), built at run time from its descriptor as generated code holds it."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(name="shop/order_key.proto", package="shop", syntax="proto3")
+    region = file.enum_type.add(name="Region")
+    for n, name in enumerate(["EU", "US"]):
+        region.value.add(name=name, number=n)
+    key = file.message_type.add(name="OrderKey")
+    key.field.add(name="region", number=1, type=field.TYPE_ENUM, type_name=".shop.Region", label=field.LABEL_OPTIONAL)
+    key.field.add(name="id", number=2, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.OrderKey"))
+
+
+def test_protobuf_keyed_feed_publishes_the_scan_and_quarantines_a_key_that_does_not_parse(env: KeyEnv) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    env.write_feed(format="string", key_format="protobuf")
+    key_cls = _proto_key_class()
+    ctx = SerializationContext(env.topic, MessageField.KEY)
+    ser = ProtobufSerializer(key_cls, env.sr, {"auto.register.schemas": True, "use.deprecated.format": False})
+    for partition in range(2):
+        ids = range(partition, 8, 2)
+        env.produce_keyed([(ser(key_cls(region=i % 2, id=i), ctx), f"v{i}".encode()) for i in ids], partition)
+    bad_key = ser(key_cls(id=99), ctx)[:6] + b"\xff\xff\xff"  # the key's id and message index, a broken body
+    env.produce_keyed([(bad_key, b"v-bad")], 1)
+
+    _, job, _ = env.run()
+
+    raw = env.raw_scan()
+    de = ProtobufDeserializer(key_cls, {"use.deprecated.format": False})
+    region = key_cls.DESCRIPTOR.fields_by_name["region"].enum_type.values_by_number
+    expected = {
+        (p, o): ({"region": region[m.region].name, "id": m.id}, v.decode())
+        for (_, p, o, k, v) in raw if (p, o) != (1, 4) for m in [de(k, ctx)]
+    }  # fmt: skip
+    published = {k: (r["key"], r["value"]) for k, r in env.published().items()}
+    assert published == expected and len(published) == 8
+    schema = pq.read_schema(next(iter(env.output.glob("plan_id=*/topic=*/date=*/*.parquet"))))
+    assert schema.field("key").type == pa.struct([("region", pa.string()), ("id", pa.int64())])
+    (quarantined,) = env.quarantined()
+    assert (quarantined["partition"], quarantined["offset"], quarantined["_raw_key"]) == (1, 4, bad_key)
+    assert quarantined["_reason"] == "decode_error: key does not decode as the Protobuf message of its writer schema"
+    assert {r["partition"]: (r["bytes"], r["checksum"]) for r in job["ranges"]} == env.scan_stats(raw)
+    assert env.report()["schemas"]["key"]["reader"]["message"] == "shop.OrderKey"
+    assert env.committed() == {0: 4, 1: 5}
 
 
 def test_unknown_key_schema_id_fails_the_run_with_nothing_committed(env: KeyEnv) -> None:
