@@ -301,7 +301,8 @@ def _stage_validate_publish(
     staged = spark.read.schema(staged_df.schema).parquet(spark_path(staging.written_url))
     keeps_raw = raw_value_kept(feed.deserialization)  # JSON feeds stage the raw value beside the fields
     value_column = RAW_VALUE_COLUMN if keeps_raw else "value"
-    key_column = RAW_KEY_COLUMN if raw_key_kept(feed.deserialization) else "key"
+    keeps_raw_key = raw_key_kept(feed.deserialization)  # registry-format keys: the raw key beside the decoded one
+    key_column = RAW_KEY_COLUMN if keeps_raw_key else "key"
     undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_CODE)
     record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date")]
     if time_filter is not None:
@@ -346,7 +347,7 @@ def _stage_validate_publish(
         lambda: publisher.publish_staged(
             staging, plan, feed,
             staged=StagedRecords(OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good,
-                                 rewrite=keeps_raw or key_column != "key",
+                                 rewrite=keeps_raw or keeps_raw_key,
                                  write_quarantine=quarantine_writer(spark, record_schema, codes.reason)),
             stats=stats, extra={"validator": res.validator},
             expect_records=int(checked.summary["good_records"]),

@@ -448,6 +448,7 @@ def plan_run(
 
 
 def _planned_readers(feed: Feed, registry: RegistryConnection | None) -> dict[str, dict[str, Any]]:
+    """The plan's ``readers``: the latest version of each registry subject the feed does not pin, asked now."""
     from tidemark.kafka.registry import RegistryClient, require
     from tidemark.kafka.registry import from_env as registry_from_env
     from tidemark.spark.wire import planned_readers

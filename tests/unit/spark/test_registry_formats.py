@@ -95,3 +95,18 @@ def test_registry_keys_read_their_own_subject_and_version_and_other_key_formats_
         Deserialization(format="avro", key_format="string", key_subject="k")
     with pytest.raises(ValueError, match=r"deserialization\.key_subject: a feed of several topics"):
         Feed(name="f", topics=("a", "b"), group="g", deserialization={"key_format": "avro"})  # type: ignore[arg-type]
+
+
+def test_a_registry_keys_reasons_come_first_and_name_the_key() -> None:
+    from tidemark.spark.decode import decode_reasons
+
+    assert decode_reasons(Deserialization(format="avro", key_format="json_schema")) == [
+        "key is not valid UTF-8",
+        "key is not a JSON object of the reader JSON Schema's types",
+        "key lacks a required property or has a value outside an enum of the reader JSON Schema",
+        "value is null (tombstone)",
+        "value does not decode against its Avro writer schema",
+    ]
+    assert decode_reasons(Deserialization(format="bytes", key_format="protobuf")) == [
+        "key does not decode as the Protobuf message of its writer schema"
+    ]
