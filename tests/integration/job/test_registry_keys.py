@@ -225,6 +225,37 @@ def test_protobuf_keyed_feed_publishes_the_scan_and_quarantines_a_key_that_does_
     assert env.committed() == {0: 4, 1: 5}
 
 
+def test_a_field_added_to_an_iceberg_feeds_key_is_added_to_the_key_struct_in_the_datas_snapshot(env: KeyEnv) -> None:
+    import uuid
+
+    from tidemark.output.iceberg import plan_history
+
+    env.write_feed(format="string", key_format="avro", iceberg=f"lake.keyed_{uuid.uuid4().hex[:8]}")
+    key_v1 = env.key_serializer("avro", ORDER_KEY)
+    env.produce_keyed([(key_v1(order_key(i)), b"v") for i in range(3)], 0)
+    env.run()
+    # The key schema gains a field with a default; run 2 holds v1 and v2 keys.
+    key_v2_schema = {
+        **ORDER_KEY,
+        "fields": [*ORDER_KEY["fields"], {"name": "tier", "type": "string", "default": "std"}],
+    }
+    key_v2 = env.key_serializer("avro", key_v2_schema)
+    env.produce_keyed([(key_v1(order_key(3)), b"v"), (key_v2({**order_key(4), "tier": "gold"}), b"v")], 0)
+    env.run()
+
+    table = env.iceberg_table()
+    assert str(table.schema().find_field("key.tier").field_type) == "string"
+    first, second = reversed(plan_history(table))
+    assert "key.tier" not in table.schemas()[first.schema_id].column_names
+    assert second.schema_id == table.schema().schema_id  # the new key field arrived with the data that has it
+    keys = {r["offset"]: r["key"] for r in table.scan().to_arrow().to_pylist()}
+    key_of = _deserializer(env, "avro", "key", key_v2_schema)
+    expected = {o: key_of(k) for (_, p, o, k, _) in env.raw_scan() if p == 0}
+    # Run 1's rows predate the field: Iceberg reads it as null there; run 2 resolved its v1 key to the default.
+    assert keys == {o: {**k, "tier": None} if o < 3 else k for o, k in expected.items()}
+    assert keys[3]["tier"] == "std" and env.committed() == {0: 5, 1: 0}
+
+
 def test_unknown_key_schema_id_fails_the_run_with_nothing_committed(env: KeyEnv) -> None:
     env.write_feed(format="string", key_format="avro")
     key = env.key_serializer("avro", ORDER_KEY)
