@@ -37,6 +37,7 @@ from tidemark.spark.wire import (
     body,
     check_columns,
     header,
+    option,
     reader_name,
     reader_version,
     refuse_unframed,
@@ -98,12 +99,12 @@ def resolve_schemas(
         problem = _incompatibility(spark, reader.schema, writer)
         if problem is not None:
             use = first_use[sid]
-            option = "schema_version" if part == "value" else "key_schema_version"
             raise SchemaError(
                 f"{where(use)}: {part}s written with schema id {sid} cannot be read with {reader_name(part)} id "
                 f"{reader.schema_id} (subject '{reader.subject}' version {reader.version}): {problem}. Pin a "
-                f"deserialization.{option} that resolves every writer, or make the change compatible (give an "
-                "added field a default, widen rather than narrow a type); nothing was published or committed"
+                f"deserialization.{option(part, 'schema_version')} that resolves every writer, or make the change "
+                "compatible (give an added field a default, widen rather than narrow a type); nothing was published or "
+                "committed"
             )
     return AvroSchemas(
         format="avro", subject=reader.subject, version=reader.version, reader_id=reader.schema_id,

@@ -43,6 +43,7 @@ from tidemark.spark.wire import (
     RegistrySchemas,
     SchemaUse,
     check_columns,
+    option,
     reader_name,
     reader_version,
     refuse_unframed,
@@ -196,12 +197,11 @@ def resolve_schemas(
             problem = None  # the writer's file lacks the reader's message: its records are bad records, by index
         if problem is not None:
             use = first_use[sid]
-            option = "schema_version" if part == "value" else "key_schema_version"
             raise SchemaError(
                 f"{where(use)}: {part}s written with schema id {sid} cannot be read with {reader_name(part)} id "
                 f"{reader.schema_id} (subject '{reader.subject}' version {reader.version}): {problem}. Pin a "
-                f"deserialization.{option} whose field numbers keep their types, or give the changed field a new "
-                "number; nothing was published or committed"
+                f"deserialization.{option(part, 'schema_version')} whose field numbers keep their types, or give the "
+                "changed field a new number; nothing was published or committed"
             )
     return ProtobufSchemas(
         format="protobuf", subject=reader.subject, version=reader.version, reader_id=reader.schema_id,

@@ -113,8 +113,9 @@ def where(use: SchemaUse) -> str:
     return f"{use.topic}[{use.partition}] offset {use.first_offset}"
 
 
-def _options(part: RecordPart) -> str:
-    return "subject / schema_version" if part == "value" else "key_subject / key_schema_version"
+def option(part: RecordPart, name: str) -> str:
+    """The feed's ``deserialization`` option ``name`` (``format``, ``subject``, ``schema_version``) for ``part``."""
+    return name if part == "value" else f"key_{name}"
 
 
 def reader_name(part: RecordPart) -> str:
@@ -145,15 +146,15 @@ def reader_version(
     except SchemaNotFoundError as exc:
         raise SchemaError(
             f"feed '{feed.name}': {reader_name(part)} is missing: {exc}. Register the subject's schema, or fix "
-            f"deserialization.{_options(part)}; nothing was published or committed"
+            f"deserialization.{option(part, 'subject')} / {option(part, 'schema_version')}; nothing was published or "
+            "committed"
         ) from None
     expected = SCHEMA_TYPES[deser.part_format(part)]
     if reader.schema_type != expected:
-        option = "format" if part == "value" else "key_format"
         raise SchemaError(
             f"feed '{feed.name}': {reader_name(part)} (subject '{subject}' version {reader.version}, id "
-            f"{reader.schema_id}) is a {reader.schema_type} schema, not {expected}; fix deserialization.{option} "
-            f"or deserialization.{_options(part).partition(' /')[0]}"
+            f"{reader.schema_id}) is a {reader.schema_type} schema, not {expected}; fix "
+            f"deserialization.{option(part, 'format')} or deserialization.{option(part, 'subject')}"
         )
     return reader
 
@@ -186,11 +187,10 @@ def writer_schemas(
                 "registry the producers use; nothing was published or committed"
             ) from None
         if schema_type != expected:
-            option = "format" if part == "value" else "key_format"
             raise SchemaError(
                 f"{where(use)}: schema id {sid} is a {schema_type} schema, and feed '{feed.name}' reads "
-                f"{fmt} ({expected}) {part}s; fix deserialization.{option}, or move the group past these records; "
-                "nothing was published or committed"
+                f"{fmt} ({expected}) {part}s; fix deserialization.{option(part, 'format')}, or move the group past "
+                "these records; nothing was published or committed"
             )
     return writers, first_use
 
@@ -249,7 +249,7 @@ def pin_planned(feed: Feed, readers: Mapping[str, Mapping[str, Any]]) -> Feed:
         planned = readers.get(part)
         same_subject = planned is not None and planned["subject"] == deser.reader_subject(feed.topics, part)
         if planned and same_subject and deser.reader_version(part) is None:
-            update["schema_version" if part == "value" else "key_schema_version"] = int(planned["version"])
+            update[option(part, "schema_version")] = int(planned["version"])
     if not update:
         return feed
     return feed.model_copy(update={"deserialization": deser.model_copy(update=update)})
