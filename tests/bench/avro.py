@@ -264,10 +264,11 @@ def run_benchmark(
     from tidemark.config.models import Deserialization, Feed
     from tidemark.job.steps import run as run_job
     from tidemark.kafka.registry import RegistryClient
-    from tidemark.spark.avro import resolve_schemas, scan_schema_ids
+    from tidemark.spark.avro import resolve_schemas
     from tidemark.spark.decode import annotate
     from tidemark.spark.session import AVRO_JAR_ENV
     from tidemark.spark.source import read_plan
+    from tidemark.spark.wire import scan_schema_ids
 
     connection = connection_from_env()
     data = ensure_avro_dataset(connection, registry, records, log)

@@ -1236,7 +1236,7 @@ def test_registry_down_at_read_time(fenv: FaultEnv, avro_registry: FaultRegistry
     fenv.produce_avro(9)
 
     def registry_stops_then_job(handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
-        avro_registry.stop()  # planned (planning never asks the registry); the job finds it gone
+        avro_registry.stop()  # planned (the plan holds the reader's version); the job finds it gone
         return fenv.in_process(handle, connection)
 
     with pytest.raises(RegistryUnavailableError) as err:

@@ -42,6 +42,8 @@ OnDataLoss = Literal["fail", "skip"]
 AlertPolicy = Literal["fail", "warn"]
 OnAhead = Literal["fail", "earliest", "latest"]
 ValueFormat = Literal["bytes", "string", "json", "avro", "json_schema", "protobuf"]
+KeyFormat = Literal["bytes", "string", "avro", "json_schema", "protobuf"]
+RecordPart = Literal["key", "value"]
 # Values in the Schema Registry wire format: their schema comes from the registry, by id.
 REGISTRY_FORMATS = frozenset({"avro", "json_schema", "protobuf"})
 OnBadRecords = Literal["fail", "quarantine"]
@@ -85,7 +87,7 @@ class JsonField(_Model):
 
 
 class Deserialization(_Model):
-    """How record values are decoded; keys are decoded as UTF-8 strings unless ``bytes``.
+    """How record keys and values are decoded.
 
     ``avro`` values are in the Schema Registry wire format (magic byte 0, a 4-byte schema
     id, the Avro body). Every writer schema is resolved to one reader schema: version
@@ -94,10 +96,15 @@ class Deserialization(_Model):
     itself (URL, credentials) is a connection, never part of the feed. ``json_schema`` and
     ``protobuf`` values are framed the same way (a Protobuf body after its message
     indexes) and read with the same subject's reader schema.
+
+    Keys are UTF-8 strings unless ``key_format`` says otherwise: ``bytes``, or ``avro``,
+    ``json_schema`` or ``protobuf`` in the same wire format, read with their own reader
+    schema: version ``key_schema_version`` of ``key_subject`` (default ``<topic>-key``),
+    else that subject's latest, through the same registry connection.
     """
 
     format: ValueFormat = "bytes"
-    key_format: Literal["bytes", "string"] = "string"
+    key_format: KeyFormat = "string"
     fields: tuple[JsonField, ...] = ()
     # A JSON value's schema in Spark's DDL, nested and logical types included
     # ("id long NOT NULL, customer struct<id: long, name: string>, placed_at timestamp"):
@@ -105,6 +112,8 @@ class Deserialization(_Model):
     schema_ddl: str | None = Field(default=None, min_length=1)
     subject: str | None = Field(default=None, min_length=1)
     schema_version: PositiveInt | None = None
+    key_subject: str | None = Field(default=None, min_length=1)
+    key_schema_version: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _fields_only_for_json(self) -> Deserialization:
@@ -121,15 +130,44 @@ class Deserialization(_Model):
             raise ValueError(
                 "'subject' and 'schema_version' name a registry schema and need format: avro, json_schema or protobuf"
             )
+        if self.key_format not in REGISTRY_FORMATS and (
+            self.key_subject is not None or self.key_schema_version is not None
+        ):
+            raise ValueError(
+                "'key_subject' and 'key_schema_version' name a registry schema and need key_format: avro, "
+                "json_schema or protobuf"
+            )
         return self
 
-    def reader_subject(self, topics: tuple[str, ...]) -> str:
-        """The subject whose version is the reader schema: ``subject``, else ``<topic>-value``."""
-        if self.subject is not None:
-            return self.subject
+    def reader_subject(self, topics: tuple[str, ...], part: RecordPart = "value") -> str:
+        """The subject whose version is the reader schema of ``part``: ``subject`` (``key_subject``), else
+        ``<topic>-value`` (``<topic>-key``), the serializers' default subject."""
+        chosen = self.subject if part == "value" else self.key_subject
+        if chosen is not None:
+            return chosen
         if len(topics) != 1:
-            raise ConfigError("deserialization.subject: a feed of several topics names the reader schema's subject")
-        return f"{topics[0]}-value"
+            option = "subject" if part == "value" else "key_subject"
+            raise ConfigError(f"deserialization.{option}: a feed of several topics names the reader schema's subject")
+        return f"{topics[0]}-{part}"
+
+    def part_format(self, part: RecordPart) -> str:
+        """``format`` for values, ``key_format`` for keys."""
+        return self.format if part == "value" else self.key_format
+
+    @property
+    def decodes_avro(self) -> bool:
+        """Whether keys or values decode with Spark's ``from_avro`` (the ``spark-avro`` package)."""
+        return "avro" in (self.format, self.key_format)
+
+    @property
+    def registry_parts(self) -> tuple[RecordPart, ...]:
+        """The parts of a record (``key``, ``value``) in a Schema Registry format."""
+        parts: tuple[RecordPart, ...] = ("key", "value")
+        return tuple(p for p in parts if self.part_format(p) in REGISTRY_FORMATS)
+
+    def reader_version(self, part: RecordPart) -> int | None:
+        """The pinned reader version of ``part`` (``schema_version`` / ``key_schema_version``); None: the latest."""
+        return self.schema_version if part == "value" else self.key_schema_version
 
 
 class Expectation(_Model):
@@ -303,9 +341,13 @@ class Feed(_Model):
             raise ValueError("max_records_per_partition is larger than max_records_per_run")
         if self.iceberg is not None and self.output_format != "iceberg":
             raise ValueError("'iceberg' settings need output_format: iceberg")
-        registry = self.deserialization.format in REGISTRY_FORMATS
-        if registry and self.deserialization.subject is None and len(self.topics) > 1:
+        deser = self.deserialization
+        if deser.format in REGISTRY_FORMATS and deser.subject is None and len(self.topics) > 1:
             raise ValueError("deserialization.subject: a feed of several topics names the subject of its reader schema")
+        if deser.key_format in REGISTRY_FORMATS and deser.key_subject is None and len(self.topics) > 1:
+            raise ValueError(
+                "deserialization.key_subject: a feed of several topics names the subject of its key's reader schema"
+            )
         return self
 
     @property

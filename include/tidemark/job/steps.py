@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidemark.config.models import REGISTRY_FORMATS, Feed, load_feed
+from tidemark.config.models import Feed, load_feed
 from tidemark.errors import ConfigError, TidemarkError
 from tidemark.faults import fault_point
 from tidemark.kafka.connection import KafkaConnection, from_env
@@ -85,7 +85,7 @@ class JobResult:
     spark_skipped: str | None = None  # why no Spark application was started (a plan with no records)
     window: list[dict[str, Any]] = field(default_factory=list)  # exact windows: per-partition counts
     events: list[dict[str, Any]] = field(default_factory=list)
-    schemas: dict[str, Any] | None = None  # Schema Registry feeds: reader schema, writer ids seen (spark.avro)
+    schemas: dict[str, Any] | None = None  # Schema Registry feeds: reader schema, writer ids seen (schemas_report)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -159,10 +159,12 @@ def run(
        are checked against what validation passed. ``output_dir`` forces a Parquet folder.
     Any failure discards the staging folder: nothing is visible, nothing to clean up.
 
-    An ``avro`` feed first runs one aggregation over the values' schema ids and resolves
-    every writer schema to the reader schema through ``registry`` (default: the
-    ``TIDEMARK_SCHEMA_REGISTRY_*`` environment), step ``schemas``, before anything is staged:
-    a framing, id or schema change it cannot resolve fails the run there.
+    A feed whose keys or values are in a Schema Registry format first runs one aggregation
+    over their schema ids and resolves every writer schema to the reader schema through
+    ``registry`` (default: the ``TIDEMARK_SCHEMA_REGISTRY_*`` environment), step ``schemas``,
+    before anything is staged: a framing, id or schema change it cannot resolve fails the run
+    there. Registry-format keys are staged raw beside the decoded ``key`` (never published),
+    so the range statistics hash the bytes Kafka holds.
     """
     from tidemark.job.guard import refuse_if_moved
     from tidemark.output.base import publisher_for
@@ -253,21 +255,31 @@ def _stage_validate_publish(
     run_id: str | None,
     registry: RegistryConnection | None = None,
 ) -> Manifest:
-    """Steps ``schemas`` (Avro), ``write``, ``window``, ``validate`` and ``publish`` over ``staging``; fills ``res``."""
+    """Steps ``schemas`` (registry formats), ``write``, ``window``, ``validate`` and ``publish`` over ``staging``;
+    fills ``res``."""
     from pyspark.sql import functions as F
 
     from tidemark.output.base import StagedRecords
     from tidemark.output.parquet import PASS_DIR, parquet_writer, spark_path, utc_date
-    from tidemark.spark.decode import ERROR_COLUMN, OUTCOME_COLUMN, RAW_VALUE_COLUMN, annotate, raw_value_kept
+    from tidemark.spark.decode import (
+        ERROR_COLUMN,
+        OUTCOME_COLUMN,
+        RAW_KEY_COLUMN,
+        RAW_VALUE_COLUMN,
+        annotate,
+        raw_key_kept,
+        raw_value_kept,
+    )
     from tidemark.validation.rules import DECODE_CODE, OK_OUTCOME, OutcomeCodes, column_paths, validate
 
-    avro = None
-    if feed.deserialization.format in REGISTRY_FORMATS:
-        avro = timer.step("schemas", lambda: _avro_schemas(spark, source, feed, registry))
-        res.schemas = avro.report()
-        res.events += list(avro.events)
-    decoded = annotate(source, feed.deserialization, avro)
-    codes = OutcomeCodes.of([c for c in column_paths(decoded.schema) if c not in (RAW_VALUE_COLUMN, "plan_id")], feed)
+    schemas: dict[str, RunSchemas] = {}
+    if feed.deserialization.registry_parts:
+        schemas = timer.step("schemas", lambda: _registry_schemas(spark, source, plan, feed, registry))
+        res.schemas = schemas_report(schemas)
+        res.events += [e for s in schemas.values() for e in s.events]
+    decoded = annotate(source, feed.deserialization, schemas.get("value"), schemas.get("key"))
+    raw_columns = (RAW_VALUE_COLUMN, RAW_KEY_COLUMN)  # staged beside the record, never published
+    codes = OutcomeCodes.of([c for c in column_paths(decoded.schema) if c not in (*raw_columns, "plan_id")], feed)
     outcome = codes.column()
     time_filter = plan.time_filter
     if time_filter is not None:  # exact window: records stamped outside it are read, counted and left out
@@ -276,7 +288,7 @@ def _stage_validate_publish(
     day = utc_date().alias("date")
     staged_df = decoded.select(*[c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")], day, outcome)
     # Before anything is staged: an Iceberg table that cannot take these columns refuses the run here.
-    publisher.check_schema(staged_df.drop(OUTCOME_COLUMN, RAW_VALUE_COLUMN).schema, plan)
+    publisher.check_schema(staged_df.drop(OUTCOME_COLUMN, *raw_columns).schema, plan)
     timer.step(
         "write",  # the one read of Kafka
         lambda: (
@@ -289,6 +301,8 @@ def _stage_validate_publish(
     staged = spark.read.schema(staged_df.schema).parquet(spark_path(staging.written_url))
     keeps_raw = raw_value_kept(feed.deserialization)  # JSON feeds stage the raw value beside the fields
     value_column = RAW_VALUE_COLUMN if keeps_raw else "value"
+    keeps_raw_key = raw_key_kept(feed.deserialization)  # registry-format keys: the raw key beside the decoded one
+    key_column = RAW_KEY_COLUMN if keeps_raw_key else "key"
     undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_CODE)
     record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date")]
     if time_filter is not None:
@@ -306,6 +320,7 @@ def _stage_validate_publish(
             ),
             exact_duplicates=False,  # the reader yields each offset at most once
             raw_value_column=value_column,
+            raw_key_column=key_column,
         ),
     )  # fmt: skip
     # validate() already refused ranges read past their bounds or with more records
@@ -318,10 +333,10 @@ def _stage_validate_publish(
     res.decode_failures = int(checked.summary["counts"]["decode_errors"])
 
     record_schema = staged_df.drop(OUTCOME_COLUMN).schema
-    published_schema = staged_df.drop(OUTCOME_COLUMN, RAW_VALUE_COLUMN).schema
+    published_schema = staged_df.drop(OUTCOME_COLUMN, *raw_columns).schema
 
     def read_good(source: str) -> DataFrame:
-        # JSON feeds stage the raw value beside the fields: publish the fields only.
+        # JSON and registry feeds stage the raw value (and key) beside the fields: publish the fields only.
         good = spark.read.schema(record_schema).parquet(spark_path(source))
         return good.select(*published_schema.names)
 
@@ -331,7 +346,8 @@ def _stage_validate_publish(
         "publish",
         lambda: publisher.publish_staged(
             staging, plan, feed,
-            staged=StagedRecords(OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good, rewrite=keeps_raw,
+            staged=StagedRecords(OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good,
+                                 rewrite=keeps_raw or keeps_raw_key,
                                  write_quarantine=quarantine_writer(spark, record_schema, codes.reason)),
             stats=stats, extra={"validator": res.validator},
             expect_records=int(checked.summary["good_records"]),
@@ -366,24 +382,36 @@ def _stage_on_store(spark: SparkSession, publisher: Publisher) -> bool:
     return True
 
 
-def _avro_schemas(
-    spark: SparkSession, source: DataFrame, feed: Feed, registry: RegistryConnection | None
-) -> RunSchemas:
-    """The run's reader and writer schemas, fetched once here on the driver (the executors never ask the registry)."""
+def _registry_schemas(
+    spark: SparkSession, source: DataFrame, plan: Plan, feed: Feed, registry: RegistryConnection | None
+) -> dict[str, RunSchemas]:
+    """The run's reader and writer schemas of each registry-format part (``key``, ``value``), fetched once here on
+    the driver (the executors never ask the registry); the readers the plan recorded stand for "latest"."""
     from tidemark.kafka.registry import RegistryClient, require
-    from tidemark.spark.avro import resolve_schemas, scan_schema_ids
+    from tidemark.spark import avro, json_schema, protobuf
+    from tidemark.spark.wire import pin_planned, scan_schema_ids
 
     client = RegistryClient(require(registry if registry is not None else registry_from_env(), feed.name))
-    uses = scan_schema_ids(source)
-    if feed.deserialization.format == "json_schema":
-        from tidemark.spark import json_schema
+    feed = pin_planned(feed, plan.readers)
+    found: dict[str, RunSchemas] = {}
+    for part in feed.deserialization.registry_parts:
+        uses = scan_schema_ids(source, part)
+        fmt = feed.deserialization.part_format(part)
+        if fmt == "json_schema":
+            found[part] = json_schema.resolve_schemas(uses, feed, client, part=part)
+        elif fmt == "protobuf":
+            found[part] = protobuf.resolve_schemas(uses, feed, client, part=part)
+        else:
+            found[part] = avro.resolve_schemas(spark, uses, feed, client, part=part)
+    return found
 
-        return json_schema.resolve_schemas(uses, feed, client)
-    if feed.deserialization.format == "protobuf":
-        from tidemark.spark import protobuf
 
-        return protobuf.resolve_schemas(uses, feed, client)
-    return resolve_schemas(spark, uses, feed, client)
+def schemas_report(schemas: Mapping[str, RunSchemas]) -> dict[str, Any]:
+    """The report's ``schemas``: the value's reader and writer ids at the top, the key's under ``key``."""
+    out = schemas["value"].report() if "value" in schemas else {}
+    if "key" in schemas:
+        out["key"] = schemas["key"].report()
+    return out
 
 
 def gap_events(stats: Sequence[RangeStats]) -> list[dict[str, Any]]:
@@ -706,7 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if plan.total_records:  # while the JVM starts the session, the main thread mostly waits
             preload_great_expectations()
         spark = _Timer(result).step(
-            "spark_session", lambda: session(f"tidemark-{feed.name}", avro=feed.deserialization.format == "avro")
+            "spark_session", lambda: session(f"tidemark-{feed.name}", avro=feed.deserialization.decodes_avro)
         )
         if should_ship(spark.sparkContext.master, args.ship_package):
             ship_package(spark)

@@ -117,7 +117,6 @@ class RegistryClient:
 
     def __init__(self, connection: RegistryConnection) -> None:
         self.connection = connection
-        self._by_id: dict[int, str] = {}
         self._typed: dict[tuple[int, str | None], tuple[str, str, tuple[SchemaReference, ...]]] = {}
 
     def _get(self, path: str, what: str) -> Any:
@@ -149,28 +148,10 @@ class RegistryClient:
                 f"{what} ({reason}); start it or fix the registry connection's URL, then rerun"
             ) from None
 
-    def schema_by_id(self, schema_id: int) -> str:
-        """The schema (its canonical text) registered under ``schema_id``."""
-        if schema_id not in self._by_id:
-            doc = self._get(f"/schemas/ids/{schema_id}", f"schema id {schema_id}")
-            schema_type = doc.get("schemaType", "AVRO")
-            if schema_type != "AVRO":
-                raise SchemaNotFoundError(f"schema id {schema_id} is a {schema_type} schema, not an Avro one")
-            self._by_id[schema_id] = str(doc["schema"])
-        return self._by_id[schema_id]
-
-    def version(self, subject: str, version: int | None) -> SubjectVersion:
-        """``version`` of ``subject`` (its latest when ``None``), with its id and schema."""
-        which = "latest" if version is None else str(version)
-        quoted = urllib.parse.quote(subject, safe="")
-        doc = self._get(f"/subjects/{quoted}/versions/{which}", f"version {which} of subject '{subject}'")
-        found = SubjectVersion(subject, int(doc["version"]), int(doc["id"]), str(doc["schema"]))
-        self._by_id.setdefault(found.schema_id, found.schema)
-        return found
-
     def typed_version(self, subject: str, version: int | None, fmt: str | None = None) -> SubjectVersion:
-        """Like :meth:`version`, of any schema type, with its type and references; ``fmt``: the API's ``format``
-        (``serialized``: a Protobuf schema as a base64 ``FileDescriptorProto`` instead of ``.proto`` text)."""
+        """``version`` of ``subject`` (its latest when ``None``): its id, schema, type and references; ``fmt``:
+        the API's ``format`` (``serialized``: a Protobuf schema as a base64 ``FileDescriptorProto``, not ``.proto``
+        text)."""
         which = "latest" if version is None else str(version)
         quoted = urllib.parse.quote(subject, safe="")
         query = f"?format={fmt}" if fmt else ""

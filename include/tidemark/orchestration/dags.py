@@ -29,6 +29,7 @@ from tidemark.config.models import Feed, dag_id, load_feeds, package_root
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
 from tidemark.kafka.connection import CALLBACK_SETTINGS, KafkaConnection, from_airflow_extra, from_env
 from tidemark.kafka.registry import RegistryConnection
+from tidemark.kafka.registry import from_env as registry_from_env
 from tidemark.planning.plan import Plan
 from tidemark.planning.requests import END_CHOICES, MAX_OFFSET, MAX_PARTITION, OUTPUT_ROOTS_ENV, START_CHOICES
 
@@ -363,6 +364,7 @@ def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None
                 params=dict(params or {}),
                 progress=log.info,
                 checkpoints=checkpoint_store(),
+                registry=registry_from_env(registry_env()),
             ).to_xcom()
         )
         _record_airflow_run(handle["run_dir"])

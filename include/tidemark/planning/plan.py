@@ -131,6 +131,9 @@ class Plan:
     window: Mapping[str, Any] = field(default_factory=dict)
     version: int = PLAN_VERSION
     output: str | None = None  # where this plan publishes (None: the feed's output); not part of the id
+    # The reader schema of each registry-format part ("key", "value") the feed does not pin, as the registry's
+    # latest when planned ({"subject", "version", "id"}): every attempt of the plan decodes with it. Not in the id.
+    readers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def total_records(self) -> int:
@@ -176,6 +179,7 @@ class Plan:
             window=doc.get("window", {}),
             version=doc["version"],
             output=doc.get("output"),
+            readers=doc.get("readers", {}),
         )
         expected = compute_plan_id(plan.feed, plan.group, plan.mode, plan.isolation, plan.partitions, plan.time_filter)
         if plan.plan_id != expected:

@@ -37,6 +37,7 @@ from tidemark.errors import ConfigError, OffsetsMovedError, TidemarkError, shown
 from tidemark.faults import fault_point
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
+from tidemark.kafka.registry import RegistryConnection
 from tidemark.planning.plan import Mode, PartitionPlan, Plan, write_plan
 from tidemark.planning.requests import (
     confine_output,
@@ -387,8 +388,14 @@ def plan_run(
     root: Root | None = None,
     progress: Progress = _silent,
     checkpoints: CheckpointStore | None = None,
+    registry: RegistryConnection | None = None,
 ) -> RunHandle:
-    """Step 1: finish a pending commit, then plan and save this run's plan."""
+    """Step 1: finish a pending commit, then plan and save this run's plan.
+
+    A plan with records of a feed in a Schema Registry format that pins no reader version
+    records the subject's latest version (``registry``, default the ``TIDEMARK_SCHEMA_REGISTRY_*``
+    environment), so that every attempt of the plan decodes with the same reader.
+    """
     if mode not in ("scheduled", "backfill", "replay"):
         raise ConfigError(f"mode must be scheduled, backfill or replay, got {mode!r}")
     root = _root(root)
@@ -408,6 +415,8 @@ def plan_run(
             # from the group's offsets as they are now.
             progress(f"run {pending.run_id} cannot commit any more: {exc}")
     plan, _output, dry_run = plan_request(feed, KafkaAdapter(connection), checkpoints, mode, params)
+    if plan.total_records and not dry_run and feed.deserialization.registry_parts:
+        plan = replace(plan, readers=_planned_readers(feed, registry))
     run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{plan.plan_id[:8]}"
     run_dir = runs_dir(feed.name, root) / run_id
     plan_path = run_dir / PLAN_FILE
@@ -438,6 +447,16 @@ def plan_run(
     return handle
 
 
+def _planned_readers(feed: Feed, registry: RegistryConnection | None) -> dict[str, dict[str, Any]]:
+    """The plan's ``readers``: the latest version of each registry subject the feed does not pin, asked now."""
+    from tidemark.kafka.registry import RegistryClient, require
+    from tidemark.kafka.registry import from_env as registry_from_env
+    from tidemark.spark.wire import planned_readers
+
+    connection = require(registry if registry is not None else registry_from_env(), feed.name)
+    return planned_readers(feed, RegistryClient(connection))
+
+
 def plan_table(plan: Plan) -> list[str]:
     """The plan's ranges as aligned text lines (a dry run's task log)."""
     rows = [("partition", "committed", "start", "end", "records", "reason")]
@@ -450,7 +469,7 @@ def plan_table(plan: Plan) -> list[str]:
 def decodes_avro(feed: str) -> bool:
     """Whether ``feed``'s job needs ``from_avro``; a feed that does not load is the job's to report."""
     try:
-        return load_feed(feed).deserialization.format == "avro"
+        return load_feed(feed).deserialization.decodes_avro
     except ConfigError:
         return False
 

@@ -7,18 +7,21 @@ decimals, dates, timestamps; a top-level ``NOT NULL`` field is required), or ``a
 ``json_schema`` or ``protobuf`` in the Schema Registry wire format (the reader schema's
 fields as typed, possibly nested columns; :mod:`tidemark.spark.avro`,
 :mod:`tidemark.spark.json_schema` and :mod:`tidemark.spark.protobuf` find the schemas
-first); keys are UTF-8 strings unless ``key_format: bytes``. Decoding is done with Spark's
-own column functions (JVM speed, no Python per record; Protobuf alone is parsed in the
-Python workers, over Arrow batches) and splits the records in two: ``good`` carries the
-decoded columns; ``bad`` carries the raw record plus ``decode_error``, the first reason it
-failed. No record is dropped: every input row is in exactly one of the two.
+first); keys are UTF-8 strings unless ``key_format`` is ``bytes`` or a registry format
+(the key's reader schema as one typed ``key`` column: a struct, or a scalar for a primitive
+Avro schema). Decoding is done with Spark's own column functions (JVM speed, no Python per
+record; Protobuf alone is parsed in the Python workers, over Arrow batches) and splits the
+records in two: ``good`` carries the decoded columns; ``bad`` carries the raw record plus
+``decode_error``, the first reason it failed. No record is dropped: every input row is in
+exactly one of the two.
 
 Decoded JSON and registry fields become top-level columns of ``good`` (so expectations
 can name them) and replace the raw ``value``. What counts as a failure: a key or value that is
 not valid UTF-8 (when decoded as text); a JSON value that does not parse, is not an
 object, or has a field of the wrong type (strings accept any scalar, as Spark's JSON
 reader does); a required field that is missing or null; a null value (tombstone) when
-the declared schema has required fields.
+the declared schema has required fields; a registry-format key or value that does not
+decode against its schema (:func:`registry_reasons`), and a null registry-format value.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tidemark.config.models import Deserialization
+from tidemark.config.models import REGISTRY_FORMATS, Deserialization, RecordPart
 from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -44,11 +47,15 @@ if TYPE_CHECKING:
 ERROR_COLUMN = "decode_error"
 METADATA_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key", "headers", "plan_id")
 RAW_VALUE_COLUMN = "_raw_value"
+RAW_KEY_COLUMN = "_raw_key"  # a registry-format key's bytes, staged for the range statistics and the quarantine
 OUTCOME_COLUMN = "_outcome"  # the job's staging partition: "ok" or why a record is bad
 # Names a declared field may not take: record columns, and the job's own (``date`` partitions the output).
-RESERVED_COLUMNS = frozenset({*METADATA_COLUMNS, "value", ERROR_COLUMN, RAW_VALUE_COLUMN, OUTCOME_COLUMN, "date"})
+RESERVED_COLUMNS = frozenset(
+    {*METADATA_COLUMNS, "value", ERROR_COLUMN, RAW_VALUE_COLUMN, RAW_KEY_COLUMN, OUTCOME_COLUMN, "date"}
+)
 _CORRUPT = "_tidemark_corrupt"
 _PARSED = "_tidemark_parsed"
+_PARSED_KEY = "_tidemark_parsed_key"
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,8 @@ def decode_reasons(deser: Deserialization) -> list[str]:
     reasons: list[str] = []
     if deser.key_format == "string":
         reasons.append("key is not valid UTF-8")
+    elif deser.key_format in REGISTRY_FORMATS:
+        reasons += registry_reasons(deser.key_format, "key")
     if deser.format == "string":
         reasons.append("value is not valid UTF-8")
     elif deser.format == "json":
@@ -132,27 +141,86 @@ def decode_reasons(deser: Deserialization) -> list[str]:
         reasons.append("value is not valid UTF-8")
         reasons.append("value is not a JSON object matching the declared field types")
         reasons += [f"required field '{name}' is missing or null" for name in required]
-    elif deser.format == "avro":
+    elif deser.format in REGISTRY_FORMATS:
         reasons.append("value is null (tombstone)")
-        reasons.append(AVRO_BODY_REASON)
-    elif deser.format == "json_schema":
-        reasons.append("value is null (tombstone)")
-        reasons.append("value is not valid UTF-8")
-        reasons.append(JSON_SCHEMA_BODY_REASON)
-        reasons.append(JSON_SCHEMA_RULE_REASON)
-    elif deser.format == "protobuf":
-        reasons.append("value is null (tombstone)")
-        reasons.append(PROTOBUF_BODY_REASON)
+        reasons += registry_reasons(deser.format, "value")
     return reasons
 
 
-AVRO_BODY_REASON = "value does not decode against its Avro writer schema"
-JSON_SCHEMA_BODY_REASON = "value is not a JSON object of the reader JSON Schema's types"
-JSON_SCHEMA_RULE_REASON = "value lacks a required property or has a value outside an enum of the reader JSON Schema"
-PROTOBUF_BODY_REASON = "value does not decode as the Protobuf message of its writer schema"
+def registry_reasons(fmt: str, part: RecordPart) -> list[str]:
+    """Why a non-null key or value of a Schema Registry format does not decode, in the order they are checked."""
+    if fmt == "avro":
+        return [f"{part} does not decode against its Avro writer schema"]
+    if fmt == "json_schema":
+        return [
+            f"{part} is not valid UTF-8",
+            f"{part} is not a JSON object of the reader JSON Schema's types",
+            f"{part} lacks a required property or has a value outside an enum of the reader JSON Schema",
+        ]
+    return [f"{part} does not decode as the Protobuf message of its writer schema"]
 
 
-def _decoding(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = None) -> _Decoding:
+AVRO_BODY_REASON = registry_reasons("avro", "value")[0]
+_, JSON_SCHEMA_BODY_REASON, JSON_SCHEMA_RULE_REASON = registry_reasons("json_schema", "value")
+PROTOBUF_BODY_REASON = registry_reasons("protobuf", "value")[0]
+
+
+def _registry_decoding(
+    work: DataFrame, fmt: str, schemas: RunSchemas | None, column: str, parsed_name: str
+) -> tuple[DataFrame, Column, list[Column]]:
+    """``work`` with ``column`` (``key`` or ``value``) decoded as ``parsed_name``, that column, and one failure
+    condition per :func:`registry_reasons` entry (a null ``column`` never fails here)."""
+    from pyspark.sql import functions as F
+
+    if schemas is None:
+        option = "format" if column == "value" else "key_format"
+        raise ConfigError(f"{option}: {fmt} decodes with the run's schemas (tidemark.spark.wire)")
+    present = F.col(column).isNotNull()
+    if fmt == "avro":
+        from tidemark.spark.avro import AvroSchemas, decode_failed, decoded_value
+
+        assert isinstance(schemas, AvroSchemas)
+        work = work.withColumn(parsed_name, decoded_value(schemas, column))
+        parsed = F.col(parsed_name)
+        return work, parsed, [present & decode_failed(parsed, schemas)]
+    if fmt == "json_schema":
+        from tidemark.spark.json_schema import JsonSchemas, body_text, parsed_value, violations
+
+        assert isinstance(schemas, JsonSchemas)
+        work = work.withColumn(parsed_name, parsed_value(schemas, column))
+        parsed = F.col(parsed_name)
+        check = violations(schemas.document)
+        return (
+            work,
+            parsed,
+            [
+                present & ~F.is_valid_utf8(body_text(column)),
+                present & (parsed.isNull() | parsed.getField(_CORRUPT).isNotNull()),
+                present & (check(parsed) if check is not None else F.lit(False)),
+            ],
+        )
+    from tidemark.spark.protobuf import ProtobufSchemas, decoded_frame
+
+    assert isinstance(schemas, ProtobufSchemas)
+    work = decoded_frame(work, schemas, parsed_name, column)
+    parsed = F.col(parsed_name)
+    return work, parsed, [present & parsed.isNull()]
+
+
+def _published_key(fmt: str, schemas: RunSchemas, parsed: Column) -> Column:
+    """The decoded key as published: the reader's struct (or scalar) without decoding's own marks."""
+    from tidemark.spark.avro import DECODED_MARK, AvroSchemas
+
+    if isinstance(schemas, AvroSchemas):
+        return parsed.dropFields(DECODED_MARK) if schemas.is_record else parsed
+    if fmt == "json_schema":
+        return parsed.dropFields(_CORRUPT)
+    return parsed
+
+
+def _decoding(
+    df: DataFrame, deser: Deserialization, schemas: RunSchemas | None = None, key_schemas: RunSchemas | None = None
+) -> _Decoding:
     from pyspark.sql import functions as F
 
     check_fields(deser)
@@ -162,6 +230,11 @@ def _decoding(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = N
     if deser.key_format == "string":
         key_col = F.col("key").cast("string")
         failed.append(F.col("key").isNotNull() & ~F.is_valid_utf8(key_col))
+    elif deser.key_format in REGISTRY_FORMATS:
+        work, parsed_key, key_failed = _registry_decoding(work, deser.key_format, key_schemas, "key", _PARSED_KEY)
+        assert key_schemas is not None
+        key_col = _published_key(deser.key_format, key_schemas, parsed_key)
+        failed += key_failed
 
     value_cols: list[Column]
     if deser.format == "bytes":
@@ -170,40 +243,12 @@ def _decoding(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = N
         text = F.col("value").cast("string")
         failed.append(F.col("value").isNotNull() & ~F.is_valid_utf8(text))
         value_cols = [text.alias("value")]
-    elif deser.format == "avro":
-        if avro is None:
-            raise ConfigError("format: avro decodes with the run's schemas (tidemark.spark.avro.resolve_schemas)")
-        from tidemark.spark.avro import AvroSchemas, decode_failed, decoded_value
-
-        assert isinstance(avro, AvroSchemas)
-        work = work.withColumn(_PARSED, decoded_value(avro))
-        parsed = F.col(_PARSED)
+    elif deser.format in REGISTRY_FORMATS:
+        work, parsed, value_failed = _registry_decoding(work, deser.format, schemas, "value", _PARSED)
+        assert schemas is not None
         failed.append(F.col("value").isNull())
-        failed.append(F.col("value").isNotNull() & decode_failed(parsed))
-        value_cols = [parsed.getField(name).alias(name) for name in avro.field_names]
-    elif deser.format in ("json_schema", "protobuf"):
-        if avro is None:
-            raise ConfigError(f"format: {deser.format} decodes with the run's schemas (tidemark.spark.wire)")
-        if deser.format == "json_schema":
-            from tidemark.spark.json_schema import JsonSchemas, body_text, parsed_value, violations
-
-            assert isinstance(avro, JsonSchemas)
-            work = work.withColumn(_PARSED, parsed_value(avro))
-            parsed = F.col(_PARSED)
-            failed.append(F.col("value").isNull())
-            failed.append(F.col("value").isNotNull() & ~F.is_valid_utf8(body_text()))
-            failed.append(F.col("value").isNotNull() & (parsed.isNull() | parsed.getField(_CORRUPT).isNotNull()))
-            check = violations(avro.document)
-            failed.append(F.col("value").isNotNull() & (check(parsed) if check is not None else F.lit(False)))
-        else:
-            from tidemark.spark.protobuf import ProtobufSchemas, decoded_frame
-
-            assert isinstance(avro, ProtobufSchemas)
-            work = decoded_frame(work, avro, _PARSED)
-            parsed = F.col(_PARSED)
-            failed.append(F.col("value").isNull())
-            failed.append(F.col("value").isNotNull() & parsed.isNull())
-        value_cols = [parsed.getField(name).alias(name) for name in avro.field_names]
+        failed += value_failed
+        value_cols = [parsed.getField(name).alias(name) for name in schemas.field_names]
     else:
         text = F.col("value").cast("string")
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
@@ -226,30 +271,43 @@ def _decoding(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = N
 
 
 def raw_value_kept(deser: Deserialization) -> bool:
-    """Whether the decoded columns lose the raw value (JSON, Avro), so :func:`annotate` keeps it aside."""
-    return deser.format in ("json", "avro", "json_schema", "protobuf")
+    """Whether the decoded columns lose the raw value (JSON, registry formats), so :func:`annotate` keeps it aside."""
+    return deser.format in ("json", *REGISTRY_FORMATS)
 
 
-def annotate(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = None) -> DataFrame:
+def raw_key_kept(deser: Deserialization) -> bool:
+    """Whether the decoded key loses the raw key (registry formats), so :func:`annotate` keeps it aside."""
+    return deser.key_format in REGISTRY_FORMATS
+
+
+def annotate(
+    df: DataFrame, deser: Deserialization, schemas: RunSchemas | None = None, key_schemas: RunSchemas | None = None
+) -> DataFrame:
     """Every record of ``df`` decoded, in one projection: no row is dropped or split off.
 
     Columns: the metadata columns, ``key`` (decoded), the value column(s) (``value``, or
     the declared JSON fields), ``headers``, ``plan_id`` and :data:`ERROR_COLUMN`, null
     where the record decoded and the first reason where it did not. A row that failed
     keeps its raw bytes: a string ``key`` or ``value`` is Spark's byte-preserving cast of
-    the binary, and JSON feeds (whose fields cannot hold them) get the raw value as
-    :data:`RAW_VALUE_COLUMN` (see :func:`raw_value_kept`).
+    the binary, JSON and registry-format values (whose fields cannot hold them) get the raw
+    value as :data:`RAW_VALUE_COLUMN` (see :func:`raw_value_kept`), and registry-format keys
+    the raw key as :data:`RAW_KEY_COLUMN`. ``schemas`` and ``key_schemas``: the run's
+    registry schemas of the value and the key, when their format needs them.
     """
-    d = _decoding(df, deser, avro)
+    d = _decoding(df, deser, schemas, key_schemas)
     raw = [d.work["value"].alias(RAW_VALUE_COLUMN)] if raw_value_kept(deser) else []
+    if raw_key_kept(deser):
+        raw.append(d.work["key"].alias(RAW_KEY_COLUMN))
     return d.work.select(*d.record(*raw), d.error.alias(ERROR_COLUMN))
 
 
-def decode(df: DataFrame, deser: Deserialization, avro: RunSchemas | None = None) -> Decoded:
+def decode(
+    df: DataFrame, deser: Deserialization, schemas: RunSchemas | None = None, key_schemas: RunSchemas | None = None
+) -> Decoded:
     """Split ``df`` (the source's schema) into decoded ``good`` rows and raw ``bad`` rows."""
     from pyspark.sql import functions as F
 
-    d = _decoding(df, deser, avro)
+    d = _decoding(df, deser, schemas, key_schemas)
     work = d.work.withColumn(ERROR_COLUMN, d.error)
     good = work.where(F.col(ERROR_COLUMN).isNull()).select(*d.record())
     bad = work.where(F.col(ERROR_COLUMN).isNotNull()).select(*df.columns, ERROR_COLUMN)

@@ -1,11 +1,12 @@
-"""JSON Schema values in the Schema Registry wire format: the reader schema as a Spark type, and its checks.
+"""JSON Schema keys and values in the Schema Registry wire format: the reader schema as a Spark type, its checks.
 
-A value is magic byte ``0``, a 4-byte schema id, then a JSON document (what
+A key or value is magic byte ``0``, a 4-byte schema id, then a JSON document (what
 confluent-kafka's ``JSONSerializer`` writes). The run's records are all read with one
 reader schema, a JSON Schema: the feed's pinned ``schema_version`` of its subject, else
 the subject's latest. Writer schemas are fetched only to know each id is registered (an
 unknown id fails the run, :mod:`tidemark.spark.wire`); JSON has no resolution rules, so a
-record that does not fit the reader is a bad record, not a failed run.
+record that does not fit the reader is a bad record, not a failed run. A key's reader
+schema, like a value's, is an object with properties (its subject ``<topic>-key``).
 
 The reader maps onto a Spark type (:func:`spark_type`): ``object`` with ``properties`` →
 struct, ``object`` with only ``additionalProperties`` → map of string keys, ``array`` →
@@ -24,12 +25,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tidemark.config.models import Feed
+from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError
 from tidemark.kafka.registry import RegistryClient
-from tidemark.spark.avro import HEADER_BYTES, SchemaUse, schema_changed_events
 from tidemark.spark.decode import _CORRUPT as CORRUPT
-from tidemark.spark.wire import RegistrySchemas, check_columns, reader_version, refuse_unframed, writer_schemas
+from tidemark.spark.wire import (
+    RegistrySchemas,
+    SchemaUse,
+    body,
+    check_columns,
+    reader_name,
+    reader_version,
+    refuse_unframed,
+    schema_changed_events,
+    writer_schemas,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -49,26 +59,31 @@ class JsonSchemas(RegistrySchemas):
         return list(self.document["properties"])
 
 
-def resolve_schemas(uses: list[SchemaUse], feed: Feed, client: RegistryClient) -> JsonSchemas:
-    """The reader JSON Schema (checked to map onto Spark types) and every writer id of ``uses`` checked to exist."""
-    refuse_unframed(uses, "the JSON document")
-    reader = reader_version(feed, client)
+def resolve_schemas(
+    uses: list[SchemaUse], feed: Feed, client: RegistryClient, *, part: RecordPart = "value"
+) -> JsonSchemas:
+    """The reader JSON Schema of ``part`` (checked to map onto Spark types) and every writer id of ``uses`` checked
+    to exist."""
+    refuse_unframed(uses, "the JSON document", part)
+    reader = reader_version(feed, client, part=part)
     doc = json.loads(reader.schema)
-    where = f"feed '{feed.name}': the reader schema (subject '{reader.subject}' version {reader.version})"
+    where = f"feed '{feed.name}': {reader_name(part)} (subject '{reader.subject}' version {reader.version})"
     if not isinstance(doc, dict) or _deref(doc, doc).get("type") != "object" or "properties" not in _deref(doc, doc):
-        raise SchemaError(f"{where} is not an object with properties; Tidemark publishes its properties as columns")
+        as_what = "columns" if part == "value" else "the key struct's fields"
+        raise SchemaError(f"{where} is not an object with properties; Tidemark publishes its properties as {as_what}")
     try:
         spark_type(doc)
     except ValueError as exc:
         raise SchemaError(f"{where} does not map onto Spark types: {exc}") from None
-    check_columns(feed, reader, _deref(doc, doc)["properties"])
-    writers, _ = writer_schemas(uses, feed, client, lambda sid: client.typed_schema(sid)[:2])
+    if part == "value":
+        check_columns(feed, reader, _deref(doc, doc)["properties"])
+    writers, _ = writer_schemas(uses, feed, client, lambda sid: client.typed_schema(sid)[:2], part)
     # Kept self-contained: definitions the reader refers to travel with it.
     flat = {**_deref(doc, doc), **{k: doc[k] for k in ("definitions", "$defs") if k in doc}}
     return JsonSchemas(
         format="json_schema", subject=reader.subject, version=reader.version, reader_id=reader.schema_id,
-        writer_ids=tuple(writers), seen=tuple(uses), events=tuple(schema_changed_events(uses, reader.schema_id)),
-        reader=json.dumps(flat),
+        writer_ids=tuple(writers), seen=tuple(uses),
+        events=tuple(schema_changed_events(uses, reader.schema_id, part)), reader=json.dumps(flat),
     )  # fmt: skip
 
 
@@ -190,20 +205,18 @@ def _any(tests: list[Column]) -> Column:
     return out
 
 
-def parsed_value(schemas: JsonSchemas) -> Column:
-    """The body (after the 5-byte prefix) parsed with the reader's type, plus :data:`CORRUPT` (the text of a body
-    that is not JSON or does not fit the types)."""
+def parsed_value(schemas: JsonSchemas, column: str = "value") -> Column:
+    """``column``'s body (after the 5-byte prefix) parsed with the reader's type, plus :data:`CORRUPT` (the text of
+    a body that is not JSON or does not fit the types)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     struct = spark_type(schemas.document)
     assert isinstance(struct, T.StructType)
     with_corrupt = T.StructType([*struct.fields, T.StructField(CORRUPT, T.StringType(), True)])
-    return F.from_json(body_text(), with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+    return F.from_json(body_text(column), with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
 
 
-def body_text() -> Column:
-    """The value after the wire format's prefix, as text."""
-    from pyspark.sql import functions as F
-
-    return F.expr(f"substr(value, {HEADER_BYTES + 1})").cast("string")
+def body_text(column: str = "value") -> Column:
+    """``column`` after the wire format's prefix, as text."""
+    return body(column).cast("string")

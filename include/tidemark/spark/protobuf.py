@@ -1,6 +1,6 @@
-"""Protobuf values in the Schema Registry wire format, decoded in Python inside the read into typed columns.
+"""Protobuf keys and values in the Schema Registry wire format, decoded in Python inside the read, typed.
 
-A value is magic byte ``0``, a 4-byte schema id, the message indexes (zigzag varints: a
+A key or value is magic byte ``0``, a 4-byte schema id, the message indexes (zigzag varints: a
 count, then the path from the file's top-level messages to the record's message; a
 single ``0`` byte for the first message), then the Protobuf body. On the driver and once
 per run, :func:`resolve_schemas` fetches the reader schema (the feed's pinned version of
@@ -35,11 +35,22 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from tidemark.config.models import Feed
+from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError
 from tidemark.kafka.registry import RegistryClient, SchemaReference
-from tidemark.spark.avro import HEADER_BYTES, SchemaUse, schema_changed_events
-from tidemark.spark.wire import RegistrySchemas, check_columns, reader_version, refuse_unframed, writer_schemas
+from tidemark.spark.wire import (
+    HEADER_BYTES,
+    RegistrySchemas,
+    SchemaUse,
+    check_columns,
+    option,
+    reader_name,
+    reader_version,
+    refuse_unframed,
+    schema_changed_events,
+    where,
+    writer_schemas,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -143,11 +154,14 @@ def _index_names(proto: Any) -> dict[tuple[int, ...], str]:
     return names
 
 
-def resolve_schemas(uses: list[SchemaUse], feed: Feed, client: RegistryClient) -> ProtobufSchemas:
-    """The reader's message (its files, checked to map onto Spark types) and each writer id's message names."""
-    refuse_unframed(uses, "the message indexes and the Protobuf body")
-    reader = reader_version(feed, client, "serialized")
-    what = f"feed '{feed.name}': the reader schema (subject '{reader.subject}' version {reader.version})"
+def resolve_schemas(
+    uses: list[SchemaUse], feed: Feed, client: RegistryClient, *, part: RecordPart = "value"
+) -> ProtobufSchemas:
+    """The reader's message of ``part`` (its files, checked to map onto Spark types) and each writer id's message
+    names."""
+    refuse_unframed(uses, "the message indexes and the Protobuf body", part)
+    reader = reader_version(feed, client, "serialized", part)
+    what = f"feed '{feed.name}': {reader_name(part)} (subject '{reader.subject}' version {reader.version})"
     files = _file_set(client, reader.schema, reader.references, what)
     from google.protobuf import descriptor_pb2
 
@@ -163,7 +177,8 @@ def resolve_schemas(uses: list[SchemaUse], feed: Feed, client: RegistryClient) -
         spark_type(schemas.descriptor())
     except ValueError as exc:
         raise SchemaError(f"{what} does not map onto Spark types: {exc}") from None
-    check_columns(feed, reader, {n: None for n in schemas.field_names})
+    if part == "value":
+        check_columns(feed, reader, {n: None for n in schemas.field_names})
 
     def fetch(sid: int) -> tuple[str, tuple[dict[tuple[int, ...], str], list[bytes]]]:
         schema_type, text, refs = client.typed_schema(sid, "serialized")
@@ -172,7 +187,7 @@ def resolve_schemas(uses: list[SchemaUse], feed: Feed, client: RegistryClient) -
         what = f"schema id {sid}"
         return schema_type, (_index_names(_file_proto(text, what)), _file_set(client, text, refs, what))
 
-    writers, first_use = writer_schemas(uses, feed, client, fetch)
+    writers, first_use = writer_schemas(uses, feed, client, fetch, part)
     reader_message = schemas.descriptor()
     for sid, (_, writer_files) in writers.items():
         writer_message = ProtobufSchemas("protobuf", "", 0, 0, (), files=tuple(writer_files), message=message)
@@ -183,15 +198,16 @@ def resolve_schemas(uses: list[SchemaUse], feed: Feed, client: RegistryClient) -
         if problem is not None:
             use = first_use[sid]
             raise SchemaError(
-                f"{use.topic}[{use.partition}] offset {use.first_offset}: records written with schema id {sid} cannot "
-                f"be read with the reader schema id {reader.schema_id} (subject '{reader.subject}' version "
-                f"{reader.version}): {problem}. Pin a deserialization.schema_version whose field numbers keep their "
-                "types, or give the changed field a new number; nothing was published or committed"
+                f"{where(use)}: {part}s written with schema id {sid} cannot be read with {reader_name(part)} id "
+                f"{reader.schema_id} (subject '{reader.subject}' version {reader.version}): {problem}. Pin a "
+                f"deserialization.{option(part, 'schema_version')} whose field numbers keep their types, or give the "
+                "changed field a new number; nothing was published or committed"
             )
     return ProtobufSchemas(
         format="protobuf", subject=reader.subject, version=reader.version, reader_id=reader.schema_id,
-        writer_ids=tuple(writers), seen=tuple(uses), events=tuple(schema_changed_events(uses, reader.schema_id)),
-        files=tuple(files), message=message, index_names={sid: names for sid, (names, _) in writers.items()},
+        writer_ids=tuple(writers), seen=tuple(uses),
+        events=tuple(schema_changed_events(uses, reader.schema_id, part)), files=tuple(files), message=message,
+        index_names={sid: names for sid, (names, _) in writers.items()},
     )  # fmt: skip
 
 
@@ -351,8 +367,8 @@ def _struct(message: Any) -> dict[str, Any]:
     return out
 
 
-def _decoder(schemas: ProtobufSchemas, column: str, out_type: pa.DataType) -> Any:
-    """The ``mapInArrow`` function: each batch with ``column`` added (the decoded message, null where it failed)."""
+def _decoder(schemas: ProtobufSchemas, column: str, out_type: pa.DataType, source: str) -> Any:
+    """The ``mapInArrow`` function: each batch with ``column`` added (``source`` decoded, null where it failed)."""
     files, message, index_names = schemas.files, schemas.message, {k: dict(v) for k, v in schemas.index_names.items()}
 
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -365,7 +381,7 @@ def _decoder(schemas: ProtobufSchemas, column: str, out_type: pa.DataType) -> An
         )
         for batch in batches:
             decoded: list[dict[str, Any] | None] = []
-            for value in batch.column("value").to_pylist():
+            for value in batch.column(source).to_pylist():
                 if value is None:
                     decoded.append(None)
                     continue
@@ -383,11 +399,12 @@ def _decoder(schemas: ProtobufSchemas, column: str, out_type: pa.DataType) -> An
     return decode
 
 
-def decoded_frame(df: DataFrame, schemas: ProtobufSchemas, column: str) -> DataFrame:
-    """``df`` with ``column``: each value's message decoded with the reader's class, null where it did not decode."""
+def decoded_frame(df: DataFrame, schemas: ProtobufSchemas, column: str, source: str = "value") -> DataFrame:
+    """``df`` with ``column``: each ``source``'s message decoded with the reader's class, null where it did not
+    decode."""
     from pyspark.sql import types as T
     from pyspark.sql.pandas.types import to_arrow_type
 
     message_type = spark_type(schemas.descriptor())
     out = T.StructType([*df.schema.fields, T.StructField(column, message_type, True)])
-    return df.mapInArrow(_decoder(schemas, column, to_arrow_type(message_type, timezone="UTC")), out)
+    return df.mapInArrow(_decoder(schemas, column, to_arrow_type(message_type, timezone="UTC"), source), out)

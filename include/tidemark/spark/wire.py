@@ -1,29 +1,50 @@
-"""What the Schema Registry formats beside Avro (``json_schema``, ``protobuf``) share before decoding.
+"""The Schema Registry wire format, one module for the three registry formats (``avro``, ``json_schema``, ``protobuf``).
 
-The values are framed as Avro's are (magic byte ``0``, a 4-byte schema id, the body), so
-the schema ids a run holds come from the same one aggregation
-(:func:`tidemark.spark.avro.scan_schema_ids`). On the driver and once per run this module
-refuses values of another framing, fetches the reader schema (the feed's pinned
-``schema_version`` of its subject, else the subject's latest) and every writer schema
-seen, and fails the run, naming the topic, partition and first offset concerned, when
-an id is unknown to the registry or registered as another schema type. An unreachable
+A key or value is framed as magic byte ``0``, a 4-byte big-endian schema id, then the
+body (Avro, a JSON document, or Protobuf's message indexes and message). Before anything
+is decoded, :func:`scan_schema_ids` runs one aggregation over the column's first five
+bytes: per topic, partition and schema id the first and last offset and the count, with
+keys or values of any other framing counted apart. On the driver and once per run the
+formats then call, in this order, :func:`refuse_unframed` (another framing fails the
+run), :func:`reader_version` (the reader schema: the feed's pinned version of its
+subject, else the subject's latest) and :func:`writer_schemas` (every writer schema id
+seen; an id unknown to the registry, or registered as another schema type, fails the
+run), each naming the topic, partition and first offset concerned. An unreachable
 registry raises :class:`~tidemark.errors.RegistryUnavailableError` from the client.
+Decoding finds the body with :func:`body` and each writer's records with :func:`header`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from tidemark.config.models import Feed
+from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError, SchemaNotFoundError
 from tidemark.kafka.registry import RegistryClient, SubjectVersion
-from tidemark.spark.avro import SchemaUse
 
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+MAGIC = b"\x00"  # the wire format's first byte
+HEADER_BYTES = 5  # the magic byte and the 4-byte schema id
 # The registry's name for each feed format's schemas.
 SCHEMA_TYPES = {"avro": "AVRO", "json_schema": "JSON", "protobuf": "PROTOBUF"}
 W = TypeVar("W")
+
+
+@dataclass(frozen=True)
+class SchemaUse:
+    """The records of one partition written with one schema id (``schema_id`` None: not framed as the wire format)."""
+
+    topic: str
+    partition: int
+    schema_id: int | None
+    first_offset: int
+    last_offset: int
+    records: int
 
 
 @dataclass(frozen=True)
@@ -39,6 +60,7 @@ class RegistrySchemas:
     events: tuple[dict[str, Any], ...] = field(default=())
 
     def report(self) -> dict[str, Any]:
+        """The report's ``schemas``: the reader schema's subject, version and id, and the ids seen per partition."""
         return {
             "format": self.format,
             "reader": {"subject": self.subject, "version": self.version, "id": self.reader_id},
@@ -47,49 +69,107 @@ class RegistrySchemas:
         }
 
 
+def header(schema_id: int) -> bytes:
+    """The five bytes a record written with ``schema_id`` starts with."""
+    return MAGIC + schema_id.to_bytes(4, "big")
+
+
+def body(column: str = "value") -> Column:
+    """The bytes of ``column`` after the wire format's five-byte header."""
+    from pyspark.sql import functions as F
+
+    return F.expr(f"substr(`{column}`, {HEADER_BYTES + 1})")
+
+
+def schema_id_column(column: str = "value") -> Column:
+    """The schema id of ``column`` (bytes 2-5, big-endian), null when it is not framed as the wire format."""
+    from pyspark.sql import functions as F
+
+    raw = F.col(column)
+    framed = (F.length(raw) >= HEADER_BYTES) & (F.substring(raw, 1, 1) == F.lit(MAGIC))
+    return F.when(framed, F.conv(F.hex(F.substring(raw, 2, 4)), 16, 10).cast("long"))
+
+
+def scan_schema_ids(df: DataFrame, column: str = "value") -> list[SchemaUse]:
+    """One aggregation over the non-null ``column``'s first five bytes: who was written with which schema id."""
+    from pyspark.sql import functions as F
+
+    rows = (
+        df.where(F.col(column).isNotNull())
+        .select("topic", "partition", "offset", schema_id_column(column).alias("schema_id"))
+        .groupBy("topic", "partition", "schema_id")
+        .agg(F.min("offset").alias("first"), F.max("offset").alias("last"), F.count(F.lit(1)).alias("n"))
+        .collect()
+    )
+    uses = [
+        SchemaUse(r["topic"], int(r["partition"]), None if r["schema_id"] is None else int(r["schema_id"]),
+                  int(r["first"]), int(r["last"]), int(r["n"]))
+        for r in rows
+    ]  # fmt: skip
+    return sorted(uses, key=lambda u: (u.topic, u.partition, u.first_offset))
+
+
 def where(use: SchemaUse) -> str:
     return f"{use.topic}[{use.partition}] offset {use.first_offset}"
 
 
-def refuse_unframed(uses: list[SchemaUse], body: str) -> None:
-    """A :class:`SchemaError` for the first records not in the wire format (magic byte 0, a 4-byte id, ``body``)."""
+def option(part: RecordPart, name: str) -> str:
+    """The feed's ``deserialization`` option ``name`` (``format``, ``subject``, ``schema_version``) for ``part``."""
+    return name if part == "value" else f"key_{name}"
+
+
+def reader_name(part: RecordPart) -> str:
+    return "the reader schema" if part == "value" else "the key's reader schema"
+
+
+def refuse_unframed(uses: list[SchemaUse], body: str, part: RecordPart = "value") -> None:
+    """A :class:`SchemaError` for the first records whose ``part`` is not in the wire format (magic byte 0, a 4-byte
+    id, ``body``)."""
     for use in uses:
         if use.schema_id is None:
             raise SchemaError(
-                f"{where(use)}: {use.records} records in offsets [{use.first_offset}, {use.last_offset}] are not in "
-                f"the Schema Registry wire format (magic byte 0, a 4-byte schema id, {body}); Tidemark cannot tell "
-                "their schema. Fix the producer's serializer, or move the group past them; nothing was published "
-                "or committed"
+                f"{where(use)}: {use.records} records in offsets [{use.first_offset}, {use.last_offset}] have "
+                f"{part}s not in the Schema Registry wire format (magic byte 0, a 4-byte schema id, {body}); Tidemark "
+                "cannot tell their schema. Fix the producer's serializer, or move the group past them; nothing was "
+                "published or committed"
             )
 
 
-def reader_version(feed: Feed, client: RegistryClient, fmt: str | None = None) -> SubjectVersion:
-    """The reader schema: the feed's pinned version of its subject, else the latest; of the feed's format."""
+def reader_version(
+    feed: Feed, client: RegistryClient, fmt: str | None = None, part: RecordPart = "value"
+) -> SubjectVersion:
+    """The reader schema of ``part``: the feed's pinned version of its subject, else the latest; of its format."""
     deser = feed.deserialization
-    subject = deser.reader_subject(feed.topics)
+    subject = deser.reader_subject(feed.topics, part)
     try:
-        reader = client.typed_version(subject, deser.schema_version, fmt)
+        reader = client.typed_version(subject, deser.reader_version(part), fmt)
     except SchemaNotFoundError as exc:
         raise SchemaError(
-            f"feed '{feed.name}': the reader schema is missing: {exc}. Register the subject's schema, or fix "
-            "deserialization.subject / schema_version; nothing was published or committed"
+            f"feed '{feed.name}': {reader_name(part)} is missing: {exc}. Register the subject's schema, or fix "
+            f"deserialization.{option(part, 'subject')} / {option(part, 'schema_version')}; nothing was published or "
+            "committed"
         ) from None
-    expected = SCHEMA_TYPES[deser.format]
+    expected = SCHEMA_TYPES[deser.part_format(part)]
     if reader.schema_type != expected:
         raise SchemaError(
-            f"feed '{feed.name}': the reader schema (subject '{subject}' version {reader.version}, id "
-            f"{reader.schema_id}) is a {reader.schema_type} schema, not {expected}; fix deserialization.format "
-            "or deserialization.subject"
+            f"feed '{feed.name}': {reader_name(part)} (subject '{subject}' version {reader.version}, id "
+            f"{reader.schema_id}) is a {reader.schema_type} schema, not {expected}; fix "
+            f"deserialization.{option(part, 'format')} or deserialization.{option(part, 'subject')}"
         )
     return reader
 
 
 def writer_schemas(
-    uses: list[SchemaUse], feed: Feed, client: RegistryClient, fetch: Callable[[int], tuple[str, W]]
+    uses: list[SchemaUse],
+    feed: Feed,
+    client: RegistryClient,
+    fetch: Callable[[int], tuple[str, W]],
+    part: RecordPart = "value",
 ) -> tuple[dict[int, W], dict[int, SchemaUse]]:
     """Every writer schema id of ``uses`` through ``fetch`` (id → its schema type and what the format needs),
     with the first use of each; unknown ids and ids of another schema type fail the run."""
-    expected = SCHEMA_TYPES[feed.deserialization.format]
+    fmt = feed.deserialization.part_format(part)
+    expected = SCHEMA_TYPES[fmt]
     writers: dict[int, W] = {}
     first_use: dict[int, SchemaUse] = {}
     for use in uses:
@@ -103,20 +183,20 @@ def writer_schemas(
             raise SchemaError(
                 f"{where(use)}: schema id {sid} is unknown to the schema registry "
                 f"({client.connection.describe()['url']}); {use.records} records of this partition up to offset "
-                f"{use.last_offset} carry it. Check that the feed's registry connection points at the registry the "
-                "producers use; nothing was published or committed"
+                f"{use.last_offset} carry it in their {part}. Check that the feed's registry connection points at the "
+                "registry the producers use; nothing was published or committed"
             ) from None
         if schema_type != expected:
             raise SchemaError(
                 f"{where(use)}: schema id {sid} is a {schema_type} schema, and feed '{feed.name}' reads "
-                f"{feed.deserialization.format} ({expected}) values; fix deserialization.format, or move the group "
-                "past these records; nothing was published or committed"
+                f"{fmt} ({expected}) {part}s; fix deserialization.{option(part, 'format')}, or move the group past "
+                "these records; nothing was published or committed"
             )
     return writers, first_use
 
 
 def check_columns(feed: Feed, reader: SubjectVersion, names: Mapping[str, Any]) -> None:
-    """The reader's top-level fields become columns: none may take the name of a record column."""
+    """The value reader's top-level fields become columns: none may take the name of a record column."""
     from tidemark.spark.decode import RESERVED_COLUMNS
 
     clash = sorted(set(names) & RESERVED_COLUMNS)
@@ -125,3 +205,51 @@ def check_columns(feed: Feed, reader: SubjectVersion, names: Mapping[str, Any]) 
             f"feed '{feed.name}': the reader schema (subject '{reader.subject}' version {reader.version}) has fields "
             f"{clash}, which clash with Tidemark's record columns; pin a schema_version without them"
         )
+
+
+def schema_changed_events(uses: list[SchemaUse], reader_id: int, part: RecordPart = "value") -> list[dict[str, Any]]:
+    """A ``schema_changed`` event wherever a partition's ``part`` switches to another writer schema id."""
+    events: list[dict[str, Any]] = []
+    by_partition: dict[tuple[str, int], list[SchemaUse]] = {}
+    for use in uses:
+        by_partition.setdefault((use.topic, use.partition), []).append(use)
+    whose = "records are" if part == "value" else "keys are"
+    for (topic, partition), group in sorted(by_partition.items()):
+        ordered = sorted(group, key=lambda u: u.first_offset)
+        for before, after in pairwise(ordered):
+            events.append({
+                "kind": "schema_changed", "topic": topic, "partition": partition,
+                "message": (
+                    f"{topic}[{partition}]: from offset {after.first_offset} {whose} written with schema id "
+                    f"{after.schema_id} (before: {before.schema_id}); both resolved to the reader schema id {reader_id}"
+                ),
+                "details": {"offset": after.first_offset, "from_schema_id": before.schema_id,
+                            "to_schema_id": after.schema_id, "reader_schema_id": reader_id, "part": part},
+            })  # fmt: skip
+    return events
+
+
+def planned_readers(feed: Feed, client: RegistryClient) -> dict[str, dict[str, Any]]:
+    """The reader schema of each registry-format part whose version the feed does not pin: the subject's latest
+    version now, for the plan (:attr:`tidemark.planning.plan.Plan.readers`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for part in feed.deserialization.registry_parts:
+        if feed.deserialization.reader_version(part) is None:
+            reader = reader_version(feed, client, part=part)
+            out[part] = {"subject": reader.subject, "version": reader.version, "id": reader.schema_id}
+    return out
+
+
+def pin_planned(feed: Feed, readers: Mapping[str, Mapping[str, Any]]) -> Feed:
+    """``feed`` with the reader versions its plan recorded pinned, so that every attempt of the plan decodes with
+    the reader of its planning; a part the feed pins itself, or whose subject changed since, is left alone."""
+    deser = feed.deserialization
+    update: dict[str, int] = {}
+    for part in deser.registry_parts:
+        planned = readers.get(part)
+        same_subject = planned is not None and planned["subject"] == deser.reader_subject(feed.topics, part)
+        if planned and same_subject and deser.reader_version(part) is None:
+            update[option(part, "schema_version")] = int(planned["version"])
+    if not update:
+        return feed
+    return feed.model_copy(update={"deserialization": deser.model_copy(update=update)})

@@ -719,12 +719,17 @@ class _Counts:
 
 
 def _marked(
-    df: DataFrame, decode_failed: DataFrame | None, flags: list[Column], raw_value_column: str | None
+    df: DataFrame,
+    decode_failed: DataFrame | None,
+    flags: list[Column],
+    raw_value_column: str | None,
+    raw_key_column: str = "key",
 ) -> DataFrame:
     """The decoded records and the ones that failed to decode, each marked bad / undecoded / per rule."""
     from pyspark.sql import functions as F
 
-    carried = ["timestamp", "key", raw_value_column] if raw_value_column else []
+    # The range statistics hash the key's bytes as Kafka holds them, under the name "key".
+    carried = ["timestamp", F.col(raw_key_column).alias("key"), raw_value_column] if raw_value_column else []
     marks = df.select(
         "topic", "partition", "offset", *carried, _or(flags).alias("_bad"), F.lit(False).alias("_undecoded"),
         *[f.alias(f"_rule_{i}") for i, f in enumerate(flags)],
@@ -929,6 +934,7 @@ def validate(
     sample_size: int = SAMPLE_SIZE,
     exact_duplicates: bool = True,
     raw_value_column: str | None = None,
+    raw_key_column: str = "key",
 ) -> ValidationOutcome:
     """Built-in checks, the feed's GX suite and the bad-record policy on the read DataFrame.
 
@@ -942,7 +948,8 @@ def validate(
     skips counting distinct offsets (see :func:`_range_aggs`); only for Tidemark's reader.
     With ``raw_value_column`` (the raw value's column in ``df`` and ``decode_failed``, both
     also holding ``timestamp`` and ``key``), the same aggregation yields the per-range
-    statistics of :func:`tidemark.spark.stats.range_stats` as ``outcome.range_stats``.
+    statistics of :func:`tidemark.spark.stats.range_stats` as ``outcome.range_stats``;
+    ``raw_key_column`` names the raw key there when ``key`` holds a decoded one.
 
     Steps: mark every record and aggregate once (ranges, bad counts) while GX runs beside
     it, sample bad records, judge each expectation, decide under the policy, write the
@@ -956,7 +963,7 @@ def validate(
     rules, untranslatable = split_rules(policy.expectations, column_paths(df.schema))
     flags = [F.coalesce(F.expr(r.sql), F.lit(False)) for r in rules]
     bad = _or(flags)
-    marks = _marked(df, decode_failed, flags, raw_value_column)
+    marks = _marked(df, decode_failed, flags, raw_value_column, raw_key_column)
     aggs = _aggregations(len(flags), raw_value_column, exact_duplicates)
     # GX runs beside the aggregation, in a thread of its own: its context, queries and Data
     # Docs overlap the aggregation's scan instead of following it. When every expectation is

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -168,13 +168,23 @@ class AvroEnv:
         return table
 
 
-@pytest.fixture
-def env(kafka: KafkaTestCluster, registry: str, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> AvroEnv:
-    e = AvroEnv(kafka, registry, tmp_path, spark)
+E = TypeVar("E", bound=AvroEnv)
+
+
+def env_of(
+    cls: type[E], kafka: KafkaTestCluster, registry: str, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> E:
+    """A test's environment of class ``cls``, with the feeds, state and registry settings the CLI reads."""
+    e = cls(kafka, registry, tmp_path, spark)
     monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(e.feeds))
     monkeypatch.setenv("TIDEMARK_STATE_DIR", str(e.root))
     monkeypatch.setenv("TIDEMARK_SCHEMA_REGISTRY_URL", registry)
     return e
+
+
+@pytest.fixture
+def env(kafka: KafkaTestCluster, registry: str, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> AvroEnv:
+    return env_of(AvroEnv, kafka, registry, tmp_path, spark, monkeypatch)
 
 
 def _as_published(doc: dict[str, Any]) -> dict[str, Any]:

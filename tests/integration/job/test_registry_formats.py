@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import KafkaTestCluster
-from tests.integration.job.test_avro import AvroEnv
+from tests.integration.job.test_avro import AvroEnv, env_of
 from tests.integration.read_helpers import consume_independently, plan_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -96,11 +96,7 @@ class RegistryEnv(AvroEnv):
 def env(
     kafka: KafkaTestCluster, registry: str, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> RegistryEnv:
-    e = RegistryEnv(kafka, registry, tmp_path, spark)
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(e.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(e.root))
-    monkeypatch.setenv("TIDEMARK_SCHEMA_REGISTRY_URL", registry)
-    return e
+    return env_of(RegistryEnv, kafka, registry, tmp_path, spark, monkeypatch)
 
 
 def _utc(value: Any) -> dt.datetime:

@@ -80,3 +80,33 @@ def test_registry_formats_take_subject_and_version_and_other_formats_do_not() ->
         assert Deserialization(format=fmt, subject="s-value", schema_version=2).subject == "s-value"  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="need format: avro, json_schema or protobuf"):
         Deserialization(format="json", fields=({"name": "a", "type": "string"},), subject="s")  # type: ignore[arg-type]
+
+
+def test_registry_keys_read_their_own_subject_and_version_and_other_key_formats_take_neither() -> None:
+    from tidemark.config.models import Feed
+
+    keyed = Deserialization(format="string", key_format="avro")
+    assert (keyed.reader_subject(("orders",), "key"), keyed.reader_version("key")) == ("orders-key", None)
+    assert keyed.registry_parts == ("key",) and keyed.decodes_avro
+    pinned = Deserialization(format="protobuf", key_format="json_schema", key_subject="k", key_schema_version=3)
+    assert (pinned.reader_subject(("a", "b"), "key"), pinned.reader_version("key")) == ("k", 3)
+    assert pinned.registry_parts == ("key", "value") and not pinned.decodes_avro
+    with pytest.raises(ValueError, match="need key_format: avro, json_schema or protobuf"):
+        Deserialization(format="avro", key_format="string", key_subject="k")
+    with pytest.raises(ValueError, match=r"deserialization\.key_subject: a feed of several topics"):
+        Feed(name="f", topics=("a", "b"), group="g", deserialization={"key_format": "avro"})  # type: ignore[arg-type]
+
+
+def test_a_registry_keys_reasons_come_first_and_name_the_key() -> None:
+    from tidemark.spark.decode import decode_reasons
+
+    assert decode_reasons(Deserialization(format="avro", key_format="json_schema")) == [
+        "key is not valid UTF-8",
+        "key is not a JSON object of the reader JSON Schema's types",
+        "key lacks a required property or has a value outside an enum of the reader JSON Schema",
+        "value is null (tombstone)",
+        "value does not decode against its Avro writer schema",
+    ]
+    assert decode_reasons(Deserialization(format="bytes", key_format="protobuf")) == [
+        "key does not decode as the Protobuf message of its writer schema"
+    ]
