@@ -113,8 +113,8 @@ OWNER_FILE = "pytest.pid"
 # does. (Not xdist_group: xdist 3.8 marks groups by rewriting a node id that pytest 9 no longer
 # reads.)
 ONE_WORKER_GROUPS = {
-    "faults+registry": ("tests/faults/", "tests/integration/job/test_avro.py",
-                        "tests/integration/job/test_registry_formats.py"),
+    "faults+registry": ("tests/faults/", "tests/integration/job/test_avro.py", "tests/integration/job/test_registry_",
+                        "tests/integration/job/test_planned_reader.py"),
     "e2e": ("tests/e2e/",),
     "secured": ("tests/integration/test_secured_runs.py", "tests/integration/runs/test_secured_acls.py",
                 "tests/integration/devtools/test_secured_cluster.py"),
