@@ -104,11 +104,12 @@ def keyed_records(
     ]
 
 
-# Every JVM the tests start (Spark's, spark-submit's, the brokers, s3proxy, the registry) compiles
-# with C1 only: test runs are short, and C2's compiles cost more CPU than they win back on them (the
-# spark-submit and validation tests took 60 CPU-s instead of 85-90, 47 s instead of 57 s of wall
-# time). Set before any fixture starts a JVM; inherited by xdist's workers and every subprocess.
-# Tidemark's own JVMs (the CLI's, the DAGs', the benchmark's) keep the JVM's defaults.
+# Every JVM the tests start (the session's Spark, the brokers, s3proxy, the registry, the Spark
+# clusters and every spark-submit) compiles with C1 only, as Tidemark's small runs already do for
+# their driver (spark/session.py, small_run_conf): test runs are short, and C2's compiles cost more
+# CPU than they win back on them (the spark-submit and validation tests took 60 CPU-s instead of
+# 85-90, 47 s instead of 57 s of wall time). Set before any fixture starts a JVM; inherited by
+# xdist's workers and every subprocess. Outside the tests nothing changes.
 _C1_ONLY = "-XX:TieredStopAtLevel=1"
 if _C1_ONLY not in os.environ.get("JAVA_TOOL_OPTIONS", ""):
     os.environ["JAVA_TOOL_OPTIONS"] = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} {_C1_ONLY}".strip()
