@@ -389,13 +389,14 @@ def _registry_schemas(
     the driver (the executors never ask the registry); the readers the plan recorded stand for "latest"."""
     from tidemark.kafka.registry import RegistryClient, require
     from tidemark.spark import avro, json_schema, protobuf
-    from tidemark.spark.wire import pin_planned, scan_schema_ids
+    from tidemark.spark.wire import pin_planned, scan_parts
 
     client = RegistryClient(require(registry if registry is not None else registry_from_env(), feed.name))
     feed = pin_planned(feed, plan.readers)
     found: dict[str, RunSchemas] = {}
+    all_uses = scan_parts(source, feed.deserialization.registry_parts)  # keys and values: one read of Kafka
     for part in feed.deserialization.registry_parts:
-        uses = scan_schema_ids(source, part)
+        uses = all_uses[part]
         fmt = feed.deserialization.part_format(part)
         if fmt == "json_schema":
             found[part] = json_schema.resolve_schemas(uses, feed, client, part=part)

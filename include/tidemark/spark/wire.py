@@ -2,8 +2,8 @@
 
 A key or value is framed as magic byte ``0``, a 4-byte big-endian schema id, then the
 body (Avro, a JSON document, or Protobuf's message indexes and message). Before anything
-is decoded, :func:`scan_schema_ids` runs one aggregation over the column's first five
-bytes: per topic, partition and schema id the first and last offset and the count, with
+is decoded, :func:`scan_parts` runs one aggregation over the first five bytes of the
+key, the value or both: per topic, partition and schema id the first and last offset and the count, with
 keys or values of any other framing counted apart. On the driver and once per run the
 formats then call, in this order, :func:`refuse_unframed` (another framing fails the
 run), :func:`reader_version` (the reader schema: the feed's pinned version of its
@@ -16,7 +16,7 @@ Decoding finds the body with :func:`body` and each writer's records with :func:`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -92,21 +92,31 @@ def schema_id_column(column: str = "value") -> Column:
 
 def scan_schema_ids(df: DataFrame, column: str = "value") -> list[SchemaUse]:
     """One aggregation over the non-null ``column``'s first five bytes: who was written with which schema id."""
+    return scan_parts(df, (column,))[column]
+
+
+def scan_parts(df: DataFrame, columns: Sequence[str]) -> dict[str, list[SchemaUse]]:
+    """:func:`scan_schema_ids` of each of ``columns`` (``key``, ``value``) in one aggregation: one read of ``df``."""
     from pyspark.sql import functions as F
 
+    entries = F.array(*[
+        F.when(F.col(c).isNotNull(), F.struct(F.lit(c).alias("part"), schema_id_column(c).alias("schema_id")))
+        for c in columns
+    ])  # fmt: skip
     rows = (
-        df.where(F.col(column).isNotNull())
-        .select("topic", "partition", "offset", schema_id_column(column).alias("schema_id"))
-        .groupBy("topic", "partition", "schema_id")
+        df.select("topic", "partition", "offset", F.explode(entries).alias("e"))
+        .where(F.col("e").isNotNull())
+        .groupBy("topic", "partition", F.col("e.part").alias("part"), F.col("e.schema_id").alias("schema_id"))
         .agg(F.min("offset").alias("first"), F.max("offset").alias("last"), F.count(F.lit(1)).alias("n"))
         .collect()
     )
-    uses = [
-        SchemaUse(r["topic"], int(r["partition"]), None if r["schema_id"] is None else int(r["schema_id"]),
-                  int(r["first"]), int(r["last"]), int(r["n"]))
-        for r in rows
-    ]  # fmt: skip
-    return sorted(uses, key=lambda u: (u.topic, u.partition, u.first_offset))
+    found: dict[str, list[SchemaUse]] = {c: [] for c in columns}
+    for r in rows:
+        found[r["part"]].append(
+            SchemaUse(r["topic"], int(r["partition"]), None if r["schema_id"] is None else int(r["schema_id"]),
+                      int(r["first"]), int(r["last"]), int(r["n"]))
+        )  # fmt: skip
+    return {c: sorted(uses, key=lambda u: (u.topic, u.partition, u.first_offset)) for c, uses in found.items()}
 
 
 def where(use: SchemaUse) -> str:
