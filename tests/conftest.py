@@ -1,7 +1,9 @@
 """Shared fixtures: the real local Kafka cluster, per-test topics, a local SparkSession, a real PostgreSQL.
 
 The ``kafka`` fixture starts a 3-broker KRaft cluster from the project's own scripts
-once per test session, under a temporary home, and stops it at the end. Two ways to
+once per test session (under pytest-xdist, once for all workers), under a temporary home,
+and stops it at the end; ``own_kafka`` is one of the process's own, for the tests that stop,
+pause or restart brokers (the fault suite's ``kafka`` is that one). Two ways to
 reuse a running cluster instead (handy while developing):
 
 - ``TIDEMARK_TEST_KAFKA_HOME=DIR``: a local cluster under DIR, started if needed and
@@ -27,6 +29,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,7 +118,7 @@ if _C1_ONLY not in os.environ.get("JAVA_TOOL_OPTIONS", ""):
     os.environ["JAVA_TOOL_OPTIONS"] = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} {_C1_ONLY}".strip()
 
 OWNER_FILE = "pytest.pid"
-# Under pytest-xdist (`make test` runs two workers), these groups of tests stay on one worker
+# Under pytest-xdist (`make test` runs three workers), these groups of tests stay on one worker
 # each, so that what they share starts once, not once per worker: the fault suite counts its
 # scenarios in one process, and it shares the Schema Registry with the registry formats' tests;
 # the e2e tests share one Airflow; the secured tests one SASL/TLS cluster; the Spark cluster
@@ -124,7 +127,10 @@ OWNER_FILE = "pytest.pid"
 # reads.)
 ONE_WORKER_GROUPS = {
     "faults+registry": ("tests/faults/", "tests/integration/job/test_avro.py", "tests/integration/job/test_registry_",
-                        "tests/integration/job/test_planned_reader.py"),
+                        "tests/integration/job/test_planned_reader.py",
+                        # The other tests that stop a broker: on the fault suite's own cluster.
+                        "tests/integration/devtools/test_cluster.py::test_broker_can_be_stopped_and_restarted",
+                        "tests/integration/spark/test_read.py::test_leader_stopped_mid_read"),
     "e2e": ("tests/e2e/",),
     "secured": ("tests/integration/test_secured_runs.py", "tests/integration/runs/test_secured_acls.py",
                 "tests/integration/devtools/test_secured_cluster.py"),
@@ -199,7 +205,8 @@ def _stop_orphaned_test_clusters(runs_root: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaTestCluster]:
+def own_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaTestCluster]:
+    """A 3-broker cluster of this process alone, for the tests that stop, pause or restart brokers."""
     servers = os.environ.get("TIDEMARK_BOOTSTRAP_SERVERS")
     if servers:
         yield KafkaTestCluster(KafkaConnection(servers), None)
@@ -217,6 +224,58 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaTestCluster
     finally:
         if not shared_home:
             cluster.down(purge=True)
+
+
+@pytest.fixture(scope="session")
+def kafka(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaTestCluster]:
+    """The session's cluster: under xdist one cluster for all of the run's workers (:func:`_workers_cluster`),
+    else :func:`own_kafka`'s. Tests that stop brokers ask for ``own_kafka`` (the fault suite's ``kafka`` is it)."""
+    reuse = os.environ.get("TIDEMARK_BOOTSTRAP_SERVERS") or os.environ.get("TIDEMARK_TEST_KAFKA_HOME")
+    if reuse or not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield request.getfixturevalue("own_kafka")
+        return
+    with _workers_cluster(tmp_path_factory.getbasetemp().parent) as cluster:
+        yield KafkaTestCluster(KafkaConnection(cluster.state().bootstrap_servers), cluster)  # type: ignore[union-attr]
+
+
+@contextmanager
+def _workers_cluster(run_root: Path) -> Iterator[LocalCluster]:
+    """One 3-broker cluster shared by the xdist workers of this run (``run_root``: their common temp folder).
+
+    An idle cluster costs about 4 CPU-s a minute and starting one about 15: on two cores, one
+    per worker was that much less for the tests. The first worker to ask starts it, each one
+    counts itself in and out under a file lock, and the last one out stops it. Its owner is
+    the xdist controller (the workers' parent), so a later session stops it if the run died.
+    """
+    home, users = run_root / "kafka-workers", run_root / "kafka-workers.users"
+    cluster = LocalCluster(home)
+    with _file_lock(run_root / "kafka-workers.lock"):
+        count = int(users.read_text()) if users.exists() else 0
+        if count == 0:
+            home.mkdir(exist_ok=True)
+            (home / OWNER_FILE).write_text(str(os.getppid()))
+        cluster.up(brokers=3)
+        users.write_text(str(count + 1))
+    try:
+        yield cluster
+    finally:
+        with _file_lock(run_root / "kafka-workers.lock"):
+            count = int(users.read_text()) - 1
+            users.write_text(str(count))
+            if count == 0:
+                cluster.down(purge=True)
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    import fcntl
+
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @dataclass

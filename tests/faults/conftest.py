@@ -18,6 +18,12 @@ from tidemark.kafka.registry import ENV_URL
 from tidemark.output.parquet import STAGE_ON_STORE_ENV
 
 
+@pytest.fixture(scope="session")
+def kafka(own_kafka: KafkaTestCluster) -> KafkaTestCluster:
+    """The fault suite stops, pauses and restarts brokers: never those of the cluster other workers share."""
+    return own_kafka
+
+
 @pytest.fixture
 def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
          request: pytest.FixtureRequest) -> Iterator[FaultEnv]:  # fmt: skip

@@ -42,7 +42,8 @@ def test_produced_records_read_back_with_confluent_kafka(kafka: KafkaTestCluster
     assert [o for *_, o in got] == list(range(50))
 
 
-def test_broker_can_be_stopped_and_restarted(kafka: KafkaTestCluster) -> None:
+def test_broker_can_be_stopped_and_restarted(own_kafka: KafkaTestCluster) -> None:
+    kafka = own_kafka  # a broker stopped here must not be one another worker's tests are using
     cluster = kafka.require_local()
     topic = kafka.new_topic(partitions=3, replication=3)
     victim = kafka.adapter.partitions([topic])[0].leader

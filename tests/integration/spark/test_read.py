@@ -236,7 +236,8 @@ def test_deleted_start_fails_naming_partition_and_offsets(kafka: KafkaTestCluste
         list(read_task(task, kafka.connection.client_config()))
 
 
-def test_leader_stopped_mid_read_still_yields_the_planned_records(kafka: KafkaTestCluster) -> None:
+def test_leader_stopped_mid_read_still_yields_the_planned_records(own_kafka: KafkaTestCluster) -> None:
+    kafka = own_kafka  # a leader stopped here must not be one another worker's tests are using
     cluster = kafka.require_local()
     topic = kafka.new_topic(partitions=1, replication=3, config=KEEP, prefix="read-failover")
     kafka.produce(topic, keyed_records(30_000, partition=0, base_ts_ms=BASE_TS, step_ms=1), acks="all")
