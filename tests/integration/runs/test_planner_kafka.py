@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
 
 from tests.conftest import KafkaTestCluster, keyed_records
 from tidemark import cli
@@ -44,12 +44,24 @@ def store(tmp_path: Path) -> SqliteCheckpointStore:
     return SqliteCheckpointStore(tmp_path / "checkpoints.sqlite")
 
 
+PASSING_COMMIT_ERRORS = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                         KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE}  # fmt: skip
+
+
 def commit(kafka: KafkaTestCluster, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
-    """Commit offsets for an empty group from outside, as Tidemark's commit step does."""
+    """Commit offsets for an empty group from outside, as Tidemark's commit step does; retried on a
+    retriable error (a coordinator that does not know a just-created topic or partition yet, brokers
+    learning of it one by one; or one still loading the offsets partition)."""
     request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p, o) for (t, p), o in offsets.items()])
-    futures = kafka.adapter.admin.alter_consumer_group_offsets([request], request_timeout=TIMEOUT_S)
-    result = futures[group].result(timeout=TIMEOUT_S)
-    assert all(tp.error is None for tp in result.topic_partitions)
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        futures = kafka.adapter.admin.alter_consumer_group_offsets([request], request_timeout=TIMEOUT_S)
+        errors = [tp.error for tp in futures[group].result(timeout=TIMEOUT_S).topic_partitions if tp.error]
+        if not errors:
+            return
+        passing = all(e.code() in PASSING_COMMIT_ERRORS for e in errors)
+        assert passing and time.monotonic() < deadline, f"committing {dict(offsets)} for {group}: {errors}"
+        time.sleep(0.3)
 
 
 def try_commit(kafka: KafkaTestCluster, group: str, offsets: Mapping[tuple[str, int], int]) -> bool:
@@ -331,8 +343,15 @@ def test_added_partition(
     feed = make_feed(topic, on_missing="fail", on_new_partition=on_new_partition)
     commit(kafka, feed.group, {(topic, 0): 4, (topic, 1): 4})
     kafka.adapter.add_partitions(topic, 3)
-    wait_for(lambda: len(kafka.adapter.partitions([topic])) == 3, "the third partition")
-    fill(kafka, topic, {2: 7})
+    # Brokers learn of the new partition one by one: produce with a client whose own metadata has it
+    # (a new producer asking a broker that has not yet fails each record with "Unknown partition").
+    producer = Producer(kafka.connection.client_config())
+    wait_for(lambda: len(producer.list_topics(topic, timeout=10).topics[topic].partitions) == 3, "the third partition")
+    failed: list[Any] = []
+    for record in keyed_records(7, partition=2, base_ts_ms=BASE_TS, prefix="p2"):
+        producer.produce(topic, record.value, record.key, partition=2, timestamp=record.timestamp_ms,
+                         on_delivery=lambda err, _: failed.append(err) if err else None)  # fmt: skip
+    assert producer.flush(30) == 0 and not failed, failed
     plan = plan_feed(feed, kafka.adapter, store)
     assert by_partition(plan) == {0: (4, 4, "committed"), 1: (4, 4, "committed"), 2: (start, 7, on_new_partition)}
     assert event_kinds(plan) == ["new_partition"]
