@@ -65,7 +65,7 @@ def commit(kafka: KafkaTestCluster, group: str, offsets: Mapping[tuple[str, int]
 
 
 def try_commit(kafka: KafkaTestCluster, group: str, offsets: Mapping[tuple[str, int], int]) -> bool:
-    """Commit, or False while the coordinator does not know a just-created topic yet."""
+    """Commit, or False on a failure :func:`commit` does not wait out itself (a request-level error, a deadline)."""
     try:
         commit(kafka, group, offsets)
     except (KafkaException, AssertionError):
