@@ -41,6 +41,7 @@ from tests.support.servers.spark import LocalSpark
 from tidemark.checkpoints.store import CheckpointStore, PostgresCheckpointStore, SqliteCheckpointStore
 from tidemark.devtools.kafka.cluster import LocalCluster
 from tidemark.devtools.kafka.secure import SecureCluster
+from tidemark.devtools.maven import file_lock
 from tidemark.kafka.adapter import KafkaAdapter, Record, produce
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.settings import cache_root
@@ -249,7 +250,7 @@ def _workers_cluster(run_root: Path) -> Iterator[LocalCluster]:
     """
     home, users = run_root / "kafka-workers", run_root / "kafka-workers.users"
     cluster = LocalCluster(home)
-    with _file_lock(run_root / "kafka-workers.lock"):
+    with file_lock(run_root / "kafka-workers.lock"):
         count = int(users.read_text()) if users.exists() else 0
         if count == 0:
             home.mkdir(exist_ok=True)
@@ -259,23 +260,11 @@ def _workers_cluster(run_root: Path) -> Iterator[LocalCluster]:
     try:
         yield cluster
     finally:
-        with _file_lock(run_root / "kafka-workers.lock"):
+        with file_lock(run_root / "kafka-workers.lock"):
             count = int(users.read_text()) - 1
             users.write_text(str(count))
             if count == 0:
                 cluster.down(purge=True)
-
-
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    import fcntl
-
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @dataclass

@@ -54,6 +54,7 @@ import numpy as np
 
 from tests.bench import charts
 from tidemark.devtools.kafka.cluster import connection_from_env, jars_dir
+from tidemark.devtools.maven import copy_dependencies, fetch_once
 from tidemark.errors import TidemarkError
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
@@ -508,16 +509,9 @@ def _maven_fetch(version: str, target: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix="tidemark-mvn-"))
     (work / "pom.xml").write_text(pom)
     (work / "settings.xml").write_text(settings)
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    cmd = ["mvn", "-B", "-q", "-s", str(work / "settings.xml"), "-f", str(work / "pom.xml"),
-           "dependency:copy-dependencies", f"-DoutputDirectory={partial}", "-DincludeScope=runtime"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise TidemarkError(f"spark-sql-kafka {version}: " + (proc.stdout + proc.stderr).strip().splitlines()[0][:300])
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
-    (target / ".complete").touch()
+
+    fetch_once(target, lambda partial: copy_dependencies(work / "pom.xml", partial, f"spark-sql-kafka {version}",
+                                                         TidemarkError, settings=work / "settings.xml"))  # fmt: skip
 
 
 def floor_source(records: int, tasks: int) -> type:

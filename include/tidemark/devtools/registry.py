@@ -43,42 +43,31 @@ def runner_jar() -> Path:
 
 def fetch() -> Path:
     """The registry's runner jar, downloaded and unpacked once; later calls return it at once."""
+    from tidemark.devtools.maven import fetch_once, run_maven
+
     jar = runner_jar()
-    if jar.exists():
-        return jar
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise LocalServerError(
-            "'mvn' was not found on PATH: Maven fetches Apicurio Registry from Maven Central (apt-get install maven)"
-        )
-    target = home()
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    # dependency:copy by coordinates: listing the artifact as a <dependency> fails (its parent POM is not on Central).
-    artifact = f"io.apicurio:apicurio-registry-app:{APICURIO_VERSION}:tar.gz:all"
-    cmd = [mvn, "-B", "-q", "dependency:copy", f"-Dartifact={artifact}", f"-DoutputDirectory={partial}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=partial)
-    archives = list(partial.glob("*.tar.gz"))
-    if proc.returncode != 0 or not archives:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
-        raise LocalServerError(
-            f"Maven could not fetch Apicurio Registry {APICURIO_VERSION} (exit {proc.returncode}):\n{tail}"
-        )
-    with tarfile.open(archives[0]) as tar:
-        tar.extractall(partial, filter="data")
-    archives[0].unlink()
-    found = list(partial.rglob(jar.name))
-    if not found:
-        raise LocalServerError(f"the Apicurio Registry archive has no {jar.name} (unpacked in {partial})")
-    # The runner jar finds its lib/ folder beside itself: keep the unpacked folder whole.
-    app_dir = found[0].parent
-    shutil.rmtree(target, ignore_errors=True)
-    if app_dir == partial:
-        partial.rename(target)
-    else:
-        app_dir.rename(target)
-        shutil.rmtree(partial, ignore_errors=True)
+
+    def fill(partial: Path) -> None:
+        # dependency:copy by coordinates: as a <dependency> it fails (its parent POM is not on Central).
+        artifact = f"io.apicurio:apicurio-registry-app:{APICURIO_VERSION}:tar.gz:all"
+        what = f"Apicurio Registry {APICURIO_VERSION}"
+        run_maven(["dependency:copy", f"-Dartifact={artifact}", f"-DoutputDirectory={partial}"], what,
+                  LocalServerError, cwd=partial)  # fmt: skip
+        archives = list(partial.glob("*.tar.gz"))
+        if not archives:
+            raise LocalServerError(f"Maven fetched no archive of {what} into {partial}")
+        with tarfile.open(archives[0]) as tar:
+            tar.extractall(partial, filter="data")
+        archives[0].unlink()
+        found = list(partial.rglob(jar.name))
+        if not found:
+            raise LocalServerError(f"the Apicurio Registry archive has no {jar.name} (unpacked in {partial})")
+        # The runner jar finds its lib/ folder beside itself: the folder it sits in becomes the target.
+        if found[0].parent != partial:
+            for item in found[0].parent.iterdir():
+                item.rename(partial / item.name)
+
+    fetch_once(home(), fill, done=lambda target: (target / jar.name).exists())
     return jar
 
 

@@ -285,24 +285,18 @@ def fetch_openlineage_jar() -> Path:
 
 def fetch_jar(package: str) -> Path:
     """The jar of ``package`` (``group:artifact:version``) from Maven Central, downloaded once into the cache."""
+    from tidemark.devtools.maven import fetch_once, run_maven
     from tidemark.settings import cache_root
 
     _, artifact, version = package.split(":")
     target = cache_root() / f"{re.sub(r'_2[.]1[0-9]$', '', artifact)}-{version}"
     jar = target / f"{artifact}-{version}.jar"
-    if jar.exists():
-        return jar
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise LocalServerError(f"'mvn' was not found on PATH: Maven fetches {package} from Maven Central")
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    cmd = [mvn, "-B", "-q", "dependency:copy", f"-Dartifact={package}", f"-DoutputDirectory={partial}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=partial)
-    if proc.returncode != 0 or not (partial / jar.name).exists():
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
-        raise LocalServerError(f"Maven could not fetch {package} (exit {proc.returncode}):\n{tail}")
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
+
+    def fill(partial: Path) -> None:
+        run_maven(["dependency:copy", f"-Dartifact={package}", f"-DoutputDirectory={partial}"], package,
+                  LocalServerError, cwd=partial)  # fmt: skip
+        if not (partial / jar.name).exists():
+            raise LocalServerError(f"Maven fetched no {jar.name} for {package} into {partial}")
+
+    fetch_once(target, fill, done=lambda found: jar.exists())
     return jar

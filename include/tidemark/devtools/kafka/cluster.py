@@ -77,32 +77,12 @@ def java() -> str:
 
 def fetch_jars(quiet: bool = True) -> Path:
     """Download the broker jars once with Maven; later calls return the cached folder."""
-    target = jars_dir()
-    marker = target / ".complete"
-    if marker.exists():
-        return target
-    mvn = _require("mvn", "Maven fetches the Kafka jars from Maven Central (e.g. apt-get install maven).")
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    cmd = [
-        mvn,
-        "-B",
-        *(["-q"] if quiet else []),
-        "-f",
-        str(POM),
-        "dependency:copy-dependencies",
-        f"-DoutputDirectory={partial}",
-        "-DincludeScope=runtime",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
-        raise LocalKafkaError(f"Maven could not fetch Kafka {kafka_version()} (exit {proc.returncode}):\n{tail}")
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
-    marker.touch()
-    return target
+    from tidemark.devtools.maven import copy_dependencies, fetch_once
+
+    def fill(partial: Path) -> None:
+        copy_dependencies(POM, partial, f"Kafka {kafka_version()}", LocalKafkaError, quiet=quiet)
+
+    return fetch_once(jars_dir(), fill)
 
 
 def free_port() -> int:

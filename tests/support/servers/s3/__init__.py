@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidemark.devtools.kafka.cluster import free_port, java, pom_property
+from tidemark.devtools.maven import copy_dependencies, fetch_once
 from tidemark.devtools.processes import stop_pid
 from tidemark.errors import LocalServerError
 from tidemark.settings import cache_root
@@ -48,38 +49,18 @@ def fetch_jar() -> Path:
     """The s3proxy jar, downloaded once with Maven (about 41 MB)."""
     target = cache_root() / f"s3proxy-{s3proxy_version()}"
     jar = target / f"s3proxy-{s3proxy_version()}-jar-with-dependencies.jar"
-    if not jar.exists():
-        _maven_copy(POM, target, f"s3proxy {s3proxy_version()}")
+    what = f"s3proxy {s3proxy_version()}"
+    fetch_once(target, lambda partial: copy_dependencies(POM, partial, what, LocalServerError),
+               done=lambda found: jar.exists())  # fmt: skip
     return jar
 
 
 def fetch_s3a_jars() -> Path:
     """The folder of Hadoop's s3a connector jars for pyspark's Hadoop (``s3a-pom.xml``), downloaded once with Maven."""
     target = cache_root() / f"s3a-{pom_property(S3A_POM, 'hadoop.version')}"
-    if not (target / ".complete").exists():
-        _maven_copy(S3A_POM, target, "the s3a connector")
-        (target / ".complete").touch()
-    return target
-
-
-def _maven_copy(pom: Path, target: Path, what: str) -> None:
-    """``mvn dependency:copy-dependencies`` of ``pom`` into ``target``, which appears whole or not at all."""
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise LocalServerError(
-            f"'mvn' was not found on PATH: Maven fetches {what} from Maven Central (apt-get install maven)"
-        )
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    cmd = [mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={partial}",
-           "-DincludeScope=runtime"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
-        raise LocalServerError(f"Maven could not fetch {what} (exit {proc.returncode}):\n{tail}")
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
+    return fetch_once(
+        target, lambda partial: copy_dependencies(S3A_POM, partial, "the s3a connector", LocalServerError)
+    )
 
 
 @dataclass(frozen=True)
