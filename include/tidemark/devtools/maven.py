@@ -5,7 +5,8 @@ s3a and Spark packages) downloads with ``mvn`` into a folder of the cache. Sever
 processes ask at once (the test workers start their servers side by side on a fresh
 machine), so :func:`fetch_once` lets one of them fetch under a file lock beside the target
 while the others wait, fetches into a partial folder of that process's own, and renames it
-into place whole: a reader sees the complete folder or none.
+into place whole: a reader sees the complete folder or none. :func:`run_maven` runs one
+Maven at a time, since Maven's local repository (``~/.m2``) has no lock of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tidemark.errors import TidemarkError
+from tidemark.settings import cache_root
 
 
 @contextmanager
@@ -67,7 +69,10 @@ def run_maven(
     if mvn is None:
         raise error(f"'mvn' was not found on PATH: Maven fetches {what} from Maven Central (apt-get install maven)")
     cmd = [mvn, "-B", *(["-q"] if quiet else []), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd)
+    # One Maven at a time on this machine: Maven does not lock its local repository, and two fetches
+    # that share an artefact (Kafka's tools and s3proxy share Jetty) corrupt each other's copy of it.
+    with file_lock(cache_root() / "maven.lock"):
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         raise error(f"Maven could not fetch {what} (exit {proc.returncode}):\n{tail}")
