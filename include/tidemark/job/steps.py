@@ -38,11 +38,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidemark.config.models import Feed, load_feed
+from tidemark.config.models import Feed, RecordPart, load_feed
 from tidemark.errors import ConfigError, TidemarkError
 from tidemark.faults import fault_point
 from tidemark.kafka.connection import KafkaConnection, from_env
-from tidemark.kafka.registry import RegistryConnection
+from tidemark.kafka.registry import RegistryClient, RegistryConnection
 from tidemark.kafka.registry import from_env as registry_from_env
 from tidemark.planning.plan import Plan
 from tidemark.storage import Location
@@ -159,12 +159,17 @@ def run(
        are checked against what validation passed. ``output_dir`` forces a Parquet folder.
     Any failure discards the staging folder: nothing is visible, nothing to clean up.
 
-    A feed whose keys or values are in a Schema Registry format first runs one aggregation
-    over their schema ids and resolves every writer schema to the reader schema through
-    ``registry`` (default: the ``TIDEMARK_SCHEMA_REGISTRY_*`` environment), step ``schemas``,
-    before anything is staged: a framing, id or schema change it cannot resolve fails the run
-    there. Registry-format keys are staged raw beside the decoded ``key`` (never published),
-    so the range statistics hash the bytes Kafka holds.
+    A feed whose keys or values are in a Schema Registry format asks ``registry`` (default:
+    the ``TIDEMARK_SCHEMA_REGISTRY_*`` environment) for its schemas first, step ``schemas``.
+    JSON Schema and Protobuf parts first run one aggregation over their schema ids (a read of
+    Kafka) and resolve every writer schema seen to the reader schema; Avro parts decode with
+    the subject's latest versions that resolve to the reader, and step ``schema_ids`` then
+    checks them against the ids the staged records carry (one aggregation over the staged raw
+    bytes): records written with another schema are decoded again with every writer they need
+    (step ``write_again``, a second read of Kafka). A framing, id or schema change that cannot
+    be resolved fails the run before anything is published. Registry-format keys are staged
+    raw beside the decoded ``key`` (never published), so the range statistics hash the bytes
+    Kafka holds.
     """
     from tidemark.job.guard import refuse_if_moved
     from tidemark.output.base import publisher_for
@@ -275,30 +280,39 @@ def _stage_validate_publish(
     schemas: dict[str, RunSchemas] = {}
     if feed.deserialization.registry_parts:
         schemas = timer.step("schemas", lambda: _registry_schemas(spark, source, plan, feed, registry))
-        res.schemas = schemas_report(schemas)
-        res.events += [e for s in schemas.values() for e in s.events]
-    decoded = annotate(source, feed.deserialization, schemas.get("value"), schemas.get("key"))
     raw_columns = (RAW_VALUE_COLUMN, RAW_KEY_COLUMN)  # staged beside the record, never published
-    codes = OutcomeCodes.of([c for c in column_paths(decoded.schema) if c not in (*raw_columns, "plan_id")], feed)
-    outcome = codes.column()
     time_filter = plan.time_filter
-    if time_filter is not None:  # exact window: records stamped outside it are read, counted and left out
-        outcome = F.when(_outside(time_filter), F.lit(OUTSIDE_WINDOW)).otherwise(outcome)
-    outcome = outcome.alias(OUTCOME_COLUMN)
-    day = utc_date().alias("date")
-    staged_df = decoded.select(*[c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")], day, outcome)
+
+    def staged_frame() -> tuple[DataFrame, OutcomeCodes]:
+        """Every record decoded with the run's ``schemas``, with its day and its outcome code."""
+        decoded = annotate(source, feed.deserialization, schemas.get("value"), schemas.get("key"))
+        codes = OutcomeCodes.of([c for c in column_paths(decoded.schema) if c not in (*raw_columns, "plan_id")], feed)
+        outcome = codes.column()
+        if time_filter is not None:  # exact window: records stamped outside it are read, counted and left out
+            outcome = F.when(_outside(time_filter), F.lit(OUTSIDE_WINDOW)).otherwise(outcome)
+        columns = [c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")]
+        return decoded.select(*columns, utc_date().alias("date"), outcome.alias(OUTCOME_COLUMN)), codes
+
+    def write(staged_df: DataFrame) -> DataFrame:
+        """``staged_df`` written to the staging folder (a read of Kafka), and read back from there."""
+        parquet_writer(staged_df, "errorifexists").partitionBy(OUTCOME_COLUMN, "topic", "date").parquet(
+            spark_path(staging.written_url)
+        )
+        # Explicit schema: partition values are read back as written ("007" stays a string topic).
+        return spark.read.schema(staged_df.schema).parquet(spark_path(staging.written_url))
+
+    staged_df, codes = staged_frame()
     # Before anything is staged: an Iceberg table that cannot take these columns refuses the run here.
     publisher.check_schema(staged_df.drop(OUTCOME_COLUMN, *raw_columns).schema, plan)
-    timer.step(
-        "write",  # the one read of Kafka
-        lambda: (
-            parquet_writer(staged_df, "errorifexists")
-            .partitionBy(OUTCOME_COLUMN, "topic", "date")
-            .parquet(spark_path(staging.written_url))
-        ),
-    )
-    # Explicit schema: partition values are read back as written ("007" stays a string topic).
-    staged = spark.read.schema(staged_df.schema).parquet(spark_path(staging.written_url))
+    staged = timer.step("write", lambda: write(staged_df))  # the one read of Kafka, unless the schemas change
+    if _avro_parts(feed):  # decoded with the subject's versions: are they the ones the records were written with?
+        schemas, again = timer.step("schema_ids", lambda: _settle_avro(spark, staged, schemas, plan, feed, registry))
+        if again:  # records of other writers: decode them all again with every writer they need
+            staging.remove(PASS_DIR)
+            staged_df, codes = staged_frame()
+            staged = timer.step("write_again", lambda: write(staged_df))
+    if schemas:
+        res.schemas = schemas_report(schemas)
     keeps_raw = raw_value_kept(feed.deserialization)  # JSON feeds stage the raw value beside the fields
     value_column = RAW_VALUE_COLUMN if keeps_raw else "value"
     keeps_raw_key = raw_key_kept(feed.deserialization)  # registry-format keys: the raw key beside the decoded one
@@ -310,6 +324,7 @@ def _stage_validate_publish(
         if plan.commit:  # the commit passes over them: each partition's count is an event
             res.events += outside_window_events(res.window, plan)
         staged = staged.where(F.col(OUTCOME_COLUMN) != OUTSIDE_WINDOW)
+    res.events += [e for s in schemas.values() for e in s.events]
     checked = timer.step(
         "validate",  # one aggregation: range statistics, built-in checks, bad-row counts; GX beside it
         lambda: validate(
@@ -386,25 +401,72 @@ def _registry_schemas(
     spark: SparkSession, source: DataFrame, plan: Plan, feed: Feed, registry: RegistryConnection | None
 ) -> dict[str, RunSchemas]:
     """The run's reader and writer schemas of each registry-format part (``key``, ``value``), fetched once here on
-    the driver (the executors never ask the registry); the readers the plan recorded stand for "latest"."""
-    from tidemark.kafka.registry import RegistryClient, require
-    from tidemark.spark import avro, json_schema, protobuf
-    from tidemark.spark.wire import pin_planned, scan_parts
+    the driver (the executors never ask the registry); the readers the plan recorded stand for "latest".
 
-    client = RegistryClient(require(registry if registry is not None else registry_from_env(), feed.name))
-    feed = pin_planned(feed, plan.readers)
+    Avro parts get their subject's candidate writers (:func:`tidemark.spark.avro.candidate_schemas`), settled
+    against the staged records by :func:`_settle_avro`; the other formats need the records' schema ids first:
+    one aggregation over their keys and values (a read of Kafka).
+    """
+    from tidemark.spark import avro, json_schema, protobuf
+    from tidemark.spark.wire import scan_parts
+
+    client, feed = _registry_client(plan, feed, registry)
     found: dict[str, RunSchemas] = {}
-    all_uses = scan_parts(source, feed.deserialization.registry_parts)  # keys and values: one read of Kafka
+    scanned = [p for p in feed.deserialization.registry_parts if p not in _avro_parts(feed)]
+    all_uses = scan_parts(source, scanned) if scanned else {}  # keys and values: one read of Kafka
     for part in feed.deserialization.registry_parts:
-        uses = all_uses[part]
         fmt = feed.deserialization.part_format(part)
         if fmt == "json_schema":
-            found[part] = json_schema.resolve_schemas(uses, feed, client, part=part)
+            found[part] = json_schema.resolve_schemas(all_uses[part], feed, client, part=part)
         elif fmt == "protobuf":
-            found[part] = protobuf.resolve_schemas(uses, feed, client, part=part)
+            found[part] = protobuf.resolve_schemas(all_uses[part], feed, client, part=part)
         else:
-            found[part] = avro.resolve_schemas(spark, uses, feed, client, part=part)
+            found[part] = avro.candidate_schemas(spark, feed, client, part=part)
     return found
+
+
+def _avro_parts(feed: Feed) -> list[RecordPart]:
+    return [p for p in feed.deserialization.registry_parts if feed.deserialization.part_format(p) == "avro"]
+
+
+def _registry_client(plan: Plan, feed: Feed, registry: RegistryConnection | None) -> tuple[RegistryClient, Feed]:
+    """A client of the feed's registry, and ``feed`` with the reader versions ``plan`` recorded pinned."""
+    from tidemark.kafka.registry import require
+    from tidemark.spark.wire import pin_planned
+
+    client = RegistryClient(require(registry if registry is not None else registry_from_env(), feed.name))
+    return client, pin_planned(feed, plan.readers)
+
+
+def _settle_avro(
+    spark: SparkSession,
+    staged: DataFrame,
+    schemas: dict[str, RunSchemas],
+    plan: Plan,
+    feed: Feed,
+    registry: RegistryConnection | None,
+) -> tuple[dict[str, RunSchemas], bool]:
+    """``schemas`` with each Avro part settled against the schema ids its staged records carry (one aggregation
+    over the staged raw keys and values), and whether any part must be decoded again
+    (:func:`tidemark.spark.avro.settle`, which raises when records cannot be read)."""
+    from pyspark.sql import functions as F
+
+    from tidemark.spark import avro
+    from tidemark.spark.decode import RAW_KEY_COLUMN, RAW_VALUE_COLUMN
+    from tidemark.spark.wire import scan_parts
+
+    parts = _avro_parts(feed)
+    raw = {"value": RAW_VALUE_COLUMN, "key": RAW_KEY_COLUMN}
+    framed = staged.select("topic", "partition", "offset", *[F.col(raw[p]).alias(p) for p in parts])
+    all_uses = scan_parts(framed, parts)
+    client, feed = _registry_client(plan, feed, registry)
+    settled, again = dict(schemas), False
+    for part in parts:
+        candidates = schemas[part]
+        assert isinstance(candidates, avro.AvroSchemas)
+        settled[part], changed = avro.settle(spark, candidates, all_uses[part], feed, client, part=part)
+        again = again or changed
+    return settled, again
 
 
 def schemas_report(schemas: Mapping[str, RunSchemas]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The schema registry: where it is, how to log in, and the two questions Tidemark asks it.
+"""The schema registry: where it is, how to log in, and the questions Tidemark asks it.
 
 Like the Kafka connection, the registry's settings never live in feed files. The CLI and
 the Spark job take them from the environment (``TIDEMARK_SCHEMA_REGISTRY_URL``, and
@@ -8,7 +8,7 @@ see :mod:`tidemark.orchestration.dags`). The object's ``repr`` and :meth:`descri
 the password and any credentials written into the URL, so it is safe to log.
 
 :class:`RegistryClient` speaks the Confluent REST API (Confluent's registry, Apicurio's
-``/apis/ccompat/v7``, Karapace): a schema by its id, and a subject's version. Each schema
+``/apis/ccompat/v7``, Karapace): a schema by its id, a subject's versions, and one version. Each schema
 is fetched once per client. Failures are typed: an unreachable or failing registry is a
 :class:`~tidemark.errors.RegistryUnavailableError`, an id or subject it does not know a
 :class:`~tidemark.errors.SchemaNotFoundError`.
@@ -158,6 +158,11 @@ class RegistryClient:
         doc = self._get(f"/subjects/{quoted}/versions/{which}{query}", f"version {which} of subject '{subject}'")
         return SubjectVersion(subject, int(doc["version"]), int(doc["id"]), str(doc["schema"]),
                               str(doc.get("schemaType", "AVRO")), _references(doc))  # fmt: skip
+
+    def versions(self, subject: str) -> list[int]:
+        """The versions registered under ``subject``, oldest first."""
+        quoted = urllib.parse.quote(subject, safe="")
+        return sorted(int(v) for v in self._get(f"/subjects/{quoted}/versions", f"versions of subject '{subject}'"))
 
     def typed_schema(self, schema_id: int, fmt: str | None = None) -> tuple[str, str, tuple[SchemaReference, ...]]:
         """The schema registered under ``schema_id`` of any type: its type, its text and its references."""

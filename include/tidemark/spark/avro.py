@@ -1,16 +1,19 @@
 """Avro keys and values in the Schema Registry wire format: whether a run's schemas resolve, and decoding.
 
 The framing, the schema-id scan and the registry questions are :mod:`tidemark.spark.wire`'s.
-:func:`resolve_schemas` asks the registry, on the driver and once per run, for every
-writer schema seen and for the reader schema (the feed's pinned version of its subject,
-else the subject's latest), and checks each writer against the reader with Avro's own
-resolution rules (``org.apache.avro.SchemaCompatibility`` in Spark's JVM: defaults for
-added fields, promotions such as int → long). Anything that would make the run's output
-wrong or partial fails it here, before any write, naming the topic, the partition, the
-first offset concerned and what to do: a framing Tidemark does not read, a schema id the
-registry does not know, a writer schema the reader cannot resolve. A value's reader is a
-record (its fields become columns); a key's may be any Avro type (a record becomes a
-struct, a primitive a scalar).
+Kafka is read once. Before the read, :func:`candidate_schemas` asks the registry, on the
+driver, for the reader schema (the feed's pinned version of its subject, else the
+subject's latest) and for the subject's latest versions that resolve to it with Avro's own
+rules (``org.apache.avro.SchemaCompatibility`` in Spark's JVM: defaults for added fields,
+promotions such as int → long): the job decodes with those. Once the records are staged,
+:func:`settle` compares them with the schema ids the records carry. Any other id (an older
+version, another subject's schema, one that does not resolve) or a record not in the wire
+format goes through :func:`resolve_schemas`, which fails the run, before anything is
+published, naming the topic, the partition, the first offset concerned and what to do (a
+framing Tidemark does not read, a schema id the registry does not know, a writer schema the
+reader cannot resolve), or finds every writer the records need, which the job then decodes
+again. A value's reader is a record (its fields become columns); a key's may be any Avro
+type (a record becomes a struct, a primitive a scalar).
 
 The schemas then travel inside the decoding expression (``from_avro`` per writer id with
 the reader schema as its ``avroSchema``), so executors never call the registry. Spark's
@@ -24,12 +27,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError
-from tidemark.kafka.registry import RegistryClient
+from tidemark.kafka.registry import RegistryClient, SubjectVersion
 from tidemark.spark.wire import (
     HEADER_BYTES,
     RegistrySchemas,
@@ -49,6 +52,8 @@ from tidemark.spark.wire import (
 if TYPE_CHECKING:
     from pyspark.sql import Column, SparkSession
 
+# The subject's latest versions the job decodes with before it knows which ids the records carry (candidate_schemas).
+CANDIDATE_VERSIONS = 10
 # from_avro's PERMISSIVE mode turns a body that does not decode into a struct of nulls, which a record of
 # nullable fields can also be. Decoding uses the reader schema plus this field (boolean, default true): no
 # writer has it, so every record that decodes gets true by resolution, and only a failed one gets null.
@@ -85,15 +90,7 @@ def resolve_schemas(
     """The reader schema of ``part`` and every writer schema of ``uses``; raises :class:`SchemaError` when one does
     not resolve."""
     refuse_unframed(uses, "the Avro body", part)
-    reader = reader_version(feed, client, part=part)
-    reader_doc = json.loads(reader.schema)
-    if part == "value":
-        if not isinstance(reader_doc, dict) or reader_doc.get("type") != "record":
-            raise SchemaError(
-                f"feed '{feed.name}': the reader schema (subject '{reader.subject}' version {reader.version}, id "
-                f"{reader.schema_id}) is not an Avro record; Tidemark publishes a record's fields as columns"
-            )
-        check_columns(feed, reader, {str(f["name"]): None for f in reader_doc["fields"]})
+    reader = _reader(feed, client, part)
     writers, first_use = writer_schemas(uses, feed, client, lambda sid: client.typed_schema(sid)[:2], part)
     for sid, writer in writers.items():
         problem = _incompatibility(spark, reader.schema, writer)
@@ -106,11 +103,76 @@ def resolve_schemas(
                 "compatible (give an added field a default, widen rather than narrow a type); nothing was published or "
                 "committed"
             )
+    return _schemas(reader, writers, uses, part)
+
+
+def candidate_schemas(
+    spark: SparkSession, feed: Feed, client: RegistryClient, *, part: RecordPart = "value"
+) -> AvroSchemas:
+    """What the run can decode ``part`` with before it has read a record: the reader schema, and as writers every
+    one of the subject's latest :data:`CANDIDATE_VERSIONS` versions that resolves to it.
+
+    Producers write with a version of the reader's subject, nearly always a recent one, so the
+    job decodes with these while it reads Kafka the one time, and :func:`settle` then checks
+    them against the schema ids the records carry. A writer that does not resolve is left out
+    here: only records written with it would fail the run, and :func:`settle` finds them.
+    """
+    reader = _reader(feed, client, part)
+    writers: dict[int, str] = {}
+    for version in client.versions(reader.subject)[-CANDIDATE_VERSIONS:]:
+        found = reader if version == reader.version else client.typed_version(reader.subject, version)
+        if found.schema_type == "AVRO" and _incompatibility(spark, reader.schema, found.schema) is None:
+            writers[found.schema_id] = found.schema
+    writers.setdefault(reader.schema_id, reader.schema)
+    return _schemas(reader, writers, [], part)
+
+
+def settle(
+    spark: SparkSession,
+    candidates: AvroSchemas,
+    uses: list[SchemaUse],
+    feed: Feed,
+    client: RegistryClient,
+    *,
+    part: RecordPart = "value",
+) -> tuple[AvroSchemas, bool]:
+    """The run's schemas once ``uses`` (who was written with which schema id) are known, and whether the records
+    must be decoded again.
+
+    When every record of ``part`` carries one of ``candidates``' writer ids: the candidates narrowed to the ids
+    seen, with ``uses`` and their ``schema_changed`` events, and False. Otherwise (an id the candidates lack, or
+    records not in the wire format): :func:`resolve_schemas` over ``uses``, which names the records that cannot
+    be read and raises, or returns every writer they need, and True.
+    """
+    ids = {use.schema_id for use in uses}
+    if None in ids or not ids <= set(candidates.writers):
+        return resolve_schemas(spark, uses, feed, client, part=part), True
+    writers = {int(sid): candidates.writers[int(sid)] for sid in ids if sid is not None}
+    events = tuple(schema_changed_events(uses, candidates.reader_id, part))
+    settled = replace(candidates, writer_ids=tuple(writers), writers=writers, seen=tuple(uses), events=events)
+    return settled, False
+
+
+def _schemas(reader: SubjectVersion, writers: dict[int, str], uses: list[SchemaUse], part: RecordPart) -> AvroSchemas:
     return AvroSchemas(
         format="avro", subject=reader.subject, version=reader.version, reader_id=reader.schema_id,
         writer_ids=tuple(writers), seen=tuple(uses), events=tuple(schema_changed_events(uses, reader.schema_id, part)),
         reader=reader.schema, writers=writers,
     )  # fmt: skip
+
+
+def _reader(feed: Feed, client: RegistryClient, part: RecordPart) -> SubjectVersion:
+    """The reader schema of ``part``; a value's must be a record whose fields may become columns."""
+    reader = reader_version(feed, client, part=part)
+    reader_doc = json.loads(reader.schema)
+    if part == "value":
+        if not isinstance(reader_doc, dict) or reader_doc.get("type") != "record":
+            raise SchemaError(
+                f"feed '{feed.name}': the reader schema (subject '{reader.subject}' version {reader.version}, id "
+                f"{reader.schema_id}) is not an Avro record; Tidemark publishes a record's fields as columns"
+            )
+        check_columns(feed, reader, {str(f["name"]): None for f in reader_doc["fields"]})
+    return reader
 
 
 def _incompatibility(spark: SparkSession, reader: str, writer: str) -> str | None:

@@ -282,6 +282,66 @@ def test_v1_to_v2_mid_range_publishes_one_table_with_both_resolved(env: AvroEnv)
     assert env.committed() == {0: 20, 1: 20}
 
 
+def test_writers_outside_the_subject_are_decoded_on_a_second_read_and_unused_versions_stay_out_of_the_report(
+    env: AvroEnv,
+) -> None:
+    from confluent_kafka.schema_registry import record_subject_name_strategy
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    v1, v2 = env.serializer(ORDER_V1), env.serializer(ORDER_V2)
+    # v1's fields under the record's own subject (shop.Order), with a doc: its id is none of the topic subject's.
+    other_schema = {**ORDER_V1, "doc": "written under the record's name"}
+    other_ser = AvroSerializer(env.sr, json.dumps(other_schema), conf={
+        "auto.register.schemas": True, "subject.name.strategy": record_subject_name_strategy})  # fmt: skip
+    other = other_ser(order(5), SerializationContext(env.topic, MessageField.VALUE))
+    env.produce([v1(order(i)) for i in range(5)] + [other] + [v2(order(i, v2=True)) for i in range(6, 10)], 0)
+    env.produce([v2(order(i, v2=True)) for i in range(10, 14)], 1)
+    # v3 of the topic's subject becomes the reader; no record is written with it.
+    env.sr.register_schema(f"{env.topic}-value", _schema(ORDER_V2_NESTED))
+    ids = {name: int.from_bytes(raw[1:5], "big") for name, raw in
+           (("v1", v1(order(0))), ("other", other), ("v2", v2(order(6, v2=True))))}  # fmt: skip
+    reader_id = env.sr.get_latest_version(f"{env.topic}-value").schema_id
+    assert len({*ids.values(), reader_id}) == 4
+
+    env.run()
+
+    names = [f["name"] for f in ORDER_V2_NESTED["fields"]]
+    expected = env.scan(ORDER_V2_NESTED)
+    assert len(expected) == 14
+    assert {k: _published_value(r, names) for k, r in env.published().items()} == {
+        k: _as_published(v) for k, v in expected.items()
+    }
+    assert env.quarantined() == []
+    report = env.report()
+    assert report["schemas"]["writer_ids"] == sorted(ids.values())
+    assert report["schemas"]["reader"]["id"] == reader_id
+    changes = sorted((e["partition"], e["details"]["offset"], e["details"]["to_schema_id"])
+                     for e in report["events"] if e["kind"] == "schema_changed")  # fmt: skip
+    assert changes == [(0, 5, ids["other"]), (0, 6, ids["v2"])]
+    assert "write_again" in report["timings_s"]  # the other subject's record: decoded with every writer, again
+    assert env.committed() == {0: 10, 1: 4}
+
+
+def test_records_of_the_subjects_versions_are_read_from_kafka_once(env: AvroEnv) -> None:
+    v1, v2 = env.serializer(ORDER_V1), env.serializer(ORDER_V2)
+    env.produce([v1(order(i)) for i in range(3)] + [v2(order(i, v2=True)) for i in range(3, 6)], 0)
+    env.produce([v2(order(i, v2=True)) for i in range(6, 9)], 1)
+
+    env.run()
+
+    report = env.report()
+    assert {"schemas", "schema_ids", "write"} <= set(report["timings_s"])
+    assert "write_again" not in report["timings_s"]
+    assert len(env.published()) == 9 and env.committed() == {0: 6, 1: 3}
+
+
+def _schema(doc: dict[str, Any]) -> Any:
+    from confluent_kafka.schema_registry import Schema
+
+    return Schema(json.dumps(doc), "AVRO")
+
+
 def test_incompatible_change_fails_before_publishing_naming_offset_ids_and_field(env: AvroEnv) -> None:
     v1, bad = env.serializer(ORDER_V1), env.serializer(ORDER_BAD)
     env.produce([v1(order(i)) for i in range(5)], 0)
