@@ -160,9 +160,9 @@ MUTANTS = (
         (
             Edit(
                 "include/tidemark/output/iceberg.py",
-                "commit_files(table, [str(self.location / n) for n in names], properties, self.table_name)",
-                "commit_files(self.load() or table, [str(self.location / n) for n in names], properties, "
-                "self.table_name)",
+                "commit_files(table, paths, properties, self.table_name, evolve_to=decoded if changes else None)",
+                "commit_files(self.load() or table, paths, properties, self.table_name, "
+                "evolve_to=decoded if changes else None)",
             ),
         ),
         (
