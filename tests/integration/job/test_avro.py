@@ -13,8 +13,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
@@ -334,6 +336,33 @@ def test_records_of_the_subjects_versions_are_read_from_kafka_once(env: AvroEnv)
     assert {"schemas", "schema_ids", "write"} <= set(report["timings_s"])
     assert "write_again" not in report["timings_s"]
     assert len(env.published()) == 9 and env.committed() == {0: 6, 1: 3}
+
+
+def test_an_exact_backfill_reports_the_schema_changes_beside_its_window(env: AvroEnv) -> None:
+    v1, v2 = env.serializer(ORDER_V1), env.serializer(ORDER_V2)
+    base = int(time.time() * 1000) - 3_600_000
+    for partition in range(2):  # stamped a second apart: the window keeps the middle of each partition
+        values = [v1(order(i)) for i in range(4)] + [v2(order(i, v2=True)) for i in range(4, 8)]
+        env.kafka.produce(env.topic, [Record(value=v, timestamp_ms=base + n * 1000, partition=partition)
+                                      for n, v in enumerate(values)])  # fmt: skip
+    start, end = datetime.fromtimestamp((base + 2000) / 1000, UTC), datetime.fromtimestamp((base + 6000) / 1000, UTC)
+
+    _, job, outcome = run_feed("orders", env.kafka.connection, mode="backfill", root=env.root,
+                               job_runner=env.in_process, params={"start_timestamp": start.isoformat(),
+                                                                  "end_timestamp": end.isoformat(),
+                                                                  "max_skew": "1m"})  # fmt: skip
+
+    import pyarrow.dataset as ds
+
+    files = sorted(str(f) for f in Path(job["manifest"]["location"]).glob("topic=*/date=*/*.parquet"))
+    published = ds.dataset(files, format="parquet").to_table(columns=["partition", "offset"]).to_pylist()
+    assert sorted((r["partition"], r["offset"]) for r in published) == [(p, o) for p in range(2) for o in range(2, 6)]
+    report = json.loads(Path(outcome.report_path).read_text())
+    assert report["window"] and sum(w["kept"] for w in report["window"]) == job["records_published"] == 8
+    v2_id = env.sr.get_latest_version(f"{env.topic}-value").schema_id
+    changes = sorted((e["partition"], e["details"]["offset"], e["details"]["to_schema_id"])
+                     for e in report["events"] if e["kind"] == "schema_changed")  # fmt: skip
+    assert changes == [(0, 4, v2_id), (1, 4, v2_id)]
 
 
 def _schema(doc: dict[str, Any]) -> Any:
