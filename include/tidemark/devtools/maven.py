@@ -4,15 +4,14 @@ Every local stand-in (the Kafka jars, the schema registry, and the test suite's 
 s3a and Spark packages) downloads with ``mvn`` into a folder of the cache. Several
 processes ask at once (the test workers start their servers side by side on a fresh
 machine), so :func:`fetch_once` lets one of them fetch under a file lock beside the target
-while the others wait, fetches into a partial folder of that process's own, and renames it
-into place whole: a reader sees the complete folder or none. :func:`run_maven` runs one
+while the others wait, into a partial folder that it empties first (what a killed fetch left
+there goes), and renames it into place whole: a reader sees the complete folder or none. :func:`run_maven` runs one
 Maven at a time, since Maven's local repository (``~/.m2``) has no lock of its own.
 """
 
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
@@ -39,7 +38,7 @@ def fetch_once(target: Path, fill: Callable[[Path], None], *, done: Callable[[Pa
     """``target``, filled by ``fill(partial)`` and renamed into place unless ``done(target)`` already holds
     (by default: it has the ``.complete`` marker that :func:`copy_dependencies` leaves).
 
-    ``fill`` writes into an empty folder of this process's own; it raises when the fetch failed,
+    ``fill`` writes into an empty partial folder beside ``target``; it raises when the fetch failed,
     and the partial folder is then removed. One process fills at a time (the lock), and a
     process that waited finds ``done`` true and returns at once.
     """
@@ -49,7 +48,7 @@ def fetch_once(target: Path, fill: Callable[[Path], None], *, done: Callable[[Pa
     with file_lock(target.with_name(target.name + ".lock")):
         if done(target):
             return target
-        partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+        partial = target.with_name(target.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         try:

@@ -279,7 +279,8 @@ def _stage_validate_publish(
 
     schemas: dict[str, RunSchemas] = {}
     if feed.deserialization.registry_parts:
-        schemas = timer.step("schemas", lambda: _registry_schemas(spark, source, plan, feed, registry))
+        client, pinned = _registry_client(plan, feed, registry)
+        schemas = timer.step("schemas", lambda: _registry_schemas(spark, source, pinned, client))
     raw_columns = (RAW_VALUE_COLUMN, RAW_KEY_COLUMN)  # staged beside the record, never published
     time_filter = plan.time_filter
 
@@ -306,7 +307,7 @@ def _stage_validate_publish(
     publisher.check_schema(staged_df.drop(OUTCOME_COLUMN, *raw_columns).schema, plan)
     staged = timer.step("write", lambda: write(staged_df))  # the one read of Kafka, unless the schemas change
     if _avro_parts(feed):  # decoded with the subject's versions: are they the ones the records were written with?
-        schemas, again = timer.step("schema_ids", lambda: _settle_avro(spark, staged, schemas, plan, feed, registry))
+        schemas, again = timer.step("schema_ids", lambda: _settle_avro(spark, staged, schemas, pinned, client))
         if again:  # records of other writers: decode them all again with every writer they need
             staging.remove(PASS_DIR)
             staged_df, codes = staged_frame()
@@ -398,10 +399,11 @@ def _stage_on_store(spark: SparkSession, publisher: Publisher) -> bool:
 
 
 def _registry_schemas(
-    spark: SparkSession, source: DataFrame, plan: Plan, feed: Feed, registry: RegistryConnection | None
+    spark: SparkSession, source: DataFrame, feed: Feed, client: RegistryClient
 ) -> dict[str, RunSchemas]:
-    """The run's reader and writer schemas of each registry-format part (``key``, ``value``), fetched once here on
-    the driver (the executors never ask the registry); the readers the plan recorded stand for "latest".
+    """The run's reader and writer schemas of each registry-format part (``key``, ``value``) of ``feed`` (with the
+    readers its plan recorded pinned, :func:`_registry_client`), fetched once here on the driver (the executors
+    never ask the registry).
 
     Avro parts get their subject's candidate writers (:func:`tidemark.spark.avro.candidate_schemas`), settled
     against the staged records by :func:`_settle_avro`; the other formats need the records' schema ids first:
@@ -410,7 +412,6 @@ def _registry_schemas(
     from tidemark.spark import avro, json_schema, protobuf
     from tidemark.spark.wire import scan_parts
 
-    client, feed = _registry_client(plan, feed, registry)
     found: dict[str, RunSchemas] = {}
     scanned = [p for p in feed.deserialization.registry_parts if p not in _avro_parts(feed)]
     all_uses = scan_parts(source, scanned) if scanned else {}  # keys and values: one read of Kafka
@@ -439,12 +440,7 @@ def _registry_client(plan: Plan, feed: Feed, registry: RegistryConnection | None
 
 
 def _settle_avro(
-    spark: SparkSession,
-    staged: DataFrame,
-    schemas: dict[str, RunSchemas],
-    plan: Plan,
-    feed: Feed,
-    registry: RegistryConnection | None,
+    spark: SparkSession, staged: DataFrame, schemas: dict[str, RunSchemas], feed: Feed, client: RegistryClient
 ) -> tuple[dict[str, RunSchemas], bool]:
     """``schemas`` with each Avro part settled against the schema ids its staged records carry (one aggregation
     over the staged raw keys and values), and whether any part must be decoded again
@@ -459,7 +455,6 @@ def _settle_avro(
     raw = {"value": RAW_VALUE_COLUMN, "key": RAW_KEY_COLUMN}
     framed = staged.select("topic", "partition", "offset", *[F.col(raw[p]).alias(p) for p in parts])
     all_uses = scan_parts(framed, parts)
-    client, feed = _registry_client(plan, feed, registry)
     settled, again = dict(schemas), False
     for part in parts:
         candidates = schemas[part]
