@@ -164,12 +164,16 @@ def run(
     JSON Schema and Protobuf parts first run one aggregation over their schema ids (a read of
     Kafka) and resolve every writer schema seen to the reader schema; Avro parts decode with
     the subject's latest versions that resolve to the reader, and step ``schema_ids`` then
-    checks them against the ids the staged records carry (one aggregation over the staged raw
-    bytes): records written with another schema are decoded again with every writer they need
-    (step ``write_again``, a second read of Kafka). A framing, id or schema change that cannot
-    be resolved fails the run before anything is published. Registry-format keys are staged
-    raw beside the decoded ``key`` (never published), so the range statistics hash the bytes
-    Kafka holds.
+    checks them against the ids the staged records carry (one aggregation over their staged
+    wire-format headers): records written with another schema are decoded again with every
+    writer they need (step ``write_again``, a second read of Kafka). A framing, id or schema
+    change that cannot be resolved fails the run before anything is published.
+
+    Where the decoded columns lose the bytes Kafka holds (JSON and registry-format values,
+    registry-format keys), each record is staged with a digest of its raw key and value (the
+    hash and byte count the range statistics fold) and keeps the raw bytes only when it is
+    bad, for the quarantine (:func:`raw_kept_aside`); publication then drops those columns
+    from the good records' files by copying the others' column chunks, without decoding them.
     """
     from tidemark.job.guard import refuse_if_moved
     from tidemark.output.base import publisher_for
@@ -269,19 +273,25 @@ def _stage_validate_publish(
     from tidemark.spark.decode import (
         ERROR_COLUMN,
         OUTCOME_COLUMN,
+        RAW_HEAD_COLUMNS,
         RAW_KEY_COLUMN,
         RAW_VALUE_COLUMN,
         annotate,
         raw_key_kept,
         raw_value_kept,
     )
+    from tidemark.spark.stats import DIGEST_COLUMNS
     from tidemark.validation.rules import DECODE_CODE, OK_OUTCOME, OutcomeCodes, column_paths, validate
 
     schemas: dict[str, RunSchemas] = {}
     if feed.deserialization.registry_parts:
         client, pinned = _registry_client(plan, feed, registry)
         schemas = timer.step("schemas", lambda: _registry_schemas(spark, source, pinned, client))
-    raw_columns = (RAW_VALUE_COLUMN, RAW_KEY_COLUMN)  # staged beside the record, never published
+    # Staged beside the record, never published: the raw value and key of feeds whose decoded columns lose them
+    # (JSON, registry formats), each row's digest of them for the range statistics, and Avro parts' headers.
+    raw_columns = (RAW_VALUE_COLUMN, RAW_KEY_COLUMN, *DIGEST_COLUMNS, *RAW_HEAD_COLUMNS.values())
+    keeps_raw = raw_value_kept(feed.deserialization)  # JSON feeds stage the raw value beside the fields
+    keeps_raw_key = raw_key_kept(feed.deserialization)  # registry-format keys: the raw key beside the decoded one
     time_filter = plan.time_filter
 
     def staged_frame() -> tuple[DataFrame, OutcomeCodes]:
@@ -292,7 +302,10 @@ def _stage_validate_publish(
         if time_filter is not None:  # exact window: records stamped outside it are read, counted and left out
             outcome = F.when(_outside(time_filter), F.lit(OUTSIDE_WINDOW)).otherwise(outcome)
         columns = [c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")]
-        return decoded.select(*columns, utc_date().alias("date"), outcome.alias(OUTCOME_COLUMN)), codes
+        staged_df = decoded.select(*columns, utc_date().alias("date"), outcome.alias(OUTCOME_COLUMN))
+        if keeps_raw or keeps_raw_key:
+            staged_df = raw_kept_aside(staged_df, keeps_raw, keeps_raw_key, _avro_parts(feed))
+        return staged_df, codes
 
     def write(staged_df: DataFrame) -> DataFrame:
         """``staged_df`` written to the staging folder (a read of Kafka), and read back from there."""
@@ -314,10 +327,6 @@ def _stage_validate_publish(
             staged = timer.step("write_again", lambda: write(staged_df))
     if schemas:
         res.schemas = schemas_report(schemas)
-    keeps_raw = raw_value_kept(feed.deserialization)  # JSON feeds stage the raw value beside the fields
-    value_column = RAW_VALUE_COLUMN if keeps_raw else "value"
-    keeps_raw_key = raw_key_kept(feed.deserialization)  # registry-format keys: the raw key beside the decoded one
-    key_column = RAW_KEY_COLUMN if keeps_raw_key else "key"
     undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_CODE)
     record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date")]
     if time_filter is not None:
@@ -335,8 +344,9 @@ def _stage_validate_publish(
                 ERROR_COLUMN, codes.decode_error(F.col(OUTCOME_COLUMN))
             ),
             exact_duplicates=False,  # the reader yields each offset at most once
-            raw_value_column=value_column,
-            raw_key_column=key_column,
+            # JSON and registry feeds: each row's digest, staged while its raw bytes were at hand
+            raw_value_column=None if keeps_raw or keeps_raw_key else "value",
+            digested=keeps_raw or keeps_raw_key,
         ),
     )  # fmt: skip
     # validate() already refused ranges read past their bounds or with more records
@@ -348,13 +358,12 @@ def _stage_validate_publish(
     res.validation = checked.summary
     res.decode_failures = int(checked.summary["counts"]["decode_errors"])
 
-    record_schema = staged_df.drop(OUTCOME_COLUMN).schema
+    # The quarantine keeps a bad record's raw bytes, not the job's digests and headers of them.
+    quarantined_schema = staged_df.drop(OUTCOME_COLUMN, *DIGEST_COLUMNS, *RAW_HEAD_COLUMNS.values()).schema
     published_schema = staged_df.drop(OUTCOME_COLUMN, *raw_columns).schema
 
     def read_good(source: str) -> DataFrame:
-        # JSON and registry feeds stage the raw value (and key) beside the fields: publish the fields only.
-        good = spark.read.schema(record_schema).parquet(spark_path(source))
-        return good.select(*published_schema.names)
+        return spark.read.schema(published_schema).parquet(spark_path(source))  # Parquet reads only these columns
 
     if time_filter is not None:  # neither published nor quarantined: they are outside the window
         staging.remove(PASS_DIR, f"{OUTCOME_COLUMN}={OUTSIDE_WINDOW}")
@@ -363,8 +372,8 @@ def _stage_validate_publish(
         lambda: publisher.publish_staged(
             staging, plan, feed,
             staged=StagedRecords(OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good,
-                                 rewrite=keeps_raw or keeps_raw_key,
-                                 write_quarantine=quarantine_writer(spark, record_schema, codes.reason)),
+                                 unpublished=tuple(c for c in raw_columns if c in staged_df.columns),
+                                 write_quarantine=quarantine_writer(spark, quarantined_schema, codes.reason)),
             stats=stats, extra={"validator": res.validator},
             expect_records=int(checked.summary["good_records"]),
             expect_quarantined=int(checked.summary["quarantined_records"]),
@@ -374,6 +383,35 @@ def _stage_validate_publish(
     if manifest.extra.get("schema_changes"):
         res.events.append(table_schema_event(manifest))
     return manifest
+
+
+def raw_kept_aside(
+    staged: DataFrame, raw_value: bool, raw_key: bool, avro_parts: Sequence[RecordPart] = ()
+) -> DataFrame:
+    """``staged`` (the decoded records with their outcome) with the raw value and key kept for bad records only.
+
+    Every row gets its digest (:func:`tidemark.spark.stats.row_digest`: the hash and byte
+    count the range statistics fold), computed from the raw bytes while they are at hand;
+    ``raw_value`` / ``raw_key``: the raw columns to keep for rows whose outcome is not ``ok``
+    (null for the rest: the quarantine needs a bad record's bytes, nothing needs a good
+    one's). Each of ``avro_parts`` keeps its wire-format header, for the schema ids the
+    records carry. So the good records' staged files hold the published columns and a few
+    small ones, which publication drops without decoding the rest.
+    """
+    from pyspark.sql import functions as F
+
+    from tidemark.spark.decode import OUTCOME_COLUMN, RAW_HEAD_COLUMNS, RAW_KEY_COLUMN, RAW_VALUE_COLUMN
+    from tidemark.spark.stats import row_digest
+    from tidemark.spark.wire import HEADER_BYTES
+    from tidemark.validation.rules import OK_OUTCOME
+
+    raw = {"value": RAW_VALUE_COLUMN if raw_value else "value", "key": RAW_KEY_COLUMN if raw_key else "key"}
+    bad = F.col(OUTCOME_COLUMN) != F.lit(OK_OUTCOME)
+    kept = {c: F.when(bad, F.col(c)).alias(c) for c in (RAW_VALUE_COLUMN, RAW_KEY_COLUMN) if c in staged.columns}
+    heads = [F.substring(F.col(raw[p]), 1, HEADER_BYTES).alias(RAW_HEAD_COLUMNS[p]) for p in avro_parts]
+    return staged.select(
+        *[kept.get(c, F.col(c)) for c in staged.columns], *row_digest(raw["value"], raw["key"]), *heads
+    )
 
 
 def table_schema_event(manifest: Manifest) -> dict[str, Any]:
@@ -443,17 +481,17 @@ def _settle_avro(
     spark: SparkSession, staged: DataFrame, schemas: dict[str, RunSchemas], feed: Feed, client: RegistryClient
 ) -> tuple[dict[str, RunSchemas], bool]:
     """``schemas`` with each Avro part settled against the schema ids its staged records carry (one aggregation
-    over the staged raw keys and values), and whether any part must be decoded again
+    over the staged keys' and values' wire-format headers), and whether any part must be decoded again
     (:func:`tidemark.spark.avro.settle`, which raises when records cannot be read)."""
     from pyspark.sql import functions as F
 
     from tidemark.spark import avro
-    from tidemark.spark.decode import RAW_KEY_COLUMN, RAW_VALUE_COLUMN
+    from tidemark.spark.decode import RAW_HEAD_COLUMNS
     from tidemark.spark.wire import scan_parts
 
     parts = _avro_parts(feed)
-    raw = {"value": RAW_VALUE_COLUMN, "key": RAW_KEY_COLUMN}
-    framed = staged.select("topic", "partition", "offset", *[F.col(raw[p]).alias(p) for p in parts])
+    # The staged headers (the raw bytes' first five, raw_kept_aside) frame a record as its raw bytes do.
+    framed = staged.select("topic", "partition", "offset", *[F.col(RAW_HEAD_COLUMNS[p]).alias(p) for p in parts])
     all_uses = scan_parts(framed, parts)
     settled, again = dict(schemas), False
     for part in parts:

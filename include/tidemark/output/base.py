@@ -40,9 +40,10 @@ class StagedRecords:
 
     Folders are given as :meth:`Staging.url` gives them (a local path or an object-store URL).
     ``read_good(folder)`` gives the good records under a staged outcome folder with exactly
-    the publication's columns (``schema``); ``rewrite`` says whether the staged files
-    carry columns the publication must not (a JSON feed's raw value), so that a
-    rename-only publication is impossible. ``write_quarantine(folders, target)`` writes
+    the publication's columns (``schema``); ``unpublished`` names the columns the staged
+    files carry and the publication must not (the job's digests of the raw bytes, and the
+    raw bytes of bad records), so that a rename-only publication is impossible.
+    ``write_quarantine(folders, target)`` writes
     the records of the bad outcome folders under ``target`` (partitioned by topic and
     date) with the full reason each outcome code stands for as the ``_reason`` column.
     """
@@ -51,7 +52,7 @@ class StagedRecords:
     ok_value: str
     schema: StructType
     read_good: Callable[[str], DataFrame]
-    rewrite: bool
+    unpublished: tuple[str, ...]
     write_quarantine: Callable[[Sequence[str], str], None]
 
 
@@ -144,18 +145,14 @@ class ParquetPublisher:
         expect_quarantined: int,
         run_id: str | None,
     ) -> Manifest:
-        from tidemark.output.parquet import parquet_writer, publish_staged, spark_path
-
-        def rewrite_good(source: str, target: str) -> None:
-            good = staged.read_good(source)
-            parquet_writer(good, "append").partitionBy("topic", "date").parquet(spark_path(target))
+        from tidemark.output.parquet import publish_staged
 
         # The manifest names the run that published (as an Iceberg snapshot does): a failed
         # run that shares the plan id is then not taken for "published, not committed".
         extra = {**extra, "run_id": run_id} if run_id else extra
         return publish_staged(
             staging, plan, feed, outcome_column=staged.outcome_column, ok_value=staged.ok_value,
-            write_quarantine=staged.write_quarantine, rewrite_good=rewrite_good if staged.rewrite else None,
+            write_quarantine=staged.write_quarantine, unpublished=staged.unpublished,
             stats=stats, extra=extra,
             expect_records=expect_records, expect_quarantined=expect_quarantined,
         )  # fmt: skip

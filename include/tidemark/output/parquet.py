@@ -236,7 +236,6 @@ def publish(
 # -- staged publication: the job writes once, then validation decides ----------------------
 
 PASS_DIR = "_pass"  # inside a staging folder: the job's single write, partitioned by outcome
-REWRITTEN_DIR = "_good"  # inside a staging folder on the object store: good records rewritten by Spark
 
 
 STAGE_ON_STORE_ENV = "TIDEMARK_STAGE_ON_STORE"  # "1": stage on the object store, "0": never; unset: by master
@@ -375,7 +374,7 @@ def publish_staged(
     outcome_column: str,
     ok_value: str,
     write_quarantine: Callable[[Sequence[str], str], None],
-    rewrite_good: Callable[[str, str], None] | None = None,
+    unpublished: Sequence[str] = (),
     stats: Sequence[RangeStats] = (),
     extra: Mapping[str, Any] | None = None,
     expect_records: int | None = None,
@@ -384,8 +383,8 @@ def publish_staged(
     """Publish what the job staged: good records by rename, the rest as quarantine.
 
     ``<written>/<outcome_column>=<ok_value>/topic=*/`` become the published topic folders
-    (or, with ``rewrite_good(source, target)``, are rewritten into ``target``: for staged
-    files that carry columns the publication must not); every other outcome folder is
+    (or, when the staged files carry ``unpublished`` columns, are copied without them by
+    :func:`drop_columns`, which decodes nothing); every other outcome folder is
     handed to ``write_quarantine(folders, target)``, which writes their records with the
     full ``_reason`` as a column under ``_quarantine/topic=*/date=*/`` (an outcome is a
     short code: a folder named after the reasons could exceed a file name's length).
@@ -399,10 +398,8 @@ def publish_staged(
         good = f"{outcome_column}={ok_value}"
         outcomes = staging.outcomes(outcome_column)
         if good in outcomes:
-            if rewrite_good is not None:
-                target = staging.root if staging.remote is None else staging.url(REWRITTEN_DIR)
-                rewrite_good(staging.url(PASS_DIR, good), str(target))
-                staging.pull(REWRITTEN_DIR, staging.root)
+            if unpublished:
+                drop_columns(staging.url(PASS_DIR, good), staging.root, unpublished)
             elif staging.remote is not None:
                 staging.pull(f"{PASS_DIR}/{good}", staging.root)
             else:
@@ -431,6 +428,77 @@ def publish_staged(
     except Exception as exc:
         staging.discard()
         raise PublishError(f"publishing plan {plan.plan_id} of feed '{feed.name}' failed: {exc}") from exc
+
+
+SPARK_SCHEMA_KEY = "org.apache.spark.sql.parquet.row.metadata"  # the Spark schema a Spark-written file's footer holds
+
+
+def drop_columns(source: str, target: Path, columns: Sequence[str]) -> int:
+    """Copy every Parquet file under ``source`` (a staged folder, local or on the store) to the same relative path
+    under the local ``target``, without the top-level ``columns``; returns the number of files.
+
+    The other columns' chunks are copied as they are, byte for byte, with their statistics,
+    page indexes and bloom filters (parquet-mr's ``ParquetFileWriter.appendColumnChunk``, in
+    the driver's JVM): nothing is decoded or encoded again, so this costs a copy of the
+    files, not a Spark job. The footer's Parquet schema and its Spark schema lose ``columns``;
+    the rest of its key-value metadata is kept. The copies are what Spark would have written
+    for the same rows without those columns, as readers see them.
+    """
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.active()
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()  # s3a's settings, for a folder staged on the store
+    hadoop_path = jvm.org.apache.hadoop.fs.Path
+    parquet = jvm.org.apache.parquet
+    create = getattr(parquet.hadoop, "ParquetFileWriter$Mode").CREATE
+    options = parquet.HadoopReadOptions.builder(conf).build()
+    drop = set(columns)
+    folder = Location.of(source)
+    copied = 0
+    for name, _ in folder.files():
+        if not name.endswith(".parquet"):
+            continue
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        source_file = parquet.hadoop.util.HadoopInputFile.fromPath(hadoop_path(spark_path(folder / name)), conf)
+        stream = source_file.newStream()
+        reader = parquet.hadoop.ParquetFileReader.open(source_file, options, stream)
+        try:
+            meta = reader.getFooter().getFileMetaData()
+            schema = meta.getSchema()
+            kept = jvm.java.util.ArrayList()
+            for column in schema.getFields():
+                if column.getName() not in drop:
+                    kept.add(column)
+            pruned = parquet.schema.MessageType(schema.getName(), kept)
+            out = parquet.hadoop.util.HadoopOutputFile.fromPath(hadoop_path(str(target / name)), conf)
+            writer = parquet.hadoop.ParquetFileWriter(out, pruned, create, ROW_GROUP_BYTES, 0)
+            writer.start()
+            for block in reader.getRowGroups():
+                writer.startBlock(block.getRowCount())
+                for chunk in block.getColumns():
+                    path = chunk.getPath().toArray()
+                    if path[0] in drop:
+                        continue
+                    writer.appendColumnChunk(
+                        pruned.getColumnDescription(path), stream, chunk, reader.readBloomFilter(chunk),
+                        reader.readColumnIndex(chunk), reader.readOffsetIndex(chunk),
+                    )  # fmt: skip
+                writer.endBlock()
+            metadata = jvm.java.util.HashMap(meta.getKeyValueMetaData())
+            spark_schema = metadata.get(SPARK_SCHEMA_KEY)
+            if spark_schema is not None:
+                doc = json.loads(spark_schema)
+                doc["fields"] = [f for f in doc["fields"] if f["name"] not in drop]
+                metadata.put(SPARK_SCHEMA_KEY, json.dumps(doc, separators=(",", ":")))
+            writer.end(metadata)
+        finally:
+            reader.close()
+        copied += 1
+    return copied
+
+
+ROW_GROUP_BYTES = 128 * 1024 * 1024  # parquet-mr's default: the row groups copied keep their own sizes
 
 
 def staging_base(output: Location) -> Path:

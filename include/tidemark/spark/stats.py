@@ -53,24 +53,58 @@ def range_stats(df: DataFrame, plan: Plan, *, value_column: str = "value") -> li
     return stats_from_rows(rows, plan)
 
 
-def range_stat_aggs(value_column: str = "value") -> list[Column]:
+# A record's share of its range's statistics, staged beside a record whose raw bytes are
+# not (:func:`row_digest`): the job computes them while it writes, before the raw value of
+# a good record is dropped, and the statistics then sum them (``digested=True``).
+ROW_HASH_COLUMN = "_row_hash"
+ROW_BYTES_COLUMN = "_row_bytes"
+DIGEST_COLUMNS = (ROW_HASH_COLUMN, ROW_BYTES_COLUMN)
+
+
+def row_digest(value: Column | str = "value", key: Column | str = "key") -> list[Column]:
+    """Each record's hash and key + value bytes, as :func:`range_stat_aggs` folds them, named :data:`DIGEST_COLUMNS`.
+
+    ``key`` and ``value`` are the bytes Kafka holds (a string cast of them hashes the same).
+    """
+    return [_row_hash(value, key).alias(ROW_HASH_COLUMN), _row_bytes(value, key).alias(ROW_BYTES_COLUMN)]
+
+
+def _row_hash(value: Column | str, key: Column | str) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(F.col("topic"), F.col("partition"), F.col("offset"), _col(key), _col(value))
+
+
+def _row_bytes(value: Column | str, key: Column | str) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.coalesce(F.octet_length(_col(key)), F.lit(0)) + F.coalesce(F.octet_length(_col(value)), F.lit(0))
+
+
+def _col(c: Column | str) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.col(c) if isinstance(c, str) else c
+
+
+def range_stat_aggs(value_column: str = "value", *, digested: bool = False) -> list[Column]:
     """The aggregations behind :class:`RangeStats`, per ``(topic, partition)`` group.
 
     Column names: ``records, first, last, min_ts, max_ts, bytes, h1, h2``; any other
-    aggregation over the same groups can ride along (validation does).
+    aggregation over the same groups can ride along (validation does). ``digested``: the
+    rows carry :func:`row_digest`'s columns instead of their raw key and value.
     """
     from pyspark.sql import functions as F
 
-    row_hash = F.xxhash64("topic", "partition", "offset", "key", value_column)
+    row_hash = F.col(ROW_HASH_COLUMN) if digested else _row_hash(value_column, "key")
+    row_bytes = F.col(ROW_BYTES_COLUMN) if digested else _row_bytes(value_column, "key")
     return [
         F.count(F.lit(1)).alias("records"),
         F.min("offset").alias("first"),
         F.max("offset").alias("last"),
         F.min("timestamp").alias("min_ts"),
         F.max("timestamp").alias("max_ts"),
-        F.sum(F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(F.octet_length(value_column), F.lit(0))).alias(
-            "bytes"
-        ),
+        F.sum(row_bytes).alias("bytes"),
         # Two XORs of independent 64-bit hashes: an order-independent 128-bit digest of the
         # range's content (a row present twice cancels out; duplicates are checked apart).
         F.bit_xor(row_hash).alias("h1"),

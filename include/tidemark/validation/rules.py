@@ -50,7 +50,7 @@ from tidemark.config.models import Expectation, Feed
 from tidemark.errors import ValidationFailedError
 from tidemark.planning.plan import Plan
 from tidemark.settings import cache_root
-from tidemark.spark.stats import RangeStats, range_stat_aggs, stats_from_rows
+from tidemark.spark.stats import DIGEST_COLUMNS, RangeStats, range_stat_aggs, stats_from_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -648,7 +648,7 @@ class ValidationOutcome:
     data_docs: Path | None
     good_counts: dict[TP, int] = field(default_factory=dict)
     quarantined_counts: dict[TP, int] = field(default_factory=dict)
-    range_stats: list[RangeStats] | None = None  # with ``raw_value_column``
+    range_stats: list[RangeStats] | None = None  # with ``raw_value_column`` or ``digested``
 
 
 class ValidationRejectedError(ValidationFailedError):
@@ -724,12 +724,16 @@ def _marked(
     flags: list[Column],
     raw_value_column: str | None,
     raw_key_column: str = "key",
+    digested: bool = False,
 ) -> DataFrame:
     """The decoded records and the ones that failed to decode, each marked bad / undecoded / per rule."""
     from pyspark.sql import functions as F
 
-    # The range statistics hash the key's bytes as Kafka holds them, under the name "key".
-    carried = ["timestamp", F.col(raw_key_column).alias("key"), raw_value_column] if raw_value_column else []
+    carried: list[Column | str] = []
+    if digested:  # each row's hash and bytes, computed from its raw key and value when it was staged
+        carried = ["timestamp", *DIGEST_COLUMNS]
+    elif raw_value_column:  # the range statistics hash the key's bytes as Kafka holds them, under the name "key"
+        carried = ["timestamp", F.col(raw_key_column).alias("key"), raw_value_column]
     marks = df.select(
         "topic", "partition", "offset", *carried, _or(flags).alias("_bad"), F.lit(False).alias("_undecoded"),
         *[f.alias(f"_rule_{i}") for i, f in enumerate(flags)],
@@ -744,12 +748,12 @@ def _marked(
     return marks
 
 
-def _aggregations(rules: int, raw_value_column: str | None, exact_duplicates: bool) -> list[Column]:
+def _aggregations(rules: int, raw_value_column: str | None, exact_duplicates: bool, digested: bool) -> list[Column]:
     """Range statistics and every rule's bad count, per partition, in one aggregation."""
     from pyspark.sql import functions as F
 
     return [
-        *(range_stat_aggs(raw_value_column) if raw_value_column else []),
+        *(range_stat_aggs(raw_value_column or "value", digested=digested) if raw_value_column or digested else []),
         *_range_aggs(exact_duplicates),
         F.sum(F.col("_bad").cast("int")).alias("bad"),
         F.sum(F.col("_undecoded").cast("int")).alias("undecoded"),
@@ -935,6 +939,7 @@ def validate(
     exact_duplicates: bool = True,
     raw_value_column: str | None = None,
     raw_key_column: str = "key",
+    digested: bool = False,
 ) -> ValidationOutcome:
     """Built-in checks, the feed's GX suite and the bad-record policy on the read DataFrame.
 
@@ -949,7 +954,10 @@ def validate(
     With ``raw_value_column`` (the raw value's column in ``df`` and ``decode_failed``, both
     also holding ``timestamp`` and ``key``), the same aggregation yields the per-range
     statistics of :func:`tidemark.spark.stats.range_stats` as ``outcome.range_stats``;
-    ``raw_key_column`` names the raw key there when ``key`` holds a decoded one.
+    ``raw_key_column`` names the raw key there when ``key`` holds a decoded one. With
+    ``digested``, both frames instead carry each row's hash and bytes
+    (:func:`tidemark.spark.stats.row_digest`, computed when the job staged them), and the
+    statistics come from those.
 
     Steps: mark every record and aggregate once (ranges, bad counts) while GX runs beside
     it, sample bad records, judge each expectation, decide under the policy, write the
@@ -963,8 +971,8 @@ def validate(
     rules, untranslatable = split_rules(policy.expectations, column_paths(df.schema))
     flags = [F.coalesce(F.expr(r.sql), F.lit(False)) for r in rules]
     bad = _or(flags)
-    marks = _marked(df, decode_failed, flags, raw_value_column, raw_key_column)
-    aggs = _aggregations(len(flags), raw_value_column, exact_duplicates)
+    marks = _marked(df, decode_failed, flags, raw_value_column, raw_key_column, digested)
+    aggs = _aggregations(len(flags), raw_value_column, exact_duplicates, digested)
     # GX runs beside the aggregation, in a thread of its own: its context, queries and Data
     # Docs overlap the aggregation's scan instead of following it. When every expectation is
     # translated, whether GX lists unexpected rows hangs on the aggregation's counts (none
@@ -1021,5 +1029,5 @@ def validate(
             quarantined = quarantined.unionByName(
                 _undecoded_for_quarantine(decode_failed, df), allowMissingColumns=True
             )
-    stats = stats_from_rows(rows, plan) if raw_value_column else None
+    stats = stats_from_rows(rows, plan) if raw_value_column or digested else None
     return ValidationOutcome(good, quarantined, summary, gx_out.data_docs, good_counts, quarantined_counts, stats)

@@ -126,7 +126,10 @@ def test_avro_keyed_feed_publishes_the_scan_with_decoded_keys_and_quarantines_a_
     }
     schema = pq.read_schema(next(iter(env.output.glob("plan_id=*/topic=*/date=*/*.parquet"))))
     assert schema.field("key").type == pa.struct([("region", pa.string()), ("id", pa.int64()), ("shard", pa.int32())])
-    assert {"_raw_key", "_raw_value", "value"}.isdisjoint(schema.names)
+    # Nor what the job staged beside the records: raw bytes, their digests, the wire-format headers.
+    assert {"_raw_key", "_raw_value", "value", "_row_hash", "_row_bytes", "_key_head", "_value_head"}.isdisjoint(
+        schema.names
+    )
 
     (quarantined,) = env.quarantined()
     assert (quarantined["partition"], quarantined["offset"]) == (1, 10)

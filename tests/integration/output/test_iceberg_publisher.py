@@ -99,7 +99,7 @@ class Setup:
         good = sum(1 for r in rows if r[OUTCOME_COLUMN] == OK_OUTCOME)
         return publisher.publish_staged(
             staging, plan, self.feed, staged=StagedRecords(
-                OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good, rewrite=False,
+                OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good, unpublished=(),
                 write_quarantine=quarantine_writer(self.spark, published_schema, {"rules-1": BAD_REASON}.__getitem__),
             ),
             stats=stats, extra={}, expect_records=good, expect_quarantined=len(rows) - good, run_id="run-1",
