@@ -455,6 +455,9 @@ def drop_columns(source: str, target: Path, columns: Sequence[str]) -> int:
     create = getattr(parquet.hadoop, "ParquetFileWriter$Mode").CREATE
     options = parquet.HadoopReadOptions.builder(conf).build()
     drop = set(columns)
+    # Java lists are walked by index: py4j ends an iteration with an exception, which costs
+    # PySpark milliseconds to convert. The staged files share one schema: worked out once.
+    pruned_for: dict[str, tuple[Any, list[tuple[int, Any]]]] = {}
     folder = Location.of(source)
     copied = 0
     for name, _ in folder.files():
@@ -467,23 +470,23 @@ def drop_columns(source: str, target: Path, columns: Sequence[str]) -> int:
         try:
             meta = reader.getFooter().getFileMetaData()
             schema = meta.getSchema()
-            kept = jvm.java.util.ArrayList()
-            for column in schema.getFields():
-                if column.getName() not in drop:
-                    kept.add(column)
-            pruned = parquet.schema.MessageType(schema.getName(), kept)
+            key = schema.toString()
+            if key not in pruned_for:
+                pruned_for[key] = _pruned(jvm, schema, drop)
+            pruned, kept = pruned_for[key]
             out = parquet.hadoop.util.HadoopOutputFile.fromPath(hadoop_path(str(target / name)), conf)
             writer = parquet.hadoop.ParquetFileWriter(out, pruned, create, ROW_GROUP_BYTES, 0)
             writer.start()
-            for block in reader.getRowGroups():
+            blocks = reader.getRowGroups()
+            for b in range(blocks.size()):
+                block = blocks.get(b)
                 writer.startBlock(block.getRowCount())
-                for chunk in block.getColumns():
-                    path = chunk.getPath().toArray()
-                    if path[0] in drop:
-                        continue
+                chunks = block.getColumns()
+                for index, descriptor in kept:
+                    chunk = chunks.get(index)
                     writer.appendColumnChunk(
-                        pruned.getColumnDescription(path), stream, chunk, reader.readBloomFilter(chunk),
-                        reader.readColumnIndex(chunk), reader.readOffsetIndex(chunk),
+                        descriptor, stream, chunk, reader.readBloomFilter(chunk), reader.readColumnIndex(chunk),
+                        reader.readOffsetIndex(chunk),
                     )  # fmt: skip
                 writer.endBlock()
             metadata = jvm.java.util.HashMap(meta.getKeyValueMetaData())
@@ -497,6 +500,25 @@ def drop_columns(source: str, target: Path, columns: Sequence[str]) -> int:
             reader.close()
         copied += 1
     return copied
+
+
+def _pruned(jvm: Any, schema: Any, drop: set[str]) -> tuple[Any, list[tuple[int, Any]]]:
+    """``schema`` (a parquet-mr ``MessageType``) without the top-level fields ``drop``, and the leaf columns kept:
+    their index in a row group of ``schema`` and their descriptor in the pruned one."""
+    fields = schema.getFields()
+    kept_fields = jvm.java.util.ArrayList()
+    for i in range(fields.size()):
+        field_ = fields.get(i)
+        if field_.getName() not in drop:
+            kept_fields.add(field_)
+    pruned = jvm.org.apache.parquet.schema.MessageType(schema.getName(), kept_fields)
+    leaves = schema.getColumns()
+    kept = []
+    for i in range(leaves.size()):
+        path = leaves.get(i).getPath()  # a Java String[]: handed back as it is
+        if path[0] not in drop:
+            kept.append((i, pruned.getColumnDescription(path)))
+    return pruned, kept
 
 
 ROW_GROUP_BYTES = 128 * 1024 * 1024  # parquet-mr's default: the row groups copied keep their own sizes
