@@ -293,6 +293,38 @@ MUTANTS = (
             "::test_iceberg_plan_in_the_table_but_not_committed_to_kafka_is_finished_once",
         ),
     ),
+    Mutant(
+        "published-files-carry-staged-columns",
+        "the published files hold the decoded records only: the digests, headers and raw bytes the job staged "
+        "beside them are not published",
+        (
+            Edit(
+                "include/tidemark/job/steps.py",
+                "unpublished=tuple(c for c in raw_columns if c in staged_df.columns),",
+                "unpublished=(),",
+            ),
+        ),
+        (
+            "tests/integration/job/test_avro.py::test_avro_feed_publishes_the_scan_with_nested_and_logical_types",
+            "tests/integration/job/test_job.py::test_spark_submit_publishes_once_and_reports",
+        ),
+    ),
+    Mutant(
+        "quarantine-loses-raw-bytes",
+        "a bad record is quarantined with its raw bytes, as Kafka holds them",
+        (
+            Edit(
+                "include/tidemark/job/steps.py",
+                "bad = F.col(OUTCOME_COLUMN) != F.lit(OK_OUTCOME)",
+                "bad = F.lit(False)",
+            ),
+        ),
+        (
+            "tests/integration/job/test_avro.py::test_avro_feed_publishes_the_scan_with_nested_and_logical_types",
+            "tests/integration/job/test_registry_formats.py"
+            "::test_json_schema_feed_publishes_the_scan_typed_and_quarantines_bad_bodies",
+        ),
+    ),
 )
 
 

@@ -44,6 +44,7 @@ what a reader sees meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -466,7 +467,11 @@ def drop_columns(source: str, target: Path, columns: Sequence[str]) -> int:
         (target / name).parent.mkdir(parents=True, exist_ok=True)
         source_file = parquet.hadoop.util.HadoopInputFile.fromPath(hadoop_path(spark_path(folder / name)), conf)
         stream = source_file.newStream()
-        reader = parquet.hadoop.ParquetFileReader.open(source_file, options, stream)
+        try:
+            reader = parquet.hadoop.ParquetFileReader.open(source_file, options, stream)
+        except Exception as exc:
+            stream.close()
+            raise PublishError(f"staged file {folder / name} cannot be read as Parquet: {_first_line(exc)}") from exc
         try:
             meta = reader.getFooter().getFileMetaData()
             schema = meta.getSchema()
@@ -476,30 +481,48 @@ def drop_columns(source: str, target: Path, columns: Sequence[str]) -> int:
             pruned, kept = pruned_for[key]
             out = parquet.hadoop.util.HadoopOutputFile.fromPath(hadoop_path(str(target / name)), conf)
             writer = parquet.hadoop.ParquetFileWriter(out, pruned, create, ROW_GROUP_BYTES, 0)
-            writer.start()
-            blocks = reader.getRowGroups()
-            for b in range(blocks.size()):
-                block = blocks.get(b)
-                writer.startBlock(block.getRowCount())
-                chunks = block.getColumns()
-                for index, descriptor in kept:
-                    chunk = chunks.get(index)
-                    writer.appendColumnChunk(
-                        descriptor, stream, chunk, reader.readBloomFilter(chunk), reader.readColumnIndex(chunk),
-                        reader.readOffsetIndex(chunk),
-                    )  # fmt: skip
-                writer.endBlock()
-            metadata = jvm.java.util.HashMap(meta.getKeyValueMetaData())
-            spark_schema = metadata.get(SPARK_SCHEMA_KEY)
-            if spark_schema is not None:
-                doc = json.loads(spark_schema)
-                doc["fields"] = [f for f in doc["fields"] if f["name"] not in drop]
-                metadata.put(SPARK_SCHEMA_KEY, json.dumps(doc, separators=(",", ":")))
-            writer.end(metadata)
+            try:
+                writer.start()
+                blocks = reader.getRowGroups()
+                for b in range(blocks.size()):
+                    block = blocks.get(b)
+                    writer.startBlock(block.getRowCount())
+                    chunks = block.getColumns()
+                    for index, descriptor in kept:
+                        chunk = chunks.get(index)
+                        writer.appendColumnChunk(
+                            descriptor, stream, chunk, reader.readBloomFilter(chunk), reader.readColumnIndex(chunk),
+                            reader.readOffsetIndex(chunk),
+                        )  # fmt: skip
+                    writer.endBlock()
+                writer.end(_pruned_metadata(jvm, meta, drop))
+            except BaseException:
+                with contextlib.suppress(Exception):  # the copy is half-written: its stream is closed, not ended
+                    writer.abort()
+                    writer.close()
+                raise
         finally:
             reader.close()
         copied += 1
     return copied
+
+
+def _first_line(exc: BaseException) -> str:
+    """A Java exception's message without its stack trace (py4j puts both in ``str``)."""
+    java = getattr(exc, "java_exception", None)
+    text = str(java.toString() if java is not None else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _pruned_metadata(jvm: Any, meta: Any, drop: set[str]) -> Any:
+    """A file's key-value metadata (parquet-mr ``FileMetaData``) with the fields ``drop`` out of its Spark schema."""
+    metadata = jvm.java.util.HashMap(meta.getKeyValueMetaData())
+    spark_schema = metadata.get(SPARK_SCHEMA_KEY)
+    if spark_schema is not None:
+        doc = json.loads(spark_schema)
+        doc["fields"] = [f for f in doc["fields"] if f["name"] not in drop]
+        metadata.put(SPARK_SCHEMA_KEY, json.dumps(doc, separators=(",", ":")))
+    return metadata
 
 
 def _pruned(jvm: Any, schema: Any, drop: set[str]) -> tuple[Any, list[tuple[int, Any]]]:

@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from tidemark.errors import PublishError
 from tidemark.output.parquet import SPARK_SCHEMA_KEY, drop_columns
 
 pytestmark = pytest.mark.spark
@@ -79,3 +80,16 @@ def test_a_folder_without_parquet_files_copies_nothing(spark: Any, tmp_path: Pat
     (tmp_path / "staged" / "_SUCCESS").write_text("")
     assert drop_columns(str(tmp_path / "staged"), tmp_path / "published", DROPPED) == 0
     assert not (tmp_path / "published").exists()
+
+
+def test_a_staged_file_that_is_not_parquet_fails_the_copy_naming_it(spark: Any, tmp_path: Path) -> None:
+    broken = tmp_path / "staged" / "topic=t" / "part-00000.parquet"
+    broken.parent.mkdir(parents=True)
+    broken.write_bytes(b"PAR1 but no footer")
+    with pytest.raises(
+        PublishError,
+        match=r"staged file .*topic=t/part-00000\.parquet cannot be read as Parquet: "
+        r"java\.lang\.RuntimeException: .*not a Parquet file",
+    ) as caught:
+        drop_columns(str(tmp_path / "staged"), tmp_path / "published", DROPPED)
+    assert "\tat " not in str(caught.value)  # the reason, not the JVM's stack
