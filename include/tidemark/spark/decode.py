@@ -217,7 +217,7 @@ def _published_key(fmt: str, schemas: RunSchemas, parsed: Column) -> Column:
     from tidemark.spark.avro import DECODED_MARK, AvroSchemas
 
     if isinstance(schemas, AvroSchemas):
-        return parsed.dropFields(DECODED_MARK) if schemas.is_record else parsed
+        return parsed.dropFields(DECODED_MARK) if schemas.marked else parsed
     if fmt == "json_schema":
         return parsed.dropFields(_CORRUPT)
     return parsed
