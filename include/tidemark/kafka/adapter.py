@@ -175,7 +175,7 @@ class KafkaAdapter:
         if not topics:
             return []
 
-        def fresh_client() -> None:
+        def fresh_client(_exc: Exception) -> None:
             # librdkafka keeps waiting for the controller its cached metadata names, even
             # when that broker is gone; a new client bootstraps fresh metadata.
             self._admin = AdminClient(self._config)
@@ -201,7 +201,7 @@ class KafkaAdapter:
         give_up: Callable[[Any], Exception],
         *,
         pause_s: float,
-        on_retry: Callable[[], None] | None = None,
+        on_retry: Callable[[Any], None] | None = None,
     ) -> T:
         """``attempt(seconds left)`` until it stops raising ``transient`` or the adapter's timeout passes.
 
@@ -216,7 +216,7 @@ class KafkaAdapter:
                 if time.monotonic() > deadline:
                     raise give_up(exc) from exc
                 if on_retry is not None:
-                    on_retry()
+                    on_retry(exc)
                 time.sleep(pause_s)
 
     def _describe(self, topics: Sequence[str], timeout_s: float) -> list[PartitionInfo]:
@@ -361,7 +361,20 @@ class KafkaAdapter:
         return out
 
     def _while_coordinator_busy(self, call: Callable[[], T], what: str) -> T:
-        """Ask again while the group coordinator is loading or moving (fresh clusters, failovers)."""
+        """Ask again while the group coordinator is loading or moving (fresh clusters, failovers).
+
+        A NOT_COORDINATOR answer means the broker asked no longer coordinates the group, but
+        librdkafka's admin client keeps the coordinator it found in a cache of its own and
+        asks the same broker again: after such an answer (at most once a second) the next
+        attempt goes through a new client, which looks the coordinator up afresh.
+        """
+        renewed = [float("-inf")]
+
+        def renew_after_not_coordinator(exc: _CoordinatorBusyError) -> None:
+            if str(exc) == "NOT_COORDINATOR" and time.monotonic() - renewed[0] >= 1.0:
+                self._admin = AdminClient(self._config)
+                renewed[0] = time.monotonic()
+
         return self._retry(
             lambda _remaining_s: call(),
             _CoordinatorBusyError,
@@ -369,6 +382,7 @@ class KafkaAdapter:
                 f"{what}: the group coordinator stayed unavailable for {self.timeout_s:.0f}s ({exc})"
             ),
             pause_s=0.25,
+            on_retry=renew_after_not_coordinator,
         )
 
     def describe_group(self, group: str) -> GroupInfo:
