@@ -363,10 +363,11 @@ class KafkaAdapter:
     def _while_coordinator_busy(self, call: Callable[[], T], what: str) -> T:
         """Ask again while the group coordinator is loading or moving (fresh clusters, failovers).
 
-        A NOT_COORDINATOR answer means the broker asked no longer coordinates the group, but
-        librdkafka's admin client keeps the coordinator it found in a cache of its own and
-        asks the same broker again: after such an answer (at most once a second) the next
-        attempt goes through a new client, which looks the coordinator up afresh.
+        A NOT_COORDINATOR answer means the broker asked no longer coordinates the group.
+        librdkafka's admin client finds coordinators through a cache of its own, and one
+        client got NOT_COORDINATOR on every attempt for 30 s after a paused coordinator
+        resumed (fault 12b, on a loaded box): after such an answer (at most once a second)
+        the next attempt goes through a new client, which looks the coordinator up afresh.
         """
         renewed = [float("-inf")]
 
