@@ -433,6 +433,7 @@ def publish_staged(
 
 
 SPARK_SCHEMA_KEY = "org.apache.spark.sql.parquet.row.metadata"  # the Spark schema a Spark-written file's footer holds
+ROW_GROUP_BYTES = 128 * 1024 * 1024  # parquet-mr's default: the row groups copied keep their own sizes
 
 
 def drop_columns(source: str, target: Path, columns: Sequence[str]) -> int:
@@ -542,9 +543,6 @@ def _pruned(jvm: Any, schema: Any, drop: set[str]) -> tuple[Any, list[tuple[int,
         if path[0] not in drop:
             kept.append((i, pruned.getColumnDescription(path)))
     return pruned, kept
-
-
-ROW_GROUP_BYTES = 128 * 1024 * 1024  # parquet-mr's default: the row groups copied keep their own sizes
 
 
 def staging_base(output: Location) -> Path:

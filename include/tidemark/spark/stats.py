@@ -72,19 +72,13 @@ def row_digest(value: Column | str = "value", key: Column | str = "key") -> list
 def _row_hash(value: Column | str, key: Column | str) -> Column:
     from pyspark.sql import functions as F
 
-    return F.xxhash64(F.col("topic"), F.col("partition"), F.col("offset"), _col(key), _col(value))
+    return F.xxhash64("topic", "partition", "offset", key, value)
 
 
 def _row_bytes(value: Column | str, key: Column | str) -> Column:
     from pyspark.sql import functions as F
 
-    return F.coalesce(F.octet_length(_col(key)), F.lit(0)) + F.coalesce(F.octet_length(_col(value)), F.lit(0))
-
-
-def _col(c: Column | str) -> Column:
-    from pyspark.sql import functions as F
-
-    return F.col(c) if isinstance(c, str) else c
+    return F.coalesce(F.octet_length(key), F.lit(0)) + F.coalesce(F.octet_length(value), F.lit(0))
 
 
 def range_stat_aggs(value_column: str = "value", *, digested: bool = False) -> list[Column]:
