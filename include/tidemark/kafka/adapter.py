@@ -131,8 +131,20 @@ class KafkaAdapter:
             connection.client_config(**{"socket.timeout.ms": int(timeout_s * 1000), **(client_overrides or {})})
         )
         self._admin = AdminClient(self._config)
+        self._renewed_at = float("-inf")
 
     # -- helpers ---------------------------------------------------------------------
+
+    def _renew_client(self, at_most_every_s: float = 0.0) -> None:
+        """Go on through a new admin client, which bootstraps fresh metadata and looks coordinators up afresh.
+
+        librdkafka's admin client keeps what its caches say (a controller that is gone, a
+        group coordinator that moved, a partition's old leader epoch) for longer than the
+        adapter waits; ``at_most_every_s`` keeps a burst of answers from renewing it each time.
+        """
+        if time.monotonic() - self._renewed_at >= at_most_every_s:
+            self._admin = AdminClient(self._config)
+            self._renewed_at = time.monotonic()
 
     def denied(self, kind: str, name: str, operation: str, during: str, after: str = "") -> AuthorizationError:
         """The error for a missing ACL: who, on what, which operation to grant, and how (``after``: what happened)."""
@@ -175,11 +187,6 @@ class KafkaAdapter:
         if not topics:
             return []
 
-        def fresh_client(_exc: Exception) -> None:
-            # librdkafka keeps waiting for the controller its cached metadata names, even
-            # when that broker is gone; a new client bootstraps fresh metadata.
-            self._admin = AdminClient(self._config)
-
         return self._retry(
             # Short attempts: an attempt stuck on a broker that just stopped (KRaft brokers name
             # a random live broker as "controller", and metadata lags) must not use up the budget.
@@ -191,7 +198,8 @@ class KafkaAdapter:
                 "that the security settings are right (nothing was read or committed)"
             ),
             pause_s=0.2,
-            on_retry=fresh_client,
+            # librdkafka keeps waiting for the controller its cached metadata names, even when that broker is gone.
+            on_retry=lambda _exc: self._renew_client(),
         )
 
     def _retry(
@@ -298,6 +306,9 @@ class KafkaAdapter:
                         f"ListOffsets for {tp.topic}[{tp.partition}] got no answer within {self.timeout_s:.0f}s"
                     ) from exc
             if retry:
+                # A new client's metadata carries the partitions' current leaders and epochs: one client
+                # got FENCED_LEADER_EPOCH for 15 s after a paused broker resumed (fault 12c, a loaded box).
+                self._renew_client(at_most_every_s=1.0)
                 time.sleep(RETRY_BACKOFF_S)
             pending = retry
         return out
@@ -369,12 +380,10 @@ class KafkaAdapter:
         resumed (fault 12b, on a loaded box): after such an answer (at most once a second)
         the next attempt goes through a new client, which looks the coordinator up afresh.
         """
-        renewed = [float("-inf")]
 
         def renew_after_not_coordinator(exc: _CoordinatorBusyError) -> None:
-            if str(exc) == "NOT_COORDINATOR" and time.monotonic() - renewed[0] >= 1.0:
-                self._admin = AdminClient(self._config)
-                renewed[0] = time.monotonic()
+            if str(exc) == "NOT_COORDINATOR":
+                self._renew_client(at_most_every_s=1.0)
 
         return self._retry(
             lambda _remaining_s: call(),
