@@ -52,7 +52,7 @@ from tidemark.errors import (
     ValidationFailedError,
 )
 from tidemark.faults import FAULTS_ENV, InjectedFault
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.adapter import KafkaAdapter, Record
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.output.parquet import STAGING_DIR, stages_on_store, staging_base
 from tidemark.planning.metadata import metadata_run_id
@@ -842,13 +842,16 @@ def _until_the_resumed_broker_answers(fenv: FaultEnv, timeout_s: float = 90.0) -
 
     A broker paused past its session is fenced by the controller and unfenced when it
     heartbeats again; until then its partitions answer FENCED_LEADER_EPOCH. The scenario's
-    next run stands for the next scheduled one, which comes after the cluster settled.
+    next run stands for the next scheduled one, which comes after the cluster settled: a
+    new client (as the run's planner makes one) answers what planning asks.
     """
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            fenv.kafka.adapter.end_offsets(fenv.tps(), "read_committed")
-            fenv.kafka.adapter.committed(fenv.group, fenv.tps())
+            adapter = KafkaAdapter(fenv.kafka.connection)
+            adapter.log_start_offsets(fenv.tps())
+            adapter.end_offsets(fenv.tps(), "read_committed")
+            adapter.committed(fenv.group, fenv.tps())
             return
         except TidemarkError:
             assert time.monotonic() < deadline, "the cluster did not settle after the broker resumed"
