@@ -20,8 +20,8 @@ class _Offset:
 
 
 class _Admin:
-    """An admin client whose ListOffsets answers, client after client, come from ``answers`` (an error code or
-    an offset); ``clients`` records each client made and the answers it gave."""
+    """An admin client whose ListOffsets answers, client after client, come from ``answers`` (an error code, or
+    None: offset 42); ``clients`` gets, for each client made, the answers it gave."""
 
     def __init__(self, answers: list[int | None], clients: list[list[Any]]) -> None:
         self.answers = answers
