@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -59,12 +58,6 @@ with DAG("downstream_of_view", schedule=[feed_asset(load_feed("view"))], tags=["
 
     consume()
 '''
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -169,7 +162,7 @@ def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -
     (dags / "downstream.py").write_text(DOWNSTREAM)
     airflow = LocalAirflow(
         home=base / "home",
-        port=_free_port(),
+        port=0,  # a free one, chosen again if another test's server takes it first
         bootstrap_servers=kafka.bootstrap_servers,
         extra_env={
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags),

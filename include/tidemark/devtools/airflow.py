@@ -30,12 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tidemark.config.models import package_root
-from tidemark.devtools.kafka.cluster import process_runs_as
+from tidemark.devtools.kafka.cluster import free_port, process_runs_as
 from tidemark.errors import TidemarkError
 
 PROCESSES = ("api-server", "scheduler", "dag-processor")
 USERS = "admin:admin,viewer:viewer"
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
+# With port 0: how many free ports the api-server is started on when another process takes each first.
+PORT_ATTEMPTS = 3
 
 
 class AirflowStartError(TidemarkError):
@@ -56,6 +58,7 @@ class LocalAirflow:
     """One local Airflow installation under ``home``."""
 
     home: Path = field(default_factory=default_home)
+    # 0: a free port, chosen again should another process bind it before the api-server does.
     port: int = 8080
     bootstrap_servers: str = ""
     extra_env: Mapping[str, str] = field(default_factory=dict)
@@ -128,10 +131,33 @@ class LocalAirflow:
             raise AirflowStartError(f"Airflow already runs from {self.home} (pids {self.running()}); stop it first")
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "logs").mkdir(exist_ok=True)
+        any_port = self.port == 0
+        if any_port:
+            self.port = free_port()
         self.airflow("db", "migrate")
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self._start()
+            try:
+                self.wait_healthy(timeout_s)
+                return
+            except AirflowStartError as exc:
+                if not self._port_was_taken():
+                    raise
+                if not any_port:
+                    raise AirflowStartError(
+                        f"Airflow's api-server could not listen on 127.0.0.1:{self.port}: another process uses "
+                        "that port; stop it or choose another port (tidemark airflow up --port N)"
+                    ) from exc
+                if attempt == PORT_ATTEMPTS:
+                    raise
+                # Free when chosen, taken before the api-server bound it (tests start servers side by side).
+                self.port = free_port()
+
+    def _start(self) -> None:
+        """Start the three processes, each in a process group of its own, logging under ``logs/``."""
         exe = str(Path(sys.executable).with_name("airflow"))
         pids = {}
-        env = self.env()
+        env = self.env()  # names the api-server's port (AIRFLOW__API__BASE_URL): the same for all three
         for name in PROCESSES:
             args = [exe, name] + (["--port", str(self.port), "--host", "127.0.0.1"] if name == "api-server" else [])
             with (self.home / "logs" / f"{name}.log").open("w") as log:
@@ -141,7 +167,11 @@ class LocalAirflow:
                 )  # fmt: skip
             pids[name] = proc.pid
         self.pids_file.write_text(json.dumps(pids))
-        self.wait_healthy(timeout_s)
+
+    def _port_was_taken(self) -> bool:
+        """Whether the api-server's log says its port was in use (uvicorn's EADDRINUSE line)."""
+        log = self.home / "logs" / "api-server.log"
+        return log.exists() and "address already in use" in log.read_text(errors="replace")
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Wait until the api-server answers and the scheduler and dag-processor report healthy."""
@@ -150,7 +180,7 @@ class LocalAirflow:
         while time.monotonic() < deadline:
             alive = self.running()
             if dead := [n for n in PROCESSES if n not in alive]:
-                self.down()
+                self.down(timeout_s=5)  # a start that failed: nothing to stop gracefully
                 raise AirflowStartError(f"Airflow's {dead[0]} exited; see {self.home / 'logs' / (dead[0] + '.log')}")
             try:
                 with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as resp:
