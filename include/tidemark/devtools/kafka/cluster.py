@@ -15,6 +15,7 @@ import base64
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -85,10 +86,40 @@ def fetch_jars(quiet: bool = True) -> Path:
     return fetch_once(jars_dir(), fill)
 
 
+# free_port's ports lie below the kernel's ephemeral range (ip_local_port_range), from here up.
+LOWEST_PORT = 10_000
+_PORT_CHOICE = random.SystemRandom()  # not the seeded `random`: pytest-randomly seeds it alike in every worker
+
+
 def free_port() -> int:
+    """A port on 127.0.0.1 that nothing uses now, for a server started next.
+
+    Chosen at random below the kernel's ephemeral range: the kernel gives ports from that
+    range to every outgoing connection, and one of them once took a port chosen there
+    (by binding port 0) before the server meant for it had bound it (the api-server of an
+    Airflow started beside Kafka and Spark clients in the test suite).
+    """
+    low = _ephemeral_low()
+    if low - LOWEST_PORT >= 1_000:
+        for _ in range(100):
+            port = _PORT_CHOICE.randrange(LOWEST_PORT, low)
+            with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (Linux's default when it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def port_in_use(port: int) -> bool:
