@@ -26,6 +26,7 @@ session and yields the URL of its Confluent-compatible API.
 from __future__ import annotations
 
 import os
+import socket
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -353,6 +354,15 @@ def s3a_store() -> Iterator[LocalS3]:
         yield server
     finally:
         server.stop(purge=True)
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that another socket listens on for the whole test."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
 
 
 @pytest.fixture

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,15 +13,6 @@ from tidemark.devtools.airflow import AirflowStartError, LocalAirflow
 from tidemark.devtools.kafka.cluster import free_port
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def held_port() -> Iterator[int]:
-    """A port that another process's socket listens on for the whole test."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield int(sock.getsockname()[1])
 
 
 def test_a_port_in_use_fails_naming_it_and_leaves_nothing_running(tmp_path: Path, held_port: int) -> None:

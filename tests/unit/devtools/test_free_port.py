@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 
 import pytest
 
@@ -21,17 +20,9 @@ def test_ports_are_free_and_below_the_ephemeral_range() -> None:
             sock.bind(("127.0.0.1", port))
 
 
-@pytest.fixture
-def held() -> Iterator[int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield int(sock.getsockname()[1])
-
-
-def test_a_port_in_use_is_passed_over(held: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_port_in_use_is_passed_over(held_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
     other = free_port()
-    choices = [held, other]
+    choices = [held_port, other]
     monkeypatch.setattr(cluster._PORT_CHOICE, "randrange", lambda _a, _b: choices.pop(0))
     assert free_port() == other
     assert choices == []
