@@ -41,7 +41,8 @@ REDACTION_REGEX = "(?i)" + "|".join(dict.fromkeys((*SPARK_DEFAULT_REDACTION, *SE
 SUBMIT_CONF = {"spark.redaction.regex": REDACTION_REGEX}
 
 # Avro feeds decode with Spark's from_avro, which lives in the spark-avro package (not in pyspark's jars).
-# No build for Spark 4.2/4.3 is on Maven Central; 4.1.1's works on pyspark 4.3. Spark fetches it (and
+# No build for Spark 4.3 is on Maven Central; 4.1.1's works on pyspark 4.3 (4.2.0's, served since, decoded the
+# Avro benchmark no faster: A3/A3b 0.71 on 2026-11-26, not moved to without a reason). Spark fetches it (and
 # caches it under ~/.ivy2) for the driver and the executors; TIDEMARK_SPARK_AVRO_JAR names a local copy instead.
 AVRO_PACKAGE = "org.apache.spark:spark-avro_2.13:4.1.1"
 AVRO_JAR_ENV = "TIDEMARK_SPARK_AVRO_JAR"
