@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tidemark.config.models import package_root
-from tidemark.devtools.kafka.cluster import free_port, process_runs_as
+from tidemark.devtools.kafka.cluster import free_port, port_in_use, process_runs_as
 from tidemark.errors import TidemarkError
 
 PROCESSES = ("api-server", "scheduler", "dag-processor")
@@ -134,6 +134,8 @@ class LocalAirflow:
         any_port = self.port == 0
         if any_port:
             self.port = free_port()
+        elif port_in_use(self.port):  # else the health check below could be answered by whatever listens there
+            raise AirflowStartError(self._port_in_use())
         self.airflow("db", "migrate")
         for attempt in range(1, PORT_ATTEMPTS + 1):
             self._start()
@@ -144,10 +146,7 @@ class LocalAirflow:
                 if not self._port_was_taken():
                     raise
                 if not any_port:
-                    raise AirflowStartError(
-                        f"Airflow's api-server could not listen on 127.0.0.1:{self.port}: another process uses "
-                        "that port; stop it or choose another port (tidemark airflow up --port N)"
-                    ) from exc
+                    raise AirflowStartError(self._port_in_use()) from exc
                 if attempt == PORT_ATTEMPTS:
                     raise
                 # Free when chosen, taken before the api-server bound it (tests start servers side by side).
@@ -167,6 +166,12 @@ class LocalAirflow:
                 )  # fmt: skip
             pids[name] = proc.pid
         self.pids_file.write_text(json.dumps(pids))
+
+    def _port_in_use(self) -> str:
+        return (
+            f"Airflow's api-server could not listen on 127.0.0.1:{self.port}: another process uses that port; "
+            "stop it or choose another port (tidemark airflow up --port N)"
+        )
 
     def _port_was_taken(self) -> bool:
         """Whether the api-server's log says its port was in use (uvicorn's EADDRINUSE line)."""
