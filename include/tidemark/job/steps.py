@@ -292,6 +292,7 @@ def _stage_validate_publish(
     raw_columns = (RAW_VALUE_COLUMN, RAW_KEY_COLUMN, *DIGEST_COLUMNS, *RAW_HEAD_COLUMNS.values())
     keeps_raw = raw_value_kept(feed.deserialization)  # JSON feeds stage the raw value beside the fields
     keeps_raw_key = raw_key_kept(feed.deserialization)  # registry-format keys: the raw key beside the decoded one
+    digested = keeps_raw or keeps_raw_key  # each row's digest staged while its raw bytes were at hand (raw_kept_aside)
     time_filter = plan.time_filter
 
     def staged_frame() -> tuple[DataFrame, OutcomeCodes]:
@@ -303,7 +304,7 @@ def _stage_validate_publish(
             outcome = F.when(_outside(time_filter), F.lit(OUTSIDE_WINDOW)).otherwise(outcome)
         columns = [c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")]
         staged_df = decoded.select(*columns, utc_date().alias("date"), outcome.alias(OUTCOME_COLUMN))
-        if keeps_raw or keeps_raw_key:
+        if digested:
             staged_df = raw_kept_aside(staged_df, keeps_raw, keeps_raw_key, _avro_parts(feed))
         return staged_df, codes
 
@@ -344,9 +345,8 @@ def _stage_validate_publish(
                 ERROR_COLUMN, codes.decode_error(F.col(OUTCOME_COLUMN))
             ),
             exact_duplicates=False,  # the reader yields each offset at most once
-            # JSON and registry feeds: each row's digest, staged while its raw bytes were at hand
-            raw_value_column=None if keeps_raw or keeps_raw_key else "value",
-            digested=keeps_raw or keeps_raw_key,
+            raw_value_column=None if digested else "value",
+            digested=digested,
         ),
     )  # fmt: skip
     # validate() already refused ranges read past their bounds or with more records
