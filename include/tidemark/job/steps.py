@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from tidemark.output.parquet import Manifest, Staging
     from tidemark.spark.decode import RunSchemas
     from tidemark.spark.stats import RangeStats
+    from tidemark.validation.rules import OutcomeCodes
 
 JOB_FILE = "job.json"
 SHIP_ENV = "TIDEMARK_SHIP_PACKAGE"
@@ -77,6 +78,7 @@ class JobResult:
     validation: dict[str, Any] | None = None
     validator: str = "builtin"
     reader: str | None = None  # "driver" (small plans) or "data_source" (Spark's Python data source in executors)
+    staged_by: str | None = None  # "spark" (Spark's Parquet writer) or "read_tasks" (tidemark.spark.arrow_avro)
     ranges: list[dict[str, Any]] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
     started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
@@ -202,7 +204,7 @@ def run(
     staging = publisher.new_staging(plan.plan_id, on_store=_stage_on_store(spark, publisher))
     try:
         manifest = _stage_validate_publish(
-            spark, source, plan, feed, run_dir, publisher, staging, positions, timer, res, run_id, registry
+            spark, source, plan, feed, run_dir, publisher, staging, positions, timer, res, run_id, registry, connection
         )
     except BaseException:
         staging.discard()
@@ -263,6 +265,7 @@ def _stage_validate_publish(
     res: JobResult,
     run_id: str | None,
     registry: RegistryConnection | None = None,
+    connection: KafkaConnection | None = None,
 ) -> Manifest:
     """Steps ``schemas`` (registry formats), ``write``, ``window``, ``validate`` and ``publish`` over ``staging``;
     fills ``res``."""
@@ -270,6 +273,7 @@ def _stage_validate_publish(
 
     from tidemark.output.base import StagedRecords
     from tidemark.output.parquet import PASS_DIR, parquet_writer, spark_path, utc_date
+    from tidemark.spark import arrow_avro
     from tidemark.spark.decode import (
         ERROR_COLUMN,
         OUTCOME_COLUMN,
@@ -309,12 +313,18 @@ def _stage_validate_publish(
         return staged_df, codes
 
     def write(staged_df: DataFrame) -> DataFrame:
-        """``staged_df`` written to the staging folder (a read of Kafka), and read back from there."""
-        parquet_writer(staged_df, "errorifexists").partitionBy(OUTCOME_COLUMN, "topic", "date").parquet(
-            spark_path(staging.written_url)
-        )
+        """``staged_df`` written to the staging folder (a read of Kafka), and read back from there.
+
+        Staged by the read tasks themselves when they can (:func:`stage_in_read_tasks`), else by Spark."""
+        staged_schema = stage_in_read_tasks(spark, plan, feed, connection, staged_df, schemas, codes, staging, res)
+        if staged_schema is None:
+            res.staged_by = "spark"
+            parquet_writer(staged_df, "errorifexists").partitionBy(OUTCOME_COLUMN, "topic", "date").parquet(
+                spark_path(staging.written_url)
+            )
+            staged_schema = staged_df.schema
         # Explicit schema: partition values are read back as written ("007" stays a string topic).
-        return spark.read.schema(staged_df.schema).parquet(spark_path(staging.written_url))
+        return spark.read.schema(staged_schema).parquet(spark_path(staging.written_url))
 
     staged_df, codes = staged_frame()
     # Before anything is staged: an Iceberg table that cannot take these columns refuses the run here.
@@ -328,6 +338,8 @@ def _stage_validate_publish(
             staged = timer.step("write_again", lambda: write(staged_df))
     if schemas:
         res.schemas = schemas_report(schemas)
+    # Staged by the read tasks: each record's raw value beside it, no digests (stage_in_read_tasks).
+    in_tasks = res.staged_by == arrow_avro.WRITER
     undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_CODE)
     record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date")]
     if time_filter is not None:
@@ -345,8 +357,8 @@ def _stage_validate_publish(
                 ERROR_COLUMN, codes.decode_error(F.col(OUTCOME_COLUMN))
             ),
             exact_duplicates=False,  # the reader yields each offset at most once
-            raw_value_column=None if digested else "value",
-            digested=digested,
+            raw_value_column=RAW_VALUE_COLUMN if in_tasks else None if digested else "value",
+            digested=digested and not in_tasks,
         ),
     )  # fmt: skip
     # validate() already refused ranges read past their bounds or with more records
@@ -372,7 +384,7 @@ def _stage_validate_publish(
         lambda: publisher.publish_staged(
             staging, plan, feed,
             staged=StagedRecords(OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good,
-                                 unpublished=tuple(c for c in raw_columns if c in staged_df.columns),
+                                 unpublished=tuple(c for c in raw_columns if c in staged.columns),
                                  write_quarantine=quarantine_writer(spark, quarantined_schema, codes.reason)),
             stats=stats, extra={"validator": res.validator},
             expect_records=int(checked.summary["good_records"]),
@@ -383,6 +395,60 @@ def _stage_validate_publish(
     if manifest.extra.get("schema_changes"):
         res.events.append(table_schema_event(manifest))
     return manifest
+
+
+def stage_in_read_tasks(
+    spark: SparkSession,
+    plan: Plan,
+    feed: Feed,
+    connection: KafkaConnection | None,
+    staged_df: DataFrame,
+    schemas: Mapping[str, RunSchemas],
+    codes: OutcomeCodes,
+    staging: Staging,
+    res: JobResult,
+) -> StructType | None:
+    """Stage the plan's records in the read tasks (:mod:`tidemark.spark.arrow_avro`) when they can; the staged
+    files' schema, or None (nothing staged: Spark's write stages them).
+
+    They can for an Avro value whose schemas that module decodes, read by the data source,
+    with no row-level rules and no exact window (every record is then ``ok`` once it
+    decodes), into a staging folder the driver shares with the executors. The records are
+    staged as ``staged_df`` lays them out, with each record's raw value in place of its
+    digest. A task that meets a record it does not stage (one that does not decode, say)
+    gives way, and Spark stages the whole plan instead; the reason is printed.
+    """
+    from pyspark.sql.types import StructType
+
+    from tidemark.output.parquet import PASS_DIR
+    from tidemark.spark import arrow_avro
+    from tidemark.spark.avro import AvroSchemas
+    from tidemark.spark.decode import OUTCOME_COLUMN, RAW_HEAD_COLUMNS, RAW_VALUE_COLUMN
+    from tidemark.spark.stats import DIGEST_COLUMNS
+    from tidemark.validation.rules import OK_OUTCOME
+
+    value = schemas.get("value")
+    if not (
+        isinstance(value, AvroSchemas) and "key" not in schemas and res.reader == "data_source"
+        and not codes.rules and plan.time_filter is None and staging.remote is None
+        and RAW_VALUE_COLUMN in staged_df.columns
+    ):  # fmt: skip
+        return None
+    columns = StructType([f for f in staged_df.schema.fields if f.name not in DIGEST_COLUMNS])
+    head = RAW_HEAD_COLUMNS["value"]
+    stage = arrow_avro.StagePlan.of(
+        value, columns, partition_columns=(OUTCOME_COLUMN, "topic", "date"), ok=OK_OUTCOME, raw_value=RAW_VALUE_COLUMN,
+        head=head if head in columns.fieldNames() else None, plain=(RAW_VALUE_COLUMN,),
+    )  # fmt: skip
+    if isinstance(stage, str):
+        print(f"tidemark job: staging with Spark: {stage}", file=sys.stderr)
+        return None
+    gave_way = arrow_avro.stage_in_tasks(spark, plan, connection, stage, staging.root / PASS_DIR)
+    if gave_way is not None:
+        print(f"tidemark job: the read tasks gave way to Spark's write: {gave_way}", file=sys.stderr)
+        return None
+    res.staged_by = arrow_avro.WRITER
+    return columns
 
 
 def raw_kept_aside(

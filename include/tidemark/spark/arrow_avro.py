@@ -1,0 +1,565 @@
+"""Avro values decoded and staged by the read tasks themselves: the job's write without Spark rows.
+
+The job's write (:mod:`tidemark.job.steps`) is one Spark write: the data source's Arrow
+batches become Spark rows, ``from_avro`` decodes each value, and Spark's Parquet writer
+stages the records. Most of that time is Spark's: its Parquet writer alone takes longer
+than reading and decoding (``docs/read-publish.md``). For an Avro feed in the common case
+this module does the same work inside the read tasks, on Arrow columns: each task reads
+its ranges (:func:`tidemark.spark.source.read_task`), decodes every batch's values with
+polars' Avro reader (the bodies of one writer's records, wrapped as one block of an Avro
+object container file), resolves them to the reader schema in Arrow (promotions, the
+reader's defaults for fields the writer lacks), and writes the staged Parquet files with
+pyarrow: the same folders, columns and types as Spark's write, and the raw value beside
+each record, from which validation computes the range statistics as it does for
+``bytes`` feeds.
+
+Nothing is taken on trust from the decoder: a record counts as decoded only when the
+length of its Avro encoding, computed from its decoded fields, equals the length of its
+body, so every record's bytes were read by exactly its own fields (a body with a byte too
+many or too few would shift every record after it). A task that cannot show that, or that
+meets anything else it does not handle (a null value, a header other than the run's
+candidate writers', a key that is not UTF-8, a record without a timestamp), stops and says
+why, and the job stages with Spark instead (a second read of Kafka, by the path that
+decodes, quarantines and names every bad record).
+
+What takes this path (:meth:`StagePlan.of`, and the job's conditions in
+:func:`tidemark.job.steps.stage_in_read_tasks`): an Avro value whose reader and writer
+records hold fields of the types below, a ``string`` or ``bytes`` key, no row-level rules,
+no exact window, staging in a folder the executors and the driver share. Types: boolean,
+int, long, float, double, string, bytes, enum, ``date``, ``timestamp-millis``,
+``timestamp-micros``, each alone or in a union with null. Everything else (nested records,
+arrays, maps, decimals, fixed, other unions, named type references) is staged by Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tidemark.errors import TidemarkError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+    from tidemark.kafka.connection import KafkaConnection
+    from tidemark.planning.plan import Plan
+    from tidemark.spark.avro import AvroSchemas
+    from tidemark.spark.source import ReadTask
+
+PRIMITIVES = frozenset({"boolean", "int", "long", "float", "double", "string", "bytes"})
+LOGICAL = {"date": "int", "timestamp-millis": "long", "timestamp-micros": "long"}
+# Writer kind → reader kinds Avro resolves it to (besides itself).
+PROMOTIONS = {
+    "int": {"long", "float", "double"},
+    "long": {"float", "double"},
+    "float": {"double"},
+    "string": {"bytes"},
+    "bytes": {"string"},
+}
+SYNC = b"tidemark-block00"  # the container's 16-byte sync marker: any constant does
+SPARK_SCHEMA_KEY = "org.apache.spark.sql.parquet.row.metadata"
+WRITER = "read_tasks"  # JobResult.staged_by when this path staged the records
+
+
+@dataclass(frozen=True)
+class Kind:
+    """An Avro field type this path decodes: its kind, whether null is allowed, an enum's symbols."""
+
+    name: str  # a primitive, "enum", or a logical type of LOGICAL
+    nullable: bool = False
+    symbols: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, avro_type: Any) -> Kind | None:
+        """The kind of ``avro_type`` (a field's type in schema JSON), None when this path does not decode it."""
+        nullable = False
+        if isinstance(avro_type, list):
+            branches = [b for b in avro_type if b != "null"]
+            if len(avro_type) != 2 or len(branches) != 1:
+                return None
+            nullable, avro_type = True, branches[0]
+        if isinstance(avro_type, str):
+            return cls(avro_type, nullable) if avro_type in PRIMITIVES else None
+        if not isinstance(avro_type, dict):
+            return None
+        base, logical = avro_type.get("type"), avro_type.get("logicalType")
+        if base == "enum" and logical is None:
+            return cls("enum", nullable, tuple(str(s) for s in avro_type.get("symbols", ())))
+        if logical is None:
+            return cls(base, nullable) if base in PRIMITIVES else None
+        return cls(logical, nullable) if LOGICAL.get(logical) == base else None
+
+    def reads(self, writer: Kind) -> bool:
+        """Whether a value written as ``writer`` resolves to this reader kind exactly as Avro resolves it."""
+        if writer.nullable and not self.nullable:
+            return False
+        if writer.name == "enum":
+            return self.name == "enum" and set(writer.symbols) <= set(self.symbols)
+        return writer.name == self.name or self.name in PROMOTIONS.get(writer.name, set())
+
+
+@dataclass(frozen=True)
+class WriterPlan:
+    """How to decode one writer schema's bodies: its wire-format header, its container prefix, its fields."""
+
+    schema_id: int
+    header: bytes  # the five wire-format bytes: magic 0 and the big-endian schema id
+    container: bytes  # an Avro object container's header declaring the writer schema
+    fields: tuple[tuple[str, Kind], ...]
+
+
+@dataclass(frozen=True)
+class ReaderField:
+    name: str
+    source: str | None  # the writer's field it reads, None: the reader's default
+    kind: Kind
+    default: Any = None
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Everything a read task needs to stage its records: picklable, schemas only, no secrets."""
+
+    writers: tuple[WriterPlan, ...]
+    readers: tuple[tuple[int, tuple[ReaderField, ...]], ...]  # per writer id: the reader's fields
+    file_schema: str  # the staged files' Spark schema (JSON): every staged column but the partition columns
+    partition_columns: tuple[str, str, str]  # (outcome, topic, date) folder names, in that order
+    ok: str  # the outcome every record staged here gets
+    key_text: bool  # the key is staged as UTF-8 text (else as bytes)
+    raw_value: str  # the column holding each record's raw value
+    head: str | None  # the column holding each value's wire-format header, when staged
+    plain: tuple[str, ...]  # columns written without dictionary and statistics (payloads)
+
+    @classmethod
+    def of(
+        cls,
+        schemas: AvroSchemas,
+        staged: StructType,
+        *,
+        partition_columns: tuple[str, str, str],
+        ok: str,
+        raw_value: str,
+        head: str | None,
+        plain: Sequence[str],
+    ) -> StagePlan | str:
+        """The plan for staging ``staged``'s columns (the Spark write's) from ``schemas``' writers; else why not."""
+        from pyspark.sql.types import BinaryType, StringType, StructType
+
+        reader = json.loads(schemas.reader)
+        if not isinstance(reader, dict) or reader.get("type") != "record":
+            return "the reader schema is not a record"
+        reader_fields: list[tuple[dict[str, Any], Kind]] = []
+        for f in reader["fields"]:
+            kind = Kind.of(f["type"])
+            if kind is None or f.get("aliases"):
+                return f"reader field '{f['name']}' has a type (or aliases) only Spark's decoder reads: {f['type']}"
+            reader_fields.append((f, kind))
+        writers, readers = [], []
+        for sid, text in sorted(schemas.writers.items()):
+            doc = json.loads(text)
+            if not isinstance(doc, dict) or doc.get("type") != "record":
+                return f"writer schema {sid} is not a record"
+            fields = []
+            for f in doc["fields"]:
+                kind = Kind.of(f["type"])
+                if kind is None:
+                    return f"writer schema {sid}'s field '{f['name']}' has a type only Spark's decoder reads"
+                fields.append((str(f["name"]), kind))
+            by_name = dict(fields)
+            resolved = []
+            for f, kind in reader_fields:
+                name = str(f["name"])
+                if name in by_name:
+                    if not kind.reads(by_name[name]):
+                        return f"writer schema {sid}'s field '{name}' resolves in a way only Spark's decoder reads"
+                    resolved.append(ReaderField(name, name, kind))
+                elif "default" in f:
+                    resolved.append(ReaderField(name, None, kind, f["default"]))
+                else:
+                    return f"writer schema {sid} lacks reader field '{name}', which has no default"
+            writers.append(WriterPlan(sid, b"\x00" + sid.to_bytes(4, "big"), _container(doc), tuple(fields)))
+            readers.append((sid, tuple(resolved)))
+        if not writers:
+            return "no writer schema"
+        folders = set(partition_columns)
+        file_schema = StructType([f for f in staged.fields if f.name not in folders])
+        key = next((f for f in file_schema.fields if f.name == "key"), None)
+        if key is None or not isinstance(key.dataType, StringType | BinaryType):
+            return "the key is not staged as text or bytes"
+        return cls(
+            tuple(writers), tuple(readers), file_schema.json(), partition_columns, ok,
+            isinstance(key.dataType, StringType), raw_value, head, tuple(plain),
+        )  # fmt: skip
+
+
+def _container(writer: Mapping[str, Any]) -> bytes:
+    """The header of an Avro object container file declaring ``writer`` (no codec): magic, metadata, sync."""
+    meta = {b"avro.schema": json.dumps(_without_defaults(writer)).encode(), b"avro.codec": b"null"}
+    out = bytearray(b"Obj\x01") + _long(len(meta))
+    for k, v in meta.items():
+        out += _long(len(k)) + k + _long(len(v)) + v
+    return bytes(out + _long(0) + SYNC)
+
+
+def _without_defaults(doc: Any) -> Any:
+    """``doc`` without ``default`` values: a writer schema decodes without them, and polars' schema parser
+    rejects some (a string default)."""
+    if isinstance(doc, dict):
+        return {k: _without_defaults(v) for k, v in doc.items() if k not in ("default", "doc")}
+    if isinstance(doc, list):
+        return [_without_defaults(v) for v in doc]
+    return doc
+
+
+def _long(n: int) -> bytes:
+    """Avro's encoding of a long: zigzag, then a varint."""
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z & ~0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+class CannotStage(Exception):
+    """A read task met records this path does not stage; the message says which and why."""
+
+
+# -- in the read task ------------------------------------------------------------------------
+
+
+def stage_task(
+    index: int, task: ReadTask, client_config: Mapping[str, Any], plan: StagePlan, target: str
+) -> list[tuple[str, int]]:
+    """Read ``task``, decode and stage its records under ``target``; the files written (relative) and their rows.
+
+    Raises :class:`CannotStage` for records this path does not stage, and the reader's
+    errors (:class:`tidemark.errors.ReadError`) as they come.
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    from tidemark.spark.source import read_task
+
+    schema = to_arrow_schema(StructType.fromJson(json.loads(plan.file_schema)), timezone="UTC")
+    schema = schema.with_metadata({SPARK_SCHEMA_KEY: plan.file_schema})
+    files: dict[tuple[str, int], _StagedFile] = {}
+    attempt = uuid.uuid4().hex[:12]
+    try:
+        for batch in read_task(task, client_config):
+            for (topic, day), table in _staged_tables(batch, plan, schema):
+                if (topic, day) not in files:
+                    values = (plan.ok, topic, _date(day))
+                    folder = "/".join(f"{c}={v}" for c, v in zip(plan.partition_columns, values, strict=True))
+                    files[(topic, day)] = _StagedFile(
+                        target, f"{folder}/part-{index:05d}-{len(files):03d}.parquet", attempt, schema, plan.plain
+                    )
+                files[(topic, day)].add(table)
+    except BaseException:
+        for file in files.values():
+            file.abandon()
+        raise
+    return sorted((file.name, file.close()) for file in files.values())
+
+
+ROW_GROUP_BYTES = 64 * 1024 * 1024  # Arrow bytes buffered per file before they are written as one row group
+
+
+class _StagedFile:
+    """One staged Parquet file, written under a hidden name and renamed into place when closed.
+
+    Tables are buffered up to :data:`ROW_GROUP_BYTES` and written as one row group: a row
+    group per read batch would make thousands, and publication copies column chunks one
+    call at a time.
+    """
+
+    def __init__(self, target: str, name: str, attempt: str, schema: pa.Schema, plain: Sequence[str]) -> None:
+        import pyarrow.parquet as pq
+
+        self.name, self.path = name, f"{target}/{name}"
+        self.temp = f"{target}/{Path(name).parent}/.{Path(name).name}.{attempt}.tmp"  # hidden from Spark's reader
+        Path(self.temp).parent.mkdir(parents=True, exist_ok=True)
+        encoded = [f.name for f in schema if f.name not in plain]  # payloads: no dictionary, no statistics
+        self.writer = pq.ParquetWriter(
+            self.temp, schema, compression="snappy", store_schema=False, use_dictionary=encoded,
+            write_statistics=encoded,
+        )  # fmt: skip
+        self.pending: list[pa.Table] = []
+        self.pending_bytes = self.rows = 0
+
+    def add(self, table: pa.Table) -> None:
+        self.pending.append(table)
+        self.pending_bytes += table.nbytes
+        self.rows += table.num_rows
+        if self.pending_bytes >= ROW_GROUP_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if self.pending:
+            table = pa.concat_tables(self.pending)
+            self.writer.write_table(table, row_group_size=table.num_rows)
+        self.pending, self.pending_bytes = [], 0
+
+    def close(self) -> int:
+        """Write what is buffered, close, rename into place (a retried attempt writes the same name); the rows."""
+        self._flush()
+        self.writer.close()
+        os.replace(self.temp, self.path)
+        return self.rows
+
+    def abandon(self) -> None:
+        self.writer.close()
+        Path(self.temp).unlink(missing_ok=True)
+
+
+def _date(day: int) -> str:
+    import datetime as dt
+
+    return (dt.date(1970, 1, 1) + dt.timedelta(days=day)).isoformat()
+
+
+def _staged_tables(batch: pa.RecordBatch, plan: StagePlan, schema: pa.Schema) -> Iterator[tuple[tuple[str, int], Any]]:
+    """``batch``'s records decoded and laid out as ``schema``, one table per (topic, UTC day)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = batch.column("value")
+    where = _where(batch)
+    if values.null_count:
+        raise CannotStage(f"{where}: a record without a value (a tombstone)")
+    if batch.column("timestamp").null_count:
+        raise CannotStage(f"{where}: a record without a timestamp")
+    if batch.num_rows and pc.min(pc.binary_length(values)).as_py() < 5:
+        raise CannotStage(f"{where}: a value shorter than the wire format's five-byte header")
+    heads = pc.binary_slice(values, 0, 5)
+    known = {w.header for w in plan.writers}
+    for head in pc.unique(heads).to_pylist():
+        if head not in known:
+            raise CannotStage(f"{where}: a value framed with header {head.hex()}, not one of the run's writers'")
+    readers = dict(plan.readers)
+    tables, topics = [], []
+    for writer in plan.writers:
+        mask = pc.equal(heads, pa.scalar(writer.header, pa.binary()))
+        if not pc.any(mask).as_py():
+            continue
+        part = batch.filter(mask)
+        decoded = _decode(part.column("value"), writer, where)
+        tables.append(_laid_out(part, decoded, readers[writer.schema_id], plan, schema))
+        topics.append(part.column("topic"))
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    topic = pa.concat_arrays(topics) if len(topics) > 1 else topics[0]
+    days = np.floor_divide(table.column("timestamp").cast(pa.int64()).to_numpy(), 86_400_000_000)
+    for name in pc.unique(topic).to_pylist():
+        of_topic = pc.equal(topic, name).to_numpy(zero_copy_only=False)
+        for day in np.unique(days[of_topic]).tolist():
+            yield (name, int(day)), table.filter(pa.array(of_topic & (days == day)))
+
+
+def _decode(values: pa.Array, writer: WriterPlan, where: str) -> pa.Table:
+    """The bodies of ``values`` (all framed with ``writer``'s header) decoded with its schema, one column per field.
+
+    Raises :class:`CannotStage` unless every record's encoding, as its decoded fields
+    give it, is exactly as long as its body.
+    """
+    import io
+
+    import numpy as np
+    import polars as pl
+    import pyarrow.compute as pc
+
+    bodies = pc.binary_slice(values, 5, 2**31 - 1)
+    offsets = np.frombuffer(bodies.buffers()[1], dtype=np.int32, count=len(bodies) + 1, offset=bodies.offset * 4)
+    data = bodies.buffers()[2]
+    block = data.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
+    container = writer.container + _long(len(bodies)) + _long(len(block)) + block + SYNC
+    try:
+        decoded = pl.read_avro(io.BytesIO(container)).to_arrow()
+    except Exception as exc:
+        raise CannotStage(f"{where}: values of schema id {writer.schema_id} did not decode: {exc}") from exc
+    if decoded.num_rows != len(bodies):
+        raise CannotStage(f"{where}: {decoded.num_rows} records decoded from {len(bodies)} values")
+    sizes = np.zeros(len(bodies), dtype=np.int64)
+    for name, kind in writer.fields:
+        sizes += _encoded_sizes(decoded.column(name).combine_chunks(), kind)
+    if not np.array_equal(sizes, np.diff(offsets)):
+        first = int(np.argmax(sizes != np.diff(offsets)))
+        raise CannotStage(
+            f"{where}: a value of schema id {writer.schema_id} ({first + 1}. of {len(bodies)}) is "
+            f"{int(np.diff(offsets)[first])} bytes long, its decoded fields encode to {int(sizes[first])}"
+        )
+    return decoded
+
+
+def _varint_sizes(values: np.ndarray) -> np.ndarray:
+    """The bytes Avro's zigzag varint takes for each of ``values`` (int64)."""
+    import numpy as np
+
+    zigzag = ((values << 1) ^ (values >> 63)).view(np.uint64)
+    sizes = np.ones(len(values), dtype=np.int64)
+    for bits in range(7, 64, 7):
+        sizes += zigzag >= np.uint64(1 << bits)
+    return sizes
+
+
+def _encoded_sizes(column: pa.Array, kind: Kind) -> np.ndarray:
+    """The bytes each value of ``column`` (decoded from a field of ``kind``) takes in Avro's binary encoding."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(column)
+    if kind.name == "boolean":
+        sizes = np.ones(n, dtype=np.int64)
+    elif kind.name == "float":
+        sizes = np.full(n, 4, dtype=np.int64)
+    elif kind.name == "double":
+        sizes = np.full(n, 8, dtype=np.int64)
+    elif kind.name in ("string", "bytes"):
+        lengths = pc.fill_null(pc.binary_length(column), 0).cast(pa.int64()).to_numpy()
+        sizes = _varint_sizes(lengths) + lengths
+    elif kind.name == "enum":
+        index = pc.index_in(column.cast(pa.string()), value_set=pa.array(kind.symbols, pa.string()))
+        if index.null_count > column.null_count:
+            raise CannotStage(f"a decoded enum symbol is not one of {list(kind.symbols)}")
+        sizes = _varint_sizes(pc.fill_null(index, 0).cast(pa.int64()).to_numpy())
+    else:  # int, long and the logical types on them: a varint of the number as written
+        unit = {"timestamp-millis": pa.timestamp("ms", "UTC"), "timestamp-micros": pa.timestamp("us", "UTC")}
+        numbers = column.cast(unit[kind.name]) if kind.name in unit else column
+        sizes = _varint_sizes(pc.fill_null(numbers.cast(pa.int64()), 0).to_numpy())
+    if kind.nullable:  # the union's branch index (one byte), and the value where it is not null
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        sizes = 1 + np.where(valid, sizes, 0)
+    elif column.null_count:
+        raise CannotStage("a field that admits no null decoded as null")
+    return sizes
+
+
+def _laid_out(
+    part: pa.RecordBatch, decoded: pa.Table, fields: Sequence[ReaderField], plan: StagePlan, schema: pa.Schema
+) -> pa.Table:
+    """The staged columns of ``part``'s records (``schema``): Kafka's, the reader's fields, the raw value."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = part.num_rows
+    columns: dict[str, Any] = {c: part.column(c) for c in ("partition", "offset", "timestamp", "timestamp_type",
+                                                               "headers")}  # fmt: skip
+    key = part.column("key")
+    if plan.key_text:
+        try:
+            key = key.cast(pa.string())
+        except pa.ArrowInvalid as exc:
+            raise CannotStage(f"{_where(part)}: a key that is not UTF-8 text") from exc
+    columns["key"] = key
+    columns[plan.raw_value] = part.column("value")
+    if plan.head is not None:
+        columns[plan.head] = pc.binary_slice(part.column("value"), 0, 5)
+    for f in fields:
+        columns[f.name] = decoded.column(f.source).combine_chunks() if f.source else _default(f, n)
+    arrays = []
+    for target in schema:
+        column = columns[target.name]
+        if column.type != target.type:
+            column = column.cast(target.type, safe=False)  # promotions (int → long, long → double), dictionary → text
+        arrays.append(column)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _default(field: ReaderField, n: int) -> pa.Array:
+    """``n`` copies of ``field``'s default, in the type a decoded value of its kind has."""
+    import pyarrow as pa
+
+    value = field.default
+    natural = {
+        "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(), "double": pa.float64(),
+        "string": pa.string(), "enum": pa.string(), "bytes": pa.binary(), "date": pa.int32(),
+        "timestamp-millis": pa.int64(), "timestamp-micros": pa.int64(),
+    }[field.kind.name]  # fmt: skip
+    if value is not None and field.kind.name == "bytes":
+        value = str(value).encode("latin-1")  # Avro's JSON default of bytes: code points 0-255
+    array = pa.array([value] * n, natural)
+    if field.kind.name == "date":
+        return array.cast(pa.date32())
+    if field.kind.name.startswith("timestamp-"):
+        unit = "ms" if field.kind.name == "timestamp-millis" else "us"
+        return array.cast(pa.timestamp(unit, "UTC"))
+    return array
+
+
+def _where(batch: pa.RecordBatch) -> str:
+    topic = batch.column("topic")[0].as_py() if batch.num_rows else "?"
+    part = batch.column("partition")[0].as_py() if batch.num_rows else "?"
+    offsets = batch.column("offset")
+    first = offsets[0].as_py() if batch.num_rows else "?"
+    last = offsets[batch.num_rows - 1].as_py() if batch.num_rows else "?"
+    return f"{topic}[{part}] offsets {first}..{last}"
+
+
+# -- on the driver -----------------------------------------------------------------------------
+
+
+def stage_in_tasks(
+    spark: SparkSession, plan: Plan, connection: KafkaConnection | None, stage: StagePlan, target: Path
+) -> str | None:
+    """Read ``plan`` and stage its records under ``target`` in the read tasks (one Spark task each).
+
+    Returns None when every record was staged, else why a task gave way (``target`` is
+    then removed, and the caller stages with Spark). Errors of the read itself (an
+    offset gone, a partition that stalls) fail the Spark job as they do in the data source.
+    """
+    import shutil
+
+    from tidemark.spark.source import tasks_of
+
+    tasks = [t for t in tasks_of(plan) if t.records]
+    config = dict(connection.client_config()) if connection is not None else None
+    folder = str(target)
+    sc = spark.sparkContext
+    sc.setJobDescription(f"tidemark: read, decode and stage plan {plan.plan_id}")
+    try:
+        outcomes = (
+            sc.parallelize(list(enumerate(tasks)), max(len(tasks), 1))
+            .mapPartitions(lambda items: _run(items, config, stage, folder))
+            .collect()
+        )
+    finally:
+        sc.setJobDescription(None)  # type: ignore[arg-type]
+    reasons = [detail for status, detail in outcomes if status == "gave_way"]
+    if reasons:
+        shutil.rmtree(target, ignore_errors=True)
+        return str(reasons[0])
+    written = {name for status, files in outcomes if status == "staged" for name, _ in files}
+    found = {str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()}
+    if found != written:  # a file no task reports (a dead attempt's), or one missing
+        stray = sorted(found ^ written)[:3]
+        raise TidemarkError(f"plan {plan.plan_id}: the staging folder {target} does not hold what the read tasks "
+                            f"wrote ({', '.join(stray)}); nothing was published")  # fmt: skip
+    return None
+
+
+def _run(
+    items: Iterable[tuple[int, ReadTask]], config: Mapping[str, Any] | None, stage: StagePlan, target: str
+) -> Iterator[tuple[str, Any]]:
+    """A Spark task's work: stage each of its read tasks, or say why it gave way."""
+    from tidemark.kafka.connection import from_env
+
+    client_config = config if config is not None else from_env().client_config()
+    for index, task in items:
+        try:
+            yield "staged", stage_task(index, task, client_config, stage, target)
+        except CannotStage as exc:
+            yield "gave_way", str(exc)
+        except ImportError as exc:  # an executor without polars: Spark's path needs none of it
+            yield "gave_way", f"an executor cannot import {exc.name}"
