@@ -417,6 +417,7 @@ def stage_in_read_tasks(
     staged as ``staged_df`` lays them out, with each record's raw value in place of its
     digest. A task that meets a record it does not stage (one that does not decode, say)
     gives way, and Spark stages the whole plan instead; the reason is printed.
+    ``TIDEMARK_READ_TASK_STAGING=0`` leaves every plan to Spark.
     """
     from pyspark.sql.types import StructType
 
@@ -429,7 +430,8 @@ def stage_in_read_tasks(
 
     value = schemas.get("value")
     if not (
-        isinstance(value, AvroSchemas) and "key" not in schemas and res.reader == "data_source"
+        os.environ.get(arrow_avro.SWITCH_ENV, "1").strip() != "0"
+        and isinstance(value, AvroSchemas) and "key" not in schemas and res.reader == "data_source"
         and not codes.rules and plan.time_filter is None and staging.remote is None
         and RAW_VALUE_COLUMN in staged_df.columns
     ):  # fmt: skip

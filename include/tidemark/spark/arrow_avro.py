@@ -66,6 +66,7 @@ PROMOTIONS = {
 }
 SYNC = b"tidemark-block00"  # the container's 16-byte sync marker: any constant does
 SPARK_SCHEMA_KEY = "org.apache.spark.sql.parquet.row.metadata"
+SWITCH_ENV = "TIDEMARK_READ_TASK_STAGING"  # "0": Spark stages every plan
 WRITER = "read_tasks"  # JobResult.staged_by when this path staged the records
 
 
@@ -386,7 +387,9 @@ def _decode(values: pa.Array, writer: WriterPlan, where: str) -> pa.Table:
     container = writer.container + _long(len(bodies)) + _long(len(block)) + block + SYNC
     try:
         decoded = pl.read_avro(io.BytesIO(container)).to_arrow()
-    except Exception as exc:
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # polars' panics (pyo3's PanicException) are BaseExceptions
         raise CannotStage(f"{where}: values of schema id {writer.schema_id} did not decode: {exc}") from exc
     if decoded.num_rows != len(bodies):
         raise CannotStage(f"{where}: {decoded.num_rows} records decoded from {len(bodies)} values")
@@ -437,6 +440,7 @@ def _encoded_sizes(column: pa.Array, kind: Kind) -> np.ndarray:
     else:  # int, long and the logical types on them: a varint of the number as written
         unit = {"timestamp-millis": pa.timestamp("ms", "UTC"), "timestamp-micros": pa.timestamp("us", "UTC")}
         numbers = column.cast(unit[kind.name]) if kind.name in unit else column
+        numbers = numbers.cast(pa.int32()) if kind.name == "date" else numbers
         sizes = _varint_sizes(pc.fill_null(numbers.cast(pa.int64()), 0).to_numpy())
     if kind.nullable:  # the union's branch index (one byte), and the value where it is not null
         valid = column.is_valid().to_numpy(zero_copy_only=False)

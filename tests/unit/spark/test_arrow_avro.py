@@ -1,0 +1,206 @@
+"""The read tasks' Avro decoding (tidemark.spark.arrow_avro), on values encoded by fastavro: no Kafka, no Spark.
+
+What matters most: a record counts as decoded only when its decoded fields encode to
+exactly its body's length, so a value with a byte too many or too few (which would shift
+every later record of its block) makes the task give way instead of staging wrong rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+from typing import Any
+
+import pytest
+
+from tidemark.spark.arrow_avro import CannotStage, Kind, StagePlan, WriterPlan, _container, _decode, _laid_out
+
+WRITER = {
+    "type": "record", "name": "Row", "namespace": "t",
+    "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "big", "type": "long"},
+        {"name": "flag", "type": "boolean"},
+        {"name": "ratio", "type": "float"},
+        {"name": "price", "type": "double"},
+        {"name": "name", "type": "string", "default": "none"},
+        {"name": "blob", "type": "bytes"},
+        {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID"]}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "at_us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "note", "type": ["null", "string"], "default": None},
+        {"name": "qty", "type": ["int", "null"]},
+    ],
+}  # fmt: skip
+# The reader: id promoted to long, ratio to double, a symbol added, qty promoted, two fields added with defaults.
+READER = {**WRITER, "fields": [
+    {"name": "id", "type": "long"}, *WRITER["fields"][1:3], {"name": "ratio", "type": "double"},
+    *WRITER["fields"][4:7],
+    {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID", "SHIPPED"]}},
+    *WRITER["fields"][8:12], {"name": "qty", "type": ["long", "null"]},
+    {"name": "channel", "type": "string", "default": "web"},
+    {"name": "level", "type": ["null", "int"], "default": None},
+]}  # fmt: skip
+
+
+def row(i: int) -> dict[str, Any]:
+    return {
+        "id": (-1) ** i * i * 977, "big": (-1) ** i * 2 ** (i % 63), "flag": i % 2 == 0, "ratio": i / 7,
+        "price": i * 1.25, "name": "ü" * (i % 70), "blob": bytes(range(i % 200)), "status": ["NEW", "PAID"][i % 2],
+        "day": dt.date(1969, 12, 1) + dt.timedelta(days=i), "at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+        + dt.timedelta(milliseconds=i * 1_000_003), "at_us": dt.datetime(1960, 1, 1, tzinfo=dt.UTC)
+        + dt.timedelta(microseconds=i * 7_919), "note": None if i % 3 else f"n{i}", "qty": None if i % 5 == 0 else i,
+    }  # fmt: skip
+
+
+def encoded(schema: dict[str, Any], docs: list[dict[str, Any]]) -> list[bytes]:
+    import fastavro
+
+    parsed = fastavro.parse_schema(schema)
+    out = []
+    for doc in docs:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, doc)
+        out.append(b"\x00\x00\x00\x00\x07" + buf.getvalue())
+    return out
+
+
+def writer_plan(schema: dict[str, Any] = WRITER) -> WriterPlan:
+    fields = tuple((f["name"], Kind.of(f["type"])) for f in schema["fields"])
+    assert all(k is not None for _, k in fields)
+    return WriterPlan(7, b"\x00\x00\x00\x00\x07", _container(schema), fields)  # type: ignore[arg-type]
+
+
+def test_decoded_records_equal_fastavros_and_their_encodings_are_their_lengths() -> None:
+    import fastavro
+    import pyarrow as pa
+
+    docs = [row(i) for i in range(300)]
+    decoded = _decode(pa.array(encoded(WRITER, docs), pa.binary()), writer_plan(), "t[0] offsets 0..299")
+    parsed = fastavro.parse_schema(WRITER)
+    for got, value in zip(decoded.to_pylist(), encoded(WRITER, docs), strict=True):
+        want = fastavro.schemaless_reader(io.BytesIO(value[5:]), parsed)
+        assert {k: got[k] for k in ("id", "big", "flag", "name", "blob", "status", "day", "note", "qty")} == {
+            k: want[k] for k in ("id", "big", "flag", "name", "blob", "status", "day", "note", "qty")
+        }
+        assert got["ratio"] == pytest.approx(want["ratio"], rel=1e-6) and got["price"] == want["price"]
+        assert got["at"] == want["at"] and got["at_us"] == want["at_us"]
+
+
+@pytest.mark.parametrize(
+    ("change", "what"),
+    [(lambda v: v + b"\x00", "a trailing byte"), (lambda v: v[:-1], "a missing byte")],
+)
+def test_a_value_a_byte_too_long_or_short_makes_the_task_give_way(change: Any, what: str) -> None:
+    import pyarrow as pa
+
+    values = encoded(WRITER, [row(i) for i in range(40)])
+    values[17] = change(values[17])  # the block's next records would be read shifted by a byte
+    with pytest.raises(CannotStage, match=r"t\[0\] offsets 0\.\.39"):
+        _decode(pa.array(values, pa.binary()), writer_plan(), "t[0] offsets 0..39")
+
+
+def test_a_body_that_does_not_decode_makes_the_task_give_way() -> None:
+    import pyarrow as pa
+
+    values = [*encoded(WRITER, [row(1)]), b"\x00\x00\x00\x00\x07\xff\xff\xff\xff"]
+    with pytest.raises(CannotStage, match="schema id 7"):
+        _decode(pa.array(values, pa.binary()), writer_plan(), "t[0] offsets 0..1")
+
+
+def test_kinds_and_what_they_resolve_from() -> None:
+    assert Kind.of(["null", "string"]) == Kind("string", nullable=True)
+    assert Kind.of({"type": "long", "logicalType": "timestamp-micros"}) == Kind("timestamp-micros")
+    spark_only = [
+        {"type": "map", "values": "int"}, {"type": "array", "items": "int"}, ["null", "int", "string"],
+        {"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 2}, "t.Status",
+        {"type": "record", "name": "R", "fields": []}, {"type": "fixed", "name": "F", "size": 2},
+    ]  # fmt: skip
+    for other in spark_only:
+        assert Kind.of(other) is None, other
+    long_, int_ = Kind("long"), Kind("int")
+    assert long_.reads(int_) and not int_.reads(long_)  # promoted, never narrowed
+    assert Kind("long", nullable=True).reads(int_) and not long_.reads(Kind("long", nullable=True))
+    assert Kind("enum", symbols=("A", "B")).reads(Kind("enum", symbols=("A",)))
+    assert not Kind("enum", symbols=("A",)).reads(Kind("enum", symbols=("A", "B")))  # Avro would need a default
+
+
+def _staged_struct(reader: dict[str, Any]) -> Any:
+    from pyspark.sql import types as T
+
+    spark_type = {"long": T.LongType(), "boolean": T.BooleanType(), "double": T.DoubleType(), "string": T.StringType(),
+                  "bytes": T.BinaryType(), "enum": T.StringType(), "date": T.DateType(), "int": T.IntegerType(),
+                  "timestamp-millis": T.TimestampType(), "timestamp-micros": T.TimestampType()}  # fmt: skip
+    kinds = [Kind.of(f["type"]) for f in reader["fields"]]
+    fields = [T.StructField(f["name"], spark_type[k.name] if k else T.StringType())  # a type Spark alone decodes
+              for f, k in zip(reader["fields"], kinds, strict=True)]  # fmt: skip
+    return T.StructType([
+        T.StructField("partition", T.IntegerType()), T.StructField("offset", T.LongType()),
+        T.StructField("timestamp", T.TimestampType()), T.StructField("timestamp_type", T.IntegerType()),
+        T.StructField("key", T.StringType()), *fields, T.StructField("headers", T.ArrayType(
+            T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())]))),
+        T.StructField("_raw_value", T.BinaryType()), T.StructField("topic", T.StringType()),
+        T.StructField("date", T.DateType()), T.StructField("_outcome", T.StringType()),
+    ])  # fmt: skip
+
+
+def _schemas(reader: dict[str, Any], writers: dict[int, dict[str, Any]]) -> Any:
+    from tidemark.spark.avro import AvroSchemas
+
+    return AvroSchemas(
+        "avro", "t-value", 1, 7, tuple(writers), reader=json.dumps(reader),
+        writers={k: json.dumps(v) for k, v in writers.items()},
+    )  # fmt: skip
+
+
+def _plan(reader: dict[str, Any], writers: dict[int, dict[str, Any]]) -> StagePlan | str:
+    return StagePlan.of(
+        _schemas(reader, writers), _staged_struct(reader), partition_columns=("_outcome", "topic", "date"), ok="ok",
+        raw_value="_raw_value", head=None, plain=("_raw_value",),
+    )  # fmt: skip
+
+
+def test_records_are_resolved_to_the_reader_with_promotions_and_defaults() -> None:
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    plan = _plan(READER, {7: WRITER})
+    assert isinstance(plan, StagePlan), plan
+    docs = [row(i) for i in range(50)]
+    values = pa.array(encoded(WRITER, docs), pa.binary())
+    batch = pa.record_batch({
+        "topic": pa.array(["t"] * 50), "partition": pa.array([0] * 50, pa.int32()),
+        "offset": pa.array(range(50), pa.int64()), "timestamp": pa.array([0] * 50, pa.timestamp("us", "UTC")),
+        "timestamp_type": pa.array([0] * 50, pa.int32()), "key": pa.array([b"k"] * 50, pa.binary()),
+        "value": values, "headers": pa.nulls(50, pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    })  # fmt: skip
+    schema = to_arrow_schema(StructType.fromJson(json.loads(plan.file_schema)), timezone="UTC")
+    table = _laid_out(batch, _decode(values, plan.writers[0], "t"), dict(plan.readers)[7], plan, schema)
+    got = table.to_pylist()
+    assert [r["id"] for r in got] == [d["id"] for d in docs] and table.schema.field("id").type == pa.int64()
+    assert table.schema.field("ratio").type == pa.float64()
+    assert {r["channel"] for r in got} == {"web"} and {r["level"] for r in got} == {None}
+    assert [r["qty"] for r in got] == [d["qty"] for d in docs]
+    assert [r["status"] for r in got] == [d["status"] for d in docs]
+    assert [r["_raw_value"] for r in got] == values.to_pylist() and [r["key"] for r in got] == ["k"] * 50
+
+
+@pytest.mark.parametrize(
+    ("reader", "writer", "reason"),
+    [
+        ({**WRITER, "fields": [{"name": "id", "type": "int"}]}, {**WRITER, "fields": [{"name": "id", "type": "long"}]},
+         "resolves in a way"),  # narrowed: Avro itself refuses it, and this path leaves it to Spark
+        ({**WRITER, "fields": [{"name": "tags", "type": {"type": "map", "values": "int"}}]}, WRITER,
+         "reader field 'tags'"),
+        ({**WRITER, "fields": [{"name": "id", "type": "int"}, {"name": "x", "type": "int"}]}, WRITER,
+         "lacks reader field 'x'"),
+    ],
+)  # fmt: skip
+def test_what_it_does_not_decode_is_left_to_spark_with_a_reason(
+    reader: dict[str, Any], writer: dict[str, Any], reason: str
+) -> None:
+    got = _plan(reader, {7: writer})
+    assert isinstance(got, str) and reason in got
