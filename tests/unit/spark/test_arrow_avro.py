@@ -91,15 +91,31 @@ def test_decoded_records_equal_fastavros_and_their_encodings_are_their_lengths()
 
 @pytest.mark.parametrize(
     ("change", "what"),
-    [(lambda v: v + b"\x00", "a trailing byte"), (lambda v: v[:-1], "a missing byte")],
+    [
+        (lambda v, w: (v + b"\x00", w), "a trailing byte"),
+        (lambda v, w: (v[:-1], w), "a missing byte"),
+    ],
 )
 def test_a_value_a_byte_too_long_or_short_makes_the_task_give_way(change: Any, what: str) -> None:
     import pyarrow as pa
 
     values = encoded(WRITER, [row(i) for i in range(40)])
-    values[17] = change(values[17])  # the block's next records would be read shifted by a byte
+    values[17], values[18] = change(values[17], values[18])  # the next records would be read shifted by a byte
     with pytest.raises(CannotStage, match=r"t\[0\] offsets 0\.\.39"):
         _decode(pa.array(values, pa.binary()), writer_plan(), "t[0] offsets 0..39")
+
+
+def test_a_byte_moved_between_two_values_is_caught_though_the_block_decodes() -> None:
+    """The block as long as before, and every record decodes: only the lengths tell the second one is wrong."""
+    import pyarrow as pa
+
+    pair = {"type": "record", "name": "P", "fields": [{"name": "a", "type": "long"}, {"name": "b", "type": "long"}]}
+    first, second = encoded(pair, [{"a": 1, "b": 2}, {"a": 3, "b": 4}])
+    moved = [first + b"\x0a", second[:5] + second[6:]]  # the second value's first byte (3) now reads as 5
+    plan = writer_plan(pair)
+    assert _decode(pa.array([first, second], pa.binary()), plan, "t").to_pylist()[1] == {"a": 3, "b": 4}
+    with pytest.raises(CannotStage, match=r"\(1\. of 2\) is 3 bytes long, its decoded fields encode to 2"):
+        _decode(pa.array(moved, pa.binary()), plan, "t[0] offsets 0..1")
 
 
 def test_a_body_that_does_not_decode_makes_the_task_give_way() -> None:
