@@ -53,9 +53,11 @@ if TYPE_CHECKING:
 
     from tidemark.output.base import Publisher
     from tidemark.output.parquet import Manifest, Staging
+    from tidemark.spark import arrow_avro
+    from tidemark.spark.avro import AvroSchemas
     from tidemark.spark.decode import RunSchemas
     from tidemark.spark.stats import RangeStats
-    from tidemark.validation.rules import OutcomeCodes
+    from tidemark.validation.rules import OutcomeCodes, ValidationOutcome
 
 JOB_FILE = "job.json"
 SHIP_ENV = "TIDEMARK_SHIP_PACKAGE"
@@ -312,11 +314,13 @@ def _stage_validate_publish(
             staged_df = raw_kept_aside(staged_df, keeps_raw, keeps_raw_key, _avro_parts(feed))
         return staged_df, codes
 
-    def write(staged_df: DataFrame) -> DataFrame:
+    def write(staged_df: DataFrame, *, by_spark: bool = False) -> DataFrame:
         """``staged_df`` written to the staging folder (a read of Kafka), and read back from there.
 
         Staged by the read tasks themselves when they can (:func:`stage_in_read_tasks`), else by Spark."""
-        staged_schema = stage_in_read_tasks(spark, plan, feed, connection, staged_df, schemas, codes, staging, res)
+        staged_schema = None
+        if not by_spark:
+            staged_schema = stage_in_read_tasks(spark, plan, feed, connection, staged_df, schemas, staging, res)
         if staged_schema is None:
             res.staged_by = "spark"
             parquet_writer(staged_df, "errorifexists").partitionBy(OUTCOME_COLUMN, "topic", "date").parquet(
@@ -339,28 +343,34 @@ def _stage_validate_publish(
     if schemas:
         res.schemas = schemas_report(schemas)
     # Staged by the read tasks: each record's raw value beside it, no digests (stage_in_read_tasks).
-    in_tasks = res.staged_by == arrow_avro.WRITER
     undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_CODE)
-    record_columns = [c for c in staged.columns if c not in (OUTCOME_COLUMN, "date")]
     if time_filter is not None:
         res.window, res.events = timer.step("window", lambda: window_counts(staged, plan, time_filter))
         if plan.commit:  # the commit passes over them: each partition's count is an event
             res.events += outside_window_events(res.window, plan)
         staged = staged.where(F.col(OUTCOME_COLUMN) != OUTSIDE_WINDOW)
     res.events += [e for s in schemas.values() for e in s.events]
-    checked = timer.step(
-        "validate",  # one aggregation: range statistics, built-in checks, bad-row counts; GX beside it
-        lambda: validate(
-            staged.where(~undecoded).select(*record_columns), plan, feed, run_dir,
+
+    def checked_records(staged: DataFrame) -> ValidationOutcome:
+        """One aggregation over ``staged``: range statistics, built-in checks, bad-row counts; GX beside it."""
+        in_tasks = res.staged_by == arrow_avro.WRITER  # each record's raw value staged beside it, no digests
+        return validate(
+            staged.where(~undecoded).select(*[c for c in staged.columns if c not in (OUTCOME_COLUMN, "date")]),
+            plan, feed, run_dir,
             positions=positions,
-            decode_failed=staged.where(undecoded).withColumn(
-                ERROR_COLUMN, codes.decode_error(F.col(OUTCOME_COLUMN))
-            ),
+            decode_failed=staged.where(undecoded).withColumn(ERROR_COLUMN, codes.decode_error(F.col(OUTCOME_COLUMN))),
             exact_duplicates=False,  # the reader yields each offset at most once
             raw_value_column=RAW_VALUE_COLUMN if in_tasks else None if digested else "value",
             digested=digested and not in_tasks,
-        ),
-    )  # fmt: skip
+        )  # fmt: skip
+
+    checked = timer.step("validate", lambda: checked_records(staged))
+    if res.staged_by == arrow_avro.WRITER and int(checked.summary["quarantined_records"]):
+        # The read tasks staged every record as good; records that row rules quarantine need their outcome
+        # codes, which Spark's staging gives them: stage the plan again that way, and validate it again.
+        staging.remove(PASS_DIR)
+        staged = timer.step("write_again", lambda: write(staged_df, by_spark=True))
+        checked = timer.step("validate_again", lambda: checked_records(staged))
     # validate() already refused ranges read past their bounds or with more records
     # than offsets (its built-in checks run on these same figures).
     stats = checked.range_stats or []
@@ -404,7 +414,6 @@ def stage_in_read_tasks(
     connection: KafkaConnection | None,
     staged_df: DataFrame,
     schemas: Mapping[str, RunSchemas],
-    codes: OutcomeCodes,
     staging: Staging,
     res: JobResult,
 ) -> StructType | None:
@@ -412,11 +421,12 @@ def stage_in_read_tasks(
     files' schema, or None (nothing staged: Spark's write stages them).
 
     They can for an Avro value whose schemas that module decodes, read by the data source,
-    with no row-level rules and no exact window (every record is then ``ok`` once it
-    decodes), into a staging folder the driver shares with the executors. The records are
-    staged as ``staged_df`` lays them out, with each record's raw value in place of its
-    digest. A task that meets a record it does not stage (one that does not decode, say)
-    gives way, and Spark stages the whole plan instead; the reason is printed.
+    with no exact window, into a staging folder the driver shares with the executors. Every
+    record that decodes is staged as ``ok``, as ``staged_df`` lays it out, with its raw value
+    in place of its digest; when validation then finds records the feed's row rules
+    quarantine, the job stages the plan again with Spark (step ``write_again``), which codes
+    each record's outcome. A task that meets a record it does not stage (one that does not
+    decode, say) gives way, and Spark stages the whole plan instead; the reason is printed.
     ``TIDEMARK_READ_TASK_STAGING=0`` leaves every plan to Spark.
     """
     from pyspark.sql.types import StructType
@@ -424,24 +434,19 @@ def stage_in_read_tasks(
     from tidemark.output.parquet import PASS_DIR
     from tidemark.spark import arrow_avro
     from tidemark.spark.avro import AvroSchemas
-    from tidemark.spark.decode import OUTCOME_COLUMN, RAW_HEAD_COLUMNS, RAW_VALUE_COLUMN
+    from tidemark.spark.decode import RAW_VALUE_COLUMN
     from tidemark.spark.stats import DIGEST_COLUMNS
-    from tidemark.validation.rules import OK_OUTCOME
 
     value = schemas.get("value")
     if not (
         os.environ.get(arrow_avro.SWITCH_ENV, "1").strip() != "0"
         and isinstance(value, AvroSchemas) and "key" not in schemas and res.reader == "data_source"
-        and not codes.rules and plan.time_filter is None and staging.remote is None
+        and plan.time_filter is None and staging.remote is None
         and RAW_VALUE_COLUMN in staged_df.columns
     ):  # fmt: skip
         return None
     columns = StructType([f for f in staged_df.schema.fields if f.name not in DIGEST_COLUMNS])
-    head = RAW_HEAD_COLUMNS["value"]
-    stage = arrow_avro.StagePlan.of(
-        value, columns, partition_columns=(OUTCOME_COLUMN, "topic", "date"), ok=OK_OUTCOME, raw_value=RAW_VALUE_COLUMN,
-        head=head if head in columns.fieldNames() else None, plain=(RAW_VALUE_COLUMN,),
-    )  # fmt: skip
+    stage = read_task_stage_plan(value, columns)
     if isinstance(stage, str):
         print(f"tidemark job: staging with Spark: {stage}", file=sys.stderr)
         return None
@@ -451,6 +456,20 @@ def stage_in_read_tasks(
         return None
     res.staged_by = arrow_avro.WRITER
     return columns
+
+
+def read_task_stage_plan(value: AvroSchemas, columns: StructType) -> arrow_avro.StagePlan | str:
+    """How the read tasks stage records as ``columns`` (the job's staged columns, raw value in place of digests)
+    from ``value``'s schemas, or why they cannot."""
+    from tidemark.spark import arrow_avro
+    from tidemark.spark.decode import OUTCOME_COLUMN, RAW_HEAD_COLUMNS, RAW_VALUE_COLUMN
+    from tidemark.validation.rules import OK_OUTCOME
+
+    head = RAW_HEAD_COLUMNS["value"]
+    return arrow_avro.StagePlan.of(
+        value, columns, partition_columns=(OUTCOME_COLUMN, "topic", "date"), ok=OK_OUTCOME, raw_value=RAW_VALUE_COLUMN,
+        head=head if head in columns.fieldNames() else None, plain=(RAW_VALUE_COLUMN,),
+    )  # fmt: skip
 
 
 def raw_kept_aside(

@@ -246,30 +246,45 @@ def stage_task(
     Raises :class:`CannotStage` for records this path does not stage, and the reader's
     errors (:class:`tidemark.errors.ReadError`) as they come.
     """
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType
-
-    from tidemark.spark.source import read_task
-
-    schema = to_arrow_schema(StructType.fromJson(json.loads(plan.file_schema)), timezone="UTC")
-    schema = schema.with_metadata({SPARK_SCHEMA_KEY: plan.file_schema})
+    schema = staged_arrow_schema(plan)
     files: dict[tuple[str, int], _StagedFile] = {}
     attempt = uuid.uuid4().hex[:12]
     try:
-        for batch in read_task(task, client_config):
-            for (topic, day), table in _staged_tables(batch, plan, schema):
-                if (topic, day) not in files:
-                    values = (plan.ok, topic, _date(day))
-                    folder = "/".join(f"{c}={v}" for c, v in zip(plan.partition_columns, values, strict=True))
-                    files[(topic, day)] = _StagedFile(
-                        target, f"{folder}/part-{index:05d}-{len(files):03d}.parquet", attempt, schema, plan.plain
-                    )
-                files[(topic, day)].add(table)
+        for (topic, day), table in decoded_tables(task, client_config, plan, schema):
+            if (topic, day) not in files:
+                values = (plan.ok, topic, _date(day))
+                folder = "/".join(f"{c}={v}" for c, v in zip(plan.partition_columns, values, strict=True))
+                files[(topic, day)] = _StagedFile(
+                    target, f"{folder}/part-{index:05d}-{len(files):03d}.parquet", attempt, schema, plan.plain
+                )
+            files[(topic, day)].add(table)
     except BaseException:
         for file in files.values():
             file.abandon()
         raise
     return sorted((file.name, file.close()) for file in files.values())
+
+
+def staged_arrow_schema(plan: StagePlan) -> pa.Schema:
+    """The staged files' Arrow schema, with the Spark schema Spark's own files carry in their footers."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    schema = to_arrow_schema(StructType.fromJson(json.loads(plan.file_schema)), timezone="UTC")
+    return schema.with_metadata({SPARK_SCHEMA_KEY: plan.file_schema})
+
+
+def decoded_tables(
+    task: ReadTask, client_config: Mapping[str, Any], plan: StagePlan, schema: pa.Schema
+) -> Iterator[tuple[tuple[str, int], pa.Table]]:
+    """``task``'s records read, decoded and laid out as ``schema``: a table per read batch and (topic, UTC day).
+
+    What :func:`stage_task` writes; the Avro benchmark's read-and-decode runner counts them.
+    """
+    from tidemark.spark.source import read_task
+
+    for batch in read_task(task, client_config):
+        yield from _staged_tables(batch, plan, schema)
 
 
 ROW_GROUP_BYTES = 64 * 1024 * 1024  # Arrow bytes buffered per file before they are written as one row group

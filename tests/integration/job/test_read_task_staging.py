@@ -71,7 +71,8 @@ class StagingEnv(AvroEnv):
         doc = {
             "topics": [self.topic], "group": self.group, "output": str(self.output), "driver_read_max_records": 0,
             "deserialization": {"format": "avro", **deserialization},
-            "validation": {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5},
+            "validation": {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5,
+                           "expectations": list(expectations)},
         }  # fmt: skip
         (self.feeds / "orders.yaml").write_text(yaml.safe_dump(doc))
 
@@ -113,6 +114,7 @@ def test_read_tasks_publish_the_scan_and_what_spark_would_with_the_same_statisti
     staging_env: StagingEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     env = staging_env
+    env.write_feed(expectations=[{"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "name"}}])
     env.produce_versions(per_partition=400)
 
     handle, _, _ = env.run()
@@ -168,3 +170,22 @@ def test_a_record_the_read_tasks_cannot_read_leaves_the_plan_to_spark_which_quar
     (bad,) = env.quarantined()
     assert (bad["partition"], bad["offset"]) == (1, 61)
     assert env.committed() == {0: 60, 1: 62}
+
+
+def test_records_a_row_rule_quarantines_are_staged_again_by_spark_with_their_reason(staging_env: StagingEnv) -> None:
+    env = staging_env
+    rule = {"type": "expect_column_values_to_be_between", "kwargs": {"column": "price", "max_value": 0}}
+    env.write_feed(expectations=[rule])
+    env.produce_versions(per_partition=30)  # price = i * 2.5 - 100: records 41 and up break the rule
+
+    env.run()
+
+    job = env.job()
+    assert job["staged_by"] == "spark" and "write_again" in job["timings_s"], job
+    scanned = {k: _scanned(v) for k, v in env.scan(V2).items()}
+    published = {k: _comparable(r) for k, r in env.published().items()}
+    quarantined = {(r["partition"], r["offset"]): r for r in env.quarantined()}
+    assert published == {k: v for k, v in scanned.items() if v["price"] <= 0}
+    assert set(quarantined) == {k for k, v in scanned.items() if v["price"] > 0} and len(quarantined) == 19
+    assert {r["_reason"] for r in quarantined.values()} == {"expect_column_values_to_be_between(price)"}
+    assert env.committed() == {0: 30, 1: 30}
