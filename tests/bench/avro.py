@@ -13,8 +13,12 @@ A warm-up round plus ``--runs`` measured rounds, each running every runner once,
 back, one Spark application for all of them:
 
 - A3b Tidemark's Spark read → its ``bytes`` decoding → ``noop``
-- A3  Tidemark's Spark read → its ``avro`` decoding (the run's schemas, resolved once
-      before the rounds) → ``noop``: A3/A3b is what decoding costs the read
+- A3  Tidemark's Avro read of this topic as the job does it: the read tasks read, decode
+      with polars and lay the records out as staged (:mod:`tidemark.spark.arrow_avro`), then
+      drop them: A3/A3b is what decoding costs the read
+- A3r the same read tasks without decoding: A3/A3r is what decoding costs them alone
+- A3s Tidemark's Spark read → Spark's ``from_avro`` (the run's schemas, resolved once
+      before the rounds) → ``noop``: the job's decode where the read tasks give way
 - A6  Tidemark end to end (``tidemark.job.steps.run`` + commit) of an ``avro`` feed: the
       schema-id scan and registry lookups, read and decode into staged Parquet,
       validation, publish by rename, commit
@@ -239,6 +243,39 @@ def check_output(what: str, digest: tuple[int, int], expected: tuple[int, int] |
     return digest
 
 
+def read_task_stage(spark: Any, source: DataFrame, deser: Any, schemas: Any) -> Any:
+    """How the job's read tasks stage this topic (:func:`tidemark.job.steps.read_task_stage_plan`); raises if they
+    cannot."""
+    from pyspark.sql import functions as F
+
+    from tidemark.job.steps import read_task_stage_plan
+    from tidemark.spark.decode import ERROR_COLUMN, OUTCOME_COLUMN, annotate
+
+    decoded = annotate(source, deser, schemas)
+    columns = [c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")]
+    staged = decoded.select(*columns, F.current_date().alias("date"), F.lit("ok").alias(OUTCOME_COLUMN))
+    stage = read_task_stage_plan(schemas, staged.schema)
+    if isinstance(stage, str):
+        raise TidemarkError(f"the read tasks cannot stage the benchmark's records: {stage}")
+    return stage
+
+
+def rows_read(tasks: Sequence[Any], config: dict[str, Any], stage: Any) -> int:
+    """In a Spark task: the records of ``tasks`` read (and, with ``stage``, decoded and laid out as the job stages
+    them), counted and dropped."""
+    from tidemark.spark.arrow_avro import decoded_tables, staged_arrow_schema
+    from tidemark.spark.source import read_task
+
+    rows = 0
+    for task in tasks:
+        if stage is None:
+            rows += sum(batch.num_rows for batch in read_task(task, config))
+        else:
+            schema = staged_arrow_schema(stage)
+            rows += sum(table.num_rows for _, table in decoded_tables(task, config, stage, schema))
+    return rows
+
+
 def spark_from_avro(df: DataFrame, writers: dict[int, str], reader: str) -> Column:
     """Spark's own decoding: ``from_avro`` of the body with each writer schema, resolved to ``reader``."""
     from pyspark.sql import functions as F
@@ -267,7 +304,7 @@ def run_benchmark(
     from tidemark.spark.avro import resolve_schemas
     from tidemark.spark.decode import annotate
     from tidemark.spark.session import AVRO_JAR_ENV
-    from tidemark.spark.source import read_plan
+    from tidemark.spark.source import read_plan, tasks_of
     from tidemark.spark.wire import scan_schema_ids
 
     connection = connection_from_env()
@@ -311,7 +348,7 @@ def run_benchmark(
                                                                    plan.partitions))  # fmt: skip
         feed = avro_feed.model_copy(update={"group": group, "output": str(target / "out")})
         job = run_job(spark, ran, feed, connection, target / "run", registry=registry_connection)
-        step_seconds.append({**job.timings_s, "validator": job.validator})
+        step_seconds.append({**job.timings_s, "validator": job.validator, "staged_by": job.staged_by})
         started = time.monotonic()
         commit_plan(ran, connection, SqliteCheckpointStore(work / "checkpoints.sqlite"), run_id=f"bench-{target.name}")
         step_seconds[-1]["commit"] = round(time.monotonic() - started, 3)
@@ -346,13 +383,30 @@ def run_benchmark(
     bytes_feed = Deserialization()
     avro_deser = avro_feed.deserialization
     pending: list[Callable[[], None]] = []  # the output checks, run after the timing
+    stage = read_task_stage(spark, read_plan(spark, plan, connection), avro_deser, schemas)
+    tasks = [t for t in tasks_of(plan) if t.records]
+    config = dict(connection.client_config())
+
+    def read_tasks_once(decode: bool) -> None:
+        rows = (
+            spark.sparkContext.parallelize(tasks, len(tasks))
+            .mapPartitions(lambda ts: [rows_read(list(ts), config, stage if decode else None)])
+            .sum()
+        )
+        if rows != records:
+            raise TidemarkError(f"the read tasks returned {rows:,} records, expected {records:,} (the plan's)")
+
     runners: list[tuple[str, str, Callable[[], None], str]] = [
         ("A3b", "Tidemark Spark read, bytes → noop", lambda: noop(annotate(read_plan(spark, plan, connection),
                                                                           bytes_feed)),
          "the same topic undecoded: what the read costs without Avro"),
-        ("A3", "Tidemark Spark read, Avro → noop",
+        ("A3", "Tidemark read tasks, Avro decoded → dropped", lambda: read_tasks_once(True),
+         "the job's Avro read of this topic: polars in the read tasks, laid out as staged (tidemark.spark.arrow_avro)"),
+        ("A3r", "Tidemark read tasks, bytes → dropped", lambda: read_tasks_once(False),
+         "the same read tasks without decoding: A3/A3r is what decoding costs them"),
+        ("A3s", "Tidemark Spark read, from_avro → noop",
          lambda: noop(annotate(read_plan(spark, plan, connection), avro_deser, schemas)),
-         "from_avro per writer id, resolved to the reader schema; schemas resolved once before"),
+         "Spark's from_avro per writer id, resolved to the reader: the job's decode where the read tasks give way"),
         ("A6", "Tidemark end to end, Avro → Parquet + commit", a6_once,
          "schema-id scan and registry, read and decode into staging, validate, publish by rename, commit"),
         ("A4w", "Spark Kafka source + from_avro → Parquet", a4w_once,
@@ -374,7 +428,7 @@ def run_benchmark(
                 results[name].samples.append(sample)
     shutil.rmtree(work, ignore_errors=True)
 
-    ratios, by_round = median_ratios(results, ("A6/A4w", "A3/A3b"))
+    ratios, by_round = median_ratios(results, ("A6/A4w", "A3/A3b", "A3/A3r", "A3s/A3b"))
     doc = {
         "when": datetime.now(UTC).isoformat(),
         "records": records,
@@ -412,9 +466,10 @@ def print_report(doc: dict[str, Any]) -> None:
     print_cpu_splits(doc)
     steps = doc["a6_steps_seconds"]
     if steps:
-        names = [k for k in steps[0] if k != "validator"]
+        names = [k for k in steps[0] if k not in ("validator", "staged_by")]
         print("  A6 steps (median s): " + ", ".join(f"{k} {statistics.median(s.get(k, 0) for s in steps):.2f}"
                                                     for k in names))  # fmt: skip
+        print("  A6 staged by: " + ", ".join(sorted({str(s.get("staged_by")) for s in steps})))
     if doc["content_digest"]:
         rows, digest = doc["content_digest"]
         print(f"both sides wrote the same {rows:,} records (row-hash sum {digest})")

@@ -258,6 +258,8 @@ def stage_task(
                     target, f"{folder}/part-{index:05d}-{len(files):03d}.parquet", attempt, schema, plan.plain
                 )
             files[(topic, day)].add(table)
+            if sum(f.pending_bytes for f in files.values()) >= ROW_GROUP_BYTES:  # a task's memory, whatever its days
+                max(files.values(), key=lambda f: f.pending_bytes).flush()
     except BaseException:
         for file in files.values():
             file.abandon()
@@ -271,7 +273,7 @@ def staged_arrow_schema(plan: StagePlan) -> pa.Schema:
     from pyspark.sql.types import StructType
 
     schema = to_arrow_schema(StructType.fromJson(json.loads(plan.file_schema)), timezone="UTC")
-    return schema.with_metadata({SPARK_SCHEMA_KEY: plan.file_schema})
+    return schema.with_metadata({SPARK_SCHEMA_KEY: plan.file_schema})  # the footer's, see _StagedFile
 
 
 def decoded_tables(
@@ -293,9 +295,10 @@ ROW_GROUP_BYTES = 64 * 1024 * 1024  # Arrow bytes buffered per file before they 
 class _StagedFile:
     """One staged Parquet file, written under a hidden name and renamed into place when closed.
 
-    Tables are buffered up to :data:`ROW_GROUP_BYTES` and written as one row group: a row
-    group per read batch would make thousands, and publication copies column chunks one
-    call at a time.
+    Tables are buffered and written as one row group when a task's files buffer
+    :data:`ROW_GROUP_BYTES` together (the file that holds the most goes first): a row group
+    per read batch would make thousands, and publication copies column chunks one call at a
+    time.
     """
 
     def __init__(self, target: str, name: str, attempt: str, schema: pa.Schema, plain: Sequence[str]) -> None:
@@ -309,6 +312,9 @@ class _StagedFile:
             self.temp, schema, compression="snappy", store_schema=False, use_dictionary=encoded,
             write_statistics=encoded,
         )  # fmt: skip
+        # No Arrow schema in the footer (publication drops columns, and a stale one would name them), but the
+        # Spark schema Spark's own files carry there: the publication prunes it like theirs.
+        self.writer.add_key_value_metadata({k.decode(): v.decode() for k, v in (schema.metadata or {}).items()})
         self.pending: list[pa.Table] = []
         self.pending_bytes = self.rows = 0
 
@@ -316,10 +322,8 @@ class _StagedFile:
         self.pending.append(table)
         self.pending_bytes += table.nbytes
         self.rows += table.num_rows
-        if self.pending_bytes >= ROW_GROUP_BYTES:
-            self._flush()
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         import pyarrow as pa
 
         if self.pending:
@@ -329,7 +333,7 @@ class _StagedFile:
 
     def close(self) -> int:
         """Write what is buffered, close, rename into place (a retried attempt writes the same name); the rows."""
-        self._flush()
+        self.flush()
         self.writer.close()
         os.replace(self.temp, self.path)
         return self.rows

@@ -220,3 +220,51 @@ def test_what_it_does_not_decode_is_left_to_spark_with_a_reason(
 ) -> None:
     got = _plan(reader, {7: writer})
     assert isinstance(got, str) and reason in got
+
+
+def _batch(values: list[bytes], first_offset: int, days: list[int]) -> Any:
+    import pyarrow as pa
+
+    n = len(values)
+    micros = [d * 86_400_000_000 + 1_000 for d in days]
+    return pa.record_batch({
+        "topic": pa.array(["t"] * n), "partition": pa.array([0] * n, pa.int32()),
+        "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
+        "timestamp": pa.array(micros, pa.timestamp("us", "UTC")), "timestamp_type": pa.array([0] * n, pa.int32()),
+        "key": pa.array([b"k"] * n, pa.binary()), "value": pa.array(values, pa.binary()),
+        "headers": pa.nulls(n, pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize(("buffered", "row_groups"), [(1, 2), (10**9, 1)])
+def test_a_task_stages_a_file_per_day_in_row_groups_its_memory_bounds(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, buffered: int, row_groups: int
+) -> None:
+    """stage_task over batches spanning three days (the reader replaced by the batches: pure logic)."""
+    import pyarrow.parquet as pq
+
+    from tidemark.spark import arrow_avro, source
+    from tidemark.spark.source import Range, ReadTask
+
+    plan = _plan(READER, {7: WRITER})
+    assert isinstance(plan, StagePlan)
+    values = encoded(WRITER, [row(i) for i in range(600)])
+    batches = [_batch(values[n : n + 100], n, [20_000 + (n // 100) % 3] * 100) for n in range(0, 600, 100)]
+    monkeypatch.setattr(source, "read_task", lambda task, config: iter(batches))
+    monkeypatch.setattr(arrow_avro, "ROW_GROUP_BYTES", buffered)  # what a task may buffer, all its files together
+    task = ReadTask(3, 1, "p", "g", "read_committed", (Range("t", 0, 0, 600),))
+
+    files = arrow_avro.stage_task(3, task, {}, plan, str(tmp_path))
+
+    assert [name for name, _ in files] == [
+        f"_outcome=ok/topic=t/date={day}/part-00003-00{n}.parquet"
+        for n, day in enumerate(("2024-10-04", "2024-10-05", "2024-10-06"))
+    ]
+    assert [rows for _, rows in files] == [200, 200, 200]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [n for n, _ in files]
+    meta = pq.read_metadata(tmp_path / files[0][0])
+    assert meta.num_row_groups == row_groups  # each batch flushed at once, or both in one group at the end
+    assert meta.metadata[b"org.apache.spark.sql.parquet.row.metadata"] == plan.file_schema.encode()
+    assert b"ARROW:schema" not in meta.metadata
+    table = pq.read_table(tmp_path / files[0][0])
+    assert table.column("offset").to_pylist() == [*range(0, 100), *range(300, 400)]
