@@ -191,6 +191,51 @@ def test_spark_driver_killed_mid_write(fenv: FaultEnv) -> None:
     fenv.check("test_spark_driver_killed_mid_write")
 
 
+@scenario("2e", "Crash mid-write of an Avro feed the read tasks stage: the Spark driver killed",
+          injected="SIGKILL to `tidemark run`'s spark-submit process group while the read tasks (or, where the "
+                   "staging is on the store, Spark) write the staging folder of a large Avro plan",
+          asserted="offsets unchanged, nothing published; the rerun is staged by the read tasks (by Spark on the "
+                   "store), publishes once and commits; the oracle decodes with fastavro; I1–I3")  # fmt: skip
+@ON_BOTH_SHAPES
+def test_spark_driver_killed_while_the_read_tasks_stage(fenv: FaultEnv, avro_registry: FaultRegistry) -> None:
+    fenv.use_avro(avro_registry.url)
+    fenv.write_feed(driver_read_max_records=0, records_per_task=500)  # the data source reads: the read tasks stage
+    fenv.produce_avro(3000)
+    env = {**os.environ, **fenv.kafka.connection.to_env(), "TIDEMARK_FEEDS_DIR": str(fenv.feeds),
+           "TIDEMARK_STATE_DIR": str(fenv.root)}  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidemark.cli", "run", fenv.feed], env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    output = Location.of(fenv.output)
+    on_store = stages_on_store(output, "local[*]")
+    if on_store:
+        remote = output / STAGING_DIR
+
+        def writing() -> bool:
+            return any(True for _ in remote.files())
+    else:
+        staging = staging_base(output)
+
+        def writing() -> bool:
+            return bool(list(staging.glob("*/_pass/*/*/*")))  # a date folder: a read task is writing
+
+    deadline = time.monotonic() + 240
+    while not writing():
+        assert proc.poll() is None, "the run ended before it started writing"
+        assert time.monotonic() < deadline, "the job never started writing its staging folder"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    assert fenv.committed() == {0: None, 1: None, 2: None}
+    assert not [f for f in Location.of(fenv.output).children() if f.name.startswith("plan_id=")]
+    fenv.run()
+    assert fenv.committed() == {0: 1000, 1: 1000, 2: 1000}
+    (job,) = [j for j in (json.loads(p.read_text()) for p in fenv.root.glob("runs/*/*/job.json")) if j["published"]]
+    assert job["staged_by"] == ("spark" if on_store else "read_tasks"), job
+    assert fenv.check("test_spark_driver_killed_while_the_read_tasks_stage").checked == 3000
+
+
 @scenario("3", "Validation fails on one bad record in one partition",
           injected="one value not matching the feed's expectation, feed on_bad_records: fail",
           asserted="the run fails naming the expectation, partition and offset; offsets and output "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,8 @@ class StagingEnv(AvroEnv):
             "validation": {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5,
                            "expectations": list(expectations)},
         }  # fmt: skip
+        if iceberg is not None:
+            doc |= {"output_format": "iceberg", "iceberg": {"table": iceberg}}
         (self.feeds / "orders.yaml").write_text(yaml.safe_dump(doc))
 
     def produce_versions(self, per_partition: int) -> None:
@@ -189,3 +192,19 @@ def test_records_a_row_rule_quarantines_are_staged_again_by_spark_with_their_rea
     assert set(quarantined) == {k for k, v in scanned.items() if v["price"] > 0} and len(quarantined) == 19
     assert {r["_reason"] for r in quarantined.values()} == {"expect_column_values_to_be_between(price)"}
     assert env.committed() == {0: 30, 1: 30}
+
+
+def test_an_iceberg_table_gets_the_scan_from_the_read_tasks_staging(staging_env: StagingEnv) -> None:
+    env = staging_env
+    env.write_feed(iceberg=f"lake.readings_{uuid.uuid4().hex[:8]}")
+    env.produce_versions(per_partition=100)
+
+    env.run()
+
+    assert env.job()["staged_by"] == WRITER
+    table = env.iceberg_table()
+    assert str(table.schema().find_field("id").field_type) == "long"
+    rows = {(r["partition"], r["offset"]): _comparable(r) for r in table.scan().to_arrow().to_pylist()}
+    assert rows == {k: _scanned(v) for k, v in env.scan(V2).items()}
+    assert {"_raw_value", "_value_head", "_row_hash"}.isdisjoint(table.schema().column_names)
+    assert env.committed() == {0: 100, 1: 100}
