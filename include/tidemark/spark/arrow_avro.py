@@ -564,6 +564,9 @@ def stage_in_tasks(
         shutil.rmtree(target, ignore_errors=True)
         return str(reasons[0])
     written = {name for status, files in outcomes if status == "staged" for name, _ in files}
+    target.mkdir(parents=True, exist_ok=True)  # a plan whose ranges hold no record (markers only) stages nothing
+    for leftover in [p for p in target.rglob(".*.tmp") if p.is_file()]:  # a failed attempt's, before its retry
+        leftover.unlink()
     found = {str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()}
     if found != written:  # a file no task reports (a dead attempt's), or one missing
         stray = sorted(found ^ written)[:3]

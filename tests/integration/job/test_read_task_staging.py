@@ -208,3 +208,20 @@ def test_an_iceberg_table_gets_the_scan_from_the_read_tasks_staging(staging_env:
     assert rows == {k: _scanned(v) for k, v in env.scan(V2).items()}
     assert {"_raw_value", "_value_head", "_row_hash"}.isdisjoint(table.schema().column_names)
     assert env.committed() == {0: 100, 1: 100}
+
+
+def test_ranges_that_hold_only_aborted_records_stage_nothing_and_commit_past_them(staging_env: StagingEnv) -> None:
+    from tests.integration.read_helpers import produce_transactions
+
+    env = staging_env
+    v2 = env.serializer(V2)
+    for partition in range(2):
+        produce_transactions(env.kafka.connection, env.kafka.adapter, env.topic,
+                             [([v2(reading(i, v2=True)) for i in range(5)], False)], partition)  # fmt: skip
+
+    env.run()
+
+    job = env.job()
+    assert job["staged_by"] == WRITER and job["records_read"] == 0, job
+    assert env.published() == {} and env.quarantined() == []
+    assert env.committed() == {0: 6, 1: 6}  # five aborted records and the marker, passed over
