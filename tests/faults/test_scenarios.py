@@ -229,9 +229,8 @@ def test_spark_driver_killed_while_the_read_tasks_stage(fenv: FaultEnv, avro_reg
     proc.wait(30)
     assert fenv.committed() == {0: None, 1: None, 2: None}
     assert not [f for f in Location.of(fenv.output).children() if f.name.startswith("plan_id=")]
-    fenv.run()
+    _, job, _ = fenv.run()
     assert fenv.committed() == {0: 1000, 1: 1000, 2: 1000}
-    (job,) = [j for j in (json.loads(p.read_text()) for p in fenv.root.glob("runs/*/*/job.json")) if j["published"]]
     assert job["staged_by"] == ("spark" if on_store else "read_tasks"), job
     assert fenv.check("test_spark_driver_killed_while_the_read_tasks_stage").checked == 3000
 
