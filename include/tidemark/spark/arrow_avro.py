@@ -364,27 +364,33 @@ def _staged_tables(batch: pa.RecordBatch, plan: StagePlan, schema: pa.Schema) ->
     if batch.num_rows and pc.min(pc.binary_length(values)).as_py() < 5:
         raise CannotStage(f"{where}: a value shorter than the wire format's five-byte header")
     heads = pc.binary_slice(values, 0, 5)
-    known = {w.header for w in plan.writers}
-    for head in pc.unique(heads).to_pylist():
-        if head not in known:
+    found = pc.unique(heads).to_pylist()
+    writers = {w.header: w for w in plan.writers}
+    for head in found:
+        if head not in writers:
             raise CannotStage(f"{where}: a value framed with header {head.hex()}, not one of the run's writers'")
     readers = dict(plan.readers)
     tables, topics = [], []
-    for writer in plan.writers:
-        mask = pc.equal(heads, pa.scalar(writer.header, pa.binary()))
-        if not pc.any(mask).as_py():
-            continue
-        part = batch.filter(mask)
+    for head in found:  # usually one writer per batch: then the batch is used as it is, not filtered
+        mask = pc.equal(heads, pa.scalar(head, pa.binary())) if len(found) > 1 else None
+        part, part_heads = (batch, heads) if mask is None else (batch.filter(mask), heads.filter(mask))
+        writer = writers[head]
         decoded = _decode(part.column("value"), writer, where)
-        tables.append(_laid_out(part, decoded, readers[writer.schema_id], plan, schema))
+        tables.append(_laid_out(part, part_heads, decoded, readers[writer.schema_id], plan, schema))
         topics.append(part.column("topic"))
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     topic = pa.concat_arrays(topics) if len(topics) > 1 else topics[0]
     days = np.floor_divide(table.column("timestamp").cast(pa.int64()).to_numpy(), 86_400_000_000)
-    for name in pc.unique(topic).to_pylist():
-        of_topic = pc.equal(topic, name).to_numpy(zero_copy_only=False)
-        for day in np.unique(days[of_topic]).tolist():
-            yield (name, int(day)), table.filter(pa.array(of_topic & (days == day)))
+    names = pc.unique(topic).to_pylist()
+    for name in names:
+        of_topic = pc.equal(topic, name).to_numpy(zero_copy_only=False) if len(names) > 1 else None
+        on_days = np.unique(days if of_topic is None else days[of_topic]).tolist()
+        for day in on_days:
+            if of_topic is None and len(on_days) == 1:  # one topic, one day: the whole table
+                yield (name, int(day)), table
+            else:
+                chosen = days == day if of_topic is None else of_topic & (days == day)
+                yield (name, int(day)), table.filter(pa.array(chosen))
 
 
 def _decode(values: pa.Array, writer: WriterPlan, where: str) -> pa.Table:
@@ -430,7 +436,10 @@ def _varint_sizes(values: np.ndarray) -> np.ndarray:
 
     zigzag = ((values << 1) ^ (values >> 63)).view(np.uint64)
     sizes = np.ones(len(values), dtype=np.int64)
+    largest = int(zigzag.max()) if len(zigzag) else 0
     for bits in range(7, 64, 7):
+        if largest < 1 << bits:  # no value needs another byte
+            break
         sizes += zigzag >= np.uint64(1 << bits)
     return sizes
 
@@ -470,11 +479,15 @@ def _encoded_sizes(column: pa.Array, kind: Kind) -> np.ndarray:
 
 
 def _laid_out(
-    part: pa.RecordBatch, decoded: pa.Table, fields: Sequence[ReaderField], plan: StagePlan, schema: pa.Schema
+    part: pa.RecordBatch,
+    heads: pa.Array,
+    decoded: pa.Table,
+    fields: Sequence[ReaderField],
+    plan: StagePlan,
+    schema: pa.Schema,
 ) -> pa.Table:
     """The staged columns of ``part``'s records (``schema``): Kafka's, the reader's fields, the raw value."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     n = part.num_rows
     columns: dict[str, Any] = {c: part.column(c) for c in ("partition", "offset", "timestamp", "timestamp_type",
@@ -488,7 +501,7 @@ def _laid_out(
     columns["key"] = key
     columns[plan.raw_value] = part.column("value")
     if plan.head is not None:
-        columns[plan.head] = pc.binary_slice(part.column("value"), 0, 5)
+        columns[plan.head] = heads
     for f in fields:
         columns[f.name] = decoded.column(f.source).combine_chunks() if f.source else _default(f, n)
     arrays = []
