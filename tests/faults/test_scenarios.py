@@ -153,12 +153,9 @@ def test_crash_between_kafka_commit_and_checkpoint(fenv: FaultEnv, monkeypatch: 
     fenv.check("test_crash_between_kafka_commit_and_checkpoint")
 
 
-@scenario("2d", "Crash mid-write: the Spark driver killed",
-          injected="SIGKILL to `tidemark run`'s spark-submit process group while it writes its staging folder",
-          asserted="offsets unchanged, nothing published; the rerun publishes once and commits; I1–I3")  # fmt: skip
-@ON_BOTH_SHAPES
-def test_spark_driver_killed_mid_write(fenv: FaultEnv) -> None:
-    fenv.produce(3000)
+def kill_run_while_it_stages(fenv: FaultEnv, local_pattern: str) -> bool:
+    """Start ``tidemark run`` of the feed and SIGKILL its process group once it writes its staging folder (in a
+    local folder: once ``local_pattern`` matches there); check nothing moved. Whether the staging was on the store."""
     env = {**os.environ, **fenv.kafka.connection.to_env(), "TIDEMARK_FEEDS_DIR": str(fenv.feeds),
            "TIDEMARK_STATE_DIR": str(fenv.root)}  # fmt: skip
     proc = subprocess.Popen(
@@ -166,7 +163,8 @@ def test_spark_driver_killed_mid_write(fenv: FaultEnv) -> None:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     output = Location.of(fenv.output)
-    if stages_on_store(output, "local[*]"):  # Spark writes there first: on the store, or in a local folder
+    on_store = stages_on_store(output, "local[*]")
+    if on_store:  # Spark writes there first: on the store, or in a local folder
         remote = output / STAGING_DIR
 
         def writing() -> bool:
@@ -175,17 +173,27 @@ def test_spark_driver_killed_mid_write(fenv: FaultEnv) -> None:
         staging = staging_base(output)
 
         def writing() -> bool:
-            return bool(list(staging.glob("*/*")))
+            return bool(list(staging.glob(local_pattern)))
 
     deadline = time.monotonic() + 240
     while not writing():
         assert proc.poll() is None, "the run ended before it started writing"
         assert time.monotonic() < deadline, "the job never started writing its staging folder"
-        time.sleep(0.05)
+        time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
     assert fenv.committed() == {0: None, 1: None, 2: None}
     assert not [f for f in Location.of(fenv.output).children() if f.name.startswith("plan_id=")]
+    return on_store
+
+
+@scenario("2d", "Crash mid-write: the Spark driver killed",
+          injected="SIGKILL to `tidemark run`'s spark-submit process group while it writes its staging folder",
+          asserted="offsets unchanged, nothing published; the rerun publishes once and commits; I1–I3")  # fmt: skip
+@ON_BOTH_SHAPES
+def test_spark_driver_killed_mid_write(fenv: FaultEnv) -> None:
+    fenv.produce(3000)
+    kill_run_while_it_stages(fenv, "*/*")
     fenv.run()
     assert fenv.committed() == {0: 1000, 1: 1000, 2: 1000}
     fenv.check("test_spark_driver_killed_mid_write")
@@ -201,34 +209,7 @@ def test_spark_driver_killed_while_the_read_tasks_stage(fenv: FaultEnv, avro_reg
     fenv.use_avro(avro_registry.url)
     fenv.write_feed(driver_read_max_records=0, records_per_task=500)  # the data source reads: the read tasks stage
     fenv.produce_avro(3000)
-    env = {**os.environ, **fenv.kafka.connection.to_env(), "TIDEMARK_FEEDS_DIR": str(fenv.feeds),
-           "TIDEMARK_STATE_DIR": str(fenv.root)}  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tidemark.cli", "run", fenv.feed], env=env, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    output = Location.of(fenv.output)
-    on_store = stages_on_store(output, "local[*]")
-    if on_store:
-        remote = output / STAGING_DIR
-
-        def writing() -> bool:
-            return any(True for _ in remote.files())
-    else:
-        staging = staging_base(output)
-
-        def writing() -> bool:
-            return bool(list(staging.glob("*/_pass/*/*/*")))  # a date folder: a read task is writing
-
-    deadline = time.monotonic() + 240
-    while not writing():
-        assert proc.poll() is None, "the run ended before it started writing"
-        assert time.monotonic() < deadline, "the job never started writing its staging folder"
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-    assert fenv.committed() == {0: None, 1: None, 2: None}
-    assert not [f for f in Location.of(fenv.output).children() if f.name.startswith("plan_id=")]
+    on_store = kill_run_while_it_stages(fenv, "*/_pass/*/*/*")  # a date folder: a read task is writing
     _, job, _ = fenv.run()
     assert fenv.committed() == {0: 1000, 1: 1000, 2: 1000}
     assert job["staged_by"] == ("spark" if on_store else "read_tasks"), job

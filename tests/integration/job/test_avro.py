@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 import yaml
@@ -81,6 +81,8 @@ def order(i: int, *, v2: bool = False) -> dict[str, Any]:
 class AvroEnv:
     """A feeds folder, a state dir, a topic and its registry subject for one test."""
 
+    feed_options: ClassVar[dict[str, Any]] = {}  # more top-level keys of the feed
+
     def __init__(self, kafka: KafkaTestCluster, registry: str, tmp_path: Path, spark: Any) -> None:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
@@ -104,7 +106,7 @@ class AvroEnv:
         }  # fmt: skip
         if iceberg is not None:
             doc |= {"output_format": "iceberg", "iceberg": {"table": iceberg}}
-        (self.feeds / "orders.yaml").write_text(yaml.safe_dump(doc))
+        (self.feeds / "orders.yaml").write_text(yaml.safe_dump(doc | self.feed_options))
 
     def serializer(self, schema: dict[str, Any]) -> Callable[[dict[str, Any]], bytes]:
         from confluent_kafka.schema_registry.avro import AvroSerializer

@@ -14,10 +14,9 @@ import datetime as dt
 import json
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
-import yaml
 
 from tests.conftest import KafkaTestCluster
 from tests.integration.job.test_avro import AvroEnv, env_of
@@ -68,16 +67,7 @@ def reading(i: int, *, v2: bool) -> dict[str, Any]:
 
 
 class StagingEnv(AvroEnv):
-    def write_feed(self, expectations: Any = (), *, iceberg: str | None = None, **deserialization: Any) -> None:
-        doc = {
-            "topics": [self.topic], "group": self.group, "output": str(self.output), "driver_read_max_records": 0,
-            "deserialization": {"format": "avro", **deserialization},
-            "validation": {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5,
-                           "expectations": list(expectations)},
-        }  # fmt: skip
-        if iceberg is not None:
-            doc |= {"output_format": "iceberg", "iceberg": {"table": iceberg}}
-        (self.feeds / "orders.yaml").write_text(yaml.safe_dump(doc))
+    feed_options: ClassVar[dict[str, Any]] = {"driver_read_max_records": 0}  # the data source reads
 
     def produce_versions(self, per_partition: int) -> None:
         v1, v2 = self.serializer(V1), self.serializer(V2)
