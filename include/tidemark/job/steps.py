@@ -342,7 +342,6 @@ def _stage_validate_publish(
             staged = timer.step("write_again", lambda: write(staged_df))
     if schemas:
         res.schemas = schemas_report(schemas)
-    # Staged by the read tasks: each record's raw value beside it, no digests (stage_in_read_tasks).
     undecoded = F.col(OUTCOME_COLUMN).startswith(DECODE_CODE)
     if time_filter is not None:
         res.window, res.events = timer.step("window", lambda: window_counts(staged, plan, time_filter))
