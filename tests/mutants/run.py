@@ -301,13 +301,15 @@ MUTANTS = (
         (
             Edit(
                 "include/tidemark/job/steps.py",
-                "unpublished=tuple(c for c in raw_columns if c in staged_df.columns),",
+                "unpublished=tuple(c for c in raw_columns if c in staged.columns),",
                 "unpublished=(),",
             ),
         ),
         (
             "tests/integration/job/test_avro.py::test_avro_feed_publishes_the_scan_with_nested_and_logical_types",
             "tests/integration/job/test_job.py::test_spark_submit_publishes_once_and_reports",
+            "tests/integration/job/test_read_task_staging.py::"
+            "test_read_tasks_publish_the_scan_and_what_spark_would_with_the_same_statistics",
         ),
     ),
     Mutant(
