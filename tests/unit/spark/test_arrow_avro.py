@@ -270,3 +270,22 @@ def test_a_task_stages_a_file_per_day_in_row_groups_its_memory_bounds(
     assert b"ARROW:schema" not in meta.metadata
     table = pq.read_table(tmp_path / files[0][0])
     assert table.column("offset").to_pylist() == [*range(0, 100), *range(300, 400)]
+
+
+def test_an_executor_without_polars_gives_way_to_spark(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from tidemark.spark import arrow_avro, source
+    from tidemark.spark.source import Range, ReadTask
+
+    plan = _plan(READER, {7: WRITER})
+    assert isinstance(plan, StagePlan)
+    batch = _batch(encoded(WRITER, [row(i) for i in range(10)]), 0, [20_000] * 10)
+    monkeypatch.setattr(source, "read_task", lambda task, config: iter([batch]))
+    monkeypatch.setitem(sys.modules, "polars", None)  # what `import polars` meets where it is not installed
+    task = ReadTask(0, 1, "p", "g", "read_committed", (Range("t", 0, 0, 10),))
+
+    got = list(arrow_avro._run([(0, task)], {}, plan, str(tmp_path)))
+
+    assert got == [("gave_way", "an executor cannot import polars")]
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
