@@ -21,6 +21,8 @@ the reader schema as its ``avroSchema``), so executors never call the registry. 
 per core here against fastavro's 90-125k, and it maps Avro's logical types (decimal,
 date, timestamp) and enums onto Spark types itself. It needs the ``spark-avro`` package
 (:data:`tidemark.spark.session.AVRO_PACKAGE`) on the driver's and executors' class path.
+Large plans of flat records skip it: their read tasks decode and stage them with polars and
+pyarrow (:mod:`tidemark.spark.arrow_avro`), resolved by the same rules.
 """
 
 from __future__ import annotations
