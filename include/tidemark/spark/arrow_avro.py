@@ -403,10 +403,14 @@ def _decode(values: pa.Array, writer: WriterPlan, where: str) -> pa.Table:
 
     import numpy as np
     import polars as pl
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     bodies = pc.binary_slice(values, 5, 2**31 - 1)
-    offsets = np.frombuffer(bodies.buffers()[1], dtype=np.int32, count=len(bodies) + 1, offset=bodies.offset * 4)
+    width = np.int64 if pa.types.is_large_binary(bodies.type) else np.int32
+    offsets = np.frombuffer(
+        bodies.buffers()[1], dtype=width, count=len(bodies) + 1, offset=bodies.offset * np.dtype(width).itemsize
+    ).astype(np.int64)
     data = bodies.buffers()[2]
     block = data.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
     container = writer.container + _long(len(bodies)) + _long(len(block)) + block + SYNC

@@ -289,3 +289,12 @@ def test_an_executor_without_polars_gives_way_to_spark(tmp_path: Any, monkeypatc
 
     assert got == [("gave_way", "an executor cannot import polars")]
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_large_binary_values_decode_alike() -> None:
+    import pyarrow as pa
+
+    values = encoded(WRITER, [row(i) for i in range(30)])
+    small = _decode(pa.array(values, pa.binary()), writer_plan(), "t")
+    large = _decode(pa.array(values, pa.large_binary()).slice(3), writer_plan(), "t")  # offsets 64-bit, not at 0
+    assert large.to_pylist() == small.to_pylist()[3:]
