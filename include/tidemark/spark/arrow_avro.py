@@ -512,7 +512,13 @@ def _laid_out(
     for target in schema:
         column = columns[target.name]
         if column.type != target.type:
-            column = column.cast(target.type, safe=False)  # promotions (int → long, long → double), dictionary → text
+            # Promotions (int → long, long → double), dictionary → text, bytes → text (unchecked, as Spark's
+            # decoder keeps bytes that are not UTF-8 in a string).
+            try:
+                column = column.cast(target.type, safe=False)
+            except pa.ArrowInvalid as exc:  # a conversion Arrow refuses: Spark's decoder is the judge of it
+                what = f"{_where(part)}: field '{target.name}' does not convert to the reader's type"
+                raise CannotStage(what) from exc
         arrays.append(column)
     return pa.Table.from_arrays(arrays, schema=schema)
 

@@ -298,3 +298,26 @@ def test_large_binary_values_decode_alike() -> None:
     small = _decode(pa.array(values, pa.binary()), writer_plan(), "t")
     large = _decode(pa.array(values, pa.large_binary()).slice(3), writer_plan(), "t")  # offsets 64-bit, not at 0
     assert large.to_pylist() == small.to_pylist()[3:]
+
+
+def test_bytes_read_as_a_string_keep_bytes_that_are_not_utf8_as_spark_does(tmp_path: Any) -> None:
+    """A writer's bytes resolved to a reader's string: Spark's decoder keeps the bytes as they are, UTF-8 or not."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    writer = {"type": "record", "name": "B", "fields": [{"name": "id", "type": "int"}, {"name": "b", "type": "bytes"}]}
+    reader = {**writer, "fields": [{"name": "id", "type": "int"}, {"name": "b", "type": "string"}]}
+    plan = _plan(reader, {7: writer})
+    assert isinstance(plan, StagePlan), plan
+    schema = to_arrow_schema(StructType.fromJson(json.loads(plan.file_schema)), timezone="UTC")
+    payloads = [b"ok", b"\xff\xfe"]
+    values = pa.array(encoded(writer, [{"id": n, "b": p} for n, p in enumerate(payloads)]), pa.binary())
+    batch = _batch(values.to_pylist(), 0, [20_000] * 2)
+    decoded = _decode(values, plan.writers[0], "t")
+    table = _laid_out(batch, pc.binary_slice(values, 0, 5), decoded, dict(plan.readers)[7], plan, schema)
+    pq.write_table(table, tmp_path / "b.parquet")
+    column = pq.read_table(tmp_path / "b.parquet", columns=["b"]).column("b")
+    assert column.type == pa.string() and column.cast(pa.binary()).to_pylist() == payloads
