@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any, overload
 from tidemark.config.models import Feed
 from tidemark.errors import PublishError, StateStoreError
 from tidemark.planning.plan import Plan
+from tidemark.spark.arrow_avro import SPARK_SCHEMA_KEY
 from tidemark.storage import Location
 
 if TYPE_CHECKING:
@@ -432,7 +433,6 @@ def publish_staged(
         raise PublishError(f"publishing plan {plan.plan_id} of feed '{feed.name}' failed: {exc}") from exc
 
 
-SPARK_SCHEMA_KEY = "org.apache.spark.sql.parquet.row.metadata"  # the Spark schema a Spark-written file's footer holds
 ROW_GROUP_BYTES = 128 * 1024 * 1024  # parquet-mr's default: the row groups copied keep their own sizes
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidemark.errors import TidemarkError
+from tidemark.spark.wire import HEADER_BYTES, header
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,7 +66,7 @@ PROMOTIONS = {
     "bytes": {"string"},
 }
 SYNC = b"tidemark-block00"  # the container's 16-byte sync marker: any constant does
-SPARK_SCHEMA_KEY = "org.apache.spark.sql.parquet.row.metadata"
+SPARK_SCHEMA_KEY = "org.apache.spark.sql.parquet.row.metadata"  # the Spark schema a Spark-written file's footer holds
 SWITCH_ENV = "TIDEMARK_READ_TASK_STAGING"  # "0": Spark stages every plan
 WRITER = "read_tasks"  # JobResult.staged_by when this path staged the records
 
@@ -186,7 +187,7 @@ class StagePlan:
                     resolved.append(ReaderField(name, None, kind, f["default"]))
                 else:
                     return f"writer schema {sid} lacks reader field '{name}', which has no default"
-            writers.append(WriterPlan(sid, b"\x00" + sid.to_bytes(4, "big"), _container(doc), tuple(fields)))
+            writers.append(WriterPlan(sid, header(sid), _container(doc), tuple(fields)))
             readers.append((sid, tuple(resolved)))
         if not writers:
             return "no writer schema"
@@ -361,9 +362,9 @@ def _staged_tables(batch: pa.RecordBatch, plan: StagePlan, schema: pa.Schema) ->
         raise CannotStage(f"{where}: a record without a value (a tombstone)")
     if batch.column("timestamp").null_count:
         raise CannotStage(f"{where}: a record without a timestamp")
-    if batch.num_rows and pc.min(pc.binary_length(values)).as_py() < 5:
+    if batch.num_rows and pc.min(pc.binary_length(values)).as_py() < HEADER_BYTES:
         raise CannotStage(f"{where}: a value shorter than the wire format's five-byte header")
-    heads = pc.binary_slice(values, 0, 5)
+    heads = pc.binary_slice(values, 0, HEADER_BYTES)
     found = pc.unique(heads).to_pylist()
     writers = {w.header: w for w in plan.writers}
     for head in found:
@@ -406,7 +407,7 @@ def _decode(values: pa.Array, writer: WriterPlan, where: str) -> pa.Table:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    bodies = pc.binary_slice(values, 5, 2**31 - 1)
+    bodies = pc.binary_slice(values, HEADER_BYTES, 2**31 - 1)
     width = np.int64 if pa.types.is_large_binary(bodies.type) else np.int32
     offsets = np.frombuffer(
         bodies.buffers()[1], dtype=width, count=len(bodies) + 1, offset=bodies.offset * np.dtype(width).itemsize
