@@ -16,7 +16,9 @@ import os
 from typing import Literal
 
 FAULTS_ENV = "TIDEMARK_FAULTS"
-FaultPoint = Literal["job.after_publish", "iceberg.before_commit", "commit.before", "commit.after_kafka"]
+FaultPoint = Literal[
+    "job.after_publish", "iceberg.before_commit", "commit.before", "commit.after_kafka", "commit.before_show"
+]
 
 
 class InjectedFault(BaseException):

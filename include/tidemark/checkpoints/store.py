@@ -31,7 +31,7 @@ from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tidemark._types import TopicPartition as TP
 from tidemark.errors import CommitError, ConfigError, StateStoreError
@@ -50,6 +50,34 @@ class Checkpoint:
     plan_id: str
     committed_at: str
     topic_id: str | None = None  # None: recorded before topic ids were, or the id was unknown
+
+
+RunState = Literal["planned", "committing", "committed", "shown", "abandoned"]
+# States a run can still leave: the next run of the feed settles them before planning.
+OPEN_STATES: tuple[RunState, ...] = ("planned", "committing", "committed")
+
+
+@dataclass(frozen=True)
+class LedgerRun:
+    """One run's row in the ledger: where the commit protocol left it (``docs/ARCHITECTURE.md``, "The run ledger")."""
+
+    group: str
+    run_id: str
+    feed: str
+    plan_id: str
+    state: RunState
+    run_dir: str
+    updated_at: str
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class Shown:
+    """The end of what the feed's output shows for one partition of one topic id (offsets below it)."""
+
+    position: int
+    topic_id: str | None
+    run_id: str
 
 
 class CheckpointStore(Protocol):
@@ -76,6 +104,36 @@ class CheckpointStore(Protocol):
         """Held while a run commits for ``group``: scheduled runs, backfills and replays take turns."""
         ...
 
+    def set_run(
+        self,
+        group: str,
+        run_id: str,
+        *,
+        feed: str,
+        plan_id: str,
+        state: RunState,
+        run_dir: str,
+        detail: str | None = None,
+    ) -> None:
+        """Record ``run_id``'s state in the ledger (insert or update)."""
+        ...
+
+    def run(self, group: str, run_id: str) -> LedgerRun | None:
+        """``run_id``'s ledger row, or ``None`` when the ledger never heard of it."""
+        ...
+
+    def open_runs(self, feed: str) -> list[LedgerRun]:
+        """The runs of ``feed`` in an open state (planned, committing, committed), oldest first."""
+        ...
+
+    def shown(self, feed: str) -> dict[TP, Shown]:
+        """Per partition, the end of what ``feed``'s output shows."""
+        ...
+
+    def advance_shown(self, feed: str, run_id: str, ends: Mapping[TP, int], topic_ids: Mapping[str, str]) -> None:
+        """Record that ``feed``'s output now shows up to ``ends`` (a position never moves back on one topic id)."""
+        ...
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -86,6 +144,16 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 CREATE TABLE IF NOT EXISTS committed_runs (
     grp TEXT NOT NULL, run_id TEXT NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL,
     PRIMARY KEY (grp, run_id)
+);
+CREATE TABLE IF NOT EXISTS runs (
+    grp TEXT NOT NULL, run_id TEXT NOT NULL, feed TEXT NOT NULL, plan_id TEXT NOT NULL, state TEXT NOT NULL,
+    run_dir TEXT NOT NULL, updated_at TEXT NOT NULL, detail TEXT,
+    PRIMARY KEY (grp, run_id)
+);
+CREATE TABLE IF NOT EXISTS shown (
+    feed TEXT NOT NULL, topic TEXT NOT NULL, part INTEGER NOT NULL, position INTEGER NOT NULL, topic_id TEXT,
+    run_id TEXT NOT NULL,
+    PRIMARY KEY (feed, topic, part)
 );
 """
 
@@ -163,6 +231,58 @@ class SqliteCheckpointStore:
             ).fetchone()
         return None if row is None else str(row[0])
 
+    def set_run(
+        self,
+        group: str,
+        run_id: str,
+        *,
+        feed: str,
+        plan_id: str,
+        state: RunState,
+        run_dir: str,
+        detail: str | None = None,
+    ) -> None:
+        now = datetime.now(UTC).isoformat()
+        with closing(self._connect()) as conn, conn:
+            conn.execute(
+                "INSERT INTO runs (grp, run_id, feed, plan_id, state, run_dir, updated_at, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (grp, run_id) DO UPDATE SET state = excluded.state, "
+                "updated_at = excluded.updated_at, detail = excluded.detail",
+                (group, run_id, feed, plan_id, state, run_dir, now, detail),
+            )
+
+    def run(self, group: str, run_id: str) -> LedgerRun | None:
+        with closing(self._connect()) as conn:
+            row = conn.execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE grp = ? AND run_id = ?", (group, run_id)
+            ).fetchone()
+        return None if row is None else LedgerRun(*row)
+
+    def open_runs(self, feed: str) -> list[LedgerRun]:
+        marks = ", ".join("?" for _ in OPEN_STATES)
+        with closing(self._connect()) as conn:
+            rows = conn.execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE feed = ? AND state IN ({marks}) ORDER BY run_id",
+                (feed, *OPEN_STATES),
+            ).fetchall()
+        return [LedgerRun(*row) for row in rows]
+
+    def shown(self, feed: str) -> dict[TP, Shown]:
+        with closing(self._connect()) as conn:
+            rows = conn.execute("SELECT topic, part, position, topic_id, run_id FROM shown WHERE feed = ?", (feed,))
+            return {(t, p): Shown(o, tid, r) for t, p, o, tid, r in rows.fetchall()}
+
+    def advance_shown(self, feed: str, run_id: str, ends: Mapping[TP, int], topic_ids: Mapping[str, str]) -> None:
+        with closing(self._connect()) as conn, conn:
+            conn.executemany(
+                "INSERT INTO shown (feed, topic, part, position, topic_id, run_id) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (feed, topic, part) DO UPDATE SET position = CASE "
+                "WHEN shown.topic_id IS excluded.topic_id THEN max(shown.position, excluded.position) "
+                "ELSE excluded.position END, "
+                "topic_id = excluded.topic_id, run_id = excluded.run_id",
+                [(feed, t, p, o, topic_ids.get(t) or None, run_id) for (t, p), o in ends.items()],
+            )
+
 
 @contextmanager
 def _file_lock(path: Path, timeout_s: float, what: str) -> Iterator[None]:
@@ -186,6 +306,8 @@ def _file_lock(path: Path, timeout_s: float, what: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+_RUN_COLUMNS = "grp, run_id, feed, plan_id, state, run_dir, updated_at, detail"
+
 _PG_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS tidemark_checkpoints (
         grp TEXT NOT NULL, topic TEXT NOT NULL, part INTEGER NOT NULL,
@@ -196,6 +318,14 @@ _PG_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS tidemark_committed_runs (
         grp TEXT NOT NULL, run_id TEXT NOT NULL, plan_id TEXT NOT NULL, committed_at TEXT NOT NULL,
         PRIMARY KEY (grp, run_id))""",
+    """CREATE TABLE IF NOT EXISTS tidemark_runs (
+        grp TEXT NOT NULL, run_id TEXT NOT NULL, feed TEXT NOT NULL, plan_id TEXT NOT NULL, state TEXT NOT NULL,
+        run_dir TEXT NOT NULL, updated_at TEXT NOT NULL, detail TEXT,
+        PRIMARY KEY (grp, run_id))""",
+    """CREATE TABLE IF NOT EXISTS tidemark_shown (
+        feed TEXT NOT NULL, topic TEXT NOT NULL, part INTEGER NOT NULL, position BIGINT NOT NULL, topic_id TEXT,
+        run_id TEXT NOT NULL,
+        PRIMARY KEY (feed, topic, part))""",
 )
 # Advisory lock keys are one bigint space per database: a fixed key serialises schema
 # creation, and commit locks hash the group into it (see _lock_key).
@@ -326,6 +456,74 @@ class PostgresCheckpointStore:
                      "ORDER BY committed_at DESC LIMIT 1"), {"g": group, "p": plan_id},
             ).first()  # fmt: skip
         return None if row is None else str(row[0])
+
+    def set_run(
+        self,
+        group: str,
+        run_id: str,
+        *,
+        feed: str,
+        plan_id: str,
+        state: RunState,
+        run_dir: str,
+        detail: str | None = None,
+    ) -> None:
+        from sqlalchemy import text
+
+        now = datetime.now(UTC).isoformat()
+        with self._begin("record a run's state") as conn:
+            conn.execute(
+                text("INSERT INTO tidemark_runs (grp, run_id, feed, plan_id, state, run_dir, updated_at, detail) "
+                     "VALUES (:g, :r, :f, :pid, :s, :d, :at, :x) ON CONFLICT (grp, run_id) DO UPDATE SET "
+                     "state = excluded.state, updated_at = excluded.updated_at, detail = excluded.detail"),
+                {"g": group, "r": run_id, "f": feed, "pid": plan_id, "s": state, "d": run_dir, "at": now, "x": detail},
+            )  # fmt: skip
+
+    def run(self, group: str, run_id: str) -> LedgerRun | None:
+        from sqlalchemy import text
+
+        with self._begin("read the run ledger") as conn:
+            row = conn.execute(
+                text(f"SELECT {_RUN_COLUMNS} FROM tidemark_runs WHERE grp = :g AND run_id = :r"),
+                {"g": group, "r": run_id},
+            ).first()
+        return None if row is None else LedgerRun(*row)
+
+    def open_runs(self, feed: str) -> list[LedgerRun]:
+        from sqlalchemy import bindparam, text
+
+        query = text(
+            f"SELECT {_RUN_COLUMNS} FROM tidemark_runs WHERE feed = :f AND state IN :states ORDER BY run_id"
+        ).bindparams(bindparam("states", expanding=True))
+        with self._begin("read the run ledger") as conn:
+            rows = conn.execute(query, {"f": feed, "states": list(OPEN_STATES)}).all()
+        return [LedgerRun(*row) for row in rows]
+
+    def shown(self, feed: str) -> dict[TP, Shown]:
+        from sqlalchemy import text
+
+        with self._begin("read the shown positions") as conn:
+            rows = conn.execute(
+                text("SELECT topic, part, position, topic_id, run_id FROM tidemark_shown WHERE feed = :f"), {"f": feed}
+            ).all()
+        return {(t, p): Shown(o, tid, r) for t, p, o, tid, r in rows}
+
+    def advance_shown(self, feed: str, run_id: str, ends: Mapping[TP, int], topic_ids: Mapping[str, str]) -> None:
+        from sqlalchemy import text
+
+        rows = [{"f": feed, "t": t, "p": p, "o": o, "tid": topic_ids.get(t) or None, "r": run_id}
+                for (t, p), o in ends.items()]  # fmt: skip
+        if not rows:
+            return
+        with self._begin("record the shown positions") as conn:
+            conn.execute(
+                text("INSERT INTO tidemark_shown (feed, topic, part, position, topic_id, run_id) "
+                     "VALUES (:f, :t, :p, :o, :tid, :r) ON CONFLICT (feed, topic, part) DO UPDATE SET "
+                     "position = CASE WHEN tidemark_shown.topic_id IS NOT DISTINCT FROM excluded.topic_id "
+                     "THEN GREATEST(tidemark_shown.position, excluded.position) ELSE excluded.position END, "
+                     "topic_id = excluded.topic_id, run_id = excluded.run_id"),
+                rows,
+            )  # fmt: skip
 
     def commit_lock(self, group: str, timeout_s: float = 120.0) -> AbstractContextManager[None]:
         """A session-level advisory lock per group, on a connection held for the lock's lifetime."""

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 OnMissing = Literal["earliest", "latest", "timestamp", "fail"]
 OnNewPartition = Literal["earliest", "latest"]
 OnDataLoss = Literal["fail", "skip"]
+# A group moved by another writer (a stray consumer, an operator) past or behind what the output shows.
+OnGroupMoved = Literal["follow", "fail"]
 AlertPolicy = Literal["fail", "warn"]
 OnAhead = Literal["fail", "earliest", "latest"]
 ValueFormat = Literal["bytes", "string", "json", "avro", "json_schema", "protobuf"]
@@ -279,6 +281,7 @@ class Feed(_Model):
     on_new_partition: OnNewPartition = "earliest"
     on_data_loss: OnDataLoss = "fail"
     on_ahead: OnAhead = "fail"
+    on_group_moved: OnGroupMoved = "follow"
     max_records_per_partition: PositiveInt | None = None
     max_records_per_run: PositiveInt | None = None
     records_per_task: PositiveInt = 1_000_000

@@ -191,8 +191,10 @@ def run(
     run_dir.mkdir(parents=True, exist_ok=True)
     publisher = publisher_for(feed, plan, output_dir)
 
-    done = publisher.published(plan.plan_id)
-    if done is not None:  # published by an earlier attempt: do not read Kafka again
+    # Shown already (another run of the same ranges), or staged by an earlier attempt of this
+    # run: do not read Kafka again.
+    done = publisher.published(plan.plan_id) or (publisher.staged(plan.plan_id, run_id) if run_id else None)
+    if done is not None:
         res.manifest, res.reused, res.published = done.to_dict(), True, True
         res.records_published, res.records_quarantined = done.records, done.quarantined
         res.ranges = [dict(r) for r in done.ranges]
@@ -215,7 +217,7 @@ def run(
     res.reused = manifest.reused
     res.records_published = manifest.records
     res.records_quarantined = manifest.quarantined
-    fault_point("job.after_publish")  # published, and job.json not yet written
+    fault_point("job.after_publish")  # staged for publication, and job.json not yet written
     res.published = True
     return res
 

@@ -1,12 +1,16 @@
-"""Where a plan is published: the one place that knows a feed's output kind (Parquet folder or Iceberg table).
+r"""Where a plan is published: the one place that knows a feed's output kind (Parquet folder or Iceberg table).
 
 The job, the pipeline and the DAGs ask a :class:`Publisher` three things and never look
 at the feed's ``output_format``: *is this plan already published?* (:meth:`Publisher.published`,
 the idempotence check of a rerun and of ``pending_commit``), *publish what the job
-staged* (:meth:`Publisher.new_staging` then :meth:`Publisher.publish_staged`), and *what
+staged* (:meth:`Publisher.new_staging` then :meth:`Publisher.publish_staged`), *what
 position does the output's own history give for a group* (:meth:`Publisher.positions`,
 the planner's last resort when Kafka's offsets and the checkpoint store are both gone),
-and *take back a publication whose commit was refused for good* (:meth:`Publisher.retract`).
+and the three moves of the commit protocol (``docs/ARCHITECTURE.md``, "The commit
+protocol"): a run's job stages its publication *pending*, invisible to readers
+(:meth:`Publisher.publish_staged` with the run's id); after the group's commit
+:meth:`Publisher.promote` shows it; a run whose commit was refused
+:meth:`Publisher.discard`\ s it, never having been visible. Nothing shown is ever taken back.
 
 :func:`publisher_for` chooses: a feed with ``output_format: iceberg`` publishes its
 scheduled runs to its table (:class:`tidemark.output.iceberg.IcebergPublisher`); every
@@ -89,19 +93,27 @@ class Publisher(Protocol):
         expect_quarantined: int,
         run_id: str | None,
     ) -> Manifest:
-        """Publish what the job staged, at most once per plan; raises :class:`~tidemark.errors.PublishError`."""
+        """Publish what the job staged, at most once per plan; raises :class:`~tidemark.errors.PublishError`.
+
+        With ``run_id`` the publication is left pending for that run (:meth:`staged`), shown
+        only by :meth:`promote`; without one (a job outside any run) it is shown at once.
+        """
         ...
 
     def positions(self, feed: Feed) -> RecoveredPosition | None:
         """The group's position from the output's history, or ``None`` when it keeps none."""
         ...
 
-    def retract(self, plan_id: str, run_id: str) -> Manifest | None:
-        """Take ``plan_id``'s publication out of the output (its commit was refused for good).
+    def staged(self, plan_id: str, run_id: str) -> Manifest | None:
+        """What run ``run_id`` staged for ``plan_id`` and nobody promoted yet, or ``None``."""
+        ...
 
-        Returns what was retracted, or ``None`` when the plan is not published there.
-        Afterwards :meth:`published` says ``None`` for the plan.
-        """
+    def promote(self, plan_id: str, run_id: str) -> Manifest:
+        """Show run ``run_id``'s pending publication; a plan already shown stays as it is (``reused``). Idempotent."""
+        ...
+
+    def discard(self, plan_id: str, run_id: str) -> Manifest | None:
+        """Drop run ``run_id``'s pending publication (never shown); what was dropped, or ``None``."""
         ...
 
 
@@ -154,16 +166,26 @@ class ParquetPublisher:
             staging, plan, feed, outcome_column=staged.outcome_column, ok_value=staged.ok_value,
             write_quarantine=staged.write_quarantine, unpublished=staged.unpublished,
             stats=stats, extra=extra,
-            expect_records=expect_records, expect_quarantined=expect_quarantined,
+            expect_records=expect_records, expect_quarantined=expect_quarantined, pending=run_id,
         )  # fmt: skip
 
     def positions(self, feed: Feed) -> RecoveredPosition | None:
         return None  # manifests name plans, not which of them the group committed last
 
-    def retract(self, plan_id: str, run_id: str) -> Manifest | None:
-        from tidemark.output.parquet import retract
+    def staged(self, plan_id: str, run_id: str) -> Manifest | None:
+        from tidemark.output.parquet import load_pending
 
-        return retract(self.location, plan_id)
+        return load_pending(self.location, plan_id, run_id)
+
+    def promote(self, plan_id: str, run_id: str) -> Manifest:
+        from tidemark.output.parquet import promote
+
+        return promote(self.location, plan_id, run_id)
+
+    def discard(self, plan_id: str, run_id: str) -> Manifest | None:
+        from tidemark.output.parquet import discard
+
+        return discard(self.location, plan_id, run_id)
 
 
 def publisher_for(feed: Feed, plan: Plan | None = None, output: Location | str | Path | None = None) -> Publisher:

@@ -43,17 +43,20 @@ rebasing a refused commit.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidemark.config.models import Feed, state_location
-from tidemark.errors import ConfigError, PublishError, SchemaError
+from tidemark.errors import ConfigError, PublishError, SchemaError, StateStoreError
 from tidemark.faults import fault_point
 from tidemark.output.base import StagedRecords
 from tidemark.output.parquet import (
@@ -94,7 +97,8 @@ GROUP_KEY = "tidemark.group"
 RANGES_KEY = "tidemark.ranges"
 RECORDS_KEY = "tidemark.records"
 QUARANTINED_KEY = "tidemark.quarantined"
-# On a snapshot that took a plan's files out again (its commit of the group was refused).
+# On a snapshot that took a plan's files out again: written by Tidemark versions that retracted
+# refused runs' publications (before the commit protocol showed only committed plans); still read.
 RETRACTED_KEY = "tidemark.retracted-plan-id"
 _TOPIC_COPY, _DATE_COPY = "_tidemark_topic", "_tidemark_date"
 TABLE_FILES_DIR = "_iceberg"  # inside a staging folder: the good records rewritten as table files
@@ -435,20 +439,17 @@ class IcebergPublisher:
         quarantine = self._replace_quarantine(staging, plan, staged, bad)
         names, entries = self._upload_data(staging, plan, data)
 
-        fault_point("iceberg.before_commit")  # data files written, catalog not committed
         ends = {(p.topic, p.partition): p for p in plan.partitions}
         counted = {(s.topic, s.partition): s.records for s in stats}
-        ranges = [{"topic": t, "partition": n, "start": p.start, "end": p.end, "records": counted.get((t, n), 0)}
+        ranges = [{"topic": t, "partition": n, "start": p.start, "end": p.end, "records": counted.get((t, n), 0),
+                   **({"topic_id": p.topic_id} if p.topic_id else {})}
                   for (t, n), p in sorted(ends.items())]  # fmt: skip
         properties = {
             PLAN_KEY: plan.plan_id, FEED_KEY: feed.name, GROUP_KEY: plan.group, RANGES_KEY: json.dumps(ranges),
             RECORDS_KEY: str(records), QUARANTINED_KEY: str(quarantined), **({RUN_KEY: run_id} if run_id else {}),
         }  # fmt: skip
         paths = [str(self.location / n) for n in names]
-        commit_files(table, paths, properties, self.table_name, evolve_to=decoded if changes else None)
-        snapshot = table.current_snapshot()
-        staging.discard()
-        return Manifest(
+        manifest = Manifest(
             plan_id=plan.plan_id,
             feed=feed.name,
             group=plan.group,
@@ -463,11 +464,89 @@ class IcebergPublisher:
                 "format": "iceberg",
                 "table": self.table_name,
                 "run_id": run_id,
-                "snapshot_id": None if snapshot is None else snapshot.snapshot_id,
                 "quarantine": str(quarantine) if bad else None,
                 "schema_changes": changes,
             },
         )
+        if run_id is not None:  # pending: the data files are in no snapshot until promote() commits them
+            pending = {"manifest": manifest.to_dict(), "paths": paths, "properties": properties,
+                       "schema": _schema_text(decoded) if changes else None}  # fmt: skip
+            self._pending(plan.plan_id, run_id).write_text(json.dumps(pending, indent=2, sort_keys=True))
+            staging.discard()
+            return manifest
+        fault_point("iceberg.before_commit")  # data files written, catalog not committed
+        commit_files(table, paths, properties, self.table_name, evolve_to=decoded if changes else None)
+        snapshot = table.current_snapshot()
+        staging.discard()
+        return replace(
+            manifest, extra={**manifest.extra, "snapshot_id": None if snapshot is None else snapshot.snapshot_id}
+        )
+
+    # -- pending publications: staged by a run's job, committed to the table after the group's commit --
+
+    def _pending(self, plan_id: str, run_id: str) -> Location:
+        return self.location.with_name(f"{self.location.name}.pending") / run_id / f"plan_id={plan_id}.json"
+
+    def _load_pending(self, plan_id: str, run_id: str) -> dict[str, Any] | None:
+        path = self._pending(plan_id, run_id)
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def staged(self, plan_id: str, run_id: str) -> Manifest | None:
+        doc = self._load_pending(plan_id, run_id)
+        return None if doc is None else Manifest.from_dict(doc["manifest"])
+
+    def promote(self, plan_id: str, run_id: str) -> Manifest:
+        """Commit run ``run_id``'s staged files to the table in one snapshot, unless the plan is already in it.
+
+        The history check and the commit are one compare-and-set (``commit_files``); when
+        another writer (maintenance, another feed) committed in between, the check is made
+        again on the new metadata, so a plan is never committed twice.
+        """
+        doc = self._load_pending(plan_id, run_id)
+        for _ in range(5):
+            table = self.load()
+            found = None if table is None else self._find(table, plan_id)
+            if found is not None:
+                self._pending(plan_id, run_id).remove_file() if doc is not None else None
+                return found
+            if doc is None or table is None:
+                raise PublishError(
+                    f"plan {plan_id} of run {run_id}: nothing is staged for Iceberg table {self.table_name} and the "
+                    "plan is not in the table; the run's job did not finish staging it"
+                )
+            evolve_to = _schema_of(doc["schema"]) if doc.get("schema") else None
+            if evolve_to is not None:
+                schema_changes(table.schema(), evolve_to, self.table_name, f"plan {plan_id}")
+            fault_point("iceberg.before_commit")  # data files written, catalog not committed
+            try:
+                commit_files(table, list(doc["paths"]), doc["properties"], self.table_name, evolve_to=evolve_to)
+            except PublishError:
+                continue  # the table changed meanwhile: look at its history again
+            snapshot = table.current_snapshot()
+            self._pending(plan_id, run_id).remove_file()
+            manifest = Manifest.from_dict(doc["manifest"])
+            extra = {**manifest.extra, "snapshot_id": None if snapshot is None else snapshot.snapshot_id}
+            return replace(manifest, extra=extra)
+        raise PublishError(
+            f"Iceberg table {self.table_name}: the commit of plan {plan_id} (run {run_id}) was refused 5 times because "
+            "the table kept changing; the group's offsets are committed and the plan stays pending: the feed's next "
+            "run commits it to the table before planning"
+        )
+
+    def discard(self, plan_id: str, run_id: str) -> Manifest | None:
+        """Delete run ``run_id``'s staged files (in no snapshot: its commit of the group was refused)."""
+        doc = self._load_pending(plan_id, run_id)
+        if doc is None:
+            return None
+        table = self.load()
+        found = None if table is None else self._find(table, plan_id)
+        if found is not None and found.extra.get("run_id") == run_id:
+            raise PublishError(f"plan {plan_id} of run {run_id} is already in Iceberg table {self.table_name}")
+        for path in doc["paths"]:
+            with contextlib.suppress(FileNotFoundError, StateStoreError):
+                Location.of(path).remove_file()
+        self._pending(plan_id, run_id).remove_file()
+        return Manifest.from_dict(doc["manifest"])
 
     def _staged_files(
         self, staging: Staging, plan: Plan, staged: StagedRecords, expect_records: int, expect_quarantined: int
@@ -560,39 +639,16 @@ class IcebergPublisher:
             )
         return None
 
-    def retract(self, plan_id: str, run_id: str) -> Manifest | None:
-        """Remove the plan's data files from the table in one new snapshot (``tidemark.retracted-plan-id``).
 
-        The files were named ``<plan id>-<attempt>-<n>.parquet`` when published, so exactly
-        this plan's files go, never another publication's. Unlike a publication, a retraction
-        may be retried on newer metadata: it deletes named files and checks no history.
-        """
-        from pyiceberg.exceptions import CommitFailedException
+def _schema_text(schema: pa.Schema) -> str:
+    """An Arrow schema as text (a pending publication keeps the schema its commit evolves the table to)."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
 
-        for _ in range(5):
-            table = self.load()
-            found = None if table is None else self._find(table, plan_id)
-            if table is None or found is None:
-                return None
-            files = [
-                task.file for task in table.scan().plan_files()
-                if task.file.file_path.rsplit("/", 1)[-1].startswith(f"{plan_id}-")
-            ]  # fmt: skip
-            properties = {RETRACTED_KEY: plan_id, RUN_KEY: run_id}
-            try:
-                with table.transaction() as tx, tx.update_snapshot(snapshot_properties=properties).overwrite() as ow:
-                    for data_file in files:
-                        ow.delete_data_file(data_file)
-            except CommitFailedException:
-                continue  # another commit landed meanwhile: look again
-            from tidemark.output.parquet import remove_objects
 
-            remove_objects(self.quarantine / f"plan_id={plan_id}")
-            return found
-        raise PublishError(
-            f"Iceberg table {self.table_name}: could not retract plan {plan_id} (run {run_id}) after 5 attempts, "
-            "each refused because the table changed meanwhile; rerun the feed, whose next run retracts it first"
-        )
+def _schema_of(text: str) -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
 def commit_files(

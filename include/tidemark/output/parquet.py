@@ -71,6 +71,9 @@ MANIFEST_VERSION = 1
 MANIFEST_NAME = "_manifest.json"
 QUARANTINE_DIR = "_quarantine"
 STAGING_DIR = "_staging"
+# A publication the job staged and the group has not committed yet: not visible to readers
+# (Spark, pyarrow and Hive skip ``_``-prefixed folders), promoted after the commit.
+PENDING_DIR = "_pending"
 PARTITION_COLUMNS = ("topic", "date")
 # A Kafka payload is opaque, mostly unique bytes per record: min/max statistics on it prune
 # nothing, and a dictionary of it is built only to be thrown away once it overflows. Both
@@ -382,8 +385,12 @@ def publish_staged(
     extra: Mapping[str, Any] | None = None,
     expect_records: int | None = None,
     expect_quarantined: int | None = None,
+    pending: str | None = None,
 ) -> Manifest:
     """Publish what the job staged: good records by rename, the rest as quarantine.
+
+    With ``pending`` (the run's id) the publication is left under ``_pending/<pending>/``,
+    invisible, until :func:`promote` shows it after the group's commit.
 
     ``<written>/<outcome_column>=<ok_value>/topic=*/`` become the published topic folders
     (or, when the staged files carry ``unpublished`` columns, are copied without them by
@@ -424,7 +431,7 @@ def publish_staged(
                         f"{want}; nothing was published"
                     )
 
-        return _seal(staging.root, staging.output, plan, feed, stats=stats, extra=extra, check=check)
+        return _seal(staging.root, staging.output, plan, feed, stats=stats, extra=extra, check=check, pending=pending)
     except PublishError:
         staging.discard()
         raise
@@ -586,11 +593,13 @@ def _seal(
     stats: Sequence[RangeStats],
     extra: Mapping[str, Any] | None,
     check: Callable[[Manifest], None],
+    pending: str | None = None,
 ) -> Manifest:
     """Manifest the staged files, ``check`` it, then make the folder the publication.
 
     Local: write the manifest durably, rename the folder into place. Object store: upload
-    the files, then the manifest (the commit point).
+    the files, then the manifest (the commit point). With ``pending`` the folder (locally)
+    or the manifest (object store) goes to :func:`pending_dir` instead, for :func:`promote`.
     """
     if not output.is_local:
         _name_by_place(staging, attempt=uuid.uuid4().hex[:12])
@@ -610,8 +619,10 @@ def _seal(
     check(manifest)
     text = json.dumps(manifest.to_dict(), indent=2, sort_keys=True)
     if not output.is_local:
-        return _upload(staging, output, manifest, text)
+        return _upload(staging, output, manifest, text, pending)
     _write_durably(staging / MANIFEST_NAME, text)
+    if pending is not None:
+        return _rename_pending(staging, output, manifest, pending)
     return _rename_into_place(staging, output, manifest)
 
 
@@ -630,11 +641,13 @@ def _name_by_place(staging: Path, attempt: str | None = None) -> None:
             temp.rename(folder / f"part-{index:05d}{suffix}.parquet")
 
 
-def _upload(staging: Path, output: Location, manifest: Manifest, text: str) -> Manifest:
+def _upload(staging: Path, output: Location, manifest: Manifest, text: str, pending: str | None = None) -> Manifest:
     """Publish on an object store: upload this attempt's files, look again, write the manifest last.
 
     Only this attempt's own files (named by the attempt) are ever deleted, and only while
-    no manifest lists them; see the module docstring for the rule.
+    no manifest lists them; see the module docstring for the rule. With ``pending`` the
+    manifest goes under :func:`pending_dir`: the files are listed by no visible manifest
+    until :func:`promote` copies it into place.
     """
     final = published_dir(output, manifest.plan_id)
     names = [f.path for f in manifest.files]
@@ -644,7 +657,8 @@ def _upload(staging: Path, output: Location, manifest: Manifest, text: str) -> M
             final.upload_tree(staging, names)
             winner = load_manifest(output, manifest.plan_id)  # another publisher may have finished meanwhile
             if winner is None:
-                (final / MANIFEST_NAME).write_text(text)  # the commit point: one PUT
+                target = final if pending is None else pending_dir(output, manifest.plan_id, pending)
+                (target / MANIFEST_NAME).write_text(text)  # the commit point (or the pending one): one PUT
         except Exception as exc:
             _remove_own(final, names)
             raise PublishError(
@@ -729,28 +743,83 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def retract(output: Where, plan_id: str) -> Manifest | None:
-    """Take ``plan_id``'s publication out of ``output``; returns its manifest, or ``None`` when it was not there.
+def pending_dir(output: Where, plan_id: str, key: str) -> Location:
+    """Where run ``key`` leaves ``plan_id``'s publication until the group's commit: ``_pending/<key>/plan_id=<id>/``."""
+    return Location.of(output) / PENDING_DIR / key / f"plan_id={plan_id}"
 
-    The commit point goes first, as in publishing but backwards: locally the plan folder is
-    renamed out of the dataset's sight in one ``rename(2)`` (a hidden name, then deleted);
-    on an object store the manifest is deleted first (the plan is then not published for
-    :func:`load_manifest` and :func:`published_files`), then the files.
+
+def load_pending(output: Where, plan_id: str, key: str) -> Manifest | None:
+    """The manifest run ``key`` staged for ``plan_id``, or ``None`` when it staged nothing (or it was promoted)."""
+    manifest = pending_dir(output, plan_id, key) / MANIFEST_NAME
+    return Manifest.from_dict(json.loads(manifest.read_text())) if manifest.exists() else None
+
+
+def _rename_pending(staging: Path, output: Location, manifest: Manifest, key: str) -> Manifest:
+    """Locally: the sealed folder becomes run ``key``'s pending publication (an earlier attempt's is replaced)."""
+    target = pending_dir(output, manifest.plan_id, key).local_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():  # an earlier attempt of this run's job: never visible, never committed
+        old = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+        os.rename(target, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.rename(staging, target)
+    _fsync_dir(target.parent)
+    return manifest
+
+
+def promote(output: Where, plan_id: str, key: str) -> Manifest:
+    """Show run ``key``'s pending publication of ``plan_id``: its commit decided. Idempotent.
+
+    Locally one ``rename(2)`` of the pending folder to ``plan_id=<id>/``; on an object store
+    one PUT of the pending manifest to ``plan_id=<id>/_manifest.json`` (the data files are
+    already there, under this attempt's names). A plan already shown (by this run's earlier
+    promotion, or by another run of the same ranges) stays as it is and its manifest is
+    returned with ``reused=True``; the pending copy is dropped.
     """
     root = Location.of(output)
-    found = load_manifest(root, plan_id)
-    if found is None:
-        return None
-    folder = published_dir(root, plan_id)
+    pending = pending_dir(root, plan_id, key)
+    shown = load_manifest(root, plan_id)
+    if shown is not None:
+        if root.is_local:
+            shutil.rmtree(pending.local_path(), ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError, StateStoreError):
+                (pending / MANIFEST_NAME).remove_file()
+        return replace(shown, reused=True)
+    staged = load_pending(root, plan_id, key)
+    if staged is None:
+        raise PublishError(
+            f"plan {plan_id} of run {key}: nothing is staged under {pending} and the plan is not shown in {root}; "
+            "the run's job did not finish staging it"
+        )
     if root.is_local:
-        hidden = root.local_path() / f".retracted-plan_id={plan_id}.{uuid.uuid4().hex[:8]}"
-        os.rename(folder.local_path(), hidden)
+        final = published_dir(root, plan_id).local_path()
+        os.rename(pending.local_path(), final)
         _fsync_dir(root.local_path())
-        shutil.rmtree(hidden, ignore_errors=True)
     else:
-        (folder / MANIFEST_NAME).remove_file()
-        remove_objects(folder)
-    return found
+        (published_dir(root, plan_id) / MANIFEST_NAME).write_text((pending / MANIFEST_NAME).read_text())
+        (pending / MANIFEST_NAME).remove_file()
+    return staged
+
+
+def discard(output: Where, plan_id: str, key: str) -> Manifest | None:
+    """Drop run ``key``'s pending publication of ``plan_id`` (never shown: its commit was refused).
+
+    On an object store the data files it uploaded go too: they carry this attempt's names,
+    which no visible manifest lists. Returns what was dropped, or ``None``.
+    """
+    root = Location.of(output)
+    staged = load_pending(root, plan_id, key)
+    pending = pending_dir(root, plan_id, key)
+    if root.is_local:
+        shutil.rmtree(pending.local_path(), ignore_errors=True)
+        return staged
+    if staged is not None:
+        shown = load_manifest(root, plan_id)
+        listed = {f.path for f in shown.files} if shown is not None else set()
+        _remove_own(published_dir(root, plan_id), [f.path for f in staged.files if f.path not in listed])
+        (pending / MANIFEST_NAME).remove_file()
+    return staged
 
 
 def remove_objects(folder: Location) -> None:

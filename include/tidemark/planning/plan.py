@@ -39,6 +39,7 @@ StartReason = Literal[
     "ahead_reset",  # start was past the end; ahead policy earliest/latest
     "requested",  # a replay named the start explicitly (offset, shift, ...)
     "table",  # no group offsets and no checkpoint: resumed from the output table's history
+    "shown",  # the group was moved behind the output's end by another writer: resumed at the output's end
 ]
 EventKind = Literal[
     "group_offsets_expired",
@@ -54,7 +55,11 @@ EventKind = Literal[
     "topic_recreated",
     "offsets_skipped",  # a committing backfill/replay started past the committed offset (allow_gap)
     "records_outside_window",  # a committing exact window's commit passed over records stamped outside it
-    "publication_retracted",  # a refused run's publication taken out of the feed's output
+    "publication_retracted",  # only in reports of versions that took refused runs' publications back
+    "group_moved",  # another writer moved the group past the output's end: that range is in no output
+    "group_rewound",  # another writer moved the group behind the output's end: the run starts at the output's end
+    "commit_refused",  # a run's commit was refused: its staged publication was discarded, never shown
+    "not_shown",  # a committed run whose ranges the output already shows in part: kept out so nothing shows twice
     "permission_missing",  # an optional read (topic or broker configs) the principal may not do: skipped
 ]
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tidemark._types import Isolation
 from tidemark._types import TopicPartition as TP
-from tidemark.config.models import Feed, OnAhead, OnDataLoss, OnMissing, OnNewPartition
+from tidemark.config.models import Feed, OnAhead, OnDataLoss, OnGroupMoved, OnMissing, OnNewPartition
 from tidemark.errors import DataLossError, OffsetAheadError, PlanningError
 from tidemark.planning.metadata import metadata_topic_id
 from tidemark.planning.plan import (
@@ -77,6 +77,8 @@ class PartitionSnapshot:
     committed_metadata: str = ""
     topic_id: str | None = None  # the topic's id now (None: unknown)
     checkpoint_topic_id: str | None = None  # the topic id recorded with the checkpoint (None: not recorded)
+    shown: int | None = None  # the end of what the feed's output shows (the run ledger), on ``shown_topic_id``
+    shown_topic_id: str | None = None
 
     @property
     def key(self) -> TP:
@@ -111,6 +113,7 @@ class Policy:
     on_new_partition: OnNewPartition = "earliest"
     on_data_loss: OnDataLoss = "fail"
     on_ahead: OnAhead = "fail"
+    on_group_moved: OnGroupMoved = "follow"
     max_records_per_partition: int | None = None
     max_records_per_run: int | None = None
     records_per_task: int = 1_000_000
@@ -126,6 +129,7 @@ class Policy:
             on_new_partition=feed.on_new_partition,
             on_data_loss=feed.on_data_loss,
             on_ahead=feed.on_ahead,
+            on_group_moved=feed.on_group_moved,
             max_records_per_partition=feed.max_records_per_partition,
             max_records_per_run=feed.max_records_per_run,
             records_per_task=feed.records_per_task,
@@ -604,6 +608,7 @@ class _Refusals:
     ahead: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     gone: list[str] = field(default_factory=list)
+    moved: list[str] = field(default_factory=list)
 
 
 def build_plan(request: PlanRequest, observed: Observed) -> Plan:
@@ -703,7 +708,7 @@ def _resolve_start(
             return None
         return _reset_start(_forget_positions(snap), policy, end, events, refused.missing)
     if snap.committed is not None:
-        return _Start(snap.committed, "committed")
+        return _against_shown(snap, request, _Start(snap.committed, "committed"), end, events, refused)
     if snap.checkpoint is not None:
         events.append(
             _ev(
@@ -729,6 +734,44 @@ def _resolve_start(
         )
         return _Start(snap.table, "table")
     return _reset_start(snap, policy, end, events, refused.missing)
+
+
+def _against_shown(
+    snap: PartitionSnapshot, request: PlanRequest, start: _Start, end: int, events: list[Event], refused: _Refusals
+) -> _Start:
+    """A scheduled start from the group's offset, compared with the end of what the feed's output shows.
+
+    The ledger's ``shown`` position is where the output ends; after the run ledger is settled
+    the group is there too, unless another writer (a stray consumer, an operator's reset)
+    moved it. Moved past it: ``[shown, committed)`` is in no output (a ``group_moved`` event
+    naming it; ``on_group_moved: fail`` refuses). Moved behind it: starting there would show
+    ``[committed, shown)`` twice, so the run starts at ``shown`` (a ``group_rewound`` event;
+    ``fail`` refuses). A different topic id means a recreated topic, handled before this.
+    """
+    if request.mode != "scheduled" or snap.shown is None or start.offset == snap.shown:
+        return start
+    if snap.shown_topic_id and snap.topic_id and snap.shown_topic_id != snap.topic_id:
+        return start
+    name = f"{snap.topic}[{snap.partition}]"
+    if start.offset > snap.shown:
+        message = (f"{name}: group '{request.group}' is at {start.offset} but the feed's output ends at "
+                   f"{snap.shown}: another writer moved the group past [{snap.shown}, {start.offset}), which is in "
+                   "no output")  # fmt: skip
+        kind: EventKind = "group_moved"
+        moved_to = start
+    else:
+        message = (f"{name}: group '{request.group}' is at {start.offset} but the feed's output already shows up "
+                   f"to {snap.shown}: another writer moved the group back; the run starts at {snap.shown} so that "
+                   f"[{start.offset}, {snap.shown}) is not shown twice (replay it into another output to read it "
+                   "again)")  # fmt: skip
+        kind = "group_rewound"
+        moved_to = _Start(min(snap.shown, end), "shown")
+    if request.policy.on_group_moved == "fail":
+        refused.moved.append(f"{name} group at {start.offset}, output at {snap.shown}")
+        return start
+    events.append(_ev(kind, message, snap, committed=start.offset, shown=snap.shown,
+                      start=min(start.offset, snap.shown), end=max(start.offset, snap.shown)))  # fmt: skip
+    return moved_to
 
 
 def _resolve_end(
@@ -781,6 +824,12 @@ def _refuse(request: PlanRequest, refused: _Refusals, recreated: Mapping[str, tu
             f"id {old}), so the committed offsets and checkpoints of {', '.join(refused.gone)} belong to the old "
             "topic, and on_missing is fail. Reset the group's offsets on the new topic (tidemark replay ... "
             "--commit, or kafka-consumer-groups --reset-offsets), or choose another on_missing"
+        )
+    if refused.moved:
+        raise PlanningError(
+            f"{who}: another writer moved the group away from where the feed's output ends "
+            f"({'; '.join(refused.moved)}) and on_group_moved is fail. Decide, then either reset the group's offsets "
+            "to the output's end (kafka-consumer-groups --reset-offsets), or set on_group_moved: follow for one run"
         )
     if refused.missing:
         raise PlanningError(

@@ -1,6 +1,7 @@
-"""The commit protocol: move the consumer group's offsets to a published plan's ends.
+"""The group's commit: move the consumer group's offsets to a staged plan's ends (a compare-and-set).
 
-Run only after the plan's output is published. A commit belongs to a *run* (the run
+One step of :mod:`tidemark.runs.protocol`, which runs it after the job staged the plan's
+publication and shows the publication only after it succeeded. A commit belongs to a *run* (the run
 id), not to a plan id: the plan id names what is read and published, and two runs at
 different times can plan the same ranges (an idle feed, offsets that expired, a group
 reset to offsets it already had); each of them must commit. In order:
@@ -145,7 +146,7 @@ def _verify(plan: Plan, readback: Mapping[TP, Committed], metadata: Mapping[TP, 
 
 def commit_plan(
     plan: Plan,
-    connection: KafkaConnection,
+    connection: KafkaConnection | None,
     checkpoints: CheckpointStore,
     *,
     run_id: str,
@@ -161,7 +162,9 @@ def commit_plan(
         )
     if not plan.partitions:
         raise CommitError(f"plan {plan.plan_id} has no partitions; nothing to commit for group '{plan.group}'")
-    kafka = adapter or KafkaAdapter(connection, timeout_s=timeout_s)
+    if adapter is None and connection is None:
+        raise CommitError(f"plan {plan.plan_id}: no Kafka connection to commit group '{plan.group}' with")
+    kafka = adapter or KafkaAdapter(connection, timeout_s=timeout_s)  # type: ignore[arg-type]
     tps = [p.key for p in plan.partitions]
     ends = plan.ends()
     metadata = partition_metadata(plan, run_id, metadata_limit(kafka, plan))

@@ -108,6 +108,7 @@ def snapshot_feed(
     tps = [(i.topic, i.partition) for i in infos]
     committed = adapter.committed(feed.group, tps)
     saved = checkpoints.get(feed.group, tps)
+    shown = checkpoints.shown(feed.name)
     positions = []  # the offsets come later; the positions decide which lookups are needed
     for info in infos:
         c, cp = committed.get((info.topic, info.partition)), saved.get((info.topic, info.partition))
@@ -118,6 +119,8 @@ def snapshot_feed(
                 committed_metadata="" if c is None else c.metadata, checkpoint=None if cp is None else cp.offset,
                 checkpoint_topic_id=None if cp is None else cp.topic_id,
                 topic_id=info.topic_id or None,
+                shown=None if (sh := shown.get((info.topic, info.partition))) is None else sh.position,
+                shown_topic_id=None if sh is None else sh.topic_id,
             )
         )  # fmt: skip
     bare_tps = [s.key for s in positions if s.committed is None and s.checkpoint is None]

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidemark.checkpoints.store import CheckpointStore, open_store
+from tidemark.checkpoints.store import CheckpointStore, LedgerRun, open_store
 
 if TYPE_CHECKING:
     from tidemark.runs.commit import CommitResult
@@ -38,6 +38,7 @@ from tidemark.faults import fault_point
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.kafka.registry import RegistryConnection
+from tidemark.output.base import Publisher, publisher_for
 from tidemark.planning.plan import Mode, PartitionPlan, Plan, write_plan
 from tidemark.planning.requests import (
     confine_output,
@@ -45,6 +46,7 @@ from tidemark.planning.requests import (
     output_location,
     parse_replay_params,
 )
+from tidemark.runs.protocol import settle, settle_open_runs
 from tidemark.runs.report import PLAN_FILE
 from tidemark.storage import Location
 
@@ -68,7 +70,7 @@ class RunHandle:
     mode: str
     commit: bool
     records: int
-    resumed: str | None = None  # plan id of an earlier run whose commit this run finished
+    resumed: str | None = None  # run id of an earlier run of the feed this run committed or showed first
     dry_run: bool = False  # plan only: nothing is read, published or committed
 
     def to_xcom(self) -> dict[str, Any]:
@@ -113,116 +115,17 @@ def _write_status(run_dir: Location, **fields: Any) -> None:
     (run_dir / "run.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
 
 
-def _published(feed: Feed, handle: RunHandle, job: Mapping[str, Any] | None, *, by_this_run: bool = False) -> bool:
-    """Whether ``handle``'s plan is published: by its job's word, or by the output itself.
+def _load_run(feed: Feed) -> Callable[[LedgerRun], tuple[Plan, Publisher] | None]:
+    """For :func:`~tidemark.runs.protocol.settle_open_runs`: a ledger row's plan (its run dir's copy) and publisher."""
 
-    The output's own record (a Parquet folder's manifest, the plan id in an Iceberg
-    table's snapshot history) is the publication's commit point; a job that crashed after
-    publishing and before writing ``job.json`` has published all the same, and taking it
-    for unpublished would let the next run plan a wider range and publish those records twice.
+    def load(row: LedgerRun) -> tuple[Plan, Publisher] | None:
+        path = Location.of(row.run_dir) / PLAN_FILE
+        if not path.exists():
+            return None
+        plan = Plan.from_json(path.read_text())
+        return plan, publisher_for(feed, plan)
 
-    ``by_this_run`` (``pending_commit``): a publication that records another run as its
-    publisher (``run_id`` in a Parquet manifest's extra, an Iceberg snapshot's
-    ``tidemark.run-id``) is that run's to commit. A run
-    that failed before publishing shares its plan id with the run that later published
-    the same ranges; it must not come back as "published, not committed".
-    """
-    if job is not None and job.get("published"):
-        return True
-    from tidemark.output.base import publisher_for
-
-    found = publisher_for(feed, handle.plan()).published(handle.plan_id)
-    if found is None:
-        return False
-    publisher_run = found.extra.get("run_id")
-    return not (by_this_run and publisher_run and publisher_run != handle.run_id)
-
-
-def _check_still_published(feed: Feed, handle: RunHandle, plan: Plan) -> None:
-    """Refuse to commit a plan whose publication is gone (retracted by a refused run of the same plan).
-
-    Checked under the group's commit lock, the lock a retraction holds too: a run that
-    found the plan published and a run retracting it cannot interleave.
-    """
-    if plan.total_records == 0:
-        return  # an empty plan publishes nothing
-    from tidemark.output.base import publisher_for
-
-    publisher = publisher_for(feed, plan)
-    if publisher.published(plan.plan_id) is None:
-        raise TidemarkError(
-            f"run {handle.run_id} of feed '{feed.name}': plan {plan.plan_id} is no longer published in "
-            f"{publisher.describe()} (a refused run of the same plan retracted it); nothing was committed. "
-            "Run the feed again: it plans from the group's offsets as they are now"
-        )
-
-
-def retract_refused(
-    feed: Feed, handle: RunHandle, plan: Plan, checkpoints: CheckpointStore, reason: str
-) -> dict[str, Any] | None:
-    """Take a refused run's publication out of the feed's output; the ``publication_retracted`` event, or ``None``.
-
-    The feed's rule (``docs/ARCHITECTURE.md``, "The feed's output"): a publication stays in
-    the output only while its plan can still be committed. A run whose commit is refused
-    because another writer moved the group can never commit, and the next run plans from
-    the group's new position, overlapping it: so its publication goes. Kept when the
-    publication names another run as its publisher (that run decides), or when some run
-    committed the same plan id (the records are the group's). Called under the group's
-    commit lock.
-    """
-    if plan.total_records == 0:
-        return None
-    from tidemark.output.base import publisher_for
-
-    publisher = publisher_for(feed, plan)
-    found = publisher.published(plan.plan_id)
-    if found is None:
-        return None
-    publisher_run = found.extra.get("run_id")
-    if publisher_run and publisher_run != handle.run_id:
-        return None
-    if checkpoints.plan_committer(plan.group, plan.plan_id) is not None:
-        return None
-    publisher.retract(plan.plan_id, handle.run_id)
-    ranges = ", ".join(f"{t}[{p}] [{s}, {e})" for t, p, s, e in plan.ranges() if e > s)
-    return {
-        "source": "commit",
-        "kind": "publication_retracted",
-        "message": f"plan {plan.plan_id} of run {handle.run_id} was retracted from {publisher.describe()} "
-        f"({ranges}): its commit was refused, and the feed's next runs plan from the group's offsets as they are "
-        "now, so keeping it would publish these offsets twice",
-        "topic": None,
-        "partition": None,
-        "details": {"plan_id": plan.plan_id, "run_id": handle.run_id, "output": publisher.describe(),
-                    "ranges": [{"topic": t, "partition": p, "start": s, "end": e} for t, p, s, e in plan.ranges()],
-                    "reason": reason[:500]},
-    }  # fmt: skip
-
-
-def pending_commit(
-    feed: Feed, root: Root | None = None, checkpoints: CheckpointStore | None = None
-) -> RunHandle | None:
-    """The newest run of ``feed`` that published, should commit, and has not committed.
-
-    Runs whose commit was refused because another writer moved the group's offsets are
-    ``abandoned`` and never retried (their plan was made from offsets that no longer hold).
-    """
-    base = runs_dir(feed.name, root)
-    if not base.exists():
-        return None
-    checkpoints = _checkpoints(root, checkpoints)
-    for run_dir in reversed(base.children(folders_only=True)):
-        status = _run_status(run_dir)
-        if not status or not status.get("handle") or status.get("abandoned"):
-            continue
-        handle = RunHandle.from_xcom(status["handle"])
-        if status.get("committed") or not handle.commit:
-            continue
-        if _published(feed, handle, _job_result(run_dir), by_this_run=True) and not checkpoints.run_committed(
-            feed.group, handle.run_id
-        ):
-            return handle
-    return None
+    return load
 
 
 def selection_options(feed: Feed, mode: str, params: Mapping[str, Any]) -> tuple[dict[str, Any], Location | None, bool]:
@@ -403,17 +306,17 @@ def plan_run(
     params = dict(params or {})
     resumed = None
     checkpoints = _checkpoints(root, checkpoints)
-    seen: set[str] = set()
-    while (pending := pending_commit(feed, root, checkpoints)) is not None and pending.run_id not in seen:
-        seen.add(pending.run_id)
-        progress(f"finishing the commit of published plan {pending.plan_id} (run {pending.run_id}) first")
-        try:
-            commit_run(pending, connection, root=root, progress=progress, checkpoints=checkpoints)
-            resumed = pending.plan_id
-        except OffsetsMovedError as exc:
-            # Refused for good: marked abandoned, its publication retracted; this run plans
-            # from the group's offsets as they are now.
-            progress(f"run {pending.run_id} cannot commit any more: {exc}")
+    if not flag(params, "dry_run"):
+        # Every open run of the feed first (docs/ARCHITECTURE.md, "The commit protocol"): a
+        # committed run is shown, a staged one committed and shown, a refused one discarded.
+        for settled in settle_open_runs(
+            feed.name, _load_run(feed), store=checkpoints, kafka=KafkaAdapter(connection), group=feed.group,
+            connection=connection, progress=progress,
+        ):  # fmt: skip
+            if settled.state == "shown":
+                resumed = settled.run_id
+            for settled_event in settled.events:
+                progress(f"event {settled_event['kind']}: {settled_event['message']}")
     plan, _output, dry_run = plan_request(feed, KafkaAdapter(connection), checkpoints, mode, params)
     if plan.total_records and not dry_run and feed.deserialization.registry_parts:
         plan = replace(plan, readers=_planned_readers(feed, registry))
@@ -421,6 +324,9 @@ def plan_run(
     run_dir = runs_dir(feed.name, root) / run_id
     plan_path = run_dir / PLAN_FILE
     write_plan(plan, plan_path)
+    if not dry_run:
+        checkpoints.set_run(plan.group, run_id, feed=feed.name, plan_id=plan.plan_id, state="planned",
+                            run_dir=str(run_dir))  # fmt: skip
     handle = RunHandle(
         run_id=run_id,
         feed=feed.name,
@@ -597,20 +503,19 @@ def commit_run(
     progress: Progress = _silent,
     checkpoints: CheckpointStore | None = None,
 ) -> CommitOutcome:
-    """Step 3: commit the plan's ends (only after a successful publish), then report."""
-    from tidemark.runs.commit import commit_plan
+    """Step 3: commit the group at the plan's ends (when the run commits), then show the publication; report.
 
+    :func:`tidemark.runs.protocol.settle` under the group's commit lock: the staged
+    publication becomes visible only after the group's commit succeeded; a refused run's
+    publication is discarded, never having been visible.
+    """
     run_dir = Location.of(handle.run_dir)
     job = _job_result(run_dir)
     if handle.dry_run:
         return _finish(handle, connection, None, job, "dry run: planned only, nothing read, published or committed",
                        progress)  # fmt: skip
-    if not _published(load_feed(handle.feed), handle, job):
-        raise TidemarkError(
-            f"run {handle.run_id} of feed '{handle.feed}' has not published plan {handle.plan_id}; "
-            "refusing to commit offsets for data that was not published"
-        )
     plan = handle.plan()
+    feed = load_feed(handle.feed)
     for w in (job or {}).get("window") or []:
         progress(
             f"window {w['topic']}[{w['partition']}]: read {w['read']} ({w['read_in_margin']} in the end margin), "
@@ -620,40 +525,40 @@ def commit_run(
     for e in (job or {}).get("events") or []:
         progress(f"event {e.get('kind')}: {e.get('message')}")
     checkpoints = _checkpoints(root, checkpoints)
-    result = None
-    skipped = None
     if handle.commit:
         fault_point("commit.before")
-        feed = load_feed(handle.feed)
-        retracted: dict[str, Any] | None = None
-        try:
-            # One committing run per group at a time; a refused run's retraction (below) and
-            # another run's commit of the same plan take turns under the same lock.
-            with checkpoints.commit_lock(plan.group):
-                _check_still_published(feed, handle, plan)
-                try:
-                    result = commit_plan(plan, connection, checkpoints, run_id=handle.run_id)
-                except OffsetsMovedError as exc:
-                    retracted = retract_refused(feed, handle, plan, checkpoints, str(exc))
-                    raise
-        except TidemarkError as exc:
-            message = str(exc)
-            if isinstance(exc, OffsetsMovedError):  # retrying can never succeed: not left pending
-                if retracted is not None:
-                    message += f" {retracted['message']}"
-                    progress(f"event publication_retracted: {retracted['message']}")
-                _write_status(run_dir, abandoned=message)
-            events = [*((job or {}).get("events") or []), *([retracted] if retracted else [])]
-            _fail(handle, connection, {**(job or {}), "events": events}, f"commit refused: {message}")
-            if retracted is not None:
-                raise OffsetsMovedError(message) from exc
-            raise
+    try:
+        with checkpoints.commit_lock(plan.group):
+            settled = settle(
+                plan, handle.run_id, handle.run_dir, publisher=publisher_for(feed, plan), store=checkpoints,
+                kafka=KafkaAdapter(connection), connection=connection, progress=progress,
+            )  # fmt: skip
+    except TidemarkError as exc:
+        message = str(exc)
+        events = list((job or {}).get("events") or [])
+        if isinstance(exc, OffsetsMovedError):  # retrying can never succeed: discarded, never shown
+            _write_status(run_dir, abandoned=message)
+            events.append({"source": "commit", "kind": "commit_refused", "topic": None, "partition": None,
+                           "message": f"run {handle.run_id} was refused; its staged plan was discarded: {message}",
+                           "details": {"plan_id": plan.plan_id}})  # fmt: skip
+        _fail(handle, connection, {**(job or {}), "events": events}, f"commit refused: {message}")
+        raise
+    job = {**(job or {}), "events": [*((job or {}).get("events") or []), *settled.events]}
+    for event in settled.events:
+        progress(f"event {event['kind']}: {event['message']}")
+    if settled.state == "abandoned":
+        reason = settled.events[-1]["message"] if settled.events else f"run {handle.run_id} was abandoned"
+        _write_status(run_dir, abandoned=reason)
+        _fail(handle, connection, job, reason)
+        raise TidemarkError(reason)
+    if handle.commit and settled.commit is not None:
         progress(f"committed group '{plan.group}' at the plan's ends ({len(plan.partitions)} partitions)")
-        for note in result.notes:
+        for note in settled.commit.notes:
             progress(f"commit: {note}")
-    else:
-        skipped = f"mode {handle.mode} does not commit unless asked"
-    return _finish(handle, connection, result, job, skipped, progress)
+    if settled.manifest is not None:
+        progress(f"shown in {publisher_for(feed, plan).describe()}: plan {plan.plan_id}")
+    skipped = None if handle.commit else f"mode {handle.mode} does not commit unless asked"
+    return _finish(handle, connection, settled.commit, job, skipped, progress)
 
 
 def _finish(

@@ -1,0 +1,252 @@
+"""The commit protocol: the feed's output shows a run's records only after the group committed them.
+
+A run moves through the states of the run ledger (:class:`~tidemark.checkpoints.store.LedgerRun`,
+in the checkpoint store), each written under the group's commit lock *before* the step it
+names acts, so that whoever takes the lock next knows what a crash may have left:
+
+====================  ===============================================  ==========================================
+state                 what holds                                       a crash here leaves; the next run
+====================  ===============================================  ==========================================
+``planned``           plan saved; the job stages the publication       nothing visible. Staged: committed and shown
+                      *pending* (invisible to readers)                 by the next run (or its own retry); unstaged
+                                                                       and its group moved: ``abandoned``
+``committing``        the Kafka commit (compare-and-set) is under way  it asks the group: this run's metadata at the
+                                                                       ends → landed, go on; the group where the plan
+                                                                       saw it → commit again; moved by another
+                                                                       writer → shown if the group is past every
+                                                                       range, else discarded, with an event
+``committed``         the group is at the plan's ends (checkpoint      promoted by the next run before it plans
+                      recorded); the publication is still pending
+``shown``             promoted: readers see it; the ledger's shown     final
+                      positions advanced to the plan's ends
+``abandoned``         refused before anything landed (or kept out so   final; its pending publication is discarded,
+                      nothing shows twice): never visible              which no commit covered
+====================  ===============================================  ==========================================
+
+Two rules make the output right whatever the order of runs, retries, replays and other
+writers: a publication is promoted only after its run's commit (or, for a run that does
+not commit, after its job), and only when every range with records starts at or after
+the output's shown position of its partition (:func:`show`), so no offset is shown twice.
+Nothing shown is ever taken back. The planner compares the group with the shown
+positions (``planning.resolve._against_shown``) and names every range the group was moved
+over by another writer.
+
+:func:`settle` is the whole protocol for one run, called with the lock held: by the run's
+own commit step, and by :func:`settle_open_runs` before any new plan of the feed. It
+takes its collaborators as arguments (a Kafka adapter, the store, the publisher), so the
+model test (``tests/unit/runs/test_protocol_model.py``) drives exactly this code with an
+in-memory group and output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidemark._types import TopicPartition as TP
+from tidemark.checkpoints.store import CheckpointStore, LedgerRun, RunState
+from tidemark.errors import GroupInUseError, OffsetsMovedError, TidemarkError
+from tidemark.faults import fault_point
+from tidemark.job.guard import moved_since_planning
+from tidemark.kafka.adapter import KafkaAdapter
+from tidemark.kafka.connection import KafkaConnection
+from tidemark.output.base import Publisher
+from tidemark.output.parquet import Manifest
+from tidemark.planning.metadata import plan_topic_ids
+from tidemark.planning.plan import Plan
+from tidemark.runs.commit import CommitResult, commit_plan
+
+Progress = Callable[[str], None]
+
+
+def _silent(_: str) -> None:
+    """Progress sink that drops messages."""
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Where :func:`settle` left a run, and what happened on the way (events for its report)."""
+
+    run_id: str
+    state: RunState
+    commit: CommitResult | None = None
+    manifest: Manifest | None = None
+    events: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+
+def _fmt(tp: TP) -> str:
+    return f"{tp[0]}[{tp[1]}]"
+
+
+def _ranges(plan: Plan, keys: set[TP] | None = None) -> list[dict[str, Any]]:
+    return [{"topic": p.topic, "partition": p.partition, "start": p.start, "end": p.end}
+            for p in plan.partitions if p.records and (keys is None or p.key in keys)]  # fmt: skip
+
+
+def _event(kind: str, message: str, **details: Any) -> dict[str, Any]:
+    return {"source": "commit", "kind": kind, "message": message, "topic": None, "partition": None, "details": details}
+
+
+def shows_in_feed_output(plan: Plan) -> bool:
+    """Whether ``plan`` publishes to its feed's own output (whose shown positions the ledger keeps)."""
+    return not plan.output
+
+
+def settle(
+    plan: Plan,
+    run_id: str,
+    run_dir: str,
+    *,
+    publisher: Publisher,
+    store: CheckpointStore,
+    kafka: KafkaAdapter,
+    connection: KafkaConnection | None = None,
+    progress: Progress = _silent,
+) -> Settled:
+    """Take run ``run_id`` of ``plan`` as far as it can go: commit the group (if the plan commits), then show.
+
+    Call with ``store.commit_lock(plan.group)`` held. Raises what refuses the run
+    (:class:`~tidemark.errors.OffsetsMovedError` after discarding its publication and
+    recording it ``abandoned``, :class:`~tidemark.errors.GroupInUseError` leaving it
+    ``planned`` to try again) or what left it undecided (any other error: the next
+    settle decides from the group's offsets).
+    """
+    row = store.run(plan.group, run_id)
+    state: RunState = row.state if row is not None else "planned"
+    if state in ("shown", "abandoned"):
+        return Settled(run_id, state)
+
+    def mark(new: RunState, detail: str | None = None) -> None:
+        store.set_run(plan.group, run_id, feed=plan.feed, plan_id=plan.plan_id, state=new, run_dir=run_dir,
+                      detail=detail)  # fmt: skip
+
+    events: list[dict[str, Any]] = []
+    result = None
+    if state in ("planned", "committing") and plan.commit:
+        if (
+            plan.total_records
+            and publisher.staged(plan.plan_id, run_id) is None
+            and (publisher.published(plan.plan_id) is None)
+        ):
+            raise TidemarkError(
+                f"run {run_id} of feed '{plan.feed}' has not staged plan {plan.plan_id}; refusing to commit offsets "
+                "for records that were not staged for publication"
+            )
+        was_committing = state == "committing"
+        mark("committing")
+        try:
+            result = commit_plan(plan, connection, store, run_id=run_id, adapter=kafka)
+        except GroupInUseError:
+            mark("planned")  # nothing landed: the run may try again once the live consumer is gone
+            raise
+        except OffsetsMovedError as exc:
+            if was_committing and _group_past(plan, kafka):
+                # An earlier attempt's commit may have landed before another writer moved the
+                # group on; either way the group is past every range: show them.
+                events.append(_event(
+                    "group_moved", f"run {run_id}: the group was moved by another writer after this run began its "
+                    f"commit; it is past every range of plan {plan.plan_id}, so the plan is shown: {exc}",
+                    ranges=_ranges(plan)))  # fmt: skip
+            else:
+                publisher.discard(plan.plan_id, run_id)
+                mark("abandoned", str(exc)[:1000])
+                progress(f"run {run_id} was refused: its staged plan {plan.plan_id} was discarded, never shown")
+                raise
+        else:
+            mark("committed")
+    fault_point("commit.before_show")
+    manifest, shown_events = show(plan, run_id, publisher=publisher, store=store)
+    events += shown_events
+    state = "abandoned" if shown_events and shown_events[-1]["kind"] == "not_shown" else "shown"
+    mark(state, shown_events[-1]["message"][:1000] if state == "abandoned" else None)
+    return Settled(run_id, state, result, manifest, tuple(events))
+
+
+def _group_past(plan: Plan, kafka: KafkaAdapter) -> bool:
+    """Whether the group's offset is at or past the end of every range of ``plan`` with records."""
+    current = kafka.committed(plan.group, [p.key for p in plan.partitions])
+    return all(current[p.key].offset is not None and current[p.key].offset >= p.end  # type: ignore[operator]
+               for p in plan.partitions if p.records)  # fmt: skip
+
+
+def show(
+    plan: Plan, run_id: str, *, publisher: Publisher, store: CheckpointStore
+) -> tuple[Manifest | None, list[dict[str, Any]]]:
+    """Promote run ``run_id``'s pending publication unless that would show an offset twice.
+
+    For the feed's own output, every range with records must start at or after the
+    output's shown position of its partition (same topic id); the shown positions then
+    advance to the plan's ends. A plan the output already shows (this run's earlier
+    promotion, or another run of the same ranges) is not shown again. Otherwise the
+    publication is discarded and a ``not_shown`` event names the ranges.
+    """
+    ids = plan_topic_ids(plan)
+    already = publisher.published(plan.plan_id) if plan.total_records else None
+    if shows_in_feed_output(plan) and already is None and plan.total_records:
+        shown = store.shown(plan.feed)
+        overlap = {
+            p.key for p in plan.partitions
+            if p.records and (s := shown.get(p.key)) is not None and s.position > p.start
+            and not (s.topic_id and p.topic_id and s.topic_id != p.topic_id)
+        }  # fmt: skip
+        if overlap:
+            publisher.discard(plan.plan_id, run_id)
+            where = ", ".join(f"{_fmt(k)} shown up to {shown[k].position}" for k in sorted(overlap))
+            return None, [_event(
+                "not_shown", f"run {run_id}: plan {plan.plan_id} overlaps what the feed's output already shows "
+                f"({where}); it was kept out so that no offset is shown twice. The group is committed at the plan's "
+                "ends: the ranges past the output's end are in no output (replay them into another output to read)",
+                ranges=_ranges(plan, overlap))]  # fmt: skip
+    manifest = (
+        already if already is not None else (publisher.promote(plan.plan_id, run_id) if plan.total_records else None)
+    )
+    if shows_in_feed_output(plan):
+        store.advance_shown(plan.feed, run_id, plan.ends(), ids)
+    return manifest, []
+
+
+def settle_open_runs(
+    feed: str,
+    load: Callable[[LedgerRun], tuple[Plan, Publisher] | None],
+    *,
+    store: CheckpointStore,
+    kafka: KafkaAdapter,
+    group: str,
+    connection: KafkaConnection | None = None,
+    progress: Progress = _silent,
+) -> list[Settled]:
+    """Before planning: finish or abandon every open run of ``feed`` in the ledger, oldest first, under the lock.
+
+    ``load(row)`` gives a run's plan and publisher (``None``: its plan is gone; it is
+    abandoned). A ``planned`` run that staged nothing is left alone while the group is
+    still where its plan saw it (its job may be running now) and abandoned once another
+    writer moved the group (it can never commit). Refusals are reported, not raised:
+    the new run plans from the group's offsets as they are.
+    """
+    done: list[Settled] = []
+    with store.commit_lock(group):
+        for row in store.open_runs(feed):
+            loaded = load(row)
+            if loaded is None:
+                store.set_run(row.group, row.run_id, feed=row.feed, plan_id=row.plan_id, state="abandoned",
+                              run_dir=row.run_dir, detail="its plan is gone")  # fmt: skip
+                continue
+            plan, publisher = loaded
+            if row.state == "planned" and (
+                not plan.total_records or publisher.staged(plan.plan_id, row.run_id) is None
+            ):
+                current = kafka.committed(plan.group, [p.key for p in plan.partitions]) if plan.commit else {}
+                if plan.commit and moved_since_planning(plan, row.run_id, current)[0]:
+                    store.set_run(row.group, row.run_id, feed=row.feed, plan_id=row.plan_id, state="abandoned",
+                                  run_dir=row.run_dir, detail="the group moved before it staged anything")  # fmt: skip
+                continue
+            progress(f"settling run {row.run_id} ({row.state}) of plan {plan.plan_id} first")
+            try:
+                done.append(settle(plan, row.run_id, row.run_dir, publisher=publisher, store=store, kafka=kafka,
+                                   connection=connection, progress=progress))  # fmt: skip
+            except (OffsetsMovedError, GroupInUseError) as exc:
+                progress(f"run {row.run_id} cannot commit: {exc}")
+                done.append(Settled(row.run_id, "abandoned" if isinstance(exc, OffsetsMovedError) else "planned",
+                                    events=(_event("commit_refused", str(exc), ranges=_ranges(plan)),)))  # fmt: skip
+    return done
