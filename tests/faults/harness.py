@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -50,7 +51,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from tests.conftest import KafkaTestCluster
 from tidemark.kafka.adapter import Record
 from tidemark.kafka.connection import KafkaConnection
-from tidemark.output.parquet import QUARANTINE_DIR, load_manifest
+from tidemark.output.parquet import QUARANTINE_DIR
 from tidemark.runs.pipeline import CommitOutcome, RunHandle, run_feed
 from tidemark.spark.decode import RAW_VALUE_COLUMN
 from tidemark.storage import Location
@@ -131,6 +132,25 @@ SCOREBOARD: dict[str, Tally] = {}
 def digest(value: bytes | str | None) -> str:
     raw = b"" if value is None else value.encode() if isinstance(value, str) else bytes(value)
     return hashlib.sha256(raw).hexdigest()
+
+
+def group_offsets(
+    connection: KafkaConnection, group: str, tps: Iterable[tuple[str, int]]
+) -> dict[tuple[str, int], int | None]:
+    """The group's committed offsets asked with a plain consumer that never joins the group."""
+    consumer = Consumer(connection.client_config(**{"group.id": group, "enable.auto.commit": False}))
+    try:
+        found = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=30)
+    finally:
+        consumer.close()
+    return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in found}
+
+
+def store_fs() -> pafs.FileSystem:
+    """pyarrow's S3 filesystem on the test's S3 server (the ``s3`` fixture's environment)."""
+    endpoint = os.environ["TIDEMARK_S3_ENDPOINT"]
+    return pafs.S3FileSystem(endpoint_override=endpoint, scheme=endpoint.split("://", 1)[0],
+                             region=os.environ.get("AWS_REGION", "us-east-1"))  # fmt: skip
 
 
 def oracle(connection: KafkaConnection, ranges: Mapping[tuple[str, int], tuple[int, int]]) -> Counter[Row]:
@@ -294,7 +314,8 @@ class FaultEnv:
         return [(self.topic, p) for p in range(self.partitions)]
 
     def committed(self) -> dict[int, int | None]:
-        return {p: c.offset for (_, p), c in self.kafka.adapter.committed(self.group, self.tps()).items()}
+        """The group's committed offsets as Kafka answers a plain client (not through Tidemark's adapter)."""
+        return {p: o for (_, p), o in group_offsets(self.kafka.connection, self.group, self.tps()).items()}
 
     def in_process(self, handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
         """The Spark job in this session: the same code ``spark-submit`` runs."""
@@ -389,12 +410,20 @@ class FaultEnv:
         where = Location.of(output if output is not None else self.output)
         if where.is_local:
             return [(str(p), Location.of(p)) for p in sorted(where.local_path().glob("plan_id=*/**/*.parquet"))]
+        # The manifest is the commit point on an object store: read as JSON with pyarrow's own
+        # filesystem, not through Tidemark's storage layer or its manifest reader.
+        fs, base = store_fs(), where.url.split("://", 1)[1]
         files = []
-        for folder in where.children(folders_only=True):
-            if not folder.name.startswith("plan_id="):
+        for info in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
+            name = info.path.rsplit("/", 1)[-1]
+            if info.type != pafs.FileType.Directory or not name.startswith("plan_id="):
                 continue
-            manifest = load_manifest(where, folder.name[len("plan_id=") :])
-            files += [(f.path, folder / f.path) for f in (manifest.files if manifest else ())]
+            try:
+                with fs.open_input_stream(f"{info.path}/_manifest.json") as fh:
+                    manifest = json.loads(fh.read())
+            except FileNotFoundError:
+                continue
+            files += [(f["path"], Location.of(f"s3://{info.path}/{f['path']}")) for f in manifest["files"]]
         return files
 
     def quarantine_reasons(self) -> dict[tuple[int, int], str]:
@@ -407,20 +436,29 @@ class FaultEnv:
         return reasons
 
     def _iceberg_rows(self) -> dict[str, Counter[Row]]:
-        from tidemark.config.models import load_feed
-        from tidemark.output.iceberg import IcebergPublisher
+        """The table's rows through pyiceberg's own catalog (not Tidemark's publisher); its quarantine folders
+        of the plans some snapshot of the table's history names."""
+        from pyiceberg.catalog import load_catalog
+        from pyiceberg.exceptions import NoSuchTableError
 
         rows: dict[str, Counter[Row]] = {GOOD: Counter(), QUARANTINED: Counter()}
-        publisher = IcebergPublisher(load_feed(self.feed))
-        table = publisher.load()
-        if table is None:
+        assert self.iceberg is not None
+        uri = os.environ.get("TIDEMARK_ICEBERG_CATALOG_URI") or f"sqlite:///{self.root / 'iceberg_catalog.sqlite'}"
+        properties = {"uri": uri.replace("postgresql://", "postgresql+psycopg://"),
+                      "py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO"}  # fmt: skip
+        if os.environ.get("TIDEMARK_S3_ENDPOINT"):
+            properties["s3.endpoint"] = os.environ["TIDEMARK_S3_ENDPOINT"]
+        try:
+            table = load_catalog("oracle", **properties).load_table(self.iceberg)
+        except NoSuchTableError:
             return rows
         data = table.scan(selected_fields=("topic", "partition", "offset", "value")).to_arrow()
         columns = [data.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")]
         rows[GOOD].update((str(t), int(p), int(o), digest(v)) for t, p, o, v in zip(*columns, strict=True))
-        for folder in publisher.quarantine.children(folders_only=True):
-            plan_id = folder.name[len("plan_id=") :]
-            if folder.name.startswith("plan_id=") and publisher.published(plan_id) is not None:
+        plans = {s.summary.get("tidemark.plan-id") for s in table.snapshots() if s.summary is not None} - {None}
+        quarantine = Location.of(f"{self.output}.quarantine")
+        for folder in quarantine.children(folders_only=True) if quarantine.exists() else []:
+            if folder.name.startswith("plan_id=") and folder.name[len("plan_id=") :] in plans:
                 for name, _ in folder.files():
                     if name.endswith(".parquet"):
                         _read_rows(name, folder / name, rows[QUARANTINED])

@@ -24,7 +24,7 @@ from tidemark._types import Isolation
 from tidemark._types import TopicPartition as TP
 from tidemark.config.models import Feed, OnAhead, OnDataLoss, OnGroupMoved, OnMissing, OnNewPartition
 from tidemark.errors import DataLossError, OffsetAheadError, PlanningError
-from tidemark.planning.metadata import metadata_topic_id
+from tidemark.planning.metadata import metadata_run_id, metadata_topic_id, writer
 from tidemark.planning.plan import (
     Chunk,
     Event,
@@ -748,11 +748,25 @@ def _against_shown(
     ``[committed, shown)`` twice, so the run starts at ``shown`` (a ``group_rewound`` event;
     ``fail`` refuses). A different topic id means a recreated topic, handled before this.
     """
-    if request.mode != "scheduled" or snap.shown is None or start.offset == snap.shown:
+    if request.mode != "scheduled" or start.offset == snap.shown:
         return start
-    if snap.shown_topic_id and snap.topic_id and snap.shown_topic_id != snap.topic_id:
+    if snap.shown is not None and snap.shown_topic_id and snap.topic_id and snap.shown_topic_id != snap.topic_id:
         return start
     name = f"{snap.topic}[{snap.partition}]"
+    if snap.shown is None:
+        # The output shows nothing of this partition yet: a position another client wrote (an
+        # adopted group, a stray consumer before the first run) leaves [log start, committed) out.
+        if metadata_run_id(snap.committed_metadata) is not None or start.offset <= snap.log_start:
+            return start
+        message = (f"{name}: the feed's output shows nothing of this partition yet and group '{request.group}' is "
+                   f"at {start.offset}, written by {writer(snap.committed_metadata)}: [{snap.log_start}, "
+                   f"{start.offset}) is in no output of this feed")  # fmt: skip
+        if request.policy.on_group_moved == "fail":
+            refused.moved.append(f"{name} group at {start.offset} (written by another client), output empty")
+            return start
+        events.append(_ev("group_moved", message, snap, committed=start.offset, shown=None, start=snap.log_start,
+                          end=start.offset))  # fmt: skip
+        return start
     if start.offset > snap.shown:
         message = (f"{name}: group '{request.group}' is at {start.offset} but the feed's output ends at "
                    f"{snap.shown}: another writer moved the group past [{snap.shown}, {start.offset}), which is in "

@@ -70,7 +70,7 @@ class RunHandle:
     mode: str
     commit: bool
     records: int
-    resumed: str | None = None  # run id of an earlier run of the feed this run committed or showed first
+    resumed: str | None = None  # plan id of an earlier run of the feed this run committed or showed first
     dry_run: bool = False  # plan only: nothing is read, published or committed
 
     def to_xcom(self) -> dict[str, Any]:
@@ -314,7 +314,7 @@ def plan_run(
             connection=connection, progress=progress,
         ):  # fmt: skip
             if settled.state == "shown":
-                resumed = settled.run_id
+                resumed = settled.plan_id
             for settled_event in settled.events:
                 progress(f"event {settled_event['kind']}: {settled_event['message']}")
     plan, _output, dry_run = plan_request(feed, KafkaAdapter(connection), checkpoints, mode, params)

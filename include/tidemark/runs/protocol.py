@@ -69,6 +69,7 @@ class Settled:
     """Where :func:`settle` left a run, and what happened on the way (events for its report)."""
 
     run_id: str
+    plan_id: str
     state: RunState
     commit: CommitResult | None = None
     manifest: Manifest | None = None
@@ -114,8 +115,11 @@ def settle(
     """
     row = store.run(plan.group, run_id)
     state: RunState = row.state if row is not None else "planned"
-    if state in ("shown", "abandoned"):
-        return Settled(run_id, state)
+    if state == "abandoned":
+        publisher.discard(plan.plan_id, run_id)  # owed if the process died right after recording the state
+        return Settled(run_id, plan.plan_id, state)
+    if state == "shown":
+        return Settled(run_id, plan.plan_id, state)
 
     def mark(new: RunState, detail: str | None = None) -> None:
         store.set_run(plan.group, run_id, feed=plan.feed, plan_id=plan.plan_id, state=new, run_dir=run_dir,
@@ -149,18 +153,21 @@ def settle(
                     f"commit; it is past every range of plan {plan.plan_id}, so the plan is shown: {exc}",
                     ranges=_ranges(plan)))  # fmt: skip
             else:
+                mark("abandoned", str(exc)[:1000])  # first: a crash before the discard leaves it owed, not lost
                 publisher.discard(plan.plan_id, run_id)
-                mark("abandoned", str(exc)[:1000])
                 progress(f"run {run_id} was refused: its staged plan {plan.plan_id} was discarded, never shown")
                 raise
         else:
             mark("committed")
     fault_point("commit.before_show")
-    manifest, shown_events = show(plan, run_id, publisher=publisher, store=store)
-    events += shown_events
-    state = "abandoned" if shown_events and shown_events[-1]["kind"] == "not_shown" else "shown"
-    mark(state, shown_events[-1]["message"][:1000] if state == "abandoned" else None)
-    return Settled(run_id, state, result, manifest, tuple(events))
+    overlap = overlapping(plan, publisher=publisher, store=store)
+    if overlap is not None:
+        mark("abandoned", overlap["message"][:1000])
+        publisher.discard(plan.plan_id, run_id)
+        return Settled(run_id, plan.plan_id, "abandoned", result, None, (*events, overlap))
+    manifest = show(plan, run_id, publisher=publisher, store=store)
+    mark("shown")
+    return Settled(run_id, plan.plan_id, "shown", result, manifest, tuple(events))
 
 
 def _group_past(plan: Plan, kafka: KafkaAdapter) -> bool:
@@ -170,40 +177,40 @@ def _group_past(plan: Plan, kafka: KafkaAdapter) -> bool:
                for p in plan.partitions if p.records)  # fmt: skip
 
 
-def show(
-    plan: Plan, run_id: str, *, publisher: Publisher, store: CheckpointStore
-) -> tuple[Manifest | None, list[dict[str, Any]]]:
-    """Promote run ``run_id``'s pending publication unless that would show an offset twice.
+def overlapping(plan: Plan, *, publisher: Publisher, store: CheckpointStore) -> dict[str, Any] | None:
+    """The ``not_shown`` event when showing ``plan`` in its feed's output would show an offset twice, else ``None``.
 
-    For the feed's own output, every range with records must start at or after the
-    output's shown position of its partition (same topic id); the shown positions then
-    advance to the plan's ends. A plan the output already shows (this run's earlier
-    promotion, or another run of the same ranges) is not shown again. Otherwise the
-    publication is discarded and a ``not_shown`` event names the ranges.
+    Every range with records must start at or after the output's shown position of its
+    partition (on the same topic id). A plan the output already shows (an earlier
+    promotion of this run, or another run of the same ranges) is not shown again and
+    overlaps nothing.
     """
-    ids = plan_topic_ids(plan)
-    already = publisher.published(plan.plan_id) if plan.total_records else None
-    if shows_in_feed_output(plan) and already is None and plan.total_records:
-        shown = store.shown(plan.feed)
-        overlap = {
-            p.key for p in plan.partitions
-            if p.records and (s := shown.get(p.key)) is not None and s.position > p.start
-            and not (s.topic_id and p.topic_id and s.topic_id != p.topic_id)
-        }  # fmt: skip
-        if overlap:
-            publisher.discard(plan.plan_id, run_id)
-            where = ", ".join(f"{_fmt(k)} shown up to {shown[k].position}" for k in sorted(overlap))
-            return None, [_event(
-                "not_shown", f"run {run_id}: plan {plan.plan_id} overlaps what the feed's output already shows "
-                f"({where}); it was kept out so that no offset is shown twice. The group is committed at the plan's "
-                "ends: the ranges past the output's end are in no output (replay them into another output to read)",
-                ranges=_ranges(plan, overlap))]  # fmt: skip
-    manifest = (
-        already if already is not None else (publisher.promote(plan.plan_id, run_id) if plan.total_records else None)
-    )
+    if not shows_in_feed_output(plan) or not plan.total_records or publisher.published(plan.plan_id) is not None:
+        return None
+    shown = store.shown(plan.feed)
+    overlap = {
+        p.key for p in plan.partitions
+        if p.records and (s := shown.get(p.key)) is not None and s.position > p.start
+        and not (s.topic_id and p.topic_id and s.topic_id != p.topic_id)
+    }  # fmt: skip
+    if not overlap:
+        return None
+    where = ", ".join(f"{_fmt(k)} shown up to {shown[k].position}" for k in sorted(overlap))
+    return _event(
+        "not_shown", f"plan {plan.plan_id} overlaps what the feed's output already shows ({where}); it was kept out "
+        "so that no offset is shown twice. The group is committed at the plan's ends: the ranges past the output's "
+        "end are in no output (replay them into another output to read them)",
+        ranges=_ranges(plan, overlap))  # fmt: skip
+
+
+def show(plan: Plan, run_id: str, *, publisher: Publisher, store: CheckpointStore) -> Manifest | None:
+    """Promote run ``run_id``'s pending publication (idempotent), then advance the feed output's shown positions."""
+    manifest = publisher.published(plan.plan_id) if plan.total_records else None
+    if manifest is None and plan.total_records:
+        manifest = publisher.promote(plan.plan_id, run_id)
     if shows_in_feed_output(plan):
-        store.advance_shown(plan.feed, run_id, plan.ends(), ids)
-    return manifest, []
+        store.advance_shown(plan.feed, run_id, plan.ends(), plan_topic_ids(plan))
+    return manifest
 
 
 def settle_open_runs(
@@ -247,6 +254,7 @@ def settle_open_runs(
                                    connection=connection, progress=progress))  # fmt: skip
             except (OffsetsMovedError, GroupInUseError) as exc:
                 progress(f"run {row.run_id} cannot commit: {exc}")
-                done.append(Settled(row.run_id, "abandoned" if isinstance(exc, OffsetsMovedError) else "planned",
+                state: RunState = "abandoned" if isinstance(exc, OffsetsMovedError) else "planned"
+                done.append(Settled(row.run_id, plan.plan_id, state,
                                     events=(_event("commit_refused", str(exc), ranges=_ranges(plan)),)))  # fmt: skip
     return done

@@ -1,0 +1,379 @@
+"""The commit protocol, driven through every interleaving of its actors with a crash at every step.
+
+The model drives the real protocol code (:func:`tidemark.runs.protocol.settle`,
+:func:`~tidemark.runs.protocol.settle_open_runs`, :func:`tidemark.runs.commit.commit_plan`,
+the guard's :func:`~tidemark.job.guard.moved_since_planning` and the pure planner
+:func:`tidemark.planning.resolve.build_plan`) with an in-memory consumer group, checkpoint
+store and output, as pure logic may. Its actors, on one feed with two partitions:
+
+- two scheduled runs ``A`` and ``B`` and a committing run ``R`` over other ranges (capped, as
+  a committing replay of the next records is), each in two steps: *plan* (settle the
+  ledger's open runs, produce two records per partition, plan, record ``planned``, and
+  stage the publication, as the job does) and *commit* (``settle`` under the lock);
+- a foreign writer ``F`` (a stray consumer or an operator) that commits the group
+  two records further than it is, in one step.
+
+Every interleaving of those seven steps is run once without a crash, which records every
+point each actor passes where a process can die (before and after each write to the group,
+the store and the output); then the history is run again for each point with the actor
+crashing there (its later steps are skipped: the process is gone). After each step the
+output is checked (no offset shown twice; every shown plan's commit landed or the group is
+past it); after the history two more scheduled runs finish whatever was left, and then the
+feed must have made progress (the group and the output at the end of the log), and every
+offset below the group's position must be in the output or named by an event.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from tidemark._types import TopicPartition as TP
+from tidemark.checkpoints.store import OPEN_STATES, Checkpoint, LedgerRun, RunState, Shown
+from tidemark.errors import GroupInUseError, OffsetsMovedError
+from tidemark.kafka.adapter import Committed, GroupInfo
+from tidemark.output.parquet import Manifest
+from tidemark.planning.metadata import metadata_run_id
+from tidemark.planning.plan import Plan
+from tidemark.planning.resolve import Observed, PartitionSnapshot, PlanRequest, Policy, build_plan
+from tidemark.runs.protocol import settle, settle_open_runs
+
+FEED, GROUP, TOPIC = "model", "model-group", "t"
+TPS: tuple[TP, ...] = ((TOPIC, 0), (TOPIC, 1))
+TOPIC_ID = "topic-id-1"
+
+
+class Crash(BaseException):
+    """The acting process dies here (a BaseException: nothing tidies up after it)."""
+
+
+@dataclass
+class World:
+    """The group, the store and the output one history shares, and the crash it is told to make."""
+
+    end: dict[TP, int] = field(default_factory=lambda: dict.fromkeys(TPS, 0))  # the log's end per partition
+    group: dict[TP, Committed] = field(default_factory=dict)
+    landed: set[str] = field(default_factory=set)  # runs whose Kafka commit went through
+    checkpoints: dict[TP, Checkpoint] = field(default_factory=dict)
+    committed_runs: set[str] = field(default_factory=set)
+    ledger: dict[str, LedgerRun] = field(default_factory=dict)
+    shown_at: dict[TP, Shown] = field(default_factory=dict)
+    pending: dict[tuple[str, str], Plan] = field(default_factory=dict)  # (plan id, run id) -> plan
+    visible: dict[str, Plan] = field(default_factory=dict)  # plan id -> plan, as readers see the output
+    named: set[tuple[TP, int]] = field(default_factory=set)  # offsets an event names as not published
+    actor: str = ""
+    crash_at: tuple[str, int] | None = None  # (actor, n): crash at that actor's n-th crash point
+    passed: dict[str, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+
+    def point(self) -> None:
+        """A place where the acting process may die."""
+        n = self.passed.get(self.actor, 0)
+        self.passed[self.actor] = n + 1
+        if self.crash_at == (self.actor, n):
+            raise Crash(f"{self.actor} crashed at its point {n}")
+
+
+class MemKafka:
+    """The consumer group as the protocol sees it through :class:`~tidemark.kafka.adapter.KafkaAdapter`."""
+
+    def __init__(self, world: World) -> None:
+        self.w = world
+
+    def committed(self, group: str, tps: Iterable[TP]) -> dict[TP, Committed]:
+        return {tp: self.w.group.get(tp, Committed(None, "")) for tp in tps}
+
+    def describe_group(self, group: str) -> GroupInfo:
+        return GroupInfo(group, "empty", (), 1)
+
+    def topic_and_broker_configs(self, *_: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        return {}, {}
+
+    def alter_committed(self, group: str, offsets: Mapping[TP, tuple[int, str]]) -> dict[TP, Any]:
+        self.w.point()
+        for tp, (offset, metadata) in offsets.items():
+            self.w.group[tp] = Committed(offset, metadata)
+        self.w.landed.update(filter(None, (metadata_run_id(m) for _, m in offsets.values())))
+        self.w.point()
+        return dict.fromkeys(offsets)
+
+
+class MemStore:
+    """The checkpoint store's protocol in memory; every write is a crash point after it lands."""
+
+    def __init__(self, world: World) -> None:
+        self.w = world
+
+    def get(self, group: str, tps: Iterable[TP]) -> dict[TP, Checkpoint]:
+        return {tp: self.w.checkpoints[tp] for tp in tps if tp in self.w.checkpoints}
+
+    def put(self, group: str, plan_id: str, offsets: Mapping[TP, int], run_id: str,
+            topic_ids: Mapping[str, str] | None = None) -> None:  # fmt: skip
+        for tp, offset in offsets.items():
+            self.w.checkpoints[tp] = Checkpoint(offset, plan_id, "now", (topic_ids or {}).get(tp[0]))
+        self.w.committed_runs.add(run_id)
+        self.w.point()
+
+    def run_committed(self, group: str, run_id: str) -> bool:
+        return run_id in self.w.committed_runs
+
+    def plan_committer(self, group: str, plan_id: str) -> str | None:
+        return None
+
+    def commit_lock(self, group: str, timeout_s: float = 120.0) -> AbstractContextManager[None]:
+        @contextmanager
+        def held() -> Iterator[None]:
+            yield  # one actor acts at a time; a crash releases the lock as a dead holder's does
+
+        return held()
+
+    def set_run(self, group: str, run_id: str, *, feed: str, plan_id: str, state: RunState, run_dir: str,
+                detail: str | None = None) -> None:  # fmt: skip
+        self.w.ledger[run_id] = LedgerRun(group, run_id, feed, plan_id, state, run_dir, "now", detail)
+        self.w.point()
+
+    def run(self, group: str, run_id: str) -> LedgerRun | None:
+        return self.w.ledger.get(run_id)
+
+    def open_runs(self, feed: str) -> list[LedgerRun]:
+        return sorted((r for r in self.w.ledger.values() if r.state in OPEN_STATES), key=lambda r: r.run_id)
+
+    def shown(self, feed: str) -> dict[TP, Shown]:
+        return dict(self.w.shown_at)
+
+    def advance_shown(self, feed: str, run_id: str, ends: Mapping[TP, int], topic_ids: Mapping[str, str]) -> None:
+        for tp, end in ends.items():
+            old = self.w.shown_at.get(tp)
+            self.w.shown_at[tp] = Shown(end if old is None else max(old.position, end), topic_ids.get(tp[0]), run_id)
+        self.w.point()
+
+
+def _manifest(plan: Plan) -> Manifest:
+    return Manifest(plan.plan_id, plan.feed, plan.group, "mem", "now", plan.total_records, 0, (), ())
+
+
+class MemOutput:
+    """The feed's output: pending publications per run, and what readers see."""
+
+    kind = "memory"
+
+    def __init__(self, world: World) -> None:
+        self.w = world
+
+    def describe(self) -> str:
+        return "memory"
+
+    def published(self, plan_id: str) -> Manifest | None:
+        plan = self.w.visible.get(plan_id)
+        return None if plan is None else _manifest(plan)
+
+    def staged(self, plan_id: str, run_id: str) -> Manifest | None:
+        plan = self.w.pending.get((plan_id, run_id))
+        return None if plan is None else _manifest(plan)
+
+    def promote(self, plan_id: str, run_id: str) -> Manifest:
+        if plan_id in self.w.visible:
+            self.w.pending.pop((plan_id, run_id), None)
+            return _manifest(self.w.visible[plan_id])
+        plan = self.w.pending.pop((plan_id, run_id))
+        past = all(self.w.group.get(p.key, Committed(None, "")).offset or p.end <= 0 for p in plan.partitions)
+        if plan.commit and run_id not in self.w.landed and not past:
+            self.w.violations.append(f"plan {plan_id} of run {run_id} shown though its commit never landed")
+        self.w.visible[plan_id] = plan
+        self.w.point()
+        return _manifest(plan)
+
+    def discard(self, plan_id: str, run_id: str) -> Manifest | None:
+        plan = self.w.pending.pop((plan_id, run_id), None)
+        if plan is not None:
+            self.w.point()
+        return None if plan is None else _manifest(plan)
+
+
+@dataclass
+class Run:
+    """One run's process state between its two steps."""
+
+    name: str
+    cap: int | None
+    plan: Plan | None = None
+    run_id: str = ""
+    dead: bool = False
+
+
+class Model:
+    def __init__(self, world: World) -> None:
+        self.w = world
+        self.kafka, self.store, self.output = MemKafka(world), MemStore(world), MemOutput(world)
+        self.clock = itertools.count()
+        self.plans: dict[str, Plan] = {}  # run id -> the run's plan (its run dir's copy)
+
+    def _note(self, events: Iterable[Mapping[str, Any]]) -> None:
+        """Offsets the events name as in no output (the rule allows them below the group's position)."""
+        for event in events:
+            details = event.get("details") or {}
+            kind = event.get("kind")
+            if kind == "group_moved" and "start" in details:
+                tp = (str(event.get("topic")), int(event.get("partition")))  # type: ignore[arg-type]
+                self.w.named.update((tp, o) for o in range(int(details["start"]), int(details["end"])))
+            if kind in ("not_shown", "commit_refused"):
+                for r in details.get("ranges", ()):
+                    tp = (r["topic"], r["partition"])
+                    self.w.named.update((tp, o) for o in range(r["start"], r["end"]))
+
+    def plan_step(self, run: Run) -> None:
+        self.w.actor = run.name
+        for settled in settle_open_runs(FEED, self._load, store=self.store, kafka=self.kafka, group=GROUP):  # type: ignore[arg-type]
+            self._note(settled.events)
+        for tp in TPS:
+            self.w.end[tp] += 2
+        shown = self.store.shown(FEED)
+        snaps = []
+        for tp in TPS:
+            group, cp, sh = self.w.group.get(tp), self.w.checkpoints.get(tp), shown.get(tp)
+            snaps.append(PartitionSnapshot(
+                topic=tp[0], partition=tp[1], leader=1, log_start=0, high_watermark=self.w.end[tp],
+                last_stable=self.w.end[tp], topic_id=TOPIC_ID,
+                committed=None if group is None else group.offset,
+                committed_metadata="" if group is None else group.metadata,
+                checkpoint=None if cp is None else cp.offset, checkpoint_topic_id=None if cp is None else cp.topic_id,
+                shown=None if sh is None else sh.position, shown_topic_id=None if sh is None else sh.topic_id,
+            ))  # fmt: skip
+        policy = Policy(on_missing="earliest", max_records_per_run=run.cap)
+        request = PlanRequest(FEED, GROUP, policy, datetime(2026, 11, 26, tzinfo=UTC), commit=True)
+        plan = build_plan(request, Observed(snaps))
+        self._note(
+            {"kind": e.kind, "topic": e.topic, "partition": e.partition, "details": e.details} for e in plan.events
+        )
+        run.run_id = run_id = f"{next(self.clock):04d}-{run.name}"
+        run.plan = self.plans[run_id] = plan
+        self.store.set_run(GROUP, run_id, feed=FEED, plan_id=plan.plan_id, state="planned", run_dir=run_id)
+        if plan.total_records:
+            self.w.point()  # the job dies before staging
+            self.w.pending[(plan.plan_id, run_id)] = plan
+
+    def _load(self, row: LedgerRun) -> tuple[Plan, Any] | None:
+        plan = self.plans.get(row.run_id)
+        return None if plan is None else (plan, self.output)
+
+    def commit_step(self, run: Run) -> None:
+        self.w.actor = run.name
+        assert run.plan is not None
+        plan, run_id = run.plan, run.run_id
+        try:
+            settled = settle(plan, run_id, run_id, publisher=self.output, store=self.store, kafka=self.kafka)  # type: ignore[arg-type]
+        except (OffsetsMovedError, GroupInUseError):
+            return  # refused: discarded, never shown
+        self._note(settled.events)
+
+    def foreign_step(self) -> None:
+        """A stray consumer commits the group two records further (nothing of Tidemark's in the metadata)."""
+        for tp in TPS:
+            now = self.w.group.get(tp, Committed(None, "")).offset or 0
+            self.w.group[tp] = Committed(min(now + 2, self.w.end[tp]), "")
+
+    def check_output(self) -> None:
+        seen: dict[tuple[TP, int], str] = {}
+        for plan_id, plan in self.w.visible.items():
+            for p in plan.partitions:
+                for offset in range(p.start, p.end):
+                    if (p.key, offset) in seen:
+                        self.w.violations.append(f"{p.key}@{offset} shown by {seen[(p.key, offset)]} and {plan_id}")
+                    seen[(p.key, offset)] = plan_id
+
+
+def _steps() -> list[str]:
+    return ["A.plan", "A.commit", "B.plan", "B.commit", "R.plan", "R.commit", "F"]
+
+
+def interleavings() -> Iterator[tuple[str, ...]]:
+    """Every order of the seven steps in which each run plans before it commits."""
+    steps = _steps()
+    for order in itertools.permutations(steps):
+        if all(order.index(f"{r}.plan") < order.index(f"{r}.commit") for r in "ABR"):
+            yield order
+
+
+def run_history(order: tuple[str, ...], crash_at: tuple[str, int] | None) -> World:
+    world = World(crash_at=crash_at)
+    model = Model(world)
+    runs = {"A": Run("A", None), "B": Run("B", None), "R": Run("R", 1)}
+    for step in order:
+        if step == "F":
+            world.actor = "F"
+            model.foreign_step()
+        else:
+            name, what = step.split(".")
+            run = runs[name]
+            if run.dead:
+                continue
+            try:
+                if what == "plan":
+                    model.plan_step(run)
+                else:
+                    model.commit_step(run)
+            except Crash:
+                run.dead = True
+        model.check_output()
+    # Two more scheduled runs finish whatever the history left, then the feed must be whole.
+    world.crash_at = None
+    for name in ("N1", "N2"):
+        run = Run(name, None)
+        model.plan_step(run)
+        model.commit_step(run)
+        model.check_output()
+    for tp in TPS:
+        group_at = world.group[tp].offset
+        shown_at = world.shown_at.get(tp)
+        if group_at != world.end[tp] or shown_at is None or shown_at.position != world.end[tp]:
+            world.violations.append(f"{tp}: no progress: log end {world.end[tp]}, group {group_at}, shown {shown_at}")
+        visible = {o for plan in world.visible.values() for p in plan.partitions if p.key == tp
+                   for o in range(p.start, p.end)}  # fmt: skip
+        missing = [o for o in range(group_at or 0) if o not in visible and (tp, o) not in world.named]
+        if missing:
+            world.violations.append(f"{tp}: offsets {missing} below the group's position are in no output and no event")
+    return world
+
+
+def test_every_interleaving_with_a_crash_at_every_step_keeps_the_output_right() -> None:
+    orders = list(interleavings())
+    limit = int(os.environ.get("TIDEMARK_MODEL_ORDERS", "0")) or len(orders)
+    histories = 0
+    failures: list[str] = []
+    for order in orders[:limit]:
+        clean = run_history(order, None)
+        histories += 1
+        failures += [f"{order}, no crash: {v}" for v in clean.violations]
+        for actor, points in clean.passed.items():
+            if actor not in "ABR":
+                continue
+            for n in range(points):
+                world = run_history(order, (actor, n))
+                histories += 1
+                failures += [f"{order}, {actor} crashed at point {n}: {v}" for v in world.violations]
+    print(f"commit protocol model: {len(orders[:limit])} interleavings, {histories} histories checked")
+    assert not failures, f"{len(failures)} of {histories} histories broke the rule, e.g.:\n" + "\n".join(failures[:15])
+    assert histories > 10 * len(orders[:limit])  # crashes were really injected at many points
+
+
+def test_the_model_sees_a_refused_run_and_a_foreign_move() -> None:
+    """The model is not vacuous: a history where F moves the group between A's plan and commit refuses A."""
+    world = run_history(("A.plan", "F", "A.commit", "B.plan", "B.commit", "R.plan", "R.commit"), None)
+    states = sorted(r.state for r in world.ledger.values())
+    assert "abandoned" in states
+    assert world.named, "the foreign move's skipped range is named by an event"
+    assert not world.violations
+
+
+@pytest.mark.parametrize("point", range(12))
+def test_a_crash_after_the_kafka_commit_then_a_foreign_move_loses_nothing(point: int) -> None:
+    """Item 1 of the issue in the model: the Kafka commit lands, the run dies, a stray consumer moves the group."""
+    world = run_history(("A.plan", "A.commit", "F", "B.plan", "B.commit", "R.plan", "R.commit"), ("A", point))
+    assert not world.violations
