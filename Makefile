@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test test-extended lint unit integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
+.PHONY: install demo test test-extended lint unit model integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
 .PHONY: browser bench-view bench-observe airflow airflow-down
 
 $(STAMP):
@@ -61,6 +61,10 @@ faults-table: faults
 # The slow variant: many runs in a row with data arriving and failures injected (scenario 21).
 soak: install
 	TIDEMARK_SOAK_RUNS=$${TIDEMARK_SOAK_RUNS:-60} $(BIN)/pytest tests/faults -k soak -s --timeout 3600 $(PYTEST_ARGS)
+
+# The commit protocol's model test over every interleaving with a crash at every point (make test runs a sample).
+model: install
+	TIDEMARK_MODEL_ALL=1 $(BIN)/pytest tests/unit/runs/test_protocol_model.py -s $(PYTEST_ARGS)
 
 # Each listed breakage applied in a scratch copy, with the tests that must catch it (tests/mutants/run.py);
 # red when a mutant survives. Not part of `make test`. MUTANTS_ARGS: --only NAME..., --baseline, --keep.

@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 import traceback
+import uuid
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,8 +39,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidemark._types import TopicPartition as TP
 from tidemark.config.models import Feed, RecordPart, load_feed
-from tidemark.errors import ConfigError, TidemarkError
+from tidemark.errors import ConfigError, PublishError, TidemarkError
 from tidemark.faults import fault_point
 from tidemark.kafka.connection import KafkaConnection, from_env
 from tidemark.kafka.registry import RegistryClient, RegistryConnection
@@ -319,18 +321,25 @@ def _stage_validate_publish(
     def write(staged_df: DataFrame, *, by_spark: bool = False) -> DataFrame:
         """``staged_df`` written to the staging folder (a read of Kafka), and read back from there.
 
-        Staged by the read tasks themselves when they can (:func:`stage_in_read_tasks`), else by Spark."""
+        Staged by the read tasks themselves when they can (:func:`stage_in_read_tasks`), else by Spark.
+        Either way the records the reader produced are counted per partition as they pass, and
+        compared with the rows staged (:func:`check_staged_counts`)."""
         staged_schema = None
+        read: dict[TP, int] = {}
         if not by_spark:
-            staged_schema = stage_in_read_tasks(spark, plan, feed, connection, staged_df, schemas, staging, res)
+            staged_schema = stage_in_read_tasks(spark, plan, feed, connection, staged_df, schemas, staging, res, read)
         if staged_schema is None:
             res.staged_by = "spark"
-            parquet_writer(staged_df, "errorifexists").partitionBy(OUTCOME_COLUMN, "topic", "date").parquet(
+            counted, read_counts = counting_reads(staged_df, plan)
+            parquet_writer(counted, "errorifexists").partitionBy(OUTCOME_COLUMN, "topic", "date").parquet(
                 spark_path(staging.written_url)
             )
+            read = read_counts()
             staged_schema = staged_df.schema
         # Explicit schema: partition values are read back as written ("007" stays a string topic).
-        return spark.read.schema(staged_schema).parquet(spark_path(staging.written_url))
+        staged = spark.read.schema(staged_schema).parquet(spark_path(staging.written_url))
+        check_staged_counts(plan, read, staged, staging.written_url)
+        return staged
 
     staged_df, codes = staged_frame()
     # Before anything is staged: an Iceberg table that cannot take these columns refuses the run here.
@@ -408,6 +417,54 @@ def _stage_validate_publish(
     return manifest
 
 
+def counting_reads(source: DataFrame, plan: Plan) -> tuple[DataFrame, Callable[[], dict[TP, int]]]:
+    """``source`` observed as Spark reads it: how many records the reader produced per partition of ``plan``.
+
+    The counts come from the executors with the write's own job (Spark's observed metrics),
+    so they say what was read, whatever then reached the staging folder.
+    """
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    keys = [p.key for p in plan.partitions if p.end > p.start]
+    observation = Observation(f"tidemark-read-{uuid.uuid4().hex[:8]}")
+    hit = F.lit(1)
+    metrics = [F.sum(F.when((F.col("topic") == t) & (F.col("partition") == n), hit).otherwise(0)).alias(f"r{i}")
+               for i, (t, n) in enumerate(keys)]  # fmt: skip
+    if not metrics:
+        return source, dict
+    observed = source.observe(observation, *metrics)
+
+    def counts() -> dict[TP, int]:
+        got = observation.get
+        return {key: int(got.get(f"r{i}") or 0) for i, key in enumerate(keys)}
+
+    return observed, counts
+
+
+def check_staged_counts(plan: Plan, read: Mapping[TP, int], staged: DataFrame, where: str) -> None:
+    """Refuse a plan whose staged rows differ from the records the reader produced, per partition.
+
+    The broker explains records missing from a range (compaction, transaction markers,
+    aborted records): the reader never produces those. A record it produced and the staging
+    folder lacks is lost between the executors and the driver (a staging folder the
+    executors do not share, a file removed), and a surplus is a stray file: either fails.
+    """
+    from pyspark.sql import functions as F
+
+    rows = staged.groupBy("topic", "partition").agg(F.count(F.lit(1)).alias("n")).collect()
+    have = {(str(r["topic"]), int(r["partition"])): int(r["n"]) for r in rows}
+    wrong = [f"{p.topic}[{p.partition}] [{p.start}, {p.end}): read {read.get(p.key, 0)}, staged {have.get(p.key, 0)}"
+             for p in plan.partitions if read.get(p.key, 0) != have.get(p.key, 0)]  # fmt: skip
+    if wrong:
+        raise PublishError(
+            f"plan {plan.plan_id}: the rows staged in {where} differ from the records the reader produced "
+            f"({'; '.join(wrong)}). Nothing was published and offsets were not committed. If the executors run on "
+            "other machines, the staging folder must be shared with them (TIDEMARK_STAGING_DIR on a shared mount, or "
+            "staging on the object store); rerun once it is"
+        )
+
+
 def stage_in_read_tasks(
     spark: SparkSession,
     plan: Plan,
@@ -417,6 +474,7 @@ def stage_in_read_tasks(
     schemas: Mapping[str, RunSchemas],
     staging: Staging,
     res: JobResult,
+    read: dict[TP, int] | None = None,
 ) -> StructType | None:
     """Stage the plan's records in the read tasks (:mod:`tidemark.spark.arrow_avro`) when they can; the staged
     files' schema, or None (nothing staged: Spark's write stages them).
@@ -451,7 +509,7 @@ def stage_in_read_tasks(
     if isinstance(stage, str):
         print(f"tidemark job: staging with Spark: {stage}", file=sys.stderr)
         return None
-    gave_way = arrow_avro.stage_in_tasks(spark, plan, connection, stage, staging.root / PASS_DIR)
+    gave_way = arrow_avro.stage_in_tasks(spark, plan, connection, stage, staging.root / PASS_DIR, read)
     if gave_way is not None:
         print(f"tidemark job: the read tasks gave way to Spark's write: {gave_way}", file=sys.stderr)
         return None

@@ -39,7 +39,7 @@ from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.kafka.registry import RegistryConnection
 from tidemark.output.base import Publisher, publisher_for
-from tidemark.planning.plan import Mode, PartitionPlan, Plan, write_plan
+from tidemark.planning.plan import Event, Mode, PartitionPlan, Plan, write_plan
 from tidemark.planning.requests import (
     confine_output,
     flag,
@@ -306,6 +306,7 @@ def plan_run(
     params = dict(params or {})
     resumed = None
     checkpoints = _checkpoints(root, checkpoints)
+    settled_events: list[Event] = []
     if not flag(params, "dry_run"):
         # Every open run of the feed first (docs/ARCHITECTURE.md, "The commit protocol"): a
         # committed run is shown, a staged one committed and shown, a refused one discarded.
@@ -315,9 +316,14 @@ def plan_run(
         ):  # fmt: skip
             if settled.state == "shown":
                 resumed = settled.plan_id
-            for settled_event in settled.events:
-                progress(f"event {settled_event['kind']}: {settled_event['message']}")
+            settled_events += [
+                Event(kind=e["kind"], message=f"settling run {settled.run_id}: {e['message']}",
+                      details={**e["details"], "run_id": settled.run_id})
+                for e in settled.events
+            ]  # fmt: skip
     plan, _output, dry_run = plan_request(feed, KafkaAdapter(connection), checkpoints, mode, params)
+    if settled_events:  # in this run's report: what finishing the earlier runs found (not part of the plan id)
+        plan = replace(plan, events=(*settled_events, *plan.events))
     if plan.total_records and not dry_run and feed.deserialization.registry_parts:
         plan = replace(plan, readers=_planned_readers(feed, registry))
     run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{plan.plan_id[:8]}"

@@ -241,8 +241,9 @@ class CannotStage(Exception):
 
 def stage_task(
     index: int, task: ReadTask, client_config: Mapping[str, Any], plan: StagePlan, target: str
-) -> list[tuple[str, int]]:
-    """Read ``task``, decode and stage its records under ``target``; the files written (relative) and their rows.
+) -> tuple[list[tuple[str, int]], dict[tuple[str, int], int]]:
+    """Read ``task``, decode and stage its records under ``target``; the files written (relative) and their rows,
+    and the records the reader produced per partition (which the driver compares with the rows staged).
 
     Raises :class:`CannotStage` for records this path does not stage, and the reader's
     errors (:class:`tidemark.errors.ReadError`) as they come.
@@ -250,8 +251,9 @@ def stage_task(
     schema = staged_arrow_schema(plan)
     files: dict[tuple[str, int], _StagedFile] = {}
     attempt = uuid.uuid4().hex[:12]
+    read: dict[tuple[str, int], int] = {}
     try:
-        for (topic, day), table in decoded_tables(task, client_config, plan, schema):
+        for (topic, day), table in decoded_tables(task, client_config, plan, schema, read):
             if (topic, day) not in files:
                 values = (plan.ok, topic, _date(day))
                 folder = "/".join(f"{c}={v}" for c, v in zip(plan.partition_columns, values, strict=True))
@@ -265,7 +267,7 @@ def stage_task(
         for file in files.values():
             file.abandon()
         raise
-    return sorted((file.name, file.close()) for file in files.values())
+    return sorted((file.name, file.close()) for file in files.values()), read
 
 
 def staged_arrow_schema(plan: StagePlan) -> pa.Schema:
@@ -278,15 +280,30 @@ def staged_arrow_schema(plan: StagePlan) -> pa.Schema:
 
 
 def decoded_tables(
-    task: ReadTask, client_config: Mapping[str, Any], plan: StagePlan, schema: pa.Schema
+    task: ReadTask,
+    client_config: Mapping[str, Any],
+    plan: StagePlan,
+    schema: pa.Schema,
+    read: dict[tuple[str, int], int] | None = None,
 ) -> Iterator[tuple[tuple[str, int], pa.Table]]:
     """``task``'s records read, decoded and laid out as ``schema``: a table per read batch and (topic, UTC day).
 
     What :func:`stage_task` writes; the Avro benchmark's read-and-decode runner counts them.
+    ``read`` receives the records the reader produced per (topic, partition).
     """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from tidemark.spark.source import read_task
 
     for batch in read_task(task, client_config):
+        if read is not None and batch.num_rows:
+            pairs = pc.value_counts(pc.binary_join_element_wise(
+                pc.cast(batch.column("topic"), pa.string()), pc.cast(batch.column("partition"), pa.string()), "\x00"
+            ))  # fmt: skip
+            for item in pairs.to_pylist():
+                name, part = item["values"].split("\x00")
+                read[(name, int(part))] = read.get((name, int(part)), 0) + int(item["counts"])
         yield from _staged_tables(batch, plan, schema)
 
 
@@ -558,7 +575,12 @@ def _where(batch: pa.RecordBatch) -> str:
 
 
 def stage_in_tasks(
-    spark: SparkSession, plan: Plan, connection: KafkaConnection | None, stage: StagePlan, target: Path
+    spark: SparkSession,
+    plan: Plan,
+    connection: KafkaConnection | None,
+    stage: StagePlan,
+    target: Path,
+    read: dict[tuple[str, int], int] | None = None,
 ) -> str | None:
     """Read ``plan`` and stage its records under ``target`` in the read tasks (one Spark task each).
 
@@ -587,7 +609,12 @@ def stage_in_tasks(
     if reasons:
         shutil.rmtree(target, ignore_errors=True)
         return str(reasons[0])
-    written = {name for status, files in outcomes if status == "staged" for name, _ in files}
+    staged = [detail for status, detail in outcomes if status == "staged"]
+    written = {name for files, _ in staged for name, _ in files}
+    if read is not None:
+        for _, counted in staged:
+            for key, n in counted.items():
+                read[key] = read.get(key, 0) + n
     target.mkdir(parents=True, exist_ok=True)  # a plan whose ranges hold no record (markers only) stages nothing
     for leftover in [p for p in target.rglob(".*.tmp") if p.is_file()]:  # a failed attempt's, before its retry
         leftover.unlink()

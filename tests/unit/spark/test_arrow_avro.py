@@ -256,8 +256,9 @@ def test_a_task_stages_a_file_per_day_in_row_groups_its_memory_bounds(
     monkeypatch.setattr(arrow_avro, "ROW_GROUP_BYTES", buffered)  # what a task may buffer, all its files together
     task = ReadTask(3, 1, "p", "g", "read_committed", (Range("t", 0, 0, 600),))
 
-    files = arrow_avro.stage_task(3, task, {}, plan, str(tmp_path))
+    files, read = arrow_avro.stage_task(3, task, {}, plan, str(tmp_path))
 
+    assert read == {("t", 0): 600}  # what the reader produced, for the driver's comparison with what was staged
     assert [name for name, _ in files] == [
         f"_outcome=ok/topic=t/date={day}/part-00003-00{n}.parquet"
         for n, day in enumerate(("2024-10-04", "2024-10-05", "2024-10-06"))
