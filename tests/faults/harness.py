@@ -449,7 +449,7 @@ class FaultEnv:
         if os.environ.get("TIDEMARK_S3_ENDPOINT"):
             properties["s3.endpoint"] = os.environ["TIDEMARK_S3_ENDPOINT"]
         try:
-            table = load_catalog("oracle", **properties).load_table(self.iceberg)
+            table = load_catalog("tidemark", **properties).load_table(self.iceberg)  # the name is the catalog's key
         except NoSuchTableError:
             return rows
         data = table.scan(selected_fields=("topic", "partition", "offset", "value")).to_arrow()

@@ -161,9 +161,9 @@ MUTANTS = (
         (
             Edit(
                 "include/tidemark/output/iceberg.py",
-                "commit_files(table, paths, properties, self.table_name, evolve_to=decoded if changes else None)",
-                "commit_files(self.load() or table, paths, properties, self.table_name, "
-                "evolve_to=decoded if changes else None)",
+                'commit_files(table, list(doc["paths"]), doc["properties"], self.table_name, evolve_to=evolve_to)',
+                'commit_files(self.load() or table, list(doc["paths"]), doc["properties"], self.table_name, '
+                "evolve_to=evolve_to)",
             ),
         ),
         (
@@ -261,37 +261,89 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "refused-commit-keeps-its-publication",
-        "every offset at most once in the feed's output (a run whose commit was refused)",
+        "shown-before-the-commit",
+        "the output shows only what the group committed (the job shows its publication at once, as before the "
+        "commit protocol)",
         (
             Edit(
-                "include/tidemark/runs/pipeline.py",
-                "                    retracted = retract_refused(feed, handle, plan, checkpoints, str(exc))\n",
-                "                    retracted = None\n",
+                "include/tidemark/output/base.py",
+                "expect_quarantined=expect_quarantined, pending=run_id,",
+                "expect_quarantined=expect_quarantined, pending=None,",
             ),
         ),
-        ("tests/integration/test_feed_invariant.py::test_committing_replay_finishing_between_publish_and_commit",),
+        (
+            "tests/integration/runs/test_commit_protocol.py::test_a_reader_polling_a_race_never_sees_an_offset_twice",
+            "tests/integration/runs/test_pipeline.py::test_crash_between_publish_and_commit_is_finished_by_the_next_run",
+        ),
     ),
     Mutant(
-        "iceberg-plan-in-the-table-not-resumed",
-        "a run that finds a published but uncommitted plan finishes that commit first (an Iceberg plan whose "
-        "Kafka commit crashed; the table's history as the planner's fallback removed too)",
+        "output-overlap-unchecked",
+        "every offset at most once in the feed's output (a plan overlapping what the output shows is kept out)",
         (
             Edit(
-                "include/tidemark/runs/pipeline.py",
-                "    while (pending := pending_commit(feed, root, checkpoints)) is not None and pending.run_id not in "
-                "seen:",
-                "    while (pending := None) is not None:",
-            ),
-            Edit(
-                "include/tidemark/runs/gather.py",
-                'recover=(lambda: publisher_for(feed).positions(feed)) if mode == "scheduled" else None,',
-                "recover=None,",
+                "include/tidemark/runs/protocol.py",
+                "    if not shows_in_feed_output(plan) or not plan.total_records or publisher.published(plan.plan_id) "
+                "is not None:\n        return None",
+                "    if True:\n        return None",
             ),
         ),
         (
-            "tests/integration/test_feed_invariant.py"
-            "::test_iceberg_plan_in_the_table_but_not_committed_to_kafka_is_finished_once",
+            "tests/unit/runs/test_protocol_model.py"
+            "::test_an_operator_resetting_the_group_to_a_racing_runs_basis_shows_nothing_twice",
+            "tests/integration/runs/test_commit_protocol.py::test_an_operator_reset_to_a_racing_runs_offsets",
+        ),
+    ),
+    Mutant(
+        "rewound-group-followed",
+        "every offset at most once in the feed's output (a group an operator moved back starts at the output's end)",
+        (
+            Edit(
+                "include/tidemark/planning/resolve.py",
+                'moved_to = _Start(min(snap.shown, end), "shown")',
+                "moved_to = start",
+            ),
+        ),
+        ("tests/integration/runs/test_commit_protocol.py::test_a_group_rewound_by_an_operator_is_not_shown_twice",),
+    ),
+    Mutant(
+        "committed-crash-discarded",
+        "nothing a commit covered is deleted (a run whose Kafka commit landed before it died, the group then moved "
+        "on by another writer, is shown, not discarded)",
+        (Edit("include/tidemark/runs/protocol.py", "if was_committing and _group_past(plan, kafka):", "if False:"),),
+        (
+            "tests/integration/runs/test_commit_protocol.py"
+            "::test_a_crash_after_the_kafka_commit_then_a_stray_consumer_loses_no_committed_record",
+        ),
+    ),
+    Mutant(
+        "open-runs-not-settled",
+        "a run that finds a committed but not yet shown plan finishes it before planning anything new",
+        (
+            Edit(
+                "include/tidemark/runs/pipeline.py",
+                '    if not flag(params, "dry_run"):\n        # Every open run',
+                "    if False:\n        # Every open run",
+            ),
+        ),
+        (
+            "tests/integration/runs/test_pipeline.py::test_crash_between_publish_and_commit_is_finished_by_the_next_run",
+            "tests/integration/runs/test_commit_protocol.py"
+            "::test_a_crash_after_the_kafka_commit_then_a_stray_consumer_loses_no_committed_record",
+        ),
+    ),
+    Mutant(
+        "staged-counts-unchecked",
+        "nothing lost: the rows staged equal the records the reader produced, per partition",
+        (
+            Edit(
+                "include/tidemark/job/steps.py",
+                "        check_staged_counts(plan, read, staged, staging.written_url)\n",
+                "        pass\n",
+            ),
+        ),
+        (
+            "tests/integration/runs/test_commit_protocol.py"
+            "::test_a_staged_file_lost_before_validation_fails_the_run_instead_of_counting_gaps",
         ),
     ),
     Mutant(

@@ -40,7 +40,8 @@ def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytes
 
 def report_events(fenv: FaultEnv, kind: str) -> list[dict[str, Any]]:
     found = []
-    for report in sorted(Location.of(f"{fenv.root}/runs/{fenv.feed}").children(folders_only=True)):
+    runs = Location.of(f"{fenv.root}/runs/{fenv.feed}").children(folders_only=True)
+    for report in sorted(runs, key=lambda loc: loc.name):
         path = report / "report.json"
         if path.exists():
             found += [e for e in json.loads(path.read_text())["events"] if e.get("kind") == kind]
@@ -308,3 +309,27 @@ def test_a_staged_file_lost_before_validation_fails_the_run_instead_of_counting_
     _, _, outcome = fenv.run()
     assert outcome.committed and fenv.committed() == {0: 200, 1: 200, 2: 200}
     assert_output_is_the_scan(fenv)
+
+
+def test_an_operator_reset_to_a_racing_runs_offsets(fenv: FaultEnv) -> None:
+    """Two runs planned from the same offsets; the first is committed and shown; an operator resets the group to
+    exactly those offsets, so the second's compare-and-set passes. The output's own check keeps it out."""
+    fenv.produce(9)
+    fenv.run()  # group and output at 3
+    fenv.produce(6)
+    first = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)  # [3, 5)
+    fenv.produce(3)
+    second = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)  # [3, 6)
+    for handle in (first, second):
+        fenv.in_process(handle, fenv.kafka.connection)
+    commit_run(first, fenv.kafka.connection, root=fenv.root)
+    foreign_commit(fenv, 3)  # the reset
+    with pytest.raises(TidemarkError, match="no offset is shown twice"):
+        commit_run(second, fenv.kafka.connection, root=fenv.root)
+    assert fenv.committed() == {0: 6, 1: 6, 2: 6}
+    [kept_out] = report_events(fenv, "not_shown")
+    assert sorted((r["partition"], r["start"], r["end"]) for r in kept_out["details"]["ranges"]) == [
+        (0, 3, 6), (1, 3, 6), (2, 3, 6)
+    ]  # fmt: skip
+    assert fenv.published() == scan(fenv, 0, 5)
+    assert_output_is_the_scan(fenv, named=scan(fenv, 5, 6))
