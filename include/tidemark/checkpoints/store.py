@@ -126,6 +126,10 @@ class CheckpointStore(Protocol):
         """The runs of ``feed`` in an open state (planned, committing, committed), oldest first."""
         ...
 
+    def feed_has_runs(self, feed: str) -> bool:
+        """Whether the ledger knows any run of ``feed``."""
+        ...
+
     def shown(self, feed: str) -> dict[TP, Shown]:
         """Per partition, the end of what ``feed``'s output shows."""
         ...
@@ -266,6 +270,10 @@ class SqliteCheckpointStore:
                 (feed, *OPEN_STATES),
             ).fetchall()
         return [LedgerRun(*row) for row in rows]
+
+    def feed_has_runs(self, feed: str) -> bool:
+        with closing(self._connect()) as conn:
+            return conn.execute("SELECT 1 FROM runs WHERE feed = ? LIMIT 1", (feed,)).fetchone() is not None
 
     def shown(self, feed: str) -> dict[TP, Shown]:
         with closing(self._connect()) as conn:
@@ -498,6 +506,13 @@ class PostgresCheckpointStore:
         with self._begin("read the run ledger") as conn:
             rows = conn.execute(query, {"f": feed, "states": list(OPEN_STATES)}).all()
         return [LedgerRun(*row) for row in rows]
+
+    def feed_has_runs(self, feed: str) -> bool:
+        from sqlalchemy import text
+
+        with self._begin("read the run ledger") as conn:
+            row = conn.execute(text("SELECT 1 FROM tidemark_runs WHERE feed = :f LIMIT 1"), {"f": feed}).first()
+        return row is not None
 
     def shown(self, feed: str) -> dict[TP, Shown]:
         from sqlalchemy import text

@@ -1,4 +1,5 @@
-"""The job's guard before publishing: a committing plan whose group another writer moved is refused.
+"""The job's guard before publishing: a plan whose topic was recreated, or a committing plan whose group another
+writer moved, is refused.
 
 The commit applies the same check (:func:`moved_since_planning`) as its compare-and-set,
 so the job and the commit agree on what "moved" means.
@@ -44,6 +45,20 @@ def moved_since_planning(plan: Plan, run_id: str, current: Mapping[TP, Committed
     return moved, vanished
 
 
+def recreated_since_planning(plan: Plan, kafka: KafkaAdapter) -> list[str]:
+    """Topics of ``plan`` whose id is not the one the plan was made on: deleted and recreated since.
+
+    The plan's offsets belong to the old topic; read or committed on the new one, they would
+    be other records under the old topic's plan id.
+    """
+    planned = {p.topic: p.topic_id for p in plan.partitions if p.topic_id}
+    if not planned:
+        return []
+    now = {i.topic: i.topic_id for i in kafka.partitions(sorted(planned))}
+    return [f"'{t}' was {planned[t]} at planning, now {now.get(t) or 'gone'}" for t in sorted(planned)
+            if now.get(t) != planned[t]]  # fmt: skip
+
+
 def refuse_if_moved(plan: Plan, connection: KafkaConnection, run_id: str | None) -> None:
     """Before publishing: refuse a committing plan whose group another writer moved since planning.
 
@@ -52,9 +67,16 @@ def refuse_if_moved(plan: Plan, connection: KafkaConnection, run_id: str | None)
     publish. A cleared old Airflow run re-running its job is the usual case. The check
     narrows the window; the commit's refusal retracts what still slips through.
     """
+    kafka = KafkaAdapter(connection)
+    recreated = recreated_since_planning(plan, kafka)
+    if recreated:
+        raise OffsetsMovedError(
+            f"refusing to read plan {plan.plan_id}{f' (run {run_id})' if run_id else ''}: topics were deleted and "
+            f"recreated after planning ({'; '.join(recreated)}), so its offsets name other records now. Nothing was "
+            "read or published; plan again (run the feed again)"
+        )
     if not plan.commit or not plan.partitions:
         return
-    kafka = KafkaAdapter(connection)
     moved, _ = moved_since_planning(plan, run_id or "", kafka.committed(plan.group, [p.key for p in plan.partitions]))
     if moved:
         raise OffsetsMovedError(

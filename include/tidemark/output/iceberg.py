@@ -628,6 +628,7 @@ class IcebergPublisher:
             ranges = json.loads(summary.get(RANGES_KEY) or "[]")
             return RecoveredPosition(
                 ends={(str(r["topic"]), int(r["partition"])): int(r["end"]) for r in ranges},
+                topic_ids={str(r["topic"]): str(r["topic_id"]) for r in ranges if r.get("topic_id")},
                 source=f"Iceberg table {self.table_name}, snapshot {snapshot.snapshot_id} "
                 f"(plan {summary.get(PLAN_KEY)})",
                 details={

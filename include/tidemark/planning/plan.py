@@ -271,3 +271,4 @@ class RecoveredPosition:
     ends: Mapping[tuple[str, int], int]
     source: str  # for the event: where it was found (table, snapshot, plan)
     details: Mapping[str, Any] = field(default_factory=dict)
+    topic_ids: Mapping[str, str] = field(default_factory=dict)  # topic -> the id its ends were recorded on

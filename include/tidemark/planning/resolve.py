@@ -219,6 +219,8 @@ class Observed:
     partitions: Sequence[PartitionSnapshot]
     retention: RetentionInfo = field(default_factory=RetentionInfo)
     recovered: RecoveredPosition | None = None  # the output's history, asked when offsets and checkpoints are gone
+    # The run ledger knows runs of this feed: the group's position is no longer the feed's starting point.
+    feed_has_runs: bool = False
 
 
 # -- the pure planner --------------------------------------------------------------------
@@ -643,7 +645,7 @@ def build_plan(request: PlanRequest, observed: Observed) -> Plan:
     capped: set[TP] = set()
     for snap in sorted(snapshots, key=lambda s: s.key):
         end = snap.end_for(request.isolation)
-        start = _resolve_start(snap, request, observed.recovered, recreated, starts, end, events, refused)
+        start = _resolve_start(snap, request, observed, recreated, starts, end, events, refused)
         if start is None:
             continue
         retention_ms = observed.retention.topic_retention_ms.get(snap.topic)
@@ -678,7 +680,7 @@ def _requested_bounds(
 def _resolve_start(
     snap: PartitionSnapshot,
     request: PlanRequest,
-    recovered: RecoveredPosition | None,
+    observed: Observed,
     recreated: Mapping[str, tuple[str, str]],
     starts: Mapping[TP, int],
     end: int,
@@ -687,7 +689,7 @@ def _resolve_start(
 ) -> _Start | None:
     """One partition's start before the guards: requested, window, committed, checkpoint, table or reset."""
     name = f"{snap.topic}[{snap.partition}]"
-    policy, group = request.policy, request.group
+    policy, group, recovered = request.policy, request.group, observed.recovered
     if snap.key in starts:
         return _Start(starts[snap.key], "requested")
     if request.mode == "backfill":
@@ -708,7 +710,8 @@ def _resolve_start(
             return None
         return _reset_start(_forget_positions(snap), policy, end, events, refused.missing)
     if snap.committed is not None:
-        return _against_shown(snap, request, _Start(snap.committed, "committed"), end, events, refused)
+        start = _Start(snap.committed, "committed")
+        return _against_shown(snap, request, start, end, events, refused, observed.feed_has_runs)
     if snap.checkpoint is not None:
         events.append(
             _ev(
@@ -737,7 +740,13 @@ def _resolve_start(
 
 
 def _against_shown(
-    snap: PartitionSnapshot, request: PlanRequest, start: _Start, end: int, events: list[Event], refused: _Refusals
+    snap: PartitionSnapshot,
+    request: PlanRequest,
+    start: _Start,
+    end: int,
+    events: list[Event],
+    refused: _Refusals,
+    feed_has_runs: bool,
 ) -> _Start:
     """A scheduled start from the group's offset, compared with the end of what the feed's output shows.
 
@@ -747,6 +756,10 @@ def _against_shown(
     naming it; ``on_group_moved: fail`` refuses). Moved behind it: starting there would show
     ``[committed, shown)`` twice, so the run starts at ``shown`` (a ``group_rewound`` event;
     ``fail`` refuses). A different topic id means a recreated topic, handled before this.
+    Before the feed's first run (``feed_has_runs`` false: the ledger knows none) the group's
+    position is the feed's starting point, as a reset policy's would be; after it, a position
+    another client wrote while the output shows nothing of a partition names
+    ``[log start, committed)`` the same way.
     """
     if request.mode != "scheduled" or start.offset == snap.shown:
         return start
@@ -756,7 +769,7 @@ def _against_shown(
     if snap.shown is None:
         # The output shows nothing of this partition yet: a position another client wrote (an
         # adopted group, a stray consumer before the first run) leaves [log start, committed) out.
-        if metadata_run_id(snap.committed_metadata) is not None or start.offset <= snap.log_start:
+        if not feed_has_runs or metadata_run_id(snap.committed_metadata) is not None or start.offset <= snap.log_start:
             return start
         message = (f"{name}: the feed's output shows nothing of this partition yet and group '{request.group}' is "
                    f"at {start.offset}, written by {writer(snap.committed_metadata)}: [{snap.log_start}, "

@@ -39,7 +39,7 @@ from tidemark._types import TopicPartition as TP
 from tidemark.checkpoints.store import CheckpointStore
 from tidemark.errors import AuthorizationError, CommitError, GroupInUseError, KafkaUnavailableError, OffsetsMovedError
 from tidemark.faults import fault_point
-from tidemark.job.guard import moved_since_planning
+from tidemark.job.guard import moved_since_planning, recreated_since_planning
 from tidemark.kafka.adapter import Committed, GroupInfo, KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.planning.metadata import METADATA_MAX_BYTES, metadata_run_id, partition_metadata, plan_topic_ids
@@ -187,6 +187,13 @@ def commit_plan(
         return result("already_committed", notes=moved_on if since else ())
 
     _check_group_idle(kafka.describe_group(plan.group), plan)
+    recreated = recreated_since_planning(plan, kafka)
+    if recreated:
+        raise OffsetsMovedError(
+            f"refusing to commit plan {plan.plan_id} (run {run_id}) for group '{plan.group}': topics were deleted and "
+            f"recreated after planning ({'; '.join(recreated)}); the plan's offsets belong to the old topics. The "
+            "group's offsets are untouched; plan again"
+        )
     moved, vanished = moved_since_planning(plan, run_id, current)
     if moved:
         raise OffsetsMovedError(

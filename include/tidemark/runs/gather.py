@@ -75,6 +75,16 @@ def _within(found: int | None, end: int) -> int | None:
     return None if found is not None and found > end else found
 
 
+def _recovered_end(recovered: RecoveredPosition | None, tp: tuple[str, int], topic_id: str) -> int | None:
+    """The output's recorded end of ``tp``, unless it was recorded on another topic id (a recreated topic)."""
+    if recovered is None:
+        return None
+    recorded = recovered.topic_ids.get(tp[0])
+    if recorded and topic_id and recorded != topic_id:
+        return None
+    return recovered.ends.get(tp)
+
+
 def snapshot_feed(
     feed: Feed,
     adapter: KafkaAdapter,
@@ -161,7 +171,7 @@ def snapshot_feed(
                 ts_start_offset=_within(ts_start.get(tp), end),
                 ts_end_offset=_within(ts_end.get(tp), end),
                 ts_cut_end_offset=_within(ts_cut.get(tp), end),
-                table=recovered.ends.get(tp) if recovered is not None else None,
+                table=_recovered_end(recovered, tp, known.topic_id or ""),
             )
         )
     retention = RetentionInfo(
@@ -317,6 +327,6 @@ def plan_feed(
         replay=replay,
         time_filter=time_filter,
     )
-    plan = build_plan(request, Observed(chosen, snap.retention, snap.recovered))
+    plan = build_plan(request, Observed(chosen, snap.retention, snap.recovered, checkpoints.feed_has_runs(feed.name)))
     require_permissions(adapter, feed, snap, plan)
     return replace(plan, events=(*plan.events, *snap.notices)) if snap.notices else plan

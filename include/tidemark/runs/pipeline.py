@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidemark._types import TopicPartition as TP
 from tidemark.checkpoints.store import CheckpointStore, LedgerRun, open_store
 
 if TYPE_CHECKING:
@@ -218,24 +219,40 @@ def plan_request(
             **chosen,
         )  # fmt: skip
     if plan.commit and mode != "scheduled" and not dry_run:  # a dry run commits nothing: its plan is shown as asked
-        plan, output = committing_request(feed, plan, params), None
+        plan, output = committing_request(feed, plan, params, _output_positions(feed, checkpoints)), None
     if output is not None:
         plan = replace(plan, output=str(output))
     return plan, output, dry_run
 
 
-def committing_request(feed: Feed, plan: Plan, params: Mapping[str, Any]) -> Plan:
+def _output_positions(feed: Feed, checkpoints: CheckpointStore) -> dict[TP, int]:
+    """Where the feed's output ends per partition: the run ledger's shown positions, else an Iceberg table's record."""
+    shown = {tp: s.position for tp, s in checkpoints.shown(feed.name).items()}
+    if shown:
+        return shown
+    recovered = publisher_for(feed).positions(feed)
+    return dict(recovered.ends) if recovered is not None else {}
+
+
+def committing_request(
+    feed: Feed, plan: Plan, params: Mapping[str, Any], shown: Mapping[TP, int] | None = None
+) -> Plan:
     """A committing backfill or replay, checked: it moves the feed's group, so it is the feed's next run.
 
     The rule (``docs/ARCHITECTURE.md``, "The feed's output"): it publishes to the feed's own
     output (never only to ``.backfills``/``.replays``: the group must not move over records
-    that reached no output), and it starts where the group is. A start past the committed
-    offset would skip ``[committed, start)``: refused unless ``allow_gap`` is true, and then
-    each skipped range is an ``offsets_skipped`` event. A start before it (a rewind) would
-    publish offsets the output already holds, or move the group back so that the feed
-    publishes them again: always refused.
+    that reached no output), and it starts where the group is: the committed offset, else
+    the checkpoint, else where the feed's output ends (``shown``: the run ledger, or an
+    Iceberg table's recorded position); on a topic recreated since (a ``topic_recreated``
+    plan event) the old topic's position means nothing and the new topic's log start is
+    where it is. A start past that would skip ``[base, start)``: refused unless
+    ``allow_gap`` is true, and then each skipped range is an ``offsets_skipped`` event;
+    ``[base, log start)`` that retention deleted is the feed's ``on_data_loss`` to decide
+    (``fail`` refuses, ``skip`` names it as a ``data_loss`` event), as for scheduled runs. A
+    start before the base (a rewind) would publish offsets the output already holds, or
+    move the group back so that the feed publishes them again: always refused.
     """
-    from tidemark.errors import PlanningError
+    from tidemark.errors import DataLossError, PlanningError
     from tidemark.planning.plan import Event
 
     if params.get("output") not in (None, ""):
@@ -245,16 +262,34 @@ def committing_request(feed: Feed, plan: Plan, params: Mapping[str, Any]) -> Pla
             "run without commit to publish elsewhere"
         )
     allow_gap = flag(params, "allow_gap")
+    recreated = {e.topic for e in plan.events if e.kind == "topic_recreated"}
     rewinds: list[str] = []
     gaps: list[tuple[PartitionPlan, int]] = []
+    lost: list[tuple[PartitionPlan, int]] = []
     for p in plan.partitions:
-        base = p.committed if p.committed is not None else p.checkpoint
+        if p.topic in recreated:
+            base: int | None = p.log_start  # the old topic's offsets say nothing about the new one
+        else:
+            base = p.committed if p.committed is not None else p.checkpoint
+            if base is None:
+                base = (shown or {}).get(p.key)
         if base is None:
-            continue  # the group has no position yet: it starts by the feed's reset policy
+            continue  # the group has no position yet and the output holds nothing: the feed's reset policy
         if p.start < base:
             rewinds.append(f"{p.topic}[{p.partition}] starts at {p.start}, the group is at {base}")
-        elif p.start > max(base, p.log_start):  # below the log start, retention took them: a data_loss event
+            continue
+        named = any(e.kind == "data_loss" and (e.topic, e.partition) == p.key for e in plan.events)
+        if base < p.log_start and p.start >= p.log_start and not named:  # retention deleted [base, log start)
+            lost.append((p, base))
+        if p.start > max(base, p.log_start):
             gaps.append((p, max(base, p.log_start)))
+    if lost and feed.on_data_loss == "fail":
+        deleted = "; ".join(f"{p.topic}[{p.partition}] [{base}, {p.log_start})" for p, base in lost)
+        raise DataLossError(
+            f"a committing {plan.mode} of feed '{feed.name}' (group '{plan.group}') would commit past records "
+            f"retention deleted unread: {deleted}, and on_data_loss is fail. Set on_data_loss: skip to go on from the "
+            "log start (each lost range is then a data_loss event), or run it without commit"
+        )
     if rewinds:
         raise PlanningError(
             f"a committing {plan.mode} of feed '{feed.name}' (group '{plan.group}') would move the group back: "
@@ -268,7 +303,18 @@ def committing_request(feed: Feed, plan: Plan, params: Mapping[str, Any]) -> Pla
             f"output: {skipped}. Start it at the committed offsets, run it without commit, or set allow_gap "
             "(--allow-gap) to skip them on purpose (each skipped range is then an event in the report)"
         )
-    events = tuple(
+    losses = tuple(
+        Event(
+            kind="data_loss",
+            message=f"{p.topic}[{p.partition}]: offsets [{base}, {p.log_start}) were deleted by retention before "
+            f"they were read; the committing {plan.mode} goes on from the log start (on_data_loss: skip)",
+            topic=p.topic,
+            partition=p.partition,
+            details={"start": base, "end": p.log_start, "records": p.log_start - base},
+        )
+        for p, base in lost
+    )
+    events = losses + tuple(
         Event(
             kind="offsets_skipped",
             message=f"{p.topic}[{p.partition}]: offsets [{base}, {p.start}) ({p.start - base} records) are skipped "

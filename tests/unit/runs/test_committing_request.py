@@ -8,12 +8,14 @@ from typing import Any
 import pytest
 
 from tidemark.config.models import parse_feed
-from tidemark.errors import ConfigError, PlanningError
+from tidemark.errors import ConfigError, DataLossError, PlanningError
 from tidemark.planning.requests import ReplaySpec
 from tidemark.planning.resolve import Observed, PartitionSnapshot, PlanRequest, Policy, build_plan
 from tidemark.runs.pipeline import committing_request
 
 FEED = parse_feed("f", {"topics": ["t"], "group": "g", "output": "/tmp/tidemark-unit-out"}, "f.yaml")
+SKIPPING = parse_feed("f", {"topics": ["t"], "group": "g", "output": "/tmp/tidemark-unit-out", "on_data_loss": "skip"},
+                      "f.yaml")  # fmt: skip
 
 
 def plan(committed: int | None, spec: ReplaySpec, **snapshot: Any) -> Any:
@@ -50,8 +52,38 @@ def test_a_rewind_is_refused(spec: ReplaySpec) -> None:
 
 def test_retention_past_the_committed_offset_is_a_data_loss_event_not_a_gap() -> None:
     lost = plan(50, ReplaySpec(commit=True))  # the log starts at 100: retention took [50, 100)
-    checked = committing_request(FEED, lost, {})
-    assert checked.partitions[0].start == 100 and "data_loss" in [e.kind for e in checked.events]
+    checked = committing_request(SKIPPING, lost, {})
+    assert checked.partitions[0].start == 100 and [e.kind for e in checked.events].count("data_loss") == 1
+
+
+def test_a_replay_from_earliest_past_deleted_records_follows_on_data_loss() -> None:
+    """Item 5: group at 50, retention deleted to 100: ``--start-from earliest --commit`` used to pass silently."""
+    earliest = plan(50, ReplaySpec(start_from="earliest", commit=True))
+    with pytest.raises(DataLossError, match=r"t\[0\] \[50, 100\).*on_data_loss is fail"):
+        committing_request(FEED, earliest, {})
+    checked = committing_request(SKIPPING, earliest, {})
+    [event] = [e for e in checked.events if e.kind == "data_loss"]
+    assert dict(event.details) == {"start": 50, "end": 100, "records": 50}
+
+
+def test_a_recreated_topic_starts_where_the_new_topic_starts() -> None:
+    """Item 5: the old topic's committed 150 is no base on the new topic (ids differ): earliest is no rewind,
+    and a start past the new topic's log start skips records, refused without allow_gap."""
+    ids = {"topic_id": "new-id", "committed_metadata": '{"tidemark_run": "r", "topic_id": "old-id"}', "log_start": 0}
+    earliest = plan(150, ReplaySpec(start_from="earliest", commit=True), **ids)
+    assert committing_request(FEED, earliest, {}).partitions[0].start == 0
+    later = plan(150, ReplaySpec(start_from="offset", start_offset=100, commit=True), **ids)
+    with pytest.raises(PlanningError, match=r"t\[0\] \[0, 100\).*allow_gap"):
+        committing_request(FEED, later, {})
+
+
+def test_without_offsets_or_checkpoints_the_output_s_end_is_the_base() -> None:
+    """Item 5: no committed offset, no checkpoint, but the output ends at 150 (ledger or Iceberg table)."""
+    with pytest.raises(PlanningError, match=r"t\[0\] starts at 100, the group is at 150"):
+        committing_request(FEED, plan(None, ReplaySpec(start_from="earliest", commit=True)), {}, {("t", 0): 150})
+    with pytest.raises(PlanningError, match=r"t\[0\] \[150, 180\).*allow_gap"):
+        committing_request(FEED, plan(None, ReplaySpec(start_from="offset", start_offset=180, commit=True)), {},
+                           {("t", 0): 150})  # fmt: skip
 
 
 def test_an_output_elsewhere_and_a_non_boolean_allow_gap_are_refused() -> None:

@@ -38,7 +38,7 @@ import pytest
 from tidemark._types import TopicPartition as TP
 from tidemark.checkpoints.store import OPEN_STATES, Checkpoint, LedgerRun, RunState, Shown
 from tidemark.errors import GroupInUseError, OffsetsMovedError
-from tidemark.kafka.adapter import Committed, GroupInfo
+from tidemark.kafka.adapter import Committed, GroupInfo, PartitionInfo
 from tidemark.output.parquet import Manifest
 from tidemark.planning.metadata import metadata_run_id
 from tidemark.planning.plan import Plan
@@ -89,6 +89,9 @@ class MemKafka:
 
     def committed(self, group: str, tps: Iterable[TP]) -> dict[TP, Committed]:
         return {tp: self.w.group.get(tp, Committed(None, "")) for tp in tps}
+
+    def partitions(self, topics: Iterable[str]) -> list[PartitionInfo]:
+        return [PartitionInfo(t, p, 1, (1,), TOPIC_ID) for t, p in TPS if t in topics]
 
     def describe_group(self, group: str) -> GroupInfo:
         return GroupInfo(group, "empty", (), 1)
@@ -141,6 +144,9 @@ class MemStore:
 
     def run(self, group: str, run_id: str) -> LedgerRun | None:
         return self.w.ledger.get(run_id)
+
+    def feed_has_runs(self, feed: str) -> bool:
+        return bool(self.w.ledger)
 
     def open_runs(self, feed: str) -> list[LedgerRun]:
         return sorted((r for r in self.w.ledger.values() if r.state in OPEN_STATES), key=lambda r: r.run_id)
@@ -248,7 +254,7 @@ class Model:
             ))  # fmt: skip
         policy = Policy(on_missing="earliest", max_records_per_run=run.cap)
         request = PlanRequest(FEED, GROUP, policy, datetime(2026, 11, 26, tzinfo=UTC), commit=True)
-        plan = build_plan(request, Observed(snaps))
+        plan = build_plan(request, Observed(snaps, feed_has_runs=bool(self.w.ledger)))
         self._note(
             {"kind": e.kind, "topic": e.topic, "partition": e.partition, "details": e.details} for e in plan.events
         )
