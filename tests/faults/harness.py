@@ -394,7 +394,7 @@ class FaultEnv:
         feed's good records are the table's rows; its quarantined ones are the files of the
         sibling ``<output>.quarantine/plan_id=<id>/`` folders of the plans the table's history
         holds (the catalog commit is the commit point: a folder whose plan never reached the
-        table, or was retracted from it, is not published).
+        table, is not published).
         """
         if self.iceberg is not None and output is None:
             assert self.avro is None, "the fault oracle reads Avro feeds' Parquet output only"

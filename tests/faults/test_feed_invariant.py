@@ -31,39 +31,44 @@ def report_events(fenv: FaultEnv, kind: str) -> list[dict[str, Any]]:
     return found
 
 
-@scenario("23a", "A crashed run's publication, then a committing replay moves the group before the resume",
-          injected="a committing replay planned; a scheduled run publishes and crashes at commit.before; the "
-                   "replay publishes and commits; then the next scheduled run",
-          asserted="the resume's commit is refused, the crashed run's publication is retracted "
-                   "(publication_retracted event) before the next run plans; nothing twice; I1–I4")  # fmt: skip
+@scenario("23a", "A crashed run's staged publication, then a committing replay moves the group before the resume",
+          injected="a committing replay planned; a scheduled run stages and crashes at commit.before; the "
+                   "replay stages and commits; then the next scheduled run",
+          asserted="the crashed run's staged publication was never visible; the next run's settling of it is "
+                   "refused (a commit_refused event naming the run) and discards it; nothing twice; I1–I4")  # fmt: skip
 @ON_BOTH_SHAPES
-def test_crashed_publication_retracted_when_the_group_moved(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_crashed_staged_run_discarded_when_the_group_moved(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     fenv.produce(12)
     replay = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root, mode="replay",
                       params={"start_from": "committed", "commit": True})  # fmt: skip
     fenv.produce(6)
     monkeypatch.setenv(FAULTS_ENV, "commit.before")
     with pytest.raises(InjectedFault):
-        fenv.run()  # published [0, 6) on every partition, crashed before committing
+        fenv.run()  # staged [0, 6) on every partition, crashed before committing
     monkeypatch.delenv(FAULTS_ENV)
+    assert sum(fenv.published().values()) == 0  # staged, never shown
     fenv.in_process(replay, fenv.kafka.connection)
     commit_run(replay, fenv.kafka.connection, root=fenv.root)
     assert fenv.committed() == {0: 4, 1: 4, 2: 4}
     fenv.produce(3)
     nxt, _, _ = fenv.run()
     assert nxt.resumed is None and fenv.committed() == {0: 7, 1: 7, 2: 7}
-    [retracted] = report_events(fenv, "publication_retracted")
-    assert_names(retracted["message"], rf"{fenv.topic}\[0\] \[0, 6\)", "retracted", "twice")
-    fenv.check("test_crashed_publication_retracted_when_the_group_moved")
+    [refused] = report_events(fenv, "commit_refused")
+    assert_names(refused["message"], "settling run", rf"{fenv.topic}\[0\] plan saw none, group now at 4")
+    assert sorted((r["partition"], r["start"], r["end"]) for r in refused["details"]["ranges"]) == [
+        (0, 0, 6), (1, 0, 6), (2, 0, 6)
+    ]  # fmt: skip
+    fenv.check("test_crashed_staged_run_discarded_when_the_group_moved")
 
 
-@scenario("23b", "Two runs of one feed race; the loser's publication is retracted",
+@scenario("23b", "Two runs of one feed race; the loser's staged publication is discarded",
           injected="a CLI run and a scheduled run planned from the same offsets (more data in between); both "
-                   "jobs publish; the scheduled run commits first",
-          asserted="the CLI run's commit is refused naming the writer, its publication is retracted; the next "
-                   "run goes on from the winner's ends; nothing twice; I1–I4")  # fmt: skip
+                   "jobs stage; the scheduled run commits first",
+          asserted="the CLI run's commit is refused naming the writer (a commit_refused event); its publication "
+                   "was never visible and is discarded; the next run goes on from the winner's ends; nothing "
+                   "twice; I1–I4")  # fmt: skip
 @ON_BOTH_SHAPES
-def test_racing_runs_loser_retracted(fenv: FaultEnv) -> None:
+def test_racing_runs_loser_discarded(fenv: FaultEnv) -> None:
     fenv.produce(9)
     cli = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
     fenv.produce(6)
@@ -73,20 +78,21 @@ def test_racing_runs_loser_retracted(fenv: FaultEnv) -> None:
     commit_run(scheduled, fenv.kafka.connection, root=fenv.root)
     with pytest.raises(OffsetsMovedError) as refused:
         commit_run(cli, fenv.kafka.connection, root=fenv.root)
-    assert_names(str(refused.value), scheduled.run_id, rf"{fenv.topic}\[\d\] plan saw none, group now at 5",
-                 f"plan {cli.plan_id} of run {cli.run_id} was retracted")  # fmt: skip
-    fenv.check("test_racing_runs_loser_retracted")
+    assert_names(str(refused.value), scheduled.run_id, rf"{fenv.topic}\[\d\] plan saw none, group now at 5")
+    [event] = report_events(fenv, "commit_refused")
+    assert_names(event["message"], f"run {cli.run_id} was refused", "discarded")
+    fenv.check("test_racing_runs_loser_discarded")
     fenv.produce(3)
     fenv.run()
     assert fenv.committed() == {0: 6, 1: 6, 2: 6}
-    fenv.check("test_racing_runs_loser_retracted")
+    fenv.check("test_racing_runs_loser_discarded")
 
 
 @scenario("23c", "A cleared old DAG run re-runs its job after later runs committed",
           injected="a run planned whose job never ran; two later runs commit; the old run's job and commit run "
                    "again with the old plan",
-          asserted="the job refuses to publish (the group moved since planning) naming partition and offsets; "
-                   "the commit refuses an unpublished plan; nothing twice; I1–I4")  # fmt: skip
+          asserted="the job refuses to stage (the group moved since planning) naming partition and offsets; "
+                   "the commit refuses an unstaged plan; nothing twice; I1–I4")  # fmt: skip
 @ON_BOTH_SHAPES
 def test_cleared_old_run_does_not_publish(fenv: FaultEnv) -> None:
     fenv.produce(9)
@@ -99,7 +105,7 @@ def test_cleared_old_run_does_not_publish(fenv: FaultEnv) -> None:
         fenv.in_process(old, fenv.kafka.connection)
     assert_names(str(refused.value), rf"{fenv.topic}\[\d\] plan saw none, group now at 5", "Nothing was published",
                  "Plan again")  # fmt: skip
-    with pytest.raises(TidemarkError, match="has not published"):
+    with pytest.raises(TidemarkError, match="has not staged"):
         commit_run(old, fenv.kafka.connection, root=fenv.root)
     fenv.check("test_cleared_old_run_does_not_publish")
 

@@ -437,10 +437,10 @@ def test_live_consumer_and_offsets_moved(fenv: FaultEnv) -> None:
 
 @scenario("11", "Overlapping runs of one feed: scheduled run, backfill and replay at once",
           injected="a scheduled run, a committing backfill and a committing replay planned from the same group "
-                   "offsets before any of them commits; their jobs all publish",
+                   "offsets before any of them commits; their jobs all stage",
           asserted="exactly one commits (offset metadata names it), the others are refused naming the run that "
-                   "moved the offsets and retract what they published; the feed's output holds the winner's plan "
-                   "once; I1–I4")  # fmt: skip
+                   "moved the offsets and discard what they staged, never visible; the feed's output holds the "
+                   "winner's plan once; I1–I4")  # fmt: skip
 @ON_BOTH_SHAPES
 def test_overlapping_runs_exactly_one_commits(fenv: FaultEnv) -> None:
     fenv.produce(12)
@@ -463,7 +463,7 @@ def test_overlapping_runs_exactly_one_commits(fenv: FaultEnv) -> None:
         assert_names(str(err.value), scheduled.run_id, rf"{fenv.topic}\[\d\]", "Plan again")
     got = fenv.kafka.adapter.committed(fenv.group, fenv.tps())
     assert {metadata_run_id(c.metadata) for c in got.values()} == {scheduled.run_id}
-    # The committing backfill and replay published into the feed's output; refused, they retracted it.
+    # The committing backfill and replay staged for the feed's output; refused, they were never shown.
     assert sum(fenv.published().values()) == 12
     fenv.produce(3)
     nxt, _, _ = fenv.run()  # the refused runs are not left pending: the next run just goes on
