@@ -65,7 +65,8 @@ def refuse_if_moved(plan: Plan, connection: KafkaConnection, run_id: str | None)
     Such a plan can never commit (the commit's compare-and-set would refuse it), and its
     publication would overlap whatever the group's new position leads the next run to
     publish. A cleared old Airflow run re-running its job is the usual case. The check
-    narrows the window; the commit's refusal retracts what still slips through.
+    narrows the window; the commit's compare-and-set refuses what still slips through, and its staged
+    publication is discarded, never having been visible.
     """
     kafka = KafkaAdapter(connection)
     recreated = recreated_since_planning(plan, kafka)

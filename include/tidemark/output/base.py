@@ -2,7 +2,7 @@ r"""Where a plan is published: the one place that knows a feed's output kind (Pa
 
 The job, the pipeline and the DAGs ask a :class:`Publisher` three things and never look
 at the feed's ``output_format``: *is this plan already published?* (:meth:`Publisher.published`,
-the idempotence check of a rerun and of ``pending_commit``), *publish what the job
+the idempotence check of a rerun and of the commit protocol), *publish what the job
 staged* (:meth:`Publisher.new_staging` then :meth:`Publisher.publish_staged`), *what
 position does the output's own history give for a group* (:meth:`Publisher.positions`,
 the planner's last resort when Kafka's offsets and the checkpoint store are both gone),

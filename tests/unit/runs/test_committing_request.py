@@ -91,3 +91,14 @@ def test_an_output_elsewhere_and_a_non_boolean_allow_gap_are_refused() -> None:
         committing_request(FEED, plan(150, ReplaySpec(commit=True)), {"output": "/elsewhere"})
     with pytest.raises(ConfigError, match="parameter 'allow_gap'"):
         committing_request(FEED, plan(150, ReplaySpec(commit=True)), {"allow_gap": "yes"})
+
+
+def test_after_the_group_s_offsets_expired_the_checkpoint_is_the_base() -> None:
+    """The group's offsets expired (none committed), Tidemark's checkpoint says 150: a rewind and a gap are still
+    measured from it, not waved through as a group with no position."""
+    with pytest.raises(PlanningError, match=r"t\[0\] starts at 100, the group is at 150"):
+        committing_request(FEED, plan(None, ReplaySpec(start_from="earliest", commit=True), checkpoint=150), {})
+    with pytest.raises(PlanningError, match=r"t\[0\] \[150, 170\).*allow_gap"):
+        committing_request(
+            FEED, plan(None, ReplaySpec(start_from="offset", start_offset=170, commit=True), checkpoint=150), {}
+        )
