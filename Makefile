@@ -67,7 +67,7 @@ model: install
 	TIDEMARK_MODEL_ALL=1 $(BIN)/pytest tests/unit/runs/test_protocol_model.py -s $(PYTEST_ARGS)
 
 # Each listed breakage applied in a scratch copy, with the tests that must catch it (tests/mutants/run.py);
-# red when a mutant survives. Not part of `make test`. MUTANTS_ARGS: --only NAME..., --baseline, --keep.
+# red when a mutant survives. Not part of `make test`. MUTANTS_ARGS: --only NAME..., --no-baseline, --keep. The unbroken baseline runs first.
 mutants: install
 	$(BIN)/python -m tests.mutants.run $(MUTANTS_ARGS)
 

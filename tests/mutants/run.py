@@ -6,10 +6,13 @@ exact text replacements in one or two files. For each, the runner copies the wor
 breakage there (it refuses to run a mutant whose text is not found exactly once: a
 breakage that no longer applies is reported, never skipped), and runs only the tests
 that must catch it, with the scratch copy's ``tidemark`` first on the path (checked).
-A mutant is *caught* when at least one of its tests fails. The table lists every mutant,
-the tests that went red, and caught yes/no; the exit code is non-zero when any mutant
-survived, did not apply or ran none of its tests. ``--baseline`` first runs every
-selected test on an unbroken copy: a test red there proves nothing.
+A mutant is *caught* when at least one of its tests *fails* (an assertion about behaviour):
+a test that errors (a fixture that could not start, an import that broke) proves nothing
+about the guarantee, so it is listed apart and does not count. The table lists every
+mutant, the tests that failed, those that errored, and caught yes/no; the exit code is
+non-zero when any mutant survived, did not apply or ran none of its tests. Every selected
+test first runs on an unbroken copy (the baseline; ``--no-baseline`` skips it): a test
+red there proves nothing, and the run stops.
 
 Tests that start and stop brokers (``tests/faults``) start their own cluster, so the
 runner drops ``TIDEMARK_TEST_KAFKA_HOME`` for a mutant that selects any of them.
@@ -32,7 +35,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -398,6 +401,7 @@ class Outcome:
     tests: list[str]
     red: list[str]
     passed: list[str]
+    errored: list[str] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
 
@@ -440,8 +444,8 @@ def environment(target: Path, tests: tuple[str, ...]) -> dict[str, str]:
 
 def run_tests(
     target: Path, tests: tuple[str, ...], report: Path, timeout_s: int | None = None
-) -> tuple[list[str], list[str]]:
-    """(red, passed) node ids of one pytest run in ``target``."""
+) -> tuple[list[str], list[str], list[str]]:
+    """(failed, passed, errored) node ids of one pytest run in ``target``."""
     env = environment(target, tests)
     where = subprocess.run(
         [sys.executable, "-c", "import tidemark; print(tidemark.__file__)"],
@@ -455,13 +459,16 @@ def run_tests(
     subprocess.run(cmd, cwd=target, env=env, check=False)
     red: list[str] = []
     passed: list[str] = []
+    errored: list[str] = []
     for case in ET.parse(report).getroot().iter("testcase"):
         name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
-        if case.find("failure") is not None or case.find("error") is not None:
+        if case.find("error") is not None:
+            errored.append(name)  # setup or teardown broke: says nothing about the guarantee
+        elif case.find("failure") is not None:
             red.append(name)
         elif case.find("skipped") is None:
             passed.append(name)
-    return red, passed
+    return red, passed, errored
 
 
 def run_mutant(mutant: Mutant | None, tests: tuple[str, ...], keep: bool) -> Outcome:
@@ -474,8 +481,8 @@ def run_mutant(mutant: Mutant | None, tests: tuple[str, ...], keep: bool) -> Out
         if mutant is not None:
             apply(scratch, mutant.edits)
         timeout_s = mutant.timeout_s if mutant else None
-        outcome.red, outcome.passed = run_tests(scratch, tests, scratch / "junit.xml", timeout_s)
-        if not outcome.red and not outcome.passed:
+        outcome.red, outcome.passed, outcome.errored = run_tests(scratch, tests, scratch / "junit.xml", timeout_s)
+        if not outcome.red and not outcome.passed and not outcome.errored:
             outcome.error = "none of its tests ran"
     except (RuntimeError, subprocess.CalledProcessError, ET.ParseError, OSError) as exc:
         outcome.error = str(exc)
@@ -489,30 +496,31 @@ def run_mutant(mutant: Mutant | None, tests: tuple[str, ...], keep: bool) -> Out
 
 
 def table(outcomes: list[Outcome]) -> str:
-    rows = ["| mutant | breaks | red tests | caught | s |", "|---|---|---|---|---:|"]
+    rows = ["| mutant | breaks | failed tests | errored (not counted) | caught | s |", "|---|---|---|---|---|---:|"]
     for o in outcomes:
         red = ", ".join(f"`{t}`" for t in o.red) or "none"
+        errored = ", ".join(f"`{t}`" for t in o.errored) or "none"
         verdict = f"NO ({o.error})" if o.error else ("yes" if o.red else "NO (survived)")
-        rows.append(f"| {o.mutant} | {o.breaks} | {red} | {verdict} | {o.seconds:.0f} |")
+        rows.append(f"| {o.mutant} | {o.breaks} | {red} | {errored} | {verdict} | {o.seconds:.0f} |")
     return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--only", nargs="*", help="run only these mutants (by name)")
-    parser.add_argument("--baseline", action="store_true", help="first run the selected tests on an unbroken copy")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the run of the selected tests unbroken")
     parser.add_argument("--keep", action="store_true", help="keep the scratch copies")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
     unknown = set(args.only or ()) - {m.name for m in MUTANTS}
     if unknown:
         parser.error(f"no mutant named {sorted(unknown)}; known: {[m.name for m in MUTANTS]}")
-    if args.baseline:
+    if not args.no_baseline:
         tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
         base = run_mutant(None, tests, args.keep)
-        if base.red or base.error:
+        if base.red or base.errored or base.error:
             print(table([base]))
-            print(f"baseline not green: {base.red or base.error}; fix that first")
+            print(f"baseline not green: {base.red or base.errored or base.error}; fix that first")
             return 2
     outcomes = [run_mutant(m, m.tests, args.keep) for m in chosen]
     print()
