@@ -191,6 +191,16 @@ def test_a_reader_polling_a_race_never_sees_an_offset_twice(fenv: FaultEnv) -> N
     assert_output_is_the_scan(fenv)
 
 
+def test_a_reader_polling_a_race_on_iceberg_never_sees_an_offset_twice(fenv: FaultEnv) -> None:
+    """Item 3 on an Iceberg table: a reader scanning the table while two runs and a committing replay race."""
+    fenv.use_iceberg("tidemark.polled")
+    seen = race_two_runs_and_a_committing_replay(fenv)
+    assert len(seen) > 3, "the reader polled during the race"
+    for state in seen:
+        assert not [r for r, n in state.items() if n > 1]
+    assert_output_is_the_scan(fenv)
+
+
 @pytest.mark.usefixtures("s3")
 def test_a_reader_polling_a_race_on_s3_never_sees_an_offset_twice(
     kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres: str
@@ -333,3 +343,59 @@ def test_an_operator_reset_to_a_racing_runs_offsets(fenv: FaultEnv) -> None:
     ]  # fmt: skip
     assert fenv.published() == scan(fenv, 0, 5)
     assert_output_is_the_scan(fenv, named=scan(fenv, 5, 6))
+
+
+def test_a_committing_replay_past_records_retention_deleted_follows_on_data_loss(fenv: FaultEnv) -> None:
+    """Item 5: group at 3, records deleted to 6: ``--start-from earliest --commit`` under ``on_data_loss: fail``
+    used to move the group to the end with no event; now it is refused, and under ``skip`` it names the loss."""
+    fenv.produce(9)
+    fenv.run()
+    fenv.produce(18)  # offsets 3..8
+    fenv.kafka.adapter.delete_records({(fenv.topic, p): 6 for p in range(fenv.partitions)})
+    with pytest.raises(TidemarkError, match=r"\[3, 6\).*on_data_loss is fail"):
+        fenv.run("replay", {"start_from": "earliest", "commit": True})
+    assert fenv.committed() == {0: 3, 1: 3, 2: 3}
+    fenv.write_feed(on_data_loss="skip")
+    fenv.run("replay", {"start_from": "earliest", "commit": True})
+    assert fenv.committed() == {0: 9, 1: 9, 2: 9}
+    lost = report_events(fenv, "data_loss")
+    assert sorted((e["partition"], e["details"]["start"], e["details"]["end"]) for e in lost) == [
+        (0, 3, 6), (1, 3, 6), (2, 3, 6)
+    ]  # fmt: skip
+    committed = fenv.committed()
+    expected = scan(fenv, 0, 3) + oracle(
+        fenv.kafka.connection, {(fenv.topic, p): (6, c or 0) for p, c in committed.items()}
+    )
+    assert fenv.published() == expected  # [3, 6) is gone from Kafka and named by the events
+
+
+def test_a_committing_replay_on_a_recreated_topic_starts_at_the_new_topic(fenv: FaultEnv) -> None:
+    """Item 5: on a topic recreated with fewer records, ``--start-from earliest --commit`` was refused as a rewind
+    and ``--start-offset 1 --commit`` skipped the new topic's first record silently."""
+    from tests.integration.runs.test_topic_identity import recreate
+
+    fenv.produce(30)
+    fenv.run()  # the old topic: group at 10
+    recreate(fenv)
+    fenv.produce(9)  # the new topic: 3 per partition
+    with pytest.raises(TidemarkError, match=r"\[0, 1\).*allow_gap"):
+        fenv.run("replay", {"start_from": "offset", "start_offset": 1, "commit": True})
+    handle, _, outcome = fenv.run("replay", {"start_from": "earliest", "commit": True})
+    assert outcome.committed and {p.start for p in handle.plan().partitions} == {0}
+    assert fenv.committed() == {0: 3, 1: 3, 2: 3}
+    new_records = scan(fenv, 0, 3)
+    assert new_records <= fenv.published()  # the new topic's records, once
+
+
+def test_a_topic_recreated_between_planning_and_the_read_is_refused(fenv: FaultEnv) -> None:
+    """Item 5: the plan's offsets belong to the old topic; the job refuses to read them from the new one."""
+    from tests.integration.runs.test_topic_identity import recreate
+
+    fenv.produce(9)
+    handle = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    recreate(fenv)
+    fenv.produce(9)
+    with pytest.raises(OffsetsMovedError, match="deleted and recreated after planning") as refused:
+        fenv.in_process(handle, fenv.kafka.connection)
+    assert f"'{fenv.topic}' was {handle.plan().partitions[0].topic_id} at planning" in str(refused.value)
+    assert fenv.published() == Counter() and fenv.committed() == {0: None, 1: None, 2: None}
