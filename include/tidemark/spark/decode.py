@@ -10,7 +10,7 @@ fields as typed, possibly nested columns; :mod:`tidemark.spark.avro`,
 first); keys are UTF-8 strings unless ``key_format`` is ``bytes`` or a registry format
 (the key's reader schema as one typed ``key`` column: a struct, or a scalar for a primitive
 Avro schema). Decoding is done with Spark's own column functions (JVM speed, no Python per
-record; Protobuf alone is parsed in the Python workers, over Arrow batches) and splits the
+record; Protobuf and JSON Schema are parsed in the Python workers, over Arrow batches) and splits the
 records in two: ``good`` carries the decoded columns; ``bad`` carries the raw record plus
 ``decode_error``, the first reason it failed. No record is dropped: every input row is in
 exactly one of the two.
@@ -21,7 +21,8 @@ not valid UTF-8 (when decoded as text); a JSON value that does not parse, is not
 object, or has a field of the wrong type (strings accept any scalar, as Spark's JSON
 reader does); a required field that is missing or null; a null value (tombstone) when
 the declared schema has required fields; a registry-format key or value that does not
-decode against its schema (:func:`registry_reasons`), and a null registry-format value.
+decode against its schema (:func:`registry_reasons`; JSON Schema's name the field and the rule), and a null
+registry-format value.
 """
 
 from __future__ import annotations
