@@ -664,7 +664,8 @@ class RecordChecker:
         try:
             values = self.values(doc)
         except _Unfit as unfit:
-            return {REASON: _unfit_reason(self.part, unfit.path, unfit.type)}
+            why = _unfit_reason(self.part, unfit.path, unfit.type)
+            return {REASON: why if why in self.known else _invalid_reason(self.part, READER)}
         return {**values, REASON: None}
 
 

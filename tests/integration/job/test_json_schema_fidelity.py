@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import KafkaTestCluster
 from tests.integration.job.test_avro import env_of
 from tests.integration.job.test_registry_formats import RegistryEnv
+from tidemark.spark.json_schema import REASON
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -235,3 +239,46 @@ def test_json_schema_record_is_published_as_jsonschema_reads_it_or_quarantined_n
     assert reasons.keys() == bad.keys(), case.red_before
     assert [k for k, why in reasons.items() if bad[k] not in why] == [], reasons
     assert env.committed() == {0: sum(1 for k in expected if k[0] == 0), 1: sum(1 for k in expected if k[0] == 1)}
+
+
+E2E_EXAMPLES = int(os.environ.get("TIDEMARK_DIFF_E2E_EXAMPLES", "2"))
+E2E_RECORDS = 120
+
+
+@settings(max_examples=E2E_EXAMPLES, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))  # fmt: skip
+@given(data=st.data())
+def test_differential_generated_schemas_end_to_end_publish_what_jsonschema_accepts(
+    data: Any, kafka: KafkaTestCluster, registry: str, spark: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Generated schemas of every draft, each with many generated records (edge values, corrupted bodies), through a
+    whole run: what is published and what is quarantined agree with the oracle over the ``read_committed`` scan."""
+    from confluent_kafka.schema_registry import Schema
+
+    from tests.unit.spark import test_json_schema_fidelity as diff
+
+    schema, shape = data.draw(diff.schemas())
+    bodies = [diff._body(data.draw, data.draw(diff.instances(shape))) for _ in range(E2E_RECORDS)]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        env = env_of(FidelityEnv, kafka, registry, tmp_path_factory.mktemp("diff"), spark, monkeypatch)
+        schema_id = env.sr.register_schema(f"{env.topic}-value", Schema(json.dumps(schema), "JSON"))
+        env.write_feed(format="json_schema")
+        prefix = b"\x00" + schema_id.to_bytes(4, "big")
+        for partition in range(2):
+            env.produce([prefix + body for body in bodies[partition::2]], partition)
+
+        env.run()
+
+        reference = diff.oracle_validator(schema)
+        scanned = env.scan_with(lambda v: diff.oracle(reference, shape, v[5:]))
+        published = {k: _as_read({c: r[c] for c in schema["properties"]}) for k, r in env.published().items()}
+        reasons = {
+            (q["partition"], q["offset"]): q["_reason"].removeprefix("decode_error: ") for q in env.quarantined()
+        }
+    assert len(scanned) == E2E_RECORDS and published.keys() | reasons.keys() == scanned.keys()
+    for k, (verdict, expected) in scanned.items():
+        got = {**published[k], REASON: None} if k in published else {REASON: reasons[k]}
+        diff.assert_same_verdict(verdict, expected, got, (schema, k))
+    diff.COUNTS["e2e_schemas"] = diff.COUNTS.get("e2e_schemas", 0) + 1
+    diff.COUNTS["e2e_records"] = diff.COUNTS.get("e2e_records", 0) + len(scanned)
+    print(f"\njson_schema differential end to end: {diff.COUNTS}")  # the run's note needs the counts
