@@ -242,7 +242,7 @@ def test_json_schema_record_is_published_as_jsonschema_reads_it_or_quarantined_n
 
 
 E2E_EXAMPLES = int(os.environ.get("TIDEMARK_DIFF_E2E_EXAMPLES", "2"))
-E2E_RECORDS = 120
+E2E_RECORDS = 300
 
 
 @settings(max_examples=E2E_EXAMPLES, deadline=None, database=None, derandomize=True,
@@ -282,3 +282,20 @@ def test_differential_generated_schemas_end_to_end_publish_what_jsonschema_accep
     diff.COUNTS["e2e_schemas"] = diff.COUNTS.get("e2e_schemas", 0) + 1
     diff.COUNTS["e2e_records"] = diff.COUNTS.get("e2e_records", 0) + len(scanned)
     print(f"\njson_schema differential end to end: {diff.COUNTS}")  # the run's note needs the counts
+
+
+def test_a_reader_field_without_one_spark_type_fails_the_run_naming_subject_version_and_field(
+    env: FidelityEnv,
+) -> None:
+    from confluent_kafka.schema_registry import Schema
+
+    schema = _draft(D7, {"id": {"type": "integer"}, "code": {"type": ["string", "integer"]}})
+    schema_id = env.sr.register_schema(f"{env.topic}-value", Schema(json.dumps(schema), "JSON"))
+    env.write_feed(format="json_schema")
+    env.produce([b"\x00" + schema_id.to_bytes(4, "big") + b'{"id": 1, "code": 7}'], 0)
+
+    with pytest.raises(Exception, match="does not map onto Spark types") as info:
+        env.run()
+
+    env.assert_refused(info, f"subject '{env.topic}-value' version 1", "$.code: type ['string', 'integer'] has no "
+                       "single Spark type", "nothing was published or committed")  # fmt: skip
