@@ -131,6 +131,8 @@ def resolve_schemas(
         _validator_class(doc).check_schema(doc)
     except InvalidSchema as exc:
         raise SchemaError(f"{where_} is not a valid JSON Schema: {exc.message}") from None
+    if outside := _outside_refs(doc):
+        raise SchemaError(f"{where_} refers to other documents ({', '.join(outside)}); {_NO_REFERENCES}")
     try:
         spark_type(doc)
     except ValueError as exc:
@@ -151,12 +153,34 @@ def resolve_schemas(
                 f"({getattr(exc, 'message', exc)}); move the group past these records; nothing was published or "
                 "committed"
             ) from None
+        if outside := _outside_refs(written):
+            raise SchemaError(
+                f"{where(first_use[sid])}: schema id {sid}, the {part}s' writer schema, refers to other documents "
+                f"({', '.join(outside)}); {_NO_REFERENCES}"
+            )
     return JsonSchemas(
         format="json_schema", subject=reader.subject, version=reader.version, reader_id=reader.schema_id,
         writer_ids=tuple(writers), seen=tuple(uses),
         events=tuple(schema_changed_events(uses, reader.schema_id, part)), reader=reader.schema,
         writers=tuple(sorted(writers.items())), part=part,
     )  # fmt: skip
+
+
+_NO_REFERENCES = (
+    "Tidemark checks records against self-contained schemas only (no registry references, no remote '$ref'): "
+    "inline the definitions under '$defs'; nothing was published or committed"
+)
+
+
+def _outside_refs(node: Any) -> list[str]:
+    """The ``$ref`` values of ``node`` that point outside it (another document, a registry reference)."""
+    if isinstance(node, list):
+        return [r for item in node for r in _outside_refs(item)]
+    if not isinstance(node, dict):
+        return []
+    ref = node.get("$ref")
+    own = [repr(ref)] if "$ref" in node and not (isinstance(ref, str) and ref.startswith("#")) else []
+    return own + [r for key, value in node.items() if key not in ("enum", "const") for r in _outside_refs(value)]
 
 
 # -- the reader as Spark types ------------------------------------------------------------------------------------

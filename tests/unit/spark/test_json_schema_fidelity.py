@@ -550,3 +550,11 @@ def _report_counts() -> Any:
     yield
     if COUNTS["schemas"]:
         print(f"\njson_schema differential: {COUNTS}")  # the run's note needs the counts
+
+
+def test_references_to_other_documents_are_found_anywhere_in_a_schema() -> None:
+    from tidemark.spark.json_schema import _outside_refs
+
+    doc = obj({"a": {"$ref": "#/$defs/A"}, "b": {"not": {"$ref": "other.json#/X"}}, "c": {"enum": [{"$ref": "x"}]}},
+              allOf=[{"$ref": "https://example.com/s.json"}])  # fmt: skip
+    assert _outside_refs(doc) == ["'other.json#/X'", "'https://example.com/s.json'"]
