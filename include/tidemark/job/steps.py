@@ -308,7 +308,9 @@ def _stage_validate_publish(
     def staged_frame() -> tuple[DataFrame, OutcomeCodes]:
         """Every record decoded with the run's ``schemas``, with its day and its outcome code."""
         decoded = annotate(source, feed.deserialization, schemas.get("value"), schemas.get("key"))
-        codes = OutcomeCodes.of([c for c in column_paths(decoded.schema) if c not in (*raw_columns, "plan_id")], feed)
+        codes = OutcomeCodes.of(
+            [c for c in column_paths(decoded.schema) if c not in (*raw_columns, "plan_id")], feed, schemas
+        )
         outcome = codes.column()
         if time_filter is not None:  # exact window: records stamped outside it are read, counted and left out
             outcome = F.when(_outside(time_filter), F.lit(OUTSIDE_WINDOW)).otherwise(outcome)

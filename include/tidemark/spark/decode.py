@@ -10,7 +10,7 @@ fields as typed, possibly nested columns; :mod:`tidemark.spark.avro`,
 first); keys are UTF-8 strings unless ``key_format`` is ``bytes`` or a registry format
 (the key's reader schema as one typed ``key`` column: a struct, or a scalar for a primitive
 Avro schema). Decoding is done with Spark's own column functions (JVM speed, no Python per
-record; Protobuf alone is parsed in the Python workers, over Arrow batches) and splits the
+record; Protobuf and JSON Schema are parsed in the Python workers, over Arrow batches) and splits the
 records in two: ``good`` carries the decoded columns; ``bad`` carries the raw record plus
 ``decode_error``, the first reason it failed. No record is dropped: every input row is in
 exactly one of the two.
@@ -21,7 +21,8 @@ not valid UTF-8 (when decoded as text); a JSON value that does not parse, is not
 object, or has a field of the wrong type (strings accept any scalar, as Spark's JSON
 reader does); a required field that is missing or null; a null value (tombstone) when
 the declared schema has required fields; a registry-format key or value that does not
-decode against its schema (:func:`registry_reasons`), and a null registry-format value.
+decode against its schema (:func:`registry_reasons`; JSON Schema's name the field and the rule), and a null
+registry-format value.
 """
 
 from __future__ import annotations
@@ -126,17 +127,20 @@ class _Decoding:
                 *beside_values, "headers", "plan_id"]  # fmt: skip
 
 
-def decode_reasons(deser: Deserialization) -> list[str]:
+def decode_reasons(
+    deser: Deserialization, schemas: RunSchemas | None = None, key_schemas: RunSchemas | None = None
+) -> list[str]:
     """Every reason a record of ``deser`` can fail to decode, in the order they are checked.
 
     The first that applies is the record's :data:`ERROR_COLUMN`; the job stages a failed
-    record under its index here (a short code), not under the text.
+    record under its index here (a short code), not under the text. JSON Schema's reasons
+    name fields of the run's ``schemas`` / ``key_schemas``, so they need them.
     """
     reasons: list[str] = []
     if deser.key_format == "string":
         reasons.append("key is not valid UTF-8")
     elif deser.key_format in REGISTRY_FORMATS:
-        reasons += registry_reasons(deser.key_format, "key")
+        reasons += registry_reasons(deser.key_format, "key", key_schemas)
     if deser.format == "string":
         reasons.append("value is not valid UTF-8")
     elif deser.format == "json":
@@ -148,20 +152,18 @@ def decode_reasons(deser: Deserialization) -> list[str]:
         reasons += [f"required field '{name}' is missing or null" for name in required]
     elif deser.format in REGISTRY_FORMATS:
         reasons.append("value is null (tombstone)")
-        reasons += registry_reasons(deser.format, "value")
+        reasons += registry_reasons(deser.format, "value", schemas)
     return reasons
 
 
-def registry_reasons(fmt: str, part: RecordPart) -> list[str]:
+def registry_reasons(fmt: str, part: RecordPart, schemas: RunSchemas | None = None) -> list[str]:
     """Why a non-null key or value of a Schema Registry format does not decode, in the order they are checked."""
     if fmt == "avro":
         return [f"{part} does not decode against its Avro writer schema"]
     if fmt == "json_schema":
-        return [
-            f"{part} is not valid UTF-8",
-            f"{part} is not a JSON object of the reader JSON Schema's types",
-            f"{part} lacks a required property or has a value outside an enum of the reader JSON Schema",
-        ]
+        from tidemark.spark.json_schema import JsonSchemas, base_reasons
+
+        return schemas.reasons() if isinstance(schemas, JsonSchemas) else list(base_reasons(part))
     return [f"{part} does not decode as the Protobuf message of its writer schema"]
 
 
@@ -170,9 +172,17 @@ _, JSON_SCHEMA_BODY_REASON, JSON_SCHEMA_RULE_REASON = registry_reasons("json_sch
 PROTOBUF_BODY_REASON = registry_reasons("protobuf", "value")[0]
 
 
+@dataclass(frozen=True)
+class _Reasons:
+    """A column giving the failure reason itself (null where none), standing for ``count`` reasons in a row."""
+
+    column: Column
+    count: int
+
+
 def _registry_decoding(
     work: DataFrame, fmt: str, schemas: RunSchemas | None, column: str, parsed_name: str
-) -> tuple[DataFrame, Column, list[Column]]:
+) -> tuple[DataFrame, Column, list[Column | _Reasons]]:
     """``work`` with ``column`` (``key`` or ``value``) decoded as ``parsed_name``, that column, and one failure
     condition per :func:`registry_reasons` entry (a null ``column`` never fails here)."""
     from pyspark.sql import functions as F
@@ -188,22 +198,14 @@ def _registry_decoding(
         work = work.withColumn(parsed_name, decoded_value(schemas, column))
         parsed = F.col(parsed_name)
         return work, parsed, [present & decode_failed(parsed, schemas)]
-    if fmt == "json_schema":
-        from tidemark.spark.json_schema import JsonSchemas, body_text, parsed_value, violations
+    if fmt == "json_schema":  # decoded in the Python workers, which give each bad record's reason
+        from tidemark.spark.json_schema import REASON, JsonSchemas
+        from tidemark.spark.json_schema import decoded_frame as json_decoded
 
         assert isinstance(schemas, JsonSchemas)
-        work = work.withColumn(parsed_name, parsed_value(schemas, column))
+        work = json_decoded(work, schemas, parsed_name, column)
         parsed = F.col(parsed_name)
-        check = violations(schemas.document)
-        return (
-            work,
-            parsed,
-            [
-                present & ~F.is_valid_utf8(body_text(column)),
-                present & (parsed.isNull() | parsed.getField(_CORRUPT).isNotNull()),
-                present & (check(parsed) if check is not None else F.lit(False)),
-            ],
-        )
+        return work, parsed, [_Reasons(F.when(present, parsed.getField(REASON)), len(schemas.reasons()))]
     from tidemark.spark.protobuf import ProtobufSchemas, decoded_frame
 
     assert isinstance(schemas, ProtobufSchemas)
@@ -219,7 +221,9 @@ def _published_key(fmt: str, schemas: RunSchemas, parsed: Column) -> Column:
     if isinstance(schemas, AvroSchemas):
         return parsed.dropFields(DECODED_MARK) if schemas.marked else parsed
     if fmt == "json_schema":
-        return parsed.dropFields(_CORRUPT)
+        from tidemark.spark.json_schema import REASON
+
+        return parsed.dropFields(REASON)
     return parsed
 
 
@@ -229,7 +233,7 @@ def _decoding(
     from pyspark.sql import functions as F
 
     check_fields(deser)
-    failed: list[Column] = []  # one condition per decode_reasons(deser) entry, in its order
+    failed: list[Column | _Reasons] = []  # one condition per decode_reasons(deser) entry, in its order
     work = df
     key_col: Column = F.col("key")
     if deser.key_format == "string":
@@ -270,7 +274,16 @@ def _decoding(
         failed.append(parsed.getField(_CORRUPT).isNotNull())
         failed += [F.col("value").isNotNull() & parsed.getField(name).isNull() for name in required]
         value_cols = [parsed.getField(name).alias(name) for name in declared.names]
-    reasons = [F.when(c, F.lit(why)) for c, why in zip(failed, decode_reasons(deser), strict=True)]
+    whys = decode_reasons(deser, schemas, key_schemas)
+    reasons: list[Column] = []
+    for c in failed:
+        if isinstance(c, _Reasons):  # its own reasons, in decode_reasons' order
+            reasons.append(c.column)
+            whys = whys[c.count :]
+        else:
+            reasons.append(F.when(c, F.lit(whys[0])))
+            whys = whys[1:]
+    assert not whys, "one failure condition per decode reason"
     error = F.coalesce(*reasons) if reasons else F.lit(None).cast("string")
     return _Decoding(work, key_col, value_cols, error)
 

@@ -275,12 +275,14 @@ class OutcomeCodes:
     decode_reasons: tuple[str, ...]
 
     @classmethod
-    def of(cls, columns: Iterable[str], feed: Feed) -> OutcomeCodes:
-        """The codes of ``feed``'s records; ``columns`` are the decoded record's."""
+    def of(cls, columns: Iterable[str], feed: Feed, schemas: Mapping[str, Any] | None = None) -> OutcomeCodes:
+        """The codes of ``feed``'s records; ``columns`` are the decoded record's, ``schemas`` the run's registry
+        schemas per part (``value``, ``key``), whose decode reasons may name their fields."""
         from tidemark.spark.decode import decode_reasons
 
         rules, _ = split_rules(feed.validation.expectations, [c for c in columns if c not in DECODE_ERROR_COLUMNS])
-        return cls(tuple(rules), tuple(decode_reasons(feed.deserialization)))
+        found = schemas or {}
+        return cls(tuple(rules), tuple(decode_reasons(feed.deserialization, found.get("value"), found.get("key"))))
 
     def column(self) -> Column:
         """The code of each row: ``decode-<n>`` when it did not decode (no other rule applies to

@@ -166,8 +166,9 @@ def test_json_schema_keyed_feed_publishes_the_scan_and_quarantines_a_key_breakin
     assert published == expected and len(published) == 8
     quarantined = {(q["partition"], q["offset"]): q for q in env.quarantined()}
     assert {k: q["_raw_key"] for k, q in quarantined.items()} == bad
-    assert {q["_reason"] for q in quarantined.values()} == {
-        "decode_error: key lacks a required property or has a value outside an enum of the reader JSON Schema"
+    assert {k: q["_reason"] for k, q in quarantined.items()} == {
+        (0, 4): "decode_error: key field 'id' is missing, and the reader JSON Schema requires it",
+        (1, 4): "decode_error: key field 'region' breaks the reader JSON Schema: 'enum': [\"eu\", \"us\"]",
     }
     assert {r["partition"]: (r["bytes"], r["checksum"]) for r in job["ranges"]} == env.scan_stats(raw)
     assert env.report()["schemas"]["key"]["reader"]["subject"] == f"{env.topic}-key"
