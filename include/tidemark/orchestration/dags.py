@@ -27,7 +27,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from tidemark.checkpoints.store import CheckpointStore
 from tidemark.config.models import Feed, dag_id, load_feeds, package_root
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
-from tidemark.kafka.connection import CALLBACK_SETTINGS, KafkaConnection, from_airflow_extra, from_env
+from tidemark.kafka.connection import CALLBACK_SETTINGS, KafkaConnection, from_airflow_extra, from_env, is_secret
 from tidemark.kafka.registry import RegistryConnection
 from tidemark.kafka.registry import from_env as registry_from_env
 from tidemark.planning.plan import Plan
@@ -58,10 +58,24 @@ def kafka_connection(conn_id: str = KAFKA_CONN_ID) -> KafkaConnection:
     try:
         conn = BaseHook.get_connection(conn_id)
     except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
-        return from_env()
+        return _masked(from_env())
     extra = conn.extra_dejson
     _check_callbacks(conn_id, extra)
-    return from_airflow_extra(extra)
+    return _masked(from_airflow_extra(extra, conn_id))
+
+
+def _masked(connection: KafkaConnection) -> KafkaConnection:
+    """``connection``, each secret value registered with Airflow's secrets masker.
+
+    Airflow masks an extra's values only under the names it knows as sensitive (``password``,
+    ``private_key``, ...): ``ssl.key.pem`` or ``sasl.oauthbearer.config`` would reach task logs in clear.
+    """
+    from airflow.sdk.log import mask_secret
+
+    for key, value in connection.settings.items():
+        if value and is_secret(key):
+            mask_secret(value)
+    return connection
 
 
 def _check_callbacks(conn_id: str, extra: Mapping[str, Any]) -> None:
@@ -313,8 +327,6 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         # [openlineage] spark_inject_transport_info puts an HTTP transport's API key into the conf, and the
         # hook logs the spark-submit command: the task log shows such values masked, as a connection's password.
         from airflow.sdk.log import mask_secret
-
-        from tidemark.kafka.connection import is_secret
 
         for key, value in (self.conf or {}).items():
             if value and is_secret(str(key)):
