@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError
-from tidemark.kafka.registry import RegistryClient
+from tidemark.kafka.registry import MAX_JSON_DEPTH, RegistryClient, json_depth
 from tidemark.spark.decode import _CORRUPT as CORRUPT
 from tidemark.spark.wire import (
     RegistrySchemas,
@@ -66,8 +66,10 @@ def resolve_schemas(
     to exist."""
     refuse_unframed(uses, "the JSON document", part)
     reader = reader_version(feed, client, part=part)
-    doc = json.loads(reader.schema)
     where = f"feed '{feed.name}': {reader_name(part)} (subject '{reader.subject}' version {reader.version})"
+    if json_depth(reader.schema.encode()) > MAX_JSON_DEPTH:  # json.loads would raise RecursionError
+        raise SchemaError(f"{where} nests deeper than {MAX_JSON_DEPTH} levels; no Spark column holds such records")
+    doc = json.loads(reader.schema)
     if not isinstance(doc, dict) or _deref(doc, doc).get("type") != "object" or "properties" not in _deref(doc, doc):
         as_what = "columns" if part == "value" else "the key struct's fields"
         raise SchemaError(f"{where} is not an object with properties; Tidemark publishes its properties as {as_what}")
@@ -121,14 +123,32 @@ def _non_null(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
+# How deep a Spark type built from a JSON Schema may nest: far beyond any real record, far below Python's
+# recursion limit (each level costs a few frames).
+MAX_TYPE_DEPTH = 64
+
+
 def spark_type(doc: dict[str, Any]) -> DataType:
-    """The Spark type of a JSON Schema document (every field nullable: required is checked by :func:`violations`)."""
+    """The Spark type of a JSON Schema document (every field nullable: required is checked by :func:`violations`).
+
+    A recursive schema (a ``$ref`` reached again inside what it refers to) and one nesting deeper than
+    :data:`MAX_TYPE_DEPTH` raise ``ValueError`` naming the path: a Spark type is finite.
+    """
     return _type(doc, doc, "$")
 
 
-def _type(node: Any, root: dict[str, Any], path: str) -> DataType:
+def _type(node: Any, root: dict[str, Any], path: str, refs: tuple[str, ...] = ()) -> DataType:
     from pyspark.sql import types as T
 
+    ref = node.get("$ref") if isinstance(node, dict) else None
+    if isinstance(ref, str) and ref in refs:
+        raise ValueError(
+            f"{path}: '$ref' {ref} is recursive (it is inside itself); a Spark type cannot nest without end"
+        )
+    if isinstance(ref, str):
+        refs = (*refs, ref)
+    if path.count(".") + path.count("[]") > MAX_TYPE_DEPTH:
+        raise ValueError(f"{path}: the schema nests deeper than {MAX_TYPE_DEPTH} levels, more than Tidemark maps")
     node = _non_null(_deref(node, root), root)
     kind = node.get("type")
     if kind is None and "enum" in node:
@@ -137,14 +157,14 @@ def _type(node: Any, root: dict[str, Any], path: str) -> DataType:
         props = node.get("properties")
         extra = node.get("additionalProperties")
         if not props and isinstance(extra, dict):
-            return T.MapType(T.StringType(), _type(extra, root, f"{path}.*"), True)
+            return T.MapType(T.StringType(), _type(extra, root, f"{path}.*", refs), True)
         if not props:
             raise ValueError(f"{path}: an object without properties or an additionalProperties schema")
-        return T.StructType([T.StructField(n, _type(s, root, f"{path}.{n}"), True) for n, s in props.items()])
+        return T.StructType([T.StructField(n, _type(s, root, f"{path}.{n}", refs), True) for n, s in props.items()])
     if kind == "array":
         if not isinstance(node.get("items"), dict):
             raise ValueError(f"{path}: an array without one 'items' schema")
-        return T.ArrayType(_type(node["items"], root, f"{path}[]"), True)
+        return T.ArrayType(_type(node["items"], root, f"{path}[]", refs), True)
     if kind == "string":
         return {"date": T.DateType(), "date-time": T.TimestampType()}.get(node.get("format"), T.StringType())
     scalars = {"integer": T.LongType(), "number": T.DoubleType(), "boolean": T.BooleanType()}
