@@ -122,7 +122,25 @@ def _postgres_url(conn_id: str, needed_by: str, drivername: str) -> str | None:
         drivername, username=conn.login or None, password=conn.password or None, host=conn.host or None,
         port=conn.port or None, database=conn.schema or None,
     )  # fmt: skip
-    return url.render_as_string(hide_password=False)
+    rendered = url.render_as_string(hide_password=False)
+    _mask_url(rendered)
+    return rendered
+
+
+def _mask_url(url: str) -> None:
+    """Register ``url`` and its password as written in it (percent-encoded, which Airflow's masker, knowing
+    only the connection's raw password, misses) with the secrets masker."""
+    from urllib.parse import unquote, urlsplit
+
+    from airflow.sdk.log import mask_secret
+
+    netloc = urlsplit(url).netloc
+    if "@" not in netloc or ":" not in netloc.rpartition("@")[0]:
+        return
+    written = netloc.rpartition("@")[0].partition(":")[2]
+    for value in (url, written, unquote(written)):
+        if len(value) >= 3:
+            mask_secret(value)
 
 
 def registry_env(conn_id: str = REGISTRY_CONN_ID) -> dict[str, str]:
@@ -138,6 +156,7 @@ def registry_env(conn_id: str = REGISTRY_CONN_ID) -> dict[str, str]:
         raise ConfigError(f"Airflow connection '{conn_id}' has no host: give the schema registry's URL there")
     if "://" not in url:
         url = f"{conn.schema or 'http'}://{url}" + (f":{conn.port}" if conn.port else "")
+    _mask_url(url)  # credentials written into the host field
     return RegistryConnection(url.rstrip("/"), conn.login or None, conn.password or None).to_env()
 
 
@@ -177,7 +196,13 @@ def iceberg_env(conn_id: str = ICEBERG_CONN_ID) -> dict[str, str]:
 @contextmanager
 def _storage_settings() -> Iterator[None]:
     """The storage and Iceberg catalog connections' variables in this task's environment while it runs."""
-    settings = {**storage_env(), **iceberg_env()}
+    with _environ({**storage_env(), **iceberg_env()}):
+        yield
+
+
+@contextmanager
+def _environ(settings: Mapping[str, str]) -> Iterator[None]:
+    """``settings`` in this process's environment for the block, then as they were."""
     saved = {k: os.environ.get(k) for k in settings}
     os.environ.update(settings)
     try:
@@ -307,16 +332,20 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
                 f"plan {handle.plan_id} has no records to read: Spark was not started; "
                 "the commit task re-commits the group's offsets"
             )
+        from tidemark.spark.secrets import SECRETS_FILE_ENV, secrets_file
         from tidemark.spark.session import driver_class_archive, merge_conf
 
-        # Set after template rendering, so the values never reach the rendered-fields
-        # table; the hook adds them to spark-submit's environment (os.environ + these).
+        # Read at execution, so the values never reach the rendered-fields table. They reach the driver
+        # through a private file whose path alone is in spark-submit's environment: never as env_vars,
+        # which the provider turns into --conf arguments (and logs) on YARN and Kubernetes.
         secrets_env = {**kafka_connection(self.kafka_conn_id).to_env(), **storage_env(), **iceberg_env(),
                        **registry_env()}  # fmt: skip
-        configured: dict[str, Any] = dict(getattr(self, "env_vars", None) or {})
-        self.env_vars = {**configured, **secrets_env}
-        self._hook = None  # rebuilt with the env above
-        with driver_class_archive() as class_archive:
+        self._hook = None  # rebuilt with the conf below
+        with (
+            driver_class_archive() as class_archive,
+            secrets_file(secrets_env) as path,
+            _environ({SECRETS_FILE_ENV: path} if path else {}),
+        ):
             run_conf = self.conf_for_run(handle.records, class_archive.option)
             self.conf = merge_conf(self.conf_for_feed(handle.feed), run_conf)
             # The provider adds the parent job ([openlineage] spark_inject_parent_job_info) to this conf.
