@@ -10,6 +10,12 @@ secret takes the route Spark configuration offers (``spark.executorEnv.TIDEMARK_
 a name Spark's default redaction pattern does not cover): Tidemark's pattern must redact
 it. Neither value may appear anywhere Spark records: the event log (environment, SQL
 plans), the master's, worker's and executors' logs, spark-submit's output or the run folder.
+
+Three more secrets take the routes a YARN or Kubernetes submit would show (issue 43): the
+client's private key (``ssl.key.pem``), ``sasl.oauthbearer.config`` and the Iceberg catalog's
+URL with its password percent-encoded. They reach the driver only through the private file
+(:mod:`tidemark.spark.secrets`): besides every place above, no process's command line and no
+process's environment (but the CLI's own, which the test sets) holds them while the run goes on.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -34,6 +42,27 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 SECRET = f"tm-{uuid.uuid4().hex}"
 ENV_SECRET = f"tm-{uuid.uuid4().hex}"
 REDACTED = "*********(redacted)"
+KEY_LINE = f"MIIE{uuid.uuid4().hex}"
+KEY_PEM = f"-----BEGIN PRIVATE KEY-----\n{KEY_LINE}\n-----END PRIVATE KEY-----\n"
+OAUTH_SECRET = f"tm-{uuid.uuid4().hex}"
+CATALOG_PASSWORD = f"p@ss/w:rd-{uuid.uuid4().hex}"
+
+
+def _processes_holding(needles: list[bytes], skip: int, stop: threading.Event, found: dict[str, set[str]]) -> None:
+    """Until ``stop``: which needles any process (but ``skip``) has in its command line or environment."""
+    while not stop.wait(0.1):
+        for proc in Path("/proc").glob("[0-9]*"):
+            if proc.name == str(skip):
+                continue
+            for part in ("cmdline", "environ"):
+                try:
+                    data = (proc / part).read_bytes()
+                except OSError:  # gone, or another user's
+                    continue
+                for needle in needles:
+                    if needle in data:
+                        command = (proc / "cmdline").read_bytes().replace(b"\0", b" ")[:100].decode(errors="replace")
+                        found.setdefault(needle.decode(), set()).add(f"the {part} of {command}")
 
 
 def _files_with(root: Path, needle: bytes) -> list[Path]:
@@ -64,6 +93,10 @@ def test_tidemark_run_on_a_standalone_cluster_ships_the_package_and_redacts_kafk
         **kafka.connection.to_env(),
         "TIDEMARK_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT",
         "TIDEMARK_KAFKA_SASL_PASSWORD": SECRET,  # a secret the executors receive, unused under PLAINTEXT
+        "TIDEMARK_KAFKA_SSL_KEY_PEM": KEY_PEM,  # unused under PLAINTEXT too
+        "TIDEMARK_KAFKA_SASL_OAUTHBEARER_CONFIG": f"principal=reader extension_credential={OAUTH_SECRET}",
+        # Not used by a Parquet feed: it travels with the other connections all the same.
+        "TIDEMARK_ICEBERG_CATALOG_URI": f"postgresql+psycopg://iceberg:{quote(CATALOG_PASSWORD, safe='')}@db:1/c",
         "TIDEMARK_SPARK_MASTER": spark_cluster.master_url,
         "TIDEMARK_FEEDS_DIR": str(feeds),
         "TIDEMARK_STATE_DIR": str(state),
@@ -71,10 +104,22 @@ def test_tidemark_run_on_a_standalone_cluster_ships_the_package_and_redacts_kafk
     }
     env.pop("TIDEMARK_SHIP_PACKAGE", None)  # shipping is decided by the master alone
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "tidemark.cli", "run", "onspark"], env=env, capture_output=True, text=True, check=False
+    new_secrets = [KEY_LINE, OAUTH_SECRET, CATALOG_PASSWORD, quote(CATALOG_PASSWORD, safe="")]
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "tidemark.cli", "run", "onspark"], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    stop, in_processes = threading.Event(), dict[str, set[str]]()
+    watcher = threading.Thread(
+        target=_processes_holding, args=([s.encode() for s in new_secrets], cli.pid, stop, in_processes)
     )
+    watcher.start()
+    stdout, stderr = cli.communicate()
+    stop.set()
+    watcher.join()
+    proc = subprocess.CompletedProcess(cli.args, cli.returncode, stdout, stderr)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert in_processes == {}, in_processes  # spark-submit, the driver, the executors: none holds them
     assert "validated passed: 6 good" in proc.stdout
 
     run_dir = next((state / "runs" / "onspark").iterdir())
@@ -101,8 +146,11 @@ def test_tidemark_run_on_a_standalone_cluster_ships_the_package_and_redacts_kafk
     properties = dict(environment["Spark Properties"])
     assert properties["spark.executorEnv.TIDEMARK_KAFKA_SSL_KEY_PEM"] == REDACTED  # Spark's redaction hid it
     assert properties["spark.eventLog.enabled"] == "true"
+    # The driver had the connections (it read Kafka with them); the report shows none of their secrets.
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["connection"]["sasl.oauthbearer.config"] == "***"
 
-    for secret in (SECRET, ENV_SECRET):
+    for secret in (SECRET, ENV_SECRET, *new_secrets):
         needle = secret.encode()
         leaks = {
             "event log": _files_with(events, needle),
