@@ -54,14 +54,14 @@ def _processes_holding(needles: list[bytes], skip: int, stop: threading.Event, f
         for proc in Path("/proc").glob("[0-9]*"):
             if proc.name == str(skip):
                 continue
-            for part in ("cmdline", "environ"):
-                try:
-                    data = (proc / part).read_bytes()
-                except OSError:  # gone, or another user's
-                    continue
+            try:
+                parts = {part: (proc / part).read_bytes() for part in ("cmdline", "environ")}
+            except OSError:  # gone, or another user's
+                continue
+            command = parts["cmdline"].replace(b"\0", b" ")[:100].decode(errors="replace")
+            for part, data in parts.items():
                 for needle in needles:
                     if needle in data:
-                        command = (proc / "cmdline").read_bytes().replace(b"\0", b" ")[:100].decode(errors="replace")
                         found.setdefault(needle.decode(), set()).add(f"the {part} of {command}")
 
 
