@@ -135,3 +135,17 @@ def test_every_credential_bearing_setting_is_secret(setting: str) -> None:
     assert value in secret_values(conn, environ={})
     assert value in secret_values(None, environ={k: v for k, v in conn.to_env().items()})
     assert not is_secret("ssl.certificate.pem") and not is_secret("sasl.username")
+
+
+def test_passwords_written_into_connection_urls_are_secret_values_raw_and_encoded() -> None:
+    from urllib.parse import quote
+
+    from tidemark.runs.report import redact, secret_values
+
+    password = "p@ss/w:rd-catalog"
+    env = {"TIDEMARK_ICEBERG_CATALOG_URI": f"postgresql+psycopg://iceberg:{quote(password, safe='')}@db:5432/c",
+           "TIDEMARK_SCHEMA_REGISTRY_URL": "https://reader:sr%2Fpw@registry:8081"}  # fmt: skip
+    values = secret_values(None, environ=env)
+    assert {password, quote(password, safe=""), "sr/pw", "sr%2Fpw"} <= values
+    shown = redact(f"cannot reach {env['TIDEMARK_ICEBERG_CATALOG_URI']} ({password})", values)
+    assert password not in shown and quote(password, safe="") not in shown
