@@ -178,3 +178,21 @@ def test_every_secret_of_a_kafka_connection_is_registered_with_airflows_masker(m
         assert conn.settings[key] == value
         assert value not in str(redact(f"task log line: {value}")), key
         assert value not in str(redact(f"as an env var: {conn.to_env()}")), key
+
+
+def test_object_store_and_catalog_secrets_are_registered_with_airflows_masker(monkeypatch: pytest.MonkeyPatch) -> None:
+    from urllib.parse import quote
+
+    from airflow.sdk.log import redact
+
+    from tidemark.orchestration.dags import iceberg_env, storage_env
+
+    token, password = f"session-{uuid.uuid4().hex}", f"p@ss/w:rd-{uuid.uuid4().hex}"
+    aws = {"conn_type": "aws", "login": "key-id", "password": "the-secret", "extra": {"aws_session_token": token}}
+    catalog = {"conn_type": "postgres", "host": "db", "login": "iceberg", "password": password, "schema": "c"}
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_S3_MASK", json.dumps(aws))
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_ICE_MASK", json.dumps(catalog))
+    assert storage_env("tidemark_s3_mask")["AWS_SESSION_TOKEN"] == token
+    uri = iceberg_env("tidemark_ice_mask")["TIDEMARK_ICEBERG_CATALOG_URI"]
+    shown = str(redact(f"token {token}; catalog {uri}; encoded {quote(password, safe='')}"))
+    assert token not in shown and quote(password, safe="") not in shown and password not in shown
