@@ -200,6 +200,10 @@ def test_no_secret_reaches_the_command_line_the_environment_or_the_log_on_yarn_o
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("TIDEMARK_TEST_STUB_OUT", str(out))
     monkeypatch.setenv("TIDEMARK_CLASS_ARCHIVE_DIR", "off")
+    # A secret the worker has in its own environment (a deployment that sets variables, not connections).
+    worker_token = f"worker-session-{token}"
+    monkeypatch.setenv("AWS_SESSION_TOKEN", worker_token)
+    secrets["worker's own AWS_SESSION_TOKEN"] = worker_token
     # The hook wants the Kubernetes provider for a k8s:// master only to kill a driver pod; not installed here.
     monkeypatch.setattr(
         spark_submit, "kube_client", getattr(spark_submit, "kube_client", None) or object(), raising=False
@@ -238,7 +242,8 @@ def test_no_secret_reaches_the_command_line_the_environment_or_the_log_on_yarn_o
     assert catalog_password not in handed["TIDEMARK_ICEBERG_CATALOG_URI"]  # percent-encoded there, as before
     assert quote(catalog_password, safe="") in handed["TIDEMARK_ICEBERG_CATALOG_URI"]
     assert handed["TIDEMARK_SCHEMA_REGISTRY_PASSWORD"] == registry_password
-    assert handed["AWS_SECRET_ACCESS_KEY"] == s3_secret
+    assert handed["AWS_SECRET_ACCESS_KEY"] == s3_secret and handed["AWS_SESSION_TOKEN"] == worker_token
+    assert os.environ["AWS_SESSION_TOKEN"] == worker_token  # the task's own environment, as it was
     assert (out / "file_mode").read_text().strip() == "600" and (out / "dir_mode").read_text().strip() == "700"
     path = Path((out / "secrets_path").read_text().strip())
     assert not path.exists() and not path.parent.exists()

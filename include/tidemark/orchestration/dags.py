@@ -201,10 +201,14 @@ def _storage_settings() -> Iterator[None]:
 
 
 @contextmanager
-def _environ(settings: Mapping[str, str]) -> Iterator[None]:
-    """``settings`` in this process's environment for the block, then as they were."""
+def _environ(settings: Mapping[str, str | None]) -> Iterator[None]:
+    """``settings`` in this process's environment for the block (``None``: unset), then as they were."""
     saved = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
+    for key, value in settings.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     try:
         yield
     finally:
@@ -332,19 +336,21 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
                 f"plan {handle.plan_id} has no records to read: Spark was not started; "
                 "the commit task re-commits the group's offsets"
             )
-        from tidemark.spark.secrets import SECRETS_FILE_ENV, secrets_file
+        from tidemark.spark.secrets import SECRETS_FILE_ENV, secrets_file, split_env
         from tidemark.spark.session import driver_class_archive, merge_conf
 
         # Read at execution, so the values never reach the rendered-fields table. They reach the driver
         # through a private file whose path alone is in spark-submit's environment: never as env_vars,
-        # which the provider turns into --conf arguments (and logs) on YARN and Kubernetes.
-        secrets_env = {**kafka_connection(self.kafka_conn_id).to_env(), **storage_env(), **iceberg_env(),
-                       **registry_env()}  # fmt: skip
+        # which the provider turns into --conf arguments (and logs) on YARN and Kubernetes. Connection
+        # variables of the worker's own environment go the same way, out of spark-submit's for the while.
+        inherited = split_env(os.environ)[1]
+        secrets_env = {**inherited, **kafka_connection(self.kafka_conn_id).to_env(), **storage_env(),
+                       **iceberg_env(), **registry_env()}  # fmt: skip
         self._hook = None  # rebuilt with the conf below
         with (
             driver_class_archive() as class_archive,
             secrets_file(secrets_env) as path,
-            _environ({SECRETS_FILE_ENV: path} if path else {}),
+            _environ({**dict.fromkeys(inherited), **({SECRETS_FILE_ENV: path} if path else {})}),
         ):
             run_conf = self.conf_for_run(handle.records, class_archive.option)
             self.conf = merge_conf(self.conf_for_feed(handle.feed), run_conf)
