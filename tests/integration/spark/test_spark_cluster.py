@@ -24,7 +24,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import uuid
 from pathlib import Path
 from urllib.parse import quote
@@ -33,6 +32,7 @@ import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster
+from tests.support.processes import watch_processes
 from tests.support.servers.spark import LocalSpark
 from tidemark.kafka.adapter import Record
 
@@ -46,23 +46,6 @@ KEY_LINE = f"MIIE{uuid.uuid4().hex}"
 KEY_PEM = f"-----BEGIN PRIVATE KEY-----\n{KEY_LINE}\n-----END PRIVATE KEY-----\n"
 OAUTH_SECRET = f"tm-{uuid.uuid4().hex}"
 CATALOG_PASSWORD = f"p@ss/w:rd-{uuid.uuid4().hex}"
-
-
-def _processes_holding(needles: list[bytes], skip: int, stop: threading.Event, found: dict[str, set[str]]) -> None:
-    """Until ``stop``: which needles any process (but ``skip``) has in its command line or environment."""
-    while not stop.wait(0.1):
-        for proc in Path("/proc").glob("[0-9]*"):
-            if proc.name == str(skip):
-                continue
-            try:
-                parts = {part: (proc / part).read_bytes() for part in ("cmdline", "environ")}
-            except OSError:  # gone, or another user's
-                continue
-            command = parts["cmdline"].replace(b"\0", b" ")[:100].decode(errors="replace")
-            for part, data in parts.items():
-                for needle in needles:
-                    if needle in data:
-                        found.setdefault(needle.decode(), set()).add(f"the {part} of {command}")
 
 
 def _files_with(root: Path, needle: bytes) -> list[Path]:
@@ -109,14 +92,8 @@ def test_tidemark_run_on_a_standalone_cluster_ships_the_package_and_redacts_kafk
         [sys.executable, "-m", "tidemark.cli", "run", "onspark"], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    stop, in_processes = threading.Event(), dict[str, set[str]]()
-    watcher = threading.Thread(
-        target=_processes_holding, args=([s.encode() for s in new_secrets], cli.pid, stop, in_processes)
-    )
-    watcher.start()
-    stdout, stderr = cli.communicate()
-    stop.set()
-    watcher.join()
+    with watch_processes([s.encode() for s in new_secrets], skip={cli.pid}) as in_processes:
+        stdout, stderr = cli.communicate()
     proc = subprocess.CompletedProcess(cli.args, cli.returncode, stdout, stderr)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert in_processes == {}, in_processes  # spark-submit, the driver, the executors: none holds them
