@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tidemark.errors import ConfigError
-from tidemark.kafka.connection import ENV_BOOTSTRAP, ENV_PREFIX
+from tidemark.kafka.connection import ENV_BOOTSTRAP, ENV_PREFIX, NOT_CLIENT_SETTINGS
 
 SECRETS_FILE_ENV = "TIDEMARK_SECRETS_FILE"
 # The variables that carry a connection (its address or its credentials): they travel in the file only.
@@ -38,14 +38,12 @@ CONNECTION_VARIABLES = frozenset({
     "TIDEMARK_SCHEMA_REGISTRY_PASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
     "TIDEMARK_ICEBERG_CATALOG_URI", "TIDEMARK_CHECKPOINT_URL",
 })  # fmt: skip
-# Tidemark's own TIDEMARK_KAFKA_* variables that are no client setting (tidemark.kafka.connection).
-_NOT_CONNECTION = frozenset({"TIDEMARK_KAFKA_HOME", "TIDEMARK_KAFKA_CONN_ID"})
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def is_connection_variable(name: str) -> bool:
     """Whether the variable ``name`` carries a connection's address or credentials (so travels in the file)."""
-    return name in CONNECTION_VARIABLES or (name.startswith(ENV_PREFIX) and name not in _NOT_CONNECTION)
+    return name in CONNECTION_VARIABLES or (name.startswith(ENV_PREFIX) and name not in NOT_CLIENT_SETTINGS)
 
 
 def split_env(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
