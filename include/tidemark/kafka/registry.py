@@ -32,7 +32,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from tidemark.errors import ConfigError, RegistryUnavailableError, SchemaNotFoundError
 
@@ -292,7 +292,7 @@ def _check_redirect(origin: tuple[str, str, int | None], base: str, target: str,
         )
 
 
-def _raise_for_status(code: int, url: str, what: str) -> None:
+def _raise_for_status(code: int, url: str, what: str) -> NoReturn:
     shown = _without_userinfo(url)
     if code == 404:
         raise SchemaNotFoundError(f"the schema registry has no {what} ({shown} answered 404)")
