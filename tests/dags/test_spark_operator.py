@@ -200,6 +200,7 @@ def test_no_secret_reaches_the_command_line_the_environment_or_the_log_on_yarn_o
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("TIDEMARK_TEST_STUB_OUT", str(out))
     monkeypatch.setenv("TIDEMARK_CLASS_ARCHIVE_DIR", "off")
+    dag_token = f"dag-token-{token}"
     # A secret the worker has in its own environment (a deployment that sets variables, not connections).
     worker_token = f"worker-session-{token}"
     monkeypatch.setenv("AWS_SESSION_TOKEN", worker_token)
@@ -219,6 +220,9 @@ def test_no_secret_reaches_the_command_line_the_environment_or_the_log_on_yarn_o
         task_id="read_validate_publish", application=spark_job_path(), name="tidemark",
         conn_id="tidemark_spark_secrets", kafka_conn_id="tidemark_kafka_secrets",
         application_args=["--plan", handle.plan_path, "--run-dir", handle.run_dir],
+        # A DAG's own variables: a Tidemark connection variable (to the file, like the connections), a
+        # secret-named one of its own (masked in the log), and an ordinary one (passed on as the provider does).
+        env_vars={"TIDEMARK_KAFKA_SASL_USERNAME": "dag-user", "MY_API_TOKEN": dag_token, "HADOOP_CONF_DIR": "/etc/h"},
     )  # fmt: skip
     capfd.readouterr()
     op.execute({"ti": TaskInstance()})
@@ -244,6 +248,9 @@ def test_no_secret_reaches_the_command_line_the_environment_or_the_log_on_yarn_o
     assert handed["TIDEMARK_SCHEMA_REGISTRY_PASSWORD"] == registry_password
     assert handed["AWS_SECRET_ACCESS_KEY"] == s3_secret and handed["AWS_SESSION_TOKEN"] == worker_token
     assert os.environ["AWS_SESSION_TOKEN"] == worker_token  # the task's own environment, as it was
+    assert handed["TIDEMARK_KAFKA_SASL_USERNAME"] == "dag-user" and "dag-user" not in cmdlines
+    assert dag_token not in logged  # the provider still passes it on (as --conf on YARN/Kubernetes): the DAG's own
+    assert "Env.HADOOP_CONF_DIR=/etc/h" in cmdlines
     assert (out / "file_mode").read_text().strip() == "600" and (out / "dir_mode").read_text().strip() == "700"
     path = Path((out / "secrets_path").read_text().strip())
     assert not path.exists() and not path.parent.exists()

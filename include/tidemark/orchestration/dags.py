@@ -344,8 +344,10 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         # which the provider turns into --conf arguments (and logs) on YARN and Kubernetes. Connection
         # variables of the worker's own environment go the same way, out of spark-submit's for the while.
         inherited = split_env(os.environ)[1]
-        secrets_env = {**inherited, **kafka_connection(self.kafka_conn_id).to_env(), **storage_env(),
-                       **iceberg_env(), **registry_env()}  # fmt: skip
+        own_env, own_connections = split_env(dict(getattr(self, "env_vars", None) or {}))
+        secrets_env = {**inherited, **own_connections, **kafka_connection(self.kafka_conn_id).to_env(),
+                       **storage_env(), **iceberg_env(), **registry_env()}  # fmt: skip
+        self.env_vars = own_env  # the DAG's other variables, which the provider passes on as it does
         self._hook = None  # rebuilt with the conf below
         with (
             driver_class_archive() as class_archive,
@@ -363,7 +365,8 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         # hook logs the spark-submit command: the task log shows such values masked, as a connection's password.
         from airflow.sdk.log import mask_secret
 
-        for key, value in (self.conf or {}).items():
+        # The same for a DAG's own env_vars with secret names, which the provider turns into --conf arguments.
+        for key, value in {**(self.conf or {}), **(getattr(self, "env_vars", None) or {})}.items():
             if value and is_secret(str(key)):
                 mask_secret(str(value))
         return super()._get_hook()
