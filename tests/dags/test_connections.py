@@ -126,3 +126,73 @@ def test_schema_registry_from_an_http_connection(monkeypatch: pytest.MonkeyPatch
     assert registry_env("tidemark_sr_missing") == {}  # not configured: the environment applies
     with pytest.raises(ConfigError, match="no host"):
         registry_env("tidemark_sr_no_host")
+
+
+def test_a_connection_naming_a_library_to_load_is_refused_before_any_client_loads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An extra with ``plugin.library.paths`` made librdkafka dlopen() the library (and run its constructor)
+    in whichever process built a client: the api-server's view builds one to show a feed's lag."""
+    import subprocess
+
+    from tidemark.errors import ConfigError
+    from tidemark.kafka.adapter import KafkaAdapter
+    from tidemark.orchestration.dags import kafka_connection
+
+    marker = tmp_path / "loaded"
+    source = tmp_path / "evil.c"
+    source.write_text(
+        "#include <stdio.h>\n"
+        f'__attribute__((constructor)) static void ran(void) {{ FILE *f = fopen("{marker}", "w"); '
+        'if (f) { fputs("code ran", f); fclose(f); } }\n'
+    )
+    library = tmp_path / "libevil.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    refused: list[str] = []
+    for setting in ("plugin.library.paths", "ssl.engine.location"):
+        extra = {"bootstrap.servers": "127.0.0.1:9", setting: str(library)}
+        monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_KAFKA_LIB", json.dumps({"conn_type": "kafka", "extra": extra}))
+        try:
+            KafkaAdapter(kafka_connection("tidemark_kafka_lib"), timeout_s=1.0)  # as the view's lag does
+        except ConfigError as exc:
+            refused.append(str(exc))
+        except Exception:  # noqa: BLE001 - librdkafka's own failure after loading: the marker tells
+            pass
+        assert not marker.exists(), f"{setting}: the library was loaded into this process"
+    assert len(refused) == 2 and all("'tidemark_kafka_lib'" in m for m in refused)
+    assert "'plugin.library.paths'" in refused[0] and "'ssl.engine.location'" in refused[1]
+
+
+def test_every_secret_of_a_kafka_connection_is_registered_with_airflows_masker(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.log import redact
+
+    from tidemark.orchestration.dags import kafka_connection
+
+    secrets = {"sasl.oauthbearer.config": f"principal=feed extension_k=oauth-{uuid.uuid4().hex}",
+               "ssl.key.pem": f"-----BEGIN PRIVATE KEY-----\nkey-{uuid.uuid4().hex}\n-----END PRIVATE KEY-----",
+               "sasl.oauthbearer.client.secret": f"cs-{uuid.uuid4().hex}"}  # fmt: skip
+    extra = {"bootstrap.servers": "b:9093", "security.protocol": "SASL_SSL", **secrets}
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_KAFKA_MASK", json.dumps({"conn_type": "kafka", "extra": extra}))
+    conn = kafka_connection("tidemark_kafka_mask")
+    for key, value in secrets.items():
+        assert conn.settings[key] == value
+        assert value not in str(redact(f"task log line: {value}")), key
+        assert value not in str(redact(f"as an env var: {conn.to_env()}")), key
+
+
+def test_object_store_and_catalog_secrets_are_registered_with_airflows_masker(monkeypatch: pytest.MonkeyPatch) -> None:
+    from urllib.parse import quote
+
+    from airflow.sdk.log import redact
+
+    from tidemark.orchestration.dags import iceberg_env, storage_env
+
+    token, password = f"session-{uuid.uuid4().hex}", f"p@ss/w:rd-{uuid.uuid4().hex}"
+    aws = {"conn_type": "aws", "login": "key-id", "password": "the-secret", "extra": {"aws_session_token": token}}
+    catalog = {"conn_type": "postgres", "host": "db", "login": "iceberg", "password": password, "schema": "c"}
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_S3_MASK", json.dumps(aws))
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_ICE_MASK", json.dumps(catalog))
+    assert storage_env("tidemark_s3_mask")["AWS_SESSION_TOKEN"] == token
+    uri = iceberg_env("tidemark_ice_mask")["TIDEMARK_ICEBERG_CATALOG_URI"]
+    shown = str(redact(f"token {token}; catalog {uri}; encoded {quote(password, safe='')}"))
+    assert token not in shown and quote(password, safe="") not in shown and password not in shown

@@ -7,7 +7,8 @@ topic, produces and scans. Settings come from the CLI's environment (``tidemark 
 connection's extra (certificates as PEM strings), read by ``orchestration.dags.kafka_connection``.
 Every run's output is compared with an independent ``read_committed`` scan of its plan's ranges.
 The ``spark-submit`` runs write Spark's event log, which is searched for the secrets with
-the run's state and output; a token callback named in the settings (``oauth_cb``) is
+the run's state and output, and every process's command line and environment is watched for
+them while the run goes on; a token callback named in the settings (``oauth_cb``) is
 imported by the executors themselves.
 """
 
@@ -28,6 +29,7 @@ import pytest
 
 from tests.conftest import SecuredKafka
 from tests.faults.harness import FaultEnv, oracle
+from tests.support.processes import watch_processes
 from tidemark.devtools.kafka.secure import MECHANISMS, Mechanism, feed_grants
 from tidemark.kafka.connection import KafkaConnection, is_secret
 from tidemark.runs.pipeline import RunHandle, run_feed
@@ -61,11 +63,18 @@ def _cli(env: FaultEnv, connection: KafkaConnection, *args: str) -> dict[str, An
     cli_env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDEMARK_KAFKA_", "TIDEMARK_BOOTSTRAP"))}
     cli_env |= {**connection.to_env(), "TIDEMARK_FEEDS_DIR": str(env.feeds), "TIDEMARK_STATE_DIR": str(env.root),
                 "SPARK_CONF_DIR": str(conf)}  # fmt: skip
-    proc = subprocess.run(
+    secrets = [v.encode() for k, v in connection.settings.items() if is_secret(k)]
+    cli = subprocess.Popen(
         [sys.executable, "-m", "tidemark.cli", *args, env.feed, "--json"],
-        env=cli_env, capture_output=True, text=True, check=False,
+        env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    # The process list and every environment but the CLI's own (which the test set): spark-submit's, the
+    # driver's, Spark's workers'. The secrets reach the driver in a private file (tidemark.spark.secrets).
+    with watch_processes(secrets, skip={cli.pid}) as in_processes:
+        stdout, stderr = cli.communicate()
+    proc = subprocess.CompletedProcess(cli.args, cli.returncode, stdout, stderr)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert in_processes == {}, in_processes
     for name, value in connection.settings.items():
         if is_secret(name):
             assert value not in proc.stdout + proc.stderr, f"{name} printed by tidemark {args[0]}"

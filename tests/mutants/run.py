@@ -391,6 +391,52 @@ MUTANTS = (
             "tests/unit/spark/test_arrow_avro.py::test_a_byte_moved_between_two_values_is_caught_though_the_block_decodes",
         ),
     ),
+    Mutant(
+        "kafka-settings-unchecked",
+        "a connection may set only librdkafka's documented client settings: none that loads code where a client "
+        "is built",
+        (
+            Edit(
+                "include/tidemark/kafka/connection.py",
+                "    for key in settings:\n        name = str(key)",
+                "    for key in ():\n        name = str(key)",
+            ),
+        ),
+        (
+            "tests/dags/test_connections.py::test_a_connection_naming_a_library_to_load_is_refused_before_any_client_"
+            "loads_it",
+        ),
+    ),
+    Mutant(
+        "registry-redirects-anywhere",
+        "the registry client sends its credentials to the registry's own origin only",
+        (
+            Edit(
+                "include/tidemark/kafka/registry.py",
+                "                        _check_redirect(origin, self._base, url, what)\n",
+                "",
+            ),
+        ),
+        (
+            "tests/integration/kafka/test_registry_client.py::test_a_redirect_to_another_origin_is_refused_and_gets_no_"
+            "credentials[another port]",
+        ),
+    ),
+    Mutant(
+        "spark-secrets-as-env-vars",
+        "no connection secret is an argument or a variable of spark-submit, on any master",
+        (
+            Edit(
+                "include/tidemark/orchestration/dags.py",
+                "        self.env_vars = own_env  #",
+                "        self.env_vars = {**own_env, **secrets_env}  #",
+            ),
+        ),
+        (
+            "tests/dags/test_spark_operator.py::test_no_secret_reaches_the_command_line_the_environment_or_the_log_on_"
+            "yarn_or_kubernetes[yarn]",
+        ),
+    ),
 )
 
 

@@ -47,6 +47,7 @@ from tidemark.kafka.connection import KafkaConnection, from_env
 from tidemark.kafka.registry import RegistryClient, RegistryConnection
 from tidemark.kafka.registry import from_env as registry_from_env
 from tidemark.planning.plan import Plan
+from tidemark.spark.secrets import load_secrets
 from tidemark.storage import Location
 
 if TYPE_CHECKING:
@@ -970,6 +971,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = JobResult(plan_id="?", feed=args.feed or "?")
     spark = None
     try:
+        load_secrets()  # the connections, handed over in a private file (tidemark.spark.secrets), first
         plan = Plan.from_json(Location.of(args.plan).read_text())
         result.plan_id, result.feed = plan.plan_id, plan.feed
         feed = load_feed(args.feed or plan.feed)

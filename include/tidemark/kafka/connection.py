@@ -6,6 +6,12 @@ settings, e.g. ``TIDEMARK_KAFKA_SASL_PASSWORD`` → ``sasl.password``), falling 
 embedded local cluster; DAG tasks take them from an Airflow connection of the Kafka
 provider's type. The object's ``repr`` and :meth:`describe` hide every secret, so it is
 safe to log; only :meth:`client_config` hands secrets to librdkafka.
+
+A connection may set only librdkafka's documented client settings (:data:`CLIENT_SETTINGS`). Those that
+load or run code in the process that builds a client (``plugin.library.paths``, ``ssl.engine.location``,
+``ssl.providers``, ``sasl.kerberos.kinit.cmd``, callbacks other than a token callback the deployment
+allows) are refused however the connection is built: whoever may edit an Airflow connection must not
+thereby run code in the api-server, whose view builds clients to show lag.
 """
 
 from __future__ import annotations
@@ -21,7 +27,15 @@ from tidemark.errors import ConfigError
 
 ENV_BOOTSTRAP = "TIDEMARK_BOOTSTRAP_SERVERS"
 ENV_PREFIX = "TIDEMARK_KAFKA_"
-SECRET_MARKERS = ("password", "secret", "token", "key", "credential", "jaas")
+SECRET_MARKERS = ("password", "secret", "token", "key", "credential", "jaas", "passphrase")
+# Settings that carry credentials though no marker is in their name: the OAUTHBEARER login's configuration
+# (an unsecured JWT's claims, a metadata login's client id) and the SASL extensions sent with the token.
+SECRET_SETTINGS = ("sasl.oauthbearer.config", "sasl.oauthbearer.extensions")
+# The same names as Spark's redaction regex sees them: ``kafka.sasl.oauthbearer.config`` options and
+# ``spark.*Env.TIDEMARK_KAFKA_SASL_OAUTHBEARER_CONFIG`` variables (tidemark.spark.session.REDACTION_REGEX).
+SECRET_SETTING_PATTERNS = tuple(name.replace(".", "[._]") for name in SECRET_SETTINGS)
+# Settings whose value is a path: the file holds the secret, the name of the file is not one.
+PATH_SUFFIXES = (".location", ".file")
 # Tidemark's own variables that share the prefix but are not librdkafka settings.
 NOT_CLIENT_SETTINGS = frozenset({"TIDEMARK_KAFKA_HOME", "TIDEMARK_KAFKA_CONN_ID"})
 
@@ -38,6 +52,71 @@ CLIENT_LOG = logging.getLogger("tidemark.kafka.client")
 CALLBACK_SETTINGS = ("oauth_cb",)
 # Settings with underscores in their name, which TIDEMARK_KAFKA_* variables cannot tell from dots.
 _ENV_NAMES = {name.replace("_", "."): name for name in CALLBACK_SETTINGS}
+
+# The librdkafka client settings a connection may set: the documented ones (librdkafka's CONFIGURATION.md,
+# 2.x) for brokers, security, timeouts, retries and the consumer, producer and topic knobs, without those
+# that load or run code (REFUSED_SETTINGS) and without the callbacks and pointers set through librdkafka's
+# C API, which no text value can be. ``bootstrap.servers`` is the connection's own field.
+CLIENT_SETTINGS = frozenset({
+    # where and who
+    "client.id", "client.rack", "client.dns.lookup", "metadata.broker.list", "broker.address.family",
+    "broker.address.ttl", "enable.metrics.push",
+    # security: TLS
+    "security.protocol", "ssl.cipher.suites", "ssl.curves.list", "ssl.sigalgs.list", "ssl.key.location",
+    "ssl.key.password", "ssl.key.pem", "ssl.certificate.location", "ssl.certificate.pem", "ssl.ca.location",
+    "ssl.ca.pem", "ssl.ca.certificate.stores", "ssl.crl.location", "ssl.keystore.location", "ssl.keystore.password",
+    "enable.ssl.certificate.verification", "ssl.endpoint.identification.algorithm", "https.ca.location",
+    "https.ca.pem",
+    # security: SASL
+    "sasl.mechanism", "sasl.mechanisms", "sasl.username", "sasl.password", "sasl.kerberos.service.name",
+    "sasl.kerberos.principal", "sasl.kerberos.keytab", "sasl.kerberos.min.time.before.relogin",
+    "sasl.oauthbearer.config", "enable.sasl.oauthbearer.unsecure.jwt", "sasl.oauthbearer.method",
+    "sasl.oauthbearer.client.id", "sasl.oauthbearer.client.secret", "sasl.oauthbearer.client.credentials.client.id",
+    "sasl.oauthbearer.client.credentials.client.secret", "sasl.oauthbearer.scope", "sasl.oauthbearer.extensions",
+    "sasl.oauthbearer.token.endpoint.url", "sasl.oauthbearer.grant.type", "sasl.oauthbearer.assertion.algorithm",
+    "sasl.oauthbearer.assertion.private.key.file", "sasl.oauthbearer.assertion.private.key.passphrase",
+    "sasl.oauthbearer.assertion.private.key.pem", "sasl.oauthbearer.assertion.file",
+    "sasl.oauthbearer.assertion.claim.aud", "sasl.oauthbearer.assertion.claim.exp.seconds",
+    "sasl.oauthbearer.assertion.claim.iss", "sasl.oauthbearer.assertion.claim.jti.include",
+    "sasl.oauthbearer.assertion.claim.nbf.seconds", "sasl.oauthbearer.assertion.claim.sub",
+    "sasl.oauthbearer.assertion.jwt.template.file", "sasl.oauthbearer.metadata.authentication.type",
+    # network, timeouts, retries, metadata
+    "socket.timeout.ms", "socket.send.buffer.bytes", "socket.receive.buffer.bytes", "socket.keepalive.enable",
+    "socket.nagle.disable", "socket.max.fails", "socket.connection.setup.timeout.ms", "connections.max.idle.ms",
+    "reconnect.backoff.ms", "reconnect.backoff.max.ms", "retry.backoff.ms", "retry.backoff.max.ms", "retries",
+    "message.send.max.retries", "request.timeout.ms", "metadata.request.timeout.ms", "metadata.max.age.ms",
+    "metadata.recovery.strategy", "metadata.recovery.rebootstrap.trigger.ms", "topic.metadata.refresh.interval.ms",
+    "topic.metadata.refresh.fast.interval.ms", "topic.metadata.refresh.sparse", "topic.metadata.propagation.max.ms",
+    "api.version.request", "api.version.request.timeout.ms", "api.version.fallback.ms", "broker.version.fallback",
+    "message.max.bytes", "message.copy.max.bytes", "receive.message.max.bytes", "max.in.flight",
+    "max.in.flight.requests.per.connection", "allow.auto.create.topics", "statistics.interval.ms",
+    "debug", "log_level", "log.connection.close", "log.thread.name", "log.queue", "topic.blacklist",
+    # consumer
+    "group.id", "group.instance.id", "group.protocol", "group.protocol.type", "group.remote.assignor",
+    "partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms", "coordinator.query.interval.ms",
+    "max.poll.interval.ms", "enable.auto.commit", "auto.commit.interval.ms", "enable.auto.offset.store",
+    "queued.min.messages", "queued.max.messages.kbytes", "fetch.wait.max.ms", "fetch.queue.backoff.ms",
+    "fetch.message.max.bytes", "max.partition.fetch.bytes", "fetch.max.bytes", "fetch.min.bytes",
+    "fetch.error.backoff.ms", "isolation.level", "enable.partition.eof", "check.crcs", "auto.offset.reset",
+    # producer and topic
+    "transactional.id", "transaction.timeout.ms", "enable.idempotence", "enable.gapless.guarantee",
+    "queue.buffering.max.messages", "queue.buffering.max.kbytes", "queue.buffering.max.ms", "linger.ms",
+    "batch.num.messages", "batch.size", "delivery.report.only.error", "sticky.partitioning.linger.ms",
+    "compression.codec", "compression.type", "compression.level", "acks", "request.required.acks",
+    "message.timeout.ms", "delivery.timeout.ms", "partitioner", "queuing.strategy",
+    # a token callback, by name: Airflow's [apache_kafka] callback_allowlist decides (orchestration.dags)
+    *CALLBACK_SETTINGS,
+})  # fmt: skip
+# Documented settings that load a shared library or run a command where the client is built, with what to
+# do instead.
+REFUSED_SETTINGS = {
+    "plugin.library.paths": "librdkafka loads (dlopen) each library it names",
+    "ssl.engine.location": "OpenSSL loads the engine library it names",
+    "ssl.engine.id": "it selects an OpenSSL engine, which is code loaded into the process",
+    "ssl.providers": "OpenSSL loads the provider modules it names",
+    "sasl.kerberos.kinit.cmd": "librdkafka runs it as a shell command",
+    "interceptors": "interceptors are code added to the client",
+}
 
 
 def logged(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -74,8 +153,36 @@ def resolve_callbacks(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def is_secret(name: str) -> bool:
-    lowered = name.lower()
-    return any(marker in lowered for marker in SECRET_MARKERS) and not lowered.endswith(".location")
+    """Whether the setting ``name`` (``sasl.password``, or as a variable's tail ``SASL_PASSWORD``) holds a secret."""
+    lowered = name.lower().replace("_", ".")
+    if lowered.endswith(PATH_SUFFIXES):
+        return False
+    return any(marker in lowered for marker in SECRET_MARKERS) or lowered.endswith(SECRET_SETTINGS)
+
+
+def check_settings(settings: Mapping[str, Any], source: str, *, variables: bool = False) -> None:
+    """Refuse any of ``settings`` that is not a :data:`CLIENT_SETTINGS` entry, naming ``source`` and what to do.
+
+    ``variables``: ``source`` is the environment, so the error names the ``TIDEMARK_KAFKA_*`` variable.
+    The value is never repeated: it may be a secret set under a mistyped name.
+    """
+    for key in settings:
+        name = str(key)
+        if name in CLIENT_SETTINGS:
+            continue
+        shown = ENV_PREFIX + name.upper().replace(".", "_") if variables else name
+        if name in REFUSED_SETTINGS:
+            raise ConfigError(
+                f"{source} sets '{shown}', which Tidemark refuses: {REFUSED_SETTINGS[name]}, in every process "
+                "that builds a Kafka client (the Airflow api-server's view among them); remove it. TLS keys and "
+                "certificates go in ssl.key.pem/ssl.certificate.pem or ssl.*.location, tokens in "
+                "sasl.oauthbearer.* (or a token callback allowed by [apache_kafka] callback_allowlist)"
+            )
+        raise ConfigError(
+            f"{source} sets '{shown}', which is not a librdkafka client setting Tidemark allows "
+            "(tidemark.kafka.connection.CLIENT_SETTINGS: brokers, security.protocol, sasl.*, ssl.* without "
+            "engines and providers, timeouts, consumer settings); remove it, or fix its spelling"
+        )
 
 
 @dataclass(frozen=True)
@@ -84,6 +191,10 @@ class KafkaConnection:
 
     bootstrap_servers: str
     settings: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        # However the connection is built (Airflow, the environment, code): no client ever gets a refused setting.
+        check_settings(self.settings, "the Kafka connection")
 
     def client_config(self, **overrides: Any) -> dict[str, Any]:
         """The full librdkafka config, secrets included: pass it to a client, never log it."""
@@ -154,6 +265,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> KafkaConnection:
     env = os.environ if environ is None else environ
     keys = {name: name[len(ENV_PREFIX) :].lower().replace("_", ".") for name in env if name.startswith(ENV_PREFIX)}
     settings = {_ENV_NAMES.get(key, key): env[name] for name, key in keys.items() if name not in NOT_CLIENT_SETTINGS}
+    check_settings(settings, "the environment", variables=True)
     servers = env.get(ENV_BOOTSTRAP, "").strip()
     if not servers:
         raise ConfigError(
@@ -163,10 +275,12 @@ def from_env(environ: Mapping[str, str] | None = None) -> KafkaConnection:
     return KafkaConnection(servers, settings)
 
 
-def from_airflow_extra(extra: str | Mapping[str, Any]) -> KafkaConnection:
-    """Connection from a Kafka-provider Airflow connection's ``extra`` (librdkafka keys)."""
+def from_airflow_extra(extra: str | Mapping[str, Any], conn_id: str = "the Kafka connection") -> KafkaConnection:
+    """Connection from a Kafka-provider Airflow connection's ``extra`` (librdkafka keys), checked against
+    :data:`CLIENT_SETTINGS`; ``conn_id`` names the connection in errors."""
     doc = json.loads(extra) if isinstance(extra, str) else dict(extra)
     servers = str(doc.pop("bootstrap.servers", "")).strip()
     if not servers:
-        raise ConfigError("the Airflow Kafka connection's extra has no 'bootstrap.servers'")
+        raise ConfigError(f"the Airflow connection '{conn_id}' has no 'bootstrap.servers' in its extra")
+    check_settings(doc, f"the Airflow connection '{conn_id}' (its extra)")
     return KafkaConnection(servers, {k: str(v) for k, v in doc.items()})

@@ -27,7 +27,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from tidemark.checkpoints.store import CheckpointStore
 from tidemark.config.models import Feed, dag_id, load_feeds, package_root
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
-from tidemark.kafka.connection import CALLBACK_SETTINGS, KafkaConnection, from_airflow_extra, from_env
+from tidemark.kafka.connection import CALLBACK_SETTINGS, KafkaConnection, from_airflow_extra, from_env, is_secret
 from tidemark.kafka.registry import RegistryConnection
 from tidemark.kafka.registry import from_env as registry_from_env
 from tidemark.planning.plan import Plan
@@ -58,10 +58,24 @@ def kafka_connection(conn_id: str = KAFKA_CONN_ID) -> KafkaConnection:
     try:
         conn = BaseHook.get_connection(conn_id)
     except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
-        return from_env()
+        return _masked(from_env())
     extra = conn.extra_dejson
     _check_callbacks(conn_id, extra)
-    return from_airflow_extra(extra)
+    return _masked(from_airflow_extra(extra, conn_id))
+
+
+def _masked(connection: KafkaConnection) -> KafkaConnection:
+    """``connection``, each secret value registered with Airflow's secrets masker.
+
+    Airflow masks an extra's values only under the names it knows as sensitive (``password``,
+    ``private_key``, ...): ``ssl.key.pem`` or ``sasl.oauthbearer.config`` would reach task logs in clear.
+    """
+    from airflow.sdk.log import mask_secret
+
+    for key, value in connection.settings.items():
+        if value and is_secret(key):
+            mask_secret(value)
+    return connection
 
 
 def _check_callbacks(conn_id: str, extra: Mapping[str, Any]) -> None:
@@ -108,7 +122,25 @@ def _postgres_url(conn_id: str, needed_by: str, drivername: str) -> str | None:
         drivername, username=conn.login or None, password=conn.password or None, host=conn.host or None,
         port=conn.port or None, database=conn.schema or None,
     )  # fmt: skip
-    return url.render_as_string(hide_password=False)
+    rendered = url.render_as_string(hide_password=False)
+    _mask_url(rendered)
+    return rendered
+
+
+def _mask_url(url: str) -> None:
+    """Register ``url`` and its password as written in it (percent-encoded, which Airflow's masker, knowing
+    only the connection's raw password, misses) with the secrets masker."""
+    from urllib.parse import unquote, urlsplit
+
+    from airflow.sdk.log import mask_secret
+
+    netloc = urlsplit(url).netloc
+    if "@" not in netloc or ":" not in netloc.rpartition("@")[0]:
+        return
+    written = netloc.rpartition("@")[0].partition(":")[2]
+    for value in (url, written, unquote(written)):
+        if len(value) >= 3:
+            mask_secret(value)
 
 
 def registry_env(conn_id: str = REGISTRY_CONN_ID) -> dict[str, str]:
@@ -124,6 +156,7 @@ def registry_env(conn_id: str = REGISTRY_CONN_ID) -> dict[str, str]:
         raise ConfigError(f"Airflow connection '{conn_id}' has no host: give the schema registry's URL there")
     if "://" not in url:
         url = f"{conn.schema or 'http'}://{url}" + (f":{conn.port}" if conn.port else "")
+    _mask_url(url)  # credentials written into the host field
     return RegistryConnection(url.rstrip("/"), conn.login or None, conn.password or None).to_env()
 
 
@@ -163,9 +196,19 @@ def iceberg_env(conn_id: str = ICEBERG_CONN_ID) -> dict[str, str]:
 @contextmanager
 def _storage_settings() -> Iterator[None]:
     """The storage and Iceberg catalog connections' variables in this task's environment while it runs."""
-    settings = {**storage_env(), **iceberg_env()}
+    with _environ({**storage_env(), **iceberg_env()}):
+        yield
+
+
+@contextmanager
+def _environ(settings: Mapping[str, str | None]) -> Iterator[None]:
+    """``settings`` in this process's environment for the block (``None``: unset), then as they were."""
     saved = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
+    for key, value in settings.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     try:
         yield
     finally:
@@ -293,16 +336,24 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
                 f"plan {handle.plan_id} has no records to read: Spark was not started; "
                 "the commit task re-commits the group's offsets"
             )
+        from tidemark.spark.secrets import SECRETS_FILE_ENV, secrets_file, split_env
         from tidemark.spark.session import driver_class_archive, merge_conf
 
-        # Set after template rendering, so the values never reach the rendered-fields
-        # table; the hook adds them to spark-submit's environment (os.environ + these).
-        secrets_env = {**kafka_connection(self.kafka_conn_id).to_env(), **storage_env(), **iceberg_env(),
-                       **registry_env()}  # fmt: skip
-        configured: dict[str, Any] = dict(getattr(self, "env_vars", None) or {})
-        self.env_vars = {**configured, **secrets_env}
-        self._hook = None  # rebuilt with the env above
-        with driver_class_archive() as class_archive:
+        # Read at execution, so the values never reach the rendered-fields table. They reach the driver
+        # through a private file whose path alone is in spark-submit's environment: never as env_vars,
+        # which the provider turns into --conf arguments (and logs) on YARN and Kubernetes. Connection
+        # variables of the worker's own environment go the same way, out of spark-submit's for the while.
+        inherited = split_env(os.environ)[1]
+        own_env, own_connections = split_env(dict(getattr(self, "env_vars", None) or {}))
+        secrets_env = {**inherited, **own_connections, **kafka_connection(self.kafka_conn_id).to_env(),
+                       **storage_env(), **iceberg_env(), **registry_env()}  # fmt: skip
+        self.env_vars = own_env  # the DAG's other variables, which the provider passes on as it does
+        self._hook = None  # rebuilt with the conf below
+        with (
+            driver_class_archive() as class_archive,
+            secrets_file(secrets_env) as path,
+            _environ({**dict.fromkeys(inherited), **({SECRETS_FILE_ENV: path} if path else {})}),
+        ):
             run_conf = self.conf_for_run(handle.records, class_archive.option)
             self.conf = merge_conf(self.conf_for_feed(handle.feed), run_conf)
             # The provider adds the parent job ([openlineage] spark_inject_parent_job_info) to this conf.
@@ -314,9 +365,8 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         # hook logs the spark-submit command: the task log shows such values masked, as a connection's password.
         from airflow.sdk.log import mask_secret
 
-        from tidemark.kafka.connection import is_secret
-
-        for key, value in (self.conf or {}).items():
+        # The same for a DAG's own env_vars with secret names, which the provider turns into --conf arguments.
+        for key, value in {**(self.conf or {}), **(getattr(self, "env_vars", None) or {})}.items():
             if value and is_secret(str(key)):
                 mask_secret(str(value))
         return super()._get_hook()

@@ -439,7 +439,8 @@ def spark_submit_command(handle: RunHandle, master: str | None = None, *, class_
     (with ``class_archive``, from :func:`~tidemark.spark.session.driver_class_archive`).
 
     On a cluster (``spark://``, ``yarn``, ``k8s://``) the job zips the ``tidemark`` package
-    and ships it to the executors itself (:func:`tidemark.job.steps.should_ship`); Kafka settings
+    and ships it to the executors itself (:func:`tidemark.job.steps.should_ship`); the connections reach
+    the driver in a private file (:mod:`tidemark.spark.secrets`, never an argument here), Kafka settings
     travel inside the read's tasks, never as Spark configuration, and
     :data:`~tidemark.spark.session.SUBMIT_CONF` widens Spark's redaction to Tidemark's secret names.
     """
@@ -472,12 +473,20 @@ def spark_submit_command(handle: RunHandle, master: str | None = None, *, class_
 def run_job(
     handle: RunHandle, connection: KafkaConnection, *, master: str | None = None, progress: Progress = _silent
 ) -> dict[str, Any]:
-    """Step 2 for the CLI: submit the Spark job; secrets go through the environment only."""
+    """Step 2 for the CLI: submit the Spark job.
+
+    The connections (Kafka's, the registry's, the object store's and the Iceberg catalog's variables) reach
+    the driver through a private file (:mod:`tidemark.spark.secrets`): spark-submit's command line and
+    environment hold only its path.
+    """
+    from tidemark.spark.secrets import SECRETS_FILE_ENV, secrets_file, split_env
     from tidemark.spark.session import driver_class_archive
 
-    env = {**os.environ, **connection.to_env(), "PYSPARK_PYTHON": sys.executable}
+    env, connections = split_env({**os.environ, **connection.to_env(), "PYSPARK_PYTHON": sys.executable})
     started = time.monotonic()
-    with driver_class_archive() as class_archive:
+    with driver_class_archive() as class_archive, secrets_file(connections) as path:
+        if path:
+            env[SECRETS_FILE_ENV] = path
         cmd = spark_submit_command(handle, master, class_archive=class_archive.option)
         if cmd[2].startswith("local"):
             env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # keep a local job on loopback

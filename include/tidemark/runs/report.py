@@ -285,13 +285,17 @@ def secret_values(connection: KafkaConnection | None = None, environ: Mapping[st
     # Object-store and checkpoint-store credentials (tidemark.storage, tidemark.checkpoints.store).
     values |= {env[k] for k in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN") if env.get(k)}
     values |= {env[k] for k in (REGISTRY_PASSWORD_ENV,) if env.get(k)}  # tidemark.kafka.registry
-    checkpoint_url = env.get("TIDEMARK_CHECKPOINT_URL", "")
-    if "://" in checkpoint_url and "@" in checkpoint_url:
-        credentials = checkpoint_url.split("://", 1)[1].rsplit("@", 1)[0]
-        if ":" in credentials:
-            from urllib.parse import unquote
+    # Passwords written into connection URLs, as written (percent-encoded) and decoded: the checkpoint store's,
+    # the Iceberg catalog's, the registry's.
+    for name in ("TIDEMARK_CHECKPOINT_URL", "TIDEMARK_ICEBERG_CATALOG_URI", "TIDEMARK_SCHEMA_REGISTRY_URL"):
+        url = env.get(name, "")
+        if "://" in url and "@" in url:
+            credentials = url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[0]
+            if ":" in credentials:
+                from urllib.parse import unquote
 
-            values.add(unquote(credentials.split(":", 1)[1]))
+                written = credentials.split(":", 1)[1]
+                values |= {written, unquote(written)}
     return {v for v in values if len(v) >= 3}  # shorter values would blank out ordinary text
 
 

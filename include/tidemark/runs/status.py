@@ -5,10 +5,14 @@ of committed offset, checkpoint, log start, end and lag. The CLI's ``tidemark st
 and the Airflow plugin's page both render these rows. With ``lag_times`` the rows also
 carry lag in time: the age of the oldest unread record, read from the record at the
 group's position (Kafka keeps no offset-to-timestamp index, so this costs one small fetch).
+
+:func:`shared_adapter` gives a long-lived process (the Airflow api-server's view) one Kafka
+adapter per connection instead of one per request: a client is built, and bootstraps, once.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -16,8 +20,32 @@ from typing import Any
 from tidemark.checkpoints.store import CheckpointStore
 from tidemark.config.models import Feed
 from tidemark.kafka.adapter import KafkaAdapter
+from tidemark.kafka.connection import KafkaConnection
 from tidemark.planning.resolve import retention_warnings
 from tidemark.runs.gather import snapshot_feed
+
+# The adapters shared_adapter built, by connection and timeout. Few: one per connection the process reads,
+# and an edited connection replaces its predecessor (the oldest beyond SHARED_ADAPTERS_MAX is let go).
+SHARED_ADAPTERS_MAX = 4
+_shared: dict[tuple[str, tuple[tuple[str, str], ...], float], KafkaAdapter] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_adapter(connection: KafkaConnection, timeout_s: float) -> KafkaAdapter:
+    """This process's adapter for ``connection`` and ``timeout_s``, built on first use and then reused.
+
+    Keyed by the connection's value, so a connection read afresh for each request (as the view
+    reads Airflow's) finds the same adapter, and an edited one gets a new client. librdkafka's
+    admin client is thread-safe; the adapter's counters are only statistics.
+    """
+    key = (connection.bootstrap_servers, tuple(sorted(connection.settings.items())), timeout_s)
+    with _shared_lock:
+        adapter = _shared.get(key)
+        if adapter is None:
+            adapter = _shared[key] = KafkaAdapter(connection, timeout_s=timeout_s)
+            while len(_shared) > SHARED_ADAPTERS_MAX:
+                del _shared[next(iter(_shared))]
+        return adapter
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError
-from tidemark.kafka.registry import RegistryClient
+from tidemark.kafka.registry import MAX_JSON_DEPTH, RegistryClient, json_depth
 from tidemark.spark.wire import (
     HEADER_BYTES,
     RegistrySchemas,
@@ -122,8 +122,10 @@ def resolve_schemas(
 
     refuse_unframed(uses, "the JSON document", part)
     reader = reader_version(feed, client, part=part)
-    doc = json.loads(reader.schema)
     where_ = f"feed '{feed.name}': {reader_name(part)} (subject '{reader.subject}' version {reader.version})"
+    if json_depth(reader.schema.encode()) > MAX_JSON_DEPTH:  # json.loads would raise RecursionError
+        raise SchemaError(f"{where_} nests deeper than {MAX_JSON_DEPTH} levels; no Spark column holds such records")
+    doc = json.loads(reader.schema)
     if not isinstance(doc, dict) or _deref(doc, doc).get("type") != "object" or "properties" not in _deref(doc, doc):
         as_what = "columns" if part == "value" else "the key struct's fields"
         raise SchemaError(f"{where_} is not an object with properties; Tidemark publishes its properties as {as_what}")

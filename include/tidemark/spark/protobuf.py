@@ -119,12 +119,20 @@ def _builtin(name: str) -> bytes:
 def _file_set(client: RegistryClient, text: str, refs: tuple[SchemaReference, ...], what: str) -> list[bytes]:
     """The file of ``text`` after every file it imports (its references, fetched, and well-known types)."""
     done: dict[str, bytes] = {}
+    importing: list[str] = []  # the files whose imports are being added, outermost first
 
     def add(proto: Any, refs: tuple[SchemaReference, ...], what: str) -> None:
         by_name = {r.name: r for r in refs}
+        importing.append(proto.name)
         for dep in proto.dependency:
             if dep in done:
                 continue
+            if dep in importing:  # fetching it again would go round the cycle for ever
+                cycle = " -> ".join([*importing[importing.index(dep) :], dep])
+                raise SchemaError(
+                    f"{what} is part of a cycle of Protobuf imports ({cycle}); protoc refuses such files, and so does "
+                    "Tidemark: fix the registered schemas' references"
+                )
             if dep.startswith(BUILTIN_PREFIXES):
                 done[dep] = _builtin(dep)
             elif dep in by_name:
@@ -134,6 +142,7 @@ def _file_set(client: RegistryClient, text: str, refs: tuple[SchemaReference, ..
                 add(_file_proto(found.schema, where), found.references, where)
             else:
                 raise SchemaError(f"{what} imports '{dep}', which it does not name among its registry references")
+        importing.pop()
         done[proto.name] = proto.SerializeToString()
 
     add(_file_proto(text, what), refs, what)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tidemark.errors import ConfigError
-from tidemark.kafka.connection import SECRET_MARKERS
+from tidemark.kafka.connection import SECRET_MARKERS, SECRET_SETTING_PATTERNS
 from tidemark.settings import cache_root
 
 if TYPE_CHECKING:
@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 SPARK_DEFAULT_REDACTION = ("secret", "password", "token", r"access[.]?key")
 # The Iceberg catalog's URL holds its database password (spark.*Env.TIDEMARK_ICEBERG_CATALOG_URI on YARN/Kubernetes).
 URL_SECRETS = ("catalog_uri",)
-REDACTION_REGEX = "(?i)" + "|".join(dict.fromkeys((*SPARK_DEFAULT_REDACTION, *SECRET_MARKERS, *URL_SECRETS)))
+REDACTION_REGEX = "(?i)" + "|".join(
+    dict.fromkeys((*SPARK_DEFAULT_REDACTION, *SECRET_MARKERS, *SECRET_SETTING_PATTERNS, *URL_SECRETS))
+)
 SUBMIT_CONF = {"spark.redaction.regex": REDACTION_REGEX}
 
 # Avro feeds decode with Spark's from_avro, which lives in the spark-avro package (not in pyspark's jars).

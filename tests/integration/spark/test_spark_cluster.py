@@ -10,6 +10,12 @@ secret takes the route Spark configuration offers (``spark.executorEnv.TIDEMARK_
 a name Spark's default redaction pattern does not cover): Tidemark's pattern must redact
 it. Neither value may appear anywhere Spark records: the event log (environment, SQL
 plans), the master's, worker's and executors' logs, spark-submit's output or the run folder.
+
+Three more secrets take the routes a YARN or Kubernetes submit would show (issue 43): the
+client's private key (``ssl.key.pem``), ``sasl.oauthbearer.config`` and the Iceberg catalog's
+URL with its password percent-encoded. They reach the driver only through the private file
+(:mod:`tidemark.spark.secrets`): besides every place above, no process's command line and no
+process's environment (but the CLI's own, which the test sets) holds them while the run goes on.
 """
 
 from __future__ import annotations
@@ -20,11 +26,13 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster
+from tests.support.processes import watch_processes
 from tests.support.servers.spark import LocalSpark
 from tidemark.kafka.adapter import Record
 
@@ -34,6 +42,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 SECRET = f"tm-{uuid.uuid4().hex}"
 ENV_SECRET = f"tm-{uuid.uuid4().hex}"
 REDACTED = "*********(redacted)"
+KEY_LINE = f"MIIE{uuid.uuid4().hex}"
+KEY_PEM = f"-----BEGIN PRIVATE KEY-----\n{KEY_LINE}\n-----END PRIVATE KEY-----\n"
+OAUTH_SECRET = f"tm-{uuid.uuid4().hex}"
+CATALOG_PASSWORD = f"p@ss/w:rd-{uuid.uuid4().hex}"
 
 
 def _files_with(root: Path, needle: bytes) -> list[Path]:
@@ -64,6 +76,10 @@ def test_tidemark_run_on_a_standalone_cluster_ships_the_package_and_redacts_kafk
         **kafka.connection.to_env(),
         "TIDEMARK_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT",
         "TIDEMARK_KAFKA_SASL_PASSWORD": SECRET,  # a secret the executors receive, unused under PLAINTEXT
+        "TIDEMARK_KAFKA_SSL_KEY_PEM": KEY_PEM,  # unused under PLAINTEXT too
+        "TIDEMARK_KAFKA_SASL_OAUTHBEARER_CONFIG": f"principal=reader extension_credential={OAUTH_SECRET}",
+        # Not used by a Parquet feed: it travels with the other connections all the same.
+        "TIDEMARK_ICEBERG_CATALOG_URI": f"postgresql+psycopg://iceberg:{quote(CATALOG_PASSWORD, safe='')}@db:1/c",
         "TIDEMARK_SPARK_MASTER": spark_cluster.master_url,
         "TIDEMARK_FEEDS_DIR": str(feeds),
         "TIDEMARK_STATE_DIR": str(state),
@@ -71,10 +87,16 @@ def test_tidemark_run_on_a_standalone_cluster_ships_the_package_and_redacts_kafk
     }
     env.pop("TIDEMARK_SHIP_PACKAGE", None)  # shipping is decided by the master alone
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "tidemark.cli", "run", "onspark"], env=env, capture_output=True, text=True, check=False
-    )
+    new_secrets = [KEY_LINE, OAUTH_SECRET, CATALOG_PASSWORD, quote(CATALOG_PASSWORD, safe="")]
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "tidemark.cli", "run", "onspark"], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    with watch_processes([s.encode() for s in new_secrets], skip={cli.pid}) as in_processes:
+        stdout, stderr = cli.communicate()
+    proc = subprocess.CompletedProcess(cli.args, cli.returncode, stdout, stderr)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert in_processes == {}, in_processes  # spark-submit, the driver, the executors: none holds them
     assert "validated passed: 6 good" in proc.stdout
 
     run_dir = next((state / "runs" / "onspark").iterdir())
@@ -101,8 +123,11 @@ def test_tidemark_run_on_a_standalone_cluster_ships_the_package_and_redacts_kafk
     properties = dict(environment["Spark Properties"])
     assert properties["spark.executorEnv.TIDEMARK_KAFKA_SSL_KEY_PEM"] == REDACTED  # Spark's redaction hid it
     assert properties["spark.eventLog.enabled"] == "true"
+    # The driver had the connections (it read Kafka with them); the report shows none of their secrets.
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["connection"]["sasl.oauthbearer.config"] == "***"
 
-    for secret in (SECRET, ENV_SECRET):
+    for secret in (SECRET, ENV_SECRET, *new_secrets):
         needle = secret.encode()
         leaks = {
             "event log": _files_with(events, needle),

@@ -79,3 +79,73 @@ def test_a_token_callback_travels_by_name_and_is_imported_where_a_client_is_buil
     for path in ("tests.support.tokens.missing", "no_such_module.cb", "tests.support.tokens.LIFETIME_S"):
         with pytest.raises(ConfigError, match=f"'oauth_cb'.*{path}"):
             logged(KafkaConnection("b:9093", {"oauth_cb": path}).client_config())
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["plugin.library.paths", "ssl.engine.location", "ssl.engine.id", "ssl.providers", "sasl.kerberos.kinit.cmd",
+     "interceptors", "error_cb", "made.up.setting"],
+)  # fmt: skip
+def test_a_connection_may_not_set_code_loading_or_unknown_client_settings(setting: str) -> None:
+    extra = {"bootstrap.servers": "b:9092", "security.protocol": "SSL", setting: "/tmp/libevil.so"}
+    with pytest.raises(ConfigError) as refused:
+        from_airflow_extra(extra, conn_id="kafka_prod")
+    message = str(refused.value)
+    assert "'kafka_prod'" in message and f"'{setting}'" in message and "remove" in message
+    assert "/tmp/libevil.so" not in message  # the value is not echoed: it may be anything
+    env = {"TIDEMARK_BOOTSTRAP_SERVERS": "b:9092", "TIDEMARK_KAFKA_" + setting.upper().replace(".", "_"): "x"}
+    with pytest.raises(ConfigError, match="TIDEMARK_KAFKA_"):
+        from_env(env)
+    with pytest.raises(ConfigError, match=f"'{setting}'"):
+        KafkaConnection("b:9092", {setting: "x"})  # however the connection is built
+
+
+def test_the_documented_client_settings_are_accepted() -> None:
+    settings = {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER", "sasl.mechanisms": "OAUTHBEARER",
+        "sasl.username": "u", "sasl.password": "p", "sasl.oauthbearer.config": "principal=p",
+        "sasl.oauthbearer.method": "oidc", "sasl.oauthbearer.client.id": "c", "sasl.oauthbearer.client.secret": "s",
+        "sasl.oauthbearer.token.endpoint.url": "https://idp/token", "sasl.oauthbearer.scope": "kafka",
+        "sasl.oauthbearer.extensions": "a=b", "enable.sasl.oauthbearer.unsecure.jwt": "true",
+        "sasl.kerberos.service.name": "kafka", "sasl.kerberos.principal": "p", "sasl.kerberos.keytab": "/k",
+        "ssl.ca.location": "/ca", "ssl.ca.pem": "-", "ssl.certificate.location": "/c", "ssl.certificate.pem": "-",
+        "ssl.key.location": "/k", "ssl.key.pem": "-", "ssl.key.password": "p", "ssl.keystore.location": "/ks",
+        "ssl.keystore.password": "p", "ssl.endpoint.identification.algorithm": "https", "ssl.cipher.suites": "x",
+        "enable.ssl.certificate.verification": "true", "ssl.crl.location": "/crl", "client.id": "tidemark",
+        "client.rack": "r1", "socket.timeout.ms": "1000", "socket.connection.setup.timeout.ms": "2000",
+        "request.timeout.ms": "1000", "metadata.max.age.ms": "1000", "reconnect.backoff.ms": "10",
+        "retry.backoff.ms": "10", "broker.address.family": "v4", "group.id": "g", "isolation.level": "read_committed",
+        "fetch.wait.max.ms": "10", "max.partition.fetch.bytes": "1024", "queued.max.messages.kbytes": "1024",
+        "debug": "broker", "https.ca.location": "/ca", "oauth_cb": "pkg.module.fn",
+    }  # fmt: skip
+    assert from_airflow_extra({"bootstrap.servers": "b:9092", **settings}, conn_id="kafka_prod").settings == settings
+
+
+@pytest.mark.parametrize(
+    "setting", ["sasl.oauthbearer.config", "sasl.oauthbearer.extensions", "sasl.oauthbearer.client.secret",
+                "ssl.key.pem", "sasl.oauthbearer.assertion.private.key.passphrase", "sasl.password"],
+)  # fmt: skip
+def test_every_credential_bearing_setting_is_secret(setting: str) -> None:
+    from tidemark.kafka.connection import is_secret
+    from tidemark.runs.report import secret_values
+
+    value = "principal=admin extension_token=tm-credential"
+    conn = KafkaConnection("b:9092", {"security.protocol": "SASL_SSL", setting: value})
+    assert is_secret(setting) and conn.describe()[setting] == "***" and value not in repr(conn)
+    assert value in secret_values(conn, environ={})
+    assert value in secret_values(None, environ={k: v for k, v in conn.to_env().items()})
+    assert not is_secret("ssl.certificate.pem") and not is_secret("sasl.username")
+
+
+def test_passwords_written_into_connection_urls_are_secret_values_raw_and_encoded() -> None:
+    from urllib.parse import quote
+
+    from tidemark.runs.report import redact, secret_values
+
+    password = "p@ss/w:rd-catalog"
+    env = {"TIDEMARK_ICEBERG_CATALOG_URI": f"postgresql+psycopg://iceberg:{quote(password, safe='')}@db:5432/c",
+           "TIDEMARK_SCHEMA_REGISTRY_URL": "https://reader:sr%2Fpw@registry:8081"}  # fmt: skip
+    values = secret_values(None, environ=env)
+    assert {password, quote(password, safe=""), "sr/pw", "sr%2Fpw"} <= values
+    shown = redact(f"cannot reach {env['TIDEMARK_ICEBERG_CATALOG_URI']} ({password})", values)
+    assert password not in shown and quote(password, safe="") not in shown

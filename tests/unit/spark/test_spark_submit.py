@@ -20,7 +20,7 @@ HANDLE = RunHandle("r1", "orders", "p1", "/state/plan.json", "/state/runs/r1", "
 # librdkafka settings Tidemark treats as secret, and ones it shows.
 SECRET_SETTINGS = ("sasl.password", "ssl.key.password", "ssl.keystore.password", "sasl.oauthbearer.client.secret",
                    "ssl.key.pem", "ssl_key", "ssl.certificate.pem.key", "sasl.jaas.config", "sasl.oauthbearer.token",
-                   "sasl.credentials")  # fmt: skip
+                   "sasl.credentials", "sasl.oauthbearer.config", "sasl.oauthbearer.extensions")  # fmt: skip
 PLAIN_SETTINGS = ("security.protocol", "sasl.mechanism", "sasl.username", "bootstrap.servers", "client.id")
 
 
