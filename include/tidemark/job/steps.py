@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidemark.config.models import Feed, RecordPart, load_feed
+from tidemark.config.models import Feed, RecordPart, load_feed, load_feeds
 from tidemark.errors import ConfigError, TidemarkError
 from tidemark.faults import fault_point
 from tidemark.kafka.connection import KafkaConnection, from_env
@@ -912,6 +912,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.plan_id, result.feed = plan.plan_id, plan.feed
         feed = load_feed(args.feed or plan.feed)
         result.feed = feed.name
+        if plan.output:  # checked at planning; again where the records are written, symlinks followed here
+            from tidemark.output.base import check_replay_output
+            from tidemark.planning.requests import output_roots
+
+            roots = output_roots([feed.output_for(plan.mode)])
+            check_replay_output(Location.of(plan.output), {**load_feeds(), feed.name: feed}, roots)
         connection = from_env()
         if plan.total_records:  # while the JVM starts the session, the main thread mostly waits
             preload_great_expectations()
