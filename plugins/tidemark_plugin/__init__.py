@@ -17,7 +17,7 @@ from airflow.plugins_manager import AirflowPlugin
 
 from tidemark.orchestration.access import AirflowFeedAccess
 from tidemark.orchestration.dags import airflow_api_base, airflow_auth, airflow_trigger_auth, kafka_connection
-from tidemark.web.app import create_app
+from tidemark.web.app import create_app, preview_rate
 
 
 class TidemarkPlugin(AirflowPlugin):
@@ -30,6 +30,7 @@ class TidemarkPlugin(AirflowPlugin):
                 trigger_dependencies=airflow_trigger_auth(),
                 api_base=airflow_api_base,
                 access=AirflowFeedAccess(),
+                preview_rate=preview_rate(),
             ),
             "url_prefix": "/tidemark",
             "name": "Tidemark",

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import mimetypes
+import os
 import re
 import threading
 import time
@@ -81,6 +82,22 @@ Trigger = Callable[[Request, dict[str, Any]], dict[str, Any]]
 Action = Literal["read", "runs", "replay", "commit"]
 FORBIDDEN = "Forbidden"  # Airflow's own answer: names no feed and no reason a caller could probe with
 PREVIEW_RATE = (12, 60.0)  # previews per user per that many seconds: each one is several Kafka calls
+PREVIEW_RATE_ENV = "TIDEMARK_VIEW_PREVIEW_RATE"  # "COUNT/SECONDS", e.g. 12/60
+
+
+def preview_rate(environ: Mapping[str, str] | None = None) -> tuple[int, float]:
+    """Previews allowed per user: ``TIDEMARK_VIEW_PREVIEW_RATE`` ("COUNT/SECONDS"), else :data:`PREVIEW_RATE`."""
+    text = (os.environ if environ is None else environ).get(PREVIEW_RATE_ENV, "").strip()
+    if not text:
+        return PREVIEW_RATE
+    count, _, seconds = text.partition("/")
+    try:
+        rate = (int(count), float(seconds))
+    except ValueError:
+        rate = (0, 0.0)
+    if rate[0] < 1 or rate[1] <= 0:
+        raise ConfigError(f"{PREVIEW_RATE_ENV}={shown(text)}: expected COUNT/SECONDS with both above 0, e.g. 12/60")
+    return rate
 
 
 class FeedAccess(Protocol):
