@@ -109,7 +109,7 @@ class FeedAccess(Protocol):
 
 
 class OpenAccess:
-    """Everyone may do everything: the view without Airflow (``tidemark view``, tests of the pages themselves)."""
+    """Everyone may do everything: the view without Airflow (tests of the pages themselves, ``make bench-view``)."""
 
     def allowed(self, request: Request, action: Action, feeds: Collection[str]) -> set[str]:
         return set(feeds)
