@@ -105,7 +105,7 @@ def test_each_user_replays_its_own_feed_and_the_dag_refuses_the_other(airflow: R
     assert f"user 'bob' may not replay feed '{FEED}'" in logs and f"edit the DAG tidemark_{FEED}" in logs, logs[-3000:]
 
 
-def test_in_a_browser_each_user_sees_only_its_own_feed(airflow: RunningAirflow, run_files: None) -> None:
+def test_in_a_browser_each_user_sees_and_replays_only_its_own_feed(airflow: RunningAirflow, run_files: None) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as pw:
@@ -124,6 +124,8 @@ def test_in_a_browser_each_user_sees_only_its_own_feed(airflow: RunningAirflow, 
             expect(view.locator("#partitions")).to_be_visible(timeout=60_000)
             view.locator("#preview-btn").click()
             expect(view.locator("#preview-summary")).to_be_visible(timeout=60_000)
+            view.locator("#trigger-btn").click()  # a dry run of the user's own feed, started as that user
+            expect(view.locator("#run-state")).to_have_attribute("data-state", "success", timeout=300_000)
 
             for path, body in _foreign_paths(OTHER[user]):
                 if body is None:  # opened as a page, with the login cookie
