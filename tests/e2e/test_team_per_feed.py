@@ -10,6 +10,8 @@ DAG for it starts a run whose first task refuses, naming the user and the DAG ri
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -41,12 +43,19 @@ def _hidden(airflow: RunningAirflow, feed: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def run_files(airflow: RunningAirflow) -> None:
-    """A run folder with a Data Docs page for each feed, holding a value only that feed's team may read."""
-    for feed in (FEED, DOCS_FEED):
-        page = airflow.state / "runs" / feed / "team-run" / RUN_FILE
+def run_files(airflow: RunningAirflow) -> Iterator[None]:
+    """A run folder with a Data Docs page for each feed, holding a value only that feed's team may read.
+
+    Removed afterwards: the shared Airflow's other tests read these feeds' newest runs.
+    """
+    folders = [airflow.state / "runs" / feed / "team-run" for feed in (FEED, DOCS_FEED)]
+    for folder in folders:
+        page = folder / RUN_FILE
         page.parent.mkdir(parents=True, exist_ok=True)
-        page.write_text(f"<p>record of {feed}</p>")
+        page.write_text(f"<p>record of {folder.parent.name}</p>")
+    yield
+    for folder in folders:
+        shutil.rmtree(folder)
 
 
 def test_each_user_lists_and_reads_only_its_own_feed(airflow: RunningAirflow, run_files: None) -> None:
