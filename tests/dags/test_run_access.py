@@ -42,7 +42,7 @@ def per_dag_auth(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_users_may_replay_the_feeds_they_may_run(user: str | None, feed: str, params: dict[str, bool]) -> None:
     from tidemark.orchestration.access import refuse_unless_allowed
 
-    refuse_unless_allowed(feed, "replay", params, user)  # None: started by a DAG, the CLI or the scheduler
+    refuse_unless_allowed(feed, "replay", params, user)  # None: started by another DAG or the scheduler
 
 
 @pytest.mark.parametrize(

@@ -145,11 +145,12 @@ def run_user(name: str) -> Any:
 def refuse_unless_allowed(feed: str, mode: str, params: Mapping[str, Any], user_name: str | None) -> None:
     """Raise :class:`ConfigError` unless ``user_name`` may replay (and, to commit, run) ``feed``.
 
-    A run with no triggering user was started by the scheduler, another DAG or the CLI:
-    code and machines the deployment already trusts, outside the auth manager's reach.
+    A run with no triggering user was started by the scheduler or another DAG: code the
+    deployment already trusts, outside the auth manager's reach. ``airflow dags trigger``
+    records the operating-system user, checked like any other name.
     """
     if user_name is None:
-        log.info("the %s of feed '%s' has no triggering user (a DAG, the CLI or the scheduler): no user to check",
+        log.info("the %s of feed '%s' has no triggering user (a DAG or the scheduler): no user to check",
                  mode, feed)  # fmt: skip
         return
     from airflow.api_fastapi.app import create_auth_manager
