@@ -20,7 +20,9 @@ Airflow's own form or REST API names any feed. A task has no token, so that user
 up by name: SimpleAuthManager's users (and its subclasses') come from ``[core]
 simple_auth_manager_users``; any other manager needs ``[tidemark] run_user_lookup``, the
 import path of a function ``(auth_manager, name) -> user | None``. Without one the request
-is refused (a check that cannot be made does not pass).
+is refused (a check that cannot be made does not pass). In multi-team mode the task's check
+leaves the DAG's team out (a task has no metadata database to read it from); the view's
+includes it.
 """
 
 from __future__ import annotations
@@ -64,18 +66,23 @@ def _teams(dag_ids: list[str]) -> Mapping[str, str | None]:
     return dict(DagModel.get_dag_id_to_team_name_mapping(dag_ids))
 
 
-def allowed_feeds(auth_manager: Any, user: Any, action: Action, feeds: Collection[str]) -> set[str]:
-    """The feeds among ``feeds`` on whose DAG ``user`` may do ``action``, by ``auth_manager``'s answer."""
+def allowed_feeds(
+    auth_manager: Any, user: Any, action: Action, feeds: Collection[str], *, teams: bool = True
+) -> set[str]:
+    """The feeds among ``feeds`` on whose DAG ``user`` may do ``action``, by ``auth_manager``'s answer.
+
+    ``teams=False`` leaves the DAGs' teams out (a task cannot read them: it has no metadata database).
+    """
     from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 
     method, entity = _rights(action)
     by_dag = {dag_id(name): name for name in feeds}
-    teams = _teams(list(by_dag))
+    owners = _teams(list(by_dag)) if teams else {}
     return {
         name
         for dag, name in by_dag.items()
         if auth_manager.is_authorized_dag(
-            method=method, access_entity=entity, details=DagDetails(id=dag, team_name=teams.get(dag)), user=user
+            method=method, access_entity=entity, details=DagDetails(id=dag, team_name=owners.get(dag)), user=user
         )
     }
 
@@ -160,7 +167,8 @@ def refuse_unless_allowed(feed: str, mode: str, params: Mapping[str, Any], user_
         return  # every user is an admin there (a development setting)
     needed: list[Action] = ["replay", "commit"] if flag(params, "commit") else ["replay"]
     user = run_user(user_name)
-    missing = [a for a in needed if user is None or not allowed_feeds(create_auth_manager(), user, a, [feed])]
+    manager = create_auth_manager()
+    missing = [a for a in needed if user is None or not allowed_feeds(manager, user, a, [feed], teams=False)]
     if missing:
         right = "run the DAG" if missing[0] == "commit" else "edit the DAG"
         why = " (a committing run moves the feed's group, as the feed's own runs do)" if missing[0] == "commit" else ""
