@@ -4,8 +4,9 @@ The page is a FastAPI app (``tidemark.web.app.create_app``) mounted at ``/tidema
 shown in an iframe. Kafka settings come from the ``tidemark_kafka`` connection. Airflow
 does not put plugin endpoints behind its auth, so the app carries Airflow's own auth
 dependencies: every page and endpoint needs an authenticated Airflow user, and the
-replay trigger a user who may run ``tidemark_replay``. It shows offsets, lag and run
-summaries, never connection settings.
+replay trigger a user who may run ``tidemark_replay``. Each feed answers only to users
+Airflow's auth manager allows on that feed's DAG (``tidemark.orchestration.access``). It
+shows offsets, lag and run summaries, never connection settings.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any, ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
 
+from tidemark.orchestration.access import AirflowFeedAccess
 from tidemark.orchestration.dags import airflow_api_base, airflow_auth, airflow_trigger_auth, kafka_connection
-from tidemark.web.app import create_app
+from tidemark.web.app import create_app, preview_rate
 
 
 class TidemarkPlugin(AirflowPlugin):
@@ -27,6 +29,8 @@ class TidemarkPlugin(AirflowPlugin):
                 dependencies=airflow_auth(),
                 trigger_dependencies=airflow_trigger_auth(),
                 api_base=airflow_api_base,
+                access=AirflowFeedAccess(),
+                preview_rate=preview_rate(),
             ),
             "url_prefix": "/tidemark",
             "name": "Tidemark",

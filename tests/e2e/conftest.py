@@ -6,12 +6,16 @@ feeds folder. The feed ``view`` (manual schedule) reads a 3-partition topic hold
 records; the DAGs folder holds the project's DAG file and a downstream DAG scheduled on
 the feed's Asset. The feed ``docs`` (manual) has an expectation on its text column and a
 record whose value is markup with script (``MARKUP``), which Great Expectations writes into
-its Data Docs. SimpleAuthManager users: ``admin`` and ``viewer``.
+its Data Docs. Users: ``admin`` and ``viewer`` (SimpleAuthManager's roles over every DAG),
+and one team per feed (``TEAMS``): ``alice`` may run feed ``view``'s DAG, ``bob`` feed
+``docs``'s, both ``tidemark_replay``; the auth manager is ``tests.support.airflow_auth``'s
+(SimpleAuthManager plus per-DAG grants), configured as ``[core] auth_manager``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 import urllib.error
@@ -26,6 +30,8 @@ import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster, keyed_records
+from tests.support.airflow_auth import GRANTS_ENV
+from tests.support.airflow_auth import PATH as AUTH_MANAGER
 from tidemark.devtools.airflow import LocalAirflow, project_root
 from tidemark.kafka.adapter import Record
 
@@ -39,6 +45,10 @@ MARKUP = (
     "<script>document.documentElement.dataset.xss='ran'</script>"
 )
 SECRET = "pa55-never-shown"
+# One team per feed: its user may run the feed's DAG and the replay DAG, nothing else.
+TEAMS = {"alice": FEED, "bob": DOCS_FEED}
+GRANTS = {user: {f"tidemark_{feed}": "run", "tidemark_replay": "run"} for user, feed in TEAMS.items()}
+USERS = "admin:admin,viewer:viewer," + ",".join(f"{user}:user" for user in TEAMS)
 DOWNSTREAM_DAG = "downstream_of_view"
 DOWNSTREAM = '''
 """Consumes the view feed's Asset: scheduled whenever the feed's DAG publishes."""
@@ -169,6 +179,13 @@ def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -
             "TIDEMARK_FEEDS_DIR": str(feeds),
             "TIDEMARK_STATE_DIR": str(state),
             "TIDEMARK_REPLAY_OUTPUT_ROOTS": str(base / "replays") + ",s3://replays/allowed",
+            "AIRFLOW__CORE__AUTH_MANAGER": AUTH_MANAGER,
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": USERS,
+            GRANTS_ENV: json.dumps(GRANTS),
+            # The auth manager's module, for the api-server and the tasks (the DAGs' own check asks it too).
+            "PYTHONPATH": os.pathsep.join(p for p in (str(project_root()), os.environ.get("PYTHONPATH")) if p),
+            # The security tests send dozens of previews in a row; the limit itself is tested in process.
+            "TIDEMARK_VIEW_PREVIEW_RATE": "10000/60",
             # A PLAINTEXT cluster ignores SASL settings when no mechanism is set; the password is
             # here to prove it never reaches the view, its JSON or the task logs.
             "AIRFLOW_CONN_TIDEMARK_KAFKA": json.dumps(
@@ -178,7 +195,7 @@ def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -
     )
     try:
         airflow.up()
-        tokens = {user: airflow.token(user) for user in ("admin", "viewer")}
+        tokens = {user: airflow.token(user) for user in ("admin", "viewer", *TEAMS)}
         running = RunningAirflow(airflow, kafka, state, topic, group, output, tokens, docs_topic, cleared_topic)
         dag_ids = [f"tidemark_{f}" for f in (FEED, DOCS_FEED, CLEARED_FEED)]
         _wait_for_dags(running, [*dag_ids, "tidemark_replay", DOWNSTREAM_DAG])

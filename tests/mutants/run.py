@@ -437,6 +437,27 @@ MUTANTS = (
             "yarn_or_kubernetes[yarn]",
         ),
     ),
+    Mutant(
+        "view-ignores-feed-access",
+        "each feed answers only to users Airflow's auth manager allows on that feed's DAG",
+        (Edit(VIEW, "        if name not in self.access.allowed(request, action, [name]):\n", "        if False:\n"),),
+        (
+            "tests/integration/web/test_web_access.py::test_the_other_feeds_run_files_and_docs_answer_403",
+            "tests/integration/web/test_web_access.py::test_previews_and_replays_answer_only_to_their_feeds_users",
+        ),
+    ),
+    Mutant(
+        "replay-dag-trusts-its-trigger",
+        "tidemark_replay and tidemark_backfill refuse a feed the triggering user may not run, at their first task",
+        (Edit("include/tidemark/orchestration/access.py", "    if missing:\n", "    if False:\n"),),
+        ("tests/dags/test_run_access.py::test_a_request_for_a_feed_the_user_may_not_run_is_refused",),
+    ),
+    Mutant(
+        "replay-output-read-as-text",
+        "a replay or backfill never publishes into a feed's output, whatever symlinks or broad roots allow",
+        (Edit("include/tidemark/output/base.py", "    place = _resolved(target)\n", "    place = target.url\n"),),
+        ("tests/unit/runs/test_replay_output.py::test_a_symlink_under_an_allowed_place_is_followed",),
+    ),
 )
 
 

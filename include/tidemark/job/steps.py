@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidemark._types import TopicPartition as TP
-from tidemark.config.models import Feed, RecordPart, load_feed
+from tidemark.config.models import Feed, RecordPart, load_feed, load_feeds
 from tidemark.errors import ConfigError, PublishError, TidemarkError
 from tidemark.faults import fault_point
 from tidemark.kafka.connection import KafkaConnection, from_env
@@ -976,6 +976,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.plan_id, result.feed = plan.plan_id, plan.feed
         feed = load_feed(args.feed or plan.feed)
         result.feed = feed.name
+        if plan.output:  # checked at planning; again where the records are written, symlinks followed here
+            from tidemark.output.base import check_replay_output
+            from tidemark.planning.requests import output_roots
+
+            roots = output_roots([feed.output_for(plan.mode)])
+            check_replay_output(Location.of(plan.output), {**load_feeds(), feed.name: feed}, roots)
         connection = from_env()
         if plan.total_records:  # while the JVM starts the session, the main thread mostly waits
             preload_great_expectations()

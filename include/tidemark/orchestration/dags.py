@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, BaseHook, Param, get_current_context, task
@@ -34,6 +34,7 @@ from tidemark.planning.plan import Plan
 from tidemark.planning.requests import END_CHOICES, MAX_OFFSET, MAX_PARTITION, OUTPUT_ROOTS_ENV, START_CHOICES
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 KAFKA_CONN_ID = os.environ.get("TIDEMARK_KAFKA_CONN_ID", "tidemark_kafka")
 SPARK_CONN_ID = os.environ.get("TIDEMARK_SPARK_CONN_ID", "tidemark_spark")
 CHECKPOINT_CONN_ID = os.environ.get("TIDEMARK_CHECKPOINT_CONN_ID", "tidemark_checkpoints")
@@ -224,13 +225,16 @@ def airflow_auth() -> list[Any]:
 
     Airflow mounts plugin apps with no auth of their own. These are Airflow's own checks:
     the user comes from the ``Authorization: Bearer`` header or the UI's ``_token``
-    cookie (anonymous → 401), and must be allowed to see plugin views (else → 403).
+    cookie (anonymous → 401), and must be allowed to see plugin views (else → 403). The
+    user is kept on the request for the per-feed checks (:mod:`tidemark.orchestration.access`).
     """
     from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
     from airflow.api_fastapi.core_api.security import requires_access_view
     from fastapi import Depends
 
-    return [Depends(requires_access_view(AccessView.PLUGINS))]
+    from tidemark.orchestration.access import remember_user
+
+    return [Depends(requires_access_view(AccessView.PLUGINS)), remember_user()]
 
 
 def airflow_trigger_auth() -> list[Any]:
@@ -392,7 +396,7 @@ PERMANENT_ERRORS: tuple[type[Exception], ...] = (
 )  # fmt: skip
 
 
-def _no_retry_for_refusals(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _no_retry_for_refusals(call: Callable[[], _T]) -> _T:
     try:
         return call()
     except PERMANENT_ERRORS as exc:
@@ -401,10 +405,18 @@ def _no_retry_for_refusals(call: Callable[[], dict[str, Any]]) -> dict[str, Any]
 
 @task(task_id="plan")
 def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Finish any pending commit of the feed, then plan this run and save the plan."""
+    """Finish any pending commit of the feed, then plan this run and save the plan.
+
+    A backfill or replay first checks that the user who triggered it may replay (and, to
+    commit, run) the feed it names: those DAGs serve every feed.
+    """
     from tidemark.orchestration import metrics
+    from tidemark.orchestration.access import refuse_unless_allowed
     from tidemark.runs.pipeline import RunHandle, plan_run
 
+    if mode != "scheduled":
+        user = get_current_context()["dag_run"].triggering_user_name
+        _no_retry_for_refusals(lambda: refuse_unless_allowed(feed_name, mode, dict(params or {}), user))
     with _storage_settings():
         handle = _no_retry_for_refusals(
             lambda: plan_run(

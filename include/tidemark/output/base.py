@@ -21,12 +21,14 @@ unchanged.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidemark.config.models import Feed
+from tidemark.errors import ConfigError
 from tidemark.planning.plan import Plan, RecoveredPosition
 from tidemark.storage import Location
 
@@ -203,3 +205,38 @@ def publisher_for(feed: Feed, plan: Plan | None = None, output: Location | str |
 
         return IcebergPublisher(feed)
     return ParquetPublisher(feed.output_location())
+
+
+def _resolved(where: Location | str) -> str:
+    """``where`` as the writer reaches it: a local path with every symlink followed; an object-store URL as is."""
+    location = Location.of(where)
+    if not location.is_local:
+        return location.url.rstrip("/")
+    return os.path.realpath(location.local_path())
+
+
+def check_replay_output(target: Location, feeds: Mapping[str, Feed], roots: Sequence[str]) -> None:
+    """Refuse a backfill's or replay's ``target`` unless, resolved here (where the writer runs), it lies under
+    one of ``roots`` (resolved too) and is neither any feed's output nor inside one.
+
+    The lexical check (:func:`tidemark.planning.requests.confine_output`) reads the text only;
+    a symlink under an allowed root, or a root broad enough to hold other feeds' outputs,
+    would let a replay write its records into another feed's output.
+    """
+    place = _resolved(target)
+
+    def under(base: str) -> bool:
+        return place == base or place.startswith(base.rstrip("/") + "/")
+
+    # The feed is not named: the caller may not be allowed to know it exists.
+    if any(under(_resolved(f.output_location())) for f in feeds.values()):
+        raise ConfigError(
+            f"parameter 'output': {target.url} resolves to {place}, inside a feed's output; a backfill or replay "
+            "publishes beside feeds' outputs, never into one (their readers would see its records as the feed's); "
+            "choose another place"
+        )
+    if not any(under(_resolved(root)) for root in roots):
+        raise ConfigError(
+            f"parameter 'output': {target.url} resolves to {place}, outside the places replays and backfills may "
+            f"write ({', '.join(roots)}, symlinks followed); choose a place under one of them"
+        )

@@ -33,7 +33,7 @@ from tidemark.checkpoints.store import CheckpointStore, LedgerRun, open_store
 if TYPE_CHECKING:
     from tidemark.runs.commit import CommitResult
 from tidemark.config.durations import parse_skew, parse_timestamp
-from tidemark.config.models import Feed, load_feed, package_root, state_location
+from tidemark.config.models import Feed, load_feed, load_feeds, package_root, state_location
 from tidemark.errors import ConfigError, OffsetsMovedError, TidemarkError, shown
 from tidemark.faults import fault_point
 from tidemark.kafka.adapter import KafkaAdapter
@@ -45,6 +45,7 @@ from tidemark.planning.requests import (
     confine_output,
     flag,
     output_location,
+    output_roots,
     parse_replay_params,
 )
 from tidemark.runs.protocol import settle, settle_open_runs
@@ -166,6 +167,10 @@ def selection_options(feed: Feed, mode: str, params: Mapping[str, Any]) -> tuple
             f"(default {feed.output_for(mode)}) so readers of the feed never see its records twice"
         )
     confine_output(target, [default])
+    from tidemark.output.base import check_replay_output
+
+    # Again with symlinks followed, here where the plan task (and so the writer) runs, against every feed.
+    check_replay_output(target, {**load_feeds(), feed.name: feed}, output_roots([default]))
     return options, target, dry_run
 
 

@@ -15,10 +15,17 @@ run would, reads nothing) and ``POST /api/feeds/{feed}/replay`` (triggers
 Handlers are thin: the data comes from :mod:`tidemark.runs.status`, :mod:`tidemark.runs.report`
 and :func:`tidemark.runs.pipeline.plan_request`. A feed whose brokers do not answer shows its
 error instead of failing the page. No connection setting is ever rendered (not even the
-broker addresses), and error texts are scrubbed of secret values. Airflow mounts plugin
-apps without auth; the plugin passes Airflow's own security dependencies:
-``dependencies`` guard every route (an authenticated user), ``trigger_dependencies`` the
-trigger (a user who may run the replay DAG).
+broker addresses), and error texts, the runs' stored ones included, are scrubbed of secret
+values. Airflow mounts plugin apps without auth; the plugin passes Airflow's own security
+dependencies: ``dependencies`` guard every route (an authenticated user), ``trigger_dependencies``
+the trigger (a user who may run the replay DAG).
+
+Authorization is per feed (``access``, a :class:`FeedAccess`; the plugin's asks Airflow's auth
+manager about the feed's own DAG): reading a feed's page, JSON, runs' files or a preview needs
+``read`` (``runs`` for run files), a replay ``replay`` and a committing replay also ``commit``.
+Lists show only the feeds the user may read; any other feed, known or not, answers 403 with
+Airflow's own bare ``Forbidden``, so a refusal tells nothing about which feeds exist. Previews
+(Kafka calls on the api-server) are limited per user (``preview_rate``).
 
 The view runs on Airflow's origin, where the login cookie lives, so it keeps other
 content from acting there. Run files (Data Docs, written from record data) are served
@@ -34,14 +41,18 @@ from __future__ import annotations
 
 import json
 import mimetypes
+import os
 import re
+import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 from urllib.parse import quote
 
 from fastapi import Body, Depends, FastAPI, HTTPException, Request
@@ -67,6 +78,67 @@ CHART_RUNS = 30
 REPLAY_KEYS = frozenset(REPLAY_PARAMS) - {"allow_gap"}
 
 Trigger = Callable[[Request, dict[str, Any]], dict[str, Any]]
+# What a user asks of a feed: its pages, JSON and previews; its runs' files; a replay; a committing replay.
+Action = Literal["read", "runs", "replay", "commit"]
+FORBIDDEN = "Forbidden"  # Airflow's own answer: names no feed and no reason a caller could probe with
+PREVIEW_RATE = (12, 60.0)  # previews per user per that many seconds: each one is several Kafka calls
+PREVIEW_RATE_ENV = "TIDEMARK_VIEW_PREVIEW_RATE"  # "COUNT/SECONDS", e.g. 12/60
+
+
+def preview_rate(environ: Mapping[str, str] | None = None) -> tuple[int, float]:
+    """Previews allowed per user: ``TIDEMARK_VIEW_PREVIEW_RATE`` ("COUNT/SECONDS"), else :data:`PREVIEW_RATE`."""
+    text = (os.environ if environ is None else environ).get(PREVIEW_RATE_ENV, "").strip()
+    if not text:
+        return PREVIEW_RATE
+    count, _, seconds = text.partition("/")
+    try:
+        rate = (int(count), float(seconds))
+    except ValueError:
+        rate = (0, 0.0)
+    if rate[0] < 1 or rate[1] <= 0:
+        raise ConfigError(f"{PREVIEW_RATE_ENV}={shown(text)}: expected COUNT/SECONDS with both above 0, e.g. 12/60")
+    return rate
+
+
+class FeedAccess(Protocol):
+    """Which of ``feeds`` the request's user may do ``action`` on, and who that user is (for rate limits)."""
+
+    def allowed(self, request: Request, action: Action, feeds: Collection[str]) -> set[str]: ...
+
+    def who(self, request: Request) -> str: ...
+
+
+class OpenAccess:
+    """Everyone may do everything: the view without Airflow (tests of the pages themselves, ``make bench-view``)."""
+
+    def allowed(self, request: Request, action: Action, feeds: Collection[str]) -> set[str]:
+        return set(feeds)
+
+    def who(self, request: Request) -> str:
+        return request.client.host if request.client else "-"
+
+
+@dataclass
+class RateLimit:
+    """At most ``count`` calls per ``per_s`` seconds for each key (a sliding window, kept in memory per process)."""
+
+    count: int
+    per_s: float
+    _calls: dict[str, deque[float]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def wait_s(self, key: str, now: float | None = None) -> float:
+        """0 when ``key`` may call now (the call is counted); else how long until it may."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            calls = self._calls.setdefault(key, deque())
+            while calls and calls[0] <= now - self.per_s:
+                calls.popleft()
+            if len(calls) >= self.count:
+                return calls[0] + self.per_s - now
+            calls.append(now)
+            return 0.0
+
 
 # Run files hold record data (GX writes rejected values into its pages unescaped): sandboxed,
 # they run no script and load nothing from elsewhere, yet show their server-rendered HTML.
@@ -166,7 +238,8 @@ def _lag_before(report: RunReport) -> int | None:
     return sum(lags) if lags else None
 
 
-def _run_row(report: RunReport, root: str, runs_root: Path | None) -> RunRow:
+def _run_row(report: RunReport, root: str, runs_root: Path | None, scrub: Callable[[str], str]) -> RunRow:
+    """``report`` as a row; its stored error (written by the job or the commit, from any exception) scrubbed."""
     run_dir = run_dir_for(report.feed, report.run_id, runs_root)
     airflow_url = None
     airflow_doc = run_dir / AIRFLOW_FILE
@@ -180,7 +253,7 @@ def _run_row(report: RunReport, root: str, runs_root: Path | None) -> RunRow:
         report.run_id, mode, report.status, report.plan_id, _records(report), _lag_before(report),
         max(lags.values()) if lags else None, report.counts.get("published"), report.counts.get("quarantined"),
         round(sum(report.timings_s.values()), 1) if report.timings_s else None,
-        report.started_at, report.error, airflow_url, docs_url,
+        report.started_at, scrub(report.error) if report.error else None, airflow_url, docs_url,
     )  # fmt: skip
 
 
@@ -319,15 +392,22 @@ def airflow_trigger(request: Request, conf: dict[str, Any], api_base: str | None
 
     Going through the public API (not Airflow's internals) keeps Airflow's own checks:
     the conf is validated against the DAG's Params and the run records who triggered it.
-    ``api_base`` is Airflow's configured ``[api] base_url``; without one, the address
-    the request came to.
+    ``api_base`` is Airflow's configured ``[api] base_url``. Without one there is no trigger:
+    the request's ``Host`` header is the caller's to choose, and the caller's token would go
+    wherever it names.
     """
+    if not api_base:
+        raise HTTPException(
+            503,
+            "replays cannot be started from this view: Airflow's [api] base_url is not set; set it to the address "
+            "Airflow's REST API is reached at (e.g. https://airflow.example.com), then restart the api-server",
+        )
     headers = {"Content-Type": "application/json"}
     if auth := request.headers.get("authorization"):
         headers["Authorization"] = auth
     elif token := request.cookies.get("_token"):
         headers["Cookie"] = f"_token={token}"
-    base = (api_base or f"{request.url.scheme}://{request.url.netloc}").rstrip("/")
+    base = api_base.rstrip("/")
     url = f"{base}/api/v2/dags/{REPLAY_DAG}/dagRuns"
     data = json.dumps({"logical_date": None, "conf": conf}).encode()
     req = urllib.request.Request(url, data=data, headers=headers, method="POST")
@@ -354,28 +434,54 @@ class ViewDeps:
     runs: Callable[[str], list[RunReport]]
     runs_root: Path | None
     timeout_s: float
+    access: FeedAccess = field(default_factory=OpenAccess)
+    preview_limit: RateLimit = field(default_factory=lambda: RateLimit(*PREVIEW_RATE))
 
-    def scrub(self, text: str) -> str:
+    def unclipped(self, value: Any) -> Any:
+        """``value`` (a text, or JSON-like data holding texts) without secret values or broker addresses."""
         conn = self.connection()
-        text = str(redact(text, secret_values(conn)))
         # Broker addresses are connection settings too: a viewer learns that Kafka did not answer, not where it is.
         servers = {conn.bootstrap_servers} | {s.strip() for s in conn.bootstrap_servers.split(",") if s.strip()}
         servers |= {s.rsplit(":", 1)[0] for s in servers if ":" in s}
-        for server in sorted(servers, key=len, reverse=True):
-            text = text.replace(server, "the feed's brokers")
-        return _clip(text)
+        found = sorted(servers - {""}, key=len, reverse=True)
+
+        def walk(v: Any) -> Any:
+            if isinstance(v, str):
+                for server in found:
+                    v = v.replace(server, "the feed's brokers")
+                return v
+            if isinstance(v, Mapping):
+                return {k: walk(x) for k, x in v.items()}
+            if isinstance(v, list | tuple):
+                return [walk(x) for x in v]
+            return v
+
+        return walk(redact(value, secret_values(conn)))
+
+    def scrub(self, text: str) -> str:
+        return _clip(str(self.unclipped(text)))
+
+    def visible(self, request: Request) -> list[Feed]:
+        """The feeds the user may read, by name."""
+        known = self.feeds()
+        allowed = self.access.allowed(request, "read", list(known))
+        return [known[name] for name in sorted(allowed & known.keys())]
+
+    def feed_for(self, request: Request, name: str, action: Action = "read") -> Feed:
+        """Feed ``name`` if the user may do ``action`` on it: 403 otherwise, whether it exists or not."""
+        if name not in self.access.allowed(request, action, [name]):
+            raise HTTPException(403, FORBIDDEN)
+        known = self.feeds()
+        if name not in known:
+            readable = self.access.allowed(request, "read", list(known))
+            raise HTTPException(404, f"no feed named {shown(name)} (known: {', '.join(sorted(readable)) or 'none'})")
+        return known[name]
 
     def adapter(self) -> KafkaAdapter:
         return KafkaAdapter(self.connection(), timeout_s=self.timeout_s)
 
     def status_of(self, feed: Feed) -> FeedStatus:
         return feed_status(feed, self.adapter(), self.checkpoints(), lag_times=True)
-
-    def feed_or_404(self, name: str) -> Feed:
-        known = self.feeds()
-        if name not in known:
-            raise HTTPException(404, f"no feed named '{name}' (known: {', '.join(sorted(known)) or 'none'})")
-        return known[name]
 
     def summary(self, feed: Feed, root: str) -> dict[str, Any]:
         """One row of the feeds page: lag, trouble and the last run (or the error that hid them)."""
@@ -389,7 +495,7 @@ class ViewDeps:
         except TidemarkError as exc:
             row["error"] = self.scrub(str(exc))
         recent = self.runs(feed.name)[:1]
-        row["last"] = _run_row(recent[0], root, self.runs_root).__dict__ if recent else None
+        row["last"] = _run_row(recent[0], root, self.runs_root, self.scrub).__dict__ if recent else None
         return row
 
     def feed_view(self, feed: Feed, root: str) -> dict[str, Any]:
@@ -401,14 +507,14 @@ class ViewDeps:
         except TidemarkError as exc:
             error = self.scrub(str(exc))
         reports = self.runs(feed.name)[:CHART_RUNS]
-        rows = [_run_row(r, root, self.runs_root) for r in reports]
+        rows = [_run_row(r, root, self.runs_root, self.scrub) for r in reports]
         return {"status": status, "error": error, "reports": reports, "rows": rows}
 
-    def plan_of(self, name: str, body: Any) -> tuple[Feed, dict[str, Any], Any, Any, bool, KafkaAdapter]:
+    def plan_of(self, feed: Feed, body: Any) -> tuple[dict[str, Any], Any, Any, bool, KafkaAdapter]:
         """The preview's and the trigger's one validation: the plan a dry run of ``body`` would make."""
         from tidemark.runs.pipeline import plan_request
 
-        feed = self.feed_or_404(name)
+        name = feed.name
         if not isinstance(body, dict):
             raise HTTPException(400, f"send the replay parameters as a JSON object, got {shown(body)}")
         try:
@@ -419,11 +525,11 @@ class ViewDeps:
             raise HTTPException(400, self.scrub(str(exc))) from exc
         except TidemarkError as exc:
             raise HTTPException(502, self.scrub(str(exc))) from exc
-        return feed, conf, plan, output, dry_run, kafka
+        return conf, plan, output, dry_run, kafka
 
-    def preview(self, name: str, body: Any) -> dict[str, Any]:
+    def preview(self, feed: Feed, body: Any) -> dict[str, Any]:
         """What a replay of ``body`` would read: ranges with their first and last record times, and its effect."""
-        feed, conf, plan, output, dry_run, kafka = self.plan_of(name, body)
+        conf, plan, output, dry_run, kafka = self.plan_of(feed, body)
         try:
             firsts = kafka.timestamps_at({p.key: p.start for p in plan.partitions if p.records}, feed.isolation)
             lasts = kafka.timestamps_at({p.key: p.end - 1 for p in plan.partitions if p.records}, feed.isolation)
@@ -459,8 +565,7 @@ class ViewDeps:
         }
 
     def data_docs_path(self, feed: str, run_id: str) -> str:
-        """The run's Data Docs index, relative to its run folder."""
-        self.feed_or_404(feed)
+        """The run's Data Docs index, relative to its run folder (``feed``: one the user may read runs of)."""
         report = next((r for r in self.runs(feed) if r.run_id == run_id), None)
         if report is None or not report.data_docs:
             raise HTTPException(404, f"run {run_id} of feed '{feed}' has no Data Docs")
@@ -473,9 +578,9 @@ class ViewDeps:
     def run_file(self, feed: str, run_id: str, path: str) -> Response:
         """Data Docs pages and their assets; only under the run's ``gx/`` folder (local or object store).
 
-        Served sandboxed (``FILES_CSP``): they are written from record data.
+        Served sandboxed (``FILES_CSP``): they are written from record data. ``feed``: one the user
+        may read runs of.
         """
-        self.feed_or_404(feed)
         parts = path.split("/")
         missing = HTTPException(404, f"no file {shown(path)} in the Data Docs of run {shown(run_id)}")
         if not _SAFE_NAME.match(run_id) or parts[0] != "gx" or not all(_SAFE_NAME.match(p) for p in parts):
@@ -525,13 +630,18 @@ def create_app(
     trigger_dependencies: Sequence[Any] = (),
     trigger: Trigger | None = None,
     api_base: Callable[[], str | None] = lambda: None,
+    access: FeedAccess | None = None,
+    preview_rate: tuple[int, float] = PREVIEW_RATE,
 ) -> FastAPI:
     """The app; ``dependencies`` guard every route, ``trigger_dependencies`` also the replay trigger.
 
+    ``access`` says which feeds the user may read, replay and commit (default: every feed,
+    for a view without Airflow); ``preview_rate`` caps each user's previews (count, seconds).
     ``trigger`` starts a replay run (default: :func:`airflow_trigger` at ``api_base()``). The
     routes are thin: the work is in :class:`ViewDeps` and the pure helpers above.
     """
-    deps = ViewDeps(feeds, connection, checkpoints, runs, runs_root, timeout_s)
+    deps = ViewDeps(feeds, connection, checkpoints, runs, runs_root, timeout_s, access or OpenAccess(),
+                    RateLimit(*preview_rate))  # fmt: skip
     start_run: Trigger = trigger or (lambda request, conf: airflow_trigger(request, conf, api_base()))
     app = FastAPI(title="Tidemark", docs_url=None, redoc_url=None, openapi_url=None, dependencies=list(dependencies))
     app.middleware("http")(_security_headers)
@@ -542,27 +652,27 @@ def create_app(
 
     @app.get("/", response_class=HTMLResponse)
     def index(request: Request) -> HTMLResponse:
-        rows = [deps.summary(f, _root_of(request)) for _, f in sorted(deps.feeds().items())]
+        rows = [deps.summary(f, _root_of(request)) for f in deps.visible(request)]
         return HTMLResponse(_templates.get_template("index.html").render(title="Tidemark feeds", feeds=rows))
 
     @app.get("/api/feeds")
     def feeds_json(request: Request) -> list[dict[str, Any]]:
-        return [deps.summary(f, _root_of(request)) for _, f in sorted(deps.feeds().items())]
+        return [deps.summary(f, _root_of(request)) for f in deps.visible(request)]
 
     @app.get("/api/feeds/{name}")
     def feed_json(name: str, request: Request) -> dict[str, Any]:
-        view = deps.feed_view(deps.feed_or_404(name), _root_of(request))
+        view = deps.feed_view(deps.feed_for(request, name), _root_of(request))
         status_doc = view["status"].to_dict() if view["status"] is not None else {"error": view["error"]}
-        return {
-            "status": status_doc,
+        history = {
             "runs": [r.model_dump(exclude={"connection"}) for r in view["reports"][:20]],
             "run_rows": [r.__dict__ for r in view["rows"]],
             "events": _events(view["reports"]),
         }
+        return {"status": status_doc, **deps.unclipped(history)}  # stored errors and events: scrubbed as shown
 
     @app.get("/feeds/{name}", response_class=HTMLResponse)
     def feed_page(name: str, request: Request) -> HTMLResponse:
-        feed = deps.feed_or_404(name)
+        feed = deps.feed_for(request, name)
         root = _root_of(request)
         view = deps.feed_view(feed, root)
         status: FeedStatus | None = view["status"]
@@ -570,28 +680,40 @@ def create_app(
         html = _templates.get_template("feed.html").render(
             title=f"Tidemark · {name}", feed=feed, root=root, status=status, error=view["error"],
             trouble=status.trouble if status else (), runs=rows, last=rows[0] if rows else None,
-            chart_data=_chart(rows), lag_chart_data=_lag_time_chart(rows), events=_events(view["reports"]),
-            start_choices=START_CHOICES, end_choices=END_CHOICES,
+            chart_data=_chart(rows), lag_chart_data=_lag_time_chart(rows),
+            events=deps.unclipped(_events(view["reports"])), start_choices=START_CHOICES, end_choices=END_CHOICES,
         )  # fmt: skip
         return HTMLResponse(html)
 
     @app.post("/api/feeds/{name}/replay/preview", dependencies=[Depends(csrf)])
-    def replay_preview(name: str, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
-        return deps.preview(name, body)
+    def replay_preview(name: str, request: Request, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        feed = deps.feed_for(request, name)
+        wait = deps.preview_limit.wait_s(deps.access.who(request))
+        if wait:
+            count, per_s = preview_rate
+            raise HTTPException(
+                429, f"too many previews: at most {count} every {per_s:.0f}s per user; try again in {wait:.0f}s",
+                headers={"Retry-After": str(max(1, round(wait)))},
+            )  # fmt: skip
+        return deps.preview(feed, body)
 
     @app.post("/api/feeds/{name}/replay", dependencies=[Depends(csrf), *trigger_dependencies])
     def replay_trigger(name: str, request: Request, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        feed = deps.feed_for(request, name, "replay")
+        if isinstance(body, dict) and body.get("commit") not in (None, False, ""):
+            # A committing replay moves the group as the feed's own runs do: it needs the right to run that DAG.
+            deps.feed_for(request, name, "commit")
         # Planned first, as the preview plans: a run is started only for what would run.
-        _feed, conf, _plan, _output, _dry_run, _kafka = deps.plan_of(name, body)
+        conf, _plan, _output, _dry_run, _kafka = deps.plan_of(feed, body)
         return start_run(request, conf)
 
     @app.get("/runs/{feed}/{run_id}/docs")
     def data_docs(feed: str, run_id: str, request: Request) -> RedirectResponse:
-        index = deps.data_docs_path(feed, run_id)
+        index = deps.data_docs_path(deps.feed_for(request, feed, "runs").name, run_id)
         return RedirectResponse(f"{_root_of(request)}/runs/{feed}/{run_id}/files/{index}")
 
     @app.get("/runs/{feed}/{run_id}/files/{path:path}")
-    def run_file(feed: str, run_id: str, path: str) -> Response:
-        return deps.run_file(feed, run_id, path)
+    def run_file(feed: str, run_id: str, path: str, request: Request) -> Response:
+        return deps.run_file(deps.feed_for(request, feed, "runs").name, run_id, path)
 
     return app

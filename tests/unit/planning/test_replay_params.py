@@ -71,11 +71,14 @@ def test_replay_outputs_are_confined_to_the_feeds_location_or_the_configured_roo
             selection_options(feed, "replay", {"output": output})
 
 
-def test_a_symlink_under_a_root_is_compared_by_its_name_not_followed(feed: Feed, tmp_path: Path) -> None:
+def test_a_symlink_under_a_root_is_followed_as_the_writer_would(feed: Feed, tmp_path: Path) -> None:
     replays = tmp_path / "out" / "orders.replays"
-    replays.mkdir(parents=True)
-    (replays / "link").symlink_to(tmp_path)
-    assert selection_options(feed, "replay", {"output": f"{replays}/link/x"})[1] == Location(f"{replays}/link/x")
+    (replays / "kept").mkdir(parents=True)
+    (replays / "link").symlink_to(tmp_path)  # out of the root: the writer would follow it there
+    with pytest.raises(ConfigError, match="outside the places"):
+        selection_options(feed, "replay", {"output": f"{replays}/link/x"})
+    (replays / "inside").symlink_to(replays / "kept")
+    assert selection_options(feed, "replay", {"output": f"{replays}/inside/x"})[1] == Location(f"{replays}/inside/x")
     (tmp_path / "elsewhere").symlink_to(replays)
     with pytest.raises(ConfigError, match="outside the places"):
         selection_options(feed, "replay", {"output": f"{tmp_path}/elsewhere/x"})

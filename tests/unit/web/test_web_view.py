@@ -6,7 +6,17 @@ import pytest
 
 from tidemark.errors import ConfigError
 from tidemark.runs.report import RunReport
-from tidemark.web.app import RunRow, _chart, _duration, _events, _lag_time_chart, replay_conf
+from tidemark.web.app import (
+    PREVIEW_RATE,
+    RateLimit,
+    RunRow,
+    _chart,
+    _duration,
+    _events,
+    _lag_time_chart,
+    preview_rate,
+    replay_conf,
+)
 
 
 @pytest.mark.parametrize(
@@ -61,3 +71,19 @@ def test_the_events_table_lists_schema_changes_and_leaves_routine_events_out() -
     assert [(e["kind"], e["where"]) for e in _events([report])] == [
         ("schema_changed", "orders[2]"), ("table_schema_evolved", ""),
     ]  # fmt: skip
+
+
+def test_the_preview_limit_is_a_sliding_window_per_user() -> None:
+    limit = RateLimit(2, 60.0)
+    assert [limit.wait_s("a", now=t) for t in (0.0, 10.0, 20.0)] == [0.0, 0.0, 40.0]
+    assert limit.wait_s("b", now=20.0) == 0.0  # another user has a window of its own
+    assert limit.wait_s("a", now=60.0) == 0.0  # the first call left the window
+    assert limit.wait_s("a", now=61.0) == 9.0
+
+
+def test_the_preview_rate_comes_from_the_environment_or_is_refused_by_name() -> None:
+    assert preview_rate({}) == PREVIEW_RATE
+    assert preview_rate({"TIDEMARK_VIEW_PREVIEW_RATE": "30/10"}) == (30, 10.0)
+    for bad in ("0/60", "ten/60", "5", "5/-1"):
+        with pytest.raises(ConfigError, match="TIDEMARK_VIEW_PREVIEW_RATE"):
+            preview_rate({"TIDEMARK_VIEW_PREVIEW_RATE": bad})

@@ -1,0 +1,179 @@
+"""Per-feed authorization from Airflow's auth manager: the view's :class:`FeedAccess` and the triggered DAGs' check.
+
+A feed's rights are its own DAG's (``tidemark_<feed>``), asked of whatever auth manager
+``[core] auth_manager`` configures, through ``BaseAuthManager``'s public API only, so FAB's
+per-DAG permissions, Keycloak's resources or a custom manager all apply unchanged:
+
+======== ======================================== ==========================================
+action   asked on the feed's DAG                  needed for
+======== ======================================== ==========================================
+read     GET                                      its page, JSON, lag and replay previews
+runs     GET, ``DagAccessEntity.RUN``             its runs' files (Data Docs)
+replay   PUT (edit the DAG)                       a replay or backfill of the feed
+commit   POST, ``DagAccessEntity.RUN`` (run it)   a replay or backfill that commits the group
+======== ======================================== ==========================================
+
+Starting ``tidemark_replay`` / ``tidemark_backfill`` at all stays Airflow's own check (POST
+on their runs). The DAGs check again at their first task (:func:`refuse_unless_allowed`),
+for the user Airflow recorded as the run's ``triggering_user_name``: a run triggered from
+Airflow's own form or REST API names any feed. A task has no token, so that user is looked
+up by name: SimpleAuthManager's users (and its subclasses') come from ``[core]
+simple_auth_manager_users``; any other manager needs ``[tidemark] run_user_lookup``, the
+import path of a function ``(auth_manager, name) -> user | None``. Without one the request
+is refused (a check that cannot be made does not pass). In multi-team mode the task's check
+leaves the DAG's team out (a task has no metadata database to read it from); the view's
+includes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Literal
+
+from fastapi import Depends, Request
+
+from tidemark.config.models import dag_id
+from tidemark.errors import ConfigError
+from tidemark.planning.requests import flag
+
+log = logging.getLogger(__name__)
+# tidemark.web.app's Action, spelled again: the view and orchestration are sibling layers, neither imports the other.
+Action = Literal["read", "runs", "replay", "commit"]
+USER_STATE = "tidemark_user"  # where remember_user keeps the request's Airflow user (request.state)
+
+
+def _rights(action: Action) -> tuple[str, Any]:
+    """The method and DAG entity that ``action`` asks the auth manager about."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+
+    return {
+        "read": ("GET", None),
+        "runs": ("GET", DagAccessEntity.RUN),
+        "replay": ("PUT", None),
+        "commit": ("POST", DagAccessEntity.RUN),
+    }[action]
+
+
+def _teams(dag_ids: list[str]) -> Mapping[str, str | None]:
+    """The team owning each DAG, in multi-team mode only (elsewhere no DAG has one, and no query is made)."""
+    from airflow.configuration import conf
+
+    if not conf.getboolean("core", "multi_team", fallback=False):
+        return {}
+    from airflow.models.dag import DagModel
+
+    return dict(DagModel.get_dag_id_to_team_name_mapping(dag_ids))
+
+
+def allowed_feeds(
+    auth_manager: Any, user: Any, action: Action, feeds: Collection[str], *, teams: bool = True
+) -> set[str]:
+    """The feeds among ``feeds`` on whose DAG ``user`` may do ``action``, by ``auth_manager``'s answer.
+
+    ``teams=False`` leaves the DAGs' teams out (a task cannot read them: it has no metadata database).
+    """
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
+    method, entity = _rights(action)
+    by_dag = {dag_id(name): name for name in feeds}
+    owners = _teams(list(by_dag)) if teams else {}
+    return {
+        name
+        for dag, name in by_dag.items()
+        if auth_manager.is_authorized_dag(
+            method=method, access_entity=entity, details=DagDetails(id=dag, team_name=owners.get(dag)), user=user
+        )
+    }
+
+
+def remember_user() -> Any:
+    """A FastAPI dependency keeping the request's Airflow user (Bearer token or ``_token`` cookie) for the view.
+
+    The same resolution as Airflow's own routes (``get_user``); an anonymous or forged
+    credential is refused there (401/403) before any Tidemark code runs.
+    """
+    from airflow.api_fastapi.core_api.security import get_user
+
+    async def keep(request: Request, user: Any = Depends(get_user)) -> None:  # noqa: B008
+        setattr(request.state, USER_STATE, user)
+
+    return Depends(keep)
+
+
+class AirflowFeedAccess:
+    """The view's :class:`tidemark.web.app.FeedAccess`, answered by Airflow's auth manager for the request's user."""
+
+    def __init__(self, auth_manager: Callable[[], Any] | None = None) -> None:
+        self._auth_manager = auth_manager
+
+    def manager(self) -> Any:
+        if self._auth_manager is not None:
+            return self._auth_manager()
+        from airflow.api_fastapi.app import get_auth_manager
+
+        return get_auth_manager()
+
+    def _user(self, request: Request) -> Any:
+        user = getattr(request.state, USER_STATE, None)
+        if user is None:  # the plugin wires remember_user() into every route: reaching here is a wiring fault
+            raise RuntimeError("no Airflow user on the request: add tidemark.orchestration.access.remember_user()")
+        return user
+
+    def allowed(self, request: Request, action: Action, feeds: Collection[str]) -> set[str]:
+        return allowed_feeds(self.manager(), self._user(request), action, feeds)
+
+    def who(self, request: Request) -> str:
+        return f"user:{self._user(request).get_id()}"
+
+
+def run_user(name: str) -> Any:
+    """The auth manager's user called ``name`` (the run's ``triggering_user_name``), or ``None`` if it has none.
+
+    Raises :class:`ConfigError` when the configured manager cannot look a user up by name.
+    """
+    from airflow.api_fastapi.app import create_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+    from airflow.configuration import conf
+
+    manager = create_auth_manager()
+    lookup = conf.getimport("tidemark", "run_user_lookup", fallback=None)
+    if lookup is not None:
+        return lookup(manager, name)
+    if isinstance(manager, SimpleAuthManager):
+        return next((u for u in manager.get_users() if u.username == name), None)
+    raise ConfigError(
+        f"cannot tell whether user {name!r} may run this feed: the auth manager {type(manager).__name__} has no "
+        "lookup by name here; set [tidemark] run_user_lookup to a function (auth_manager, name) -> user "
+        "(see docs/deploy.md, 'Team-per-feed deployment')"
+    )
+
+
+def refuse_unless_allowed(feed: str, mode: str, params: Mapping[str, Any], user_name: str | None) -> None:
+    """Raise :class:`ConfigError` unless ``user_name`` may replay (and, to commit, run) ``feed``.
+
+    A run with no triggering user was started by the scheduler or another DAG: code the
+    deployment already trusts, outside the auth manager's reach. ``airflow dags trigger``
+    records the operating-system user, checked like any other name.
+    """
+    if user_name is None:
+        log.info("the %s of feed '%s' has no triggering user (a DAG or the scheduler): no user to check",
+                 mode, feed)  # fmt: skip
+        return
+    from airflow.api_fastapi.app import create_auth_manager
+    from airflow.configuration import conf
+
+    if conf.getboolean("core", "simple_auth_manager_all_admins", fallback=False):
+        return  # every user is an admin there (a development setting)
+    needed: list[Action] = ["replay", "commit"] if flag(params, "commit") else ["replay"]
+    user = run_user(user_name)
+    manager = create_auth_manager()
+    missing = [a for a in needed if user is None or not allowed_feeds(manager, user, a, [feed], teams=False)]
+    if missing:
+        right = "run the DAG" if missing[0] == "commit" else "edit the DAG"
+        why = " (a committing run moves the feed's group, as the feed's own runs do)" if missing[0] == "commit" else ""
+        raise ConfigError(
+            f"user {user_name!r} may not {'commit ' if 'commit' in needed else ''}{mode} feed '{feed}': that needs "
+            f"the right to {right} {dag_id(feed)}{why} in Airflow's auth manager; nothing was read or committed. "
+            "Ask an admin for access to that DAG, or have its team trigger the run"
+        )

@@ -1,0 +1,61 @@
+"""The replay and backfill DAGs' own check: the triggering user may replay (and, to commit, run) the feed named.
+
+The auth manager is ``tests.support.airflow_auth``'s per-DAG one, configured as ``[core]
+auth_manager``; users and grants as in ``tests/integration/web/test_web_access.py``. The
+e2e tests make the same refusal through a real triggered run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.airflow_auth import GRANTS_ENV, PATH
+from tidemark.errors import ConfigError
+
+GRANTS = {
+    "alice": {"tidemark_alpha": "run", "tidemark_replay": "run"},
+    "bob": {"tidemark_beta": "run", "tidemark_replay": "run"},
+    "carol": {"tidemark_alpha": "edit", "tidemark_replay": "run"},
+}
+
+
+@pytest.fixture(autouse=True)
+def per_dag_auth(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from airflow.api_fastapi import app as airflow_app
+
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", PATH)
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "alice:user,bob:user,carol:user,admin:admin")
+    monkeypatch.setenv(GRANTS_ENV, json.dumps(GRANTS))
+    airflow_app.purge_cached_app()
+    yield
+    airflow_app.purge_cached_app()
+
+
+@pytest.mark.parametrize(
+    ("user", "feed", "params"),
+    [("alice", "alpha", {}), ("bob", "beta", {"commit": True}), ("carol", "alpha", {"commit": False}),
+     ("admin", "beta", {"commit": True}), (None, "beta", {"commit": True})],
+)  # fmt: skip
+def test_users_may_replay_the_feeds_they_may_run(user: str | None, feed: str, params: dict[str, bool]) -> None:
+    from tidemark.orchestration.access import refuse_unless_allowed
+
+    refuse_unless_allowed(feed, "replay", params, user)  # None: started by another DAG or the scheduler
+
+
+@pytest.mark.parametrize(
+    ("user", "feed", "params", "needs"),
+    [("alice", "beta", {}, "edit"), ("bob", "alpha", {"commit": True}, "edit"),
+     ("carol", "alpha", {"commit": True}, "run"), ("mallory", "alpha", {}, "edit")],
+)  # fmt: skip
+def test_a_request_for_a_feed_the_user_may_not_run_is_refused(
+    user: str, feed: str, params: dict[str, bool], needs: str
+) -> None:
+    from tidemark.orchestration.access import refuse_unless_allowed
+
+    expected = rf"user '{user}' may not .*{feed}'.*right to {needs} the DAG tidemark_{feed}"
+    with pytest.raises(ConfigError, match=expected) as refused:
+        refuse_unless_allowed(feed, "backfill", params, user)
+    assert "nothing was read or committed" in str(refused.value)
