@@ -67,7 +67,7 @@ from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, from_env
 from tidemark.planning.requests import END_CHOICES, REPLAY_PARAMS, START_CHOICES, flag
 from tidemark.runs.report import RunReport, list_runs, redact, run_dir_for, secret_values
-from tidemark.runs.status import FeedStatus, feed_status
+from tidemark.runs.status import FeedStatus, feed_status, shared_adapter
 from tidemark.storage import Location
 
 REPLAY_DAG = "tidemark_replay"
@@ -478,7 +478,8 @@ class ViewDeps:
         return known[name]
 
     def adapter(self) -> KafkaAdapter:
-        return KafkaAdapter(self.connection(), timeout_s=self.timeout_s)
+        # One client per connection and process, not one per request (each request re-reads the connection).
+        return shared_adapter(self.connection(), timeout_s=self.timeout_s)
 
     def status_of(self, feed: Feed) -> FeedStatus:
         return feed_status(feed, self.adapter(), self.checkpoints(), lag_times=True)
