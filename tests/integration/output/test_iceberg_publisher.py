@@ -78,8 +78,32 @@ class Setup:
     manifest: Manifest
     tmp: Path
 
-    def publish(self, plan: Plan, bad: set[tuple[str, int]] = frozenset()) -> Manifest:  # type: ignore[assignment]
-        """Stage ``plan``'s records as the job does, then publish them through the feed's publisher."""
+    def publish(
+        self,
+        plan: Plan,
+        bad: set[tuple[str, int]] = frozenset(),  # type: ignore[assignment]
+        run_id: str = "run-1",
+    ) -> Manifest:
+        """Stage ``plan``'s records as the job does for run ``run_id``, then promote them as its commit step does.
+
+        The job's publication is pending (data files uploaded, a pending record beside the
+        table, no snapshot) until :meth:`IcebergPublisher.promote` commits it. A plan already
+        in the table's history is found when staging: nothing is staged, the found record is
+        returned (``reused``).
+        """
+        staged = self.stage(plan, bad, run_id)
+        if staged.reused:
+            assert self.publisher.staged(plan.plan_id, run_id) is None  # nothing pending was written
+            return staged
+        pending = self.publisher.staged(plan.plan_id, run_id)
+        assert pending is not None and (pending.files, pending.records) == (staged.files, staged.records)
+        assert self.publisher.published(plan.plan_id) is None  # pending: in no snapshot yet
+        shown = self.publisher.promote(plan.plan_id, run_id)
+        assert self.publisher.staged(plan.plan_id, run_id) is None  # the pending record went with the commit
+        return shown
+
+    def stage(self, plan: Plan, bad: set[tuple[str, int]], run_id: str) -> Manifest:
+        """Stage ``plan``'s records as the job does, then publish them pending for ``run_id`` through the publisher."""
         from pyspark.sql.types import DateType, StringType, StructField, StructType
 
         publisher = publisher_for(self.feed, plan)
@@ -102,7 +126,7 @@ class Setup:
                 OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good, unpublished=(),
                 write_quarantine=quarantine_writer(self.spark, published_schema, {"rules-1": BAD_REASON}.__getitem__),
             ),
-            stats=stats, extra={}, expect_records=good, expect_quarantined=len(rows) - good, run_id="run-1",
+            stats=stats, extra={}, expect_records=good, expect_quarantined=len(rows) - good, run_id=run_id,
         )  # fmt: skip
 
 
