@@ -26,7 +26,14 @@ from tidemark.checkpoints.store import URL_ENV, PostgresCheckpointStore
 from tidemark.config.models import load_feed
 from tidemark.job.steps import run
 from tidemark.kafka.adapter import Record
-from tidemark.output.parquet import MANIFEST_NAME, load_manifest, published_dir, published_files
+from tidemark.output.parquet import (
+    MANIFEST_NAME,
+    PENDING_DIR,
+    load_manifest,
+    load_pending,
+    published_dir,
+    published_files,
+)
 from tidemark.runs.pipeline import RunHandle
 from tidemark.storage import Location
 
@@ -81,6 +88,9 @@ def test_a_run_with_state_and_output_on_s3_publishes_once(
     assert manifest is not None and (manifest.records, manifest.quarantined) == (7, 1)
     published = sorted(published_dir(output, handle.plan_id).files())
     assert MANIFEST_NAME in [name for name, _ in published]
+    # The job staged the manifest pending under the run's id; the commit step moved it into place.
+    assert load_pending(output, handle.plan_id, handle.run_id) is None
+    assert not [name for name, _ in (output / PENDING_DIR).files()]
 
     # The same plan once more (a retried Spark task of the same run): nothing is read or added.
     again = run(spark, handle.plan(), load_feed(str(feeds / "orders.yaml")), kafka.connection, tmp_path / "retry")
@@ -92,7 +102,12 @@ def test_a_run_with_state_and_output_on_s3_publishes_once(
                           capture_output=True, text=True, check=False)  # fmt: skip
     assert idle.returncode == 0, idle.stdout + idle.stderr
     assert "no Spark application started" in idle.stdout
-    assert [c.name for c in output.children()] == [f"plan_id={handle.plan_id}"]
+    # Readers see one plan folder. Beside it only `_pending` (skipped by readers, as every `_` folder), which
+    # holds no file: a pending manifest moved into place leaves at most the store's empty folder marker.
+    children = [c.name for c in output.children()]
+    assert [name for name in children if not name.startswith("_")] == [f"plan_id={handle.plan_id}"]
+    assert set(children) - {f"plan_id={handle.plan_id}"} <= {PENDING_DIR}, children
+    assert not [name for name, _ in (output / PENDING_DIR).files()]
     assert len((state / "runs" / "orders").children(folders_only=True)) == 2
     runs = subprocess.run([sys.executable, "-m", "tidemark.cli", "runs", "orders"], env=env,
                           capture_output=True, text=True, check=False)  # fmt: skip
