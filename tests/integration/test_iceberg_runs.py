@@ -10,9 +10,11 @@ left):
    records (checked against an independent read_committed consumer, the fault suite's
    oracle) in one snapshot whose summary names the plan;
 2. the same plan once more (the job run again on it, as a retried Spark task would) adds nothing;
-3. a crash after the data files are uploaded and before the catalog commit
-   (``TIDEMARK_FAULTS=iceberg.before_commit``) leaves the table's snapshots and the
-   group's offsets unchanged; the next run publishes the plan once and commits;
+3. a crash after the group's commit and before the catalog commit that shows the plan
+   (``TIDEMARK_FAULTS=iceberg.before_commit``, in the commit step's promotion) leaves the
+   table's snapshots unchanged (the job's data files are uploaded, in no snapshot) and the
+   group at the plan's ends, the run ledger saying ``committed``; the next run commits the
+   staged plan to the table once before planning, reading nothing again;
 4. with the group's offsets deleted in Kafka and its checkpoints deleted in PostgreSQL,
    the next run resumes at the ends the table's newest snapshot records, with a
    ``position_from_table`` event: it reads nothing again (no Spark application, the
@@ -147,7 +149,7 @@ def test_an_iceberg_feed_on_cluster_s3_and_postgres_publishes_once_survives_a_cr
     assert again.reused and again.published
     assert len(history()) == 1 and sum(_table_rows(publisher).values()) == 7
 
-    # 3. Crash between the data files and the catalog commit: table and offsets unchanged.
+    # 3. Crash between the group's commit and the catalog commit: the table unchanged, the plan staged.
     produce(8, 6)
     table_before = publisher.load()
     assert table_before is not None
@@ -156,20 +158,33 @@ def test_an_iceberg_feed_on_cluster_s3_and_postgres_publishes_once_survives_a_cr
     assert crashed.returncode != 0, crashed.stdout + crashed.stderr
     crashed_handle = newest_handle()
     crashed_plan = crashed_handle.plan_id
+    assert "injected fault at iceberg.before_commit" in crashed.stdout + crashed.stderr
     log = (Location.of(crashed_handle.run_dir) / "spark-submit.log").read_text()
-    assert "InjectedFault: injected fault at iceberg.before_commit" in log
-    assert committed() == {0: 4, 1: 4}
-    assert {tp[1]: c.offset for tp, c in store.get(group, tps).items()} == {0: 4, 1: 4}
-    assert len(history()) == 1 and sum(_table_rows(publisher).values()) == 7
+    assert "InjectedFault" not in log  # the job staged the plan; the crash is the commit step's promotion
+    assert committed() == {0: 7, 1: 7}  # the group's commit went first
+    assert {tp[1]: c.offset for tp, c in store.get(group, tps).items()} == {0: 7, 1: 7}
+    ledger = store.run(group, crashed_handle.run_id)
+    assert ledger is not None and ledger.state == "committed"
+    assert len(history()) == 1 and sum(_table_rows(publisher).values()) == 7  # readers see the old table
+    assert publisher.published(crashed_plan) is None
+    staged = publisher.staged(crashed_plan, crashed_handle.run_id)
+    assert staged is not None and staged.records == 6
     uploaded = {f"{output.url}/data/{name}" for name, _ in (output / "data").files()}
     orphans = uploaded - files_before
     assert orphans and all(crashed_plan in u for u in orphans)  # written, invisible to readers
 
     recovered = tidemark_run()
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
-    assert newest_handle().plan_id == crashed_plan  # the same ranges: the same plan, published once
+    assert newest_handle().resumed == crashed_plan  # the crashed run's plan shown first, once
+    assert newest_handle().records == 0 and "no Spark application started" in recovered.stdout
     assert committed() == {0: 7, 1: 7}
+    ledger = store.run(group, crashed_handle.run_id)
+    assert ledger is not None and ledger.state == "shown"
+    assert publisher.staged(crashed_plan, crashed_handle.run_id) is None
     assert [h[PLAN_KEY] for h in history()] == [crashed_plan, handle.plan_id]
+    table_after = publisher.load()
+    assert table_after is not None
+    assert {f["file_path"] for f in table_after.inspect.files().to_pylist()} - files_before == orphans
     assert _table_rows(publisher) == _expected(kafka, topic, {0: 7, 1: 7})
 
     # 4. Offsets and checkpoints gone: the next run resumes from the table's history.
