@@ -92,3 +92,7 @@ class SchemaNotFoundError(TidemarkError):
 
 class SchemaError(ReadError):
     """Records Tidemark cannot decode as a whole: unsupported framing, or a writer schema the reader cannot resolve."""
+
+
+class StuckRunError(TidemarkError):
+    """A run of the feed that committed (or may have) cannot be shown; nothing new is planned before it is."""

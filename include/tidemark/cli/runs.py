@@ -1,4 +1,4 @@
-"""``tidemark runs FEED`` and ``tidemark report RUN``: the run reports from the command line.
+"""``tidemark runs FEED``, ``tidemark report RUN`` and ``tidemark abandon FEED RUN``: the runs from the command line.
 
 ``runs`` lists a feed's recent runs, newest first, one line each (status, plan, counts,
 commit, Data Docs); ``report`` prints one run's report as JSON. Both read the state dir
@@ -59,6 +59,14 @@ def _report(args: argparse.Namespace) -> int:
     return 0 if report.status != "failed" else 1
 
 
+def _abandon(args: argparse.Namespace) -> int:
+    from tidemark.runs.pipeline import abandon_run
+
+    settled = abandon_run(args.feed, args.run, args.reason)
+    print(settled.events[0]["message"])
+    return 0
+
+
 def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     runs = sub.add_parser("runs", help="list a feed's recent runs (newest first)")
     runs.add_argument("feed", metavar="FEED")
@@ -69,3 +77,10 @@ def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     report.add_argument("run", metavar="RUN", help="a run id (from 'tidemark runs FEED') or a report.json path")
     report.add_argument("--feed", help="the feed, when the run id exists for several feeds")
     report.set_defaults(func=_report)
+    abandon = sub.add_parser(
+        "abandon", help="give up a run that cannot be finished (its staged publication is discarded, never shown)"
+    )
+    abandon.add_argument("feed", metavar="FEED")
+    abandon.add_argument("run", metavar="RUN", help="the run id an error named (see 'tidemark runs FEED')")
+    abandon.add_argument("--reason", default="given up", help="why, for the run's record")
+    abandon.set_defaults(func=_abandon)

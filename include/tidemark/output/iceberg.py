@@ -14,16 +14,19 @@ Iceberg here. The job stages and validates exactly as for a Parquet folder; then
    written; then checks the decoded schema against the table's (:func:`schema_changes`:
    columns to add, types to promote, or a refusal);
 3. uploads quarantined records to a sibling Parquet folder (``<output>.quarantine/plan_id=<id>/``,
-   replaced whole by a rerun of the plan) and the data files under the table's location
-   (``data/date=<d>/topic=<t>/<plan id>-<attempt>-<n>.parquet``; a file no snapshot
-   references is invisible to readers);
-4. commits them in **one** ``add_files`` with the plan id, run id, feed, group and the
-   per-partition ranges in the snapshot summary, in the same transaction as the schema
-   change, if any (:func:`commit_files`). The commit is a compare-and-set on the
-   metadata loaded in step 2: if anyone committed to the table since, the catalog refuses
-   it and, with retries off, pyiceberg does not rebase it: Tidemark reports a
-   :class:`~tidemark.errors.PublishError` naming the table and the plan, and a rerun
-   decides again from the new history.
+   replaced whole by a rerun of the plan, removed when the run is discarded) and the data
+   files under the table's location (``data/date=<d>/topic=<t>/<plan id>-<attempt>-<n>.parquet``;
+   a file no snapshot references is invisible to readers);
+4. for a run's job (the commit protocol, ``docs/ARCHITECTURE.md``): writes a *pending*
+   record (``<table location>.pending/<run id>/plan_id=<id>.json``: the files, the snapshot
+   properties, the schema to evolve to) and stops; the run's commit step, after the
+   group's commit, calls :meth:`IcebergPublisher.promote`, which commits them in **one**
+   ``add_files`` with the plan id, run id, feed, group and the per-partition ranges
+   (with topic ids) in the snapshot summary, in the same transaction as the schema change,
+   if any (:func:`commit_files`). The commit is a compare-and-set on the metadata it
+   loaded: if anyone committed to the table since, the catalog refuses it (retries off:
+   pyiceberg does not rebase it) and ``promote`` looks at the new history again, so a plan
+   is never committed twice. A job outside any run commits at once.
 
 The catalog is whatever pyiceberg opens as the catalog named ``tidemark``:
 ``TIDEMARK_ICEBERG_CATALOG_URI`` chooses it by scheme (a SQLAlchemy URL for the SQL
@@ -69,6 +72,7 @@ from tidemark.output.parquet import (
     local_staging_base,
     prepare_remote_staging,
     prepare_staging_base,
+    remove_objects,
 )
 from tidemark.planning.plan import Plan, RecoveredPosition
 from tidemark.storage import Location
@@ -545,6 +549,9 @@ class IcebergPublisher:
         for path in doc["paths"]:
             with contextlib.suppress(FileNotFoundError, StateStoreError):
                 Location.of(path).remove_file()
+        if found is None:  # the plan's quarantine beside the table: no snapshot holds the plan, so no reader's
+            with contextlib.suppress(FileNotFoundError, StateStoreError):
+                remove_objects(self.quarantine / f"plan_id={plan_id}")
         self._pending(plan_id, run_id).remove_file()
         return Manifest.from_dict(doc["manifest"])
 

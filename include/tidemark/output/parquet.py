@@ -796,6 +796,8 @@ def promote(output: Where, plan_id: str, key: str) -> Manifest:
         final = published_dir(root, plan_id).local_path()
         os.rename(pending.local_path(), final)
         _fsync_dir(root.local_path())
+        with contextlib.suppress(OSError):  # the run's pending folder, now empty (another plan's keeps it)
+            pending.local_path().parent.rmdir()
     else:
         (published_dir(root, plan_id) / MANIFEST_NAME).write_text((pending / MANIFEST_NAME).read_text())
         (pending / MANIFEST_NAME).remove_file()

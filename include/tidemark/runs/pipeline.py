@@ -48,7 +48,7 @@ from tidemark.planning.requests import (
     output_roots,
     parse_replay_params,
 )
-from tidemark.runs.protocol import settle, settle_open_runs
+from tidemark.runs.protocol import Settled, settle, settle_open_runs
 from tidemark.runs.report import PLAN_FILE
 from tidemark.storage import Location
 
@@ -128,6 +128,30 @@ def _load_run(feed: Feed) -> Callable[[LedgerRun], tuple[Plan, Publisher] | None
         return plan, publisher_for(feed, plan)
 
     return load
+
+
+def abandon_run(
+    feed_name: str, run_id: str, reason: str, *, root: Root | None = None, checkpoints: CheckpointStore | None = None
+) -> Settled:
+    """Give up a run that cannot be finished (``tidemark abandon``): see :func:`tidemark.runs.protocol.abandon`.
+
+    Its event goes into its own report, so the view and ``tidemark runs`` name the ranges it leaves out.
+    """
+    from tidemark.runs.protocol import abandon
+
+    feed = load_feed(feed_name)
+    run_dir = runs_dir(feed.name, root) / run_id
+    if not (run_dir / PLAN_FILE).exists():
+        raise ConfigError(
+            f"feed '{feed.name}' has no run {run_id} (no {run_dir / PLAN_FILE}); see `tidemark runs {feed.name}`"
+        )
+    plan = Plan.from_json((run_dir / PLAN_FILE).read_text())
+    checkpoints = _checkpoints(root, checkpoints)
+    with checkpoints.commit_lock(plan.group):
+        settled = abandon(plan, run_id, str(run_dir), publisher=publisher_for(feed, plan), store=checkpoints,
+                          reason=reason)  # fmt: skip
+    _write_status(run_dir, abandoned=settled.events[0]["message"])
+    return settled
 
 
 def selection_options(feed: Feed, mode: str, params: Mapping[str, Any]) -> tuple[dict[str, Any], Location | None, bool]:

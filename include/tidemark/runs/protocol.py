@@ -46,7 +46,7 @@ from typing import Any
 
 from tidemark._types import TopicPartition as TP
 from tidemark.checkpoints.store import CheckpointStore, LedgerRun, RunState
-from tidemark.errors import GroupInUseError, OffsetsMovedError, TidemarkError
+from tidemark.errors import GroupInUseError, OffsetsMovedError, StuckRunError, TidemarkError
 from tidemark.faults import fault_point
 from tidemark.job.guard import moved_since_planning
 from tidemark.kafka.adapter import KafkaAdapter
@@ -252,9 +252,39 @@ def settle_open_runs(
             try:
                 done.append(settle(plan, row.run_id, row.run_dir, publisher=publisher, store=store, kafka=kafka,
                                    connection=connection, progress=progress))  # fmt: skip
-            except (OffsetsMovedError, GroupInUseError) as exc:
+            except TidemarkError as exc:
+                if not isinstance(exc, OffsetsMovedError | GroupInUseError):
+                    # Committed (or maybe committed) but it cannot be shown, e.g. a table whose schema another
+                    # writer changed: planning past it would leave its records out for good. Say so and how to clear.
+                    ranges = ", ".join(f"{_fmt((r['topic'], r['partition']))} [{r['start']}, {r['end']})"
+                                       for r in _ranges(plan))  # fmt: skip
+                    raise StuckRunError(
+                        f"run {row.run_id} of feed '{plan.feed}' ({row.state}, plan {plan.plan_id}) cannot be "
+                        f"finished: {exc}. Nothing new is planned before it is. Fix the cause and run the feed "
+                        f"again, or give it up with `tidemark abandon {plan.feed} {row.run_id}` (its ranges, "
+                        f"{ranges}, are then in no output and named by an event)"
+                    ) from exc
                 progress(f"run {row.run_id} cannot commit: {exc}")
                 state: RunState = "abandoned" if isinstance(exc, OffsetsMovedError) else "planned"
                 done.append(Settled(row.run_id, plan.plan_id, state,
                                     events=(_event("commit_refused", str(exc), ranges=_ranges(plan)),)))  # fmt: skip
     return done
+
+
+def abandon(
+    plan: Plan, run_id: str, run_dir: str, *, publisher: Publisher, store: CheckpointStore, reason: str
+) -> Settled:
+    """An operator gives up run ``run_id`` (``tidemark abandon``): recorded ``abandoned``, its pending
+    publication discarded, a ``not_shown`` event naming its ranges. A run already shown is left as it is.
+
+    Call with the group's commit lock held.
+    """
+    row = store.run(plan.group, run_id)
+    if row is not None and row.state == "shown":
+        raise TidemarkError(f"run {run_id} of feed '{plan.feed}' is shown; a shown run is never taken back")
+    store.set_run(plan.group, run_id, feed=plan.feed, plan_id=plan.plan_id, state="abandoned", run_dir=run_dir,
+                  detail=f"abandoned by an operator: {reason}"[:1000])  # fmt: skip
+    publisher.discard(plan.plan_id, run_id)
+    event = _event("not_shown", f"run {run_id} (plan {plan.plan_id}) was abandoned by an operator ({reason}); its "
+                   "ranges are in no output", ranges=_ranges(plan))  # fmt: skip
+    return Settled(run_id, plan.plan_id, "abandoned", events=(event,))

@@ -422,3 +422,40 @@ def test_an_operator_resetting_the_group_to_a_racing_runs_basis_shows_nothing_tw
     assert world.ledger[b.run_id].state == "abandoned"
     assert b.plan.plan_id not in world.visible
     assert {(tp, o) for tp in TPS for o in (4, 5)} <= world.named  # B's ranges past the output's end are named
+
+
+def test_a_committed_run_that_cannot_be_shown_stops_the_feed_with_the_command_that_clears_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A committed run whose promotion keeps failing (a table whose schema another writer changed) is an alert:
+    the next plan refuses, naming the run, its ranges and ``tidemark abandon``; once abandoned, the feed goes on
+    and the ranges are named by an event, never silently left out."""
+    from tidemark.errors import PublishError, StuckRunError
+    from tidemark.runs.protocol import abandon
+
+    world = World()
+    model = Model(world)
+    stuck = Run("A", None)
+    model.plan_step(stuck)
+    assert stuck.plan is not None
+
+    def refuse(plan_id: str, run_id: str) -> Manifest:
+        raise PublishError("the table's schema changed incompatibly")
+
+    monkeypatch.setattr(model.output, "promote", refuse)
+    with pytest.raises(PublishError):
+        model.commit_step(stuck)
+    assert world.ledger[stuck.run_id].state == "committed" and world.group[TPS[0]].offset == 2
+    with pytest.raises(StuckRunError, match=rf"run {stuck.run_id} .*tidemark abandon model {stuck.run_id}.*\[0, 2\)"):
+        model.plan_step(Run("B", None))
+    settled = abandon(stuck.plan, stuck.run_id, stuck.run_id, publisher=model.output, store=model.store,  # type: ignore[arg-type]
+                      reason="schema fixed by hand")  # fmt: skip
+    model._note(settled.events)
+    monkeypatch.undo()
+    nxt = Run("C", None)
+    model.plan_step(nxt)
+    model.commit_step(nxt)
+    model.check_output()
+    assert not world.violations
+    assert world.ledger[stuck.run_id].state == "abandoned"
+    assert {(tp, o) for tp in TPS for o in (0, 1)} <= world.named
