@@ -64,10 +64,11 @@ def test_topic_recreated_longer_than_the_checkpoint(fenv: FaultEnv, request: pyt
     assert_whole_output(fenv, request.node.name, old, {0: 15, 1: 15, 2: 15})
 
 
-@scenario("24b", "Crash after publish, then the topic recreated",
+@scenario("24b", "Crash after staging, then the topic recreated",
           injected="fault point commit.before on the old topic; the topic deleted, recreated and refilled",
-          asserted="the pending commit is finished, then the next run reads the new topic from 0 (its offsets "
-                   "name the old topic's id); output = old + new scan, nothing twice")  # fmt: skip
+          asserted="the staged run is never shown: its commit is refused (the topic's id changed since its plan) "
+                   "and it is discarded; the next run reads the new topic from 0; output = old committed + new "
+                   "scan, nothing twice")  # fmt: skip
 @ON_BOTH_SHAPES
 def test_crash_before_commit_then_topic_recreated(
     fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
@@ -79,7 +80,7 @@ def test_crash_before_commit_then_topic_recreated(
     with pytest.raises(InjectedFault):
         fenv.run()
     monkeypatch.delenv(FAULTS_ENV)
-    old = scan(fenv, {0: 6, 1: 6, 2: 6})  # the crashed run published [3, 6) too
+    old = scan(fenv, {0: 3, 1: 3, 2: 3})  # the crashed run staged [3, 6): never shown, never committed
     assert fenv.published() == old[0]
 
     recreate(fenv)
