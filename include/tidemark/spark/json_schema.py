@@ -132,7 +132,7 @@ def resolve_schemas(
     except InvalidSchema as exc:
         raise SchemaError(f"{where_} is not a valid JSON Schema: {exc.message}") from None
     if outside := _outside_refs(doc):
-        raise SchemaError(f"{where_} refers to other documents ({', '.join(outside)}); {_NO_REFERENCES}")
+        raise SchemaError(f"{where_} has references it cannot resolve ({', '.join(outside)}); {_NO_REFERENCES}")
     try:
         spark_type(doc)
     except ValueError as exc:
@@ -155,8 +155,8 @@ def resolve_schemas(
             ) from None
         if outside := _outside_refs(written):
             raise SchemaError(
-                f"{where(first_use[sid])}: schema id {sid}, the {part}s' writer schema, refers to other documents "
-                f"({', '.join(outside)}); {_NO_REFERENCES}"
+                f"{where(first_use[sid])}: schema id {sid}, the {part}s' writer schema, has references it cannot "
+                f"resolve ({', '.join(outside)}); {_NO_REFERENCES}"
             )
     return JsonSchemas(
         format="json_schema", subject=reader.subject, version=reader.version, reader_id=reader.schema_id,
@@ -167,20 +167,27 @@ def resolve_schemas(
 
 
 _NO_REFERENCES = (
-    "Tidemark checks records against self-contained schemas only (no registry references, no remote '$ref'): "
-    "inline the definitions under '$defs'; nothing was published or committed"
+    "Tidemark checks records against self-contained schemas only ('$ref' as a JSON pointer into the schema: no "
+    "registry references, remote documents or anchors): inline the definitions under '$defs'; nothing was "
+    "published or committed"
 )
 
 
-def _outside_refs(node: Any) -> list[str]:
-    """The ``$ref`` values of ``node`` that point outside it (another document, a registry reference)."""
+def _outside_refs(node: Any, root: Any = None) -> list[str]:
+    """The ``$ref`` values of ``node`` that do not name a part of the document ``root`` (default ``node``) by a JSON
+    pointer: another document, a registry reference, an anchor, or nothing."""
+    root = node if root is None else root
     if isinstance(node, list):
-        return [r for item in node for r in _outside_refs(item)]
+        return [r for item in node for r in _outside_refs(item, root)]
     if not isinstance(node, dict):
         return []
-    ref = node.get("$ref")
-    own = [repr(ref)] if "$ref" in node and not (isinstance(ref, str) and ref.startswith("#")) else []
-    return own + [r for key, value in node.items() if key not in ("enum", "const") for r in _outside_refs(value)]
+    own = []
+    if "$ref" in node:
+        try:
+            _target(node["$ref"], root if isinstance(root, dict) else {})
+        except ValueError:
+            own.append(repr(node["$ref"]))
+    return own + [r for key, value in node.items() if key not in ("enum", "const") for r in _outside_refs(value, root)]
 
 
 # -- the reader as Spark types ------------------------------------------------------------------------------------

@@ -552,9 +552,12 @@ def _report_counts() -> Any:
         print(f"\njson_schema differential: {COUNTS}")  # the run's note needs the counts
 
 
-def test_references_to_other_documents_are_found_anywhere_in_a_schema() -> None:
+def test_references_the_workers_could_not_resolve_are_found_anywhere_in_a_schema() -> None:
     from tidemark.spark.json_schema import _outside_refs
 
-    doc = obj({"a": {"$ref": "#/$defs/A"}, "b": {"not": {"$ref": "other.json#/X"}}, "c": {"enum": [{"$ref": "x"}]}},
-              allOf=[{"$ref": "https://example.com/s.json"}])  # fmt: skip
-    assert _outside_refs(doc) == ["'other.json#/X'", "'https://example.com/s.json'"]
+    doc = obj(
+        {"a": {"$ref": "#/$defs/A"}, "b": {"not": {"$ref": "other.json#/X"}}, "c": {"enum": [{"$ref": "x"}]},
+         "d": {"not": {"$ref": "#/$defs/B"}}, "e": {"$ref": "#anchor"}},
+        allOf=[{"$ref": "https://example.com/s.json"}], **{"$defs": {"A": {"type": "string"}}},
+    )  # fmt: skip
+    assert _outside_refs(doc) == ["'other.json#/X'", "'#/$defs/B'", "'#anchor'", "'https://example.com/s.json'"]
