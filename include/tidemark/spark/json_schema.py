@@ -381,21 +381,22 @@ def _child(path: str, token: str) -> str:
 
 def _rule_reasons(doc: Any, part: RecordPart, whose: str) -> list[str]:
     """Every reason :meth:`RecordChecker.rule_broken` can give under ``doc``: each rule at each field, the fields
-    named as :func:`_error_field` names them (recursive references are followed a bounded number of times)."""
+    named as :func:`_error_field` names them. A reference is not followed again inside itself: the list stays
+    small for recursive schemas, whose deeper fields get the schema's general reason."""
     out: list[str] = []
     root = doc if isinstance(doc, dict) else {}
 
-    def walk(node: Any, path: str, refs: tuple[tuple[str, str], ...]) -> None:
+    def walk(node: Any, path: str, refs: tuple[str, ...]) -> None:
         if node is False:
             out.append(_rule_reason(part, whose, path, None, node))
         if not isinstance(node, dict):
             return
         ref = node.get("$ref")
-        if isinstance(ref, str) and (ref, path) not in refs and len(refs) < _MAX_REF_DEPTH:
+        if isinstance(ref, str) and ref not in refs:
             try:
-                walk(_target(ref, root), path, (*refs, (ref, path)))
+                walk(_target(ref, root), path, (*refs, ref))
             except ValueError:
-                pass  # a remote reference: its records fall back to the schema's general reason
+                pass  # refused before reading (_outside_refs)
         for keyword, value in node.items():
             if keyword == "required" and isinstance(value, list):
                 out.extend(_required_reason(part, whose, path, str(n)) for n in value)

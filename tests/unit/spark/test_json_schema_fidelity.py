@@ -561,3 +561,19 @@ def test_references_the_workers_could_not_resolve_are_found_anywhere_in_a_schema
         allOf=[{"$ref": "https://example.com/s.json"}], **{"$defs": {"A": {"type": "string"}}},
     )  # fmt: skip
     assert _outside_refs(doc) == ["'other.json#/X'", "'#/$defs/B'", "'#anchor'", "'https://example.com/s.json'"]
+
+
+def test_a_recursive_writer_schema_names_its_first_levels_and_gives_the_general_reason_below() -> None:
+    node = {"type": "object", "properties": {"name": {"type": "string"}, "left": {"$ref": "#/$defs/N"},
+                                             "right": {"$ref": "#/$defs/N"}}}  # fmt: skip
+    reader = obj({"id": {"type": "integer"}})
+    writer = obj({"id": {"type": "integer"}, "tree": {"$ref": "#/$defs/N"}}, **{"$defs": {"N": node}})
+    schemas = JsonSchemas("json_schema", "s", 2, 8, (7, 8), reader=json.dumps(reader),
+                          writers=((7, json.dumps(writer)),))  # fmt: skip
+    assert len(schemas.reasons()) < 40  # a tree of two branches, not 2**32 walks
+    c = RecordChecker(schemas)
+    assert c.check(PREFIX + b'{"tree": {"name": 1}}')[REASON] == (
+        "value field 'tree.name' breaks its writer JSON Schema (id 7): 'type': \"string\""
+    )
+    deep = b'{"tree": {"left": {"right": {"left": {"name": 1}}}}}'
+    assert c.check(PREFIX + deep)[REASON] == "value is not valid under its writer JSON Schema (id 7)"
