@@ -709,11 +709,27 @@ def _decoder(schemas: JsonSchemas, column: str, out_type: pa.DataType, source: s
 
         checker = RecordChecker(schemas)
         for batch in batches:
-            decoded = [None if v is None else checker.check(v) for v in batch.column(source).to_pylist()]
+            decoded = []
+            for row, v in enumerate(batch.column(source).to_pylist()):
+                try:
+                    decoded.append(None if v is None else checker.check(v))
+                except Exception as exc:  # re-raised: a bug, whose record the run's error must name
+                    raise SchemaError(
+                        f"{_record_at(batch, row)}: checking its {schemas.part} against the JSON Schema failed "
+                        f"({type(exc).__name__}: {exc}); nothing was published or committed"
+                    ) from exc
             parsed = pa.array(decoded, type=out_type)
             yield pa.RecordBatch.from_arrays([*batch.columns, parsed], names=[*batch.schema.names, column])
 
     return decode
+
+
+def _record_at(batch: pa.RecordBatch, row: int) -> str:
+    """``topic[partition] offset n`` of ``batch``'s ``row``, as far as its columns tell."""
+    names = batch.schema.names
+    topic, partition, offset = (batch.column(c)[row].as_py() if c in names else "?" for c in ("topic", "partition",
+                                                                                                "offset"))  # fmt: skip
+    return f"{topic}[{partition}] offset {offset}"
 
 
 def decoded_frame(df: DataFrame, schemas: JsonSchemas, column: str, source: str = "value") -> DataFrame:

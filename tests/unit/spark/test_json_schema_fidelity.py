@@ -577,3 +577,20 @@ def test_a_recursive_writer_schema_names_its_first_levels_and_gives_the_general_
     )
     deep = b'{"tree": {"left": {"right": {"left": {"name": 1}}}}}'
     assert c.check(PREFIX + deep)[REASON] == "value is not valid under its writer JSON Schema (id 7)"
+
+
+def test_a_failure_inside_the_worker_names_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+
+    from tidemark.errors import SchemaError
+    from tidemark.spark import json_schema
+
+    def broken(self: RecordChecker, framed: bytes) -> dict[str, Any]:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(RecordChecker, "check", broken)
+    schema = json.dumps(obj({"id": {"type": "integer"}}))
+    decode = json_schema._decoder(JsonSchemas("json_schema", "s", 1, 7, (7,), reader=schema), "p", pa.null(), "value")
+    batch = pa.RecordBatch.from_pydict({"topic": ["orders"], "partition": [3], "offset": [41], "value": [b"x"]})
+    with pytest.raises(SchemaError, match=r"orders\[3\] offset 41: checking its value .* \(KeyError: 'boom'\)"):
+        list(decode(iter([batch])))
