@@ -97,13 +97,14 @@ class JsonSchemas(RegistrySchemas):
         """Every reason a record can be bad for, in a fixed order: the job stages bad records by their reason's
         index (:func:`tidemark.spark.decode.decode_reasons`)."""
         doc = self.document
+        writers = [(sid, json.loads(text)) for sid, text in self.writers if sid != self.reader_id]
+        names = frozenset(_property_names([doc, *(w for _, w in writers)]))
         out = [*base_reasons(self.part)]
-        out += _rule_reasons(doc, self.part, READER)
+        out += _rule_reasons(doc, self.part, READER, names)
         out += [_unfit_reason(self.part, path, t) for path, t in _leaves(spark_type(doc), "")]
-        for sid, text in self.writers:
-            if sid != self.reader_id:
-                whose = _writer(sid)
-                out += [_invalid_reason(self.part, whose), *_rule_reasons(json.loads(text), self.part, whose)]
+        for sid, written in writers:
+            whose = _writer(sid)
+            out += [_invalid_reason(self.part, whose), *_rule_reasons(written, self.part, whose, names)]
         return list(dict.fromkeys(out))
 
 
@@ -371,6 +372,27 @@ def _rule_reason(part: RecordPart, whose: str, path: str, keyword: str | None, n
     return f"{_at(part, path)} breaks {whose}: '{keyword}': {text if len(text) <= 80 else text[:77] + '...'}"
 
 
+def _extra_reason(part: RecordPart, whose: str, path: str, name: str, keyword: str) -> str:
+    return f"{_at(part, path)} has property '{name}', which {whose} does not allow ('{keyword}': false)"
+
+
+def _extras(instance: dict[str, Any], node: dict[str, Any]) -> list[str]:
+    """The properties of ``instance`` that ``node``'s ``properties`` and ``patternProperties`` do not cover."""
+    patterns = [re.compile(p) for p in node.get("patternProperties", {})]
+    listed = node.get("properties", {})
+    return [k for k in instance if k not in listed and not any(p.search(k) for p in patterns)]
+
+
+def _property_names(node: Any) -> set[str]:
+    """Every name under a ``properties`` keyword anywhere in ``node``."""
+    if isinstance(node, list):
+        return {n for item in node for n in _property_names(item)}
+    if not isinstance(node, dict):
+        return set()
+    own = set(node["properties"]) if isinstance(node.get("properties"), dict) else set()
+    return own | {n for key, v in node.items() if key not in ("enum", "const") for n in _property_names(v)}
+
+
 def _required_reason(part: RecordPart, whose: str, path: str, name: str) -> str:
     return f"{_at(part, f'{path}.{name}' if path else name)} is missing, and {whose} requires it"
 
@@ -379,10 +401,11 @@ def _child(path: str, token: str) -> str:
     return f"{path}{token}" if token == "[]" else f"{path}.{token}" if path else token
 
 
-def _rule_reasons(doc: Any, part: RecordPart, whose: str) -> list[str]:
+def _rule_reasons(doc: Any, part: RecordPart, whose: str, names: frozenset[str] = frozenset()) -> list[str]:
     """Every reason :meth:`RecordChecker.rule_broken` can give under ``doc``: each rule at each field, the fields
     named as :func:`_error_field` names them. A reference is not followed again inside itself: the list stays
-    small for recursive schemas, whose deeper fields get the schema's general reason."""
+    small for recursive schemas, whose deeper fields get the schema's general reason. ``names``: the property
+    names the run's schemas know, which a property ``additionalProperties: false`` forbids is named by."""
     out: list[str] = []
     root = doc if isinstance(doc, dict) else {}
 
@@ -402,6 +425,9 @@ def _rule_reasons(doc: Any, part: RecordPart, whose: str) -> list[str]:
                 out.extend(_required_reason(part, whose, path, str(n)) for n in value)
             elif keyword not in _STRUCTURE and not (keyword in _MAYBE_FALSE and value is not False):
                 out.append(_rule_reason(part, whose, path, keyword, node))
+                if keyword in _MAYBE_FALSE:
+                    out.extend(_extra_reason(part, whose, path, n, keyword) for n in sorted(names)
+                               if n not in node.get("properties", {}))  # fmt: skip
             for sub, child in _subschemas(keyword, value, path):
                 walk(sub, child, refs)
 
@@ -668,6 +694,18 @@ class RecordChecker:
         if error.validator == "required" and isinstance(error.instance, dict):
             missing = [n for n in error.validator_value if n not in error.instance]  # type: ignore[attr-defined]
             why = _required_reason(self.part, whose, path, str(missing[0])) if missing else ""
+        elif error.validator in _MAYBE_FALSE and isinstance(error.instance, dict) and isinstance(error.schema, dict):
+            # The property itself when a schema knows its name (a writer's field the reader forbids); the
+            # object and what it allows otherwise: a reason may not carry a name only the data holds.
+            extras = (_extra_reason(self.part, whose, path, str(n), str(error.validator))
+                      for n in _extras(error.instance, error.schema))  # fmt: skip
+            why = next((e for e in extras if e in self.known), "") or _rule_reason(
+                self.part,
+                whose,
+                path,
+                error.validator,
+                error.schema,  # type: ignore[arg-type]
+            )
         else:
             why = _rule_reason(self.part, whose, path, error.validator, error.schema)  # type: ignore[arg-type]
         return why if why in self.known else _invalid_reason(self.part, whose)

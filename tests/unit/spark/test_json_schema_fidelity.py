@@ -594,3 +594,27 @@ def test_a_failure_inside_the_worker_names_the_record(monkeypatch: pytest.Monkey
     batch = pa.RecordBatch.from_pydict({"topic": ["orders"], "partition": [3], "offset": [41], "value": [b"x"]})
     with pytest.raises(SchemaError, match=r"orders\[3\] offset 41: checking its value .* \(KeyError: 'boom'\)"):
         list(decode(iter([batch])))
+
+
+def test_a_writer_field_the_reader_forbids_is_named_in_the_reason() -> None:
+    name = {"name": {"type": "string"}}
+    reader = obj({"id": {"type": "integer"}, "who": {"type": "object", "properties": name,
+                                                     "additionalProperties": False}},
+                 additionalProperties=False)  # fmt: skip
+    writer = obj({"id": {"type": "integer"}, "note": {"type": "string"},
+                  "who": {"type": "object", "properties": {**name, "age": {"type": "integer"}}}})  # fmt: skip
+    schemas = JsonSchemas("json_schema", "s", 2, 8, (7, 8), reader=json.dumps(reader),
+                          writers=((7, json.dumps(writer)),))  # fmt: skip
+    c = RecordChecker(schemas)
+    assert c.check(PREFIX + b'{"id": 1, "note": "n"}')[REASON] == (
+        "value has property 'note', which the reader JSON Schema does not allow ('additionalProperties': false)"
+    )
+    assert c.check(PREFIX + b'{"id": 1, "who": {"name": "a", "age": 3}}')[REASON] == (
+        "value field 'who' has property 'age', which the reader JSON Schema does not allow ('additionalProperties': "
+        "false)"
+    )
+    # A name no schema knows is data: the reason names the object and what it allows.
+    assert c.check(PREFIX + b'{"id": 1, "zz9": 0}')[REASON] == (
+        "value has a property the reader JSON Schema does not allow ('additionalProperties': false; it allows only "
+        "id, who)"
+    )
