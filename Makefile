@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: install demo test test-extended lint unit integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
-.PHONY: browser bench-view bench-observe airflow airflow-down
+.PHONY: browser bench-view bench-observe airflow airflow-down differential
 
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
@@ -61,6 +61,13 @@ faults-table: faults
 # The slow variant: many runs in a row with data arriving and failures injected (scenario 21).
 soak: install
 	TIDEMARK_SOAK_RUNS=$${TIDEMARK_SOAK_RUNS:-60} $(BIN)/pytest tests/faults -k soak -s --timeout 3600 $(PYTEST_ARGS)
+
+# The differential tests (tests named *differential*) with many more generated cases than `make test` runs; they
+# print how many they generated and checked. TIDEMARK_DIFF_EXAMPLES: schemas at the level of the decoding
+# functions; TIDEMARK_DIFF_E2E_EXAMPLES: schemas through whole runs on the cluster and registry.
+differential: install
+	TIDEMARK_DIFF_EXAMPLES=$${TIDEMARK_DIFF_EXAMPLES:-2000} TIDEMARK_DIFF_E2E_EXAMPLES=$${TIDEMARK_DIFF_E2E_EXAMPLES:-10} \
+	  $(BIN)/pytest tests/unit tests/integration -k differential -s --timeout 3600 $(PYTEST_ARGS)
 
 # Each listed breakage applied in a scratch copy, with the tests that must catch it (tests/mutants/run.py);
 # red when a mutant survives. Not part of `make test`. MUTANTS_ARGS: --only NAME..., --baseline, --keep.
