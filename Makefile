@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: install demo test test-extended lint unit model integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
-.PHONY: browser bench-view bench-observe airflow airflow-down
+.PHONY: browser bench-view bench-observe airflow airflow-down differential
 
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
@@ -65,6 +65,13 @@ soak: install
 # The commit protocol's model test over every interleaving with a crash at every point (make test runs a sample).
 model: install
 	TIDEMARK_MODEL_ALL=1 $(BIN)/pytest tests/unit/runs/test_protocol_model.py -s $(PYTEST_ARGS)
+
+# The differential tests (tests named *differential*) with many more generated cases than `make test` runs; they
+# print how many they generated and checked. TIDEMARK_DIFF_EXAMPLES: schemas at the level of the decoding
+# functions; TIDEMARK_DIFF_E2E_EXAMPLES: schemas through whole runs on the cluster and registry.
+differential: install
+	TIDEMARK_DIFF_EXAMPLES=$${TIDEMARK_DIFF_EXAMPLES:-2000} TIDEMARK_DIFF_E2E_EXAMPLES=$${TIDEMARK_DIFF_E2E_EXAMPLES:-10} \
+	  $(BIN)/pytest tests/unit tests/integration -k differential -s --timeout 3600 $(PYTEST_ARGS)
 
 # Each listed breakage applied in a scratch copy, with the tests that must catch it (tests/mutants/run.py);
 # red when a mutant survives. Not part of `make test`. MUTANTS_ARGS: --only NAME..., --no-baseline, --keep. The unbroken baseline runs first.

@@ -31,10 +31,9 @@ integer beyond 64 bits, an integer a double would round, a time finer than micro
 or outside years 1–9999) makes the record bad too. A bad record's reason names the field
 and the rule it broke (:meth:`JsonSchemas.reasons`: a bounded list, derived from the
 schemas, as the job's outcome codes need). Measured, 100,000 records of the integration
-tests' ``Order`` schema in one worker: 20 s of CPU, of which ``jsonschema`` 13 s,
-``json.loads`` 1.5 s, typing 3 s (on a loaded 2-core box; ``docs/schemas.md`` has the
-figures). This is the price of the reference's verdict: ``from_json`` took a fraction of it
-and published wrong values.
+tests' ``Order`` schema: 15 s of CPU in one worker, ``jsonschema`` 9 s of it; through Spark
+11-15 s where ``from_json`` took 1.5-2.1 s (a loaded 2-core box; ``docs/schemas.md``). This
+is the price of the reference's verdict: ``from_json`` was faster and published wrong values.
 """
 
 from __future__ import annotations
@@ -97,13 +96,14 @@ class JsonSchemas(RegistrySchemas):
         """Every reason a record can be bad for, in a fixed order: the job stages bad records by their reason's
         index (:func:`tidemark.spark.decode.decode_reasons`)."""
         doc = self.document
+        writers = [(sid, json.loads(text)) for sid, text in self.writers if sid != self.reader_id]
+        names = frozenset(_property_names([doc, *(w for _, w in writers)]))
         out = [*base_reasons(self.part)]
-        out += _rule_reasons(doc, self.part, READER)
+        out += _rule_reasons(doc, self.part, READER, names)
         out += [_unfit_reason(self.part, path, t) for path, t in _leaves(spark_type(doc), "")]
-        for sid, text in self.writers:
-            if sid != self.reader_id:
-                whose = _writer(sid)
-                out += [_invalid_reason(self.part, whose), *_rule_reasons(json.loads(text), self.part, whose)]
+        for sid, written in writers:
+            whose = _writer(sid)
+            out += [_invalid_reason(self.part, whose), *_rule_reasons(written, self.part, whose, names)]
         return list(dict.fromkeys(out))
 
 
@@ -134,7 +134,7 @@ def resolve_schemas(
     except InvalidSchema as exc:
         raise SchemaError(f"{where_} is not a valid JSON Schema: {exc.message}") from None
     if outside := _outside_refs(doc):
-        raise SchemaError(f"{where_} refers to other documents ({', '.join(outside)}); {_NO_REFERENCES}")
+        raise SchemaError(f"{where_} has references it cannot resolve ({', '.join(outside)}); {_NO_REFERENCES}")
     try:
         spark_type(doc)
     except ValueError as exc:
@@ -157,8 +157,8 @@ def resolve_schemas(
             ) from None
         if outside := _outside_refs(written):
             raise SchemaError(
-                f"{where(first_use[sid])}: schema id {sid}, the {part}s' writer schema, refers to other documents "
-                f"({', '.join(outside)}); {_NO_REFERENCES}"
+                f"{where(first_use[sid])}: schema id {sid}, the {part}s' writer schema, has references it cannot "
+                f"resolve ({', '.join(outside)}); {_NO_REFERENCES}"
             )
     return JsonSchemas(
         format="json_schema", subject=reader.subject, version=reader.version, reader_id=reader.schema_id,
@@ -169,20 +169,27 @@ def resolve_schemas(
 
 
 _NO_REFERENCES = (
-    "Tidemark checks records against self-contained schemas only (no registry references, no remote '$ref'): "
-    "inline the definitions under '$defs'; nothing was published or committed"
+    "Tidemark checks records against self-contained schemas only ('$ref' as a JSON pointer into the schema: no "
+    "registry references, remote documents or anchors): inline the definitions under '$defs'; nothing was "
+    "published or committed"
 )
 
 
-def _outside_refs(node: Any) -> list[str]:
-    """The ``$ref`` values of ``node`` that point outside it (another document, a registry reference)."""
+def _outside_refs(node: Any, root: Any = None) -> list[str]:
+    """The ``$ref`` values of ``node`` that do not name a part of the document ``root`` (default ``node``) by a JSON
+    pointer: another document, a registry reference, an anchor, or nothing."""
+    root = node if root is None else root
     if isinstance(node, list):
-        return [r for item in node for r in _outside_refs(item)]
+        return [r for item in node for r in _outside_refs(item, root)]
     if not isinstance(node, dict):
         return []
-    ref = node.get("$ref")
-    own = [repr(ref)] if "$ref" in node and not (isinstance(ref, str) and ref.startswith("#")) else []
-    return own + [r for key, value in node.items() if key not in ("enum", "const") for r in _outside_refs(value)]
+    own = []
+    if "$ref" in node:
+        try:
+            _target(node["$ref"], root if isinstance(root, dict) else {})
+        except ValueError:
+            own.append(repr(node["$ref"]))
+    return own + [r for key, value in node.items() if key not in ("enum", "const") for r in _outside_refs(value, root)]
 
 
 # -- the reader as Spark types ------------------------------------------------------------------------------------
@@ -366,6 +373,27 @@ def _rule_reason(part: RecordPart, whose: str, path: str, keyword: str | None, n
     return f"{_at(part, path)} breaks {whose}: '{keyword}': {text if len(text) <= 80 else text[:77] + '...'}"
 
 
+def _extra_reason(part: RecordPart, whose: str, path: str, name: str, keyword: str) -> str:
+    return f"{_at(part, path)} has property '{name}', which {whose} does not allow ('{keyword}': false)"
+
+
+def _extras(instance: dict[str, Any], node: dict[str, Any]) -> list[str]:
+    """The properties of ``instance`` that ``node``'s ``properties`` and ``patternProperties`` do not cover."""
+    patterns = [re.compile(p) for p in node.get("patternProperties", {})]
+    listed = node.get("properties", {})
+    return [k for k in instance if k not in listed and not any(p.search(k) for p in patterns)]
+
+
+def _property_names(node: Any) -> set[str]:
+    """Every name under a ``properties`` keyword anywhere in ``node``."""
+    if isinstance(node, list):
+        return {n for item in node for n in _property_names(item)}
+    if not isinstance(node, dict):
+        return set()
+    own = set(node["properties"]) if isinstance(node.get("properties"), dict) else set()
+    return own | {n for key, v in node.items() if key not in ("enum", "const") for n in _property_names(v)}
+
+
 def _required_reason(part: RecordPart, whose: str, path: str, name: str) -> str:
     return f"{_at(part, f'{path}.{name}' if path else name)} is missing, and {whose} requires it"
 
@@ -374,28 +402,33 @@ def _child(path: str, token: str) -> str:
     return f"{path}{token}" if token == "[]" else f"{path}.{token}" if path else token
 
 
-def _rule_reasons(doc: Any, part: RecordPart, whose: str) -> list[str]:
+def _rule_reasons(doc: Any, part: RecordPart, whose: str, names: frozenset[str] = frozenset()) -> list[str]:
     """Every reason :meth:`RecordChecker.rule_broken` can give under ``doc``: each rule at each field, the fields
-    named as :func:`_error_field` names them (recursive references are followed a bounded number of times)."""
+    named as :func:`_error_field` names them. A reference is not followed again inside itself: the list stays
+    small for recursive schemas, whose deeper fields get the schema's general reason. ``names``: the property
+    names the run's schemas know, which a property ``additionalProperties: false`` forbids is named by."""
     out: list[str] = []
     root = doc if isinstance(doc, dict) else {}
 
-    def walk(node: Any, path: str, refs: tuple[tuple[str, str], ...]) -> None:
+    def walk(node: Any, path: str, refs: tuple[str, ...]) -> None:
         if node is False:
             out.append(_rule_reason(part, whose, path, None, node))
         if not isinstance(node, dict):
             return
         ref = node.get("$ref")
-        if isinstance(ref, str) and (ref, path) not in refs and len(refs) < _MAX_REF_DEPTH:
+        if isinstance(ref, str) and ref not in refs:
             try:
-                walk(_target(ref, root), path, (*refs, (ref, path)))
+                walk(_target(ref, root), path, (*refs, ref))
             except ValueError:
-                pass  # a remote reference: its records fall back to the schema's general reason
+                pass  # refused before reading (_outside_refs)
         for keyword, value in node.items():
             if keyword == "required" and isinstance(value, list):
                 out.extend(_required_reason(part, whose, path, str(n)) for n in value)
             elif keyword not in _STRUCTURE and not (keyword in _MAYBE_FALSE and value is not False):
                 out.append(_rule_reason(part, whose, path, keyword, node))
+                if keyword in _MAYBE_FALSE:
+                    out.extend(_extra_reason(part, whose, path, n, keyword) for n in sorted(names)
+                               if n not in node.get("properties", {}))  # fmt: skip
             for sub, child in _subschemas(keyword, value, path):
                 walk(sub, child, refs)
 
@@ -662,6 +695,18 @@ class RecordChecker:
         if error.validator == "required" and isinstance(error.instance, dict):
             missing = [n for n in error.validator_value if n not in error.instance]  # type: ignore[attr-defined]
             why = _required_reason(self.part, whose, path, str(missing[0])) if missing else ""
+        elif error.validator in _MAYBE_FALSE and isinstance(error.instance, dict) and isinstance(error.schema, dict):
+            # The property itself when a schema knows its name (a writer's field the reader forbids); the
+            # object and what it allows otherwise: a reason may not carry a name only the data holds.
+            extras = (_extra_reason(self.part, whose, path, str(n), str(error.validator))
+                      for n in _extras(error.instance, error.schema))  # fmt: skip
+            why = next((e for e in extras if e in self.known), "") or _rule_reason(
+                self.part,
+                whose,
+                path,
+                error.validator,
+                error.schema,  # type: ignore[arg-type]
+            )
         else:
             why = _rule_reason(self.part, whose, path, error.validator, error.schema)  # type: ignore[arg-type]
         return why if why in self.known else _invalid_reason(self.part, whose)
@@ -703,11 +748,27 @@ def _decoder(schemas: JsonSchemas, column: str, out_type: pa.DataType, source: s
 
         checker = RecordChecker(schemas)
         for batch in batches:
-            decoded = [None if v is None else checker.check(v) for v in batch.column(source).to_pylist()]
+            decoded = []
+            for row, v in enumerate(batch.column(source).to_pylist()):
+                try:
+                    decoded.append(None if v is None else checker.check(v))
+                except Exception as exc:  # re-raised: a bug, whose record the run's error must name
+                    raise SchemaError(
+                        f"{_record_at(batch, row)}: checking its {schemas.part} against the JSON Schema failed "
+                        f"({type(exc).__name__}: {exc}); nothing was published or committed"
+                    ) from exc
             parsed = pa.array(decoded, type=out_type)
             yield pa.RecordBatch.from_arrays([*batch.columns, parsed], names=[*batch.schema.names, column])
 
     return decode
+
+
+def _record_at(batch: pa.RecordBatch, row: int) -> str:
+    """``topic[partition] offset n`` of ``batch``'s ``row``, as far as its columns tell."""
+    names = batch.schema.names
+    topic, partition, offset = (batch.column(c)[row].as_py() if c in names else "?" for c in ("topic", "partition",
+                                                                                                "offset"))  # fmt: skip
+    return f"{topic}[{partition}] offset {offset}"
 
 
 def decoded_frame(df: DataFrame, schemas: JsonSchemas, column: str, source: str = "value") -> DataFrame:

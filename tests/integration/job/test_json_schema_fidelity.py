@@ -299,3 +299,31 @@ def test_a_reader_field_without_one_spark_type_fails_the_run_naming_subject_vers
 
     env.assert_refused(info, f"subject '{env.topic}-value' version 1", "$.code: type ['string', 'integer'] has no "
                        "single Spark type", "nothing was published or committed")  # fmt: skip
+
+
+def test_a_writer_property_the_pinned_reader_forbids_quarantines_the_record_naming_the_property(
+    env: FidelityEnv,
+) -> None:
+    from confluent_kafka.schema_registry import Schema
+
+    v1 = _draft(D7, {"id": {"type": "integer"}, "name": {"type": "string"}}, additionalProperties=False)
+    v2 = _draft(D7, {"id": {"type": "integer"}, "name": {"type": "string"}, "note": {"type": "string"}})
+    subject = f"{env.topic}-value"
+    first = env.sr.register_schema(subject, Schema(json.dumps(v1), "JSON"))
+    second = env.sr.register_schema(subject, Schema(json.dumps(v2), "JSON"))
+    env.write_feed(format="json_schema", schema_version=1)
+    old, new = (b"\x00" + sid.to_bytes(4, "big") for sid in (first, second))
+    env.produce([old + b'{"id": 1, "name": "a"}', new + b'{"id": 2, "name": "b"}'], 0)
+    env.produce([new + b'{"id": 3, "name": "c", "note": "n"}', old + b'{"id": 4, "name": "d", "zz": 1}'], 1)
+
+    env.run()
+
+    published = {k: (r["id"], r["name"]) for k, r in env.published().items()}
+    assert published == {(0, 0): (1, "a"), (0, 1): (2, "b")}
+    assert {(q["partition"], q["offset"]): q["_reason"] for q in env.quarantined()} == {
+        (1, 0): "decode_error: value has property 'note', which the reader JSON Schema does not allow "
+        "('additionalProperties': false)",
+        (1, 1): "decode_error: value has a property the reader JSON Schema does not allow ('additionalProperties': "
+        "false; it allows only id, name)",
+    }
+    assert env.committed() == {0: 2, 1: 2}

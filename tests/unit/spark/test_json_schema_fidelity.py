@@ -552,9 +552,69 @@ def _report_counts() -> Any:
         print(f"\njson_schema differential: {COUNTS}")  # the run's note needs the counts
 
 
-def test_references_to_other_documents_are_found_anywhere_in_a_schema() -> None:
+def test_references_the_workers_could_not_resolve_are_found_anywhere_in_a_schema() -> None:
     from tidemark.spark.json_schema import _outside_refs
 
-    doc = obj({"a": {"$ref": "#/$defs/A"}, "b": {"not": {"$ref": "other.json#/X"}}, "c": {"enum": [{"$ref": "x"}]}},
-              allOf=[{"$ref": "https://example.com/s.json"}])  # fmt: skip
-    assert _outside_refs(doc) == ["'other.json#/X'", "'https://example.com/s.json'"]
+    doc = obj(
+        {"a": {"$ref": "#/$defs/A"}, "b": {"not": {"$ref": "other.json#/X"}}, "c": {"enum": [{"$ref": "x"}]},
+         "d": {"not": {"$ref": "#/$defs/B"}}, "e": {"$ref": "#anchor"}},
+        allOf=[{"$ref": "https://example.com/s.json"}], **{"$defs": {"A": {"type": "string"}}},
+    )  # fmt: skip
+    assert _outside_refs(doc) == ["'other.json#/X'", "'#/$defs/B'", "'#anchor'", "'https://example.com/s.json'"]
+
+
+def test_a_recursive_writer_schema_names_its_first_levels_and_gives_the_general_reason_below() -> None:
+    node = {"type": "object", "properties": {"name": {"type": "string"}, "left": {"$ref": "#/$defs/N"},
+                                             "right": {"$ref": "#/$defs/N"}}}  # fmt: skip
+    reader = obj({"id": {"type": "integer"}})
+    writer = obj({"id": {"type": "integer"}, "tree": {"$ref": "#/$defs/N"}}, **{"$defs": {"N": node}})
+    schemas = JsonSchemas("json_schema", "s", 2, 8, (7, 8), reader=json.dumps(reader),
+                          writers=((7, json.dumps(writer)),))  # fmt: skip
+    assert len(schemas.reasons()) < 40  # a tree of two branches, not 2**32 walks
+    c = RecordChecker(schemas)
+    assert c.check(PREFIX + b'{"tree": {"name": 1}}')[REASON] == (
+        "value field 'tree.name' breaks its writer JSON Schema (id 7): 'type': \"string\""
+    )
+    deep = b'{"tree": {"left": {"right": {"left": {"name": 1}}}}}'
+    assert c.check(PREFIX + deep)[REASON] == "value is not valid under its writer JSON Schema (id 7)"
+
+
+def test_a_failure_inside_the_worker_names_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+
+    from tidemark.errors import SchemaError
+    from tidemark.spark import json_schema
+
+    def broken(self: RecordChecker, framed: bytes) -> dict[str, Any]:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(RecordChecker, "check", broken)
+    schema = json.dumps(obj({"id": {"type": "integer"}}))
+    decode = json_schema._decoder(JsonSchemas("json_schema", "s", 1, 7, (7,), reader=schema), "p", pa.null(), "value")
+    batch = pa.RecordBatch.from_pydict({"topic": ["orders"], "partition": [3], "offset": [41], "value": [b"x"]})
+    with pytest.raises(SchemaError, match=r"orders\[3\] offset 41: checking its value .* \(KeyError: 'boom'\)"):
+        list(decode(iter([batch])))
+
+
+def test_a_writer_field_the_reader_forbids_is_named_in_the_reason() -> None:
+    name = {"name": {"type": "string"}}
+    reader = obj({"id": {"type": "integer"}, "who": {"type": "object", "properties": name,
+                                                     "additionalProperties": False}},
+                 additionalProperties=False)  # fmt: skip
+    writer = obj({"id": {"type": "integer"}, "note": {"type": "string"},
+                  "who": {"type": "object", "properties": {**name, "age": {"type": "integer"}}}})  # fmt: skip
+    schemas = JsonSchemas("json_schema", "s", 2, 8, (7, 8), reader=json.dumps(reader),
+                          writers=((7, json.dumps(writer)),))  # fmt: skip
+    c = RecordChecker(schemas)
+    assert c.check(PREFIX + b'{"id": 1, "note": "n"}')[REASON] == (
+        "value has property 'note', which the reader JSON Schema does not allow ('additionalProperties': false)"
+    )
+    assert c.check(PREFIX + b'{"id": 1, "who": {"name": "a", "age": 3}}')[REASON] == (
+        "value field 'who' has property 'age', which the reader JSON Schema does not allow ('additionalProperties': "
+        "false)"
+    )
+    # A name no schema knows is data: the reason names the object and what it allows.
+    assert c.check(PREFIX + b'{"id": 1, "zz9": 0}')[REASON] == (
+        "value has a property the reader JSON Schema does not allow ('additionalProperties': false; it allows only "
+        "id, who)"
+    )
