@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError
@@ -47,6 +47,7 @@ from tidemark.spark.wire import (
     reader_version,
     refuse_unframed,
     schema_changed_events,
+    version_of,
     where,
     writer_schemas,
 )
@@ -117,8 +118,9 @@ def resolve_schemas(
         if problem is not None:
             use = first_use[sid]
             raise SchemaError(
-                f"{where(use)}: {part}s written with schema id {sid} cannot be read with {reader_name(part)} id "
-                f"{reader.schema_id} (subject '{reader.subject}' version {reader.version}): {problem}. Pin a "
+                f"{where(use)}: {part}s written with schema id {sid}{version_of(client, reader.subject, sid)} cannot "
+                f"be read with {reader_name(part)} id {reader.schema_id} (subject '{reader.subject}' version "
+                f"{reader.version}): {problem}. Pin a "
                 f"deserialization.{option(part, 'schema_version')} that resolves every writer, or make the change "
                 "compatible (give an added field a default, widen rather than narrow a type); nothing was published or "
                 "committed"
@@ -196,20 +198,97 @@ def _reader(feed: Feed, client: RegistryClient, part: RecordPart) -> SubjectVers
 
 
 def _incompatibility(spark: SparkSession, reader: str, writer: str) -> str | None:
-    """Why Avro cannot resolve ``writer`` to ``reader`` (the field and the rule), or None when it can."""
+    """Why Avro cannot resolve ``writer`` to ``reader`` (the field and the rule), or None when it can.
+
+    Avro's own check (``SchemaCompatibility``) looks at the underlying types only; the logical
+    types on them are then compared by :func:`_logical_incompatibility` along the same path.
+    """
     jvm = spark.sparkContext._jvm  # Avro ships with Spark: its own resolution rules, not a copy of them
     assert jvm is not None
     avro = jvm.org.apache.avro
-    result = avro.SchemaCompatibility.checkReaderWriterCompatibility(
-        avro.Schema.Parser().parse(reader), avro.Schema.Parser().parse(writer)
-    ).getResult()
+    parsed_reader, parsed_writer = avro.Schema.Parser().parse(reader), avro.Schema.Parser().parse(writer)
+    result = avro.SchemaCompatibility.checkReaderWriterCompatibility(parsed_reader, parsed_writer).getResult()
     if str(result.getCompatibility().toString()) == "COMPATIBLE":
-        return None
+        return _logical_incompatibility(parsed_reader, parsed_writer, str(parsed_reader.getName()), set())
     reasons = []
     for item in result.getIncompatibilities():
         location = str(item.getLocation())
         reasons.append(f"field {location!r}: {item.getType().toString()} ({item.getMessage()})")
     return "; ".join(reasons) or "incompatible"
+
+
+# Writer type -> the reader types Avro promotes it to.
+_PROMOTES = {"INT": {"LONG", "FLOAT", "DOUBLE"}, "LONG": {"FLOAT", "DOUBLE"}, "FLOAT": {"DOUBLE"},
+             "STRING": {"BYTES"}, "BYTES": {"STRING"}}  # fmt: skip
+_NAMED = {"RECORD", "ENUM", "FIXED"}
+
+
+def _logical(schema: Any) -> str | None:
+    """A (Java) schema's logical type as text: ``decimal(p,s)`` with its precision and scale, or its name."""
+    logical = schema.getLogicalType()
+    if logical is None:
+        return None
+    name = str(logical.getName())
+    return f"decimal({logical.getPrecision()},{logical.getScale()})" if name == "decimal" else name
+
+
+def _branch(reader: Any, writer: Any) -> Any | None:
+    """The reader union's branch a writer value of (Java) schema ``writer`` resolves to, as Avro picks it: the
+    first of the same type (and name), else the first it promotes to."""
+    kind = str(writer.getType().toString())
+    branches = list(reader.getTypes())
+    for b in branches:
+        if str(b.getType().toString()) == kind and (kind not in _NAMED or b.getFullName() == writer.getFullName()):
+            return b
+    for b in branches:
+        if str(b.getType().toString()) in _PROMOTES.get(kind, set()):
+            return b
+    return None
+
+
+def _logical_incompatibility(reader: Any, writer: Any, path: str, seen: set[tuple[str, str]]) -> str | None:
+    """The first place, along the path Avro resolves ``writer`` to ``reader`` (Java schemas Avro already found
+    compatible), where a value would be read with another meaning: a decimal at another precision or scale (Avro
+    resolves decimals only at equal ones: 3.34 written at scale 2 reads as 0.0334 at scale 4), a decimal read as
+    plain bytes or the other way, or two different logical types (a date read as a timestamp, millis as micros).
+    A logical type on one side only (a long read as ``timestamp-millis``) keeps the number as written."""
+    r_kind, w_kind = str(reader.getType().toString()), str(writer.getType().toString())
+    if w_kind == "UNION":
+        for w in writer.getTypes():
+            problem = _logical_incompatibility(reader, w, path, seen)
+            if problem is not None:
+                return problem
+        return None
+    if r_kind == "UNION":
+        branch = _branch(reader, writer)
+        return None if branch is None else _logical_incompatibility(branch, writer, path, seen)
+    mine, theirs = _logical(reader), _logical(writer)
+    decimal = any(t is not None and t.startswith("decimal") for t in (mine, theirs))
+    if mine != theirs and (decimal or (mine is not None and theirs is not None)):
+        return (
+            f"field {path!r}: written as {theirs or w_kind.lower()}, read as {mine or r_kind.lower()}; Avro resolves "
+            "a logical type only to itself (a decimal only at equal precision and scale), so every value would be "
+            "read with another meaning"
+        )
+    if r_kind == "RECORD" and w_kind == "RECORD":
+        pair = (str(reader.getFullName()), str(writer.getFullName()))
+        if pair in seen:  # a recursive type: this pair is being checked further up
+            return None
+        seen = seen | {pair}
+        for f in reader.getFields():
+            w = writer.getField(f.name())
+            if w is None:
+                w = next((writer.getField(a) for a in f.aliases() if writer.getField(a) is not None), None)
+            if w is not None:
+                problem = _logical_incompatibility(f.schema(), w.schema(), f"{path}.{f.name()}", seen)
+                if problem is not None:
+                    return problem
+        return None
+    if r_kind == "ARRAY" and w_kind == "ARRAY":
+        return _logical_incompatibility(reader.getElementType(), writer.getElementType(), f"{path}[]", seen)
+    if r_kind == "MAP" and w_kind == "MAP":
+        return _logical_incompatibility(reader.getValueType(), writer.getValueType(), f"{path}{{}}", seen)
+    return None
 
 
 def decoded_value(schemas: AvroSchemas, column: str = "value") -> Column:

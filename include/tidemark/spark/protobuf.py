@@ -48,6 +48,7 @@ from tidemark.spark.wire import (
     reader_version,
     refuse_unframed,
     schema_changed_events,
+    version_of,
     where,
     writer_schemas,
 )
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
 # Imports the serializers never register (confluent-kafka resolves them from the protobuf package itself).
 BUILTIN_PREFIXES = ("google/protobuf/",)
 TIMESTAMP = "google.protobuf.Timestamp"
+WELL_KNOWN_PREFIX = "google.protobuf."  # the well-known types' package
 
 
 @dataclass(frozen=True)
@@ -198,8 +200,9 @@ def resolve_schemas(
         if problem is not None:
             use = first_use[sid]
             raise SchemaError(
-                f"{where(use)}: {part}s written with schema id {sid} cannot be read with {reader_name(part)} id "
-                f"{reader.schema_id} (subject '{reader.subject}' version {reader.version}): {problem}. Pin a "
+                f"{where(use)}: {part}s written with schema id {sid}{version_of(client, reader.subject, sid)} cannot "
+                f"be read with {reader_name(part)} id {reader.schema_id} (subject '{reader.subject}' version "
+                f"{reader.version}): {problem}. Pin a "
                 f"deserialization.{option(part, 'schema_version')} whose field numbers keep their types, or give the "
                 "changed field a new number; nothing was published or committed"
             )
@@ -227,9 +230,17 @@ def _wire_kind(f: FieldDescriptor) -> str:
     return "varint"  # int32, int64, uint32, uint64, bool, enum: Protobuf reads each as the other
 
 
-def _incompatibility(reader: Descriptor, writer: Descriptor, path: str) -> str | None:
+def _incompatibility(
+    reader: Descriptor, writer: Descriptor, path: str, seen: frozenset[tuple[str, str]] = frozenset()
+) -> str | None:
     """The first field whose number the writer fills with bytes the reader would misread (Protobuf keeps such a
-    value as an unknown field and reads the default: a silently wrong row), or None."""
+    value as an unknown field and reads the default, or reads a message as another one: a silently wrong row), or
+    None. Every nested message is checked, map values' and repeated ones' too, and a well-known type
+    (``google.protobuf.Timestamp``, ...) is read only as itself."""
+    pair = (reader.full_name, writer.full_name)
+    if pair in seen:  # a recursive message: this pair is being checked further up
+        return None
+    seen = seen | {pair}
     for f in reader.fields:
         w = writer.fields_by_number.get(f.number)
         if w is None:
@@ -245,11 +256,33 @@ def _incompatibility(reader: Descriptor, writer: Descriptor, path: str) -> str |
                         f"{where}: the map's {part} is {_kind_name(theirs)} in the writer, {_kind_name(mine)} in "
                         "the reader"
                     )
-        elif _wire_kind(f) == "message" and f.message_type.full_name != TIMESTAMP:
-            nested = _incompatibility(f.message_type, w.message_type, f"{path}.{f.name}")
-            if nested is not None:
-                return nested
+            mine, theirs = f.message_type.fields_by_name["value"], w.message_type.fields_by_name["value"]
+            if _wire_kind(mine) == "message":
+                problem = _message_incompatibility(mine, theirs, f"{where}: the map's value", f"{path}.{f.name}", seen)
+                if problem is not None:
+                    return problem
+        elif _wire_kind(f) == "message":
+            problem = _message_incompatibility(f, w, where, f"{path}.{f.name}", seen)
+            if problem is not None:
+                return problem
     return None
+
+
+def _message_incompatibility(
+    mine: FieldDescriptor, theirs: FieldDescriptor, where: str, path: str, seen: frozenset[tuple[str, str]]
+) -> str | None:
+    """Why the message ``theirs`` holds is misread as ``mine``'s: a well-known type on one side and another message
+    on the other (a ``Timestamp`` read from another message's fields publishes 1970-01-01), or a field inside."""
+    reader, writer = mine.message_type, theirs.message_type
+    known = [t.full_name for t in (reader, writer) if t.full_name.startswith(WELL_KNOWN_PREFIX)]
+    if known and reader.full_name != writer.full_name:
+        return (
+            f"{where} is message {writer.full_name} in the writer and {reader.full_name} in the reader; a well-known "
+            "type is read only as itself"
+        )
+    if known:  # the same well-known type on both sides
+        return None
+    return _incompatibility(reader, writer, path, seen)
 
 
 def _kind_name(f: FieldDescriptor) -> str:

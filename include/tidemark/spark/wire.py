@@ -218,6 +218,15 @@ def writer_schemas(
     return writers, first_use
 
 
+def version_of(client: RegistryClient, subject: str, schema_id: int) -> str:
+    """`` (version N of subject S)`` when ``schema_id`` is a version of the reader's ``subject``, else nothing; asked
+    only when a run is refused, so a question per version costs nothing that matters."""
+    for version in reversed(client.versions(subject)[-100:]):
+        if client.typed_version(subject, version).schema_id == schema_id:
+            return f" (version {version} of subject '{subject}')"
+    return ""
+
+
 def check_columns(feed: Feed, reader: SubjectVersion, names: Mapping[str, Any]) -> None:
     """The value reader's top-level fields become columns: none may take the name of a record column."""
     from tidemark.spark.decode import RESERVED_COLUMNS
