@@ -134,6 +134,9 @@ def preload_great_expectations() -> None:
 _GX_IMPORT: list[threading.Thread] = []
 
 
+PARQUET_TIMESTAMPS = "TIMESTAMP_MICROS"  # Spark's name for Parquet's INT64 TIMESTAMP(MICROS, isAdjustedToUTC=true)
+
+
 def run(
     spark: SparkSession,
     plan: Plan,
@@ -201,6 +204,9 @@ def run(
 
     if connection is not None and output_dir is None:
         refuse_if_moved(plan, connection, run_id)
+    # One physical timestamp type in every file a run writes, whichever path stages it: the read tasks' pyarrow
+    # writes INT64 microseconds adjusted to UTC, and Spark would write INT96 by default (docs/schemas.md).
+    spark.conf.set("spark.sql.parquet.outputTimestampType", PARQUET_TIMESTAMPS)
     preload_great_expectations()
     source, positions = _read(spark, plan, feed, connection, timer, res)
     staging = publisher.new_staging(plan.plan_id, on_store=_stage_on_store(spark, publisher))
@@ -283,6 +289,7 @@ def _stage_validate_publish(
         RAW_KEY_COLUMN,
         RAW_VALUE_COLUMN,
         annotate,
+        decode_reasons,
         raw_key_kept,
         raw_value_kept,
     )
@@ -304,7 +311,9 @@ def _stage_validate_publish(
     def staged_frame() -> tuple[DataFrame, OutcomeCodes]:
         """Every record decoded with the run's ``schemas``, with its day and its outcome code."""
         decoded = annotate(source, feed.deserialization, schemas.get("value"), schemas.get("key"))
-        codes = OutcomeCodes.of([c for c in column_paths(decoded.schema) if c not in (*raw_columns, "plan_id")], feed)
+        reasons = decode_reasons(feed.deserialization, schemas.get("value"), schemas.get("key"))
+        columns = [c for c in column_paths(decoded.schema) if c not in (*raw_columns, "plan_id")]
+        codes = OutcomeCodes.of(columns, feed, reasons)
         outcome = codes.column()
         if time_filter is not None:  # exact window: records stamped outside it are read, counted and left out
             outcome = F.when(_outside(time_filter), F.lit(OUTSIDE_WINDOW)).otherwise(outcome)

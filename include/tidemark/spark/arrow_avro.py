@@ -515,8 +515,11 @@ def _laid_out(
         if column.type != target.type:
             # Promotions (int → long, long → double), dictionary → text, bytes → text (unchecked, as Spark's
             # decoder keeps bytes that are not UTF-8 in a string).
+            # A timestamp-millis value whose microseconds overflow a long (a producer's epoch nanoseconds in a
+            # millis field) is checked: wrapped it would publish as garbage; Spark's decoder refuses it.
+            safe = pa.types.is_timestamp(target.type)
             try:
-                column = column.cast(target.type, safe=False)
+                column = column.cast(target.type, safe=safe)
             except pa.ArrowInvalid as exc:  # a conversion Arrow refuses: Spark's decoder is the judge of it
                 what = f"{_where(part)}: field '{target.name}' does not convert to the reader's type"
                 raise CannotStage(what) from exc

@@ -57,12 +57,26 @@ if TYPE_CHECKING:
 
 # The subject's latest versions the job decodes with before it knows which ids the records carry (candidate_schemas).
 CANDIDATE_VERSIONS = 10
-# from_avro's PERMISSIVE mode turns a body that does not decode into a struct of nulls. A reader record with a
-# required field (a type without null) tells a failure by that field, which no decoded record leaves null.
-# One whose fields are all nullable could be all null: decoding then uses the reader schema plus this field
-# (boolean, default true), which no writer has, so every record that decodes gets true by resolution, and only
-# a failed one gets null (the mark costs about 5% of the decode: resolving one more field per record).
-DECODED_MARK = "_tidemark_decoded"
+# Whole-body decoding: from_avro reads a body's fields and ignores what is left after them, so every body is decoded
+# with BODY_END appended, as a record of the writer schema's value and an 8-byte fixed field (WRAPPER). A body read
+# exactly by its fields leaves BODY_END for the fixed; one with bytes left over puts them in it (BODY_END's eight
+# bytes differ from each other, so no tail of it is also its start); one with bytes missing reads into BODY_END and
+# then past the end, which from_avro's PERMISSIVE mode turns into nulls. The end also tells a record that did not
+# decode from one whose fields are all null.
+BODY_END = bytes([0xA7, 0x3C, 0x91, 0x0E, 0xD4, 0x6B, 0xF2, 0x58])
+WRAPPER, VALUE_FIELD, END_FIELD = "_tidemark_body", "value", "end"
+
+
+def wrapped(schema: str) -> str:
+    """``schema`` (a writer's or the reader's) as the value of a :data:`WRAPPER` record followed by its end.
+
+    The wrapper has no namespace, so a named type without one keeps its full name inside it.
+    """
+    return json.dumps({
+        "type": "record", "name": WRAPPER,
+        "fields": [{"name": VALUE_FIELD, "type": json.loads(schema)},
+                   {"name": END_FIELD, "type": {"type": "fixed", "name": f"{WRAPPER}_end", "size": len(BODY_END)}}],
+    })  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -80,29 +94,6 @@ class AvroSchemas(RegistrySchemas):
     @property
     def field_names(self) -> list[str]:
         return [str(f["name"]) for f in json.loads(self.reader)["fields"]]
-
-    @property
-    def required_field(self) -> str | None:
-        """The reader record's first field whose type admits no null (None: every field is nullable)."""
-        for f in json.loads(self.reader)["fields"]:
-            kind = f["type"]
-            if kind != "null" and not (isinstance(kind, list) and "null" in kind):
-                return str(f["name"])
-        return None
-
-    @property
-    def marked(self) -> bool:
-        """Whether a record reader decodes with :data:`DECODED_MARK` (it has no required field)."""
-        return self.is_record and self.required_field is None
-
-    @property
-    def decoding_reader(self) -> str:
-        """What ``from_avro`` resolves each writer to: the reader schema, with :data:`DECODED_MARK` when marked."""
-        if not self.marked:
-            return self.reader
-        doc = json.loads(self.reader)
-        doc["fields"] = [*doc["fields"], {"name": DECODED_MARK, "type": "boolean", "default": True}]
-        return json.dumps(doc)
 
 
 def resolve_schemas(
@@ -292,36 +283,35 @@ def _logical_incompatibility(reader: Any, writer: Any, path: str, seen: set[tupl
 
 
 def decoded_value(schemas: AvroSchemas, column: str = "value") -> Column:
-    """``column`` decoded with its writer schema and resolved to the reader's. A record reader gives a struct
-    whose required field (or, when it has none, :data:`DECODED_MARK`) is null only where it did not decode; any
-    other reader gives the decoded value, null where it did not decode (see :func:`decode_failed`)."""
+    """``column``'s whole body decoded with its writer schema and resolved to the reader's: a :data:`WRAPPER` struct,
+    the decoded value in :data:`VALUE_FIELD` and, in :data:`END_FIELD`, :data:`BODY_END` only where the body was
+    read to its last byte and no further (see :func:`decode_failed`, :func:`bytes_left_over`)."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
     framing = F.substring(F.col(column), 1, HEADER_BYTES)
-    options = {"avroSchema": schemas.decoding_reader, "mode": "PERMISSIVE"}
+    options = {"avroSchema": wrapped(schemas.reader), "mode": "PERMISSIVE"}
+    ended = F.concat(body(column), F.lit(BODY_END))
     out: Column | None = None
     # Nulls only (no writer seen): decode with the reader itself, so the column still has the reader's type.
     writers = schemas.writers or {schemas.reader_id: schemas.reader}
     for writer_id, writer in sorted(writers.items()):
-        decoded = from_avro(body(column), writer, options)
+        decoded = from_avro(ended, wrapped(writer), options)
         # The five header bytes compared as bytes: no hex text and number parsing per record and writer.
         framed = framing == F.lit(header(writer_id))
         out = F.when(framed, decoded) if out is None else out.when(framed, decoded)
     assert out is not None
-    # Returned as is, not nulled where the mark is missing: that wraps the whole CASE in another one naming it
-    # twice, and Spark then decodes every value twice (a third slower, measured with the Avro benchmark).
     return out
 
 
 def decode_failed(decoded: Column, schemas: AvroSchemas) -> Column:
-    """Whether the result of :func:`decoded_value` did not decode (null inputs included): a record's required
-    field or mark is null, or any other type's result is null (so a key whose union schema holds a null counts
-    as failed)."""
-    if schemas.marked:
-        return decoded.getField(DECODED_MARK).isNull()
-    if schemas.is_record:
-        required = schemas.required_field
-        assert required is not None
-        return decoded.getField(required).isNull()
-    return decoded.isNull()
+    """Whether the result of :func:`decoded_value` did not decode (null inputs and bodies cut short included); a
+    value that is not a record and decodes to null counts as failed too (a key's union with null)."""
+    failed = decoded.getField(END_FIELD).isNull()
+    return failed if schemas.is_record else failed | decoded.getField(VALUE_FIELD).isNull()
+
+
+def bytes_left_over(decoded: Column) -> Column:
+    """Whether the body behind the result of :func:`decoded_value` decoded with bytes left after its fields."""
+    end = decoded.getField(END_FIELD)
+    return end.isNotNull() & (end != BODY_END)

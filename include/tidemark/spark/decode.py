@@ -126,8 +126,11 @@ class _Decoding:
                 *beside_values, "headers", "plan_id"]  # fmt: skip
 
 
-def decode_reasons(deser: Deserialization) -> list[str]:
-    """Every reason a record of ``deser`` can fail to decode, in the order they are checked.
+def decode_reasons(
+    deser: Deserialization, schemas: RunSchemas | None = None, key_schemas: RunSchemas | None = None
+) -> list[str]:
+    """Every reason a record of ``deser`` can fail to decode, in the order they are checked; ``schemas`` and
+    ``key_schemas``, the run's, add the reasons that name a field of the reader (Protobuf's).
 
     The first that applies is the record's :data:`ERROR_COLUMN`; the job stages a failed
     record under its index here (a short code), not under the text.
@@ -136,7 +139,7 @@ def decode_reasons(deser: Deserialization) -> list[str]:
     if deser.key_format == "string":
         reasons.append("key is not valid UTF-8")
     elif deser.key_format in REGISTRY_FORMATS:
-        reasons += registry_reasons(deser.key_format, "key")
+        reasons += registry_reasons(deser.key_format, "key", key_schemas)
     if deser.format == "string":
         reasons.append("value is not valid UTF-8")
     elif deser.format == "json":
@@ -148,24 +151,38 @@ def decode_reasons(deser: Deserialization) -> list[str]:
         reasons += [f"required field '{name}' is missing or null" for name in required]
     elif deser.format in REGISTRY_FORMATS:
         reasons.append("value is null (tombstone)")
-        reasons += registry_reasons(deser.format, "value")
+        reasons += registry_reasons(deser.format, "value", schemas)
     return reasons
 
 
-def registry_reasons(fmt: str, part: RecordPart) -> list[str]:
-    """Why a non-null key or value of a Schema Registry format does not decode, in the order they are checked."""
+def registry_reasons(fmt: str, part: RecordPart, schemas: RunSchemas | None = None) -> list[str]:
+    """Why a non-null key or value of a Schema Registry format does not decode, in the order they are checked;
+    with the run's ``schemas``, a Protobuf reader's ``Timestamp`` fields each have their own."""
     if fmt == "avro":
-        return [f"{part} does not decode against its Avro writer schema"]
+        return [
+            f"{part} does not decode against its Avro writer schema",
+            f"{part} has bytes left over after the fields of its Avro writer schema",
+        ]
     if fmt == "json_schema":
         return [
             f"{part} is not valid UTF-8",
             f"{part} is not a JSON object of the reader JSON Schema's types",
             f"{part} lacks a required property or has a value outside an enum of the reader JSON Schema",
         ]
-    return [f"{part} does not decode as the Protobuf message of its writer schema"]
+    return [f"{part} does not decode as the Protobuf message of its writer schema"] + [
+        f"{part} field '{path}' is a google.protobuf.Timestamp outside years 1 to 9999, which Spark's timestamps "
+        "cannot hold"
+        for path in _timestamp_paths(schemas)
+    ]
 
 
-AVRO_BODY_REASON = registry_reasons("avro", "value")[0]
+def _timestamp_paths(schemas: RunSchemas | None) -> list[str]:
+    from tidemark.spark.protobuf import ProtobufSchemas, timestamp_paths
+
+    return timestamp_paths(schemas.descriptor()) if isinstance(schemas, ProtobufSchemas) else []
+
+
+AVRO_BODY_REASON, AVRO_LEFT_OVER_REASON = registry_reasons("avro", "value")
 _, JSON_SCHEMA_BODY_REASON, JSON_SCHEMA_RULE_REASON = registry_reasons("json_schema", "value")
 PROTOBUF_BODY_REASON = registry_reasons("protobuf", "value")[0]
 
@@ -182,12 +199,13 @@ def _registry_decoding(
         raise ConfigError(f"{option}: {fmt} decodes with the run's schemas (tidemark.spark.wire)")
     present = F.col(column).isNotNull()
     if fmt == "avro":
-        from tidemark.spark.avro import AvroSchemas, decode_failed, decoded_value
+        from tidemark.spark.avro import VALUE_FIELD, AvroSchemas, bytes_left_over, decode_failed, decoded_value
 
         assert isinstance(schemas, AvroSchemas)
         work = work.withColumn(parsed_name, decoded_value(schemas, column))
-        parsed = F.col(parsed_name)
-        return work, parsed, [present & decode_failed(parsed, schemas)]
+        whole = F.col(parsed_name)
+        failed = present & decode_failed(whole, schemas)
+        return work, whole.getField(VALUE_FIELD), [failed, present & ~failed & bytes_left_over(whole)]
     if fmt == "json_schema":
         from tidemark.spark.json_schema import JsonSchemas, body_text, parsed_value, violations
 
@@ -204,20 +222,17 @@ def _registry_decoding(
                 present & (check(parsed) if check is not None else F.lit(False)),
             ],
         )
-    from tidemark.spark.protobuf import ProtobufSchemas, decoded_frame
+    from tidemark.spark.protobuf import ProtobufSchemas, decoded_frame, out_of_range_column
 
     assert isinstance(schemas, ProtobufSchemas)
     work = decoded_frame(work, schemas, parsed_name, column)
-    parsed = F.col(parsed_name)
-    return work, parsed, [present & parsed.isNull()]
+    parsed, why = F.col(parsed_name), F.col(out_of_range_column(parsed_name))
+    out_of_range = [present & (why == F.lit(path)) for path in _timestamp_paths(schemas)]
+    return work, parsed, [present & parsed.isNull() & why.isNull(), *out_of_range]
 
 
 def _published_key(fmt: str, schemas: RunSchemas, parsed: Column) -> Column:
     """The decoded key as published: the reader's struct (or scalar) without decoding's own marks."""
-    from tidemark.spark.avro import DECODED_MARK, AvroSchemas
-
-    if isinstance(schemas, AvroSchemas):
-        return parsed.dropFields(DECODED_MARK) if schemas.marked else parsed
     if fmt == "json_schema":
         return parsed.dropFields(_CORRUPT)
     return parsed
@@ -270,7 +285,9 @@ def _decoding(
         failed.append(parsed.getField(_CORRUPT).isNotNull())
         failed += [F.col("value").isNotNull() & parsed.getField(name).isNull() for name in required]
         value_cols = [parsed.getField(name).alias(name) for name in declared.names]
-    reasons = [F.when(c, F.lit(why)) for c, why in zip(failed, decode_reasons(deser), strict=True)]
+    reasons = [
+        F.when(c, F.lit(why)) for c, why in zip(failed, decode_reasons(deser, schemas, key_schemas), strict=True)
+    ]
     error = F.coalesce(*reasons) if reasons else F.lit(None).cast("string")
     return _Decoding(work, key_col, value_cols, error)
 

@@ -275,12 +275,14 @@ class OutcomeCodes:
     decode_reasons: tuple[str, ...]
 
     @classmethod
-    def of(cls, columns: Iterable[str], feed: Feed) -> OutcomeCodes:
-        """The codes of ``feed``'s records; ``columns`` are the decoded record's."""
-        from tidemark.spark.decode import decode_reasons
+    def of(cls, columns: Iterable[str], feed: Feed, decode_reasons: Sequence[str] | None = None) -> OutcomeCodes:
+        """The codes of ``feed``'s records; ``columns`` are the decoded record's; ``decode_reasons``: the run's (with
+        the fields its schemas name, :func:`tidemark.spark.decode.decode_reasons`), else the feed's."""
+        from tidemark.spark import decode
 
         rules, _ = split_rules(feed.validation.expectations, [c for c in columns if c not in DECODE_ERROR_COLUMNS])
-        return cls(tuple(rules), tuple(decode_reasons(feed.deserialization)))
+        reasons = decode.decode_reasons(feed.deserialization) if decode_reasons is None else decode_reasons
+        return cls(tuple(rules), tuple(reasons))
 
     def column(self) -> Column:
         """The code of each row: ``decode-<n>`` when it did not decode (no other rule applies to
