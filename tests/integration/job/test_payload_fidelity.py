@@ -265,3 +265,53 @@ def test_a_protobuf_timestamp_outside_years_1_to_9999_is_quarantined_naming_the_
         "decode_error: value field 'Order.at' is a google.protobuf.Timestamp outside years 1 to 9999, which Spark's "
         "timestamps cannot hold"
     }
+
+
+NULLABLE_ENUM = {"type": "record", "name": "Parcel", "namespace": "plant", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "state", "type": ["null", {"type": "enum", "name": "State", "symbols": ["NEW", "SENT", "LOST"]}],
+     "default": None},
+    {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["BOX", "BAG"]}},
+]}  # fmt: skip
+
+
+def test_a_flat_record_with_a_nullable_enum_is_staged_by_the_read_tasks_as_the_scan(staging_env: StagingEnv) -> None:
+    env = staging_env
+    write = env.serializer(NULLABLE_ENUM)
+    states = [None, "NEW", "SENT", "LOST"]
+    for partition in range(2):
+        env.produce([write({"id": i, "state": states[i % 4], "kind": ["BOX", "BAG"][i % 2]}) for i in range(40)],
+                    partition)  # fmt: skip
+
+    env.run()
+
+    assert env.job()["staged_by"] == "read_tasks"  # polars panicked on the enum in a union: Spark staged it
+    published = {k: _comparable(r, NULLABLE_ENUM) for k, r in env.published().items()}
+    assert published == env.scan(NULLABLE_ENUM) and len(published) == 80
+
+
+def test_schema_changed_names_per_partition_each_writers_offsets_and_count_when_producers_switch_back_and_forth(
+    env: RegistryEnv,
+) -> None:
+    from tests.integration.job.test_avro import ORDER_V1, ORDER_V2, order
+
+    v1, v2 = env.serializer(ORDER_V1), env.serializer(ORDER_V2)
+    # Partition 0: v1, v2, v1 again, v2 again (two producers in a rolling deploy); partition 1: v2 only.
+    blocks = [(v1, range(0, 3)), (v2, range(3, 5)), (v1, range(5, 9)), (v2, range(9, 10))]
+    env.produce([w(order(i, v2=w is v2)) for w, numbers in blocks for i in numbers], 0)
+    env.produce([v2(order(i, v2=True)) for i in range(10, 13)], 1)
+    v1_id = int.from_bytes(v1(order(0))[1:5], "big")
+    v2_id = env.sr.get_latest_version(f"{env.topic}-value").schema_id
+
+    env.run()
+
+    changes = [e for e in env.report()["events"] if e["kind"] == "schema_changed"]
+    assert [(e["topic"], e["partition"]) for e in changes] == [(env.topic, 0)]  # one event per partition
+    (change,) = changes
+    writers = [
+        (w["schema_id"], w["first_offset"], w["last_offset"], w["records"]) for w in change["details"]["writers"]
+    ]
+    assert writers == [(v1_id, 0, 8, 7), (v2_id, 3, 9, 3)]
+    assert change["details"]["interleaved"] is True
+    assert f"id {v1_id} at offsets 0..8 (7 records), id {v2_id} at offsets 3..9 (3 records)" in change["message"]
+    assert "switched back and forth" in change["message"]
