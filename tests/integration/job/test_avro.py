@@ -201,7 +201,7 @@ def _as_published(doc: dict[str, Any]) -> dict[str, Any]:
 def _published_value(row: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
     out = {n: row[n] for n in names}
     out["tags"] = sorted(out["tags"])
-    at = out["at"]  # Spark's Parquet timestamps (INT96) come back naive, in UTC
+    at = out["at"]  # Parquet timestamps come back in UTC, naive or not
     at = at.to_pydatetime() if hasattr(at, "to_pydatetime") else at
     out["at"] = at.replace(tzinfo=dt.UTC) if at.tzinfo is None else at.astimezone(dt.UTC)
     return out
