@@ -314,6 +314,62 @@ def decode_failed(decoded: Column, schemas: AvroSchemas) -> Column:
     return failed if schemas.is_record else failed | decoded.getField(VALUE_FIELD).isNull()
 
 
+# The largest timestamp-millis whose microseconds a long holds: Spark's decoder refuses a larger one (and the read
+# tasks give way on it), so such a record is a bad record; :func:`millis_overflow` names its field.
+MICROS_LIMIT = (2**63 - 1) // 1000
+
+
+def _is_millis(avro_type: Any) -> bool:
+    """Whether a field's type is ``timestamp-millis``, alone or in a union."""
+    if isinstance(avro_type, list):
+        return any(_is_millis(t) for t in avro_type)
+    return isinstance(avro_type, dict) and avro_type.get("logicalType") == "timestamp-millis"
+
+
+def millis_fields(schemas: AvroSchemas) -> list[str]:
+    """The top-level ``timestamp-millis`` fields of the run's record writers, by name, in writer id order."""
+    names: list[str] = []
+    for _, writer in sorted(schemas.writers.items()):
+        doc = json.loads(writer)
+        if isinstance(doc, dict) and doc.get("type") == "record":
+            names += [str(f["name"]) for f in doc["fields"] if _is_millis(f["type"]) and f["name"] not in names]
+    return names
+
+
+def _as_numbers(avro_type: Any) -> Any:
+    """``avro_type`` with ``timestamp-millis`` read as the long it is."""
+    if isinstance(avro_type, list):
+        return [_as_numbers(t) for t in avro_type]
+    return "long" if _is_millis(avro_type) else avro_type
+
+
+def millis_overflow(schemas: AvroSchemas, column: str = "value") -> Column:
+    """The first top-level ``timestamp-millis`` field (:func:`millis_fields`) of ``column``'s record whose
+    microseconds overflow a long, else null. Decoded again with those fields as plain longs: meant for records that
+    did not decode (Spark evaluates it only where asked)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    framing = F.substring(F.col(column), 1, HEADER_BYTES)
+    out: Column | None = None
+    for writer_id, writer in sorted(schemas.writers.items()):
+        doc = json.loads(writer)
+        if not (isinstance(doc, dict) and doc.get("type") == "record"):
+            continue
+        names = [str(f["name"]) for f in doc["fields"] if _is_millis(f["type"])]
+        if not names:
+            continue
+        numbers = {**doc, "fields": [{**f, "type": _as_numbers(f["type"])} for f in doc["fields"]]}
+        decoded = from_avro(body(column), json.dumps(numbers), {"mode": "PERMISSIVE"})
+        limit = F.lit(MICROS_LIMIT).cast("long")
+        first = F.coalesce(*[
+            F.when((decoded.getField(n) > limit) | (decoded.getField(n) < -limit), F.lit(n)) for n in names
+        ])  # fmt: skip
+        framed = framing == F.lit(header(writer_id))
+        out = F.when(framed, first) if out is None else out.when(framed, first)
+    return out if out is not None else F.lit(None).cast("string")
+
+
 def bytes_left_over(decoded: Column) -> Column:
     """Whether the body behind the result of :func:`decoded_value` decoded with bytes left after its fields."""
     end = decoded.getField(END_FIELD)

@@ -162,6 +162,10 @@ def registry_reasons(fmt: str, part: RecordPart, schemas: RunSchemas | None = No
         return [
             f"{part} does not decode against its Avro writer schema",
             f"{part} has bytes left over after the fields of its Avro writer schema",
+        ] + [
+            f"{part} field '{name}' is a timestamp-millis whose microseconds overflow a long (epoch nanoseconds or "
+            "microseconds in a millis field?)"
+            for name in _millis_fields(schemas)
         ]
     if fmt == "json_schema":
         return [
@@ -174,6 +178,12 @@ def registry_reasons(fmt: str, part: RecordPart, schemas: RunSchemas | None = No
         "cannot hold"
         for path in _timestamp_paths(schemas)
     ]
+
+
+def _millis_fields(schemas: RunSchemas | None) -> list[str]:
+    from tidemark.spark.avro import AvroSchemas, millis_fields
+
+    return millis_fields(schemas) if isinstance(schemas, AvroSchemas) else []
 
 
 def _timestamp_paths(schemas: RunSchemas | None) -> list[str]:
@@ -199,13 +209,21 @@ def _registry_decoding(
         raise ConfigError(f"{option}: {fmt} decodes with the run's schemas (tidemark.spark.wire)")
     present = F.col(column).isNotNull()
     if fmt == "avro":
-        from tidemark.spark.avro import VALUE_FIELD, AvroSchemas, bytes_left_over, decode_failed, decoded_value
+        from tidemark.spark import avro
 
-        assert isinstance(schemas, AvroSchemas)
-        work = work.withColumn(parsed_name, decoded_value(schemas, column))
+        assert isinstance(schemas, avro.AvroSchemas)
+        work = work.withColumn(parsed_name, avro.decoded_value(schemas, column))
         whole = F.col(parsed_name)
-        failed = present & decode_failed(whole, schemas)
-        return work, whole.getField(VALUE_FIELD), [failed, present & ~failed & bytes_left_over(whole)]
+        failed = present & avro.decode_failed(whole, schemas)
+        names = _millis_fields(schemas)
+        overflow_name = f"{parsed_name}_millis_overflow"
+        if names:  # which field a record failed on, asked only of records that failed
+            work = work.withColumn(overflow_name, F.when(failed, avro.millis_overflow(schemas, column)))
+        overflow = F.col(overflow_name)
+        overflowed = [failed & (overflow == F.lit(name)) for name in names]
+        undecoded = failed & overflow.isNull() if names else failed
+        left_over = present & ~failed & avro.bytes_left_over(whole)
+        return work, whole.getField(avro.VALUE_FIELD), [undecoded, left_over, *overflowed]
     if fmt == "json_schema":
         from tidemark.spark.json_schema import JsonSchemas, body_text, parsed_value, violations
 
