@@ -181,12 +181,16 @@ def registry_reasons(fmt: str, part: RecordPart, schemas: RunSchemas | None = No
 
 
 def _millis_fields(schemas: RunSchemas | None) -> list[str]:
+    if schemas is None:  # no run's schemas (this module's constants): nothing to import
+        return []
     from tidemark.spark.avro import AvroSchemas, millis_fields
 
     return millis_fields(schemas) if isinstance(schemas, AvroSchemas) else []
 
 
 def _timestamp_paths(schemas: RunSchemas | None) -> list[str]:
+    if schemas is None:
+        return []
     from tidemark.spark.protobuf import ProtobufSchemas, timestamp_paths
 
     return timestamp_paths(schemas.descriptor()) if isinstance(schemas, ProtobufSchemas) else []
