@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test test-extended lint unit model integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
+.PHONY: install demo test test-extended test-differential lint unit model integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
 .PHONY: browser bench-view bench-observe airflow airflow-down differential
 
 $(STAMP):
@@ -42,6 +42,12 @@ test: lint browser
 # own tests and the fault scenarios on the S3 + PostgreSQL shape with local staging.
 test-extended: install
 	$(BIN)/pytest -v --durations=10 -m extended $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
+
+# The differential Avro tests (tests/integration/spark/test_differential.py) with many more examples than
+# `make test` runs (25); the counts checked are printed at the end. `make differential` runs the JSON Schema ones.
+DIFFERENTIAL_EXAMPLES ?= 1000
+test-differential: install
+	TIDEMARK_DIFFERENTIAL_EXAMPLES=$(DIFFERENTIAL_EXAMPLES) $(BIN)/pytest -v -n 0 tests/integration/spark/test_differential.py $(PYTEST_ARGS)
 
 # The e2e browser test drives Debian's Chromium with Playwright (Playwright's own browser download is unreachable).
 browser:

@@ -61,6 +61,8 @@ class Mutant:
 SCENARIOS = "tests/faults/test_scenarios.py"
 VIEW = "include/tidemark/web/app.py"
 ARROW_AVRO = "include/tidemark/spark/arrow_avro.py"
+AVRO = "include/tidemark/spark/avro.py"
+PROTOBUF = "include/tidemark/spark/protobuf.py"
 
 MUTANTS = (
     Mutant(
@@ -457,6 +459,32 @@ MUTANTS = (
         "a replay or backfill never publishes into a feed's output, whatever symlinks or broad roots allow",
         (Edit("include/tidemark/output/base.py", "    place = _resolved(target)\n", "    place = target.url\n"),),
         ("tests/unit/runs/test_replay_output.py::test_a_symlink_under_an_allowed_place_is_followed",),
+    ),
+    Mutant(
+        "avro-body-end-unchecked",
+        "Spark's path publishes an Avro record only when its fields read its body to the last byte",
+        (Edit(AVRO, "    return end.isNotNull() & (end != BODY_END)", "    return end.isNotNull() & (end != end)"),),
+        ("tests/integration/spark/test_avro_decode.py::test_only_records_that_do_not_decode_are_failed",),
+    ),
+    Mutant(
+        "avro-logical-types-unchecked",
+        "a decimal resolves only at equal precision and scale, a logical type only to itself",
+        (
+            Edit(
+                AVRO,
+                "_logical_incompatibility(parsed_reader, parsed_writer",
+                "None and _logical_incompatibility(parsed_reader, parsed_writer",
+            ),
+        ),
+        ("tests/integration/spark/test_avro_resolution.py::test_a_decimal_resolves_only_at_equal_precision_and_scale",),
+    ),
+    Mutant(
+        "protobuf-map-values-unchecked",
+        "a Protobuf field retyped inside a map's value message fails the run",
+        (Edit(PROTOBUF, '            if _wire_kind(mine) == "message":', "            if False:"),),
+        (
+            "tests/unit/spark/test_protobuf_resolution.py::test_a_field_misread_anywhere_below_the_top_is_refused_naming_it",
+        ),
     ),
 )
 

@@ -137,6 +137,9 @@ def preload_great_expectations() -> None:
 _GX_IMPORT: list[threading.Thread] = []
 
 
+PARQUET_TIMESTAMPS = "TIMESTAMP_MICROS"  # Spark's name for Parquet's INT64 TIMESTAMP(MICROS, isAdjustedToUTC=true)
+
+
 def run(
     spark: SparkSession,
     plan: Plan,
@@ -206,6 +209,9 @@ def run(
 
     if connection is not None and output_dir is None:
         refuse_if_moved(plan, connection, run_id)
+    # One physical timestamp type in every file a run writes, whichever path stages it: the read tasks' pyarrow
+    # writes INT64 microseconds adjusted to UTC, and Spark would write INT96 by default (docs/schemas.md).
+    spark.conf.set("spark.sql.parquet.outputTimestampType", PARQUET_TIMESTAMPS)
     preload_great_expectations()
     source, positions = _read(spark, plan, feed, connection, timer, res)
     staging = publisher.new_staging(plan.plan_id, on_store=_stage_on_store(spark, publisher))

@@ -203,8 +203,12 @@ class StagePlan:
 
 
 def _container(writer: Mapping[str, Any]) -> bytes:
-    """The header of an Avro object container file declaring ``writer`` (no codec): magic, metadata, sync."""
-    meta = {b"avro.schema": json.dumps(_without_defaults(writer)).encode(), b"avro.codec": b"null"}
+    """The header of an Avro object container file declaring ``writer`` (no codec): magic, metadata, sync.
+
+    Its enums are declared as ``int``: an enum's encoding is its symbol's index as an Avro int, and polars' reader
+    panics on an enum in a union with null; :func:`_decode` turns the indexes into symbols.
+    """
+    meta = {b"avro.schema": json.dumps(_enums_as_ints(_without_defaults(writer))).encode(), b"avro.codec": b"null"}
     out = bytearray(b"Obj\x01") + _long(len(meta))
     for k, v in meta.items():
         out += _long(len(k)) + k + _long(len(v)) + v
@@ -218,6 +222,17 @@ def _without_defaults(doc: Any) -> Any:
         return {k: _without_defaults(v) for k, v in doc.items() if k not in ("default", "doc")}
     if isinstance(doc, list):
         return [_without_defaults(v) for v in doc]
+    return doc
+
+
+def _enums_as_ints(doc: Any) -> Any:
+    """``doc`` with every enum type declared as ``int`` (the same bytes: the symbol's index)."""
+    if isinstance(doc, dict):
+        if doc.get("type") == "enum":
+            return "int"
+        return {k: _enums_as_ints(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_enums_as_ints(v) for v in doc]
     return doc
 
 
@@ -449,6 +464,11 @@ def _decode(values: pa.Array, writer: WriterPlan, where: str) -> pa.Table:
             f"{where}: a value of schema id {writer.schema_id} ({first + 1}. of {len(bodies)}) is "
             f"{int(np.diff(offsets)[first])} bytes long, its decoded fields encode to {int(sizes[first])}"
         )
+    for name, kind in writer.fields:  # decoded as their indexes (_container): now their symbols
+        if kind.name == "enum":
+            index = decoded.column(name).combine_chunks()
+            symbols = pc.take(pa.array(kind.symbols, pa.string()), index.cast(pa.int64()))
+            decoded = decoded.set_column(decoded.schema.get_field_index(name), name, symbols)
     return decoded
 
 
@@ -482,11 +502,11 @@ def _encoded_sizes(column: pa.Array, kind: Kind) -> np.ndarray:
     elif kind.name in ("string", "bytes"):
         lengths = pc.fill_null(pc.binary_length(column), 0).cast(pa.int64()).to_numpy()
         sizes = _varint_sizes(lengths) + lengths
-    elif kind.name == "enum":
-        index = pc.index_in(column.cast(pa.string()), value_set=pa.array(kind.symbols, pa.string()))
-        if index.null_count > column.null_count:
-            raise CannotStage(f"a decoded enum symbol is not one of {list(kind.symbols)}")
-        sizes = _varint_sizes(pc.fill_null(index, 0).cast(pa.int64()).to_numpy())
+    elif kind.name == "enum":  # decoded as the symbol's index (_container)
+        index = pc.fill_null(column, 0).cast(pa.int64()).to_numpy()
+        if len(index) and (index.min() < 0 or index.max() >= len(kind.symbols)):
+            raise CannotStage(f"an enum index outside the {len(kind.symbols)} symbols {list(kind.symbols)}")
+        sizes = _varint_sizes(index)
     else:  # int, long and the logical types on them: a varint of the number as written
         unit = {"timestamp-millis": pa.timestamp("ms", "UTC"), "timestamp-micros": pa.timestamp("us", "UTC")}
         numbers = column.cast(unit[kind.name]) if kind.name in unit else column
@@ -532,8 +552,11 @@ def _laid_out(
         if column.type != target.type:
             # Promotions (int → long, long → double), dictionary → text, bytes → text (unchecked, as Spark's
             # decoder keeps bytes that are not UTF-8 in a string).
+            # A timestamp-millis value whose microseconds overflow a long (a producer's epoch nanoseconds in a
+            # millis field) is checked: wrapped it would publish as garbage; Spark's decoder refuses it.
+            safe = pa.types.is_timestamp(target.type)
             try:
-                column = column.cast(target.type, safe=False)
+                column = column.cast(target.type, safe=safe)
             except pa.ArrowInvalid as exc:  # a conversion Arrow refuses: Spark's decoder is the judge of it
                 what = f"{_where(part)}: field '{target.name}' does not convert to the reader's type"
                 raise CannotStage(what) from exc

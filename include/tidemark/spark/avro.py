@@ -16,7 +16,10 @@ again. A value's reader is a record (its fields become columns); a key's may be 
 type (a record becomes a struct, a primitive a scalar).
 
 The schemas then travel inside the decoding expression (``from_avro`` per writer id with
-the reader schema as its ``avroSchema``), so executors never call the registry. Spark's
+the reader schema as its ``avroSchema``), so executors never call the registry. Each body is
+decoded whole (:data:`BODY_END`): one with bytes left over or missing is a bad record. Avro's
+own compatibility check ignores logical types; :func:`_logical_incompatibility` refuses a
+decimal at another precision or scale and a logical type read as another. Spark's
 ``from_avro`` was chosen over fastavro in Python workers: it decodes 1.1-1.7M records/s
 per core here against fastavro's 90-125k, and it maps Avro's logical types (decimal,
 date, timestamp) and enums onto Spark types itself. It needs the ``spark-avro`` package
@@ -30,7 +33,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError
@@ -47,6 +50,7 @@ from tidemark.spark.wire import (
     reader_version,
     refuse_unframed,
     schema_changed_events,
+    version_of,
     where,
     writer_schemas,
 )
@@ -56,12 +60,26 @@ if TYPE_CHECKING:
 
 # The subject's latest versions the job decodes with before it knows which ids the records carry (candidate_schemas).
 CANDIDATE_VERSIONS = 10
-# from_avro's PERMISSIVE mode turns a body that does not decode into a struct of nulls. A reader record with a
-# required field (a type without null) tells a failure by that field, which no decoded record leaves null.
-# One whose fields are all nullable could be all null: decoding then uses the reader schema plus this field
-# (boolean, default true), which no writer has, so every record that decodes gets true by resolution, and only
-# a failed one gets null (the mark costs about 5% of the decode: resolving one more field per record).
-DECODED_MARK = "_tidemark_decoded"
+# Whole-body decoding: from_avro reads a body's fields and ignores what is left after them, so every body is decoded
+# with BODY_END appended, as a record of the writer schema's value and an 8-byte fixed field (WRAPPER). A body read
+# exactly by its fields leaves BODY_END for the fixed; one with bytes left over puts them in it (BODY_END's eight
+# bytes differ from each other, so no tail of it is also its start); one with bytes missing reads into BODY_END and
+# then past the end, which from_avro's PERMISSIVE mode turns into nulls. The end also tells a record that did not
+# decode from one whose fields are all null.
+BODY_END = bytes([0xA7, 0x3C, 0x91, 0x0E, 0xD4, 0x6B, 0xF2, 0x58])
+WRAPPER, VALUE_FIELD, END_FIELD = "_tidemark_body", "value", "end"
+
+
+def wrapped(schema: str) -> str:
+    """``schema`` (a writer's or the reader's) as the value of a :data:`WRAPPER` record followed by its end.
+
+    The wrapper has no namespace, so a named type without one keeps its full name inside it.
+    """
+    return json.dumps({
+        "type": "record", "name": WRAPPER,
+        "fields": [{"name": VALUE_FIELD, "type": json.loads(schema)},
+                   {"name": END_FIELD, "type": {"type": "fixed", "name": f"{WRAPPER}_end", "size": len(BODY_END)}}],
+    })  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -80,29 +98,6 @@ class AvroSchemas(RegistrySchemas):
     def field_names(self) -> list[str]:
         return [str(f["name"]) for f in json.loads(self.reader)["fields"]]
 
-    @property
-    def required_field(self) -> str | None:
-        """The reader record's first field whose type admits no null (None: every field is nullable)."""
-        for f in json.loads(self.reader)["fields"]:
-            kind = f["type"]
-            if kind != "null" and not (isinstance(kind, list) and "null" in kind):
-                return str(f["name"])
-        return None
-
-    @property
-    def marked(self) -> bool:
-        """Whether a record reader decodes with :data:`DECODED_MARK` (it has no required field)."""
-        return self.is_record and self.required_field is None
-
-    @property
-    def decoding_reader(self) -> str:
-        """What ``from_avro`` resolves each writer to: the reader schema, with :data:`DECODED_MARK` when marked."""
-        if not self.marked:
-            return self.reader
-        doc = json.loads(self.reader)
-        doc["fields"] = [*doc["fields"], {"name": DECODED_MARK, "type": "boolean", "default": True}]
-        return json.dumps(doc)
-
 
 def resolve_schemas(
     spark: SparkSession, uses: list[SchemaUse], feed: Feed, client: RegistryClient, *, part: RecordPart = "value"
@@ -117,8 +112,9 @@ def resolve_schemas(
         if problem is not None:
             use = first_use[sid]
             raise SchemaError(
-                f"{where(use)}: {part}s written with schema id {sid} cannot be read with {reader_name(part)} id "
-                f"{reader.schema_id} (subject '{reader.subject}' version {reader.version}): {problem}. Pin a "
+                f"{where(use)}: {part}s written with schema id {sid}{version_of(client, reader.subject, sid)} cannot "
+                f"be read with {reader_name(part)} id {reader.schema_id} (subject '{reader.subject}' version "
+                f"{reader.version}): {problem}. Pin a "
                 f"deserialization.{option(part, 'schema_version')} that resolves every writer, or make the change "
                 "compatible (give an added field a default, widen rather than narrow a type); nothing was published or "
                 "committed"
@@ -196,15 +192,18 @@ def _reader(feed: Feed, client: RegistryClient, part: RecordPart) -> SubjectVers
 
 
 def _incompatibility(spark: SparkSession, reader: str, writer: str) -> str | None:
-    """Why Avro cannot resolve ``writer`` to ``reader`` (the field and the rule), or None when it can."""
+    """Why Avro cannot resolve ``writer`` to ``reader`` (the field and the rule), or None when it can.
+
+    Avro's own check (``SchemaCompatibility``) looks at the underlying types only; the logical
+    types on them are then compared by :func:`_logical_incompatibility` along the same path.
+    """
     jvm = spark.sparkContext._jvm  # Avro ships with Spark: its own resolution rules, not a copy of them
     assert jvm is not None
     avro = jvm.org.apache.avro
-    result = avro.SchemaCompatibility.checkReaderWriterCompatibility(
-        avro.Schema.Parser().parse(reader), avro.Schema.Parser().parse(writer)
-    ).getResult()
+    parsed_reader, parsed_writer = avro.Schema.Parser().parse(reader), avro.Schema.Parser().parse(writer)
+    result = avro.SchemaCompatibility.checkReaderWriterCompatibility(parsed_reader, parsed_writer).getResult()
     if str(result.getCompatibility().toString()) == "COMPATIBLE":
-        return None
+        return _logical_incompatibility(parsed_reader, parsed_writer, str(parsed_reader.getName()), set())
     reasons = []
     for item in result.getIncompatibilities():
         location = str(item.getLocation())
@@ -212,37 +211,166 @@ def _incompatibility(spark: SparkSession, reader: str, writer: str) -> str | Non
     return "; ".join(reasons) or "incompatible"
 
 
+# Writer type -> the reader types Avro promotes it to.
+_PROMOTES = {"INT": {"LONG", "FLOAT", "DOUBLE"}, "LONG": {"FLOAT", "DOUBLE"}, "FLOAT": {"DOUBLE"},
+             "STRING": {"BYTES"}, "BYTES": {"STRING"}}  # fmt: skip
+_NAMED = {"RECORD", "ENUM", "FIXED"}
+
+
+def _logical(schema: Any) -> str | None:
+    """A (Java) schema's logical type as text: ``decimal(p,s)`` with its precision and scale, or its name."""
+    logical = schema.getLogicalType()
+    if logical is None:
+        return None
+    name = str(logical.getName())
+    return f"decimal({logical.getPrecision()},{logical.getScale()})" if name == "decimal" else name
+
+
+def _branch(reader: Any, writer: Any) -> Any | None:
+    """The reader union's branch a writer value of (Java) schema ``writer`` resolves to, as Avro picks it: the
+    first of the same type (and name), else the first it promotes to."""
+    kind = str(writer.getType().toString())
+    branches = list(reader.getTypes())
+    for b in branches:
+        if str(b.getType().toString()) == kind and (kind not in _NAMED or b.getFullName() == writer.getFullName()):
+            return b
+    for b in branches:
+        if str(b.getType().toString()) in _PROMOTES.get(kind, set()):
+            return b
+    return None
+
+
+def _logical_incompatibility(reader: Any, writer: Any, path: str, seen: set[tuple[str, str]]) -> str | None:
+    """The first place, along the path Avro resolves ``writer`` to ``reader`` (Java schemas Avro already found
+    compatible), where a value would be read with another meaning: a decimal at another precision or scale (Avro
+    resolves decimals only at equal ones: 3.34 written at scale 2 reads as 0.0334 at scale 4), a decimal read as
+    plain bytes or the other way, or two different logical types (a date read as a timestamp, millis as micros).
+    A logical type on one side only (a long read as ``timestamp-millis``) keeps the number as written."""
+    r_kind, w_kind = str(reader.getType().toString()), str(writer.getType().toString())
+    if w_kind == "UNION":
+        for w in writer.getTypes():
+            problem = _logical_incompatibility(reader, w, path, seen)
+            if problem is not None:
+                return problem
+        return None
+    if r_kind == "UNION":
+        branch = _branch(reader, writer)
+        return None if branch is None else _logical_incompatibility(branch, writer, path, seen)
+    mine, theirs = _logical(reader), _logical(writer)
+    decimal = any(t is not None and t.startswith("decimal") for t in (mine, theirs))
+    if mine != theirs and (decimal or (mine is not None and theirs is not None)):
+        return (
+            f"field {path!r}: written as {theirs or w_kind.lower()}, read as {mine or r_kind.lower()}; Avro resolves "
+            "a logical type only to itself (a decimal only at equal precision and scale), so every value would be "
+            "read with another meaning"
+        )
+    if r_kind == "RECORD" and w_kind == "RECORD":
+        pair = (str(reader.getFullName()), str(writer.getFullName()))
+        if pair in seen:  # a recursive type: this pair is being checked further up
+            return None
+        seen = seen | {pair}
+        for f in reader.getFields():
+            w = writer.getField(f.name())
+            if w is None:
+                w = next((writer.getField(a) for a in f.aliases() if writer.getField(a) is not None), None)
+            if w is not None:
+                problem = _logical_incompatibility(f.schema(), w.schema(), f"{path}.{f.name()}", seen)
+                if problem is not None:
+                    return problem
+        return None
+    if r_kind == "ARRAY" and w_kind == "ARRAY":
+        return _logical_incompatibility(reader.getElementType(), writer.getElementType(), f"{path}[]", seen)
+    if r_kind == "MAP" and w_kind == "MAP":
+        return _logical_incompatibility(reader.getValueType(), writer.getValueType(), f"{path}{{}}", seen)
+    return None
+
+
 def decoded_value(schemas: AvroSchemas, column: str = "value") -> Column:
-    """``column`` decoded with its writer schema and resolved to the reader's. A record reader gives a struct
-    whose required field (or, when it has none, :data:`DECODED_MARK`) is null only where it did not decode; any
-    other reader gives the decoded value, null where it did not decode (see :func:`decode_failed`)."""
+    """``column``'s whole body decoded with its writer schema and resolved to the reader's: a :data:`WRAPPER` struct,
+    the decoded value in :data:`VALUE_FIELD` and, in :data:`END_FIELD`, :data:`BODY_END` only where the body was
+    read to its last byte and no further (see :func:`decode_failed`, :func:`bytes_left_over`)."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
     framing = F.substring(F.col(column), 1, HEADER_BYTES)
-    options = {"avroSchema": schemas.decoding_reader, "mode": "PERMISSIVE"}
+    options = {"avroSchema": wrapped(schemas.reader), "mode": "PERMISSIVE"}
+    ended = F.concat(body(column), F.lit(BODY_END))
     out: Column | None = None
     # Nulls only (no writer seen): decode with the reader itself, so the column still has the reader's type.
     writers = schemas.writers or {schemas.reader_id: schemas.reader}
     for writer_id, writer in sorted(writers.items()):
-        decoded = from_avro(body(column), writer, options)
+        decoded = from_avro(ended, wrapped(writer), options)
         # The five header bytes compared as bytes: no hex text and number parsing per record and writer.
         framed = framing == F.lit(header(writer_id))
         out = F.when(framed, decoded) if out is None else out.when(framed, decoded)
     assert out is not None
-    # Returned as is, not nulled where the mark is missing: that wraps the whole CASE in another one naming it
-    # twice, and Spark then decodes every value twice (a third slower, measured with the Avro benchmark).
     return out
 
 
 def decode_failed(decoded: Column, schemas: AvroSchemas) -> Column:
-    """Whether the result of :func:`decoded_value` did not decode (null inputs included): a record's required
-    field or mark is null, or any other type's result is null (so a key whose union schema holds a null counts
-    as failed)."""
-    if schemas.marked:
-        return decoded.getField(DECODED_MARK).isNull()
-    if schemas.is_record:
-        required = schemas.required_field
-        assert required is not None
-        return decoded.getField(required).isNull()
-    return decoded.isNull()
+    """Whether the result of :func:`decoded_value` did not decode (null inputs and bodies cut short included); a
+    value that is not a record and decodes to null counts as failed too (a key's union with null)."""
+    failed = decoded.getField(END_FIELD).isNull()
+    return failed if schemas.is_record else failed | decoded.getField(VALUE_FIELD).isNull()
+
+
+# The largest timestamp-millis whose microseconds a long holds: Spark's decoder refuses a larger one (and the read
+# tasks give way on it), so such a record is a bad record; :func:`millis_overflow` names its field.
+MICROS_LIMIT = (2**63 - 1) // 1000
+
+
+def _is_millis(avro_type: Any) -> bool:
+    """Whether a field's type is ``timestamp-millis``, alone or in a union."""
+    if isinstance(avro_type, list):
+        return any(_is_millis(t) for t in avro_type)
+    return isinstance(avro_type, dict) and avro_type.get("logicalType") == "timestamp-millis"
+
+
+def millis_fields(schemas: AvroSchemas) -> list[str]:
+    """The top-level ``timestamp-millis`` fields of the run's record writers, by name, in writer id order."""
+    names: list[str] = []
+    for _, writer in sorted(schemas.writers.items()):
+        doc = json.loads(writer)
+        if isinstance(doc, dict) and doc.get("type") == "record":
+            names += [str(f["name"]) for f in doc["fields"] if _is_millis(f["type"]) and f["name"] not in names]
+    return names
+
+
+def _as_numbers(avro_type: Any) -> Any:
+    """``avro_type`` with ``timestamp-millis`` read as the long it is."""
+    if isinstance(avro_type, list):
+        return [_as_numbers(t) for t in avro_type]
+    return "long" if _is_millis(avro_type) else avro_type
+
+
+def millis_overflow(schemas: AvroSchemas, column: str = "value") -> Column:
+    """The first top-level ``timestamp-millis`` field (:func:`millis_fields`) of ``column``'s record whose
+    microseconds overflow a long, else null. Decoded again with those fields as plain longs: meant for records that
+    did not decode (Spark evaluates it only where asked)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    framing = F.substring(F.col(column), 1, HEADER_BYTES)
+    out: Column | None = None
+    for writer_id, writer in sorted(schemas.writers.items()):
+        doc = json.loads(writer)
+        if not (isinstance(doc, dict) and doc.get("type") == "record"):
+            continue
+        names = [str(f["name"]) for f in doc["fields"] if _is_millis(f["type"])]
+        if not names:
+            continue
+        numbers = {**doc, "fields": [{**f, "type": _as_numbers(f["type"])} for f in doc["fields"]]}
+        decoded = from_avro(body(column), json.dumps(numbers), {"mode": "PERMISSIVE"})
+        limit = F.lit(MICROS_LIMIT).cast("long")
+        first = F.coalesce(*[
+            F.when((decoded.getField(n) > limit) | (decoded.getField(n) < -limit), F.lit(n)) for n in names
+        ])  # fmt: skip
+        framed = framing == F.lit(header(writer_id))
+        out = F.when(framed, first) if out is None else out.when(framed, first)
+    return out if out is not None else F.lit(None).cast("string")
+
+
+def bytes_left_over(decoded: Column) -> Column:
+    """Whether the body behind the result of :func:`decoded_value` decoded with bytes left after its fields."""
+    end = decoded.getField(END_FIELD)
+    return end.isNotNull() & (end != BODY_END)

@@ -130,7 +130,8 @@ class _Decoding:
 def decode_reasons(
     deser: Deserialization, schemas: RunSchemas | None = None, key_schemas: RunSchemas | None = None
 ) -> list[str]:
-    """Every reason a record of ``deser`` can fail to decode, in the order they are checked.
+    """Every reason a record of ``deser`` can fail to decode, in the order they are checked; ``schemas`` and
+    ``key_schemas``, the run's, add the reasons that name a field of the reader (Protobuf's, JSON Schema's).
 
     The first that applies is the record's :data:`ERROR_COLUMN`; the job stages a failed
     record under its index here (a short code), not under the text. JSON Schema's reasons
@@ -157,17 +158,46 @@ def decode_reasons(
 
 
 def registry_reasons(fmt: str, part: RecordPart, schemas: RunSchemas | None = None) -> list[str]:
-    """Why a non-null key or value of a Schema Registry format does not decode, in the order they are checked."""
+    """Why a non-null key or value of a Schema Registry format does not decode, in the order they are checked;
+    with the run's ``schemas``, a Protobuf reader's ``Timestamp`` fields each have their own, and JSON Schema's
+    reasons name the reader's fields."""
     if fmt == "avro":
-        return [f"{part} does not decode against its Avro writer schema"]
+        return [
+            f"{part} does not decode against its Avro writer schema",
+            f"{part} has bytes left over after the fields of its Avro writer schema",
+        ] + [
+            f"{part} field '{name}' is a timestamp-millis whose microseconds overflow a long (epoch nanoseconds or "
+            "microseconds in a millis field?)"
+            for name in _millis_fields(schemas)
+        ]
     if fmt == "json_schema":
         from tidemark.spark.json_schema import JsonSchemas, base_reasons
 
         return schemas.reasons() if isinstance(schemas, JsonSchemas) else list(base_reasons(part))
-    return [f"{part} does not decode as the Protobuf message of its writer schema"]
+    return [f"{part} does not decode as the Protobuf message of its writer schema"] + [
+        f"{part} field '{path}' is a google.protobuf.Timestamp outside years 1 to 9999, which Spark's timestamps "
+        "cannot hold"
+        for path in _timestamp_paths(schemas)
+    ]
 
 
-AVRO_BODY_REASON = registry_reasons("avro", "value")[0]
+def _millis_fields(schemas: RunSchemas | None) -> list[str]:
+    if schemas is None:  # no run's schemas (this module's constants): nothing to import
+        return []
+    from tidemark.spark.avro import AvroSchemas, millis_fields
+
+    return millis_fields(schemas) if isinstance(schemas, AvroSchemas) else []
+
+
+def _timestamp_paths(schemas: RunSchemas | None) -> list[str]:
+    if schemas is None:
+        return []
+    from tidemark.spark.protobuf import ProtobufSchemas, timestamp_paths
+
+    return timestamp_paths(schemas.descriptor()) if isinstance(schemas, ProtobufSchemas) else []
+
+
+AVRO_BODY_REASON, AVRO_LEFT_OVER_REASON = registry_reasons("avro", "value")
 _, JSON_SCHEMA_BODY_REASON, JSON_SCHEMA_RULE_REASON = registry_reasons("json_schema", "value")
 PROTOBUF_BODY_REASON = registry_reasons("protobuf", "value")[0]
 
@@ -192,12 +222,21 @@ def _registry_decoding(
         raise ConfigError(f"{option}: {fmt} decodes with the run's schemas (tidemark.spark.wire)")
     present = F.col(column).isNotNull()
     if fmt == "avro":
-        from tidemark.spark.avro import AvroSchemas, decode_failed, decoded_value
+        from tidemark.spark import avro
 
-        assert isinstance(schemas, AvroSchemas)
-        work = work.withColumn(parsed_name, decoded_value(schemas, column))
-        parsed = F.col(parsed_name)
-        return work, parsed, [present & decode_failed(parsed, schemas)]
+        assert isinstance(schemas, avro.AvroSchemas)
+        work = work.withColumn(parsed_name, avro.decoded_value(schemas, column))
+        whole = F.col(parsed_name)
+        failed = present & avro.decode_failed(whole, schemas)
+        names = _millis_fields(schemas)
+        overflow_name = f"{parsed_name}_millis_overflow"
+        if names:  # which field a record failed on, asked only of records that failed
+            work = work.withColumn(overflow_name, F.when(failed, avro.millis_overflow(schemas, column)))
+        overflow = F.col(overflow_name)
+        overflowed = [failed & (overflow == F.lit(name)) for name in names]
+        undecoded = failed & overflow.isNull() if names else failed
+        left_over = present & ~failed & avro.bytes_left_over(whole)
+        return work, whole.getField(avro.VALUE_FIELD), [undecoded, left_over, *overflowed]
     if fmt == "json_schema":  # decoded in the Python workers, which give each bad record's reason
         from tidemark.spark.json_schema import REASON, JsonSchemas
         from tidemark.spark.json_schema import decoded_frame as json_decoded
@@ -206,20 +245,17 @@ def _registry_decoding(
         work = json_decoded(work, schemas, parsed_name, column)
         parsed = F.col(parsed_name)
         return work, parsed, [_Reasons(F.when(present, parsed.getField(REASON)), len(schemas.reasons()))]
-    from tidemark.spark.protobuf import ProtobufSchemas, decoded_frame
+    from tidemark.spark.protobuf import ProtobufSchemas, decoded_frame, out_of_range_column
 
     assert isinstance(schemas, ProtobufSchemas)
     work = decoded_frame(work, schemas, parsed_name, column)
-    parsed = F.col(parsed_name)
-    return work, parsed, [present & parsed.isNull()]
+    parsed, why = F.col(parsed_name), F.col(out_of_range_column(parsed_name))
+    out_of_range = [present & (why == F.lit(path)) for path in _timestamp_paths(schemas)]
+    return work, parsed, [present & parsed.isNull() & why.isNull(), *out_of_range]
 
 
 def _published_key(fmt: str, schemas: RunSchemas, parsed: Column) -> Column:
     """The decoded key as published: the reader's struct (or scalar) without decoding's own marks."""
-    from tidemark.spark.avro import DECODED_MARK, AvroSchemas
-
-    if isinstance(schemas, AvroSchemas):
-        return parsed.dropFields(DECODED_MARK) if schemas.marked else parsed
     if fmt == "json_schema":
         from tidemark.spark.json_schema import REASON
 

@@ -36,7 +36,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from tidemark.config.models import Feed, RecordPart
-from tidemark.errors import SchemaError
+from tidemark.errors import ReadError, SchemaError
 from tidemark.kafka.registry import RegistryClient, SchemaReference
 from tidemark.spark.wire import (
     HEADER_BYTES,
@@ -48,6 +48,7 @@ from tidemark.spark.wire import (
     reader_version,
     refuse_unframed,
     schema_changed_events,
+    version_of,
     where,
     writer_schemas,
 )
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
 # Imports the serializers never register (confluent-kafka resolves them from the protobuf package itself).
 BUILTIN_PREFIXES = ("google/protobuf/",)
 TIMESTAMP = "google.protobuf.Timestamp"
+WELL_KNOWN_PREFIX = "google.protobuf."  # the well-known types' package
 
 
 @dataclass(frozen=True)
@@ -207,8 +209,9 @@ def resolve_schemas(
         if problem is not None:
             use = first_use[sid]
             raise SchemaError(
-                f"{where(use)}: {part}s written with schema id {sid} cannot be read with {reader_name(part)} id "
-                f"{reader.schema_id} (subject '{reader.subject}' version {reader.version}): {problem}. Pin a "
+                f"{where(use)}: {part}s written with schema id {sid}{version_of(client, reader.subject, sid)} cannot "
+                f"be read with {reader_name(part)} id {reader.schema_id} (subject '{reader.subject}' version "
+                f"{reader.version}): {problem}. Pin a "
                 f"deserialization.{option(part, 'schema_version')} whose field numbers keep their types, or give the "
                 "changed field a new number; nothing was published or committed"
             )
@@ -236,9 +239,17 @@ def _wire_kind(f: FieldDescriptor) -> str:
     return "varint"  # int32, int64, uint32, uint64, bool, enum: Protobuf reads each as the other
 
 
-def _incompatibility(reader: Descriptor, writer: Descriptor, path: str) -> str | None:
+def _incompatibility(
+    reader: Descriptor, writer: Descriptor, path: str, seen: frozenset[tuple[str, str]] = frozenset()
+) -> str | None:
     """The first field whose number the writer fills with bytes the reader would misread (Protobuf keeps such a
-    value as an unknown field and reads the default: a silently wrong row), or None."""
+    value as an unknown field and reads the default, or reads a message as another one: a silently wrong row), or
+    None. Every nested message is checked, map values' and repeated ones' too, and a well-known type
+    (``google.protobuf.Timestamp``, ...) is read only as itself."""
+    pair = (reader.full_name, writer.full_name)
+    if pair in seen:  # a recursive message: this pair is being checked further up
+        return None
+    seen = seen | {pair}
     for f in reader.fields:
         w = writer.fields_by_number.get(f.number)
         if w is None:
@@ -254,11 +265,33 @@ def _incompatibility(reader: Descriptor, writer: Descriptor, path: str) -> str |
                         f"{where}: the map's {part} is {_kind_name(theirs)} in the writer, {_kind_name(mine)} in "
                         "the reader"
                     )
-        elif _wire_kind(f) == "message" and f.message_type.full_name != TIMESTAMP:
-            nested = _incompatibility(f.message_type, w.message_type, f"{path}.{f.name}")
-            if nested is not None:
-                return nested
+            mine, theirs = f.message_type.fields_by_name["value"], w.message_type.fields_by_name["value"]
+            if _wire_kind(mine) == "message":
+                problem = _message_incompatibility(mine, theirs, f"{where}: the map's value", f"{path}.{f.name}", seen)
+                if problem is not None:
+                    return problem
+        elif _wire_kind(f) == "message":
+            problem = _message_incompatibility(f, w, where, f"{path}.{f.name}", seen)
+            if problem is not None:
+                return problem
     return None
+
+
+def _message_incompatibility(
+    mine: FieldDescriptor, theirs: FieldDescriptor, where: str, path: str, seen: frozenset[tuple[str, str]]
+) -> str | None:
+    """Why the message ``theirs`` holds is misread as ``mine``'s: a well-known type on one side and another message
+    on the other (a ``Timestamp`` read from another message's fields publishes 1970-01-01), or a field inside."""
+    reader, writer = mine.message_type, theirs.message_type
+    known = [t.full_name for t in (reader, writer) if t.full_name.startswith(WELL_KNOWN_PREFIX)]
+    if known and reader.full_name != writer.full_name:
+        return (
+            f"{where} is message {writer.full_name} in the writer and {reader.full_name} in the reader; a well-known "
+            "type is read only as itself"
+        )
+    if known:  # the same well-known type on both sides
+        return None
+    return _incompatibility(reader, writer, path, seen)
 
 
 def _kind_name(f: FieldDescriptor) -> str:
@@ -347,37 +380,67 @@ def message_indexes(value: bytes) -> tuple[tuple[int, ...], int]:
     return tuple(path), pos
 
 
-def _value(f: FieldDescriptor, v: Any) -> Any:
+class _OutOfRange(Exception):
+    """A value Spark's types cannot hold; the message is the field's path (see :func:`timestamp_paths`)."""
+
+
+def timestamp_paths(message: Descriptor) -> list[str]:
+    """Every ``google.protobuf.Timestamp`` field below ``message``, as a path from it (``Order.lines[].at``,
+    ``Order.tags{}.at``: an item of a repeated field, a map's value), in field order."""
+    paths: list[str] = []
+
+    def walk(m: Descriptor, path: str) -> None:
+        for f in m.fields:
+            if _is_map(f):
+                f, here = f.message_type.fields_by_name["value"], f"{path}.{f.name}{{}}"
+            else:
+                here = f"{path}.{f.name}" + ("[]" if f.is_repeated else "")
+            if f.message_type is None:
+                continue
+            if f.message_type.full_name == TIMESTAMP:
+                paths.append(here)
+            else:
+                walk(f.message_type, here)
+
+    walk(message, message.name)
+    return paths
+
+
+def _value(f: FieldDescriptor, v: Any, path: str) -> Any:
     if f.type == f.TYPE_ENUM:
         known = f.enum_type.values_by_number.get(v)
         return known.name if known is not None else str(v)
     if f.type in (f.TYPE_MESSAGE, f.TYPE_GROUP):
         if f.message_type.full_name == TIMESTAMP:
-            return v.ToDatetime(tzinfo=dt.UTC)
-        return _struct(v)
+            try:
+                return v.ToDatetime(tzinfo=dt.UTC)
+            except (ValueError, OverflowError):  # outside years 1-9999: no Python datetime, no Spark timestamp
+                raise _OutOfRange(path) from None
+        return _struct(v, path)
     if f.type in (f.TYPE_UINT64, f.TYPE_FIXED64):
         return Decimal(v)
     return v
 
 
-def _struct(message: Any) -> dict[str, Any]:
+def _struct(message: Any, path: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in message.DESCRIPTOR.fields:
         v = getattr(message, f.name)
         if _is_map(f):
             value_field = f.message_type.fields_by_name["value"]
-            out[f.name] = [(k, _value(value_field, x)) for k, x in v.items()]
+            out[f.name] = [(k, _value(value_field, x, f"{path}.{f.name}{{}}")) for k, x in v.items()]
         elif f.is_repeated:
-            out[f.name] = [_value(f, x) for x in v]
+            out[f.name] = [_value(f, x, f"{path}.{f.name}[]") for x in v]
         elif f.has_presence and not message.HasField(f.name):
             out[f.name] = None
         else:
-            out[f.name] = _value(f, v)
+            out[f.name] = _value(f, v, f"{path}.{f.name}")
     return out
 
 
 def _decoder(schemas: ProtobufSchemas, column: str, out_type: pa.DataType, source: str) -> Any:
-    """The ``mapInArrow`` function: each batch with ``column`` added (``source`` decoded, null where it failed)."""
+    """The ``mapInArrow`` function: each batch with ``column`` added (``source`` decoded, null where it failed) and
+    :func:`out_of_range_column` (the path of the field whose value Spark cannot hold, else null)."""
     files, message, index_names = schemas.files, schemas.message, {k: dict(v) for k, v in schemas.index_names.items()}
 
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -388,9 +451,12 @@ def _decoder(schemas: ProtobufSchemas, column: str, out_type: pa.DataType, sourc
         cls = message_factory.GetMessageClass(
             ProtobufSchemas("protobuf", "", 0, 0, (), files=files, message=message).descriptor()
         )
+        name = cls.DESCRIPTOR.name
         for batch in batches:
             decoded: list[dict[str, Any] | None] = []
-            for value in batch.column(source).to_pylist():
+            out_of_range: list[str | None] = []
+            for row, value in enumerate(batch.column(source).to_pylist()):
+                out_of_range.append(None)
                 if value is None:
                     decoded.append(None)
                     continue
@@ -399,21 +465,50 @@ def _decoder(schemas: ProtobufSchemas, column: str, out_type: pa.DataType, sourc
                     sid = int.from_bytes(value[1:HEADER_BYTES], "big")
                     if index_names.get(sid, {}).get(path) != message:
                         raise _BadRecord("its message indexes do not name the reader's message")
-                    decoded.append(_struct(cls.FromString(value[start:])))
+                    decoded.append(_struct(cls.FromString(value[start:]), name))
                 except (_BadRecord, DecodeError):
                     decoded.append(None)
+                except _OutOfRange as exc:
+                    decoded.append(None)
+                    out_of_range[-1] = str(exc)
+                except Exception as exc:  # re-raised naming the record: a worker's own error names none
+                    raise ReadError(
+                        f"{_record_at(batch, row)}: its {source} did not decode as {message} ({type(exc).__name__}: "
+                        f"{exc}); nothing was published or committed"
+                    ) from exc
             parsed = pa.array(decoded, type=out_type)
-            yield pa.RecordBatch.from_arrays([*batch.columns, parsed], names=[*batch.schema.names, column])
+            why = pa.array(out_of_range, type=pa.string())
+            yield pa.RecordBatch.from_arrays(
+                [*batch.columns, parsed, why], names=[*batch.schema.names, column, out_of_range_column(column)]
+            )
 
     return decode
 
 
+def _record_at(batch: pa.RecordBatch, row: int) -> str:
+    """``topic[partition] offset N`` of ``batch``'s ``row``, so far as the batch has those columns."""
+    names = batch.schema.names
+    topic = batch.column("topic")[row].as_py() if "topic" in names else "?"
+    partition = batch.column("partition")[row].as_py() if "partition" in names else "?"
+    offset = batch.column("offset")[row].as_py() if "offset" in names else "?"
+    return f"{topic}[{partition}] offset {offset}"
+
+
+def out_of_range_column(column: str) -> str:
+    """The column :func:`decoded_frame` adds beside ``column``: the field whose value Spark's types cannot hold."""
+    return f"{column}_out_of_range"
+
+
 def decoded_frame(df: DataFrame, schemas: ProtobufSchemas, column: str, source: str = "value") -> DataFrame:
     """``df`` with ``column``: each ``source``'s message decoded with the reader's class, null where it did not
-    decode."""
+    decode; and :func:`out_of_range_column`, the path of a field whose value Spark's types cannot hold (a
+    ``Timestamp`` outside years 1-9999), null elsewhere."""
     from pyspark.sql import types as T
     from pyspark.sql.pandas.types import to_arrow_type
 
     message_type = spark_type(schemas.descriptor())
-    out = T.StructType([*df.schema.fields, T.StructField(column, message_type, True)])
+    out = T.StructType([
+        *df.schema.fields, T.StructField(column, message_type, True),
+        T.StructField(out_of_range_column(column), T.StringType(), True),
+    ])  # fmt: skip
     return df.mapInArrow(_decoder(schemas, column, to_arrow_type(message_type, timezone="UTC"), source), out)

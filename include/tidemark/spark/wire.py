@@ -218,6 +218,15 @@ def writer_schemas(
     return writers, first_use
 
 
+def version_of(client: RegistryClient, subject: str, schema_id: int) -> str:
+    """`` (version N of subject S)`` when ``schema_id`` is a version of the reader's ``subject``, else nothing; asked
+    only when a run is refused, so a question per version costs nothing that matters."""
+    for version in reversed(client.versions(subject)[-100:]):
+        if client.typed_version(subject, version).schema_id == schema_id:
+            return f" (version {version} of subject '{subject}')"
+    return ""
+
+
 def check_columns(feed: Feed, reader: SubjectVersion, names: Mapping[str, Any]) -> None:
     """The value reader's top-level fields become columns: none may take the name of a record column."""
     from tidemark.spark.decode import RESERVED_COLUMNS
@@ -231,24 +240,41 @@ def check_columns(feed: Feed, reader: SubjectVersion, names: Mapping[str, Any]) 
 
 
 def schema_changed_events(uses: list[SchemaUse], reader_id: int, part: RecordPart = "value") -> list[dict[str, Any]]:
-    """A ``schema_changed`` event wherever a partition's ``part`` switches to another writer schema id."""
+    """A ``schema_changed`` event per partition whose ``part`` was written with more than one schema id.
+
+    Its ``writers`` detail lists, per writer id, the first and last offset written with it and the count (the
+    scan's figures, not every switch: a busy topic's producers may switch thousands of times); writers whose
+    ranges overlap are ``interleaved`` (producers switching back and forth). ``offset``, ``from_schema_id`` and
+    ``to_schema_id`` name the first switch, the offset where the second writer's records begin.
+    """
     events: list[dict[str, Any]] = []
     by_partition: dict[tuple[str, int], list[SchemaUse]] = {}
     for use in uses:
         by_partition.setdefault((use.topic, use.partition), []).append(use)
-    whose = "records are" if part == "value" else "keys are"
+    whose = "records" if part == "value" else "keys"
     for (topic, partition), group in sorted(by_partition.items()):
         ordered = sorted(group, key=lambda u: u.first_offset)
-        for before, after in pairwise(ordered):
-            events.append({
-                "kind": "schema_changed", "topic": topic, "partition": partition,
-                "message": (
-                    f"{topic}[{partition}]: from offset {after.first_offset} {whose} written with schema id "
-                    f"{after.schema_id} (before: {before.schema_id}); both resolved to the reader schema id {reader_id}"
-                ),
-                "details": {"offset": after.first_offset, "from_schema_id": before.schema_id,
-                            "to_schema_id": after.schema_id, "reader_schema_id": reader_id, "part": part},
-            })  # fmt: skip
+        if len(ordered) < 2:
+            continue
+        interleaved = any(after.first_offset <= before.last_offset for before, after in pairwise(ordered))
+        ranges = ", ".join(
+            f"id {u.schema_id} at offsets {u.first_offset}..{u.last_offset} ({u.records} {whose})" for u in ordered
+        )
+        overlap = "; their offsets overlap: the producers switched back and forth" if interleaved else ""
+        events.append({
+            "kind": "schema_changed", "topic": topic, "partition": partition,
+            "message": (
+                f"{topic}[{partition}]: {whose} written with {len(ordered)} schema ids, all resolved to the reader "
+                f"schema id {reader_id}: {ranges}{overlap}"
+            ),
+            "details": {
+                "offset": ordered[1].first_offset, "from_schema_id": ordered[0].schema_id,
+                "to_schema_id": ordered[1].schema_id, "reader_schema_id": reader_id, "part": part,
+                "interleaved": interleaved,
+                "writers": [{"schema_id": u.schema_id, "first_offset": u.first_offset, "last_offset": u.last_offset,
+                             "records": u.records} for u in ordered],
+            },
+        })  # fmt: skip
     return events
 
 

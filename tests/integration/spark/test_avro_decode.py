@@ -1,4 +1,5 @@
-"""Telling a record that did not decode from one that did, with and without a required field in the reader."""
+"""Telling a record that did not decode, or whose body has bytes left over, from one that did, with and without a
+required field in the reader."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import fastavro
 import pytest
 
-from tidemark.spark.avro import DECODED_MARK, AvroSchemas, decode_failed, decoded_value
+from tidemark.spark.avro import VALUE_FIELD, AvroSchemas, bytes_left_over, decode_failed, decoded_value
 from tidemark.spark.wire import header
 
 pytestmark = pytest.mark.spark
@@ -41,30 +42,32 @@ def test_only_records_that_do_not_decode_are_failed(spark: Any, reader: dict[str
     from pyspark.sql import functions as F
 
     schemas = _schemas(reader)
-    assert schemas.marked == (reader is NULLABLE)  # the mark only where a record of nulls is a valid record
+    full = _framed(reader, {"a": 5, "b": "x"})
     rows = [
         ("all null", _framed(NULLABLE, {"a": None, "b": None}) if reader is NULLABLE else None),
-        ("full", _framed(reader, {"a": 5, "b": "x"})),
+        ("full", full),
         ("a null", _framed(reader, {"a": None, "b": "y"})),
         ("bad body", header(7) + b"\xff\xff\xff\xff\xff"),
         ("null value", None),
+        ("a byte left over", full + b"\x00"),
+        ("a byte missing", full[:-1]),
+        # The first union's branch flipped from long (2) to null (0): its long 0 (one byte 0) then reads as the
+        # next field, and the bytes of that field are left over.
+        ("branch flipped", header(7) + b"\x00" + _framed(reader, {"a": 0, "b": "x"})[6:]),
     ]
     df = spark.createDataFrame(rows, "name string, value binary").where(
         F.col("name") != "all null" if reader is REQUIRED else F.lit(True)
     )
     decoded = decoded_value(schemas)
-    got = {r["name"]: (r["failed"], r["a"], r["b"]) for r in df.select(
-        "name", decode_failed(decoded, schemas).alias("failed"), decoded.getField("a").alias("a"),
-        decoded.getField("b").alias("b"),
+    value = decoded.getField(VALUE_FIELD)
+    got = {r["name"]: (r["failed"], r["left"], r["a"], r["b"]) for r in df.select(
+        "name", decode_failed(decoded, schemas).alias("failed"), bytes_left_over(decoded).alias("left"),
+        value.getField("a").alias("a"), value.getField("b").alias("b"),
     ).collect()}  # fmt: skip
-    expected = {
-        "full": (False, 5, "x"),
-        "a null": (False, None, "y"),
-        "bad body": (True, None, None),
-        "null value": (True, None, None),
-    }
+    left = {k: v[1] for k, v in got.items() if v[1]}
+    assert left == {"a byte left over": True, "branch flipped": True}
+    assert {k: v[0] for k, v in got.items() if v[0]} == {"bad body": True, "null value": True, "a byte missing": True}
+    expected = {"full": (5, "x"), "a null": (None, "y")}
     if reader is NULLABLE:
-        expected["all null"] = (False, None, None)  # decoded: its mark is set, though every field is null
-    assert got == expected
-    names = df.select(decoded.alias("d")).schema["d"].dataType.names
-    assert (DECODED_MARK in names) == schemas.marked
+        expected["all null"] = (None, None)  # decoded, though every field is null
+    assert {k: v[2:] for k, v in got.items() if not v[0] and not v[1]} == expected

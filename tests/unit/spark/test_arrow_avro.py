@@ -147,6 +147,7 @@ def _staged_struct(reader: dict[str, Any]) -> Any:
     from pyspark.sql import types as T
 
     spark_type = {"long": T.LongType(), "boolean": T.BooleanType(), "double": T.DoubleType(), "string": T.StringType(),
+                  "float": T.FloatType(),
                   "bytes": T.BinaryType(), "enum": T.StringType(), "date": T.DateType(), "int": T.IntegerType(),
                   "timestamp-millis": T.TimestampType(), "timestamp-micros": T.TimestampType()}  # fmt: skip
     kinds = [Kind.of(f["type"]) for f in reader["fields"]]

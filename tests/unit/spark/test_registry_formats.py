@@ -106,6 +106,7 @@ def test_a_registry_keys_reasons_come_first_and_name_the_key() -> None:
         "key is not valid under the reader JSON Schema",  # with the run's schemas, each field's rules besides
         "value is null (tombstone)",
         "value does not decode against its Avro writer schema",
+        "value has bytes left over after the fields of its Avro writer schema",
     ]
     assert decode_reasons(Deserialization(format="bytes", key_format="protobuf")) == [
         "key does not decode as the Protobuf message of its writer schema"

@@ -1,0 +1,244 @@
+"""Differential, property-based: Tidemark's Avro decoding on both staging paths against fastavro, the reference.
+
+Hypothesis generates a writer schema (flat fields of every kind the read tasks decode, and
+decimals, nested records, arrays and maps only Spark's path decodes), often a reader that
+evolves it (promotions, an added field with a default), and records with edge values (NaN,
+±inf, the extremes of every integer and temporal type, empty and long strings). fastavro
+encodes them in the Schema Registry wire format and decodes them again with the reader
+schema, reading each body to its last byte; the values Spark's path
+(:func:`tidemark.spark.avro.decoded_value`) and the read tasks
+(:func:`tidemark.spark.arrow_avro._staged_tables`, when the schemas are theirs) give for the
+same bytes must equal fastavro's. Every example also corrupts bodies (a byte left over, a
+byte missing), which both paths must refuse as fastavro does. No Kafka: the functions both
+staging paths call.
+
+``make test`` runs a bounded number of examples (:data:`EXAMPLES`, 25);
+``TIDEMARK_DIFFERENTIAL_EXAMPLES`` sets more (``make test-differential``). The counts of
+schemas, records and corrupted bodies checked are printed at the end of the module.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402 - after the skip when hypothesis is missing
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.unit.spark.test_arrow_avro import _batch, _plan  # noqa: E402
+from tidemark.spark.arrow_avro import CannotStage, StagePlan, _staged_tables, staged_arrow_schema  # noqa: E402
+from tidemark.spark.avro import VALUE_FIELD, AvroSchemas, bytes_left_over, decode_failed, decoded_value  # noqa: E402
+from tidemark.spark.wire import header  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+EXAMPLES = int(os.environ.get("TIDEMARK_DIFFERENTIAL_EXAMPLES", "25"))
+COUNTS: Counter[str] = Counter()
+WRITER_ID, READER_ID = 7, 8
+
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+FIRST, LAST = dt.datetime(1, 1, 1, tzinfo=dt.UTC), dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
+MILLIS = ((FIRST - EPOCH) // dt.timedelta(milliseconds=1), (LAST - EPOCH) // dt.timedelta(milliseconds=1))
+MICROS = ((FIRST - EPOCH) // dt.timedelta(microseconds=1), (LAST - EPOCH) // dt.timedelta(microseconds=1))
+DAYS = ((dt.date(1, 1, 1) - dt.date(1970, 1, 1)).days, (dt.date(9999, 12, 31) - dt.date(1970, 1, 1)).days)
+
+# The kinds the read tasks decode (flat) and those only Spark's path does; each a schema and its values.
+FLAT = ["boolean", "int", "long", "float", "double", "string", "bytes", "enum", "date", "ts-millis", "ts-micros"]
+SPARK_ONLY = ["decimal", "record", "array", "map"]
+
+
+def _edges(low: int, high: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from([low, high, 0, -1, 1]), st.integers(low, high))
+
+
+def _kind(kind: str, n: int) -> tuple[Any, st.SearchStrategy[Any]]:
+    """The Avro type of a field of ``kind`` (named types numbered ``n``) and a strategy of its values."""
+    text = st.one_of(st.text(max_size=30), st.just(""), st.just("é€😀" * 3000))
+    simple: dict[str, tuple[Any, st.SearchStrategy[Any]]] = {
+        "boolean": ("boolean", st.booleans()),
+        "int": ("int", _edges(-(2**31), 2**31 - 1)),
+        "long": ("long", _edges(-(2**63), 2**63 - 1)),
+        "float": ("float", st.floats(width=32)),
+        "double": ("double", st.floats()),
+        "string": ("string", text),
+        "bytes": ("bytes", st.binary(max_size=40)),
+        "enum": ({"type": "enum", "name": f"E{n}", "symbols": ["A", "B", "C"]}, st.sampled_from(["A", "B", "C"])),
+        "date": ({"type": "int", "logicalType": "date"}, _edges(*DAYS).map(lambda d: dt.date(1970, 1, 1)
+                                                                            + dt.timedelta(days=d))),
+        "ts-millis": ({"type": "long", "logicalType": "timestamp-millis"}, _edges(*MILLIS)),
+        "ts-micros": ({"type": "long", "logicalType": "timestamp-micros"}, _edges(*MICROS)),
+        "decimal": ({"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 3},
+                    _edges(-(10**12) + 1, 10**12 - 1).map(lambda i: Decimal(i).scaleb(-3))),
+    }  # fmt: skip
+    if kind in simple:
+        return simple[kind]
+    inner, values = _kind("long", n)
+    name, text_values = _kind("string", n)
+    if kind == "record":
+        schema = {
+            "type": "record",
+            "name": f"R{n}",
+            "fields": [{"name": "a", "type": inner}, {"name": "b", "type": ["null", name]}],
+        }
+        return schema, st.fixed_dictionaries({"a": values, "b": st.none() | text_values})
+    if kind == "array":
+        return {"type": "array", "items": "double"}, st.lists(st.floats(), max_size=5)
+    return {"type": "map", "values": inner}, st.dictionaries(st.text(max_size=5), values, max_size=4)  # fmt: skip
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """A writer schema, a reader schema (the writer's, or an evolution of it) and records of the writer."""
+    kinds = draw(st.lists(st.sampled_from(FLAT + (SPARK_ONLY if draw(st.booleans()) else [])), min_size=1,
+                          max_size=6))  # fmt: skip
+    fields, reader_fields, values = [], [], {}
+    for n, kind in enumerate(kinds):
+        avro, strategy = _kind(kind, n)
+        nullable = draw(st.booleans())
+        field = {"name": f"f{n}", "type": ["null", avro] if nullable else avro}
+        fields.append(field)
+        values[field["name"]] = (st.none() | strategy) if nullable else strategy
+        promoted = {"int": "long", "float": "double", "long": "double"}.get(avro) if isinstance(avro, str) else None
+        if promoted and draw(st.booleans()):  # Avro's promotions
+            reader_fields.append({**field, "type": ["null", promoted] if nullable else promoted})
+        else:
+            reader_fields.append(field)
+    if draw(st.booleans()):  # a field the writer lacks, with its default
+        reader_fields.append({"name": "added", "type": "long", "default": 7})
+    writer = {"type": "record", "name": "Row", "namespace": "diff", "fields": fields}
+    reader = {**writer, "fields": reader_fields}
+    records = draw(st.lists(st.fixed_dictionaries(values), min_size=1, max_size=20))
+    return writer, reader, records
+
+
+def _encoded(schema: dict[str, Any], record: dict[str, Any]) -> bytes:
+    import fastavro
+
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+    return header(WRITER_ID) + out.getvalue()
+
+
+def _reference(writer: dict[str, Any], reader: dict[str, Any], value: bytes) -> Any:
+    """fastavro's record for ``value``'s body resolved to ``reader``, or None when its fields do not read the body
+    to its last byte."""
+    import fastavro
+
+    body = io.BytesIO(value[5:])
+    try:
+        doc = fastavro.schemaless_reader(body, fastavro.parse_schema(writer), fastavro.parse_schema(reader))
+    except Exception:  # noqa: BLE001 - any failure of the reference decoder is a body that does not decode
+        return None
+    return doc if body.tell() == len(value) - 5 else None
+
+
+def _same(v: Any) -> Any:
+    """A value in a form both decoders' results compare in: NaN equal to itself, maps as sorted pairs, timestamps
+    as aware UTC, numbers of logical types as what they stand for."""
+    if isinstance(v, float) and math.isnan(v):
+        return "NaN"
+    if isinstance(v, dict):
+        return {k: _same(x) for k, x in v.items()}
+    if isinstance(v, list):
+        pairs = all(isinstance(x, tuple) and len(x) == 2 for x in v) and v
+        return sorted((k, _same(x)) for k, x in v) if pairs else [_same(x) for x in v]
+    if isinstance(v, dt.datetime):
+        return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
+    return v
+
+
+def _comparable(reader: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for f in reader["fields"]:
+        v = doc[f["name"]]
+        out[f["name"]] = sorted(v.items()) if isinstance(v, dict) and "map" in json.dumps(f["type"]) else v
+    return _same(out)
+
+
+def _schemas(writer: dict[str, Any], reader: dict[str, Any]) -> AvroSchemas:
+    return AvroSchemas(
+        "avro", "diff-value", 1, READER_ID, (WRITER_ID,), reader=json.dumps(reader),
+        writers={WRITER_ID: json.dumps(writer)},
+    )  # fmt: skip
+
+
+def _spark_path(spark: Any, schemas: AvroSchemas, values: list[bytes]) -> list[tuple[bool, bool, Any]]:
+    """Per value: whether Spark's path fails it, whether it has bytes left over, and the decoded record."""
+    df = spark.createDataFrame([(i, v) for i, v in enumerate(values)], "i int, value binary")
+    decoded = decoded_value(schemas)
+    table = df.select(
+        "i", decode_failed(decoded, schemas).alias("failed"), bytes_left_over(decoded).alias("left"),
+        decoded.getField(VALUE_FIELD).alias("v"),
+    ).orderBy("i").toArrow()  # fmt: skip
+    return [(r["failed"], r["left"], r["v"]) for r in table.to_pylist()]
+
+
+def _read_task_path(reader: dict[str, Any], writer: dict[str, Any], values: list[bytes]) -> list[dict[str, Any]] | str:
+    """The read tasks' staged rows for ``values``, or why they do not stage them (their plan's reason, or the give
+    way's)."""
+    plan = _plan(reader, {WRITER_ID: writer})
+    if not isinstance(plan, StagePlan):
+        return f"not theirs: {plan}"
+    schema = staged_arrow_schema(plan)
+    try:
+        tables = list(_staged_tables(_batch(values, 0, [20_000] * len(values)), plan, schema))
+    except CannotStage as exc:
+        return f"gave way: {exc}"
+    return [row for _, table in tables for row in table.to_pylist()]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_counts(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    line = f"differential Avro ({EXAMPLES} examples asked): " + ", ".join(f"{k} {v}" for k, v in sorted(COUNTS.items()))
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    if capture is None:
+        print(line)
+        return
+    with capture.global_and_fixture_disabled():  # shown whether or not pytest captures output
+        print(f"\n{line}")
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example,
+                                 HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(case=cases())
+def test_both_paths_decode_every_value_as_fastavro_does_or_refuse_it(spark: Any, case: Any) -> None:
+    writer, reader, records = case
+    values = [_encoded(writer, r) for r in records]
+    expected = [_reference(writer, reader, v) for v in values]
+    assert None not in expected  # fastavro reads back what it wrote
+    # Corrupted bodies: a byte left over, a byte missing; fastavro reads neither to its last byte.
+    corrupted = [values[0] + b"\x00", values[0][:-1]] if len(values[0]) > 5 else [values[0] + b"\x00"]
+    assert [_reference(writer, reader, v) for v in corrupted] == [None] * len(corrupted)
+    schemas = _schemas(writer, reader)
+    COUNTS["schemas"] += 1
+    COUNTS["evolved schemas"] += writer != reader
+
+    spark_rows = _spark_path(spark, schemas, values + corrupted)
+    for (failed, left, got), want in zip(spark_rows, expected, strict=False):
+        assert not failed and not left
+        assert _comparable(reader, got) == _comparable(reader, want)
+    assert all(failed or left for failed, left, _ in spark_rows[len(values) :])
+    COUNTS["records (Spark's path)"] += len(values)
+    COUNTS["corrupted bodies refused (Spark's path)"] += len(corrupted)
+
+    staged = _read_task_path(reader, writer, values)
+    if isinstance(staged, str):
+        COUNTS["examples not the read tasks' (" + staged.split(":")[0] + ")"] += 1
+        return
+    assert [_comparable(reader, r) for r in staged] == [_comparable(reader, w) for w in expected]
+    COUNTS["records (read tasks)"] += len(values)
+    for bad in corrupted:
+        assert isinstance(_read_task_path(reader, writer, [*values, bad]), str)
+        COUNTS["corrupted bodies refused (read tasks)"] += 1
