@@ -426,6 +426,16 @@ class FaultEnv:
             files += [(f["path"], Location.of(f"s3://{info.path}/{f['path']}")) for f in manifest["files"]]
         return files
 
+    def report_events(self, kind: str) -> list[dict[str, Any]]:
+        """Every event of ``kind`` in the feed's run reports (what the Tidemark view lists), oldest run first."""
+        found = []
+        runs = Location.of(f"{self.root}/runs/{self.feed}")
+        for run in sorted(runs.children(folders_only=True), key=lambda loc: loc.name) if runs.exists() else []:
+            report = run / "report.json"
+            if report.exists():
+                found += [e for e in json.loads(report.read_text())["events"] if e.get("kind") == kind]
+        return found
+
     def staged(self) -> Counter[Row]:
         """Records in pending publications (staged by a run's job, not shown), read from the files themselves."""
         rows: Counter[Row] = Counter()

@@ -8,27 +8,14 @@ the harness's oracle check (:meth:`tests.faults.harness.FaultEnv.check`).
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 
 from tests.faults.harness import ON_BOTH_SHAPES, FaultEnv, assert_names, scenario
 from tidemark.errors import OffsetsMovedError, PlanningError, TidemarkError
 from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.runs.pipeline import commit_run, plan_run
-from tidemark.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.faults]
-
-
-def report_events(fenv: FaultEnv, kind: str) -> list[dict[str, Any]]:
-    found = []
-    for run in Location.of(fenv.root / "runs" / fenv.feed).children(folders_only=True):
-        report = run / "report.json"
-        if report.exists():
-            found += [e for e in json.loads(report.read_text())["events"] if e.get("kind") == kind]
-    return found
 
 
 @scenario("23a", "A crashed run's staged publication, then a committing replay moves the group before the resume",
@@ -53,7 +40,7 @@ def test_crashed_staged_run_discarded_when_the_group_moved(fenv: FaultEnv, monke
     fenv.produce(3)
     nxt, _, _ = fenv.run()
     assert nxt.resumed is None and fenv.committed() == {0: 7, 1: 7, 2: 7}
-    [refused] = report_events(fenv, "commit_refused")
+    [refused] = fenv.report_events("commit_refused")
     assert_names(refused["message"], "settling run", rf"{fenv.topic}\[0\] plan saw none, group now at 4")
     assert sorted((r["partition"], r["start"], r["end"]) for r in refused["details"]["ranges"]) == [
         (0, 0, 6), (1, 0, 6), (2, 0, 6)
@@ -79,7 +66,7 @@ def test_racing_runs_loser_discarded(fenv: FaultEnv) -> None:
     with pytest.raises(OffsetsMovedError) as refused:
         commit_run(cli, fenv.kafka.connection, root=fenv.root)
     assert_names(str(refused.value), scheduled.run_id, rf"{fenv.topic}\[\d\] plan saw none, group now at 5")
-    [event] = report_events(fenv, "commit_refused")
+    [event] = fenv.report_events("commit_refused")
     assert_names(event["message"], f"run {cli.run_id} was refused", "discarded")
     fenv.check("test_racing_runs_loser_discarded")
     fenv.produce(3)
@@ -133,7 +120,7 @@ def test_committing_replays_skip_and_rewind(fenv: FaultEnv) -> None:
     fenv.check("test_committing_replays_skip_and_rewind")
     fenv.run("replay", {"start_from": "offset", "start_offset": 5, "commit": True, "allow_gap": True})
     assert fenv.committed() == {0: 6, 1: 6, 2: 6}
-    skipped = report_events(fenv, "offsets_skipped")
+    skipped = fenv.report_events("offsets_skipped")
     assert sorted((e["partition"], e["details"]["start"], e["details"]["end"]) for e in skipped) == [
         (0, 4, 5), (1, 4, 5), (2, 4, 5)
     ]  # fmt: skip

@@ -10,7 +10,6 @@ position in the output unless an event of a run's report names it.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter
 from pathlib import Path
@@ -25,7 +24,6 @@ from tidemark.checkpoints.store import open_store
 from tidemark.errors import OffsetsMovedError, TidemarkError
 from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.runs.pipeline import commit_run, plan_run
-from tidemark.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -36,16 +34,6 @@ def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
     monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
     return env
-
-
-def report_events(fenv: FaultEnv, kind: str) -> list[dict[str, Any]]:
-    found = []
-    runs = Location.of(f"{fenv.root}/runs/{fenv.feed}").children(folders_only=True)
-    for report in sorted(runs, key=lambda loc: loc.name):
-        path = report / "report.json"
-        if path.exists():
-            found += [e for e in json.loads(path.read_text())["events"] if e.get("kind") == kind]
-    return found
 
 
 def foreign_commit(fenv: FaultEnv, offset: int) -> None:
@@ -97,7 +85,7 @@ def test_a_crash_after_the_kafka_commit_then_a_stray_consumer_loses_no_committed
 
     handle, _, outcome = fenv.run()
     assert outcome.committed and handle.records == 0 and fenv.committed() == {0: 8, 1: 8, 2: 8}
-    moved = [e for e in report_events(fenv, "group_moved") if e.get("partition") is not None]
+    moved = [e for e in fenv.report_events("group_moved") if e.get("partition") is not None]
     assert sorted((e["partition"], e["details"]["start"], e["details"]["end"]) for e in moved) == [
         (0, 5, 8), (1, 5, 8), (2, 5, 8)
     ]  # fmt: skip
@@ -264,7 +252,7 @@ def test_a_group_rewound_by_an_operator_is_not_shown_twice(fenv: FaultEnv) -> No
     fenv.produce(3)
     handle, _, outcome = fenv.run()
     assert outcome.committed and {p.partition: p.start for p in handle.plan().partitions} == {0: 5, 1: 5, 2: 5}
-    rewound = report_events(fenv, "group_rewound")
+    rewound = fenv.report_events("group_rewound")
     assert sorted(e["partition"] for e in rewound) == [0, 1, 2]
     assert fenv.committed() == {0: 6, 1: 6, 2: 6}
     assert_output_is_the_scan(fenv)
@@ -337,7 +325,7 @@ def test_an_operator_reset_to_a_racing_runs_offsets(fenv: FaultEnv) -> None:
     with pytest.raises(TidemarkError, match="no offset is shown twice"):
         commit_run(second, fenv.kafka.connection, root=fenv.root)
     assert fenv.committed() == {0: 6, 1: 6, 2: 6}
-    [kept_out] = report_events(fenv, "not_shown")
+    [kept_out] = fenv.report_events("not_shown")
     assert sorted((r["partition"], r["start"], r["end"]) for r in kept_out["details"]["ranges"]) == [
         (0, 3, 6), (1, 3, 6), (2, 3, 6)
     ]  # fmt: skip
@@ -358,7 +346,7 @@ def test_a_committing_replay_past_records_retention_deleted_follows_on_data_loss
     fenv.write_feed(on_data_loss="skip")
     fenv.run("replay", {"start_from": "earliest", "commit": True})
     assert fenv.committed() == {0: 9, 1: 9, 2: 9}
-    lost = report_events(fenv, "data_loss")
+    lost = fenv.report_events("data_loss")
     assert sorted((e["partition"], e["details"]["start"], e["details"]["end"]) for e in lost) == [
         (0, 3, 6), (1, 3, 6), (2, 3, 6)
     ]  # fmt: skip
