@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: install demo test test-extended lint unit model integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
-.PHONY: browser bench-view bench-observe airflow airflow-down
+.PHONY: browser bench-view bench-observe bench-dagparse airflow airflow-down
 
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
@@ -103,6 +103,11 @@ bench-plan: install
 bench-view: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tests.bench.view $(BENCH_VIEW_ARGS)
+
+# DAG parse benchmark: Airflow parsing Tidemark's DAG files with 1, 10 and 100 feed files (BENCH_DAGPARSE_ARGS='--bad'
+# adds a malformed one); prints medians and the network connections tried (must be 0). No Kafka needed.
+bench-dagparse: install
+	$(BIN)/python -m tests.bench.dagparse $(BENCH_DAGPARSE_ARGS)
 
 # A 1,000-record feed DAG run with StatsD and OpenLineage off, on, and variants (--variants), rotating rounds, medians side by side.
 bench-observe: install
