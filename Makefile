@@ -5,8 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test test-extended lint unit model integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
-.PHONY: browser bench-view bench-observe bench-dagparse airflow airflow-down
+.PHONY: install demo test test-extended lint unit model integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan bench-dagparse kafka-up kafka-down clean lock
+.PHONY: browser bench-view bench-observe airflow airflow-down
 
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
