@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test test-extended lint unit model integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan bench-dagparse kafka-up kafka-down clean lock
+.PHONY: install demo test test-extended lint unit model integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
 .PHONY: browser bench-view bench-observe airflow airflow-down
 
 $(STAMP):
@@ -106,6 +106,7 @@ bench-view: install
 
 # DAG parse benchmark: Airflow parsing Tidemark's DAG files with 1, 10 and 100 feed files (BENCH_DAGPARSE_ARGS='--bad'
 # adds a malformed one); prints medians and the network connections tried (must be 0). No Kafka needed.
+.PHONY: bench-dagparse
 bench-dagparse: install
 	$(BIN)/python -m tests.bench.dagparse $(BENCH_DAGPARSE_ARGS)
 
