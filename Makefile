@@ -117,6 +117,12 @@ bench-view: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tests.bench.view $(BENCH_VIEW_ARGS)
 
+# DAG parse benchmark: Airflow parsing Tidemark's DAG files with 1, 10 and 100 feed files (BENCH_DAGPARSE_ARGS='--bad'
+# adds a malformed one); prints medians and the network connections tried (must be 0). No Kafka needed.
+.PHONY: bench-dagparse
+bench-dagparse: install
+	$(BIN)/python -m tests.bench.dagparse $(BENCH_DAGPARSE_ARGS)
+
 # A 1,000-record feed DAG run with StatsD and OpenLineage off, on, and variants (--variants), rotating rounds, medians side by side.
 bench-observe: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up

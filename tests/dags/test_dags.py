@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,24 +105,69 @@ def test_a_feed_publishing_to_object_storage_gets_its_dag_and_asset(tmp_path: Pa
     assert (asset.name, asset.uri) == ("tidemark_lake", "s3://lake/orders")
 
 
-def test_feeds_with_colliding_dag_ids_give_an_import_error_naming_both_files(
-    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def feed_folder_dagbag(folder: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Tidemark's DAG folder parsed by Airflow's DagBag with ``folder`` as the feeds folder."""
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path_factory.mktemp("airflow")))
     monkeypatch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(tmp_path))
-    for name in ("orders.v1", "orders_v1", "replay"):
-        (tmp_path / f"{name}.yaml").write_text(f"topics: [orders]\ngroup: g-{name}\n")
+    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(folder))
     from airflow.dag_processing.dagbag import DagBag
 
-    dagbag = DagBag(dag_folder=str(ROOT / "dags"))
+    return DagBag(dag_folder=str(ROOT / "dags"))
 
-    assert dagbag.dag_ids == []  # no feed silently replaced by another, nor the replay DAG by a feed
+
+BAD_FEED_FILES = {
+    "malformed-yaml": ("topics: [orders\ngroup: g-bad\n", "not valid YAML"),
+    "invalid-by-model": ("topics: [orders]\ngroup: g-bad\nmax_records_per_run: many\n", "field 'max_records_per_run'"),
+    "unknown-field": ("topcs: [orders]\ngroup: g-bad\n", "field 'topcs'"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FEED_FILES)
+def test_a_bad_feed_file_stops_only_its_own_dag_and_is_an_import_error_naming_file_and_field(
+    case: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text, expected = BAD_FEED_FILES[case]
+    (tmp_path / "good.yaml").write_text(f"topics: [orders]\ngroup: g-good\noutput: {tmp_path / 'out'}\n")
+    (tmp_path / "bad.yaml").write_text(text)
+
+    dagbag = feed_folder_dagbag(tmp_path, tmp_path_factory, monkeypatch)
+
+    assert set(dagbag.dag_ids) == {"tidemark_good", "tidemark_backfill", "tidemark_replay"}
+    assert dagbag.dags["tidemark_replay"].params.get_param("feed").schema["enum"] == ["good"]
     [(path, error)] = dagbag.import_errors.items()
-    assert path.endswith("tidemark_dags.py")
+    assert path.endswith("tidemark_feed_errors.py")
+    assert str(tmp_path / "bad.yaml") in error and expected in error
+    assert "'tidemark_bad'" in error and "every other feed loads" in error
+    assert str(tmp_path / "good.yaml") not in error
+
+
+def test_feeds_with_colliding_dag_ids_leave_the_others_loading_and_give_an_import_error_naming_both_files(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("orders.v1", "orders_v1", "replay", "good"):
+        (tmp_path / f"{name}.yaml").write_text(f"topics: [orders]\ngroup: g-{name}\noutput: {tmp_path / name}\n")
+
+    dagbag = feed_folder_dagbag(tmp_path, tmp_path_factory, monkeypatch)
+
+    # Neither colliding feed loads (nothing says which one is meant), nor does the replay DAG yield to a feed.
+    assert set(dagbag.dag_ids) == {"tidemark_good", "tidemark_backfill", "tidemark_replay"}
+    assert dagbag.dags["tidemark_replay"].params.get_param("feed").schema["enum"] == ["good"]
+    [(path, error)] = dagbag.import_errors.items()
+    assert path.endswith("tidemark_feed_errors.py")
     assert str(tmp_path / "orders.v1.yaml") in error and str(tmp_path / "orders_v1.yaml") in error
     assert "'tidemark_orders_v1'" in error
     assert str(tmp_path / "replay.yaml") in error and "'tidemark_replay'" in error
+
+
+def test_a_folder_of_good_feed_files_has_no_import_error(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "good.yaml").write_text(f"topics: [orders]\ngroup: g-good\noutput: {tmp_path / 'out'}\n")
+
+    dagbag = feed_folder_dagbag(tmp_path, tmp_path_factory, monkeypatch)
+
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dag_ids) == {"tidemark_good", "tidemark_backfill", "tidemark_replay"}
 
 
 def test_a_feed_with_alerts_checks_them_after_the_commit(tmp_path: Path) -> None:

@@ -201,6 +201,33 @@ MUTANTS = (
         ("tests/integration/runs/test_commit.py::test_live_consumer_blocks_the_commit",),
     ),
     Mutant(
+        "commit-share-group-accepted",
+        "a share (KIP-932) or streams group id as a feed's group is refused at the commit, naming it",
+        (
+            Edit(
+                "include/tidemark/runs/commit.py",
+                '    if info.group_type == "other":\n',
+                "    if False:\n",
+            ),
+        ),
+        ("tests/integration/runs/test_commit.py::test_a_share_group_as_the_feeds_group_is_refused_naming_it",),
+    ),
+    Mutant(
+        "bad-feed-file-stops-all",
+        "a bad feed file stops only its own DAG: the others and the built-in DAGs load, the bad one is an import error",
+        (
+            Edit(
+                "include/tidemark/config/models.py",
+                "                problems.append(FeedProblem(files[0].stem, (str(files[0]),), str(exc)))\n",
+                "                raise\n",
+            ),
+        ),
+        (
+            "tests/dags/test_dags.py"
+            "::test_a_bad_feed_file_stops_only_its_own_dag_and_is_an_import_error_naming_file_and_field",
+        ),
+    ),
+    Mutant(
         "commit-member-errors-unnamed",
         "a member joining between the compare-and-set read and the alter gets the commit refused as a group in use",
         (

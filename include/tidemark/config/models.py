@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -439,31 +440,79 @@ def dag_id(name: str) -> str:
     return f"tidemark_{name.replace('.', '_')}"
 
 
-def load_feeds(directory: Path | None = None) -> dict[str, Feed]:
-    """Every feed in the folder, by name; refuses feeds whose DAG ids collide.
+@dataclass(frozen=True)
+class FeedProblem:
+    """A feed file that gets no DAG: its feed name (the stem), the files involved and what is wrong with them."""
 
-    Two files that map to one DAG id (``orders.v1`` and ``orders_v1``, or ``orders.yaml``
-    beside ``orders.yml``), or a feed named after a built-in DAG (``replay``,
-    ``backfill``), would otherwise leave one of them without a DAG and nothing would say so.
+    name: str
+    files: tuple[str, ...]
+    error: str
+
+    @property
+    def dag_id(self) -> str:
+        return dag_id(self.name)
+
+    @property
+    def message(self) -> str:
+        """The error with what it costs and the remedy, as Airflow and the view show it."""
+        return (
+            f"{self.error}. Feed '{self.name}' has no DAG ('{self.dag_id}') and does not run until "
+            f"{' and '.join(self.files)} {'is' if len(self.files) == 1 else 'are'} fixed; every other feed loads"
+        )
+
+
+@dataclass(frozen=True)
+class FeedScan:
+    """The feeds folder read file by file: the feeds that load, by name, and the files that do not."""
+
+    feeds: dict[str, Feed]
+    problems: tuple[FeedProblem, ...]
+
+
+def scan_feeds(directory: Path | None = None) -> FeedScan:
+    """Every feed in the folder, each file on its own: one bad file never hides another feed.
+
+    A file that is not valid YAML or not a valid feed, two files that map to one DAG id
+    (``orders.v1`` and ``orders_v1``, or ``orders.yaml`` beside ``orders.yml``: neither is
+    loaded, as nothing says which one is meant), or a feed named after a built-in DAG
+    (``replay``, ``backfill``) is a :class:`FeedProblem` naming the file(s) and the field.
     """
     folder = directory or feeds_dir()
     paths = sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])
     by_dag: dict[str, list[Path]] = {}
     for path in paths:
         by_dag.setdefault(dag_id(path.stem), []).append(path)
-    problems = []
+    feeds: dict[str, Feed] = {}
+    problems: list[FeedProblem] = []
     for dag, files in by_dag.items():
+        builtin = [b for b in BUILTIN_DAGS if dag_id(b) == dag]
         if len(files) > 1:
-            problems.append(
+            error = (
                 f"feed files {' and '.join(str(f) for f in files)} all map to the DAG id '{dag}'; "
                 "rename all but one (a feed's name is its file's stem)"
             )
-        builtin = [b for b in BUILTIN_DAGS if dag_id(b) == dag]
-        if builtin:
-            problems.append(
+            problems += [FeedProblem(f.stem, tuple(str(f) for f in files), error) for f in files]
+        elif builtin:
+            error = (
                 f"feed file {files[0]} would take the DAG id '{dag}' of Tidemark's built-in {builtin[0]} DAG; "
                 "rename the file"
             )
-    if problems:
-        raise ConfigError("; ".join(problems))
-    return {p.stem: load_feed_file(p) for p in paths}
+            problems.append(FeedProblem(files[0].stem, (str(files[0]),), error))
+        else:
+            try:
+                feeds[files[0].stem] = load_feed_file(files[0])
+            except ConfigError as exc:
+                problems.append(FeedProblem(files[0].stem, (str(files[0]),), str(exc)))
+    return FeedScan(dict(sorted(feeds.items())), tuple(problems))
+
+
+def load_feeds(directory: Path | None = None) -> dict[str, Feed]:
+    """Every feed in the folder, by name; refuses the lot if any file is bad (see :func:`scan_feeds`).
+
+    For callers that must know every feed, such as the check that a replay's output is no
+    other feed's output: a feed whose file does not load could own that output.
+    """
+    scan = scan_feeds(directory)
+    if scan.problems:
+        raise ConfigError("; ".join(dict.fromkeys(p.error for p in scan.problems)))
+    return scan.feeds

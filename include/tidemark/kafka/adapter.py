@@ -11,10 +11,11 @@ The adapter counts the admin requests it issues so benchmarks can report them.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
@@ -102,14 +103,20 @@ class GroupMember:
     assignment: tuple[TP, ...]
 
 
+# classic: JoinGroup/SyncGroup members; consumer: Kafka 4's KIP-848 protocol (group.protocol=consumer); other: a
+# group id Kafka knows as a group of another type (share, KIP-932; streams, KIP-1071), whose progress is no offsets.
+GroupType = Literal["classic", "consumer", "unknown", "other"]
+
+
 @dataclass(frozen=True)
 class GroupInfo:
-    """A consumer group's coordinator-side state (``dead`` when the group does not exist)."""
+    """A consumer group's coordinator-side state (``dead`` when no consumer group has that id)."""
 
     group: str
     state: str
     members: tuple[GroupMember, ...]
     coordinator: int | None
+    group_type: GroupType = "unknown"
 
 
 class KafkaAdapter:
@@ -407,7 +414,7 @@ class KafkaAdapter:
         except KafkaException as exc:
             err = exc.args[0]
             if getattr(err, "name", lambda: "")() == "GROUP_ID_NOT_FOUND":
-                return GroupInfo(group, "dead", (), None)
+                return GroupInfo(group, "dead", (), None, self._other_type(group))
             _raise_if_busy(err)
             raise KafkaUnavailableError(f"describing consumer group '{group}' failed: {err}") from exc
         except TimeoutError as exc:
@@ -425,7 +432,28 @@ class KafkaAdapter:
         )
         state = str(getattr(desc.state, "name", desc.state)).lower()
         coordinator = desc.coordinator.id if desc.coordinator is not None else None
-        return GroupInfo(group, state, members, coordinator)
+        if state == "dead" and not members:
+            return GroupInfo(group, state, (), coordinator, self._other_type(group))
+        kinds: dict[str, GroupType] = {"CLASSIC": "classic", "CONSUMER": "consumer"}
+        kind = kinds.get(str(getattr(desc.type, "name", "")), "unknown")
+        return GroupInfo(group, state, members, coordinator, kind)
+
+    def _other_type(self, group: str) -> GroupType:
+        """``other`` if the brokers list ``group`` although no consumer group has that id, else ``unknown``.
+
+        confluent-kafka 2.16 describes consumer groups only (its ``ConsumerGroupType`` has no
+        share type; a share group's id describes as a dead classic group), while ListGroups
+        lists groups of every type: listed but not describable is a share or streams group.
+        Measured on Kafka 4.3.1: an id never used is not listed, a share group's is.
+        """
+        self.requests += 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # list_groups is the one call that lists them all
+            try:
+                listed = self._admin.list_groups(group=group, timeout=self.timeout_s)
+            except KafkaException as exc:
+                raise KafkaUnavailableError(f"listing group '{group}' failed: {exc.args[0]}") from exc
+        return "other" if any(g.id == group for g in listed) else "unknown"
 
     def group_operations(self, group: str) -> frozenset[str] | None:
         """What the principal may do with ``group`` (``None`` where the brokers do not say); a group it

@@ -25,7 +25,7 @@ from airflow.sdk import DAG, Asset, BaseHook, Param, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark.checkpoints.store import CheckpointStore
-from tidemark.config.models import Feed, dag_id, load_feeds, package_root
+from tidemark.config.models import Feed, dag_id, package_root, scan_feeds
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
 from tidemark.kafka.connection import CALLBACK_SETTINGS, KafkaConnection, from_airflow_extra, from_env, is_secret
 from tidemark.kafka.registry import RegistryConnection
@@ -520,7 +520,8 @@ def stale_step() -> None:
     from tidemark.orchestration import metrics
     from tidemark.runs.alerts import last_commit_at, stale_feeds
 
-    feeds = [f for f in load_feeds().values() if f.alerts is not None and f.alerts.stale_after]
+    # Every feed that loads: a bad feed file (an import error of its own) must not stop watching the others.
+    feeds = [f for f in scan_feeds().feeds.values() if f.alerts is not None and f.alerts.stale_after]
     # The present, not the DAG run's logical time: a watchdog run that starts late must not understate an age.
     now = datetime.now(UTC)
     with _storage_settings():
@@ -735,14 +736,28 @@ def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
 def all_dags(feeds_directory: Path | None = None) -> dict[str, DAG]:
     """A DAG per feed plus backfill and replay (and the watchdog when a feed sets ``alerts.stale_after``), by DAG id.
 
-    Feeds whose DAG ids collide with each other or with a built-in DAG are refused by
-    :func:`tidemark.config.models.load_feeds`, so the DAG file shows an import error naming them
-    instead of one DAG silently replacing another.
+    Each feed file loads on its own (:func:`tidemark.config.models.scan_feeds`): a malformed,
+    invalid or colliding file gets no DAG while every other feed and the built-in DAGs load;
+    ``dags/tidemark_feed_errors.py`` (:func:`check_feed_files`) shows it as an import error.
     """
-    feeds = load_feeds(feeds_directory)
+    feeds = scan_feeds(feeds_directory).feeds
     dags = {d.dag_id: d for d in (feed_dag(f) for f in feeds.values())}
     for extra in (backfill_dag(feeds), replay_dag(feeds)):
         dags[extra.dag_id] = extra
     if any(f.alerts is not None and f.alerts.stale_after for f in feeds.values()):
         dags[dag_id("watchdog")] = watchdog_dag()
     return dags
+
+
+def check_feed_files(feeds_directory: Path | None = None) -> None:
+    """Raise :class:`ConfigError` naming every feed file that gets no DAG, with its error and the remedy.
+
+    Called by a DAG file of its own, so that Airflow lists the bad files among its import
+    errors (the UI's banner, ``/api/v2/importErrors``) while :func:`all_dags`, in another
+    file, loads every good feed: one team's typo stops only that team's feed.
+    """
+    problems = scan_feeds(feeds_directory).problems
+    if problems:
+        raise ConfigError(
+            f"{len(problems)} feed file(s) load no DAG: " + "; ".join(dict.fromkeys(p.message for p in problems))
+        )

@@ -11,7 +11,9 @@ reset to offsets it already had); each of them must commit. In order:
    checkpoint is repaired). A retry of a run that committed never rewinds a group that
    has moved on since.
 2. Refuse while the group has live members (a streaming consumer with the same group id
-   would race us, and the coordinator rejects outside commits for a non-empty group).
+   would race us, and the coordinator rejects outside commits for a non-empty group),
+   of either protocol (classic, or Kafka 4's ``group.protocol=consumer``), and refuse a
+   group id that Kafka knows as a share (KIP-932) or streams group: it has no offsets.
 3. Compare-and-set against the offsets this run's plan saw. A position that *vanished*
    (the plan saw an offset, the group now has none: expired after
    ``offsets.retention.minutes`` or deleted) is not a move and is committed back (the
@@ -113,6 +115,13 @@ def metadata_limit(kafka: KafkaAdapter, plan: Plan) -> int:
 
 
 def _check_group_idle(info: GroupInfo, plan: Plan) -> None:
+    if info.group_type == "other":
+        raise GroupInUseError(
+            f"refusing to commit plan {plan.plan_id} for feed '{plan.feed}': group '{plan.group}' is not a consumer "
+            "group but a share group (KIP-932) or a streams group (KIP-1071), which keep their progress per record, "
+            "not as committed offsets. Give the feed a group id of its own (the feed file's 'group'), used by no "
+            "share consumer or Kafka Streams application; the group's state is untouched"
+        )
     if not info.members and info.state in _IDLE_STATES:
         return
     members = "; ".join(

@@ -23,6 +23,8 @@ the trigger (a user who may run the replay DAG).
 Authorization is per feed (``access``, a :class:`FeedAccess`; the plugin's asks Airflow's auth
 manager about the feed's own DAG): reading a feed's page, JSON, runs' files or a preview needs
 ``read`` (``runs`` for run files), a replay ``replay`` and a committing replay also ``commit``.
+A feed file that does not load (:func:`tidemark.config.models.scan_feeds`) is listed with
+its error, never hiding the other feeds, and its pages answer 409 with that error.
 Lists show only the feeds the user may read; any other feed, known or not, answers 403 with
 Airflow's own bare ``Forbidden``, so a refusal tells nothing about which feeds exist. Previews
 (Kafka calls on the api-server) are limited per user (``preview_rate``).
@@ -61,7 +63,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from tidemark.checkpoints.store import CheckpointStore, default_store
-from tidemark.config.models import Feed, load_feeds
+from tidemark.config.models import Feed, FeedProblem, scan_feeds
 from tidemark.errors import ConfigError, PlanningError, TidemarkError, shown
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, from_env
@@ -436,6 +438,7 @@ class ViewDeps:
     timeout_s: float
     access: FeedAccess = field(default_factory=OpenAccess)
     preview_limit: RateLimit = field(default_factory=lambda: RateLimit(*PREVIEW_RATE))
+    problems: Callable[[], Sequence[FeedProblem]] = lambda: ()
 
     def unclipped(self, value: Any) -> Any:
         """``value`` (a text, or JSON-like data holding texts) without secret values or broker addresses."""
@@ -467,12 +470,37 @@ class ViewDeps:
         allowed = self.access.allowed(request, "read", list(known))
         return [known[name] for name in sorted(allowed & known.keys())]
 
+    def broken(self, request: Request, root: str) -> list[dict[str, Any]]:
+        """Rows of the feeds page for the feed files that do not load and that the user may read, with the error."""
+        rows = []
+        for problem in self.problems():
+            # One name at a time: two colliding files (orders.v1, orders_v1) share a DAG id but not a row.
+            if problem.name not in self.access.allowed(request, "read", [problem.name]):
+                continue
+            recent = self.runs(problem.name)[:1]  # a feed that ran before its file broke keeps its history
+            last = _run_row(recent[0], root, self.runs_root, self.scrub).__dict__ if recent else None
+            rows.append({"name": problem.name, "group": None, "topics": [], "schedule": None, "broken": True,
+                         "error": self.scrub(problem.message), "trouble": ["feed file does not load"],
+                         "last": last})  # fmt: skip
+        return rows
+
+    def rows(self, request: Request, root: str) -> list[dict[str, Any]]:
+        """The feeds page: every feed the user may read, those whose file does not load among them, by name."""
+        found = [self.summary(f, root) for f in self.visible(request)] + self.broken(request, root)
+        return sorted(found, key=lambda row: str(row["name"]))
+
     def feed_for(self, request: Request, name: str, action: Action = "read") -> Feed:
-        """Feed ``name`` if the user may do ``action`` on it: 403 otherwise, whether it exists or not."""
+        """Feed ``name`` if the user may do ``action`` on it: 403 otherwise, whether it exists or not.
+
+        A feed whose file does not load answers 409 with the file's error (to a user allowed ``action`` on it).
+        """
         if name not in self.access.allowed(request, action, [name]):
             raise HTTPException(403, FORBIDDEN)
         known = self.feeds()
         if name not in known:
+            problem = next((p for p in self.problems() if p.name == name), None)
+            if problem is not None:
+                raise HTTPException(409, self.scrub(problem.message))
             readable = self.access.allowed(request, "read", list(known))
             raise HTTPException(404, f"no feed named {shown(name)} (known: {', '.join(sorted(readable)) or 'none'})")
         return known[name]
@@ -621,7 +649,8 @@ async def _unreadable_body(request: Request, exc: Exception) -> JSONResponse:
 
 def create_app(
     *,
-    feeds: Callable[[], Mapping[str, Feed]] = load_feeds,
+    feeds: Callable[[], Mapping[str, Feed]] | None = None,
+    problems: Callable[[], Sequence[FeedProblem]] | None = None,
     connection: Callable[[], KafkaConnection] = from_env,
     checkpoints: Callable[[], CheckpointStore] = default_store,
     runs: Callable[[str], list[RunReport]] = list_runs,
@@ -638,11 +667,16 @@ def create_app(
 
     ``access`` says which feeds the user may read, replay and commit (default: every feed,
     for a view without Airflow); ``preview_rate`` caps each user's previews (count, seconds).
-    ``trigger`` starts a replay run (default: :func:`airflow_trigger` at ``api_base()``). The
-    routes are thin: the work is in :class:`ViewDeps` and the pure helpers above.
+    ``feeds`` and ``problems`` default to the feeds folder read file by file (a file that does not
+    load is listed with its error, never hiding the others). ``trigger`` starts a replay run
+    (default: :func:`airflow_trigger` at ``api_base()``). The routes are thin: the work is in
+    :class:`ViewDeps` and the pure helpers above.
     """
-    deps = ViewDeps(feeds, connection, checkpoints, runs, runs_root, timeout_s, access or OpenAccess(),
-                    RateLimit(*preview_rate))  # fmt: skip
+    known = feeds or (lambda: scan_feeds().feeds)
+    # Given feeds (tests, benchmarks) come without problems unless these are given too.
+    broken = problems or ((lambda: scan_feeds().problems) if feeds is None else (lambda: ()))
+    deps = ViewDeps(known, connection, checkpoints, runs, runs_root, timeout_s, access or OpenAccess(),
+                    RateLimit(*preview_rate), broken)  # fmt: skip
     start_run: Trigger = trigger or (lambda request, conf: airflow_trigger(request, conf, api_base()))
     app = FastAPI(title="Tidemark", docs_url=None, redoc_url=None, openapi_url=None, dependencies=list(dependencies))
     app.middleware("http")(_security_headers)
@@ -653,12 +687,12 @@ def create_app(
 
     @app.get("/", response_class=HTMLResponse)
     def index(request: Request) -> HTMLResponse:
-        rows = [deps.summary(f, _root_of(request)) for f in deps.visible(request)]
+        rows = deps.rows(request, _root_of(request))
         return HTMLResponse(_templates.get_template("index.html").render(title="Tidemark feeds", feeds=rows))
 
     @app.get("/api/feeds")
     def feeds_json(request: Request) -> list[dict[str, Any]]:
-        return [deps.summary(f, _root_of(request)) for f in deps.visible(request)]
+        return deps.rows(request, _root_of(request))
 
     @app.get("/api/feeds/{name}")
     def feed_json(name: str, request: Request) -> dict[str, Any]:

@@ -87,9 +87,14 @@ def store(checkpoint_store: CheckpointStore) -> CheckpointStore:
     return checkpoint_store
 
 
-def join_group(kafka: KafkaTestCluster, topic: str, group: str) -> Consumer:
-    """A subscribed consumer of ``group``, returned once the group assigned it partitions."""
-    consumer = Consumer(kafka.connection.client_config(**{"group.id": group, "enable.auto.commit": False}))
+def join_group(kafka: KafkaTestCluster, topic: str, group: str, protocol: str = "classic") -> Consumer:
+    """A subscribed consumer of ``group``, returned once the group assigned it partitions.
+
+    ``protocol`` is the consumer's ``group.protocol``: ``classic`` (JoinGroup/SyncGroup) or ``consumer``
+    (Kafka 4's KIP-848 protocol: the broker assigns, the group is of type ``consumer``).
+    """
+    settings = {"group.id": group, "enable.auto.commit": False, "group.protocol": protocol}
+    consumer = Consumer(kafka.connection.client_config(**settings))
     consumer.subscribe([topic])
     deadline = time.monotonic() + 30
     while not consumer.assignment() and time.monotonic() < deadline:
@@ -98,9 +103,20 @@ def join_group(kafka: KafkaTestCluster, topic: str, group: str) -> Consumer:
     return consumer
 
 
-@pytest.fixture
-def live_consumer(kafka: KafkaTestCluster, topic: str, group: str) -> Iterator[Consumer]:
-    consumer = join_group(kafka, topic, group)
+PROTOCOLS: dict[int, str] = {}  # id() of a live consumer -> its group.protocol
+
+
+def live_consumer_protocol(consumer: Consumer) -> str:
+    return PROTOCOLS[id(consumer)]
+
+
+@pytest.fixture(params=["classic", "consumer"])
+def live_consumer(
+    kafka: KafkaTestCluster, topic: str, group: str, request: pytest.FixtureRequest
+) -> Iterator[Consumer]:
+    """A live member of the group, by each group protocol: Kafka 4's new consumer groups must block a commit too."""
+    consumer = join_group(kafka, topic, group, request.param)
+    PROTOCOLS[id(consumer)] = request.param
     try:
         yield consumer
     finally:
@@ -174,6 +190,8 @@ def test_live_consumer_blocks_the_commit(
     kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore, live_consumer: Consumer
 ) -> None:
     plan = hand_plan(kafka, topic, group)
+    # The brokers describe the group as the type its member's protocol made: the guard saw a KIP-848 group.
+    assert kafka.adapter.describe_group(group).group_type == live_consumer_protocol(live_consumer)
 
     with pytest.raises(GroupInUseError, match=rf"group '{group}'.*active member.*{topic}\[0\]"):
         commit_plan(plan, kafka.connection, store, run_id="run-1")
@@ -335,3 +353,36 @@ def test_plan_made_without_commit_is_refused(
     with pytest.raises(CommitError, match="without commit"):
         commit_plan(plan, kafka.connection, store, run_id="run-1")
     assert group_offsets(kafka, plan) == {(topic, 0): None, (topic, 1): None, (topic, 2): None}
+
+
+def join_share_group(kafka: KafkaTestCluster, topic: str, group: str) -> None:
+    """Makes ``group`` a share group (KIP-932): a share consumer joins it and acquires a record, then leaves."""
+    from confluent_kafka import ShareConsumer
+
+    consumer = ShareConsumer(kafka.connection.client_config(**{"group.id": group}))
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 30
+        got = 0
+        while not got and time.monotonic() < deadline:
+            kafka.produce(topic, keyed_records(1, partition=2))  # a share group starts at the latest offset
+            got = len(consumer.poll(1.0))
+        assert got, "the share consumer never received a record"
+    finally:
+        consumer.close()
+
+
+def test_a_share_group_as_the_feeds_group_is_refused_naming_it(
+    kafka: KafkaTestCluster, topic: str, group: str, store: CheckpointStore
+) -> None:
+    """Kafka 4's share groups keep per-record state, not offsets: the commit must say so, not fail obscurely."""
+    plan = hand_plan(kafka, topic, group)
+    join_share_group(kafka, topic, group)
+
+    assert kafka.adapter.describe_group(group).group_type == "other"
+    with pytest.raises(GroupInUseError) as err:
+        commit_plan(plan, kafka.connection, store, run_id="run-1")
+
+    assert f"group '{group}'" in str(err.value) and "not a consumer group" in str(err.value)
+    assert "share group (KIP-932)" in str(err.value) and "group id of its own" in str(err.value)
+    assert not store.run_committed(group, "run-1")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tidemark.config.durations import schedule_interval
-from tidemark.config.models import Feed, load_feed, load_feed_file, load_feeds, package_root
+from tidemark.config.models import Feed, load_feed, load_feed_file, load_feeds, package_root, scan_feeds
 from tidemark.errors import ConfigError
 from tidemark.planning.resolve import Policy
 
@@ -251,4 +251,26 @@ def test_a_feed_named_after_a_built_in_dag_is_refused(tmp_path: Path, builtin: s
     path = write(tmp_path, MINIMAL, name=builtin)
     write(tmp_path, MINIMAL, name="orders")
     with pytest.raises(ConfigError, match=rf"{re.escape(str(path))} would take the DAG id 'tidemark_{builtin}'"):
+        load_feeds(tmp_path)
+
+
+def test_scanning_the_feeds_folder_keeps_every_good_feed_and_names_each_bad_file(tmp_path: Path) -> None:
+    good = write(tmp_path, MINIMAL, name="orders")
+    typo = write(tmp_path, "topics: [orders\n", name="typo")
+    invalid = write(tmp_path, MINIMAL + "on_missing: sometimes\n", name="invalid")
+    for name in ("pay.v1", "pay_v1", "replay"):
+        write(tmp_path, MINIMAL, name=name)
+
+    scan = scan_feeds(tmp_path)
+
+    assert list(scan.feeds) == ["orders"] and scan.feeds["orders"].group == load_feed_file(good).group
+    problems = {p.name: p for p in scan.problems}
+    assert sorted(problems) == ["invalid", "pay.v1", "pay_v1", "replay", "typo"]
+    assert problems["typo"].files == (str(typo),) and "not valid YAML" in problems["typo"].error
+    assert problems["invalid"].files == (str(invalid),) and "field 'on_missing'" in problems["invalid"].error
+    assert problems["pay.v1"].files == problems["pay_v1"].files and len(problems["pay_v1"].files) == 2
+    assert "'tidemark_replay'" in problems["replay"].error
+    assert problems["typo"].message.endswith(f"'tidemark_typo') and does not run until {typo} is fixed; every other "
+                                             "feed loads")  # fmt: skip
+    with pytest.raises(ConfigError, match="not valid YAML"):  # the strict reading still refuses the lot
         load_feeds(tmp_path)
