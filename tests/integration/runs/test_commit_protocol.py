@@ -338,6 +338,7 @@ def test_a_committing_replay_past_records_retention_deleted_follows_on_data_loss
     used to move the group to the end with no event; now it is refused, and under ``skip`` it names the loss."""
     fenv.produce(9)
     fenv.run()
+    shown = scan(fenv, 0, 3)  # read before retention takes it
     fenv.produce(18)  # offsets 3..8
     fenv.kafka.adapter.delete_records({(fenv.topic, p): 6 for p in range(fenv.partitions)})
     with pytest.raises(TidemarkError, match=r"\[3, 6\).*on_data_loss is fail"):
