@@ -37,7 +37,6 @@ from tests.faults.harness import (
     oracle,
     scenario,
 )
-from tests.faults.test_feed_invariant import report_events
 from tidemark.devtools.kafka.cluster import LocalCluster
 from tidemark.errors import (
     ConfigError,
@@ -1334,7 +1333,7 @@ def test_unknown_schema_id_fails_the_run_until_skipped(fenv: FaultEnv, avro_regi
     # The producers' registry never had the id: skip the record, as the README's committing replays allow.
     fenv.run("replay", {"start_from": "offset", "start_offset": 3, "partitions": "1", "commit": True,
                         "allow_gap": True})  # fmt: skip
-    (skipped,) = report_events(fenv, "offsets_skipped")
+    (skipped,) = fenv.report_events("offsets_skipped")
     assert (skipped["partition"], skipped["details"]["start"], skipped["details"]["end"]) == (1, 2, 3)
     assert fenv.committed() == {0: 2, 1: 4, 2: 2}
     fenv.produce_avro(3)
