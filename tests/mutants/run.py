@@ -68,7 +68,13 @@ MUTANTS = (
     Mutant(
         "commit-lock-removed",
         "commits of one group take turns (the per-group lock in commit_run)",
-        (Edit("include/tidemark/runs/pipeline.py", "with checkpoints.commit_lock(plan.group):", "if True:"),),
+        (
+            Edit(
+                "include/tidemark/runs/pipeline.py",
+                "        with checkpoints.commit_lock(plan.group):\n            settled = settle(",
+                "        if True:\n            settled = settle(",
+            ),
+        ),
         (f"{SCENARIOS}::test_two_commits_of_one_group_at_the_same_time[local]",),
     ),
     Mutant(
