@@ -59,3 +59,22 @@ def test_a_request_for_a_feed_the_user_may_not_run_is_refused(
     with pytest.raises(ConfigError, match=expected) as refused:
         refuse_unless_allowed(feed, "backfill", params, user)
     assert "nothing was read or committed" in str(refused.value)
+
+
+def test_airflow_dags_test_runs_the_replay_without_a_user_to_check() -> None:
+    """``airflow dags test`` / ``dag.test()`` record the triggering user ``dag_test``: the caller runs the DAG in
+    its own process, so there is no user to ask the auth manager about (the e2e replay DAG test runs this way)."""
+    from tidemark.orchestration.access import DAG_TEST_USER, refuse_unless_allowed
+
+    refuse_unless_allowed("alpha", "replay", {"commit": True}, DAG_TEST_USER)
+
+
+def test_a_real_user_named_dag_test_is_checked_like_anyone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.api_fastapi import app as airflow_app
+
+    from tidemark.orchestration.access import DAG_TEST_USER, refuse_unless_allowed
+
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", f"alice:user,{DAG_TEST_USER}:viewer")
+    airflow_app.purge_cached_app()
+    with pytest.raises(ConfigError, match=rf"user '{DAG_TEST_USER}' may not replay feed 'alpha'"):
+        refuse_unless_allowed("alpha", "replay", {}, DAG_TEST_USER)
