@@ -252,7 +252,10 @@ def _type(node: Any, root: dict[str, Any], path: str, depth: int) -> DataType:
     from pyspark.sql import types as T
 
     if depth > _MAX_REF_DEPTH:
-        raise ValueError(f"{path}: its '$ref' is recursive; a Spark type cannot nest without end")
+        raise ValueError(
+            f"{path}: the schema nests deeper than {_MAX_REF_DEPTH} levels (a recursive '$ref', or nesting no "
+            "record of a Spark column holds); a Spark type cannot nest without end"
+        )
     if not isinstance(node, dict) or not any(k in node for k in _TYPED):
         raise ValueError(f"{path}: a schema that admits any JSON value has no single Spark type")
     if "$ref" in node:

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import KafkaTestCluster
 from tests.integration.read_helpers import chunk_layout, plan_for
 from tidemark.kafka.adapter import Record
-from tidemark.output.parquet import published_dir
+from tidemark.output.parquet import load_pending, promote, published_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -70,6 +70,9 @@ def test_spark_submit_publishes_once_and_reports(
     assert ranges[0]["records"] == 101 and ranges[1]["records"] == 100
     assert ranges[0]["first_offset"] == 0 and ranges[0]["last_offset"] == 100 and ranges[0]["gaps"] == 0
     final = published_dir(tmp_path / "out", plan.plan_id)
+    # The job of run "run1" staged the plan for that run: nothing shown until the commit step promotes it.
+    assert not final.exists() and load_pending(tmp_path / "out", plan.plan_id, "run1") is not None
+    assert promote(tmp_path / "out", plan.plan_id, "run1").records == 200
     assert sorted(p.name for p in final.iterdir() if p.name.startswith("topic=")) == [f"topic={topic}"]
     assert (final / f"topic={topic}" / "date=2026-01-01").is_dir()
 
