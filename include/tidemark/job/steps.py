@@ -573,9 +573,10 @@ def table_schema_event(manifest: Manifest) -> dict[str, Any]:
     """A ``table_schema_evolved`` event: the Iceberg table's schema changed in the snapshot that added the plan."""
     changes = list(manifest.extra["schema_changes"])
     table, snapshot = manifest.extra.get("table"), manifest.extra.get("snapshot_id")
+    where = f"in snapshot {snapshot}" if snapshot is not None else "in the snapshot the commit step adds"
     return {
         "kind": "table_schema_evolved",
-        "message": f"Iceberg table {table}: {'; '.join(changes)}, in snapshot {snapshot}, the one adding these records",
+        "message": f"Iceberg table {table}: {'; '.join(changes)}, {where}, the one adding these records",
         "details": {"table": table, "snapshot_id": snapshot, "changes": changes},
     }
 

@@ -633,7 +633,9 @@ def commit_run(
                            "details": {"plan_id": plan.plan_id}})  # fmt: skip
         _fail(handle, connection, {**(job or {}), "events": events}, f"commit refused: {message}")
         raise
-    job = {**(job or {}), "events": [*((job or {}).get("events") or []), *settled.events]}
+    snapshot = settled.manifest.extra.get("snapshot_id") if settled.manifest is not None else None
+    job_events = [_with_snapshot(e, snapshot) for e in (job or {}).get("events") or []]
+    job = {**(job or {}), "events": [*job_events, *settled.events]}
     for event in settled.events:
         progress(f"event {event['kind']}: {event['message']}")
     if settled.state == "abandoned":
@@ -649,6 +651,16 @@ def commit_run(
         progress(f"shown in {publisher_for(feed, plan).describe()}: plan {plan.plan_id}")
     skipped = None if handle.commit else f"mode {handle.mode} does not commit unless asked"
     return _finish(handle, connection, settled.commit, job, skipped, progress)
+
+
+def _with_snapshot(event: dict[str, Any], snapshot: Any) -> dict[str, Any]:
+    """A job's ``table_schema_evolved`` event with the snapshot its promotion committed (the job staged it pending)."""
+    if event.get("kind") != "table_schema_evolved" or snapshot is None or event["details"].get("snapshot_id"):
+        return event
+    table, changes = event["details"].get("table"), list(event["details"].get("changes") or [])
+    return {**event, "details": {**event["details"], "snapshot_id": snapshot},
+            "message": f"Iceberg table {table}: {'; '.join(changes)}, in snapshot {snapshot}, the one adding these "
+            "records"}  # fmt: skip
 
 
 def _finish(
