@@ -96,10 +96,6 @@ class CheckpointStore(Protocol):
 
     def run_committed(self, group: str, run_id: str) -> bool: ...
 
-    def plan_committer(self, group: str, plan_id: str) -> str | None:
-        """A run that committed ``plan_id`` for ``group`` (the newest), or ``None``."""
-        ...
-
     def commit_lock(self, group: str, timeout_s: float = 120.0) -> AbstractContextManager[None]:
         """Held while a run commits for ``group``: scheduled runs, backfills and replays take turns."""
         ...
@@ -226,14 +222,6 @@ class SqliteCheckpointStore:
         with closing(self._connect()) as conn:
             row = conn.execute("SELECT 1 FROM committed_runs WHERE grp = ? AND run_id = ?", (group, run_id)).fetchone()
         return row is not None
-
-    def plan_committer(self, group: str, plan_id: str) -> str | None:
-        with closing(self._connect()) as conn:
-            row = conn.execute(
-                "SELECT run_id FROM committed_runs WHERE grp = ? AND plan_id = ? ORDER BY committed_at DESC LIMIT 1",
-                (group, plan_id),
-            ).fetchone()
-        return None if row is None else str(row[0])
 
     def set_run(
         self,
@@ -454,16 +442,6 @@ class PostgresCheckpointStore:
                 text("SELECT 1 FROM tidemark_committed_runs WHERE grp = :g AND run_id = :r"), {"g": group, "r": run_id}
             ).first()
         return row is not None
-
-    def plan_committer(self, group: str, plan_id: str) -> str | None:
-        from sqlalchemy import text
-
-        with self._begin("read committed runs") as conn:
-            row = conn.execute(
-                text("SELECT run_id FROM tidemark_committed_runs WHERE grp = :g AND plan_id = :p "
-                     "ORDER BY committed_at DESC LIMIT 1"), {"g": group, "p": plan_id},
-            ).first()  # fmt: skip
-        return None if row is None else str(row[0])
 
     def set_run(
         self,

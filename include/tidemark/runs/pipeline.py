@@ -48,7 +48,7 @@ from tidemark.planning.requests import (
     output_roots,
     parse_replay_params,
 )
-from tidemark.runs.protocol import Settled, settle, settle_open_runs
+from tidemark.runs.protocol import Settled, abandon, settle, settle_open_runs
 from tidemark.runs.report import PLAN_FILE
 from tidemark.storage import Location
 
@@ -137,8 +137,6 @@ def abandon_run(
 
     Its event goes into its own report, so the view and ``tidemark runs`` name the ranges it leaves out.
     """
-    from tidemark.runs.protocol import abandon
-
     feed = load_feed(feed_name)
     run_dir = runs_dir(feed.name, root) / run_id
     if not (run_dir / PLAN_FILE).exists():

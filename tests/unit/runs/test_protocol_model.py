@@ -127,9 +127,6 @@ class MemStore:
     def run_committed(self, group: str, run_id: str) -> bool:
         return run_id in self.w.committed_runs
 
-    def plan_committer(self, group: str, plan_id: str) -> str | None:
-        return None
-
     def commit_lock(self, group: str, timeout_s: float = 120.0) -> AbstractContextManager[None]:
         @contextmanager
         def held() -> Iterator[None]:
