@@ -320,8 +320,8 @@ MUTANTS = (
         (
             Edit(
                 "include/tidemark/runs/protocol.py",
-                "    if not shows_in_feed_output(plan) or not plan.total_records or publisher.published(plan.plan_id) "
-                "is not None:\n        return None",
+                "    if not shows_in_feed_output(plan) or not plan.total_records or already is not None:\n"
+                "        return None",
                 "    if True:\n        return None",
             ),
         ),

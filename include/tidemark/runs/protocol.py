@@ -160,12 +160,13 @@ def settle(
         else:
             mark("committed")
     fault_point("commit.before_show")
-    overlap = overlapping(plan, publisher=publisher, store=store)
+    already = publisher.published(plan.plan_id) if plan.total_records else None  # asked once: a table load on Iceberg
+    overlap = overlapping(plan, already, store=store)
     if overlap is not None:
         mark("abandoned", overlap["message"][:1000])
         publisher.discard(plan.plan_id, run_id)
         return Settled(run_id, plan.plan_id, "abandoned", result, None, (*events, overlap))
-    manifest = show(plan, run_id, publisher=publisher, store=store)
+    manifest = show(plan, run_id, already, publisher=publisher, store=store)
     mark("shown")
     return Settled(run_id, plan.plan_id, "shown", result, manifest, tuple(events))
 
@@ -177,15 +178,15 @@ def _group_past(plan: Plan, kafka: KafkaAdapter) -> bool:
                for p in plan.partitions if p.records)  # fmt: skip
 
 
-def overlapping(plan: Plan, *, publisher: Publisher, store: CheckpointStore) -> dict[str, Any] | None:
+def overlapping(plan: Plan, already: Manifest | None, *, store: CheckpointStore) -> dict[str, Any] | None:
     """The ``not_shown`` event when showing ``plan`` in its feed's output would show an offset twice, else ``None``.
 
     Every range with records must start at or after the output's shown position of its
-    partition (on the same topic id). A plan the output already shows (an earlier
-    promotion of this run, or another run of the same ranges) is not shown again and
-    overlaps nothing.
+    partition (on the same topic id). A plan the output already shows (``already``: an
+    earlier promotion of this run, or another run of the same ranges) is not shown again
+    and overlaps nothing.
     """
-    if not shows_in_feed_output(plan) or not plan.total_records or publisher.published(plan.plan_id) is not None:
+    if not shows_in_feed_output(plan) or not plan.total_records or already is not None:
         return None
     shown = store.shown(plan.feed)
     overlap = {
@@ -203,9 +204,12 @@ def overlapping(plan: Plan, *, publisher: Publisher, store: CheckpointStore) -> 
         ranges=_ranges(plan, overlap))  # fmt: skip
 
 
-def show(plan: Plan, run_id: str, *, publisher: Publisher, store: CheckpointStore) -> Manifest | None:
-    """Promote run ``run_id``'s pending publication (idempotent), then advance the feed output's shown positions."""
-    manifest = publisher.published(plan.plan_id) if plan.total_records else None
+def show(
+    plan: Plan, run_id: str, already: Manifest | None, *, publisher: Publisher, store: CheckpointStore
+) -> Manifest | None:
+    """Promote run ``run_id``'s pending publication unless the output ``already`` shows the plan, then advance the
+    feed output's shown positions."""
+    manifest = already
     if manifest is None and plan.total_records:
         manifest = publisher.promote(plan.plan_id, run_id)
     if shows_in_feed_output(plan):
