@@ -30,15 +30,13 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402 - after the skip when hypothesis is missing
-from hypothesis import strategies as st  # noqa: E402
-
-from tests.unit.spark.test_arrow_avro import _batch, _plan  # noqa: E402
-from tidemark.spark.arrow_avro import CannotStage, StagePlan, _staged_tables, staged_arrow_schema  # noqa: E402
-from tidemark.spark.avro import VALUE_FIELD, AvroSchemas, bytes_left_over, decode_failed, decoded_value  # noqa: E402
-from tidemark.spark.wire import header  # noqa: E402
+from tests.unit.spark.test_arrow_avro import _batch, _plan
+from tidemark.spark.arrow_avro import CannotStage, StagePlan, _staged_tables, staged_arrow_schema
+from tidemark.spark.avro import VALUE_FIELD, AvroSchemas, bytes_left_over, decode_failed, decoded_value
+from tidemark.spark.wire import header
 
 pytestmark = pytest.mark.spark
 
