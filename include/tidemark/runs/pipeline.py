@@ -40,7 +40,7 @@ from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.kafka.registry import RegistryConnection
 from tidemark.output.base import Publisher, publisher_for
-from tidemark.planning.plan import Event, Mode, PartitionPlan, Plan, write_plan
+from tidemark.planning.plan import Event, EventKind, Mode, PartitionPlan, Plan, write_plan
 from tidemark.planning.requests import (
     confine_output,
     flag,
@@ -280,7 +280,6 @@ def committing_request(
     move the group back so that the feed publishes them again: always refused.
     """
     from tidemark.errors import DataLossError, PlanningError
-    from tidemark.planning.plan import Event
 
     if params.get("output") not in (None, ""):
         raise ConfigError(
@@ -330,28 +329,22 @@ def committing_request(
             f"output: {skipped}. Start it at the committed offsets, run it without commit, or set allow_gap "
             "(--allow-gap) to skip them on purpose (each skipped range is then an event in the report)"
         )
-    losses = tuple(
-        Event(
-            kind="data_loss",
-            message=f"{p.topic}[{p.partition}]: offsets [{base}, {p.log_start}) were deleted by retention before "
-            f"they were read; the committing {plan.mode} goes on from the log start (on_data_loss: skip)",
-            topic=p.topic,
-            partition=p.partition,
-            details={"start": base, "end": p.log_start, "records": p.log_start - base},
-        )
+
+    def passed_over(kind: EventKind, p: PartitionPlan, start: int, end: int, why: str) -> Event:
+        """An event naming ``[start, end)`` of ``p``, which the committing run moves the group past."""
+        where = f"{p.topic}[{p.partition}]: offsets [{start}, {end}) ({end - start} records)"
+        return Event(kind=kind, message=f"{where} {why}", topic=p.topic, partition=p.partition,
+                     details={"start": start, "end": end, "records": end - start})  # fmt: skip
+
+    events = tuple(
+        passed_over("data_loss", p, base, p.log_start, "were deleted by retention before they were read; the "
+                    f"committing {plan.mode} goes on from the log start (on_data_loss: skip)")
         for p, base in lost
-    )
-    events = losses + tuple(
-        Event(
-            kind="offsets_skipped",
-            message=f"{p.topic}[{p.partition}]: offsets [{base}, {p.start}) ({p.start - base} records) are skipped "
-            f"on request (allow_gap): the {plan.mode} commits past them and they are in no output",
-            topic=p.topic,
-            partition=p.partition,
-            details={"start": base, "end": p.start, "records": p.start - base},
-        )
+    ) + tuple(
+        passed_over("offsets_skipped", p, base, p.start, f"are skipped on request (allow_gap): the {plan.mode} "
+                    "commits past them and they are in no output")
         for p, base in gaps
-    )
+    )  # fmt: skip
     return replace(plan, events=plan.events + events, output=None)
 
 
