@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from tidemark.runs.commit import CommitResult
 from tidemark.config.durations import parse_skew, parse_timestamp
 from tidemark.config.models import Feed, load_feed, load_feeds, package_root, state_location
-from tidemark.errors import ConfigError, OffsetsMovedError, TidemarkError, shown
+from tidemark.errors import ConfigError, DataLossError, OffsetsMovedError, PlanningError, TidemarkError, shown
 from tidemark.faults import fault_point
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
@@ -279,8 +279,6 @@ def committing_request(
     start before the base (a rewind) would publish offsets the output already holds, or
     move the group back so that the feed publishes them again: always refused.
     """
-    from tidemark.errors import DataLossError, PlanningError
-
     if params.get("output") not in (None, ""):
         raise ConfigError(
             f"parameter 'output': a committing {plan.mode} of feed '{feed.name}' publishes to the feed's own output "
