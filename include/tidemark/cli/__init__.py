@@ -1,7 +1,8 @@
 """The ``tidemark`` command line.
 
 Subcommands are registered by small ``add_*`` functions, each with a handler that calls
-the library and prints. Errors Tidemark raises on purpose (:class:`TidemarkError`) print
+the library and prints through :mod:`tidemark.cli.output` (the leaf every command module
+imports; no command module imports this one). Errors Tidemark raises on purpose (:class:`TidemarkError`) print
 as one clear message and exit 2; anything else is a bug and keeps its traceback.
 Connection settings come from the environment (see :mod:`tidemark.kafka.connection`).
 """
@@ -12,33 +13,24 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from tidemark.cli.airflow import add_airflow
+from tidemark.cli.demo import run_demo
+from tidemark.cli.output import error, table
 from tidemark.cli.plan import add_planning
 from tidemark.cli.run import add_run
 from tidemark.cli.runs import add_runs
+from tidemark.devtools.kafka.cluster import LocalCluster, fetch_jars
 from tidemark.errors import TidemarkError
 from tidemark.kafka.connection import CLIENT_LOG
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A plain left-aligned text table."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 # -- kafka -------------------------------------------------------------------------
 
 
 def _kafka_up(args: argparse.Namespace) -> int:
-    from tidemark.devtools.kafka.cluster import LocalCluster
-
     cluster = LocalCluster()
     already = {n.node_id for n in cluster.running_nodes()}
     state = cluster.up(brokers=args.brokers)
@@ -51,16 +43,12 @@ def _kafka_up(args: argparse.Namespace) -> int:
 
 
 def _kafka_down(args: argparse.Namespace) -> int:
-    from tidemark.devtools.kafka.cluster import LocalCluster
-
     stopped = LocalCluster().down(purge=args.purge)
     print(f"stopped nodes {stopped}" if stopped else "no running nodes")
     return 0
 
 
 def _kafka_status(args: argparse.Namespace) -> int:
-    from tidemark.devtools.kafka.cluster import LocalCluster
-
     cluster = LocalCluster()
     state = cluster.state()
     if state is None:
@@ -73,8 +61,6 @@ def _kafka_status(args: argparse.Namespace) -> int:
 
 
 def _kafka_fetch(args: argparse.Namespace) -> int:
-    from tidemark.devtools.kafka.cluster import fetch_jars
-
     print(fetch_jars(quiet=not args.verbose))
     return 0
 
@@ -98,8 +84,6 @@ def add_kafka(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from tidemark.cli.demo import run_demo
-
     return int(run_demo(records=args.records))
 
 
@@ -152,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(handler(args))
     except TidemarkError as exc:
-        print(f"tidemark: error: {exc}", file=sys.stderr)
+        error(exc)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -14,13 +14,15 @@ import signal
 import time
 from pathlib import Path
 
+from tidemark.cli.demo import BAD_EVERY, DEMO_PARTITIONS, DEMO_TOPIC, demo_events
+from tidemark.devtools.airflow import LocalAirflow
+from tidemark.devtools.kafka.cluster import LocalCluster
+from tidemark.kafka.adapter import KafkaAdapter, produce
+from tidemark.kafka.connection import KafkaConnection
+
 
 def _seed_demo_topic(bootstrap_servers: str) -> None:
     """The demo feed reads ``tidemark.demo.events``: create it and give it events if it has none."""
-    from tidemark.cli.demo import BAD_EVERY, DEMO_PARTITIONS, DEMO_TOPIC, demo_events
-    from tidemark.kafka.adapter import KafkaAdapter, produce
-    from tidemark.kafka.connection import KafkaConnection
-
     conn = KafkaConnection(bootstrap_servers)
     adapter = KafkaAdapter(conn)
     adapter.create_topic(DEMO_TOPIC, DEMO_PARTITIONS, replication=1)
@@ -35,9 +37,6 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from tidemark.devtools.airflow import LocalAirflow
-    from tidemark.devtools.kafka.cluster import LocalCluster
-
     state = LocalCluster().up()
     print(f"Kafka: {len(state.nodes)} brokers, bootstrap.servers={state.bootstrap_servers}")
     _seed_demo_topic(state.bootstrap_servers)
@@ -73,8 +72,6 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from tidemark.devtools.airflow import LocalAirflow
-
     airflow = LocalAirflow(home=Path(args.home)) if args.home else LocalAirflow()
     stopped = airflow.down()
     print(f"stopped {', '.join(stopped)}" if stopped else f"no Airflow running from {airflow.home}")

@@ -18,6 +18,7 @@ already shows a run resuming where the last one committed.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import threading
@@ -26,9 +27,15 @@ from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
+from tidemark.cli.output import step, table
+from tidemark.cli.run import summarize
+from tidemark.devtools import registry as local_registry
+from tidemark.devtools.kafka.cluster import LocalCluster
 from tidemark.errors import LocalServerError
 from tidemark.kafka.adapter import KafkaAdapter, Record, produce
 from tidemark.kafka.connection import KafkaConnection
+from tidemark.kafka.registry import ENV_URL
+from tidemark.runs.pipeline import run_feed
 
 DEMO_FEED = "demo"
 DEMO_TOPIC = "tidemark.demo.events"
@@ -68,8 +75,7 @@ def avro_orders(
 ) -> Iterator[Record]:
     """Avro order events written with ``schema`` by confluent-kafka's serializer (registering it);
     every ``bad_every``-th one keeps its valid prefix before a body that does not decode."""
-    import datetime as dt
-
+    # The Avro serializer pulls in the Avro libraries: loaded for the Avro demo feed only.
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
@@ -91,8 +97,6 @@ def avro_orders(
 
 
 def print_offsets(adapter: KafkaAdapter, topic: str) -> None:
-    from tidemark.cli import table
-
     parts = adapter.partitions([topic])
     tps = [(p.topic, p.partition) for p in parts]
     start = adapter.log_start_offsets(tps)
@@ -104,10 +108,6 @@ def print_offsets(adapter: KafkaAdapter, topic: str) -> None:
 
 def run_demo(records: int = 600) -> int:
     """Start the local cluster and a schema registry, produce demo events, and run each demo feed twice."""
-    from tidemark.devtools import registry as local_registry
-    from tidemark.devtools.kafka.cluster import LocalCluster
-    from tidemark.kafka.registry import ENV_URL
-
     t0 = time.monotonic()
     state = LocalCluster().up()
     print(f"local Kafka: {len(state.nodes)} brokers at {state.bootstrap_servers} ({time.monotonic() - t0:.1f}s)")
@@ -170,15 +170,12 @@ def _runs(
 ) -> int:  # fmt: skip
     """A run of ``feed`` per entry of ``counts``, that many events produced before each; 1 when a run does not
     resume where the one before committed."""
-    from tidemark.cli.run import summarize
-    from tidemark.runs.pipeline import run_feed
-
     ends: dict[tuple[str, int], int] = {}
     produced = 0
     for round_no, count in enumerate(counts, start=1):
         produced += produce_round(round_no, count, produced)
         print_offsets(adapter, topic)
-        handle, job, outcome = run_feed(feed, conn, progress=_progress)
+        handle, job, outcome = run_feed(feed, conn, progress=step)
         print(summarize(handle, job, outcome))
         plan = handle.plan()
         if ends:
@@ -189,7 +186,3 @@ def _runs(
                 return 1
         ends = plan.ends()
     return 0
-
-
-def _progress(message: str) -> None:
-    print(f"  .. {message}", flush=True)

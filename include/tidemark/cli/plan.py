@@ -6,8 +6,7 @@ the plan document itself with ``--json``; ``--window-start``/``--window-end`` pl
 backfill instead. ``status FEED`` shows committed offset, checkpoint, log start, end and
 lag per partition without planning anything. Both read the connection from the
 environment, else from the embedded cluster
-(:func:`tidemark.devtools.kafka.cluster.connection_from_env`). Imports happen inside the
-handlers so that ``tidemark.cli`` can import this module without a cycle.
+(:func:`tidemark.devtools.kafka.cluster.connection_from_env`).
 """
 
 from __future__ import annotations
@@ -15,19 +14,19 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
+from tidemark.checkpoints.store import default_store
+from tidemark.cli.output import table
 from tidemark.config.durations import parse_timestamp
+from tidemark.config.models import load_feed, state_location
+from tidemark.devtools.kafka.cluster import connection_from_env
 from tidemark.errors import ConfigError
+from tidemark.kafka.adapter import KafkaAdapter
+from tidemark.planning.plan import PlanStore
+from tidemark.runs.gather import plan_feed
+from tidemark.runs.status import feed_status
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from tidemark.checkpoints.store import default_store
-    from tidemark.cli import table
-    from tidemark.config.models import load_feed, state_location
-    from tidemark.devtools.kafka.cluster import connection_from_env
-    from tidemark.kafka.adapter import KafkaAdapter
-    from tidemark.planning.plan import PlanStore
-    from tidemark.runs.gather import plan_feed
-
     feed = load_feed(args.feed)
     start = parse_timestamp("--window-start", args.window_start)
     end = parse_timestamp("--window-end", args.window_end)
@@ -84,13 +83,6 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from tidemark.checkpoints.store import default_store
-    from tidemark.cli import table
-    from tidemark.config.models import load_feed
-    from tidemark.devtools.kafka.cluster import connection_from_env
-    from tidemark.kafka.adapter import KafkaAdapter
-    from tidemark.runs.status import feed_status
-
     feed = load_feed(args.feed)
     status = feed_status(feed, KafkaAdapter(connection_from_env()), default_store())
     rows = [

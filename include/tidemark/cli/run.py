@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import UTC, datetime
 from typing import Any
 
+from tidemark.cli.output import progress as _progress
+from tidemark.cli.output import table
+from tidemark.devtools.kafka.cluster import connection_from_env
 from tidemark.planning.requests import COMMIT_PARAMS, END_CHOICES, SPEC_PARAMS, START_CHOICES
-
-
-def _progress(message: str) -> None:
-    print(f"[{datetime.now(UTC).strftime('%H:%M:%S')}] {message}", flush=True)
+from tidemark.runs.pipeline import run_feed
 
 
 def summarize(handle: Any, job: dict[str, Any], outcome: Any) -> str:
     """The per-run summary the CLI and the demo print."""
-    from tidemark.cli import table
-
     plan = handle.plan()
     stats = {(s["topic"], s["partition"]): s for s in job.get("ranges", [])}
     rows = []
@@ -58,9 +55,6 @@ def summarize(handle: Any, job: dict[str, Any], outcome: Any) -> str:
 
 
 def _execute(args: argparse.Namespace, mode: str, params: dict[str, Any]) -> int:
-    from tidemark.devtools.kafka.cluster import connection_from_env
-    from tidemark.runs.pipeline import run_feed
-
     handle, job, outcome = run_feed(
         args.feed, connection_from_env(), mode=mode, params=params, master=args.master, progress=_progress
     )

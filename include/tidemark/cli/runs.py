@@ -8,8 +8,9 @@ only (no Kafka, no Spark), so they work while the cluster is down.
 from __future__ import annotations
 
 import argparse
-import json
 
+from tidemark.cli.output import print_json, table
+from tidemark.runs.pipeline import abandon_run
 from tidemark.runs.report import RunReport, list_runs, load_report
 
 
@@ -27,11 +28,9 @@ def _commit(report: RunReport) -> str:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from tidemark.cli import table
-
     reports = list_runs(args.feed, limit=args.limit)
     if args.json:
-        print(json.dumps([r.model_dump(mode="json") for r in reports], indent=2, sort_keys=True))
+        print_json([r.model_dump(mode="json") for r in reports], sort_keys=True)
         return 0
     if not reports:
         print(f"no runs of feed '{args.feed}' yet")
@@ -55,13 +54,11 @@ def _runs(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     report = load_report(args.run, feed=args.feed)
-    print(json.dumps(report.model_dump(mode="json"), indent=2, sort_keys=True))
+    print_json(report.model_dump(mode="json"), sort_keys=True)
     return 0 if report.status != "failed" else 1
 
 
 def _abandon(args: argparse.Namespace) -> int:
-    from tidemark.runs.pipeline import abandon_run
-
     settled = abandon_run(args.feed, args.run, args.reason)
     print(settled.events[0]["message"])
     return 0
