@@ -27,6 +27,7 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/pytest -q -n 0 tests/unit/test_import_graph.py
 
 # Three workers by default (TEST_WORKERS=0 runs in one process), sharing one Kafka cluster; tests
 # that share another costly server (the fault suite, the e2e tests' Airflow, the secured cluster,
