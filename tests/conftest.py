@@ -37,13 +37,14 @@ from typing import Any
 
 import pytest
 
+from tests.support.kafka import KafkaTestAdmin
 from tests.support.servers.s3 import LocalS3
 from tests.support.servers.spark import LocalSpark
 from tidemark.checkpoints.store import CheckpointStore, PostgresCheckpointStore, SqliteCheckpointStore
 from tidemark.devtools.kafka.cluster import LocalCluster
 from tidemark.devtools.kafka.secure import SecureCluster
 from tidemark.devtools.maven import file_lock
-from tidemark.kafka.adapter import KafkaAdapter, Record, produce
+from tidemark.kafka.admin import Record, produce
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.settings import cache_root
 from tidemark.spark.session import CLASS_ARCHIVE_ENV
@@ -59,10 +60,10 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 class KafkaTestCluster:
     connection: KafkaConnection
     cluster: LocalCluster | None
-    adapter: KafkaAdapter = field(init=False)
+    adapter: KafkaTestAdmin = field(init=False)
 
     def __post_init__(self) -> None:
-        self.adapter = KafkaAdapter(self.connection)
+        self.adapter = KafkaTestAdmin(self.connection)
 
     @property
     def bootstrap_servers(self) -> str:

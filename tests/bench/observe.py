@@ -36,7 +36,7 @@ import yaml
 from tests.e2e.test_metrics import RUN_DAG, _received
 from tidemark.cli.demo import DEMO_FEED, demo_events
 from tidemark.devtools.kafka.cluster import connection_from_env
-from tidemark.kafka.adapter import KafkaAdapter, produce
+from tidemark.kafka.admin import KafkaAdmin, produce
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     connection = connection_from_env()
     work = Path(tempfile.mkdtemp(prefix="tidemark-bench-observe-"))
     topic = f"bench-observe-{uuid.uuid4().hex[:8]}"
-    KafkaAdapter(connection).create_topic(topic, partitions=3)
+    KafkaAdmin(connection).create_topic(topic, partitions=3)
     feeds = work / "feeds"
     feeds.mkdir()
     feed = {**yaml.safe_load((ROOT / "include" / "feeds" / f"{DEMO_FEED}.yaml").read_text()),

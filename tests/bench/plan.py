@@ -25,10 +25,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.support.kafka import KafkaTestAdmin
 from tidemark.checkpoints.store import SqliteCheckpointStore
 from tidemark.config.models import Feed
 from tidemark.devtools.kafka.cluster import connection_from_env
-from tidemark.kafka.adapter import KafkaAdapter, Record, produce
+from tidemark.kafka.admin import Record, produce
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.runs.gather import plan_feed
 
@@ -48,7 +49,7 @@ class WireCounter:
             name: int(b.get("tx", 0)) for name, b in doc.get("brokers", {}).items() if int(b.get("nodeid", -1)) >= 0
         }
 
-    def snapshot(self, adapter: KafkaAdapter) -> dict[str, int]:
+    def snapshot(self, adapter: KafkaTestAdmin) -> dict[str, int]:
         # Statistics arrive on poll(); wait two intervals so the numbers cover every request so far.
         deadline = time.monotonic() + 2 * STATS_INTERVAL_MS / 1000
         while time.monotonic() < deadline:
@@ -62,7 +63,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank]
 
 
-def setup(connection: KafkaConnection, adapter: KafkaAdapter, topics: int, partitions: int) -> Feed:
+def setup(connection: KafkaConnection, adapter: KafkaTestAdmin, topics: int, partitions: int) -> Feed:
     run = uuid.uuid4().hex[:8]
     per_topic = [partitions // topics + (1 if i < partitions % topics else 0) for i in range(topics)]
     names = [f"bench-plan-{run}-{i}" for i in range(topics)]
@@ -78,7 +79,7 @@ def setup(connection: KafkaConnection, adapter: KafkaAdapter, topics: int, parti
     return Feed(name=f"bench-plan-{run}", topics=tuple(names), group=f"bench-plan-{run}", schedule="@hourly")
 
 
-def seed_offsets(adapter: KafkaAdapter, feed: Feed, store: SqliteCheckpointStore) -> None:
+def seed_offsets(adapter: KafkaTestAdmin, feed: Feed, store: SqliteCheckpointStore) -> None:
     """Committed offsets for ~80% of partitions, checkpoints for another ~10%, none for the rest."""
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
@@ -102,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     connection = connection_from_env()
     counter = WireCounter()
     overrides: dict[str, Any] = {"statistics.interval.ms": STATS_INTERVAL_MS, "stats_cb": counter.on_stats}
-    adapter = KafkaAdapter(connection, client_overrides=overrides)
+    adapter = KafkaTestAdmin(connection, client_overrides=overrides)
     brokers = adapter.broker_ids()
     print(f"cluster: {len(brokers)} brokers {brokers} at {connection.bootstrap_servers}")
     started = time.perf_counter()

@@ -57,6 +57,7 @@ from tidemark.devtools.kafka.cluster import connection_from_env, jars_dir
 from tidemark.devtools.maven import copy_dependencies, fetch_once
 from tidemark.errors import TidemarkError
 from tidemark.kafka.adapter import KafkaAdapter
+from tidemark.kafka.admin import KafkaAdmin
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.planning.plan import Chunk, PartitionPlan, Plan, Task, compute_plan_id
 from tidemark.settings import cache_root
@@ -76,7 +77,7 @@ TARGETS = {"R3/R4": 1.5, "R3/R1": 0.8, "R6/R4w": 1.3}
 
 def frozen_topic(connection: KafkaConnection, topic: str, records: int) -> bool:
     """Create ``topic`` (8 partitions, kept forever) if missing; True when it already holds exactly ``records``."""
-    adapter = KafkaAdapter(connection)
+    adapter = KafkaAdmin(connection)
     adapter.create_topic(topic, PARTITIONS, 1, {"retention.ms": "-1", "retention.bytes": "-1"})
     tps = [(topic, p) for p in range(PARTITIONS)]
     deadline = time.monotonic() + 60

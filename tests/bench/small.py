@@ -40,11 +40,13 @@ from typing import Any
 import yaml
 
 from tests.bench import charts
+from tests.support.kafka import KafkaTestAdmin
 from tidemark.cli.demo import DEMO_FEED, DEMO_PARTITIONS, demo_events
 from tidemark.config.models import package_root
 from tidemark.devtools.kafka.cluster import connection_from_env
 from tidemark.errors import TidemarkError
-from tidemark.kafka.adapter import KafkaAdapter, produce
+from tidemark.kafka.adapter import KafkaAdapter
+from tidemark.kafka.admin import produce
 from tidemark.kafka.connection import KafkaConnection, from_env
 
 SIZES = (0, 1_000, 100_000)
@@ -86,7 +88,7 @@ class SmallRunBench:
         self.topic = f"tidemark-small-{uuid.uuid4().hex[:8]}"
         self.feeds, self.state = work / "feeds", work / "state"
         self.feeds.mkdir(parents=True)
-        adapter = KafkaAdapter(connection)
+        adapter = KafkaTestAdmin(connection)
         brokers = len(adapter.admin.list_topics(timeout=10).brokers)
         adapter.create_topic(self.topic, DEMO_PARTITIONS, replication=min(3, brokers))
         feed = yaml.safe_load((package_root() / "feeds" / f"{DEMO_FEED}.yaml").read_text())

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import yaml
 
+from tests.support.kafka import KafkaTestAdmin
 from tidemark.devtools.kafka.cluster import connection_from_env
-from tidemark.kafka.adapter import KafkaAdapter, Record, produce
+from tidemark.kafka.admin import Record, produce
 
 TARGET_S = 2.0
 
@@ -49,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tidemark.web.app import create_app
 
     connection = connection_from_env()
-    adapter = KafkaAdapter(connection)
+    adapter = KafkaTestAdmin(connection)
     topic = f"bench-view-{uuid.uuid4().hex[:8]}"
     group = f"bench-view-{uuid.uuid4().hex[:8]}"
     adapter.create_topic(topic, args.partitions, replication=1)

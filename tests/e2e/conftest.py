@@ -33,7 +33,7 @@ from tests.conftest import KafkaTestCluster, keyed_records
 from tests.support.airflow_auth import GRANTS_ENV
 from tests.support.airflow_auth import PATH as AUTH_MANAGER
 from tidemark.devtools.airflow import LocalAirflow, project_root
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright's own browser download is not reachable
 FEED = "view"

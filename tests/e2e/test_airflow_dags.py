@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

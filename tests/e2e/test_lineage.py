@@ -21,7 +21,7 @@ from tests.e2e.test_airflow_dags import SECRET, airflow_env  # noqa: F401 - the 
 from tests.e2e.test_metrics import _run_feed
 from tests.faults.harness import scan
 from tests.support.servers.spark import fetch_openlineage_jar
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 from tidemark.spark.session import OPENLINEAGE_ENV, OPENLINEAGE_JAR_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

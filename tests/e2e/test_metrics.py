@@ -27,7 +27,7 @@ from tests.e2e.test_airflow_dags import ROOT, SECRET, airflow_env  # noqa: F401 
 from tests.faults.harness import scan
 from tidemark.checkpoints.store import SqliteCheckpointStore
 from tidemark.config.models import load_feed
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 from tidemark.runs.report import list_runs
 from tidemark.web.app import create_app
 

@@ -49,7 +49,7 @@ import yaml
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from tests.conftest import KafkaTestCluster
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.output.parquet import QUARANTINE_DIR
 from tidemark.runs.pipeline import CommitOutcome, RunHandle, run_feed

@@ -51,7 +51,8 @@ from tidemark.errors import (
     ValidationFailedError,
 )
 from tidemark.faults import FAULTS_ENV, InjectedFault
-from tidemark.kafka.adapter import KafkaAdapter, Record
+from tidemark.kafka.adapter import KafkaAdapter
+from tidemark.kafka.admin import KafkaAdmin, Record
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.output.parquet import STAGING_DIR, stages_on_store, staging_base
 from tidemark.planning.metadata import metadata_run_id
@@ -1090,7 +1091,6 @@ def test_backfill_past_the_last_record_with_out_of_order_timestamps(fenv: FaultE
                    "rejected as OFFSET_METADATA_TOO_LARGE; the group is at the plan's ends")  # fmt: skip
 def test_commit_metadata_over_the_brokers_limit(tmp_path: Path) -> None:
     from tidemark.checkpoints.store import SqliteCheckpointStore
-    from tidemark.kafka.adapter import KafkaAdapter
     from tidemark.planning.metadata import metadata_plan_id, plan_metadata
     from tidemark.planning.resolve import Observed, PlanRequest, Policy, build_plan
     from tidemark.runs.commit import commit_plan
@@ -1100,9 +1100,9 @@ def test_commit_metadata_over_the_brokers_limit(tmp_path: Path) -> None:
     state = cluster.up(brokers=1, settings={"offset.metadata.max.bytes": "100"})
     try:
         connection = KafkaConnection(state.bootstrap_servers)
-        adapter = KafkaAdapter(connection)
+        adapter = KafkaAdmin(connection)
         adapter.create_topic("limits", 2, 1, None)
-        from tidemark.kafka.adapter import produce
+        from tidemark.kafka.admin import produce
 
         produce(connection, "limits", [Record(value=b"v-%d" % i, partition=i % 2) for i in range(6)])
         from tidemark.config.models import Feed

@@ -21,7 +21,7 @@ from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv, Row, assert_names, oracle
 from tidemark.checkpoints.store import open_store
 from tidemark.errors import OffsetsMovedError, PlanningError, TidemarkError
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 from tidemark.runs.pipeline import RunHandle, commit_run, plan_run
 from tidemark.storage import Location
 

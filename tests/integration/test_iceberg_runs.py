@@ -44,7 +44,7 @@ from tests.support.servers.spark import LocalSpark
 from tidemark.checkpoints.store import URL_ENV, PostgresCheckpointStore
 from tidemark.config.models import load_feed
 from tidemark.job.steps import run
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 from tidemark.output.iceberg import CATALOG_URI_ENV, PLAN_KEY, IcebergPublisher, plan_history
 from tidemark.runs.pipeline import RunHandle
 from tidemark.storage import Location

@@ -25,7 +25,7 @@ from tests.integration.read_helpers import published_pairs
 from tidemark.checkpoints.store import URL_ENV, PostgresCheckpointStore
 from tidemark.config.models import load_feed
 from tidemark.job.steps import run
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 from tidemark.output.parquet import (
     MANIFEST_NAME,
     PENDING_DIR,

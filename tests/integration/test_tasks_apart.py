@@ -26,7 +26,7 @@ import yaml
 from tests.conftest import KafkaTestCluster
 from tests.integration.read_helpers import published_pairs
 from tidemark.checkpoints.store import URL_ENV
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 from tidemark.output.parquet import published_files
 from tidemark.storage import Location, is_url
 

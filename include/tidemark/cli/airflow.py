@@ -17,14 +17,14 @@ from pathlib import Path
 from tidemark.cli.demo import BAD_EVERY, DEMO_PARTITIONS, DEMO_TOPIC, demo_events
 from tidemark.devtools.airflow import LocalAirflow
 from tidemark.devtools.kafka.cluster import LocalCluster
-from tidemark.kafka.adapter import KafkaAdapter, produce
+from tidemark.kafka.admin import KafkaAdmin, produce
 from tidemark.kafka.connection import KafkaConnection
 
 
 def _seed_demo_topic(bootstrap_servers: str) -> None:
     """The demo feed reads ``tidemark.demo.events``: create it and give it events if it has none."""
     conn = KafkaConnection(bootstrap_servers)
-    adapter = KafkaAdapter(conn)
+    adapter = KafkaAdmin(conn)
     adapter.create_topic(DEMO_TOPIC, DEMO_PARTITIONS, replication=1)
     tps = [(p.topic, p.partition) for p in adapter.partitions([DEMO_TOPIC])]
     if sum(adapter.end_offsets(tps, "read_uncommitted").values()) == 0:

@@ -32,7 +32,8 @@ from tidemark.cli.run import summarize
 from tidemark.devtools import registry as local_registry
 from tidemark.devtools.kafka.cluster import LocalCluster
 from tidemark.errors import LocalServerError
-from tidemark.kafka.adapter import KafkaAdapter, Record, produce
+from tidemark.kafka.adapter import KafkaAdapter
+from tidemark.kafka.admin import KafkaAdmin, Record, produce
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.kafka.registry import ENV_URL
 from tidemark.runs.pipeline import run_feed
@@ -112,7 +113,7 @@ def run_demo(records: int = 600) -> int:
     state = LocalCluster().up()
     print(f"local Kafka: {len(state.nodes)} brokers at {state.bootstrap_servers} ({time.monotonic() - t0:.1f}s)")
     conn = KafkaConnection(state.bootstrap_servers)
-    adapter = KafkaAdapter(conn)
+    adapter = KafkaAdmin(conn)
     # The registry's JVM starts while the JSON feed runs; the Avro feed needs it only afterwards.
     started: dict[str, Any] = {}
     starter = threading.Thread(target=_start_registry, args=(local_registry, started), daemon=True)

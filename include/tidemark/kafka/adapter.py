@@ -1,11 +1,13 @@
 """A thin typed adapter over confluent-kafka's admin and consumer calls.
 
-Everything Tidemark asks of Kafka outside the Spark read goes through here: partition
+Everything a run asks of Kafka outside the Spark read goes through here: partition
 metadata and leaders, log start / high watermark / last stable offsets, offsets for
-timestamps, committed group offsets, topic and broker configs, topic creation. Calls are
-batched (one request per kind per call, which librdkafka fans out per broker) and every
-call has a timeout; per-partition errors are raised with the topic and partition named.
-The adapter counts the admin requests it issues so benchmarks can report them.
+timestamps and the timestamps at offsets, the group's members and committed offsets,
+committing them, topic and broker configs. Calls are batched (one request per kind per
+call, which librdkafka fans out per broker) and every call has a timeout; per-partition
+errors are raised with the topic and partition named. The adapter counts the admin
+requests it issues so benchmarks can report them. Creating topics and producing records,
+which only the demo and the tests do, are in :mod:`tidemark.kafka.admin`.
 """
 
 from __future__ import annotations
@@ -17,12 +19,18 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import (
     AdminClient,
     ConfigResource,
-    NewPartitions,
-    NewTopic,
     OffsetSpec,
     ResourceType,
 )
@@ -72,7 +80,9 @@ def _raise_if_busy(error: Any) -> None:
         raise _CoordinatorBusyError(name)
 
 
-class _TransientMetadataError(Exception):
+class TransientMetadataError(Exception):
+    """A metadata answer worth asking again (no leader yet, no controller reachable); also raised by kafka.admin."""
+
     def __init__(self, topic: str, error: Any) -> None:
         super().__init__(f"{topic}: {error}")
         self.topic = topic
@@ -198,7 +208,7 @@ class KafkaAdapter:
             # Short attempts: an attempt stuck on a broker that just stopped (KRaft brokers name
             # a random live broker as "controller", and metadata lags) must not use up the budget.
             lambda remaining_s: self._describe(topics, max(1.0, min(ATTEMPT_TIMEOUT_S, remaining_s))),
-            _TransientMetadataError,
+            TransientMetadataError,
             lambda exc: KafkaUnavailableError(
                 f"describing topic '{exc.topic}' on {self.connection.bootstrap_servers} failed for "
                 f"{self.timeout_s:.0f}s: {exc.error}; check that the brokers are up and reachable from here and "
@@ -235,8 +245,6 @@ class KafkaAdapter:
                 time.sleep(pause_s)
 
     def _describe(self, topics: Sequence[str], timeout_s: float) -> list[PartitionInfo]:
-        from confluent_kafka import TopicCollection
-
         self.requests += 1
         futures = self._admin.describe_topics(
             TopicCollection(list(topics)), request_timeout=timeout_s, include_authorized_operations=True
@@ -254,23 +262,18 @@ class KafkaAdapter:
                         "create it or fix the feed's topic list"
                     ) from exc
                 if name in _TRANSIENT_METADATA:
-                    raise _TransientMetadataError(topic, err) from exc
+                    raise TransientMetadataError(topic, err) from exc
                 if name == "TOPIC_AUTHORIZATION_FAILED":
                     raise self.denied("topic", topic, "Describe", "describing the topic") from exc
                 raise KafkaUnavailableError(f"describing topic '{topic}' failed: {err}") from exc
             except TimeoutError as exc:
-                raise _TransientMetadataError(topic, f"no answer within {timeout_s:.0f}s") from exc
+                raise TransientMetadataError(topic, f"no answer within {timeout_s:.0f}s") from exc
             self.topic_operations[topic] = _operations(desc.authorized_operations)
             topic_id = "" if desc.topic_id is None else str(desc.topic_id)
             for p in desc.partitions:
                 leader = p.leader.id if p.leader is not None else -1
                 out.append(PartitionInfo(topic, p.id, leader, tuple(r.id for r in p.replicas), topic_id))
         return sorted(out, key=lambda i: (i.topic, i.partition))
-
-    def broker_ids(self) -> list[int]:
-        self.requests += 1
-        meta = self._admin.list_topics(timeout=self.timeout_s)
-        return sorted(meta.brokers)
 
     # -- offsets ---------------------------------------------------------------------
 
@@ -343,8 +346,6 @@ class KafkaAdapter:
         # 2.16's admin path crashes the process (SIGSEGV in rd_kafka_cgrp_op, an admin client
         # has no group handle) when the coordinator answers with a coordinator error, as a
         # fresh cluster does. The consumer never joins the group: it only asks.
-        from confluent_kafka import Consumer
-
         self.requests += 1
         consumer = Consumer(
             logged(
@@ -549,72 +550,6 @@ class KafkaAdapter:
             out[resource.name] = {n: entries[n].value for n in names if n in entries}
         return out
 
-    # -- topic management (demo, tests) ---------------------------------------------
-
-    def create_topic(
-        self, topic: str, partitions: int, replication: int = 1, config: Mapping[str, str] | None = None
-    ) -> None:
-        self.requests += 1
-        new = NewTopic(topic, num_partitions=partitions, replication_factor=replication, config=dict(config or {}))
-        future = self._admin.create_topics([new], request_timeout=self.timeout_s)[topic]
-        try:
-            future.result(timeout=self.timeout_s)
-        except KafkaException as exc:
-            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
-                raise KafkaUnavailableError(f"creating topic '{topic}' failed: {exc.args[0]}") from exc
-        self._await_topic(topic)
-
-    def _await_topic(self, topic: str) -> None:
-        """Wait until every partition of a just-created topic has a leader brokers know of.
-
-        CreateTopics returns once the controller accepted the topic; brokers learn of it a
-        moment later, and a describe or produce in between sees "unknown topic".
-        """
-
-        def led(_remaining_s: float) -> None:
-            infos = self._describe([topic], ATTEMPT_TIMEOUT_S)
-            if not infos or any(i.leader < 0 for i in infos):
-                raise _TransientMetadataError(topic, "partitions without a leader")
-            # One broker knowing it is not enough: the next request may go to one that lags
-            # (seen on a loaded machine: "unknown topic" right after this returned).
-            for broker in self._admin.list_topics(timeout=ATTEMPT_TIMEOUT_S).brokers.values():
-                one = AdminClient({**self._config, "bootstrap.servers": f"{broker.host}:{broker.port}"})
-                try:
-                    meta = one.list_topics(topic, timeout=ATTEMPT_TIMEOUT_S).topics.get(topic)
-                except KafkaException as exc:
-                    raise _TransientMetadataError(topic, exc.args[0]) from exc
-                if meta is None or meta.error is not None or any(p.leader < 0 for p in meta.partitions.values()):
-                    raise _TransientMetadataError(topic, f"broker {broker.id} does not know it yet")
-
-        self._retry(
-            led,
-            # "Unknown topic" too: the brokers have not heard of it yet.
-            (TidemarkError, _TransientMetadataError),
-            lambda _exc: KafkaUnavailableError(
-                f"topic '{topic}' was created but has no leaders after {self.timeout_s:.0f}s"
-            ),
-            pause_s=0.1,
-        )
-
-    def delete_topic(self, topic: str) -> None:
-        self.requests += 1
-        self._result(self._admin.delete_topics([topic], request_timeout=self.timeout_s)[topic], f"deleting {topic}")
-
-    def add_partitions(self, topic: str, total: int) -> None:
-        self.requests += 1
-        future = self._admin.create_partitions([NewPartitions(topic, total)], request_timeout=self.timeout_s)[topic]
-        self._result(future, f"adding partitions to {topic}")
-
-    def delete_records(self, offsets: Mapping[TP, int]) -> dict[TP, int]:
-        """Move log start offsets forward (as retention would); returns the new ones."""
-        self.requests += 1
-        futures = self._admin.delete_records([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
-        out = {}
-        for tp, future in futures.items():
-            res: Any = self._result(future, f"DeleteRecords on {tp.topic}[{tp.partition}]")
-            out[(tp.topic, tp.partition)] = int(res.low_watermark)
-        return out
-
     def timestamps_at(self, positions: Mapping[TP, int], isolation: Isolation) -> dict[TP, int | None]:
         """The timestamp (ms) of the first record at or after each position, ``None`` where none arrived.
 
@@ -625,8 +560,6 @@ class KafkaAdapter:
         """
         if not positions:
             return {}
-        from confluent_kafka import Consumer
-
         self.requests += 1
         consumer = Consumer(
             logged(
@@ -663,11 +596,6 @@ class KafkaAdapter:
             consumer.close()
         return found
 
-    @property
-    def admin(self) -> AdminClient:
-        """The underlying client, for the few calls this adapter does not wrap."""
-        return self._admin
-
 
 def _error_name(error: Any) -> str:
     return str(getattr(error, "name", lambda: "")())
@@ -678,53 +606,3 @@ def _operations(ops: Any) -> frozenset[str] | None:
     if ops is None:
         return None
     return frozenset(str(getattr(op, "name", op)).upper() for op in ops)
-
-
-@dataclass(frozen=True)
-class Record:
-    """A record to produce: tests and the demo build these."""
-
-    value: bytes | None
-    key: bytes | None = None
-    timestamp_ms: int | None = None
-    partition: int | None = None
-    headers: tuple[tuple[str, bytes], ...] = ()
-
-
-def produce(connection: KafkaConnection, topic: str, records: Iterable[Record], **settings: Any) -> int:
-    """Produce ``records`` to ``topic`` and wait until every one is acknowledged."""
-    from confluent_kafka import Producer
-
-    config = connection.client_config(**{"linger.ms": 20, "enable.idempotence": True, **settings})
-    producer = Producer(logged(config))
-    failures: list[str] = []
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        if err is not None:
-            failures.append(f"{msg.topic()}[{msg.partition()}]: {err}")
-
-    count = 0
-    for rec in records:
-        kwargs: dict[str, Any] = {"value": rec.value, "key": rec.key, "on_delivery": on_delivery}
-        if rec.timestamp_ms is not None:
-            kwargs["timestamp"] = rec.timestamp_ms
-        if rec.partition is not None:
-            kwargs["partition"] = rec.partition
-        if rec.headers:
-            kwargs["headers"] = list(rec.headers)
-        while True:
-            try:
-                producer.produce(topic, **kwargs)
-                break
-            except BufferError:
-                producer.poll(0.1)
-        count += 1
-        if count % 10_000 == 0:
-            producer.poll(0)
-    remaining = producer.flush(60)
-    if remaining or failures:
-        raise KafkaUnavailableError(
-            f"producing to '{topic}': {remaining} records unacknowledged, {len(failures)} failed "
-            f"(first: {failures[:3]})"
-        )
-    return count

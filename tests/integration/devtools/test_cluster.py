@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from tests.conftest import KafkaTestCluster, keyed_records
 from tidemark.devtools.kafka.cluster import LocalCluster
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ import yaml
 
 from tests.conftest import KafkaTestCluster
 from tests.integration.read_helpers import consume_independently, plan_for, run_job_in_process
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.runs.pipeline import RunHandle, run_feed
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import KafkaTestCluster
 from tests.integration.read_helpers import chunk_layout, plan_for
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 from tidemark.output.parquet import load_pending, promote, published_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -19,7 +19,7 @@ from tests.conftest import KafkaTestCluster
 from tests.integration.job.test_avro import ORDER_V1, _as_published, _published_value, env_of, order
 from tests.integration.job.test_registry_formats import RegistryEnv
 from tests.integration.read_helpers import consume_independently, plan_for
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import digest, scan
 from tests.integration.read_helpers import consume_independently, plan_for
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 
 pytestmark = pytest.mark.integration
 

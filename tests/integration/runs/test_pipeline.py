@@ -21,7 +21,7 @@ import yaml
 from tests.conftest import KafkaTestCluster
 from tests.integration.read_helpers import run_job_in_process
 from tidemark.errors import TidemarkError, ValidationFailedError
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.runs.pipeline import RunHandle, commit_run, plan_run, run_feed
 

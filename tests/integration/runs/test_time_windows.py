@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 from tidemark.runs.pipeline import RunHandle
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

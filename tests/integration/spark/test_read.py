@@ -13,7 +13,7 @@ from tests.conftest import KafkaTestCluster, keyed_records
 from tests.integration.read_helpers import consume_independently, plan_for
 from tidemark.devtools.kafka.cluster import LocalCluster
 from tidemark.errors import LocalKafkaError, ReadError
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 from tidemark.spark.source import (
     SCHEMA,
     SOURCE_NAME,

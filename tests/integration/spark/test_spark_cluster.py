@@ -34,7 +34,7 @@ import yaml
 from tests.conftest import KafkaTestCluster
 from tests.support.processes import watch_processes
 from tests.support.servers.spark import LocalSpark
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

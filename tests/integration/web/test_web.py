@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from tests.conftest import KafkaTestCluster, keyed_records
 from tidemark.checkpoints.store import SqliteCheckpointStore
 from tidemark.config.models import Feed, load_feed
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.web.app import create_app
 
