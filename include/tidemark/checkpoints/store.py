@@ -16,7 +16,7 @@ chosen by URL (``TIDEMARK_CHECKPOINT_URL=postgresql://user:password@host:port/db
 Airflow connection of type postgres): the same tables, and the per-group commit lock is
 a PostgreSQL advisory lock held by the committing process's session (released by
 PostgreSQL itself if that process dies). A URL's password never appears in messages
-(:func:`redact_url`).
+(:func:`tidemark.redaction.redact_url`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tidemark._types import TopicPartition as TP
 from tidemark.errors import CommitError, ConfigError, StateStoreError
+from tidemark.redaction import redact, redact_url
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
@@ -328,17 +329,6 @@ _PG_SCHEMA = (
 _SCHEMA_LOCK_KEY = 0x7469_6465_6D61_726B  # "tidemark"
 
 
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (safe for messages and logs)."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "<unparseable URL>"
-
-
 def _lock_key(group: str) -> int:
     """A signed 64-bit advisory lock key for ``group``'s commit lock."""
     return int.from_bytes(hashlib.sha256(f"tidemark-commit:{group}".encode()).digest()[:8], "big", signed=True)
@@ -375,8 +365,7 @@ class PostgresCheckpointStore:
 
     def _error(self, what: str, exc: Exception) -> StateStoreError:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if self._password:
-            message = message.replace(str(self._password), "***")
+        message = redact(message, {self._password})
         return StateStoreError(
             f"checkpoint store {self.url} could not {what}: {message}. Check that the server is up and that "
             f"{URL_ENV} (or the Airflow connection) names the right host, database and credentials"

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidemark.errors import ConfigError
+from tidemark.redaction import REDACTED
 
 ENV_BOOTSTRAP = "TIDEMARK_BOOTSTRAP_SERVERS"
 ENV_PREFIX = "TIDEMARK_KAFKA_"
@@ -202,7 +203,7 @@ class KafkaConnection:
 
     def describe(self) -> dict[str, str]:
         """The settings with secret values replaced, for logs and reports."""
-        shown = {k: ("***" if is_secret(k) else v) for k, v in self.settings.items()}
+        shown = {k: (REDACTED if is_secret(k) else v) for k, v in self.settings.items()}
         return {"bootstrap.servers": self.bootstrap_servers, **shown}
 
     def __repr__(self) -> str:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from tidemark.errors import ConfigError, RegistryUnavailableError, SchemaNotFoundError
+from tidemark.redaction import REDACTED, password_forms, redact
 
 ENV_URL = "TIDEMARK_SCHEMA_REGISTRY_URL"
 ENV_USERNAME = "TIDEMARK_SCHEMA_REGISTRY_USERNAME"
@@ -62,7 +63,7 @@ class RegistryConnection:
         if self.username:
             shown["username"] = self.username
         if self.password:
-            shown["password"] = "***"
+            shown["password"] = REDACTED
         return shown
 
     def __repr__(self) -> str:
@@ -187,9 +188,7 @@ class RegistryClient:
         self._versions: dict[tuple[str, int, str | None], SubjectVersion] = {}
 
     def _scrub(self, text: str) -> str:
-        for secret in {self._password, urllib.parse.quote(self._password or "", safe="")} - {None, ""}:
-            text = text.replace(str(secret), "***")
-        return text
+        return str(redact(text, password_forms(self._password)))
 
     def _get(self, path: str, what: str) -> Any:
         try:

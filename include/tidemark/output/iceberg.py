@@ -75,6 +75,7 @@ from tidemark.output.parquet import (
     remove_objects,
 )
 from tidemark.planning.plan import Plan, RecoveredPosition
+from tidemark.redaction import redact, redact_url
 from tidemark.storage import Location
 
 if TYPE_CHECKING:
@@ -155,16 +156,12 @@ def catalog_properties(uri: str | None, kind: str | None, endpoint: str | None, 
 def _catalog(uri: str | None, kind: str | None, endpoint: str | None, region: str | None) -> Catalog:
     from pyiceberg.catalog import load_catalog
 
-    from tidemark.checkpoints.store import redact_url
-
     where = redact_url(uri) if uri is not None else f"{CATALOG_TYPE_ENV}={kind}"
     try:
         return load_catalog(CATALOG_NAME, **catalog_properties(uri, kind, endpoint, region))
     except Exception as exc:  # noqa: BLE001 - any driver error; re-raised with the password scrubbed
         message = str(exc)
-        password = _password(uri) if uri is not None else None
-        if password:
-            message = message.replace(password, "***")
+        message = redact(message, {_password(uri) if uri is not None else None})
         raise ConfigError(
             f"cannot open the Iceberg catalog at {where}: {message}. Set {CATALOG_URI_ENV} (sqlite:///..., "
             f"postgresql://..., https://... for REST, thrift://... for Hive) or {CATALOG_TYPE_ENV} (glue)"

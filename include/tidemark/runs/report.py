@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -28,12 +28,12 @@ from tidemark.errors import ConfigError
 from tidemark.kafka.connection import ENV_PREFIX, KafkaConnection, is_secret
 from tidemark.kafka.registry import ENV_PASSWORD as REGISTRY_PASSWORD_ENV
 from tidemark.planning.plan import Plan
+from tidemark.redaction import redact
 from tidemark.storage import Location
 
 REPORT_VERSION = 1
 REPORT_FILE = "report.json"
 PLAN_FILE = "plan.json"  # the run's own copy of its plan, written by the pipeline before any read
-REDACTED = "***"
 
 RunStatus = Literal["succeeded", "failed", "running"]
 
@@ -297,26 +297,6 @@ def secret_values(connection: KafkaConnection | None = None, environ: Mapping[st
                 written = credentials.split(":", 1)[1]
                 values |= {written, unquote(written)}
     return {v for v in values if len(v) >= 3}  # shorter values would blank out ordinary text
-
-
-def redact(value: Any, secrets: Iterable[str]) -> Any:
-    """``value`` with every occurrence of a secret replaced, recursively."""
-    found = sorted(set(secrets), key=len, reverse=True)
-    if not found:
-        return value
-
-    def walk(v: Any) -> Any:
-        if isinstance(v, str):
-            for s in found:
-                v = v.replace(s, REDACTED)
-            return v
-        if isinstance(v, Mapping):
-            return {walk(k): walk(x) for k, x in v.items()}
-        if isinstance(v, list | tuple):
-            return [walk(x) for x in v]
-        return v
-
-    return walk(value)
 
 
 # -- store -------------------------------------------------------------------------------

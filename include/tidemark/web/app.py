@@ -68,7 +68,8 @@ from tidemark.errors import ConfigError, PlanningError, TidemarkError, shown
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, from_env
 from tidemark.planning.requests import END_CHOICES, REPLAY_PARAMS, START_CHOICES, flag
-from tidemark.runs.report import RunReport, list_runs, redact, run_dir_for, secret_values
+from tidemark.redaction import redact, replace_everywhere
+from tidemark.runs.report import RunReport, list_runs, run_dir_for, secret_values
 from tidemark.runs.status import FeedStatus, feed_status, shared_adapter
 from tidemark.storage import Location
 
@@ -446,20 +447,8 @@ class ViewDeps:
         # Broker addresses are connection settings too: a viewer learns that Kafka did not answer, not where it is.
         servers = {conn.bootstrap_servers} | {s.strip() for s in conn.bootstrap_servers.split(",") if s.strip()}
         servers |= {s.rsplit(":", 1)[0] for s in servers if ":" in s}
-        found = sorted(servers - {""}, key=len, reverse=True)
-
-        def walk(v: Any) -> Any:
-            if isinstance(v, str):
-                for server in found:
-                    v = v.replace(server, "the feed's brokers")
-                return v
-            if isinstance(v, Mapping):
-                return {k: walk(x) for k, x in v.items()}
-            if isinstance(v, list | tuple):
-                return [walk(x) for x in v]
-            return v
-
-        return walk(redact(value, secret_values(conn)))
+        hidden = redact(value, secret_values(conn))
+        return replace_everywhere(hidden, dict.fromkeys(servers - {""}, "the feed's brokers"))
 
     def scrub(self, text: str) -> str:
         return _clip(str(self.unclipped(text)))

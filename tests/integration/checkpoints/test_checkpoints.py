@@ -25,9 +25,9 @@ from tidemark.checkpoints.store import (
     PostgresCheckpointStore,
     SqliteCheckpointStore,
     open_store,
-    redact_url,
 )
 from tidemark.errors import CommitError, ConfigError, StateStoreError
+from tidemark.redaction import redact_url
 
 pytestmark = pytest.mark.integration
 

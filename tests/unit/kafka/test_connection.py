@@ -140,7 +140,8 @@ def test_every_credential_bearing_setting_is_secret(setting: str) -> None:
 def test_passwords_written_into_connection_urls_are_secret_values_raw_and_encoded() -> None:
     from urllib.parse import quote
 
-    from tidemark.runs.report import redact, secret_values
+    from tidemark.redaction import redact
+    from tidemark.runs.report import secret_values
 
     password = "p@ss/w:rd-catalog"
     env = {"TIDEMARK_ICEBERG_CATALOG_URI": f"postgresql+psycopg://iceberg:{quote(password, safe='')}@db:5432/c",
