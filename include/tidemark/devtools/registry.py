@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidemark.devtools.kafka.cluster import free_port, java
+from tidemark.devtools.maven import fetch_once, run_maven
 from tidemark.devtools.processes import stop_pid
 from tidemark.errors import LocalServerError
 from tidemark.settings import cache_root
@@ -43,8 +44,6 @@ def runner_jar() -> Path:
 
 def fetch() -> Path:
     """The registry's runner jar, downloaded and unpacked once; later calls return it at once."""
-    from tidemark.devtools.maven import fetch_once, run_maven
-
     jar = runner_jar()
 
     def fill(partial: Path) -> None:

@@ -31,12 +31,16 @@ import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal
 
+from airflow.configuration import conf
 from fastapi import Depends, Request
 
 from tidemark.config.models import dag_id
 from tidemark.errors import ConfigError
 from tidemark.planning.requests import flag
 
+# Airflow's API-server modules (its app and auth managers, the security dependency, the ORM's DagModel) are
+# imported inside the functions that use them: they load the whole API server, which neither a DAG file's parse
+# nor a task checking its triggering user (refuse_unless_allowed) should pay for.
 log = logging.getLogger(__name__)
 # tidemark.web.app's Action, spelled again: the view and orchestration are sibling layers, neither imports the other.
 Action = Literal["read", "runs", "replay", "commit"]
@@ -57,8 +61,6 @@ def _rights(action: Action) -> tuple[str, Any]:
 
 def _teams(dag_ids: list[str]) -> Mapping[str, str | None]:
     """The team owning each DAG, in multi-team mode only (elsewhere no DAG has one, and no query is made)."""
-    from airflow.configuration import conf
-
     if not conf.getboolean("core", "multi_team", fallback=False):
         return {}
     from airflow.models.dag import DagModel
@@ -134,7 +136,6 @@ def run_user(name: str) -> Any:
     """
     from airflow.api_fastapi.app import create_auth_manager
     from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
-    from airflow.configuration import conf
 
     manager = create_auth_manager()
     lookup = conf.getimport("tidemark", "run_user_lookup", fallback=None)
@@ -168,7 +169,6 @@ def refuse_unless_allowed(feed: str, mode: str, params: Mapping[str, Any], user_
                  mode, feed)  # fmt: skip
         return
     from airflow.api_fastapi.app import create_auth_manager
-    from airflow.configuration import conf
 
     if conf.getboolean("core", "simple_auth_manager_all_admins", fallback=False):
         return  # every user is an admin there (a development setting)

@@ -1,24 +1,27 @@
 """The Tidemark view behind the Airflow plugin (a small FastAPI app rendering Jinja2 templates).
 
 ``create_app()`` builds the app; the plugin in ``plugins/`` mounts it under ``/tidemark``
-and adds a navigation entry. Pages (templates in ``tidemark/templates/``): ``/`` lists
+and adds a navigation entry. Pages (templates in ``tidemark/web/templates/``): ``/`` lists
 feeds with their lag, last run and trouble; ``/feeds/{feed}`` shows per partition the
 committed offset, checkpoint, log start, end and lag in records and in time, the recent
 runs as charts (inline SVG drawn here: records and lag in records; lag in time at each
 run's planning, the number ``tidemark.lag_seconds_at_plan`` sends) and a table with the
 metrics' per-run numbers and links to their Airflow run and Data Docs, the runs' events
-with times, and a replay form. JSON: ``/api/feeds``,
-``/api/feeds/{feed}``, ``POST /api/feeds/{feed}/replay/preview`` (plans exactly as a dry
-run would, reads nothing) and ``POST /api/feeds/{feed}/replay`` (triggers
-``tidemark_replay`` through Airflow's REST API with the caller's own credentials).
+with times, and a replay form; ``/runs/{feed}/{run_id}/docs`` and
+``/runs/{feed}/{run_id}/files/{path}`` serve a run's files (its Data Docs). JSON:
+``/api/feeds``, ``/api/feeds/{feed}``, ``POST /api/feeds/{feed}/replay/preview`` (plans
+exactly as a dry run would, reads nothing) and ``POST /api/feeds/{feed}/replay``
+(triggers ``tidemark_replay`` through Airflow's REST API with the caller's own credentials).
 
-Handlers are thin: the data comes from :mod:`tidemark.runs.status`, :mod:`tidemark.runs.report`
-and :func:`tidemark.runs.pipeline.plan_request`. A feed whose brokers do not answer shows its
-error instead of failing the page. No connection setting is ever rendered (not even the
-broker addresses), and error texts, the runs' stored ones included, are scrubbed of secret
-values. Airflow mounts plugin apps without auth; the plugin passes Airflow's own security
-dependencies: ``dependencies`` guard every route (an authenticated user), ``trigger_dependencies``
-the trigger (a user who may run the replay DAG).
+Routes are thin: the work is in :class:`ViewDeps`, over :mod:`tidemark.runs.status`,
+:mod:`tidemark.runs.report` and :func:`tidemark.runs.pipeline.plan_request`. A feed whose
+brokers do not answer shows its error instead of failing the page. No connection setting
+is ever rendered: error texts and the runs' stored errors and events pass
+:meth:`ViewDeps.unclipped`, which hides secret values (:func:`tidemark.redaction.redact`)
+and names the broker addresses "the feed's brokers". Airflow mounts plugin apps without
+auth; the plugin passes Airflow's own security dependencies: ``dependencies`` guard every
+route (an authenticated user), ``trigger_dependencies`` the trigger (a user who may run the
+replay DAG).
 
 Authorization is per feed (``access``, a :class:`FeedAccess`; the plugin's asks Airflow's auth
 manager about the feed's own DAG): reading a feed's page, JSON, runs' files or a preview needs
@@ -55,7 +58,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from fastapi import Body, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -69,6 +72,7 @@ from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, from_env
 from tidemark.planning.requests import END_CHOICES, REPLAY_PARAMS, START_CHOICES, flag
 from tidemark.redaction import redact, replace_everywhere
+from tidemark.runs.pipeline import plan_request
 from tidemark.runs.report import RunReport, list_runs, run_dir_for, secret_values
 from tidemark.runs.status import FeedStatus, feed_status, shared_adapter
 from tidemark.storage import Location
@@ -358,8 +362,6 @@ def _clip(text: str) -> str:
 
 def _origin(url: str) -> str:
     """``scheme://host:port`` of a URL, with the scheme's default port spelled out."""
-    from urllib.parse import urlsplit
-
     try:
         parts = urlsplit(url.strip().lower())
         port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
@@ -530,8 +532,6 @@ class ViewDeps:
 
     def plan_of(self, feed: Feed, body: Any) -> tuple[dict[str, Any], Any, Any, bool, KafkaAdapter]:
         """The preview's and the trigger's one validation: the plan a dry run of ``body`` would make."""
-        from tidemark.runs.pipeline import plan_request
-
         name = feed.name
         if not isinstance(body, dict):
             raise HTTPException(400, f"send the replay parameters as a JSON object, got {shown(body)}")

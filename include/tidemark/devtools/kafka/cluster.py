@@ -29,6 +29,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka.admin import AdminClient
+
+from tidemark.devtools.maven import copy_dependencies, fetch_once
 from tidemark.errors import ConfigError, LocalKafkaError, TidemarkError
 from tidemark.kafka.connection import ENV_BOOTSTRAP, KafkaConnection, from_env
 from tidemark.settings import cache_root
@@ -78,7 +81,6 @@ def java() -> str:
 
 def fetch_jars(quiet: bool = True) -> Path:
     """Download the broker jars once with Maven; later calls return the cached folder."""
-    from tidemark.devtools.maven import copy_dependencies, fetch_once
 
     def fill(partial: Path) -> None:
         copy_dependencies(POM, partial, f"Kafka {kafka_version()}", LocalKafkaError, quiet=quiet)
@@ -435,8 +437,6 @@ class LocalCluster:
 
     def wait_ready(self, state: ClusterState, timeout: float = START_TIMEOUT_S) -> None:
         """Wait until every running node answers a metadata request listing all brokers."""
-        from confluent_kafka.admin import AdminClient
-
         deadline = time.monotonic() + timeout
         pending = {n.node_id for n in state.nodes}
         while pending:

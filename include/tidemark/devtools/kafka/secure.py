@@ -24,9 +24,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+
 from tidemark.devtools.kafka.cluster import ClusterState, LocalCluster, Node, free_port
 from tidemark.errors import LocalKafkaError
 from tidemark.kafka.connection import KafkaConnection
+
+# cryptography is imported inside the functions that make or read certificates: 0.7 s to import (measured),
+# and the test suite imports this module in every session, secured cluster or not.
 
 SUPER_USERS = ("broker", "admin")
 SCRAM = "SCRAM-SHA-512"
@@ -121,8 +136,6 @@ class SecureCluster(LocalCluster):
 
     def add_scram_user(self, user: str) -> str:
         """Create (or reset) a SCRAM-SHA-512 credential for ``user``; returns its password."""
-        from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
-
         password = secrets.token_urlsafe(18)
         admin = AdminClient(self.admin_connection().client_config())
         upsert = UserScramCredentialUpsertion(
@@ -148,8 +161,6 @@ class SecureCluster(LocalCluster):
             future.result(timeout=30)
 
     def _acl_admin(self) -> Any:
-        from confluent_kafka.admin import AdminClient
-
         return AdminClient(self.admin_connection().client_config())
 
     def _client_tls(self, principal: str | None, pem: bool) -> dict[str, str]:
@@ -265,8 +276,6 @@ def feed_grants(topics: Iterable[str], group: str, *, retention_warnings: bool =
 
 
 def _binding(principal: str, grant: Grant) -> Any:
-    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
-
     kind, name, operation = grant
     return AclBinding(
         ResourceType[kind.upper()],
