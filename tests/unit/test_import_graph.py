@@ -161,3 +161,13 @@ def test_the_check_names_a_cycle_through_a_package_init() -> None:
         "  pkg.cli -> pkg.cli.plan (line 3: from pkg.cli.plan import x)\n"
         "  pkg.cli.plan -> pkg.cli (line 9: from pkg.cli import table)"
     )
+
+
+def test_the_cli_output_helpers_are_a_leaf_of_the_cli() -> None:
+    """Every command module prints through ``tidemark.cli.output``; it imports no other cli module, so none cycles."""
+    graph = _graph()
+    imported = graph.find_modules_directly_imported_by("tidemark.cli.output")
+    assert not {m for m in imported if m == "tidemark.cli" or m.startswith("tidemark.cli.")}, imported
+    importers = graph.find_modules_that_directly_import("tidemark.cli.output")
+    commands = {"tidemark.cli", "tidemark.cli.plan", "tidemark.cli.run", "tidemark.cli.runs", "tidemark.cli.demo"}
+    assert commands <= importers, importers
