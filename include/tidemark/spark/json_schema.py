@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError
 from tidemark.kafka.registry import MAX_JSON_DEPTH, RegistryClient, json_depth
+from tidemark.spark.formats import PartDecoding, Reasons, RegistryFormat
 from tidemark.spark.wire import (
     HEADER_BYTES,
     RegistrySchemas,
@@ -785,3 +786,25 @@ def decoded_frame(df: DataFrame, schemas: JsonSchemas, column: str, source: str 
     with_reason = T.StructType([*struct.fields, T.StructField(REASON, T.StringType(), True)])
     out = T.StructType([*df.schema.fields, T.StructField(column, with_reason, True)])
     return df.mapInArrow(_decoder(schemas, column, to_arrow_type(with_reason, timezone="UTC"), source), out)
+
+
+class _JsonSchema:
+    """JSON Schema's :class:`~tidemark.spark.formats.RegistryFormat`: decoded in the Python workers
+    (:func:`decoded_frame`), which give each bad record's reason itself."""
+
+    name = "json_schema"
+
+    def reasons(self, part: RecordPart, schemas: JsonSchemas | None) -> list[str]:
+        return schemas.reasons() if schemas is not None else list(base_reasons(part))
+
+    def decoding(self, work: DataFrame, schemas: JsonSchemas, column: str, parsed_name: str) -> PartDecoding:
+        from pyspark.sql import functions as F
+
+        present = F.col(column).isNotNull()
+        work = decoded_frame(work, schemas, parsed_name, column)
+        parsed = F.col(parsed_name)
+        reasons = Reasons(F.when(present, parsed.getField(REASON)), len(schemas.reasons()))
+        return PartDecoding(work, parsed, parsed.dropFields(REASON), [reasons])
+
+
+FORMAT: RegistryFormat[JsonSchemas] = _JsonSchema()

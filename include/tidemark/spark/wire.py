@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError, SchemaNotFoundError
 from tidemark.kafka.registry import RegistryClient, SubjectVersion
+from tidemark.spark.columns import RESERVED_COLUMNS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -58,6 +59,11 @@ class RegistrySchemas:
     writer_ids: tuple[int, ...]
     seen: tuple[SchemaUse, ...] = ()
     events: tuple[dict[str, Any], ...] = field(default=())
+
+    @property
+    def field_names(self) -> list[str]:
+        """The reader's top-level fields, which a value publishes as columns; each format's schemas know them."""
+        raise NotImplementedError(f"{type(self).__name__} does not name its reader's fields")
 
     def report(self) -> dict[str, Any]:
         """The report's ``schemas``: the reader schema's subject, version and id, and the ids seen per partition."""
@@ -229,8 +235,6 @@ def version_of(client: RegistryClient, subject: str, schema_id: int) -> str:
 
 def check_columns(feed: Feed, reader: SubjectVersion, names: Mapping[str, Any]) -> None:
     """The value reader's top-level fields become columns: none may take the name of a record column."""
-    from tidemark.spark.decode import RESERVED_COLUMNS
-
     clash = sorted(set(names) & RESERVED_COLUMNS)
     if clash:
         raise SchemaError(
