@@ -25,8 +25,11 @@ Example::
 from __future__ import annotations
 
 import gc
+import json
 import os
+import resource
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -35,7 +38,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -50,6 +57,7 @@ from pyspark.sql.types import (
 from tidemark.errors import ConfigError, ReadError, TidemarkError
 from tidemark.kafka.connection import KafkaConnection, from_env, logged
 from tidemark.planning.plan import Plan
+from tidemark.spark.session import session_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -86,8 +94,6 @@ SCHEMA = StructType(
 
 def arrow_schema() -> pa.Schema:
     """The Arrow twin of :data:`SCHEMA`, exactly as Spark checks yielded batches against it."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     return to_arrow_schema(SCHEMA, timezone="UTC")
 
 
@@ -232,8 +238,6 @@ class _Columns:
     __slots__ = ("headers", "keys", "n", "offsets", "partitions", "topics", "ts", "ts_types", "values")
 
     def __init__(self, msgs: Sequence[Any], with_topics: bool) -> None:
-        from confluent_kafka import Message
-
         n = self.n = len(msgs)
         self.topics: list[str] | None = list(map(Message.topic, msgs)) if with_topics else None
         self.partitions = np.fromiter(map(Message.partition, msgs), dtype=np.int32, count=n)
@@ -263,8 +267,6 @@ def read_task(
     receives for each range the next offset the reader reached when it closed the range
     (the record past the last one read, or the end-of-partition offset).
     """
-    from confluent_kafka import Consumer
-
     ranges = [r for r in task.ranges if r.end > r.start]
     if not ranges:
         return
@@ -296,8 +298,6 @@ def read_task(
 
 
 def _payload_bytes(batch: pa.RecordBatch) -> int:
-    import pyarrow.compute as pc
-
     total = 0
     for column in (batch.column(5), batch.column(6)):  # key, value
         total += int(pc.sum(pc.binary_length(column)).as_py() or 0)
@@ -313,10 +313,6 @@ def _write_metrics(task: ReadTask, rows: int, payload: int, seconds: float) -> N
     folder = os.environ.get(METRICS_ENV)
     if not folder:
         return
-    import json
-    import resource
-    import uuid
-
     doc = {
         "plan_id": task.plan_id,
         "task": task.index,
@@ -335,8 +331,6 @@ def _write_metrics(task: ReadTask, rows: int, payload: int, seconds: float) -> N
 def _read_wave(
     consumer: Any, wave: _Wave, task: ReadTask, schema: pa.Schema, batch_records: int, stall_timeout_s: float
 ) -> Iterator[pa.RecordBatch]:
-    from confluent_kafka import KafkaError, Message, TopicPartition
-
     message_error = Message.error
     consumer.assign([TopicPartition(r.topic, r.partition, r.start) for r in wave.ranges])
     single_topic = wave.topics[0] if len(wave.topics) == 1 else None
@@ -476,8 +470,6 @@ def _headers_array(headers: list[Any], n: int, arrow_type: pa.DataType) -> pa.Ar
 
 
 def _unassign(consumer: Any, done: Sequence[Range]) -> None:
-    from confluent_kafka import TopicPartition
-
     # Stop fetching finished partitions; anything still queued for them is filtered out.
     consumer.incremental_unassign([TopicPartition(r.topic, r.partition) for r in done])
 
@@ -489,8 +481,6 @@ def _range_for(wave: _Wave, topic: str | None, partition: int | None) -> Range |
 
 
 def _log_start(consumer: Any, topic: str, partition: int) -> str:
-    from confluent_kafka import KafkaException, TopicPartition
-
     try:
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5.0)
     except KafkaException:
@@ -500,8 +490,6 @@ def _log_start(consumer: Any, topic: str, partition: int) -> str:
 
 def _raise_or_skip(consumer: Any, wave: _Wave, msg: Any, err: Any) -> None:
     """Fail on a partition's hard error; let librdkafka retry transient (broker) errors."""
-    from confluent_kafka import KafkaError
-
     topic, partition = msg.topic(), msg.partition()
     rng = _range_for(wave, topic, partition)
     code = err.code()
@@ -645,8 +633,6 @@ def read_plan(
     ``connection`` travels to the executors as ``kafka.*`` options; leave it ``None`` to
     have executors use their own ``TIDEMARK_*`` environment instead.
     """
-    from pyspark.sql import functions as F
-
     register(spark)
     reader = spark.read.format(SOURCE_NAME).option("plan", plan.to_json(indent=None)).option("constant.columns", "omit")
     if connection is not None:
@@ -719,8 +705,6 @@ def read_plan_in_driver(
     table = pa.Table.from_batches(batches, schema=arrow_schema())
     if table.num_rows <= LOCAL_RELATION_MAX_RECORDS:
         return spark.createDataFrame(table, schema=SCHEMA)
-    from tidemark.spark.session import session_conf
-
     # Read when the DataFrame is created, not when it is used.
     with session_conf(spark, "spark.sql.execution.arrow.localRelationThreshold", "0"):
         return spark.createDataFrame(table, schema=SCHEMA)
