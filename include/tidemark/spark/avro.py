@@ -25,7 +25,10 @@ per core here against fastavro's 90-125k, and it maps Avro's logical types (deci
 date, timestamp) and enums onto Spark types itself. It needs the ``spark-avro`` package
 (:data:`tidemark.spark.session.AVRO_PACKAGE`) on the driver's and executors' class path.
 Large plans of flat records skip it: their read tasks decode and stage them with polars and
-pyarrow (:mod:`tidemark.spark.arrow_avro`), resolved by the same rules.
+pyarrow (:mod:`tidemark.spark.arrow_avro`), resolved by the same rules. :data:`FORMAT` is
+how :mod:`tidemark.spark.decode` decodes Avro (:class:`~tidemark.spark.formats.RegistryFormat`):
+a record fails on its body, or on a ``timestamp-millis`` field whose microseconds overflow a
+long (:func:`millis_fields`).
 """
 
 from __future__ import annotations

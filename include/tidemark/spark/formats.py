@@ -5,7 +5,7 @@
 :class:`RegistryFormat` and imports no format module: :func:`registry_format` imports the
 module :data:`FORMAT_MODULES` names for the format, the first time it is asked for, and
 returns the module's ``FORMAT`` (as pyiceberg finds a catalog's implementation by its type).
-A format asks two things of its key or value, in the order decoding checks them:
+Decoding asks a format two things of a key or value:
 
 1. :meth:`~RegistryFormat.reasons`: every reason a non-null key or value can fail to
    decode, in a fixed order (the job stages a bad record under its reason's index, so the
@@ -14,10 +14,11 @@ A format asks two things of its key or value, in the order decoding checks them:
    ``from_avro``; JSON Schema and Protobuf in the Python workers), with one failure
    condition per reason (:class:`Reasons` where the workers give the reason itself).
 
-Each format module builds its run's schemas itself, on the driver (the reader and every
-writer seen, :mod:`tidemark.spark.wire`), and the job calls it by name; the schemas'
-``format`` is the name of the format that built them. This module imports no format
-module, and a format imports this module and :mod:`tidemark.spark.wire`, never
+The run's schemas come first: each format module builds them on the driver (the reader and
+every writer seen, :mod:`tidemark.spark.wire`; ``resolve_schemas``, and Avro's
+``candidate_schemas`` and ``settle``), called by the job (:mod:`tidemark.job.steps`), and
+their ``format`` is the name of the format that built them. This module imports no format
+module; a format imports this module and :mod:`tidemark.spark.wire`, never
 :mod:`tidemark.spark.decode`.
 """
 

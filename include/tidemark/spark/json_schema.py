@@ -34,6 +34,8 @@ schemas, as the job's outcome codes need). Measured, 100,000 records of the inte
 tests' ``Order`` schema: 15 s of CPU in one worker, ``jsonschema`` 9 s of it; through Spark
 11-15 s where ``from_json`` took 1.5-2.1 s (a loaded 2-core box; ``docs/schemas.md``). This
 is the price of the reference's verdict: ``from_json`` was faster and published wrong values.
+:data:`FORMAT` is how :mod:`tidemark.spark.decode` decodes JSON Schema
+(:class:`~tidemark.spark.formats.RegistryFormat`).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import DataType
 
+# jsonschema (a third of a second to import here) and Spark are imported inside the functions that use them: decoding
+# (tidemark.spark.decode) loads this module for every feed, and only a JSON Schema feed's run validates.
 REASON = "_tidemark_reason"  # the decoded struct's field: null where the record decoded, else why it did not
 READER = "the reader JSON Schema"
 _DEFAULT_DRAFT = "http://json-schema.org/draft-07/schema#"  # what the registries assume without "$schema"

@@ -22,7 +22,10 @@ enums → the value's name (its number as text when the reader does not know it)
 ``google.protobuf.Timestamp`` → timestamp, int32 kinds → int, int64 kinds and uint32 →
 long, uint64 → decimal(20, 0), float, double, bool, string, bytes. Scalars without
 presence read their default when unset (as ``ProtobufDeserializer`` gives them); unset
-messages and ``optional`` scalars are null.
+messages and ``optional`` scalars are null. A ``Timestamp`` outside years 1-9999, which
+Spark's timestamps cannot hold, makes a bad record naming its field (:func:`timestamp_paths`).
+:data:`FORMAT` is how :mod:`tidemark.spark.decode` decodes Protobuf
+(:class:`~tidemark.spark.formats.RegistryFormat`).
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ if TYPE_CHECKING:
     from google.protobuf.descriptor import Descriptor, FieldDescriptor
     from pyspark.sql import DataFrame
     from pyspark.sql.types import DataType
+
+# The protobuf runtime and Spark are imported inside the functions that use them: decoding (tidemark.spark.decode)
+# loads this module for every feed, and only a Protobuf feed's run builds descriptors.
 
 # Imports the serializers never register (confluent-kafka resolves them from the protobuf package itself).
 BUILTIN_PREFIXES = ("google/protobuf/",)

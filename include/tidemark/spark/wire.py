@@ -1,17 +1,25 @@
 """The Schema Registry wire format, one module for the three registry formats (``avro``, ``json_schema``, ``protobuf``).
 
 A key or value is framed as magic byte ``0``, a 4-byte big-endian schema id, then the
-body (Avro, a JSON document, or Protobuf's message indexes and message). Before anything
-is decoded, :func:`scan_parts` runs one aggregation over the first five bytes of the
-key, the value or both: per topic, partition and schema id the first and last offset and the count, with
-keys or values of any other framing counted apart. On the driver and once per run the
-formats then call, in this order, :func:`refuse_unframed` (another framing fails the
-run), :func:`reader_version` (the reader schema: the feed's pinned version of its
-subject, else the subject's latest) and :func:`writer_schemas` (every writer schema id
-seen; an id unknown to the registry, or registered as another schema type, fails the
-run), each naming the topic, partition and first offset concerned. An unreachable
-registry raises :class:`~tidemark.errors.RegistryUnavailableError` from the client.
-Decoding finds the body with :func:`body` and each writer's records with :func:`header`.
+body (Avro, a JSON document, or Protobuf's message indexes and message). :func:`scan_parts`
+runs one aggregation over the first five bytes of the key, the value or both: per topic,
+partition and schema id the first and last offset and the count, with keys or values of
+any other framing counted apart (JSON Schema and Protobuf parts are scanned before they are
+decoded; Avro parts after staging, over their staged headers, :func:`tidemark.spark.avro.settle`).
+On the driver and once per run each format's ``resolve_schemas`` then calls, in this order,
+:func:`refuse_unframed` (another framing fails the run), :func:`reader_version` (the reader
+schema: the feed's pinned version of its subject, else the subject's latest, checked to be
+of the format's schema type), :func:`check_columns` (a value reader's fields may not take a
+record column's name, :data:`tidemark.spark.columns.RESERVED_COLUMNS`) and
+:func:`writer_schemas` (every writer schema id seen; an id unknown to the registry, or
+registered as another schema type, fails the run), each naming the topic, partition and
+first offset concerned, and gathers the :func:`schema_changed_events` of partitions written
+with several ids into its :class:`RegistrySchemas`. An unreachable registry raises
+:class:`~tidemark.errors.RegistryUnavailableError` from the client. At planning,
+:func:`planned_readers` records the reader versions the feed does not pin, and
+:func:`pin_planned` pins them for every attempt of the plan. Decoding finds the body with
+:func:`body` and each writer's records with :func:`header`. The pipeline imports this module
+to plan, where no Spark runs, so ``pyspark`` is imported inside the functions that build columns.
 """
 
 from __future__ import annotations
