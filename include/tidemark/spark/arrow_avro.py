@@ -29,12 +29,19 @@ no exact window, staging in a folder the executors and the driver share. Types: 
 int, long, float, double, string, bytes, enum, ``date``, ``timestamp-millis``,
 ``timestamp-micros``, each alone or in a union with null. Everything else (nested records,
 arrays, maps, decimals, fixed, other unions, named type references) is staged by Spark.
+
+The publishers import this module where no Spark runs (:data:`SPARK_SCHEMA_KEY`), so Spark,
+pyarrow, numpy, polars and :mod:`tidemark.spark.source` (which loads Spark and pyarrow) are
+imported inside the functions that use them.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import io
 import json
 import os
+import shutil
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidemark.errors import TidemarkError
+from tidemark.kafka.connection import from_env
 from tidemark.spark.wire import HEADER_BYTES, header
 
 if TYPE_CHECKING:
@@ -377,8 +385,6 @@ class _StagedFile:
 
 
 def _date(day: int) -> str:
-    import datetime as dt
-
     return (dt.date(1970, 1, 1) + dt.timedelta(days=day)).isoformat()
 
 
@@ -432,10 +438,8 @@ def _decode(values: pa.Array, writer: WriterPlan, where: str) -> pa.Table:
     Raises :class:`CannotStage` unless every record's encoding, as its decoded fields
     give it, is exactly as long as its body.
     """
-    import io
-
     import numpy as np
-    import polars as pl
+    import polars as pl  # here, not at the top: an executor without polars gives way (see _run)
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -611,8 +615,6 @@ def stage_in_tasks(
     then removed, and the caller stages with Spark). Errors of the read itself (an
     offset gone, a partition that stalls) fail the Spark job as they do in the data source.
     """
-    import shutil
-
     from tidemark.spark.source import tasks_of
 
     tasks = [t for t in tasks_of(plan) if t.records]
@@ -653,8 +655,6 @@ def _run(
     items: Iterable[tuple[int, ReadTask]], config: Mapping[str, Any] | None, stage: StagePlan, target: str
 ) -> Iterator[tuple[str, Any]]:
     """A Spark task's work: stage each of its read tasks, or say why it gave way."""
-    from tidemark.kafka.connection import from_env
-
     client_config = config if config is not None else from_env().client_config()
     for index, task in items:
         try:

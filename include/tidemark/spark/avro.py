@@ -25,7 +25,10 @@ per core here against fastavro's 90-125k, and it maps Avro's logical types (deci
 date, timestamp) and enums onto Spark types itself. It needs the ``spark-avro`` package
 (:data:`tidemark.spark.session.AVRO_PACKAGE`) on the driver's and executors' class path.
 Large plans of flat records skip it: their read tasks decode and stage them with polars and
-pyarrow (:mod:`tidemark.spark.arrow_avro`), resolved by the same rules.
+pyarrow (:mod:`tidemark.spark.arrow_avro`), resolved by the same rules. :data:`FORMAT` is
+how :mod:`tidemark.spark.decode` decodes Avro (:class:`~tidemark.spark.formats.RegistryFormat`):
+a record fails on its body, or on a ``timestamp-millis`` field whose microseconds overflow a
+long (:func:`millis_fields`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError
 from tidemark.kafka.registry import RegistryClient, SubjectVersion
+from tidemark.spark.formats import PartDecoding, RegistryFormat
 from tidemark.spark.wire import (
     HEADER_BYTES,
     RegistrySchemas,
@@ -56,7 +60,7 @@ from tidemark.spark.wire import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 # The subject's latest versions the job decodes with before it knows which ids the records carry (candidate_schemas).
 CANDIDATE_VERSIONS = 10
@@ -374,3 +378,42 @@ def bytes_left_over(decoded: Column) -> Column:
     """Whether the body behind the result of :func:`decoded_value` decoded with bytes left after its fields."""
     end = decoded.getField(END_FIELD)
     return end.isNotNull() & (end != BODY_END)
+
+
+class _Avro:
+    """Avro's :class:`~tidemark.spark.formats.RegistryFormat`: decoded by Spark's ``from_avro`` per writer id, a
+    record failing on its body (not read to its last byte and no further) or on a ``timestamp-millis`` field whose
+    microseconds overflow a long."""
+
+    name = "avro"
+
+    def reasons(self, part: RecordPart, schemas: AvroSchemas | None) -> list[str]:
+        return [
+            f"{part} does not decode against its Avro writer schema",
+            f"{part} has bytes left over after the fields of its Avro writer schema",
+        ] + [
+            f"{part} field '{name}' is a timestamp-millis whose microseconds overflow a long (epoch nanoseconds or "
+            "microseconds in a millis field?)"
+            for name in (millis_fields(schemas) if schemas is not None else [])
+        ]
+
+    def decoding(self, work: DataFrame, schemas: AvroSchemas, column: str, parsed_name: str) -> PartDecoding:
+        from pyspark.sql import functions as F
+
+        present = F.col(column).isNotNull()
+        work = work.withColumn(parsed_name, decoded_value(schemas, column))
+        whole = F.col(parsed_name)
+        failed = present & decode_failed(whole, schemas)
+        names = millis_fields(schemas)
+        overflow_name = f"{parsed_name}_millis_overflow"
+        if names:  # which field a record failed on, asked only of records that failed
+            work = work.withColumn(overflow_name, F.when(failed, millis_overflow(schemas, column)))
+        overflow = F.col(overflow_name)
+        overflowed = [failed & (overflow == F.lit(name)) for name in names]
+        undecoded = failed & overflow.isNull() if names else failed
+        left_over = present & ~failed & bytes_left_over(whole)
+        parsed = whole.getField(VALUE_FIELD)
+        return PartDecoding(work, parsed, parsed, [undecoded, left_over, *overflowed])
+
+
+FORMAT: RegistryFormat[AvroSchemas] = _Avro()

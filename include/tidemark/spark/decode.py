@@ -5,24 +5,29 @@ A feed's ``deserialization`` says how values are read: raw ``bytes``, UTF-8 ``st
 ``string``, ``boolean``) or a schema in Spark's DDL (``schema_ddl``: structs, arrays, maps,
 decimals, dates, timestamps; a top-level ``NOT NULL`` field is required), or ``avro``,
 ``json_schema`` or ``protobuf`` in the Schema Registry wire format (the reader schema's
-fields as typed, possibly nested columns; :mod:`tidemark.spark.avro`,
-:mod:`tidemark.spark.json_schema` and :mod:`tidemark.spark.protobuf` find the schemas
-first); keys are UTF-8 strings unless ``key_format`` is ``bytes`` or a registry format
-(the key's reader schema as one typed ``key`` column: a struct, or a scalar for a primitive
-Avro schema). Decoding is done with Spark's own column functions (JVM speed, no Python per
-record; Protobuf and JSON Schema are parsed in the Python workers, over Arrow batches) and splits the
-records in two: ``good`` carries the decoded columns; ``bad`` carries the raw record plus
-``decode_error``, the first reason it failed. No record is dropped: every input row is in
-exactly one of the two.
+fields as typed, possibly nested columns); keys are UTF-8 strings unless ``key_format`` is
+``bytes`` or a registry format (the key's reader schema as one typed ``key`` column: a
+struct, or a scalar for a primitive Avro schema). A registry format decodes with the run's
+schemas, which its module (:mod:`tidemark.spark.avro`, :mod:`tidemark.spark.json_schema`,
+:mod:`tidemark.spark.protobuf`) builds on the driver first, and through its
+:class:`~tidemark.spark.formats.RegistryFormat`, looked up by name: this module imports no
+format. Decoding is done with Spark's own column functions (JVM speed, no Python per
+record; Protobuf and JSON Schema are parsed in the Python workers, over Arrow batches).
+:func:`annotate`, the job's, decodes every record in one projection and gives each its
+:data:`ERROR_COLUMN`, the first reason it failed (null where it decoded); :func:`decode`
+splits the records in two: ``good`` carries the decoded columns; ``bad`` carries the raw
+record plus ``decode_error``. No record is dropped: every input row is in exactly one of the two.
 
 Decoded JSON and registry fields become top-level columns of ``good`` (so expectations
-can name them) and replace the raw ``value``. What counts as a failure: a key or value that is
-not valid UTF-8 (when decoded as text); a JSON value that does not parse, is not an
-object, or has a field of the wrong type (strings accept any scalar, as Spark's JSON
-reader does); a required field that is missing or null; a null value (tombstone) when
-the declared schema has required fields; a registry-format key or value that does not
-decode against its schema (:func:`registry_reasons`; JSON Schema's name the field and the rule), and a null
-registry-format value.
+can name them) and replace the raw ``value``. What counts as a failure
+(:func:`decode_reasons`, in the order they are checked): a key or value that is not valid
+UTF-8 (when decoded as text); a JSON value that does not parse, is not an object, or has a
+field of the wrong type (strings accept any scalar, as Spark's JSON reader does); a
+required field that is missing or null; a null value (tombstone) when the declared schema
+has required fields; a registry-format key or value that does not decode against its
+schema (:func:`registry_reasons`; JSON Schema's name the field and the rule), and a null
+registry-format value. The record columns (:data:`ERROR_COLUMN`, :data:`RAW_VALUE_COLUMN`,
+...) are named in :mod:`tidemark.spark.columns`.
 """
 
 from __future__ import annotations
@@ -32,7 +37,16 @@ from typing import TYPE_CHECKING
 
 from tidemark.config.models import REGISTRY_FORMATS, Deserialization, RecordPart
 from tidemark.errors import ConfigError
-from tidemark.spark.stats import DIGEST_COLUMNS
+from tidemark.spark.columns import (
+    ERROR_COLUMN,
+    METADATA_COLUMNS,
+    OUTCOME_COLUMN,
+    RAW_HEAD_COLUMNS,
+    RAW_KEY_COLUMN,
+    RAW_VALUE_COLUMN,
+    RESERVED_COLUMNS,
+)
+from tidemark.spark.formats import Failure, Reasons, registry_format
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -40,25 +54,18 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
-    from tidemark.spark.avro import AvroSchemas
-    from tidemark.spark.json_schema import JsonSchemas
-    from tidemark.spark.protobuf import ProtobufSchemas
+    from tidemark.spark.wire import RegistrySchemas
 
-    RunSchemas: TypeAlias = AvroSchemas | JsonSchemas | ProtobufSchemas
+    # A run's schemas of one registry-format part, of whichever format built them (their ``format`` says).
+    RunSchemas: TypeAlias = RegistrySchemas
 
-ERROR_COLUMN = "decode_error"
-METADATA_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key", "headers", "plan_id")
-RAW_VALUE_COLUMN = "_raw_value"
-RAW_KEY_COLUMN = "_raw_key"  # a registry-format key's bytes, staged for the range statistics and the quarantine
-# The wire-format header (first five bytes) of an Avro key or value, staged beside the decoded record: the
-# job checks the schema ids records carry on these instead of the raw bytes (see tidemark.job.steps).
-RAW_HEAD_COLUMNS: dict[RecordPart, str] = {"value": "_value_head", "key": "_key_head"}
-OUTCOME_COLUMN = "_outcome"  # the job's staging partition: "ok" or why a record is bad
-# Names a declared field may not take: record columns, and the job's own (``date`` partitions the output).
-RESERVED_COLUMNS = frozenset({
-    *METADATA_COLUMNS, "value", ERROR_COLUMN, RAW_VALUE_COLUMN, RAW_KEY_COLUMN, *RAW_HEAD_COLUMNS.values(),
-    *DIGEST_COLUMNS, OUTCOME_COLUMN, "date",
-})  # fmt: skip
+# The record columns are named in tidemark.spark.columns; the job, validation and tests import them from here too.
+__all__ = [
+    "AVRO_BODY_REASON", "AVRO_LEFT_OVER_REASON", "ERROR_COLUMN", "JSON_SCHEMA_BODY_REASON", "JSON_SCHEMA_RULE_REASON",
+    "METADATA_COLUMNS", "OUTCOME_COLUMN", "PROTOBUF_BODY_REASON", "RAW_HEAD_COLUMNS", "RAW_KEY_COLUMN",
+    "RAW_VALUE_COLUMN", "RESERVED_COLUMNS", "Decoded", "annotate", "check_fields", "declared_json", "decode",
+    "decode_reasons", "raw_key_kept", "raw_value_kept", "registry_reasons",
+]  # fmt: skip
 _CORRUPT = "_tidemark_corrupt"
 _PARSED = "_tidemark_parsed"
 _PARSED_KEY = "_tidemark_parsed_key"
@@ -158,43 +165,11 @@ def decode_reasons(
 
 
 def registry_reasons(fmt: str, part: RecordPart, schemas: RunSchemas | None = None) -> list[str]:
-    """Why a non-null key or value of a Schema Registry format does not decode, in the order they are checked;
-    with the run's ``schemas``, a Protobuf reader's ``Timestamp`` fields each have their own, and JSON Schema's
-    reasons name the reader's fields."""
-    if fmt == "avro":
-        return [
-            f"{part} does not decode against its Avro writer schema",
-            f"{part} has bytes left over after the fields of its Avro writer schema",
-        ] + [
-            f"{part} field '{name}' is a timestamp-millis whose microseconds overflow a long (epoch nanoseconds or "
-            "microseconds in a millis field?)"
-            for name in _millis_fields(schemas)
-        ]
-    if fmt == "json_schema":
-        from tidemark.spark.json_schema import JsonSchemas, base_reasons
-
-        return schemas.reasons() if isinstance(schemas, JsonSchemas) else list(base_reasons(part))
-    return [f"{part} does not decode as the Protobuf message of its writer schema"] + [
-        f"{part} field '{path}' is a google.protobuf.Timestamp outside years 1 to 9999, which Spark's timestamps "
-        "cannot hold"
-        for path in _timestamp_paths(schemas)
-    ]
-
-
-def _millis_fields(schemas: RunSchemas | None) -> list[str]:
-    if schemas is None:  # no run's schemas (this module's constants): nothing to import
-        return []
-    from tidemark.spark.avro import AvroSchemas, millis_fields
-
-    return millis_fields(schemas) if isinstance(schemas, AvroSchemas) else []
-
-
-def _timestamp_paths(schemas: RunSchemas | None) -> list[str]:
-    if schemas is None:
-        return []
-    from tidemark.spark.protobuf import ProtobufSchemas, timestamp_paths
-
-    return timestamp_paths(schemas.descriptor()) if isinstance(schemas, ProtobufSchemas) else []
+    """Why a non-null key or value of a Schema Registry format does not decode, in the order they are checked
+    (:meth:`tidemark.spark.formats.RegistryFormat.reasons`); with the run's ``schemas`` of that format, a Protobuf
+    reader's ``Timestamp`` fields and an Avro writer's ``timestamp-millis`` fields each have their own, and JSON
+    Schema's reasons name the reader's fields. Schemas of another format count as none."""
+    return registry_format(fmt).reasons(part, schemas if schemas is not None and schemas.format == fmt else None)
 
 
 AVRO_BODY_REASON, AVRO_LEFT_OVER_REASON = registry_reasons("avro", "value")
@@ -202,84 +177,34 @@ _, JSON_SCHEMA_BODY_REASON, JSON_SCHEMA_RULE_REASON = registry_reasons("json_sch
 PROTOBUF_BODY_REASON = registry_reasons("protobuf", "value")[0]
 
 
-@dataclass(frozen=True)
-class _Reasons:
-    """A column giving the failure reason itself (null where none), standing for ``count`` reasons in a row."""
-
-    column: Column
-    count: int
-
-
-def _registry_decoding(
-    work: DataFrame, fmt: str, schemas: RunSchemas | None, column: str, parsed_name: str
-) -> tuple[DataFrame, Column, list[Column | _Reasons]]:
-    """``work`` with ``column`` (``key`` or ``value``) decoded as ``parsed_name``, that column, and one failure
-    condition per :func:`registry_reasons` entry (a null ``column`` never fails here)."""
-    from pyspark.sql import functions as F
-
+def _run_schemas(fmt: str, schemas: RunSchemas | None, column: str) -> RunSchemas:
+    """``schemas``, which a ``column`` of format ``fmt`` decodes with: the run's, built by that format."""
+    option = "format" if column == "value" else "key_format"
     if schemas is None:
-        option = "format" if column == "value" else "key_format"
         raise ConfigError(f"{option}: {fmt} decodes with the run's schemas (tidemark.spark.wire)")
-    present = F.col(column).isNotNull()
-    if fmt == "avro":
-        from tidemark.spark import avro
-
-        assert isinstance(schemas, avro.AvroSchemas)
-        work = work.withColumn(parsed_name, avro.decoded_value(schemas, column))
-        whole = F.col(parsed_name)
-        failed = present & avro.decode_failed(whole, schemas)
-        names = _millis_fields(schemas)
-        overflow_name = f"{parsed_name}_millis_overflow"
-        if names:  # which field a record failed on, asked only of records that failed
-            work = work.withColumn(overflow_name, F.when(failed, avro.millis_overflow(schemas, column)))
-        overflow = F.col(overflow_name)
-        overflowed = [failed & (overflow == F.lit(name)) for name in names]
-        undecoded = failed & overflow.isNull() if names else failed
-        left_over = present & ~failed & avro.bytes_left_over(whole)
-        return work, whole.getField(avro.VALUE_FIELD), [undecoded, left_over, *overflowed]
-    if fmt == "json_schema":  # decoded in the Python workers, which give each bad record's reason
-        from tidemark.spark.json_schema import REASON, JsonSchemas
-        from tidemark.spark.json_schema import decoded_frame as json_decoded
-
-        assert isinstance(schemas, JsonSchemas)
-        work = json_decoded(work, schemas, parsed_name, column)
-        parsed = F.col(parsed_name)
-        return work, parsed, [_Reasons(F.when(present, parsed.getField(REASON)), len(schemas.reasons()))]
-    from tidemark.spark.protobuf import ProtobufSchemas, decoded_frame, out_of_range_column
-
-    assert isinstance(schemas, ProtobufSchemas)
-    work = decoded_frame(work, schemas, parsed_name, column)
-    parsed, why = F.col(parsed_name), F.col(out_of_range_column(parsed_name))
-    out_of_range = [present & (why == F.lit(path)) for path in _timestamp_paths(schemas)]
-    return work, parsed, [present & parsed.isNull() & why.isNull(), *out_of_range]
-
-
-def _published_key(fmt: str, schemas: RunSchemas, parsed: Column) -> Column:
-    """The decoded key as published: the reader's struct (or scalar) without decoding's own marks."""
-    if fmt == "json_schema":
-        from tidemark.spark.json_schema import REASON
-
-        return parsed.dropFields(REASON)
-    return parsed
+    if schemas.format != fmt:
+        raise ConfigError(f"{option}: {fmt} decodes with the run's {fmt} schemas, not {schemas.format} schemas")
+    return schemas
 
 
 def _decoding(
     df: DataFrame, deser: Deserialization, schemas: RunSchemas | None = None, key_schemas: RunSchemas | None = None
 ) -> _Decoding:
     from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
 
     check_fields(deser)
-    failed: list[Column | _Reasons] = []  # one condition per decode_reasons(deser) entry, in its order
+    failed: list[Failure] = []  # one condition per decode_reasons(deser) entry, in its order
     work = df
     key_col: Column = F.col("key")
     if deser.key_format == "string":
         key_col = F.col("key").cast("string")
         failed.append(F.col("key").isNotNull() & ~F.is_valid_utf8(key_col))
     elif deser.key_format in REGISTRY_FORMATS:
-        work, parsed_key, key_failed = _registry_decoding(work, deser.key_format, key_schemas, "key", _PARSED_KEY)
-        assert key_schemas is not None
-        key_col = _published_key(deser.key_format, key_schemas, parsed_key)
-        failed += key_failed
+        run_keys = _run_schemas(deser.key_format, key_schemas, "key")
+        key = registry_format(deser.key_format).decoding(work, run_keys, "key", _PARSED_KEY)
+        work, key_col = key.work, key.published
+        failed += key.failures
 
     value_cols: list[Column]
     if deser.format == "bytes":
@@ -289,17 +214,16 @@ def _decoding(
         failed.append(F.col("value").isNotNull() & ~F.is_valid_utf8(text))
         value_cols = [text.alias("value")]
     elif deser.format in REGISTRY_FORMATS:
-        work, parsed, value_failed = _registry_decoding(work, deser.format, schemas, "value", _PARSED)
-        assert schemas is not None
+        run_values = _run_schemas(deser.format, schemas, "value")
+        value = registry_format(deser.format).decoding(work, run_values, "value", _PARSED)
+        work = value.work
         failed.append(F.col("value").isNull())
-        failed += value_failed
-        value_cols = [parsed.getField(name).alias(name) for name in schemas.field_names]
+        failed += value.failures
+        value_cols = [value.parsed.getField(name).alias(name) for name in run_values.field_names]
     else:
         text = F.col("value").cast("string")
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
         declared, required = declared_json(deser)
-        from pyspark.sql.types import StringType, StructField, StructType
-
         # A new struct: add() would change declared itself, and its names are the value columns below.
         with_corrupt = StructType([*declared.fields, StructField(_CORRUPT, StringType())])
         work = work.withColumn(_PARSED, F.from_json(text, with_corrupt, options))
@@ -313,7 +237,7 @@ def _decoding(
     whys = decode_reasons(deser, schemas, key_schemas)
     reasons: list[Column] = []
     for c in failed:
-        if isinstance(c, _Reasons):  # its own reasons, in decode_reasons' order
+        if isinstance(c, Reasons):  # its own reasons, in decode_reasons' order
             reasons.append(c.column)
             whys = whys[c.count :]
         else:

@@ -34,6 +34,8 @@ schemas, as the job's outcome codes need). Measured, 100,000 records of the inte
 tests' ``Order`` schema: 15 s of CPU in one worker, ``jsonschema`` 9 s of it; through Spark
 11-15 s where ``from_json`` took 1.5-2.1 s (a loaded 2-core box; ``docs/schemas.md``). This
 is the price of the reference's verdict: ``from_json`` was faster and published wrong values.
+:data:`FORMAT` is how :mod:`tidemark.spark.decode` decodes JSON Schema
+(:class:`~tidemark.spark.formats.RegistryFormat`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError
 from tidemark.kafka.registry import MAX_JSON_DEPTH, RegistryClient, json_depth
+from tidemark.spark.formats import PartDecoding, Reasons, RegistryFormat
 from tidemark.spark.wire import (
     HEADER_BYTES,
     RegistrySchemas,
@@ -69,6 +72,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import DataType
 
+# jsonschema (a third of a second to import here) and Spark are imported inside the functions that use them: decoding
+# (tidemark.spark.decode) loads this module for every feed, and only a JSON Schema feed's run validates.
 REASON = "_tidemark_reason"  # the decoded struct's field: null where the record decoded, else why it did not
 READER = "the reader JSON Schema"
 _DEFAULT_DRAFT = "http://json-schema.org/draft-07/schema#"  # what the registries assume without "$schema"
@@ -785,3 +790,25 @@ def decoded_frame(df: DataFrame, schemas: JsonSchemas, column: str, source: str 
     with_reason = T.StructType([*struct.fields, T.StructField(REASON, T.StringType(), True)])
     out = T.StructType([*df.schema.fields, T.StructField(column, with_reason, True)])
     return df.mapInArrow(_decoder(schemas, column, to_arrow_type(with_reason, timezone="UTC"), source), out)
+
+
+class _JsonSchema:
+    """JSON Schema's :class:`~tidemark.spark.formats.RegistryFormat`: decoded in the Python workers
+    (:func:`decoded_frame`), which give each bad record's reason itself."""
+
+    name = "json_schema"
+
+    def reasons(self, part: RecordPart, schemas: JsonSchemas | None) -> list[str]:
+        return schemas.reasons() if schemas is not None else list(base_reasons(part))
+
+    def decoding(self, work: DataFrame, schemas: JsonSchemas, column: str, parsed_name: str) -> PartDecoding:
+        from pyspark.sql import functions as F
+
+        present = F.col(column).isNotNull()
+        work = decoded_frame(work, schemas, parsed_name, column)
+        parsed = F.col(parsed_name)
+        reasons = Reasons(F.when(present, parsed.getField(REASON)), len(schemas.reasons()))
+        return PartDecoding(work, parsed, parsed.dropFields(REASON), [reasons])
+
+
+FORMAT: RegistryFormat[JsonSchemas] = _JsonSchema()

@@ -22,7 +22,10 @@ enums → the value's name (its number as text when the reader does not know it)
 ``google.protobuf.Timestamp`` → timestamp, int32 kinds → int, int64 kinds and uint32 →
 long, uint64 → decimal(20, 0), float, double, bool, string, bytes. Scalars without
 presence read their default when unset (as ``ProtobufDeserializer`` gives them); unset
-messages and ``optional`` scalars are null.
+messages and ``optional`` scalars are null. A ``Timestamp`` outside years 1-9999, which
+Spark's timestamps cannot hold, makes a bad record naming its field (:func:`timestamp_paths`).
+:data:`FORMAT` is how :mod:`tidemark.spark.decode` decodes Protobuf
+(:class:`~tidemark.spark.formats.RegistryFormat`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import importlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -38,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import ReadError, SchemaError
 from tidemark.kafka.registry import RegistryClient, SchemaReference
+from tidemark.spark.formats import PartDecoding, RegistryFormat
 from tidemark.spark.wire import (
     HEADER_BYTES,
     RegistrySchemas,
@@ -58,6 +63,9 @@ if TYPE_CHECKING:
     from google.protobuf.descriptor import Descriptor, FieldDescriptor
     from pyspark.sql import DataFrame
     from pyspark.sql.types import DataType
+
+# The protobuf runtime and Spark are imported inside the functions that use them: decoding (tidemark.spark.decode)
+# loads this module for every feed, and only a Protobuf feed's run builds descriptors.
 
 # Imports the serializers never register (confluent-kafka resolves them from the protobuf package itself).
 BUILTIN_PREFIXES = ("google/protobuf/",)
@@ -106,8 +114,6 @@ def _file_proto(text: str, what: str) -> Any:
 
 def _builtin(name: str) -> bytes:
     """A well-known type's file (``google/protobuf/timestamp.proto``) from the protobuf package."""
-    import importlib
-
     from google.protobuf import descriptor_pb2
 
     module = importlib.import_module(
@@ -512,3 +518,30 @@ def decoded_frame(df: DataFrame, schemas: ProtobufSchemas, column: str, source: 
         T.StructField(out_of_range_column(column), T.StringType(), True),
     ])  # fmt: skip
     return df.mapInArrow(_decoder(schemas, column, to_arrow_type(message_type, timezone="UTC"), source), out)
+
+
+class _Protobuf:
+    """Protobuf's :class:`~tidemark.spark.formats.RegistryFormat`: decoded in the Python workers
+    (:func:`decoded_frame`), a record failing to parse as the reader's message or on a ``Timestamp`` outside what
+    Spark's timestamps hold (:func:`timestamp_paths`)."""
+
+    name = "protobuf"
+
+    def reasons(self, part: RecordPart, schemas: ProtobufSchemas | None) -> list[str]:
+        return [f"{part} does not decode as the Protobuf message of its writer schema"] + [
+            f"{part} field '{path}' is a google.protobuf.Timestamp outside years 1 to 9999, which Spark's timestamps "
+            "cannot hold"
+            for path in (timestamp_paths(schemas.descriptor()) if schemas is not None else [])
+        ]
+
+    def decoding(self, work: DataFrame, schemas: ProtobufSchemas, column: str, parsed_name: str) -> PartDecoding:
+        from pyspark.sql import functions as F
+
+        present = F.col(column).isNotNull()
+        work = decoded_frame(work, schemas, parsed_name, column)
+        parsed, why = F.col(parsed_name), F.col(out_of_range_column(parsed_name))
+        out_of_range = [present & (why == F.lit(path)) for path in timestamp_paths(schemas.descriptor())]
+        return PartDecoding(work, parsed, parsed, [present & parsed.isNull() & why.isNull(), *out_of_range])
+
+
+FORMAT: RegistryFormat[ProtobufSchemas] = _Protobuf()

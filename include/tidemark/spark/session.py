@@ -9,7 +9,10 @@ cluster instead. Python workers run the same interpreter as the driver so that
 Spark's redaction pattern widened to every name Tidemark treats as secret, so a Kafka
 setting that reaches Spark's configuration (``spark.executorEnv.TIDEMARK_KAFKA_*``, an
 option in a plan description) shows as ``*********(redacted)`` in the UI's environment
-page, the event log and Spark's own logs.
+page, the event log and Spark's own logs. The pipeline and the DAG's tasks import this module
+for what they hand to ``spark-submit`` (:data:`SUBMIT_CONF`, :func:`small_run_conf`,
+:func:`driver_class_archive`) and must not load Spark, so ``pyspark`` is imported inside the
+functions that start or inspect it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING
 from tidemark.errors import ConfigError
 from tidemark.kafka.connection import SECRET_MARKERS, SECRET_SETTING_PATTERNS
 from tidemark.settings import cache_root
+from tidemark.storage import s3_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -248,8 +252,6 @@ def configure_s3a(spark: SparkSession) -> None:
     (instance profile, web identity) applies. The s3a jars must be on the driver's and the
     executors' classpath (``TIDEMARK_S3A_JARS``, or the cluster's own).
     """
-    from tidemark.storage import s3_settings
-
     endpoint, region, key_id = s3_settings()
     settings = {"fs.s3a.endpoint.region": region or "us-east-1"}
     if endpoint:

@@ -1,17 +1,25 @@
 """The Schema Registry wire format, one module for the three registry formats (``avro``, ``json_schema``, ``protobuf``).
 
 A key or value is framed as magic byte ``0``, a 4-byte big-endian schema id, then the
-body (Avro, a JSON document, or Protobuf's message indexes and message). Before anything
-is decoded, :func:`scan_parts` runs one aggregation over the first five bytes of the
-key, the value or both: per topic, partition and schema id the first and last offset and the count, with
-keys or values of any other framing counted apart. On the driver and once per run the
-formats then call, in this order, :func:`refuse_unframed` (another framing fails the
-run), :func:`reader_version` (the reader schema: the feed's pinned version of its
-subject, else the subject's latest) and :func:`writer_schemas` (every writer schema id
-seen; an id unknown to the registry, or registered as another schema type, fails the
-run), each naming the topic, partition and first offset concerned. An unreachable
-registry raises :class:`~tidemark.errors.RegistryUnavailableError` from the client.
-Decoding finds the body with :func:`body` and each writer's records with :func:`header`.
+body (Avro, a JSON document, or Protobuf's message indexes and message). :func:`scan_parts`
+runs one aggregation over the first five bytes of the key, the value or both: per topic,
+partition and schema id the first and last offset and the count, with keys or values of
+any other framing counted apart (JSON Schema and Protobuf parts are scanned before they are
+decoded; Avro parts after staging, over their staged headers, :func:`tidemark.spark.avro.settle`).
+On the driver and once per run each format's ``resolve_schemas`` then calls, in this order,
+:func:`refuse_unframed` (another framing fails the run), :func:`reader_version` (the reader
+schema: the feed's pinned version of its subject, else the subject's latest, checked to be
+of the format's schema type), :func:`check_columns` (a value reader's fields may not take a
+record column's name, :data:`tidemark.spark.columns.RESERVED_COLUMNS`) and
+:func:`writer_schemas` (every writer schema id seen; an id unknown to the registry, or
+registered as another schema type, fails the run), each naming the topic, partition and
+first offset concerned, and gathers the :func:`schema_changed_events` of partitions written
+with several ids into its :class:`RegistrySchemas`. An unreachable registry raises
+:class:`~tidemark.errors.RegistryUnavailableError` from the client. At planning,
+:func:`planned_readers` records the reader versions the feed does not pin, and
+:func:`pin_planned` pins them for every attempt of the plan. Decoding finds the body with
+:func:`body` and each writer's records with :func:`header`. The pipeline imports this module
+to plan, where no Spark runs, so ``pyspark`` is imported inside the functions that build columns.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError, SchemaNotFoundError
 from tidemark.kafka.registry import RegistryClient, SubjectVersion
+from tidemark.spark.columns import RESERVED_COLUMNS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -58,6 +67,11 @@ class RegistrySchemas:
     writer_ids: tuple[int, ...]
     seen: tuple[SchemaUse, ...] = ()
     events: tuple[dict[str, Any], ...] = field(default=())
+
+    @property
+    def field_names(self) -> list[str]:
+        """The reader's top-level fields, which a value publishes as columns; each format's schemas know them."""
+        raise NotImplementedError(f"{type(self).__name__} does not name its reader's fields")
 
     def report(self) -> dict[str, Any]:
         """The report's ``schemas``: the reader schema's subject, version and id, and the ids seen per partition."""
@@ -229,8 +243,6 @@ def version_of(client: RegistryClient, subject: str, schema_id: int) -> str:
 
 def check_columns(feed: Feed, reader: SubjectVersion, names: Mapping[str, Any]) -> None:
     """The value reader's top-level fields become columns: none may take the name of a record column."""
-    from tidemark.spark.decode import RESERVED_COLUMNS
-
     clash = sorted(set(names) & RESERVED_COLUMNS)
     if clash:
         raise SchemaError(
