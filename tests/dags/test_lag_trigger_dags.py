@@ -25,9 +25,11 @@ def test_a_lag_feed_is_scheduled_on_its_lag_asset_watched_by_the_trigger(tmp_pat
     dag = all_dags(feeds(tmp_path, burst="trigger: {lag_records: 500, oldest_unread_age: 10m}\n"))["tidemark_burst"]
 
     assert dag.max_active_runs == 1
-    [asset] = dag.timetable.asset_condition.objects if hasattr(dag.timetable.asset_condition, "objects") else [
-        dag.timetable.asset_condition
-    ]
+    [asset] = (
+        dag.timetable.asset_condition.objects
+        if hasattr(dag.timetable.asset_condition, "objects")
+        else [dag.timetable.asset_condition]
+    )
     assert isinstance(asset, Asset) and asset.name == "tidemark_lag_burst"
     [watcher] = asset.watchers
     trigger = watcher.trigger

@@ -87,7 +87,9 @@ def test_reading_sums_lag_and_marks_overdue_partitions() -> None:
 
 
 def test_reading_with_every_unread_record_old_or_nothing_unread() -> None:
-    got = reading_of(AT, committed={P0: 10, P1: 30}, ends={P0: 20, P1: 30}, fallback={}, first_young={P0: None, P1: None})
+    got = reading_of(
+        AT, committed={P0: 10, P1: 30}, ends={P0: 20, P1: 30}, fallback={}, first_young={P0: None, P1: None}
+    )
     assert got.records == 10 and got.overdue == ("orders[0]",)  # P1 has nothing unread: never overdue
 
 
