@@ -18,6 +18,7 @@ from tidemark.cli.airflow import add_airflow
 from tidemark.cli.plan import add_planning
 from tidemark.cli.run import add_run
 from tidemark.cli.runs import add_runs
+from tidemark.cli.watch import add_watch
 from tidemark.errors import TidemarkError
 from tidemark.kafka.connection import CLIENT_LOG
 
@@ -116,6 +117,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     add_run,
     add_runs,
     add_airflow,
+    add_watch,
 ]
 
 

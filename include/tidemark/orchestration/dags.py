@@ -502,9 +502,7 @@ def _record_cause(run_dir: str) -> str:
     ``lag``: the feed's lag trigger fired (the asset event's payload: the lag and overdue
     partitions it saw, the rule's reason); ``schedule``: its cron; ``manual``: a person.
     """
-    import json
-
-    from tidemark.storage import Location
+    from tidemark.orchestration.lag import record_cause
 
     ctx = get_current_context()
     run_type = str(getattr(ctx["dag_run"], "run_type", "") or "")
@@ -515,8 +513,7 @@ def _record_cause(run_dir: str) -> str:
             if isinstance(payload, dict) and "lag_records" in payload:
                 fired.append(payload)
     cause = "lag" if fired else ("manual" if "manual" in run_type else "schedule")
-    doc = {"cause": cause, "run_type": run_type, "lag_events": fired}
-    (Location.of(run_dir) / "trigger.json").write_text(json.dumps(doc))
+    record_cause(run_dir, cause, fired, run_type)
     log.info("run started by %s%s", cause, f": {fired[-1].get('reason')}" if fired else "")
     return cause
 

@@ -31,6 +31,7 @@ from tidemark.config.models import Feed, OnMissing
 from tidemark.errors import KafkaUnavailableError
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, logged
+from tidemark.storage import Location
 
 # After a firing whose run has not moved the group's offsets, the next firing waits this long (or
 # min_interval, if longer): the scheduler creates the run within seconds, and a run queued or running is
@@ -133,6 +134,18 @@ def decide(rule: Thresholds, reading: LagReading, last: Fired | None, active_run
     if reasons:
         return Decision(True, "; ".join(reasons))
     return Decision(False, f"below the thresholds (lag {reading.records} records, no partition overdue)")
+
+
+CAUSE_FILE = "trigger.json"
+
+
+def record_cause(run_dir: str, cause: str, lag_events: Sequence[Mapping[str, Any]] = (), run_type: str = "") -> None:
+    """Write why a feed run started beside the run (``trigger.json``): ``lag`` with the readings that fired it,
+    ``schedule`` or ``manual``. The Airflow plan task and ``tidemark watch`` both write it."""
+    import json
+
+    doc = {"cause": cause, "run_type": run_type, "lag_events": [dict(e) for e in lag_events]}
+    (Location.of(run_dir) / CAUSE_FILE).write_text(json.dumps(doc))
 
 
 def _key(tp: TP) -> str:
