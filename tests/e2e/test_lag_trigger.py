@@ -16,18 +16,17 @@ import json
 import os
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster, keyed_records
-from tests.faults.harness import digest, group_offsets, oracle
+from tests.faults.harness import group_offsets, oracle
+from tests.integration.read_helpers import published_rows
 from tidemark.devtools.airflow import LocalAirflow, project_root
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -132,16 +131,6 @@ def _triggerer_log(env: LagAirflow) -> str:
     return (env.airflow.home / "logs" / "triggerer.log").read_text(errors="replace")
 
 
-def _published(output: Path) -> Counter[tuple[str, int, int, str]]:
-    rows: Counter[tuple[str, int, int, str]] = Counter()
-    for path in sorted(output.glob("plan_id=*/**/*.parquet")):
-        table = pq.read_table(path, partitioning=None)
-        for t, p, o, v in zip(*(table.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")),
-                              strict=True):  # fmt: skip
-            rows[(str(t), int(p), int(o), digest(v))] += 1
-    return rows
-
-
 def _produce(env: LagAirflow, count: int, prefix: str) -> None:
     half = count // 2
     env.kafka.produce(env.topic, keyed_records(half, partition=0, prefix=f"{prefix}0"))
@@ -166,6 +155,8 @@ def test_a_lag_feed_runs_only_past_its_threshold_and_survives_a_triggerer_restar
 
     # The triggerer dies while that run is under way; a new one starts and rebuilds the trigger from the database.
     env.airflow.restart("triggerer", kill=True)
+    # The new triggerer's trigger knows the firing from the Asset's state in Airflow's database, not from memory.
+    _wait("the trigger to start again", lambda: "(from Airflow's database)" in _triggerer_log(env), 180)
     runs = _wait("the first run to finish", lambda: _finished(env, 1), 600)
     assert [r["state"] for r in runs] == ["success"], runs
     # No duplicate run: the trigger came back, saw the run's commit, and the lag is 0 again.
@@ -185,7 +176,7 @@ def test_a_lag_feed_runs_only_past_its_threshold_and_survives_a_triggerer_restar
     committed = group_offsets(env.kafka.connection, env.group, tps)
     assert sum(c or 0 for c in committed.values()) == 30 + 20 + THRESHOLD + 4, committed
     expected = oracle(env.kafka.connection, {tp: (0, committed[tp] or 0) for tp in tps})
-    got = _published(env.output)
+    got = published_rows(env.output)
     assert not [r for r, n in got.items() if n > 1], "published twice"
     assert got == expected
 
@@ -193,5 +184,5 @@ def test_a_lag_feed_runs_only_past_its_threshold_and_survives_a_triggerer_restar
     payloads = [e["extra"]["payload"] for e in env.asset_events()]
     assert [p["lag_records"] >= THRESHOLD for p in payloads] == [True, True], payloads
     causes = [json.loads(p.read_text()) for p in sorted((env.state / "runs" / FEED).glob("*/trigger.json"))]
-    assert [c["cause"] for c in causes] == ["lag", "lag"], causes
+    assert [(c["cause"], c["run_type"]) for c in causes] == [("lag", "asset_triggered")] * 2, causes
     assert all(c["lag_events"] and "lag_records" in c["lag_events"][0]["reason"] for c in causes), causes

@@ -505,7 +505,8 @@ def _record_cause(run_dir: str) -> str:
     from tidemark.orchestration.lag import record_cause
 
     ctx = get_current_context()
-    run_type = str(getattr(ctx["dag_run"], "run_type", "") or "")
+    kind = getattr(ctx["dag_run"], "run_type", "") or ""
+    run_type = str(getattr(kind, "value", kind))  # asset_triggered, scheduled, manual
     fired = []
     for events in (ctx.get("triggering_asset_events") or {}).values():
         for event in events:

@@ -146,7 +146,10 @@ class LagTrigger(BaseEventTrigger):  # type: ignore[misc]
     async def run(self) -> AsyncIterator[TriggerEvent]:
         self._last = await self._load_last()
         probe = await self._probe()
-        log.info("lag trigger for feed '%s' (group %s) checks every %.0fs", self.feed, self.group, self.check_every_s)
+        log.info(
+            "lag trigger for feed '%s' (group %s) checks every %.0fs; last fired: %s", self.feed, self.group,
+            self.check_every_s, "never" if self._last is None else f"{self._last.to_json()} (from Airflow's database)",
+        )  # fmt: skip
         try:
             while True:
                 try:

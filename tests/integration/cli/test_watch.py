@@ -7,15 +7,14 @@ import os
 import subprocess
 import sys
 import uuid
-from collections import Counter
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster, keyed_records
-from tests.faults.harness import digest, group_offsets, oracle
+from tests.faults.harness import group_offsets, oracle
+from tests.integration.read_helpers import published_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -53,12 +52,7 @@ def test_watch_runs_the_feed_only_once_its_lag_passes_the_threshold(kafka: Kafka
     committed = group_offsets(kafka.connection, group, tps)
     assert committed == {(topic, 0): 10, (topic, 1): 10}
     expected = oracle(kafka.connection, {tp: (0, committed[tp] or 0) for tp in tps})
-    got: Counter[tuple[str, int, int, str]] = Counter()
-    for path in output.glob("plan_id=*/**/*.parquet"):
-        table = pq.read_table(path, partitioning=None)
-        cols = (table.column(c).to_pylist() for c in ("topic", "partition", "offset", "value"))
-        got.update((str(t), int(p), int(o), digest(v)) for t, p, o, v in zip(*cols, strict=True))
-    assert got == expected
+    assert published_rows(output) == expected
     [cause] = [json.loads(p.read_text()) for p in (tmp_path / "state" / "runs" / "orders").glob("*/trigger.json")]
     assert cause["cause"] == "lag" and cause["lag_events"][0]["lag_records"] == 20
 
