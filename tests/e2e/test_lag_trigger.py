@@ -186,3 +186,6 @@ def test_a_lag_feed_runs_only_past_its_threshold_and_survives_a_triggerer_restar
     causes = [json.loads(p.read_text()) for p in sorted((env.state / "runs" / FEED).glob("*/trigger.json"))]
     assert [(c["cause"], c["run_type"]) for c in causes] == [("lag", "asset_triggered")] * 2, causes
     assert all(c["lag_events"] and "lag_records" in c["lag_events"][0]["reason"] for c in causes), causes
+    # ... and the Tidemark view shows it beside each run.
+    rows = env.get(f"/tidemark/api/feeds/{FEED}")["run_rows"]
+    assert [(r["started_by"], "lag_records 40" in (r["started_reason"] or "")) for r in rows] == [("lag", True)] * 2
