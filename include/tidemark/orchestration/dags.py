@@ -640,6 +640,18 @@ def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None, *, 
         check_step(planned, committed)
 
 
+def _trigger_doc(feed: Feed) -> str:
+    if feed.trigger is None:
+        return ""
+    t = feed.trigger
+    limits = [f"lag >= {t.lag_records} records"] if t.lag_records else []
+    limits += [f"an unread record older than {t.oldest_unread_age}"] if t.oldest_unread_age else []
+    return (
+        f" Also runs when its lag trigger (the Asset `tidemark_lag_{feed.name}`, checked every {t.check_every} in "
+        f"the triggerer) sees {' or '.join(limits)}, at most once per {t.min_interval}; the run's `plan` task logs why."
+    )
+
+
 def feed_dag(feed: Feed) -> DAG:
     with DAG(
         dag_id=dag_id(feed.name),
@@ -648,7 +660,7 @@ def feed_dag(feed: Feed) -> DAG:
             f"Reads what group `{feed.group}` has not read yet from {', '.join(feed.topics)}, validates it, "
             "publishes it and then commits the group's offsets. Failures before the commit leave offsets unchanged. "
             f"Each successful run emits an event on the Asset `tidemark_{feed.name}` (its output): schedule "
-            "downstream DAGs on it."
+            "downstream DAGs on it." + _trigger_doc(feed)
         ),
         schedule=feed_schedule(feed),
         start_date=START_DATE,
