@@ -137,6 +137,8 @@ def _produce(env: LagAirflow, count: int, prefix: str) -> None:
     env.kafka.produce(env.topic, keyed_records(count - half, partition=1, prefix=f"{prefix}1"))
 
 
+# Airflow's start, two runs through four task processes each and a triggerer restart: 9-10 min on a loaded 2-core box.
+@pytest.mark.timeout(1800)
 def test_a_lag_feed_runs_only_past_its_threshold_and_survives_a_triggerer_restart(lag_airflow: LagAirflow) -> None:
     env = lag_airflow
     _produce(env, THRESHOLD - 10, "a")  # 30 behind: below the threshold
