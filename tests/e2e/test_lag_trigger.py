@@ -115,8 +115,11 @@ def _dag_exists(env: LagAirflow) -> bool:
 def _wait(what: str, check: Callable[[], _T], timeout_s: float) -> _T:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if found := check():
-            return found
+        try:
+            if found := check():
+                return found
+        except TimeoutError:  # the api-server did not answer in 60 s (a machine at load 200): ask again
+            pass
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
