@@ -118,6 +118,13 @@ bench-view: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tests.bench.view $(BENCH_VIEW_ARGS)
 
+# Lag-trigger cost: triggerer CPU per idle lag-triggered feed per hour (20 feeds, 30 s checks) against an idle cron
+# feed at */15 (4 runs an hour), on a local Airflow with its triggerer (BENCH_TRIGGER_ARGS='--feeds 20 --minutes 3').
+.PHONY: bench-trigger
+bench-trigger: install
+	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
+	$(BIN)/python -m tests.bench.trigger $(BENCH_TRIGGER_ARGS)
+
 # DAG parse benchmark: Airflow parsing Tidemark's DAG files with 1, 10 and 100 feed files (BENCH_DAGPARSE_ARGS='--bad'
 # adds a malformed one); prints medians and the network connections tried (must be 0). No Kafka needed.
 .PHONY: bench-dagparse

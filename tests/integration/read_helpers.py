@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -163,3 +164,24 @@ def run_job_in_process(spark: Any, handle: Any, connection: KafkaConnection) -> 
     finally:
         write_result(Path(handle.run_dir), result)
     return result.to_dict()
+
+
+def published_rows(output: Path) -> Counter[tuple[str, int, int, str]]:
+    """``(topic, partition, offset, sha256(value))`` of every record under a local output's plan folders, counted:
+    the shape of the fault oracle's rows (:func:`tests.faults.harness.oracle`). The topic comes from the
+    ``topic=`` folder where the files have no such column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.faults.harness import digest
+
+    rows: Counter[tuple[str, int, int, str]] = Counter()
+    for path in sorted(output.glob("plan_id=*/**/*.parquet")):
+        folder_topic = next((p[len("topic=") :] for p in path.parts if p.startswith("topic=")), None)
+        table = pq.read_table(path, partitioning=None)
+        topics = table.column("topic").to_pylist() if "topic" in table.column_names else [folder_topic] * len(table)
+        values = table.column("value").cast(pa.binary()).to_pylist()
+        for t, p, o, v in zip(topics, table.column("partition").to_pylist(), table.column("offset").to_pylist(),
+                              values, strict=True):  # fmt: skip
+            rows[(str(t), int(p), int(o), digest(v))] += 1
+    return rows

@@ -458,6 +458,22 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "lag-trigger-fires-twice",
+        "a lag-triggered feed is not started twice for one threshold crossing, across triggerer restarts too",
+        (
+            Edit(
+                "include/tidemark/orchestration/lag.py",
+                "        if dict(reading.positions) == dict(last.positions) and since_s < settle_s:",
+                "        if False:",
+            ),
+        ),
+        (
+            "tests/unit/orchestration/test_lag_rule.py::test_after_firing_it_waits_until_the_offsets_move",
+            "tests/unit/orchestration/test_lag_trigger_state.py::test_it_fires_records_the_firing_and_a_rebuilt_"
+            "instance_does_not_fire_again",
+        ),
+    ),
+    Mutant(
         "spark-secrets-as-env-vars",
         "no connection secret is an argument or a variable of spark-submit, on any master",
         (

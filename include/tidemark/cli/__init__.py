@@ -20,6 +20,7 @@ from tidemark.cli.output import error, table
 from tidemark.cli.plan import add_planning
 from tidemark.cli.run import add_run
 from tidemark.cli.runs import add_runs
+from tidemark.cli.watch import add_watch
 from tidemark.devtools.kafka.cluster import LocalCluster, fetch_jars
 from tidemark.errors import TidemarkError
 from tidemark.kafka.connection import CLIENT_LOG
@@ -100,6 +101,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     add_run,
     add_runs,
     add_airflow,
+    add_watch,
 ]
 
 

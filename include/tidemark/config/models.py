@@ -248,6 +248,60 @@ class Alerts(_Model):
         return None if self.max_lag is None else int(parse_skew(self.max_lag, "alerts.max_lag").total_seconds() * 1000)
 
 
+class Trigger(_Model):
+    """When a feed runs because data arrived (``trigger:``), besides or instead of its ``schedule``.
+
+    ``lag_records``: the feed runs once the group is at least this many records behind, summed
+    over every partition of its topics (committed offset to the end its isolation sees).
+    ``oldest_unread_age``: ... or once the oldest record it has not read is older than this
+    (``30s``, ``10m``, ``2h`` or ISO 8601). Either or both; with the feed's ``schedule`` (a
+    cron as today) the feed also runs on that. ``min_interval``: at least this long between two
+    runs the trigger starts (default ``1m``). ``check_every``: how often the lag is looked up
+    (default ``30s``): a run starts within about this long (plus the scheduler's loop) once a
+    threshold is passed. See docs/orchestration.md.
+    """
+
+    lag_records: PositiveInt | None = None
+    oldest_unread_age: str | None = None
+    min_interval: str = "1m"
+    check_every: str = "30s"
+
+    @field_validator("oldest_unread_age", "min_interval", "check_every")
+    @classmethod
+    def _duration_ok(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None:
+            try:
+                parse_skew(v, f"trigger.{info.field_name}")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from exc
+        return v
+
+    @model_validator(mode="after")
+    def _a_threshold(self) -> Trigger:
+        if self.lag_records is None and self.oldest_unread_age is None:
+            raise ValueError(
+                "a trigger needs a threshold: lag_records (records behind) and/or oldest_unread_age (e.g. 10m); "
+                "for a cron alone use the feed's 'schedule' and drop 'trigger'"
+            )
+        if parse_skew(self.check_every, "trigger.check_every") < timedelta(seconds=1):
+            raise ValueError("trigger.check_every: at least 1s (each check is two offset look-ups per broker)")
+        return self
+
+    @property
+    def oldest_unread_age_ms(self) -> int | None:
+        if self.oldest_unread_age is None:
+            return None
+        return int(parse_skew(self.oldest_unread_age, "trigger.oldest_unread_age").total_seconds() * 1000)
+
+    @property
+    def min_interval_s(self) -> float:
+        return parse_skew(self.min_interval, "trigger.min_interval").total_seconds()
+
+    @property
+    def check_every_s(self) -> float:
+        return parse_skew(self.check_every, "trigger.check_every").total_seconds()
+
+
 ICEBERG_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}\.[A-Za-z_][A-Za-z0-9_]{0,99}$")
 
 
@@ -298,6 +352,7 @@ class Feed(_Model):
     validation: Validation = Validation()
     time_windows: TimeWindows = TimeWindows()
     alerts: Alerts | None = None
+    trigger: Trigger | None = None
 
     @field_validator("name")
     @classmethod

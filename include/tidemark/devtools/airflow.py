@@ -3,9 +3,10 @@
 :class:`LocalAirflow` gives Airflow its own home (SQLite metadata database), points it at
 the project's ``dags/`` and ``plugins/`` folders, sets the ``tidemark_kafka`` and
 ``tidemark_spark`` connections as environment variables (the Kafka one at the given
-bootstrap servers), and runs the three processes Airflow 3 needs for a triggered run to
-finish: ``api-server`` (UI, REST API, Tidemark's view, and the execution API the tasks
-talk to), ``scheduler`` (LocalExecutor) and ``dag-processor``. Each process gets its own
+bootstrap servers), and runs the four processes of Airflow 3's shape: ``api-server`` (UI,
+REST API, Tidemark's view, and the execution API the tasks talk to), ``scheduler``
+(LocalExecutor), ``dag-processor`` and ``triggerer`` (where lag-triggered feeds' triggers
+run: :mod:`tidemark.orchestration.lag_trigger`). Each process gets its own
 process group and log file under the home; their pids are kept in ``pids.json`` so that
 ``down`` (another shell, or the tests' teardown) stops exactly them.
 
@@ -33,7 +34,7 @@ from tidemark.config.models import package_root
 from tidemark.devtools.kafka.cluster import free_port, port_in_use, process_runs_as
 from tidemark.errors import TidemarkError
 
-PROCESSES = ("api-server", "scheduler", "dag-processor")
+PROCESSES = ("api-server", "scheduler", "dag-processor", "triggerer")
 USERS = "admin:admin,viewer:viewer"
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
 # With port 0: how many free ports the api-server is started on when another process takes each first.
@@ -126,7 +127,7 @@ class LocalAirflow:
         return {name: pid for name, pid in pids.items() if process_runs_as(pid, b"airflow")}
 
     def up(self, timeout_s: float = 240.0) -> None:
-        """Migrate the database, start the three processes and wait until the API answers."""
+        """Migrate the database, start the processes and wait until the API answers."""
         if self.running():
             raise AirflowStartError(f"Airflow already runs from {self.home} (pids {self.running()}); stop it first")
         self.home.mkdir(parents=True, exist_ok=True)
@@ -153,19 +154,40 @@ class LocalAirflow:
                 self.port = free_port()
 
     def _start(self) -> None:
-        """Start the three processes, each in a process group of its own, logging under ``logs/``."""
+        """Start the processes, each in a process group of its own, logging under ``logs/``."""
+        env = self.env()  # names the api-server's port (AIRFLOW__API__BASE_URL): the same for all
+        self.pids_file.write_text(json.dumps({name: self._spawn(name, env, "w") for name in PROCESSES}))
+
+    def _spawn(self, name: str, env: Mapping[str, str], mode: str) -> int:
         exe = str(Path(sys.executable).with_name("airflow"))
-        pids = {}
-        env = self.env()  # names the api-server's port (AIRFLOW__API__BASE_URL): the same for all three
-        for name in PROCESSES:
-            args = [exe, name] + (["--port", str(self.port), "--host", "127.0.0.1"] if name == "api-server" else [])
-            with (self.home / "logs" / f"{name}.log").open("w") as log:
-                proc = subprocess.Popen(
-                    args, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True,  # its own process group: down() stops it and its children
-                )  # fmt: skip
-            pids[name] = proc.pid
+        args = [exe, name] + (["--port", str(self.port), "--host", "127.0.0.1"] if name == "api-server" else [])
+        with (self.home / "logs" / f"{name}.log").open(mode) as log:
+            proc = subprocess.Popen(
+                args, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: down() stops it and its children
+            )  # fmt: skip
+        return proc.pid
+
+    def restart(self, name: str, *, kill: bool = False, timeout_s: float = 30.0) -> int:
+        """Stop one process (SIGTERM, or SIGKILL with ``kill``: a crash) and start it again; its new pid.
+
+        The e2e tests restart the triggerer this way: its triggers must come back from Airflow's
+        database, with nothing lost and nothing fired twice.
+        """
+        pids: dict[str, int] = json.loads(self.pids_file.read_text())
+        old = pids[name]
+        try:
+            os.killpg(old, signal.SIGKILL if kill else signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + timeout_s
+        while process_runs_as(old, b"airflow") and time.monotonic() < deadline:
+            time.sleep(0.3)
+        if process_runs_as(old, b"airflow"):
+            os.killpg(old, signal.SIGKILL)
+        pids[name] = self._spawn(name, self.env(), "a")
         self.pids_file.write_text(json.dumps(pids))
+        return pids[name]
 
     def _port_in_use(self) -> str:
         return (
@@ -179,7 +201,7 @@ class LocalAirflow:
         return log.exists() and "address already in use" in log.read_text(errors="replace")
 
     def wait_healthy(self, timeout_s: float) -> None:
-        """Wait until the api-server answers and the scheduler and dag-processor report healthy."""
+        """Wait until the api-server answers and the scheduler and triggerer report healthy."""
         deadline = time.monotonic() + timeout_s
         last = ""
         while time.monotonic() < deadline:
@@ -190,7 +212,7 @@ class LocalAirflow:
             try:
                 with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as resp:
                     doc = json.loads(resp.read())
-                if doc.get("scheduler", {}).get("status") == "healthy":
+                if all(doc.get(p, {}).get("status") == "healthy" for p in ("scheduler", "triggerer")):
                     return
                 last = json.dumps(doc)
             except (OSError, ValueError) as exc:

@@ -21,7 +21,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Asset, BaseHook, Param, get_current_context, task
+from airflow.sdk import (
+    DAG,
+    Asset,
+    AssetOrTimeSchedule,
+    AssetWatcher,
+    BaseHook,
+    CronTriggerTimetable,
+    DeltaTriggerTimetable,
+    Param,
+    get_current_context,
+    task,
+)
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark.checkpoints.store import CheckpointStore
@@ -30,6 +41,7 @@ from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, Valid
 from tidemark.kafka.connection import CALLBACK_SETTINGS, KafkaConnection, from_airflow_extra, from_env, is_secret
 from tidemark.kafka.registry import RegistryConnection
 from tidemark.kafka.registry import from_env as registry_from_env
+from tidemark.orchestration.lag_trigger import LagTrigger
 from tidemark.planning.plan import Plan
 from tidemark.planning.requests import END_CHOICES, MAX_OFFSET, MAX_PARTITION, OUTPUT_ROOTS_ENV, START_CHOICES
 
@@ -267,6 +279,32 @@ def feed_asset(feed: Feed) -> Asset:
     return Asset(name=f"tidemark_{feed.name}", uri=output_uri(feed), group="tidemark")
 
 
+def lag_asset(feed: Feed) -> Asset:
+    """The Asset a lag-triggered feed's DAG is scheduled on, watched by its :class:`LagTrigger` in the triggerer.
+
+    Building it costs nothing at parse time: the trigger only keeps the feed's plain values
+    and the Kafka connection's id; it looks Kafka up once the triggerer runs it.
+    """
+    name = f"tidemark_lag_{feed.name}"
+    watcher = AssetWatcher(name=name, trigger=LagTrigger.for_feed(feed, KAFKA_CONN_ID))
+    return Asset(name=name, uri=f"x-tidemark-lag://{feed.name}", group="tidemark", watchers=[watcher])
+
+
+def feed_schedule(feed: Feed) -> Any:
+    """A feed DAG's schedule: its ``schedule`` alone; with ``trigger:`` its lag Asset, or both (either one runs it)."""
+    if feed.trigger is None:
+        return feed.schedule
+    asset = lag_asset(feed)
+    if feed.schedule is None:
+        return [asset]
+    timetable: Any
+    if feed.schedule.startswith("@") or " " in feed.schedule.strip():
+        timetable = CronTriggerTimetable(feed.schedule, timezone="UTC")
+    else:  # "6h"-style
+        timetable = DeltaTriggerTimetable(feed.interval)
+    return AssetOrTimeSchedule(timetable=timetable, assets=asset)
+
+
 def output_uri(feed: Feed) -> str:
     """The feed's output as a URI: ``file://`` for a local folder, the URL itself for an object store."""
     where = feed.output_location()
@@ -430,6 +468,8 @@ def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None
             ).to_xcom()
         )
         _record_airflow_run(handle["run_dir"])
+        if mode == "scheduled":
+            metrics.started(feed_name, _record_cause(handle["run_dir"]))
         plan = RunHandle.from_xcom(handle).plan()
         metrics.planned(plan)
         _describe_lineage(plan)
@@ -454,6 +494,29 @@ def _record_airflow_run(run_dir: str) -> None:
     ctx = get_current_context()
     doc = {"dag_id": ctx["ti"].dag_id, "dag_run_id": ctx["dag_run"].run_id}
     (Location.of(run_dir) / "airflow.json").write_text(json.dumps(doc))
+
+
+def _record_cause(run_dir: str) -> str:
+    """Write why this feed run started beside the run (``trigger.json``) and in the log; return the cause.
+
+    ``lag``: the feed's lag trigger fired (the asset event's payload: the lag and overdue
+    partitions it saw, the rule's reason); ``schedule``: its cron; ``manual``: a person.
+    """
+    from tidemark.orchestration.lag import record_cause
+
+    ctx = get_current_context()
+    kind = getattr(ctx["dag_run"], "run_type", "") or ""
+    run_type = str(getattr(kind, "value", kind))  # asset_triggered, scheduled, manual
+    fired = []
+    for events in (ctx.get("triggering_asset_events") or {}).values():
+        for event in events:
+            payload = (getattr(event, "extra", None) or {}).get("payload")
+            if isinstance(payload, dict) and "lag_records" in payload:
+                fired.append(payload)
+    cause = "lag" if fired else ("manual" if "manual" in run_type else "schedule")
+    record_cause(run_dir, cause, fired, run_type)
+    log.info("run started by %s%s", cause, f": {fired[-1].get('reason')}" if fired else "")
+    return cause
 
 
 # none_failed: the commit also runs after the Spark task skipped an empty plan.
@@ -577,6 +640,18 @@ def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None, *, 
         check_step(planned, committed)
 
 
+def _trigger_doc(feed: Feed) -> str:
+    if feed.trigger is None:
+        return ""
+    t = feed.trigger
+    limits = [f"lag >= {t.lag_records} records"] if t.lag_records else []
+    limits += [f"an unread record older than {t.oldest_unread_age}"] if t.oldest_unread_age else []
+    return (
+        f" Also runs when its lag trigger (the Asset `tidemark_lag_{feed.name}`, checked every {t.check_every} in "
+        f"the triggerer) sees {' or '.join(limits)}, at most once per {t.min_interval}; the run's `plan` task logs why."
+    )
+
+
 def feed_dag(feed: Feed) -> DAG:
     with DAG(
         dag_id=dag_id(feed.name),
@@ -585,9 +660,9 @@ def feed_dag(feed: Feed) -> DAG:
             f"Reads what group `{feed.group}` has not read yet from {', '.join(feed.topics)}, validates it, "
             "publishes it and then commits the group's offsets. Failures before the commit leave offsets unchanged. "
             f"Each successful run emits an event on the Asset `tidemark_{feed.name}` (its output): schedule "
-            "downstream DAGs on it."
+            "downstream DAGs on it." + _trigger_doc(feed)
         ),
-        schedule=feed.schedule,
+        schedule=feed_schedule(feed),
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,  # one run of a feed at a time: runs of one group must not overlap

@@ -83,6 +83,11 @@ def finished(feed: str, run_dir: str, report_path: str, *, committed: bool) -> N
             stats.gauge(f"{PREFIX}.lag_seconds_at_plan", ms / 1000, tags=_tags(feed, topic, partition))
 
 
+def started(feed: str, cause: str) -> None:
+    """A scheduled feed run started, by its cause: ``lag`` (its lag trigger), ``schedule`` (its cron), ``manual``."""
+    stats.incr(f"{PREFIX}.run_started", tags={**_tags(feed), "cause": cause})
+
+
 def commit_refused(feed: str) -> None:
     stats.incr(f"{PREFIX}.commit_refused", tags=_tags(feed))
 

@@ -79,6 +79,7 @@ from tidemark.storage import Location
 
 REPLAY_DAG = "tidemark_replay"
 AIRFLOW_FILE = "airflow.json"  # the Airflow DAG run that made a Tidemark run (written by the plan task)
+CAUSE_FILE = "trigger.json"  # why a feed run started (tidemark.orchestration.lag.record_cause)
 CHART_RUNS = 30
 # The replay DAG's Params a trigger from the view may carry: all but allow_gap (the view's
 # form has no such field; skipping offsets is left to the DAG's own form and the CLI).
@@ -219,6 +220,8 @@ class RunRow:
     error: str | None
     airflow_url: str | None
     docs_url: str | None
+    started_by: str | None = None  # lag | schedule | manual (trigger.json)
+    started_reason: str | None = None  # the lag rule's reason when a lag trigger started it
 
 
 def _dry_run(report: RunReport) -> bool:
@@ -254,6 +257,10 @@ def _run_row(report: RunReport, root: str, runs_root: Path | None, scrub: Callab
         doc = json.loads(airflow_doc.read_text())
         airflow_url = f"/dags/{doc['dag_id']}/runs/{quote(str(doc['dag_run_id']), safe='')}"
     docs_url = f"{root}/runs/{report.feed}/{report.run_id}/docs" if report.data_docs else None
+    cause: dict[str, Any] = {}
+    if (run_dir / CAUSE_FILE).exists():
+        cause = json.loads((run_dir / CAUSE_FILE).read_text())
+    fired = cause.get("lag_events") or [{}]
     mode = f"{report.mode} (dry run)" if _dry_run(report) else report.mode
     lags = report.lag_ms_at_plan() if report.commit_requested else {}
     return RunRow(
@@ -261,6 +268,7 @@ def _run_row(report: RunReport, root: str, runs_root: Path | None, scrub: Callab
         max(lags.values()) if lags else None, report.counts.get("published"), report.counts.get("quarantined"),
         round(sum(report.timings_s.values()), 1) if report.timings_s else None,
         report.started_at, scrub(report.error) if report.error else None, airflow_url, docs_url,
+        cause.get("cause"), fired[-1].get("reason"),
     )  # fmt: skip
 
 

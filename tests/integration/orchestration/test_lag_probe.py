@@ -1,0 +1,54 @@
+"""The lag trigger's look-ups on the real cluster: records behind, overdue partitions, no group offsets."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from tests.conftest import KafkaTestCluster, keyed_records
+from tidemark.orchestration.lag import LagProbe
+
+
+def test_the_probe_reads_lag_and_old_unread_records_with_offsets_only(kafka: KafkaTestCluster) -> None:
+    topic = kafka.new_topic(partitions=3, prefix="probe")
+    group = f"g-probe-{uuid.uuid4().hex[:8]}"
+    now_ms = int(time.time() * 1000)
+    # Partition 0: 10 records stamped 2 hours ago; partition 1: 6 records stamped now; partition 2: empty.
+    kafka.produce(topic, keyed_records(10, partition=0, base_ts_ms=now_ms - 7_200_000))
+    kafka.produce(topic, keyed_records(6, partition=1, base_ts_ms=now_ms))
+    probe = LagProbe(kafka.connection, [topic], group)
+    try:
+        fresh = probe.read(oldest_unread_age_ms=600_000)
+        # No group offsets: counted from the log start (on_missing: earliest).
+        assert fresh.records == 16 and fresh.overdue == (f"{topic}[0]",)
+        assert dict(fresh.positions) == {f"{topic}[0]": -1, f"{topic}[1]": -1, f"{topic}[2]": -1}
+
+        # The group reads partition 0 up to 8: 2 old records left there, still overdue.
+        assert kafka.adapter.alter_committed(group, {(topic, 0): (8, ""), (topic, 1): (6, "")}) == {
+            (topic, 0): None, (topic, 1): None,
+        }  # fmt: skip
+        partly = probe.read(oldest_unread_age_ms=600_000)
+        assert partly.records == 2 and partly.overdue == (f"{topic}[0]",)
+        assert partly.positions[f"{topic}[0]"] == 8 and partly.positions != fresh.positions
+
+        # Caught up: nothing behind, nothing overdue.
+        kafka.adapter.alter_committed(group, {(topic, 0): (10, ""), (topic, 2): (0, "")})
+        done = probe.read(oldest_unread_age_ms=600_000)
+        assert (done.records, done.overdue) == (0, ())
+        # Each check: an OffsetFetch plus two ListOffsets (ends, by timestamp); partitions are described once, and
+        # the log start is asked only for partitions without group offsets.
+        before = probe.requests
+        probe.read(oldest_unread_age_ms=600_000)
+        assert probe.requests - before == 2  # the adapter's ListOffsets; the OffsetFetch is the probe's own consumer
+    finally:
+        probe.close()
+
+
+def test_a_latest_feed_without_group_offsets_has_no_lag(kafka: KafkaTestCluster) -> None:
+    topic = kafka.new_topic(partitions=1, prefix="probe")
+    kafka.produce(topic, keyed_records(5, partition=0))
+    probe = LagProbe(kafka.connection, [topic], f"g-{uuid.uuid4().hex[:8]}", on_missing="latest")
+    try:
+        assert probe.read().records == 0
+    finally:
+        probe.close()
