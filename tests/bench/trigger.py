@@ -36,9 +36,9 @@ from typing import Any
 import yaml
 
 from tests.support.cputime import tree_cpu_seconds
+from tests.support.kafka import KafkaTestAdmin
 from tidemark.devtools.airflow import LocalAirflow, project_root
 from tidemark.devtools.kafka.cluster import connection_from_env
-from tidemark.kafka.adapter import KafkaAdapter
 
 IDLE_FEED = "idle_cron"
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     connection = connection_from_env()
-    adapter = KafkaAdapter(connection)
+    adapter = KafkaTestAdmin(connection)
     base = Path(tempfile.mkdtemp(prefix="tidemark-bench-trigger-"))
     feeds, dags = base / "feeds", base / "dags"
     feeds.mkdir()

@@ -38,16 +38,16 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from tidemark.checkpoints.store import CheckpointStore
 from tidemark.config.models import Feed, dag_id, package_root, scan_feeds
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
-from tidemark.kafka.connection import CALLBACK_SETTINGS, KafkaConnection, from_airflow_extra, from_env, is_secret
+from tidemark.kafka.connection import is_secret
 from tidemark.kafka.registry import RegistryConnection
 from tidemark.kafka.registry import from_env as registry_from_env
+from tidemark.orchestration.connections import KAFKA_CONN_ID, kafka_connection
 from tidemark.orchestration.lag_trigger import LagTrigger
 from tidemark.planning.plan import Plan
 from tidemark.planning.requests import END_CHOICES, MAX_OFFSET, MAX_PARTITION, OUTPUT_ROOTS_ENV, START_CHOICES
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-KAFKA_CONN_ID = os.environ.get("TIDEMARK_KAFKA_CONN_ID", "tidemark_kafka")
 SPARK_CONN_ID = os.environ.get("TIDEMARK_SPARK_CONN_ID", "tidemark_spark")
 CHECKPOINT_CONN_ID = os.environ.get("TIDEMARK_CHECKPOINT_CONN_ID", "tidemark_checkpoints")
 STORAGE_CONN_ID = os.environ.get("TIDEMARK_STORAGE_CONN_ID", "tidemark_storage")
@@ -64,47 +64,6 @@ DEFAULT_ARGS: dict[str, Any] = {
 
 def spark_job_path() -> str:
     return os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
-
-
-def kafka_connection(conn_id: str = KAFKA_CONN_ID) -> KafkaConnection:
-    """The Kafka connection from Airflow, else the ``TIDEMARK_*`` environment."""
-    try:
-        conn = BaseHook.get_connection(conn_id)
-    except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
-        return _masked(from_env())
-    extra = conn.extra_dejson
-    _check_callbacks(conn_id, extra)
-    return _masked(from_airflow_extra(extra, conn_id))
-
-
-def _masked(connection: KafkaConnection) -> KafkaConnection:
-    """``connection``, each secret value registered with Airflow's secrets masker.
-
-    Airflow masks an extra's values only under the names it knows as sensitive (``password``,
-    ``private_key``, ...): ``ssl.key.pem`` or ``sasl.oauthbearer.config`` would reach task logs in clear.
-    """
-    from airflow.sdk.log import mask_secret
-
-    for key, value in connection.settings.items():
-        if value and is_secret(key):
-            mask_secret(value)
-    return connection
-
-
-def _check_callbacks(conn_id: str, extra: Mapping[str, Any]) -> None:
-    """Callbacks named in a connection's extra are imported only if ``[apache_kafka] callback_allowlist`` lists
-    them, the Kafka provider's own rule (anyone who may edit a connection could otherwise name any code)."""
-    from airflow.providers.common.compat.sdk import conf
-
-    allowed = {p.strip() for p in (conf.get("apache_kafka", "callback_allowlist", fallback="") or "").split(",")}
-    for key in CALLBACK_SETTINGS:
-        path = extra.get(key)
-        if isinstance(path, str) and path not in allowed:
-            raise ConfigError(
-                f"the Airflow connection '{conn_id}' names the callback {key}={path!r}, which "
-                "[apache_kafka] callback_allowlist does not list; add its full path there (as for the Kafka "
-                "provider's hooks) or remove it from the connection"
-            )
 
 
 def checkpoint_store(conn_id: str = CHECKPOINT_CONN_ID) -> CheckpointStore | None:

@@ -34,6 +34,7 @@ from asgiref.sync import sync_to_async
 
 from tidemark.config.models import Feed, dag_id
 from tidemark.errors import TidemarkError
+from tidemark.orchestration.connections import kafka_connection
 from tidemark.orchestration.lag import Decision, Fired, LagProbe, LagReading, Thresholds, decide
 
 log = logging.getLogger(__name__)
@@ -129,9 +130,6 @@ class LagTrigger(BaseEventTrigger):  # type: ignore[misc]
     # -- the loop -------------------------------------------------------------------------------
 
     async def _probe(self) -> LagProbe:
-        # Imported here: dags.py builds these triggers, so importing it at the top would be a cycle.
-        from tidemark.orchestration.dags import kafka_connection
-
         connection = await sync_to_async(kafka_connection)(self.kafka_conn_id)
         return LagProbe(connection, self.topics, self.group, self.isolation, self.on_missing)  # type: ignore[arg-type]
 
