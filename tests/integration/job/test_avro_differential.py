@@ -198,7 +198,7 @@ def _same(v: Any) -> Any:
 
 
 def _as_compared(reader: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
-    """``doc``'s reader fields, fastavro's maps (dicts in a map field) as the (key, value) pairs Parquet gives."""
+    """``doc``'s reader fields, maps (fastavro's dicts, Parquet's lists of pairs) as (key, value) pairs."""
 
     def maps(t: Any, v: Any) -> Any:
         if v is None:
@@ -206,7 +206,7 @@ def _as_compared(reader: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
         if isinstance(t, list):
             return maps(next(b for b in t if b != "null"), v)
         if isinstance(t, dict) and t.get("type") == "map":
-            return [(k, maps(t["values"], x)) for k, x in v.items()]
+            return [(k, maps(t["values"], x)) for k, x in (v.items() if isinstance(v, dict) else v)]
         if isinstance(t, dict) and t.get("type") == "record":
             return {f["name"]: maps(f["type"], v[f["name"]]) for f in t["fields"]}
         if isinstance(t, dict) and t.get("type") == "array":
