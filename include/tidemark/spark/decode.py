@@ -227,7 +227,7 @@ def _registry_decoding(
         assert isinstance(schemas, avro.AvroSchemas)
         work = work.withColumn(parsed_name, avro.decoded_value(schemas, column))
         whole = F.col(parsed_name)
-        failed = present & avro.decode_failed(whole, schemas)
+        failed = present & (avro.decode_failed(whole, schemas) | avro.not_text(whole, schemas))
         names = _millis_fields(schemas)
         overflow_name = f"{parsed_name}_millis_overflow"
         if names:  # which field a record failed on, asked only of records that failed
