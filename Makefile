@@ -44,11 +44,19 @@ test: lint browser
 test-extended: install
 	$(BIN)/pytest -v --durations=10 -m extended $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
 
-# The differential Avro tests (tests/integration/spark/test_differential.py) with many more examples than
-# `make test` runs (25); the counts checked are printed at the end. `make differential` runs the JSON Schema ones.
+# The Avro and Protobuf differential tests with many more examples than `make test` runs: Avro at the level of the
+# decoding functions (tests/integration/spark/test_differential.py, 25 in `make test`) and end to end on the cluster and
+# registry (tests/integration/job/test_avro_differential.py, 1), Protobuf at the level of the workers' decoding
+# (tests/unit/spark/test_protobuf_differential.py, 200) and end to end (tests/integration/job/test_protobuf_differential.py,
+# 1). Each prints the counts it generated and checked. `make differential` runs the JSON Schema ones too.
 DIFFERENTIAL_EXAMPLES ?= 1000
+DIFFERENTIAL_UNIT_EXAMPLES ?= 3000
+DIFFERENTIAL_E2E_EXAMPLES ?= 6
 test-differential: install
-	TIDEMARK_DIFFERENTIAL_EXAMPLES=$(DIFFERENTIAL_EXAMPLES) $(BIN)/pytest -v -n 0 tests/integration/spark/test_differential.py $(PYTEST_ARGS)
+	TIDEMARK_DIFFERENTIAL_EXAMPLES=$(DIFFERENTIAL_EXAMPLES) TIDEMARK_DIFF_EXAMPLES=$(DIFFERENTIAL_UNIT_EXAMPLES) \
+	  TIDEMARK_DIFF_E2E_EXAMPLES=$(DIFFERENTIAL_E2E_EXAMPLES) $(BIN)/pytest -v -n 0 --timeout 3600 \
+	  tests/integration/spark/test_differential.py tests/unit/spark/test_protobuf_differential.py \
+	  tests/integration/job/test_avro_differential.py tests/integration/job/test_protobuf_differential.py $(PYTEST_ARGS)
 
 # The e2e browser test drives Debian's Chromium with Playwright (Playwright's own browser download is unreachable).
 browser:
@@ -78,6 +86,7 @@ model: install
 # functions; TIDEMARK_DIFF_E2E_EXAMPLES: schemas through whole runs on the cluster and registry.
 differential: install
 	TIDEMARK_DIFF_EXAMPLES=$${TIDEMARK_DIFF_EXAMPLES:-2000} TIDEMARK_DIFF_E2E_EXAMPLES=$${TIDEMARK_DIFF_E2E_EXAMPLES:-10} \
+	TIDEMARK_DIFFERENTIAL_EXAMPLES=$${TIDEMARK_DIFFERENTIAL_EXAMPLES:-1000} \
 	  $(BIN)/pytest tests/unit tests/integration -k differential -s --timeout 3600 $(PYTEST_ARGS)
 
 # Each listed breakage applied in a scratch copy, with the tests that must catch it (tests/mutants/run.py);

@@ -33,7 +33,9 @@ long (:func:`millis_fields`).
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -318,6 +320,55 @@ def decode_failed(decoded: Column, schemas: AvroSchemas) -> Column:
     return failed if schemas.is_record else failed | decoded.getField(VALUE_FIELD).isNull()
 
 
+def not_text(decoded: Column, schemas: AvroSchemas) -> Column:
+    """Whether the result of :func:`decoded_value` holds, at any depth (record fields, array items, map keys and
+    values, a union with null), a reader ``string`` whose bytes are not UTF-8: a producer's bug, or ``bytes`` read as
+    ``string`` (Avro's promotion). ``from_avro`` gives such bytes as a string unchecked, where the reference decoders
+    refuse the body; the record is a bad record."""
+    from pyspark.sql import functions as F
+
+    named: dict[str, Any] = {}  # named types by full and short name, for references to them
+
+    def either(checks: list[Column | None]) -> Column | None:
+        found = [F.coalesce(c, F.lit(False)) for c in checks if c is not None]
+        return functools.reduce(operator.or_, found) if found else None
+
+    def below(col: Column, avro_type: Any, namespace: str) -> Column | None:
+        if isinstance(avro_type, list):
+            branches = [t for t in avro_type if t != "null"]
+            # A union of several types is a struct of members in Spark: its strings are not looked into.
+            return below(col, branches[0], namespace) if len(branches) == 1 else None
+        if isinstance(avro_type, str):
+            if avro_type == "string":
+                return ~F.is_valid_utf8(col)
+            known = named.get(f"{namespace}.{avro_type}") or named.get(avro_type)
+            return below(col, known, namespace) if isinstance(known, dict) and known.get("type") == "record" else None
+        kind = avro_type.get("type")
+        if kind in ("record", "enum", "fixed"):
+            space, _, short = avro_type["name"].rpartition(".")
+            namespace = space or avro_type.get("namespace", namespace)
+            named[f"{namespace}.{short}"] = named[short] = avro_type
+        if kind == "record":
+            return either([below(col.getField(f["name"]), f["type"], namespace) for f in avro_type["fields"]])
+        if kind == "array":
+            items = avro_type["items"]
+            if below(F.lit(None), items, namespace) is None:
+                return None
+            return F.exists(col, lambda x: F.coalesce(below(x, items, namespace), F.lit(False)))
+        if kind == "map":
+            values = avro_type["values"]
+            checks = [F.exists(F.map_keys(col), lambda k: ~F.is_valid_utf8(k))]
+            if below(F.lit(None), values, namespace) is not None:
+                checks.append(
+                    F.exists(F.map_values(col), lambda v: F.coalesce(below(v, values, namespace), F.lit(False)))
+                )
+            return either(checks)
+        return below(col, kind, namespace) if kind == "string" else None
+
+    found = below(decoded.getField(VALUE_FIELD), json.loads(schemas.reader), "")
+    return F.lit(False) if found is None else F.coalesce(found, F.lit(False))
+
+
 # The largest timestamp-millis whose microseconds a long holds: Spark's decoder refuses a larger one (and the read
 # tasks give way on it), so such a record is a bad record; :func:`millis_overflow` names its field.
 MICROS_LIMIT = (2**63 - 1) // 1000
@@ -403,7 +454,7 @@ class _Avro:
         present = F.col(column).isNotNull()
         work = work.withColumn(parsed_name, decoded_value(schemas, column))
         whole = F.col(parsed_name)
-        failed = present & decode_failed(whole, schemas)
+        failed = present & (decode_failed(whole, schemas) | not_text(whole, schemas))
         names = millis_fields(schemas)
         overflow_name = f"{parsed_name}_millis_overflow"
         if names:  # which field a record failed on, asked only of records that failed
