@@ -21,9 +21,8 @@ up by name: SimpleAuthManager's users (and its subclasses') come from ``[core]
 simple_auth_manager_users``; any other manager needs ``[tidemark] run_user_lookup``, the
 import path of a function ``(auth_manager, name) -> user | None``: for FAB's,
 :func:`fab_user`. Without one the request is refused (a check that cannot be made does not
-pass). In multi-team mode the task's check
-leaves the DAG's team out (a task has no metadata database to read it from); the view's
-includes it.
+pass). In multi-team mode the task's check leaves the DAG's team out (a task has no
+metadata database to read it from); the view's includes it.
 """
 
 from __future__ import annotations
