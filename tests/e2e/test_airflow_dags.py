@@ -50,18 +50,26 @@ os._exit(0)
 
 @pytest.fixture(scope="module")
 def airflow_env(tmp_path_factory: pytest.TempPathFactory, kafka: KafkaTestCluster) -> dict[str, str]:
-    home = tmp_path_factory.mktemp("airflow-home")
     extra = {**kafka.connection.client_config(), "client.id": "tidemark-e2e", "sasl.password": SECRET}
     # A PLAINTEXT cluster ignores SASL settings in librdkafka only when no mechanism is set;
     # the password is here to prove it never reaches logs, XCom or reports.
+    return airflow_home(tmp_path_factory.mktemp("airflow-home"), extra)
+
+
+def airflow_home(home: Path, kafka_extra: dict[str, str], **connections: dict[str, Any]) -> dict[str, str]:
+    """A migrated Airflow home whose ``tidemark_kafka`` connection has ``kafka_extra``; its environment.
+
+    ``connections``: more Airflow connections by id (``tidemark_storage={...}``), as environment variables.
+    """
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "AIRFLOW_CONN_TIDEMARK_KAFKA": json.dumps({"conn_type": "kafka", "extra": extra}),
+        "AIRFLOW_CONN_TIDEMARK_KAFKA": json.dumps({"conn_type": "kafka", "extra": kafka_extra}),
         "AIRFLOW_CONN_TIDEMARK_SPARK": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+        **{f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(conn) for conn_id, conn in connections.items()},
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "GX_ANALYTICS_ENABLED": "False",
     }

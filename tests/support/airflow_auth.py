@@ -2,9 +2,10 @@
 
 Airflow's SimpleAuthManager knows roles only: its ``is_authorized_dag`` ignores the DAG's id
 (a team is expressible only in multi-team mode, per DAG bundle). FAB's manager has per-DAG
-permissions but pulls in Flask-AppBuilder and older pins (python-dateutil 2.x) than this
-project's set. This subclass keeps SimpleAuthManager's users, roles, login and tokens and
-adds what FAB's ``DAG:<dag_id>`` permissions express: per user, per DAG, ``read`` (GET),
+permissions (``tests/e2e/test_team_per_feed_fab.py`` runs it), but its users and roles live in
+the metadata database and are made through its CLI, one slow call each. For the shared e2e
+Airflow and the in-process tests, this subclass keeps SimpleAuthManager's users, roles, login
+and tokens and adds what FAB's ``DAG:<dag_id>`` permissions express: per user, per DAG, ``read`` (GET),
 ``edit`` (and change it: PUT, DELETE) or ``run`` (and create its runs: POST). A user
 without an entry in ``TIDEMARK_TEST_DAG_GRANTS`` keeps the role's access to every DAG.
 

@@ -19,15 +19,16 @@ for the user Airflow recorded as the run's ``triggering_user_name``: a run trigg
 Airflow's own form or REST API names any feed. A task has no token, so that user is looked
 up by name: SimpleAuthManager's users (and its subclasses') come from ``[core]
 simple_auth_manager_users``; any other manager needs ``[tidemark] run_user_lookup``, the
-import path of a function ``(auth_manager, name) -> user | None``. Without one the request
-is refused (a check that cannot be made does not pass). In multi-team mode the task's check
-leaves the DAG's team out (a task has no metadata database to read it from); the view's
-includes it.
+import path of a function ``(auth_manager, name) -> user | None``: for FAB's,
+:func:`fab_user`. Without one the request is refused (a check that cannot be made does not
+pass). In multi-team mode the task's check leaves the DAG's team out (a task has no
+metadata database to read it from); the view's includes it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal
 
@@ -147,6 +148,55 @@ def run_user(name: str) -> Any:
         f"cannot tell whether user {name!r} may run this feed: the auth manager {type(manager).__name__} has no "
         "lookup by name here; set [tidemark] run_user_lookup to a function (auth_manager, name) -> user "
         "(see docs/deploy.md, 'Team-per-feed deployment')"
+    )
+
+
+AUTH_DB_CONN_ID = os.environ.get("TIDEMARK_AUTH_DB_CONN_ID", "tidemark_auth_db")
+
+
+def fab_user(auth_manager: Any, name: str, conn_id: str = AUTH_DB_CONN_ID) -> Any:
+    """``[tidemark] run_user_lookup`` for FAB's auth manager: FAB's user ``name`` with its roles' permissions.
+
+    ``None`` when FAB has no such user or the account is inactive. FAB keeps users and roles
+    in Airflow's metadata database, which a task may not open (Airflow 3 blocks it in task
+    processes); the deployment names a database account that may read FAB's ``ab_*`` tables
+    as the Airflow connection ``tidemark_auth_db`` (``TIDEMARK_AUTH_DB_CONN_ID``): type
+    postgres, or sqlite with the file as its host. The permissions are computed by FAB's own
+    ``User.perms`` from the user's roles, read once; FAB's ``is_authorized_dag`` then decides
+    on them as it does for the api-server (``auth_manager`` is that manager).
+    """
+    from airflow.providers.fab.auth_manager.models import User
+    from airflow.sdk import BaseHook
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.orm import Session
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(_auth_db_url(BaseHook.get_connection(conn_id), conn_id), poolclass=NullPool)
+    try:
+        with Session(engine) as session:
+            user = session.scalars(select(User).where(User.username == name)).one_or_none()
+            if user is None or not user.is_active:
+                return None
+            _ = user.perms  # computed here, from the roles, while the session can load them; then cached
+            session.expunge(user)
+            return user
+    finally:
+        engine.dispose()
+
+
+def _auth_db_url(conn: Any, conn_id: str) -> Any:
+    """The SQLAlchemy URL of the connection that reads FAB's tables (postgres, or sqlite: host = the file)."""
+    from sqlalchemy.engine import URL
+
+    if conn.conn_type in ("postgres", "postgresql"):
+        return URL.create("postgresql+psycopg", username=conn.login or None, password=conn.password or None,
+                          host=conn.host or None, port=conn.port or None, database=conn.schema or None)  # fmt: skip
+    if conn.conn_type == "sqlite" and conn.host:
+        return URL.create("sqlite", database=conn.host)
+    raise ConfigError(
+        f"Airflow connection '{conn_id}' has type '{conn.conn_type}': the FAB user lookup of the replay and "
+        "backfill DAGs reads FAB's users and roles through a connection of type postgres (or sqlite with the "
+        "database file as its host); see docs/deploy.md, 'Team-per-feed deployment'"
     )
 
 
