@@ -134,7 +134,10 @@ ONE_WORKER_GROUPS = {
                         # The other tests that stop a broker: on the fault suite's own cluster.
                         "tests/integration/devtools/test_cluster.py::test_broker_can_be_stopped_and_restarted",
                         "tests/integration/spark/test_read.py::test_leader_stopped_mid_read"),
-    "e2e": ("tests/e2e/",),
+    # The e2e tests of the one Airflow the package's `airflow` fixture starts; the other e2e files start
+    # their own (or none) and go out a file at a time (:func:`one_worker_scope`).
+    "e2e": tuple(f"tests/e2e/test_{name}.py" for name in ("cleared_run", "plugin_auth", "team_per_feed", "view_runs",
+                                                          "view_security", "view_ui")),
     "secured": ("tests/integration/test_secured_runs.py", "tests/integration/runs/test_secured_acls.py",
                 "tests/integration/devtools/test_secured_cluster.py"),
     "spark-clusters": ("tests/integration/spark/test_cluster_without_shared_disk.py",
@@ -148,6 +151,17 @@ def one_worker_group(nodeid: str) -> str | None:
         if nodeid.startswith(prefixes):
             return group
     return None
+
+
+def one_worker_scope(nodeid: str) -> str:
+    """What xdist schedules as one unit: a :data:`ONE_WORKER_GROUPS` group; an e2e file outside them (its
+    module fixtures start an Airflow or a DAG's environment once); else the single test."""
+    group = one_worker_group(nodeid)
+    if group is not None:
+        return group
+    if nodeid.startswith("tests/e2e/"):
+        return nodeid.split("::", 1)[0]
+    return nodeid
 
 
 _STARTED = time.time()  # before any worker of this run wrote a fault count
@@ -183,10 +197,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class OneWorkerDirs(LoadScopeScheduling):  # type: ignore[misc]
-        """Scopes: a whole group of ONE_WORKER_GROUPS, else the single test. The biggest go out first."""
+        """Scopes as :func:`one_worker_scope` gives them. The biggest go out first."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return one_worker_group(nodeid) or nodeid
+            return one_worker_scope(nodeid)
 
     return OneWorkerDirs(config, log)
 
