@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: install demo test test-extended test-differential lint unit model integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
-.PHONY: browser bench-view bench-observe airflow airflow-down differential
+.PHONY: browser bench-view bench-observe airflow airflow-down airflow-celery airflow-celery-down differential
 
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
@@ -149,3 +149,13 @@ airflow: install
 
 airflow-down: install
 	$(BIN)/tidemark airflow down
+
+# The distributed shape (docs/deploy.md "Airflow with Celery workers"): the CeleryExecutor, its broker and results on
+# PostgreSQL, two Celery workers each in mount and UTS namespaces of its own (root). Needs a PostgreSQL database:
+# make airflow-celery TIDEMARK_AIRFLOW_DATABASE_URL=postgresql://USER:PASSWORD@HOST:PORT/DB
+airflow-celery: install
+	@test -n "$$TIDEMARK_AIRFLOW_DATABASE_URL" || { echo "set TIDEMARK_AIRFLOW_DATABASE_URL=postgresql://USER:PASSWORD@HOST:PORT/DB (docs/deploy.md)"; exit 2; }
+	$(BIN)/python -m tidemark.devtools.celery up $(AIRFLOW_CELERY_ARGS)
+
+airflow-celery-down: install
+	$(BIN)/python -m tidemark.devtools.celery down

@@ -152,6 +152,10 @@ class LocalAirflow:
                 # Free when chosen, taken before the api-server bound it (tests start servers side by side).
                 self.port = free_port()
 
+    def processes(self) -> tuple[str, ...]:
+        """The names of the processes ``up`` starts (``pids.json``'s keys)."""
+        return PROCESSES
+
     def _start(self) -> None:
         """Start the three processes, each in a process group of its own, logging under ``logs/``."""
         exe = str(Path(sys.executable).with_name("airflow"))
@@ -184,7 +188,7 @@ class LocalAirflow:
         last = ""
         while time.monotonic() < deadline:
             alive = self.running()
-            if dead := [n for n in PROCESSES if n not in alive]:
+            if dead := [n for n in self.processes() if n not in alive]:
                 self.down(timeout_s=5)  # a start that failed: nothing to stop gracefully
                 raise AirflowStartError(f"Airflow's {dead[0]} exited; see {self.home / 'logs' / (dead[0] + '.log')}")
             try:
