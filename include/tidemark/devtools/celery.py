@@ -137,18 +137,23 @@ class CeleryAirflow(LocalAirflow):
                 if process_runs_as(pid, b"celery" if name.startswith("worker-") else b"airflow")}  # fmt: skip
 
     def _prepare_broker(self) -> None:
-        """Create the broker's and the result backend's tables once, before any process races to.
+        """Create the broker's tables and queues and the result backend's tables once, before any process races to.
 
-        kombu and Celery create them on first use; two workers starting together both try,
-        and one fails on PostgreSQL's unique name (seen here: ``queue_id_sequence``).
+        kombu and Celery create them on first use. Two workers starting together both try,
+        and one fails on PostgreSQL's unique names (seen here: ``queue_id_sequence``,
+        ``kombu_queue``); kombu catches no such error when two declare one queue.
         """
         # Heavy, and needed only when starting the Celery shape.
         from celery.backends.database.session import SessionManager
         from kombu.connection import Connection
 
         env = self.env()
+        default = env.get("AIRFLOW__OPERATORS__DEFAULT_QUEUE", "default")
+        queues = {q for spec in [default, *self.queues.values()] for q in spec.split(",") if q}
         with Connection(env["AIRFLOW__CELERY__BROKER_URL"]) as conn:  # type: ignore[no-untyped-call]
-            conn.default_channel  # noqa: B018  (the SQLAlchemy transport creates its tables here)
+            channel = conn.default_channel
+            for queue in sorted(queues):
+                channel.queue_declare(queue=queue)  # the first one creates the tables
         SessionManager().session_factory(dburi=env["AIRFLOW__CELERY__RESULT_BACKEND"].removeprefix("db+")).close()
 
     def _start(self) -> None:
