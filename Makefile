@@ -123,6 +123,13 @@ bench-view: install
 bench-dagparse: install
 	$(BIN)/python -m tests.bench.dagparse $(BENCH_DAGPARSE_ARGS)
 
+# Hundred-feed benchmark on the Celery shape (two workers in namespaces of their own; root): each feed's DAG run once,
+# all at once; prints total wall time, per-run overhead and metadata-DB rows written per run. Starts its own
+# PostgreSQL and S3 server. BENCH_CELERY_ARGS='--feeds 10' for a quick one, '--records N' to start Spark in every run.
+.PHONY: bench-celery
+bench-celery: install
+	$(BIN)/python -m tests.bench.celery $(BENCH_CELERY_ARGS)
+
 # A 1,000-record feed DAG run with StatsD and OpenLineage off, on, and variants (--variants), rotating rounds, medians side by side.
 bench-observe: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
