@@ -1,9 +1,10 @@
 """Hundred-feed benchmark on the distributed shape: ``make bench-celery`` (``BENCH_CELERY_ARGS='--feeds 10'``).
 
-Starts the Celery shape of :class:`tidemark.devtools.celery.CeleryAirflow` (CeleryExecutor,
+Starts (or reuses) the local Kafka cluster unless ``TIDEMARK_BOOTSTRAP_SERVERS`` names one,
+and the Celery shape of :class:`tidemark.devtools.celery.CeleryAirflow` (CeleryExecutor,
 broker and results on PostgreSQL, two workers with one task slot each, every worker in
 namespaces of its own) with state on an S3 server (s3proxy) and checkpoints in the same
-PostgreSQL server, writes ``--feeds`` feed files (each its own 3-partition topic holding
+PostgreSQL server; writes ``--feeds`` feed files (each its own 3-partition topic holding
 ``--records`` records), waits until the dag-processor has parsed them, triggers each
 feed's DAG once, all at once, and waits for every run. With ``--records 0`` (the default)
 no run starts Spark: the numbers are what Tidemark and Airflow cost per run (three tasks:
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     feeds.mkdir()
     dags.mkdir()
     (dags / "tidemark_dags.py").write_text((project_root() / "dags" / "tidemark_dags.py").read_text())
-    bootstrap = LocalCluster().up().bootstrap_servers
+    bootstrap = os.environ.get("TIDEMARK_BOOTSTRAP_SERVERS") or LocalCluster().up().bootstrap_servers
     conn = KafkaConnection(bootstrap)
     adapter = KafkaAdapter(conn)
     tag = uuid.uuid4().hex[:6]
