@@ -265,4 +265,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except AirflowStartError as exc:  # a message naming the remedy, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
