@@ -79,7 +79,10 @@ class Shape:
     def wait_run(self, dag_id: str, run_id: str, timeout_s: float = 420) -> str:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            state = self.request(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
+            try:
+                state = self.request(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
+            except TimeoutError:  # an api-server slow to answer on a loaded machine: ask again
+                continue
             if state in ("success", "failed"):
                 return str(state)
             time.sleep(1)
