@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: install demo test test-extended test-differential lint unit model integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
-.PHONY: browser bench-view bench-observe airflow airflow-down differential
+.PHONY: browser bench-view bench-observe airflow airflow-down airflow-celery airflow-celery-down differential
 
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
@@ -140,6 +140,13 @@ bench-trigger: install
 bench-dagparse: install
 	$(BIN)/python -m tests.bench.dagparse $(BENCH_DAGPARSE_ARGS)
 
+# Hundred-feed benchmark on the Celery shape (two workers in namespaces of their own; root): each feed's DAG run once,
+# all at once; prints total wall time, per-run overhead and metadata-DB rows written per run. Starts its own
+# PostgreSQL and S3 server. BENCH_CELERY_ARGS='--feeds 10' for a quick one, '--records N' to start Spark in every run.
+.PHONY: bench-celery
+bench-celery: install
+	$(BIN)/python -m tests.bench.celery $(BENCH_CELERY_ARGS)
+
 # A 1,000-record feed DAG run with StatsD and OpenLineage off, on, and variants (--variants), rotating rounds, medians side by side.
 bench-observe: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
@@ -166,3 +173,13 @@ airflow: install
 
 airflow-down: install
 	$(BIN)/tidemark airflow down
+
+# The distributed shape (docs/deploy.md "Airflow with Celery workers"): the CeleryExecutor, its broker and results on
+# PostgreSQL, two Celery workers each in mount and UTS namespaces of its own (root). Needs a PostgreSQL database:
+# make airflow-celery TIDEMARK_AIRFLOW_DATABASE_URL=postgresql://USER:PASSWORD@HOST:PORT/DB
+airflow-celery: install
+	@test -n "$$TIDEMARK_AIRFLOW_DATABASE_URL" || { echo "set TIDEMARK_AIRFLOW_DATABASE_URL=postgresql://USER:PASSWORD@HOST:PORT/DB (docs/deploy.md)"; exit 2; }
+	$(BIN)/python -m tidemark.devtools.celery up $(AIRFLOW_CELERY_ARGS)
+
+airflow-celery-down: install
+	$(BIN)/python -m tidemark.devtools.celery down

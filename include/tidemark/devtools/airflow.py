@@ -153,6 +153,10 @@ class LocalAirflow:
                 # Free when chosen, taken before the api-server bound it (tests start servers side by side).
                 self.port = free_port()
 
+    def processes(self) -> tuple[str, ...]:
+        """The names of the processes ``up`` starts (``pids.json``'s keys)."""
+        return PROCESSES
+
     def _start(self) -> None:
         """Start the processes, each in a process group of its own, logging under ``logs/``."""
         env = self.env()  # names the api-server's port (AIRFLOW__API__BASE_URL): the same for all
@@ -206,7 +210,7 @@ class LocalAirflow:
         last = ""
         while time.monotonic() < deadline:
             alive = self.running()
-            if dead := [n for n in PROCESSES if n not in alive]:
+            if dead := [n for n in self.processes() if n not in alive]:
                 self.down(timeout_s=5)  # a start that failed: nothing to stop gracefully
                 raise AirflowStartError(f"Airflow's {dead[0]} exited; see {self.home / 'logs' / (dead[0] + '.log')}")
             try:
