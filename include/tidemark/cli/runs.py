@@ -63,7 +63,7 @@ def _abandon(args: argparse.Namespace) -> int:
     from tidemark.runs.pipeline import abandon_run
 
     settled = abandon_run(args.feed, args.run, args.reason)
-    print(settled.events[0]["message"])
+    print(settled.events[0].message)
     return 0
 
 

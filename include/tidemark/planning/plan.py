@@ -61,16 +61,31 @@ EventKind = Literal[
     "commit_refused",  # a run's commit was refused: its staged publication was discarded, never shown
     "not_shown",  # a committed run whose ranges the output already shows in part: kept out so nothing shows twice
     "permission_missing",  # an optional read (topic or broker configs) the principal may not do: skipped
+    "gap",  # the job: offsets of a range that hold no record (markers, aborted or compacted away): counted
+    "schema_changed",  # the job: a partition's records were written with more than one registry schema id
+    "table_schema_evolved",  # the job: the Iceberg table's schema changed in the snapshot adding the plan
 ]
+# Where a run report found an event: the plan, the Spark job's result, or the commit step.
+EventSource = Literal["plan", "job", "commit"]
 
 
 @dataclass(frozen=True)
 class Event:
+    """Something a run met that a person should know of: in the plan, the job's result and the run report."""
+
     kind: EventKind
     message: str
     topic: str | None = None
     partition: int | None = None
     details: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As ``plan.json`` holds it."""
+        return asdict(self)
+
+    def reported(self, source: EventSource) -> dict[str, Any]:
+        """As a run report lists it: the event and where it was found."""
+        return {"source": source, **self.to_dict()}
 
 
 @dataclass(frozen=True)

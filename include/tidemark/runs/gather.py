@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from datetime import UTC, datetime
 
 from tidemark._types import TopicPartition as TP
 from tidemark.checkpoints.store import CheckpointStore
-from tidemark.config.models import Feed, WindowMode
+from tidemark.config.models import Feed
 from tidemark.errors import AuthorizationError, ConfigError, KafkaUnavailableError, PlanningError
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.output.base import publisher_for
-from tidemark.planning.plan import Event, Mode, Plan, RecoveredPosition
+from tidemark.planning.plan import Event, Plan, RecoveredPosition
+from tidemark.planning.requests import RunRequest
 from tidemark.planning.resolve import (
     OFFSETS_RETENTION_MINUTES,
     RETENTION_MS,
@@ -30,17 +30,12 @@ from tidemark.planning.resolve import (
     Policy,
     RetentionInfo,
     TimeFilter,
-    Window,
     build_plan,
-    epoch_ms,
     mark_new_partitions,
     recreated_topics,
-    replay_end_ms,
-    replay_start_ms,
 )
 
-if TYPE_CHECKING:
-    from tidemark.planning.requests import ReplaySpec
+SCHEDULED = RunRequest()  # the request of a scheduled run: no parameters
 
 
 @dataclass(frozen=True)
@@ -240,6 +235,8 @@ def _choose(
     feed: Feed, snapshots: Sequence[PartitionSnapshot], topics: Sequence[str] | None, partitions: Sequence[int] | None
 ) -> tuple[PartitionSnapshot, ...]:
     """The partitions a replay or backfill asked for; unknown topics or partitions are refused by name."""
+    if not topics and not partitions:
+        return tuple(snapshots)
     if topics and (unknown := sorted(set(topics) - set(feed.topics))):
         raise ConfigError(
             f"parameter 'topics': {', '.join(unknown)} is not a topic of feed '{feed.name}' "
@@ -262,46 +259,29 @@ def plan_feed(
     feed: Feed,
     adapter: KafkaAdapter,
     checkpoints: CheckpointStore,
+    request: RunRequest = SCHEDULED,
     *,
-    mode: Mode = "scheduled",
-    commit: bool | None = None,
-    window_start: datetime | None = None,
-    window_end: datetime | None = None,
     now: datetime | None = None,
-    replay: ReplaySpec | None = None,
-    window_mode: WindowMode | None = None,
-    max_skew: timedelta | None = None,
-    topics: Sequence[str] | None = None,
-    partitions: Sequence[int] | None = None,
 ) -> Plan:
-    """Gather the feed's offsets and plan one run (see :func:`build_plan` for the rules).
+    """Gather the feed's offsets and plan one run of ``request`` (see :func:`build_plan` for the rules).
 
-    ``mode="backfill"`` needs ``window_start`` (``window_end`` optional); ``mode="replay"``
-    needs ``replay``, a :class:`~tidemark.planning.requests.ReplaySpec`. Bounds given as timestamps
-    follow ``window_mode`` and ``max_skew`` (default: the feed's ``time_windows``): exact
-    windows widen the end by the skew and filter by timestamp in the job (:class:`TimeFilter`).
+    The planner's :class:`PlanRequest` is built from ``request`` first, so a request it
+    refuses (a backfill without a window, ...) is refused before any Kafka call. Bounds
+    given as timestamps follow the request's ``window_mode`` and ``max_skew`` (default: the
+    feed's ``time_windows``): exact windows widen the end by the skew and filter by
+    timestamp in the job (:class:`TimeFilter`).
     """
-    now = now or datetime.now(UTC)
-    window: Window | None = None
-    start_ms: int | None = None
-    end_ms: int | None = None
-    if (window_start is not None or window_end is not None) and mode != "backfill":
-        raise PlanningError("a time window is only used with mode='backfill'")
-    if replay is not None and mode != "replay":
-        raise PlanningError("a replay spec is only used with mode='replay'")
-    if mode == "backfill":
-        if window_start is None:
-            raise PlanningError(f"feed '{feed.name}': a backfill needs window_start")
-        window = Window(window_start, window_end)
-        start_ms, end_ms = epoch_ms(window.start), None if window.end is None else epoch_ms(window.end)
-    elif mode == "replay":
-        if replay is None:
-            raise PlanningError(f"feed '{feed.name}': a replay needs a replay spec")
-        start_ms, end_ms = replay_start_ms(replay, now), replay_end_ms(replay)
-    exact = (window_mode or feed.time_windows.mode) == "exact" and (start_ms is not None or end_ms is not None)
-    skew_ms = feed.time_windows.max_skew_ms if max_skew is None else int(max_skew.total_seconds() * 1000)
+    asked = PlanRequest(
+        feed=feed.name, group=feed.group, policy=Policy.from_feed(feed), created_at=now or datetime.now(UTC),
+        mode=request.mode, commit=request.commit, isolation=feed.isolation, window=request.window,
+        replay=request.replay,
+    )  # fmt: skip
+    start_ms, end_ms = asked.lookup_ms()
+    exact = (request.window_mode or feed.time_windows.mode) == "exact" and (start_ms, end_ms) != (None, None)
+    skew = request.max_skew
+    skew_ms = feed.time_windows.max_skew_ms if skew is None else int(skew.total_seconds() * 1000)
     if skew_ms < 0:
-        raise PlanningError(f"feed '{feed.name}': the timestamp skew bound must not be negative, got {max_skew}")
+        raise PlanningError(f"feed '{feed.name}': the timestamp skew bound must not be negative, got {skew}")
     snap = snapshot_feed(
         feed,
         adapter,
@@ -311,22 +291,11 @@ def plan_feed(
         window_start_ms=start_ms,
         window_end_ms=end_ms,
         end_skew_ms=skew_ms if exact else 0,
-        recover=(lambda: publisher_for(feed).positions(feed)) if mode == "scheduled" else None,
+        recover=(lambda: publisher_for(feed).positions(feed)) if request.mode == "scheduled" else None,
     )
-    time_filter = TimeFilter(start_ms, end_ms, skew_ms, snap.log_append_time) if exact else None
-    chosen = _choose(feed, snap.partitions, topics, partitions) if (topics or partitions) else snap.partitions
-    request = PlanRequest(
-        feed=feed.name,
-        group=feed.group,
-        policy=Policy.from_feed(feed),
-        created_at=now,
-        mode=mode,
-        commit=commit,
-        isolation=feed.isolation,
-        window=window,
-        replay=replay,
-        time_filter=time_filter,
-    )
-    plan = build_plan(request, Observed(chosen, snap.retention, snap.recovered, checkpoints.feed_has_runs(feed.name)))
+    if exact:
+        asked = replace(asked, time_filter=TimeFilter(start_ms, end_ms, skew_ms, snap.log_append_time))
+    chosen = _choose(feed, snap.partitions, request.topics, request.partitions)
+    plan = build_plan(asked, Observed(chosen, snap.retention, snap.recovered, checkpoints.feed_has_runs(feed.name)))
     require_permissions(adapter, feed, snap, plan)
     return replace(plan, events=(*plan.events, *snap.notices)) if snap.notices else plan

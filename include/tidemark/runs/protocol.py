@@ -54,7 +54,7 @@ from tidemark.kafka.connection import KafkaConnection
 from tidemark.output.base import Publisher
 from tidemark.output.parquet import Manifest
 from tidemark.planning.metadata import plan_topic_ids
-from tidemark.planning.plan import Plan
+from tidemark.planning.plan import Event, EventKind, Plan
 from tidemark.runs.commit import CommitResult, commit_plan
 
 Progress = Callable[[str], None]
@@ -73,7 +73,7 @@ class Settled:
     state: RunState
     commit: CommitResult | None = None
     manifest: Manifest | None = None
-    events: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    events: tuple[Event, ...] = field(default_factory=tuple)  # reported as the commit step's
 
 
 def _fmt(tp: TP) -> str:
@@ -85,8 +85,8 @@ def _ranges(plan: Plan, keys: set[TP] | None = None) -> list[dict[str, Any]]:
             for p in plan.partitions if p.records and (keys is None or p.key in keys)]  # fmt: skip
 
 
-def _event(kind: str, message: str, **details: Any) -> dict[str, Any]:
-    return {"source": "commit", "kind": kind, "message": message, "topic": None, "partition": None, "details": details}
+def _event(kind: EventKind, message: str, **details: Any) -> Event:
+    return Event(kind, message, details=details)
 
 
 def shows_in_feed_output(plan: Plan) -> bool:
@@ -125,7 +125,7 @@ def settle(
         store.set_run(plan.group, run_id, feed=plan.feed, plan_id=plan.plan_id, state=new, run_dir=run_dir,
                       detail=detail)  # fmt: skip
 
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     result = None
     if state in ("planned", "committing") and plan.commit:
         if (
@@ -163,7 +163,7 @@ def settle(
     already = publisher.published(plan.plan_id) if plan.total_records else None  # asked once: a table load on Iceberg
     overlap = overlapping(plan, already, store=store)
     if overlap is not None:
-        mark("abandoned", overlap["message"][:1000])
+        mark("abandoned", overlap.message[:1000])
         publisher.discard(plan.plan_id, run_id)
         return Settled(run_id, plan.plan_id, "abandoned", result, None, (*events, overlap))
     manifest = show(plan, run_id, already, publisher=publisher, store=store)
@@ -178,7 +178,7 @@ def _group_past(plan: Plan, kafka: KafkaAdapter) -> bool:
                for p in plan.partitions if p.records)  # fmt: skip
 
 
-def overlapping(plan: Plan, already: Manifest | None, *, store: CheckpointStore) -> dict[str, Any] | None:
+def overlapping(plan: Plan, already: Manifest | None, *, store: CheckpointStore) -> Event | None:
     """The ``not_shown`` event when showing ``plan`` in its feed's output would show an offset twice, else ``None``.
 
     Every range with records must start at or after the output's shown position of its

@@ -67,7 +67,7 @@ from tidemark.config.models import Feed, FeedProblem, scan_feeds
 from tidemark.errors import ConfigError, PlanningError, TidemarkError, shown
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, from_env
-from tidemark.planning.requests import END_CHOICES, REPLAY_PARAMS, START_CHOICES, flag
+from tidemark.planning.requests import END_CHOICES, REPLAY_PARAMS, START_CHOICES, flag, run_request
 from tidemark.runs.report import RunReport, list_runs, redact, run_dir_for, secret_values
 from tidemark.runs.status import FeedStatus, feed_status, shared_adapter
 from tidemark.storage import Location
@@ -549,12 +549,13 @@ class ViewDeps:
         try:
             conf = replay_conf(name, body)
             kafka = self.adapter()
-            plan, output, dry_run = plan_request(feed, kafka, self.checkpoints(), "replay", conf)
+            request = run_request("replay", conf)
+            plan, output = plan_request(feed, kafka, self.checkpoints(), request)
         except (ConfigError, PlanningError) as exc:  # bad parameters, or the plan itself refused (data loss, ...)
             raise HTTPException(400, self.scrub(str(exc))) from exc
         except TidemarkError as exc:
             raise HTTPException(502, self.scrub(str(exc))) from exc
-        return conf, plan, output, dry_run, kafka
+        return conf, plan, output, request.dry_run, kafka
 
     def preview(self, feed: Feed, body: Any) -> dict[str, Any]:
         """What a replay of ``body`` would read: ranges with their first and last record times, and its effect."""
