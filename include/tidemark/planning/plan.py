@@ -17,15 +17,14 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from tidemark._types import Isolation
 from tidemark.errors import ConfigError
-
-if TYPE_CHECKING:
-    from tidemark.storage import Location
+from tidemark.storage import Location
 
 PLAN_VERSION = 1
+PLAN_FILE = "plan.json"  # a run's own copy of its plan, in its run dir, written before any read
 
 Mode = Literal["scheduled", "backfill", "replay"]
 # Why a partition starts where it does.
@@ -243,10 +242,13 @@ def compute_plan_id(
     return digest[:20]
 
 
+def read_plan(path: Path | Location | str) -> Plan:
+    """The plan saved at ``path`` (a local path or an object-store location), its content hash checked."""
+    return Plan.from_json(Location.of(path).read_text())
+
+
 def write_plan(plan: Plan, path: Path | Location) -> Path | Location:
     """Write ``plan`` to ``path`` (a local path or an object-store location) whole: never half a plan."""
-    from tidemark.storage import Location
-
     Location.of(path).write_text(plan.to_json())
     return path
 
@@ -260,8 +262,6 @@ class PlanStore:
     """
 
     def __init__(self, root: Path | Location) -> None:
-        from tidemark.storage import Location
-
         self.root = Location.of(root)
 
     def path(self, feed: str, plan_id: str) -> Location:

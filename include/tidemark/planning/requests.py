@@ -282,9 +282,8 @@ def output_location(value: Any) -> Location:
     return Location(normal)
 
 
-def confine_output(target: Location, defaults: Sequence[Location], environ: Mapping[str, str] | None = None) -> None:
-    """Refuse ``target`` unless it lies under an allowed root (compared lexically, as text)."""
-    roots = output_roots(defaults, environ)
+def confine_output(target: Location, roots: Sequence[str]) -> None:
+    """Refuse ``target`` unless it lies under one of ``roots`` (:func:`output_roots`; compared lexically, as text)."""
     normal = _lexical(target.url) or target.url
     if not any(normal == root or normal.startswith(root.rstrip("/") + "/") for root in roots):
         raise ConfigError(

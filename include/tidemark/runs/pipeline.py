@@ -34,14 +34,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tidemark._types import TopicPartition as TP
-from tidemark.checkpoints.store import CheckpointStore, LedgerRun, open_store
+from tidemark.checkpoints.store import CheckpointStore, open_store
 from tidemark.config.models import Feed, load_feed, load_feeds, package_root, state_location
 from tidemark.errors import (
     ConfigError,
-    DataLossError,
     OffsetsMovedError,
-    PlanningError,
     TidemarkError,
     ValidationFailedError,
 )
@@ -51,13 +48,14 @@ from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.kafka.registry import RegistryClient, RegistryConnection, require
 from tidemark.kafka.registry import from_env as registry_from_env
-from tidemark.output.base import Publisher, check_replay_output, publisher_for
-from tidemark.planning.plan import Event, EventKind, PartitionPlan, Plan, write_plan
+from tidemark.output.base import check_replay_output, publisher_for
+from tidemark.planning.committing import committing_request
+from tidemark.planning.plan import PLAN_FILE, Event, Plan, read_plan, write_plan
 from tidemark.planning.requests import RunRequest, confine_output, output_roots, run_request
 from tidemark.runs.commit import CommitResult
-from tidemark.runs.gather import plan_feed
-from tidemark.runs.protocol import Settled, abandon, settle, settle_open_runs
-from tidemark.runs.report import PLAN_FILE, Root, build_report, save_report
+from tidemark.runs.gather import output_positions, plan_feed
+from tidemark.runs.protocol import Settled, abandon, from_run_dirs, settle, settle_open_runs
+from tidemark.runs.report import Root, build_report, save_report
 from tidemark.spark.secrets import SECRETS_FILE_ENV, secrets_file, split_env
 from tidemark.spark.session import (
     SUBMIT_CONF,
@@ -102,7 +100,7 @@ class RunHandle:
         return cls(**doc)
 
     def plan(self) -> Plan:
-        return Plan.from_json(Location.of(self.plan_path).read_text())
+        return read_plan(self.plan_path)
 
 
 @dataclass(frozen=True)
@@ -156,19 +154,6 @@ def _write_status(run_dir: Location, **fields: Any) -> None:
     (run_dir / "run.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
 
 
-def _load_run(feed: Feed) -> Callable[[LedgerRun], tuple[Plan, Publisher] | None]:
-    """For :func:`~tidemark.runs.protocol.settle_open_runs`: a ledger row's plan (its run dir's copy) and publisher."""
-
-    def load(row: LedgerRun) -> tuple[Plan, Publisher] | None:
-        path = Location.of(row.run_dir) / PLAN_FILE
-        if not path.exists():
-            return None
-        plan = Plan.from_json(path.read_text())
-        return plan, publisher_for(feed, plan)
-
-    return load
-
-
 def abandon_run(
     feed_name: str, run_id: str, reason: str, *, root: Root | None = None, checkpoints: CheckpointStore | None = None
 ) -> Settled:
@@ -182,7 +167,7 @@ def abandon_run(
         raise ConfigError(
             f"feed '{feed.name}' has no run {run_id} (no {run_dir / PLAN_FILE}); see `tidemark runs {feed.name}`"
         )
-    plan = Plan.from_json((run_dir / PLAN_FILE).read_text())
+    plan = read_plan(run_dir / PLAN_FILE)
     checkpoints = _checkpoints(root, checkpoints)
     with checkpoints.commit_lock(plan.group):
         settled = abandon(plan, run_id, str(run_dir), publisher=publisher_for(feed, plan), store=checkpoints,
@@ -210,9 +195,10 @@ def publish_target(feed: Feed, request: RunRequest) -> Location | None:
             f"parameter 'output': {target} is feed '{feed.name}''s own output; a {request.mode} publishes elsewhere "
             f"(default {default}) so readers of the feed never see its records twice"
         )
-    confine_output(target, [default])
+    roots = output_roots([default])
+    confine_output(target, roots)
     # Again with symlinks followed, here where the plan task (and so the writer) runs, against every feed.
-    check_replay_output(target, {**load_feeds(), feed.name: feed}, output_roots([default]))
+    check_replay_output(target, {**load_feeds(), feed.name: feed}, roots)
     return target
 
 
@@ -228,108 +214,8 @@ def plan_request(
     target = publish_target(feed, request)
     plan = plan_feed(feed, adapter, checkpoints, request)
     if plan.commit and request.mode != "scheduled" and not request.dry_run:  # a dry run commits nothing
-        return committing_request(feed, plan, request, _output_positions(feed, checkpoints)), None
+        return committing_request(feed, plan, request, output_positions(feed, checkpoints)), None
     return (plan if target is None else replace(plan, output=str(target))), target
-
-
-def _output_positions(feed: Feed, checkpoints: CheckpointStore) -> dict[TP, int]:
-    """Where the feed's output ends per partition: the run ledger's shown positions, else an Iceberg table's record."""
-    shown = {tp: s.position for tp, s in checkpoints.shown(feed.name).items()}
-    if shown:
-        return shown
-    recovered = publisher_for(feed).positions(feed)
-    return dict(recovered.ends) if recovered is not None else {}
-
-
-def committing_request(feed: Feed, plan: Plan, request: RunRequest, shown: Mapping[TP, int] | None = None) -> Plan:
-    """A committing backfill or replay, checked: it moves the feed's group, so it is the feed's next run.
-
-    The rule (``docs/ARCHITECTURE.md``, "The feed's output"): it publishes to the feed's own
-    output (never only to ``.backfills``/``.replays``: the group must not move over records
-    that reached no output), and it starts where the group is: the committed offset, else
-    the checkpoint, else where the feed's output ends (``shown``: the run ledger, or an
-    Iceberg table's recorded position); on a topic recreated since (a ``topic_recreated``
-    plan event) the old topic's position means nothing and the new topic's log start is
-    where it is. A start past that would skip ``[base, start)``: refused unless
-    ``allow_gap`` is true, and then each skipped range is an ``offsets_skipped`` event;
-    ``[base, log start)`` that retention deleted is the feed's ``on_data_loss`` to decide
-    (``fail`` refuses, ``skip`` names it as a ``data_loss`` event), as for scheduled runs. A
-    start before the base (a rewind) would publish offsets the output already holds, or
-    move the group back so that the feed publishes them again: always refused.
-    """
-    if request.output is not None:
-        raise ConfigError(
-            f"parameter 'output': a committing {plan.mode} of feed '{feed.name}' publishes to the feed's own output "
-            f"({feed.output_location()}), because it moves the group past these records; leave 'output' empty, or "
-            "run without commit to publish elsewhere"
-        )
-    rewinds, gaps, lost = _against_group(plan, shown or {})
-    who = f"a committing {plan.mode} of feed '{feed.name}' (group '{plan.group}')"
-    if lost and feed.on_data_loss == "fail":
-        deleted = "; ".join(f"{p.topic}[{p.partition}] [{base}, {p.log_start})" for p, base in lost)
-        raise DataLossError(
-            f"{who} would commit past records retention deleted unread: {deleted}, and on_data_loss is fail. Set "
-            "on_data_loss: skip to go on from the log start (each lost range is then a data_loss event), or run it "
-            "without commit"
-        )
-    if rewinds:
-        raise PlanningError(
-            f"{who} would move the group back: {'; '.join(rewinds)}. Those offsets are already in the feed's output "
-            "and would be published twice. Run it without commit (it publishes beside the feed's output), or start "
-            "it at the committed offsets"
-        )
-    if gaps and not request.allow_gap:
-        skipped = "; ".join(f"{p.topic}[{p.partition}] [{base}, {p.start})" for p, base in gaps)
-        raise PlanningError(
-            f"{who} would skip offsets that reach no output: {skipped}. Start it at the committed offsets, run it "
-            "without commit, or set allow_gap (--allow-gap) to skip them on purpose (each skipped range is then an "
-            "event in the report)"
-        )
-    events = tuple(
-        _passed_over("data_loss", p, base, p.log_start, "were deleted by retention before they were read; the "
-                     f"committing {plan.mode} goes on from the log start (on_data_loss: skip)")
-        for p, base in lost
-    ) + tuple(
-        _passed_over("offsets_skipped", p, base, p.start, f"are skipped on request (allow_gap): the {plan.mode} "
-                     "commits past them and they are in no output")
-        for p, base in gaps
-    )  # fmt: skip
-    return replace(plan, events=plan.events + events, output=None)
-
-
-def _against_group(
-    plan: Plan, shown: Mapping[TP, int]
-) -> tuple[list[str], list[tuple[PartitionPlan, int]], list[tuple[PartitionPlan, int]]]:
-    """Each range against where the group is: the rewinds, the gaps and the ranges retention deleted unread."""
-    recreated = {e.topic for e in plan.events if e.kind == "topic_recreated"}
-    rewinds: list[str] = []
-    gaps: list[tuple[PartitionPlan, int]] = []
-    lost: list[tuple[PartitionPlan, int]] = []
-    for p in plan.partitions:
-        if p.topic in recreated:
-            base: int | None = p.log_start  # the old topic's offsets say nothing about the new one
-        else:
-            base = p.committed if p.committed is not None else p.checkpoint
-            if base is None:
-                base = shown.get(p.key)
-        if base is None:
-            continue  # the group has no position yet and the output holds nothing: the feed's reset policy
-        if p.start < base:
-            rewinds.append(f"{p.topic}[{p.partition}] starts at {p.start}, the group is at {base}")
-            continue
-        named = any(e.kind == "data_loss" and (e.topic, e.partition) == p.key for e in plan.events)
-        if base < p.log_start and p.start >= p.log_start and not named:  # retention deleted [base, log start)
-            lost.append((p, base))
-        if p.start > max(base, p.log_start):
-            gaps.append((p, max(base, p.log_start)))
-    return rewinds, gaps, lost
-
-
-def _passed_over(kind: EventKind, p: PartitionPlan, start: int, end: int, why: str) -> Event:
-    """An event naming ``[start, end)`` of ``p``, which the committing run moves the group past."""
-    where = f"{p.topic}[{p.partition}]: offsets [{start}, {end}) ({end - start} records)"
-    return Event(kind=kind, message=f"{where} {why}", topic=p.topic, partition=p.partition,
-                 details={"start": start, "end": end, "records": end - start})  # fmt: skip
 
 
 def plan_run(
@@ -370,11 +256,12 @@ def start_run(
     kafka = KafkaAdapter(connection)
     resumed, settled = (None, ()) if request.dry_run else _settle_open_runs(feed, kafka, checkpoints, progress)
     plan, _ = plan_request(feed, kafka, checkpoints, request)
+    handle = _handle(feed, plan, request, _root(root), resumed)  # names the plan id: what follows keeps it
     if settled:  # in this run's report: what finishing the earlier runs found (not part of the plan id)
         plan = replace(plan, events=(*settled, *plan.events))
     if plan.total_records and not request.dry_run and feed.deserialization.registry_parts:
         plan = replace(plan, readers=_planned_readers(feed, registry))
-    run = _save(Run(_handle(feed, plan, request, _root(root), resumed), feed, plan, request), checkpoints)
+    run = _save(Run(handle, feed, plan, request), checkpoints)
     _log_plan(run, progress)
     return run
 
@@ -389,7 +276,7 @@ def _settle_open_runs(
     """
     resumed = None
     events: list[Event] = []
-    for settled in settle_open_runs(feed.name, _load_run(feed), store=checkpoints, kafka=kafka, group=feed.group,
+    for settled in settle_open_runs(feed.name, from_run_dirs(feed), store=checkpoints, kafka=kafka, group=feed.group,
                                     connection=kafka.connection, progress=progress):  # fmt: skip
         if settled.state == "shown":
             resumed = settled.plan_id
@@ -467,7 +354,7 @@ def decodes_avro(feed: str) -> bool:
 
 
 def spark_submit_command(
-    handle: RunHandle, master: str | None = None, *, class_archive: str = "", avro: bool | None = None
+    handle: RunHandle, master: str | None = None, *, class_archive: str = "", avro: bool = False
 ) -> list[str]:
     """The ``spark-submit`` command of a run, for ``local[*]`` or any cluster master.
 
@@ -479,15 +366,13 @@ def spark_submit_command(
     the driver in a private file (:mod:`tidemark.spark.secrets`, never an argument here), Kafka settings
     travel inside the read's tasks, never as Spark configuration, and
     :data:`~tidemark.spark.session.SUBMIT_CONF` widens Spark's redaction to Tidemark's secret names.
-    ``avro`` says whether the feed decodes Avro (``None``: asked of the feed's file).
+    ``avro``: the feed decodes Avro (``from_avro``'s package is added).
     """
     job = os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
     conf = {"spark.ui.enabled": "false", "spark.pyspark.python": sys.executable, **SUBMIT_CONF}
     conf.update(small_run_conf(handle.records, class_archive=class_archive))
     jars = s3a_jars()
-    if avro is None:
-        avro = decodes_avro(handle.feed)
     extra = merge_conf(avro_conf() if avro else {}, openlineage_conf())
     jars += [jar for jar in extra.pop("spark.jars", "").split(",") if jar]  # --jars would replace them otherwise
     conf.update(extra)

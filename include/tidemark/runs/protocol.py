@@ -46,16 +46,18 @@ from typing import Any
 
 from tidemark._types import TopicPartition as TP
 from tidemark.checkpoints.store import CheckpointStore, LedgerRun, RunState
+from tidemark.config.models import Feed
 from tidemark.errors import GroupInUseError, OffsetsMovedError, StuckRunError, TidemarkError
 from tidemark.faults import fault_point
 from tidemark.job.guard import moved_since_planning
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
-from tidemark.output.base import Publisher
+from tidemark.output.base import Publisher, publisher_for
 from tidemark.output.parquet import Manifest
 from tidemark.planning.metadata import plan_topic_ids
-from tidemark.planning.plan import Event, EventKind, Plan
+from tidemark.planning.plan import PLAN_FILE, Event, EventKind, Plan, read_plan
 from tidemark.runs.commit import CommitResult, commit_plan
+from tidemark.storage import Location
 
 Progress = Callable[[str], None]
 
@@ -215,6 +217,19 @@ def show(
     if shows_in_feed_output(plan):
         store.advance_shown(plan.feed, run_id, plan.ends(), plan_topic_ids(plan))
     return manifest
+
+
+def from_run_dirs(feed: Feed) -> Callable[[LedgerRun], tuple[Plan, Publisher] | None]:
+    """For :func:`settle_open_runs`: a ledger row's plan (its run dir's copy; ``None`` when gone) and publisher."""
+
+    def load(row: LedgerRun) -> tuple[Plan, Publisher] | None:
+        path = Location.of(row.run_dir) / PLAN_FILE
+        if not path.exists():
+            return None
+        plan = read_plan(path)
+        return plan, publisher_for(feed, plan)
+
+    return load
 
 
 def settle_open_runs(

@@ -27,12 +27,11 @@ from tidemark.config.models import state_location
 from tidemark.errors import ConfigError
 from tidemark.kafka.connection import ENV_PREFIX, KafkaConnection, is_secret
 from tidemark.kafka.registry import ENV_PASSWORD as REGISTRY_PASSWORD_ENV
-from tidemark.planning.plan import Event, Plan
+from tidemark.planning.plan import PLAN_FILE, Event, Plan
 from tidemark.storage import Location
 
 REPORT_VERSION = 1
 REPORT_FILE = "report.json"
-PLAN_FILE = "plan.json"  # the run's own copy of its plan, written by the pipeline before any read
 REDACTED = "***"
 
 RunStatus = Literal["succeeded", "failed", "running"]

@@ -62,8 +62,8 @@ def test_replay_outputs_are_confined_to_the_feeds_location_or_the_configured_roo
                 target(feed, "replay", {"output": output})
             assert output.startswith(("~", "relative", "file", "/tmp/a")) or replays in str(info.value), output
 
+    window = {"start_timestamp": "2026-01-01T00:00:00Z", "end_timestamp": "2026-01-02T00:00:00Z"}
     with pytest.raises(ConfigError, match=OUTPUT_ROOTS_ENV) as info:
-        window = {"start_timestamp": "2026-01-01T00:00:00Z", "end_timestamp": "2026-01-02T00:00:00Z"}
         target(feed, "backfill", {"output": f"{tmp_path}/elsewhere", **window})
     assert f"{tmp_path}/out/orders.backfills" in str(info.value)
 

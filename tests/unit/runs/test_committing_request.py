@@ -9,9 +9,9 @@ import pytest
 
 from tidemark.config.models import parse_feed
 from tidemark.errors import ConfigError, DataLossError, PlanningError
+from tidemark.planning.committing import committing_request
 from tidemark.planning.requests import ReplaySpec, RunRequest, run_request
 from tidemark.planning.resolve import Observed, PartitionSnapshot, PlanRequest, Policy, build_plan
-from tidemark.runs.pipeline import committing_request
 
 FEED = parse_feed("f", {"topics": ["t"], "group": "g", "output": "/tmp/tidemark-unit-out"}, "f.yaml")
 SKIPPING = parse_feed("f", {"topics": ["t"], "group": "g", "output": "/tmp/tidemark-unit-out", "on_data_loss": "skip"},
