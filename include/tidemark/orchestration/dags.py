@@ -622,7 +622,7 @@ def _window_params() -> dict[str, Param]:
 
 
 def _commit_params() -> dict[str, Param]:
-    """Form fields for moving the group: a committing run is the feed's next run (``pipeline.committing_request``)."""
+    """Form fields for moving the group: a committing run is the feed's next run (``planning.committing``)."""
     return {
         "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards",
                         description="Publishes to the feed's own output and must start at the committed offsets"),

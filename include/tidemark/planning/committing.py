@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from tidemark._types import TopicPartition as TP
 from tidemark.config.models import Feed
-from tidemark.errors import ConfigError, DataLossError, PlanningError
+from tidemark.errors import DataLossError, PlanningError
 from tidemark.planning.plan import Event, EventKind, PartitionPlan, Plan
 from tidemark.planning.requests import RunRequest
 
@@ -23,7 +23,8 @@ def committing_request(feed: Feed, plan: Plan, request: RunRequest, shown: Mappi
 
     The rule (``docs/ARCHITECTURE.md``, "The feed's output"): it publishes to the feed's own
     output (never only to ``.backfills``/``.replays``: the group must not move over records
-    that reached no output), and it starts where the group is: the committed offset, else
+    that reached no output; ``runs.pipeline.publish_target`` refuses any other), and it starts
+    where the group is: the committed offset, else
     the checkpoint, else where the feed's output ends (``shown``: the run ledger, or an
     Iceberg table's recorded position); on a topic recreated since (a ``topic_recreated``
     plan event) the old topic's position means nothing and the new topic's log start is
@@ -34,12 +35,6 @@ def committing_request(feed: Feed, plan: Plan, request: RunRequest, shown: Mappi
     start before the base (a rewind) would publish offsets the output already holds, or
     move the group back so that the feed publishes them again: always refused.
     """
-    if request.output is not None:
-        raise ConfigError(
-            f"parameter 'output': a committing {plan.mode} of feed '{feed.name}' publishes to the feed's own output "
-            f"({feed.output_location()}), because it moves the group past these records; leave 'output' empty, or "
-            "run without commit to publish elsewhere"
-        )
     rewinds, gaps, lost = _against_group(plan, shown or {})
     who = f"a committing {plan.mode} of feed '{feed.name}' (group '{plan.group}')"
     if lost and feed.on_data_loss == "fail":

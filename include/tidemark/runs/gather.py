@@ -18,6 +18,7 @@ from tidemark.config.models import Feed
 from tidemark.errors import AuthorizationError, ConfigError, KafkaUnavailableError, PlanningError
 from tidemark.kafka.adapter import Committed, KafkaAdapter, PartitionInfo
 from tidemark.output.base import publisher_for
+from tidemark.planning.committing import committing_request
 from tidemark.planning.plan import Event, Plan, RecoveredPosition
 from tidemark.planning.requests import RunRequest
 from tidemark.planning.resolve import (
@@ -295,6 +296,9 @@ def plan_feed(
 ) -> Plan:
     """Gather the feed's offsets and plan one run of ``request`` (see :func:`build_plan` for the rules).
 
+    A backfill or replay that commits is then checked as the feed's next run
+    (:func:`~tidemark.planning.committing.committing_request`).
+
     The planner's :class:`PlanRequest` is built from ``request`` first, so a request it
     refuses (a backfill without a window, ...) is refused before any Kafka call. Bounds
     given as timestamps follow the request's ``window_mode`` and ``max_skew`` (default: the
@@ -328,12 +332,19 @@ def plan_feed(
     chosen = _choose(feed, snap.partitions, request.topics, request.partitions)
     plan = build_plan(asked, Observed(chosen, snap.retention, snap.recovered, checkpoints.feed_has_runs(feed.name)))
     require_permissions(adapter, feed, snap, plan)
-    return replace(plan, events=(*plan.events, *snap.notices)) if snap.notices else plan
+    plan = replace(plan, events=(*plan.events, *snap.notices)) if snap.notices else plan
+    if plan.commit and request.mode != "scheduled" and not request.dry_run:  # a dry run commits nothing
+        return committing_request(feed, plan, request, _output_ends(feed, snap))
+    return plan
 
 
-def output_positions(feed: Feed, checkpoints: CheckpointStore) -> dict[TP, int]:
-    """Where the feed's output ends per partition: the run ledger's shown positions, else an Iceberg table's record."""
-    shown = {tp: s.position for tp, s in checkpoints.shown(feed.name).items()}
+def _output_ends(feed: Feed, snap: FeedSnapshot) -> dict[TP, int]:
+    """Where the feed's output ends per partition: the run ledger's shown positions, else what the output records.
+
+    The ledger's were read with the snapshot; the output (an Iceberg table's recorded
+    position) is asked only when the ledger shows nothing of the feed's partitions.
+    """
+    shown = {s.key: s.shown for s in snap.partitions if s.shown is not None}
     if shown:
         return shown
     recovered = publisher_for(feed).positions(feed)

@@ -49,11 +49,10 @@ from tidemark.kafka.connection import KafkaConnection
 from tidemark.kafka.registry import RegistryClient, RegistryConnection, require
 from tidemark.kafka.registry import from_env as registry_from_env
 from tidemark.output.base import check_replay_output, publisher_for
-from tidemark.planning.committing import committing_request
 from tidemark.planning.plan import PLAN_FILE, Event, Plan, read_plan, write_plan
 from tidemark.planning.requests import RunRequest, confine_output, output_roots, run_request
 from tidemark.runs.commit import CommitResult
-from tidemark.runs.gather import output_positions, plan_feed
+from tidemark.runs.gather import plan_feed
 from tidemark.runs.protocol import Settled, abandon, from_run_dirs, settle, settle_open_runs
 from tidemark.runs.report import Root, build_report, save_report
 from tidemark.spark.secrets import SECRETS_FILE_ENV, secrets_file, split_env
@@ -180,13 +179,24 @@ def abandon_run(
 
 
 def publish_target(feed: Feed, request: RunRequest) -> Location | None:
-    """Where a backfill or replay publishes, checked against the feed's outputs (``None``: a scheduled run's own).
+    """Where a run of ``request`` publishes, checked against the feeds' outputs (``None``: the feed's own output).
 
-    A backfill or replay publishes beside the feed's output (``feed.output_for``) or where
-    its ``output`` parameter says, never into a feed's output, and only under the allowed
-    places (compared as text, then again with symlinks followed, against every feed).
+    A scheduled run, and a backfill or replay that commits (it moves the feed's group, so it
+    is the feed's next run: ``docs/ARCHITECTURE.md``, "The feed's output"), publish into the
+    feed's own output; a committing one names no other. Any other backfill or replay
+    publishes beside the feed's output (``feed.output_for``) or where its ``output``
+    parameter says, never into a feed's output, and only under the allowed places
+    (compared as text, then again with symlinks followed, against every feed).
     """
     if request.mode == "scheduled":
+        return None
+    if request.commit and not request.dry_run:  # a dry run commits nothing: it publishes where asked
+        if request.output is not None:
+            raise ConfigError(
+                f"parameter 'output': a committing {request.mode} of feed '{feed.name}' publishes to the feed's own "
+                f"output ({feed.output_location()}), because it moves the group past these records; leave 'output' "
+                "empty, or run without commit to publish elsewhere"
+            )
         return None
     default = feed.output_for(request.mode)
     target = request.output if request.output is not None else default
@@ -202,20 +212,16 @@ def publish_target(feed: Feed, request: RunRequest) -> Location | None:
     return target
 
 
-def plan_request(
-    feed: Feed, adapter: KafkaAdapter, checkpoints: CheckpointStore, request: RunRequest
-) -> tuple[Plan, Location | None]:
-    """Plan one run of ``request``, without saving or reading anything.
+def plan_request(feed: Feed, adapter: KafkaAdapter, checkpoints: CheckpointStore, request: RunRequest) -> Plan:
+    """Plan one run of ``request``, without saving or reading anything; the plan's ``output`` says where it publishes.
 
-    Returns the plan and where it publishes (``None``: the feed's output). :func:`plan_run`
-    saves what this returns; the Tidemark view's replay preview shows it, so a preview is
-    exactly the plan a dry run of the same parameters makes.
+    :func:`start_run` plans the same way (after settling the feed's open runs); the
+    Tidemark view's replay preview shows this, so a preview is exactly the plan a dry run
+    of the same parameters makes.
     """
     target = publish_target(feed, request)
     plan = plan_feed(feed, adapter, checkpoints, request)
-    if plan.commit and request.mode != "scheduled" and not request.dry_run:  # a dry run commits nothing
-        return committing_request(feed, plan, request, output_positions(feed, checkpoints)), None
-    return (plan if target is None else replace(plan, output=str(target))), target
+    return plan if target is None else replace(plan, output=str(target))
 
 
 def plan_run(
@@ -252,15 +258,18 @@ def start_run(
     records the subject's latest version (``registry``, default the ``TIDEMARK_SCHEMA_REGISTRY_*``
     environment), so that every attempt of the plan decodes with the same reader.
     """
+    target = publish_target(feed, request)  # a request refused here settles nothing
     checkpoints = _checkpoints(root, checkpoints)
     kafka = KafkaAdapter(connection)
     resumed, settled = (None, ()) if request.dry_run else _settle_open_runs(feed, kafka, checkpoints, progress)
-    plan, _ = plan_request(feed, kafka, checkpoints, request)
+    plan = plan_feed(feed, kafka, checkpoints, request)  # as plan_request, with the open runs settled first
     handle = _handle(feed, plan, request, _root(root), resumed)  # names the plan id: what follows keeps it
-    if settled:  # in this run's report: what finishing the earlier runs found (not part of the plan id)
-        plan = replace(plan, events=(*settled, *plan.events))
+    # In this run's report: what finishing the earlier runs found (not part of the plan id), and where it publishes.
+    plan = replace(plan, events=(*settled, *plan.events), output=None if target is None else str(target))
     if plan.total_records and not request.dry_run and feed.deserialization.registry_parts:
-        plan = replace(plan, readers=_planned_readers(feed, registry))
+        # The latest version of each registry subject the feed does not pin, asked now.
+        schemas = RegistryClient(require(registry if registry is not None else registry_from_env(), feed.name))
+        plan = replace(plan, readers=planned_readers(feed, schemas))
     run = _save(Run(handle, feed, plan, request), checkpoints)
     _log_plan(run, progress)
     return run
@@ -309,7 +318,8 @@ def _save(run: Run, checkpoints: CheckpointStore) -> Run:
     if not handle.dry_run:
         checkpoints.set_run(plan.group, handle.run_id, feed=handle.feed, plan_id=plan.plan_id, state="planned",
                             run_dir=handle.run_dir)  # fmt: skip
-    _write_status(run.dir, handle=handle.to_xcom(), planned_at=datetime.now(UTC).isoformat())
+    status = {"handle": handle.to_xcom(), "planned_at": datetime.now(UTC).isoformat()}  # a new run dir's first
+    (run.dir / "run.json").write_text(json.dumps(status, indent=2, sort_keys=True, default=str))
     return run
 
 
@@ -325,12 +335,6 @@ def _log_plan(run: Run, progress: Progress) -> None:
         progress(f"dry run: nothing is read, published or committed. The plan ({plan.total_records} records):")
         for line in plan_table(plan):
             progress(line)
-
-
-def _planned_readers(feed: Feed, registry: RegistryConnection | None) -> dict[str, dict[str, Any]]:
-    """The plan's ``readers``: the latest version of each registry subject the feed does not pin, asked now."""
-    connection = require(registry if registry is not None else registry_from_env(), feed.name)
-    return planned_readers(feed, RegistryClient(connection))
 
 
 def plan_table(plan: Plan) -> list[str]:
@@ -503,10 +507,10 @@ def _commit(
 ) -> CommitOutcome:
     handle, plan = run.handle, run.plan
     job = _job_result(run.dir)
+    _log_job(job, progress)  # a dry run's job did nothing: nothing to log
     if handle.dry_run:
         return _finish(run, connection, None, job, "dry run: planned only, nothing read, published or committed",
                        progress)  # fmt: skip
-    _log_job(job, progress)
     if handle.commit:
         fault_point("commit.before")
     publisher = publisher_for(run.feed, plan)

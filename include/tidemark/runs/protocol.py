@@ -254,19 +254,14 @@ def settle_open_runs(
     with store.commit_lock(group):
         for row in store.open_runs(feed):
             loaded = load(row)
-            if loaded is None:
-                store.set_run(row.group, row.run_id, feed=row.feed, plan_id=row.plan_id, state="abandoned",
-                              run_dir=row.run_dir, detail="its plan is gone")  # fmt: skip
+            if loaded is None or _staged_nothing(row, *loaded):
+                # A run that staged nothing is left alone (its job may be running now) unless it never can commit.
+                why = "its plan is gone" if loaded is None else _moved_before_staging(row, loaded[0], kafka)
+                if why is not None:
+                    store.set_run(row.group, row.run_id, feed=row.feed, plan_id=row.plan_id, state="abandoned",
+                                  run_dir=row.run_dir, detail=why)  # fmt: skip
                 continue
             plan, publisher = loaded
-            if row.state == "planned" and (
-                not plan.total_records or publisher.staged(plan.plan_id, row.run_id) is None
-            ):
-                current = kafka.committed(plan.group, [p.key for p in plan.partitions]) if plan.commit else {}
-                if plan.commit and moved_since_planning(plan, row.run_id, current)[0]:
-                    store.set_run(row.group, row.run_id, feed=row.feed, plan_id=row.plan_id, state="abandoned",
-                                  run_dir=row.run_dir, detail="the group moved before it staged anything")  # fmt: skip
-                continue
             progress(f"settling run {row.run_id} ({row.state}) of plan {plan.plan_id} first")
             try:
                 done.append(settle(plan, row.run_id, row.run_dir, publisher=publisher, store=store, kafka=kafka,
@@ -288,6 +283,19 @@ def settle_open_runs(
                 done.append(Settled(row.run_id, plan.plan_id, state,
                                     events=(_event("commit_refused", str(exc), ranges=_ranges(plan)),)))  # fmt: skip
     return done
+
+
+def _staged_nothing(row: LedgerRun, plan: Plan, publisher: Publisher) -> bool:
+    """Whether ``row`` is a ``planned`` run whose job has staged nothing (yet)."""
+    return row.state == "planned" and (not plan.total_records or publisher.staged(plan.plan_id, row.run_id) is None)
+
+
+def _moved_before_staging(row: LedgerRun, plan: Plan, kafka: KafkaAdapter) -> str | None:
+    """Why a run that staged nothing can never commit: another writer moved the group since it planned."""
+    if not plan.commit:
+        return None
+    current = kafka.committed(plan.group, [p.key for p in plan.partitions])
+    return "the group moved before it staged anything" if moved_since_planning(plan, row.run_id, current)[0] else None
 
 
 def abandon(

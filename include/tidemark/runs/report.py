@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
+from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -289,8 +290,6 @@ def secret_values(connection: KafkaConnection | None = None, environ: Mapping[st
         if "://" in url and "@" in url:
             credentials = url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[0]
             if ":" in credentials:
-                from urllib.parse import unquote
-
                 written = credentials.split(":", 1)[1]
                 values |= {written, unquote(written)}
     return {v for v in values if len(v) >= 3}  # shorter values would blank out ordinary text

@@ -550,12 +550,12 @@ class ViewDeps:
             conf = replay_conf(name, body)
             kafka = self.adapter()
             request = run_request("replay", conf)
-            plan, output = plan_request(feed, kafka, self.checkpoints(), request)
+            plan = plan_request(feed, kafka, self.checkpoints(), request)
         except (ConfigError, PlanningError) as exc:  # bad parameters, or the plan itself refused (data loss, ...)
             raise HTTPException(400, self.scrub(str(exc))) from exc
         except TidemarkError as exc:
             raise HTTPException(502, self.scrub(str(exc))) from exc
-        return conf, plan, output, request.dry_run, kafka
+        return conf, plan, plan.output, request.dry_run, kafka
 
     def preview(self, feed: Feed, body: Any) -> dict[str, Any]:
         """What a replay of ``body`` would read: ranges with their first and last record times, and its effect."""

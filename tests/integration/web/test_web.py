@@ -159,7 +159,7 @@ def test_trouble_stands_out_and_the_preview_is_the_dry_run_plan(
         preview = client.post(f"/api/feeds/{feed.name}/replay/preview", json={"start_from": "committed"}).json()
         dry = {"start_from": "committed", "dry_run": True}  # the replay form's default
         request = run_request("replay", dry)
-        plan, _ = plan_request(feed, kafka.adapter, store, request)
+        plan = plan_request(feed, kafka.adapter, store, request)
         dry_run = request.dry_run
 
     assert "data lost" in page and "offsets expired" in page and 'class="trouble"' in page
