@@ -53,7 +53,7 @@ from tidemark.planning.plan import PLAN_FILE, Event, Plan, read_plan, write_plan
 from tidemark.planning.requests import RunRequest, confine_output, output_roots, run_request
 from tidemark.runs.commit import CommitResult
 from tidemark.runs.gather import plan_feed
-from tidemark.runs.protocol import Settled, abandon, from_run_dirs, settle, settle_open_runs
+from tidemark.runs.protocol import Settled, abandon, settle, settle_before_planning
 from tidemark.runs.report import Root, build_report, save_report
 from tidemark.spark.secrets import SECRETS_FILE_ENV, secrets_file, split_env
 from tidemark.spark.session import (
@@ -261,7 +261,7 @@ def start_run(
     target = publish_target(feed, request)  # a request refused here settles nothing
     checkpoints = _checkpoints(root, checkpoints)
     kafka = KafkaAdapter(connection)
-    resumed, settled = (None, ()) if request.dry_run else _settle_open_runs(feed, kafka, checkpoints, progress)
+    resumed, settled = (None, ()) if request.dry_run else settle_before_planning(feed, checkpoints, kafka, progress)
     plan = plan_feed(feed, kafka, checkpoints, request)  # as plan_request, with the open runs settled first
     handle = _handle(feed, plan, request, _root(root), resumed)  # names the plan id: what follows keeps it
     # In this run's report: what finishing the earlier runs found (not part of the plan id), and where it publishes.
@@ -273,25 +273,6 @@ def start_run(
     run = _save(Run(handle, feed, plan, request), checkpoints)
     _log_plan(run, progress)
     return run
-
-
-def _settle_open_runs(
-    feed: Feed, kafka: KafkaAdapter, checkpoints: CheckpointStore, progress: Progress
-) -> tuple[str | None, tuple[Event, ...]]:
-    """Every open run of the feed first (``docs/ARCHITECTURE.md``, "The commit protocol").
-
-    A committed run is shown, a staged one committed and shown, a refused one discarded.
-    Returns the plan id of the last run shown and what settling found, as events of the new plan.
-    """
-    resumed = None
-    events: list[Event] = []
-    for settled in settle_open_runs(feed.name, from_run_dirs(feed), store=checkpoints, kafka=kafka, group=feed.group,
-                                    connection=kafka.connection, progress=progress):  # fmt: skip
-        if settled.state == "shown":
-            resumed = settled.plan_id
-        events += [replace(e, message=f"settling run {settled.run_id}: {e.message}",
-                           details={**e.details, "run_id": settled.run_id}) for e in settled.events]  # fmt: skip
-    return resumed, tuple(events)
 
 
 def _handle(feed: Feed, plan: Plan, request: RunRequest, root: Location, resumed: str | None) -> RunHandle:

@@ -32,7 +32,8 @@ positions (``planning.resolve._against_shown``) and names every range the group 
 over by another writer.
 
 :func:`settle` is the whole protocol for one run, called with the lock held: by the run's
-own commit step, and by :func:`settle_open_runs` before any new plan of the feed. It
+own commit step, and by :func:`settle_open_runs` before any new plan of the feed (the
+pipeline's :func:`settle_before_planning`, which loads each open run from its run dir). It
 takes its collaborators as arguments (a Kafka adapter, the store, the publisher), so the
 model test (``tests/unit/runs/test_protocol_model.py``) drives exactly this code with an
 in-memory group and output.
@@ -41,7 +42,7 @@ in-memory group and output.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tidemark._types import TopicPartition as TP
@@ -217,6 +218,25 @@ def show(
     if shows_in_feed_output(plan):
         store.advance_shown(plan.feed, run_id, plan.ends(), plan_topic_ids(plan))
     return manifest
+
+
+def settle_before_planning(
+    feed: Feed, store: CheckpointStore, kafka: KafkaAdapter, progress: Progress = _silent
+) -> tuple[str | None, tuple[Event, ...]]:
+    """Every open run of ``feed`` first, loaded from its run dir (``docs/ARCHITECTURE.md``, "The commit protocol").
+
+    A committed run is shown, a staged one committed and shown, a refused one discarded.
+    Returns the plan id of the last run shown and what settling found, as events of the new plan.
+    """
+    resumed = None
+    events: list[Event] = []
+    for settled in settle_open_runs(feed.name, from_run_dirs(feed), store=store, kafka=kafka, group=feed.group,
+                                    connection=kafka.connection, progress=progress):  # fmt: skip
+        if settled.state == "shown":
+            resumed = settled.plan_id
+        events += [replace(e, message=f"settling run {settled.run_id}: {e.message}",
+                           details={**e.details, "run_id": settled.run_id}) for e in settled.events]  # fmt: skip
+    return resumed, tuple(events)
 
 
 def from_run_dirs(feed: Feed) -> Callable[[LedgerRun], tuple[Plan, Publisher] | None]:
