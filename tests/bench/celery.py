@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support.servers import s3 as s3_local
     from tidemark.devtools.celery import CeleryAirflow
     from tidemark.devtools.kafka.cluster import LocalCluster
-    from tidemark.kafka.adapter import KafkaAdapter, Record, produce
+    from tidemark.kafka.admin import KafkaAdmin, Record, produce
     from tidemark.kafka.connection import KafkaConnection
 
     base = Path(tempfile.mkdtemp(prefix="tidemark-bench-celery-"))
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     (dags / "tidemark_dags.py").write_text((project_root() / "dags" / "tidemark_dags.py").read_text())
     bootstrap = os.environ.get("TIDEMARK_BOOTSTRAP_SERVERS") or LocalCluster().up().bootstrap_servers
     conn = KafkaConnection(bootstrap)
-    adapter = KafkaAdapter(conn)
+    adapter = KafkaAdmin(conn)
     tag = uuid.uuid4().hex[:6]
     for i in range(args.feeds):
         topic = f"bench-celery-{tag}-{i:03d}"

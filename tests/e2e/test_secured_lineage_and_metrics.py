@@ -30,7 +30,7 @@ from tests.e2e.test_metrics import _run_feed
 from tests.support.servers.s3 import REGION, LocalS3
 from tests.support.servers.spark import fetch_openlineage_jar
 from tidemark.devtools.kafka.secure import feed_grants
-from tidemark.kafka.adapter import Record
+from tidemark.kafka.admin import Record
 from tidemark.spark.session import OPENLINEAGE_ENV, OPENLINEAGE_JAR_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

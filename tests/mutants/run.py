@@ -359,8 +359,8 @@ MUTANTS = (
         (
             Edit(
                 "include/tidemark/runs/pipeline.py",
-                '    if not flag(params, "dry_run"):\n        # Every open run',
-                "    if False:\n        # Every open run",
+                "if request.dry_run else _settle_open_runs(",
+                "if True else _settle_open_runs(",
             ),
         ),
         (

@@ -22,6 +22,7 @@ from tidemark.devtools.kafka.cluster import connection_from_env
 from tidemark.errors import ConfigError
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.planning.plan import PlanStore
+from tidemark.planning.requests import RunRequest, Window
 from tidemark.runs.gather import plan_feed
 from tidemark.runs.status import feed_status
 
@@ -32,15 +33,9 @@ def _plan(args: argparse.Namespace) -> int:
     end = parse_timestamp("--window-end", args.window_end)
     if end is not None and start is None:
         raise ConfigError("--window-end needs --window-start")
+    request = RunRequest() if start is None else RunRequest("backfill", window=Window(start, end))
     adapter = KafkaAdapter(connection_from_env())
-    plan = plan_feed(
-        feed,
-        adapter,
-        default_store(),
-        mode="scheduled" if start is None else "backfill",
-        window_start=start,
-        window_end=end,
-    )
+    plan = plan_feed(feed, adapter, default_store(), request)
     path = PlanStore(state_location()).save(plan)
     if args.json:
         print(plan.to_json())

@@ -60,7 +60,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _abandon(args: argparse.Namespace) -> int:
     settled = abandon_run(args.feed, args.run, args.reason)
-    print(settled.events[0]["message"])
+    print(settled.events[0].message)
     return 0
 
 

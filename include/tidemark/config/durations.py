@@ -53,7 +53,7 @@ def schedule_interval(schedule: str) -> timedelta:
         n, unit = int(match.group(1)), match.group(2)
         return {"m": timedelta(minutes=n), "min": timedelta(minutes=n), "h": timedelta(hours=n),
                 "d": timedelta(days=n), "w": timedelta(weeks=n)}[unit]  # fmt: skip
-    from croniter import croniter
+    from croniter import croniter  # here, not at the top: a third of a second, and only cron schedules need it
 
     if not croniter.is_valid(schedule):
         raise ValueError(f"schedule {schedule!r} is neither a preset (@hourly ...), a duration (6h) nor a cron")

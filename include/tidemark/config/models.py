@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -33,9 +33,7 @@ from pydantic import (
 from tidemark._types import Isolation
 from tidemark.config.durations import parse_skew, schedule_interval
 from tidemark.errors import ConfigError
-
-if TYPE_CHECKING:
-    from tidemark.storage import Location
+from tidemark.storage import Location
 
 OnMissing = Literal["earliest", "latest", "timestamp", "fail"]
 OnNewPartition = Literal["earliest", "latest"]
@@ -72,8 +70,6 @@ def state_location() -> Location:
     ``TIDEMARK_STATE_DIR`` (default ``~/.local/state/tidemark``). On an object store the
     steps of a run (possibly on different machines) exchange only this location's URLs.
     """
-    from tidemark.storage import Location
-
     return Location.of(os.environ.get("TIDEMARK_STATE_DIR") or Path.home() / ".local" / "state" / "tidemark")
 
 
@@ -425,8 +421,6 @@ class Feed(_Model):
 
     def output_location(self) -> Location:
         """Where scheduled runs publish: ``output`` (a local path or ``s3://...``), else ``<state>/output/<feed>``."""
-        from tidemark.storage import Location
-
         return Location.of(self.output) if self.output else state_location() / "output" / self.name
 
     def output_dir(self) -> Path:
@@ -438,7 +432,7 @@ class Feed(_Model):
 
         They go beside it (``<output>.backfills``, ``<output>.replays``), so a reader of the
         feed's output never sees a replayed record twice. Committing ones are the feed's
-        next run and publish into its output (``pipeline.committing_request``).
+        next run and publish into its output (:func:`tidemark.planning.committing.committing_request`).
         """
         base = self.output_location()
         return base if mode == "scheduled" else base.with_name(f"{base.name}.{mode}s")

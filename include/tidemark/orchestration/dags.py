@@ -36,7 +36,7 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark.checkpoints.store import CheckpointStore
-from tidemark.config.models import Feed, dag_id, package_root, scan_feeds
+from tidemark.config.models import Feed, dag_id, load_feed, package_root, scan_feeds
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
 from tidemark.kafka.connection import is_secret
 from tidemark.kafka.registry import RegistryConnection
@@ -44,7 +44,14 @@ from tidemark.kafka.registry import from_env as registry_from_env
 from tidemark.orchestration.connections import KAFKA_CONN_ID, kafka_connection
 from tidemark.orchestration.lag_trigger import LagTrigger
 from tidemark.planning.plan import Plan
-from tidemark.planning.requests import END_CHOICES, MAX_OFFSET, MAX_PARTITION, OUTPUT_ROOTS_ENV, START_CHOICES
+from tidemark.planning.requests import (
+    END_CHOICES,
+    MAX_OFFSET,
+    MAX_PARTITION,
+    OUTPUT_ROOTS_ENV,
+    START_CHOICES,
+    run_request,
+)
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -409,38 +416,32 @@ def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None
     """
     from tidemark.orchestration import metrics
     from tidemark.orchestration.access import refuse_unless_allowed
-    from tidemark.runs.pipeline import RunHandle, plan_run
+    from tidemark.runs.pipeline import Run, start_run
 
     if mode != "scheduled":
         user = get_current_context()["dag_run"].triggering_user_name
         _no_retry_for_refusals(lambda: refuse_unless_allowed(feed_name, mode, dict(params or {}), user))
+
+    def plan() -> Run:
+        request = run_request(mode, dict(params or {}))  # refused before the feed is loaded
+        return start_run(load_feed(feed_name), kafka_connection(), request, progress=log.info,
+                         checkpoints=checkpoint_store(), registry=registry_from_env(registry_env()))  # fmt: skip
+
     with _storage_settings():
-        handle = _no_retry_for_refusals(
-            lambda: plan_run(
-                feed_name,
-                kafka_connection(),
-                mode=mode,
-                params=dict(params or {}),
-                progress=log.info,
-                checkpoints=checkpoint_store(),
-                registry=registry_from_env(registry_env()),
-            ).to_xcom()
-        )
-        _record_airflow_run(handle["run_dir"])
+        run = _no_retry_for_refusals(plan)
+        _record_airflow_run(run.handle.run_dir)
         if mode == "scheduled":
-            metrics.started(feed_name, _record_cause(handle["run_dir"]))
-        plan = RunHandle.from_xcom(handle).plan()
-        metrics.planned(plan)
-        _describe_lineage(plan)
-    return handle
+            metrics.started(feed_name, _record_cause(run.handle.run_dir))
+        metrics.planned(run.plan)
+        _describe_lineage(run.feed, run.plan)
+    return run.handle.to_xcom()
 
 
-def _describe_lineage(plan: Plan) -> None:
+def _describe_lineage(feed: Feed, plan: Plan) -> None:
     """The run's datasets for the Spark task's OpenLineage events (see TidemarkSparkSubmitOperator)."""
-    from tidemark.config.models import load_feed
     from tidemark.orchestration.lineage import describe
 
-    doc = describe(load_feed(plan.feed), plan, kafka_connection().bootstrap_servers)
+    doc = describe(feed, plan, kafka_connection().bootstrap_servers)
     get_current_context()["ti"].xcom_push(key="lineage", value=doc)
 
 
@@ -655,7 +656,7 @@ def _window_params() -> dict[str, Param]:
 
 
 def _commit_params() -> dict[str, Param]:
-    """Form fields for moving the group: a committing run is the feed's next run (``pipeline.committing_request``)."""
+    """Form fields for moving the group: a committing run is the feed's next run (``planning.committing``)."""
     return {
         "commit": Param(False, type="boolean", title="Commit the group's offsets afterwards",
                         description="Publishes to the feed's own output and must start at the committed offsets"),

@@ -17,15 +17,14 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from tidemark._types import Isolation
 from tidemark.errors import ConfigError
-
-if TYPE_CHECKING:
-    from tidemark.storage import Location
+from tidemark.storage import Location
 
 PLAN_VERSION = 1
+PLAN_FILE = "plan.json"  # a run's own copy of its plan, in its run dir, written before any read
 
 Mode = Literal["scheduled", "backfill", "replay"]
 # Why a partition starts where it does.
@@ -61,16 +60,31 @@ EventKind = Literal[
     "commit_refused",  # a run's commit was refused: its staged publication was discarded, never shown
     "not_shown",  # a committed run whose ranges the output already shows in part: kept out so nothing shows twice
     "permission_missing",  # an optional read (topic or broker configs) the principal may not do: skipped
+    "gap",  # the job: offsets of a range that hold no record (markers, aborted or compacted away): counted
+    "schema_changed",  # the job: a partition's records were written with more than one registry schema id
+    "table_schema_evolved",  # the job: the Iceberg table's schema changed in the snapshot adding the plan
 ]
+# Where a run report found an event: the plan, the Spark job's result, or the commit step.
+EventSource = Literal["plan", "job", "commit"]
 
 
 @dataclass(frozen=True)
 class Event:
+    """Something a run met that a person should know of: in the plan, the job's result and the run report."""
+
     kind: EventKind
     message: str
     topic: str | None = None
     partition: int | None = None
     details: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As ``plan.json`` holds it."""
+        return asdict(self)
+
+    def reported(self, source: EventSource) -> dict[str, Any]:
+        """As a run report lists it: the event and where it was found."""
+        return {"source": source, **self.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -228,10 +242,13 @@ def compute_plan_id(
     return digest[:20]
 
 
+def read_plan(path: Path | Location | str) -> Plan:
+    """The plan saved at ``path`` (a local path or an object-store location), its content hash checked."""
+    return Plan.from_json(Location.of(path).read_text())
+
+
 def write_plan(plan: Plan, path: Path | Location) -> Path | Location:
     """Write ``plan`` to ``path`` (a local path or an object-store location) whole: never half a plan."""
-    from tidemark.storage import Location
-
     Location.of(path).write_text(plan.to_json())
     return path
 
@@ -245,8 +262,6 @@ class PlanStore:
     """
 
     def __init__(self, root: Path | Location) -> None:
-        from tidemark.storage import Location
-
         self.root = Location.of(root)
 
     def path(self, feed: str, plan_id: str) -> Location:

@@ -1,9 +1,14 @@
-"""Replay and backfill requests: trigger parameters in, a validated request out.
+"""A run's request: trigger parameters in, one validated :class:`RunRequest` out.
 
-The replay DAG's trigger form (and ``tidemark replay`` / ``tidemark backfill``) hand over
-loosely typed values; this module turns them into a frozen :class:`ReplaySpec` or
-refuses with a message naming the parameter and what to put there. It is pure: the
-planner resolves a spec against the partitions' offsets.
+The DAGs' trigger forms (and ``tidemark run`` / ``replay`` / ``backfill``) hand over
+loosely typed values; :func:`run_request` turns them, once, into a frozen
+:class:`RunRequest` (the mode, a backfill's :class:`Window` or a replay's
+:class:`ReplaySpec`, the commit choice, the selection, where it publishes, dry run) or
+refuses with a message naming the parameter and what to put there. That value travels
+down to the planner unchanged. It is pure: the rules that need the feed (where a replay
+may publish, a committing run's start) are checked where the feed is known
+(:mod:`tidemark.runs.pipeline`), and the planner resolves the request against the
+partitions' offsets.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, get_args
 
-from tidemark.config.durations import parse_duration, parse_timestamp
-from tidemark.errors import ConfigError, shown
+from tidemark.config.durations import parse_duration, parse_skew, parse_timestamp
+from tidemark.config.models import WindowMode
+from tidemark.errors import ConfigError, PlanningError, shown
+from tidemark.planning.plan import Mode
 from tidemark.storage import Location, is_url
 
 StartFrom = Literal["committed", "earliest", "latest", "timestamp", "offset", "shift_by", "by_duration"]
@@ -41,6 +48,26 @@ SELECTION_PARAMS: tuple[str, ...] = ("topics", "partitions", "output", "dry_run"
 REPLAY_PARAMS: tuple[str, ...] = SPEC_PARAMS + COMMIT_PARAMS + WINDOW_PARAMS + SELECTION_PARAMS
 
 
+MODES: tuple[str, ...] = get_args(Mode)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A backfill's time window; the end is optional (then: the end of the log now)."""
+
+    start: datetime
+    end: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.start.tzinfo is None or (self.end is not None and self.end.tzinfo is None):
+            raise PlanningError("a backfill window needs timezone-aware times, e.g. 2026-01-31T00:00:00Z")
+        if self.end is not None and self.end < self.start:
+            raise PlanningError(f"the backfill window ends ({self.end.isoformat()}) before it starts")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"start": self.start.isoformat(), "end": None if self.end is None else self.end.isoformat()}
+
+
 @dataclass(frozen=True)
 class ReplaySpec:
     """Where a replay starts and ends, per partition of the feed's topics."""
@@ -54,6 +81,30 @@ class ReplaySpec:
     end_timestamp: datetime | None = None
     end_offset: int | None = None
     commit: bool = False
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What one run is asked to do, from the trigger to the planner: built once by :func:`run_request`.
+
+    ``window`` is a backfill's, ``replay`` a replay's (the planner refuses a mode without
+    its bounds); ``commit=None`` commits scheduled runs only; ``topics``/``partitions``
+    narrow a backfill or replay (empty: all); ``output`` is where a backfill or replay asked
+    to publish (``None``: beside the feed's output), checked against the feed's outputs
+    where the feed is known.
+    """
+
+    mode: Mode = "scheduled"
+    window: Window | None = None
+    replay: ReplaySpec | None = None
+    commit: bool | None = None
+    allow_gap: bool = False  # a committing run may skip offsets on purpose (each skip is an event)
+    window_mode: WindowMode | None = None  # None: the feed's time_windows
+    max_skew: timedelta | None = None
+    topics: tuple[str, ...] = ()
+    partitions: tuple[int, ...] = ()
+    output: Location | None = None
+    dry_run: bool = False
 
 
 def _int(name: str, value: Any, minimum: int = -MAX_OFFSET, maximum: int = MAX_OFFSET) -> int | None:
@@ -122,6 +173,74 @@ def parse_replay_params(params: Mapping[str, Any]) -> ReplaySpec:
     return spec
 
 
+def run_request(mode: str, params: Mapping[str, Any] | None = None) -> RunRequest:
+    """A run of ``mode`` from its trigger parameters (:data:`REPLAY_PARAMS`, a backfill's window), checked once.
+
+    A scheduled run takes only ``dry_run`` (its other parameters are checked, then not used).
+    """
+    if mode not in MODES:
+        raise ConfigError(f"mode must be scheduled, backfill or replay, got {mode!r}")
+    params = params or {}
+    topics, partitions, dry_run = _topics(params), _partitions(params), flag(params, "dry_run")
+    if mode == "scheduled":
+        return RunRequest(dry_run=dry_run)
+    output = params.get("output")
+    asked: dict[str, Any] = {
+        "topics": topics, "partitions": partitions, "dry_run": dry_run, "allow_gap": flag(params, "allow_gap"),
+        "output": output_location(output) if output not in (None, "") else None, **_window_options(params),
+    }  # fmt: skip
+    if mode == "backfill":
+        start = parse_timestamp("start_timestamp", params.get("start_timestamp"))
+        end = parse_timestamp("end_timestamp", params.get("end_timestamp"))
+        if start is None or end is None:
+            raise ConfigError("a backfill needs parameters 'start_timestamp' and 'end_timestamp'")
+        if end <= start:
+            raise ConfigError(f"parameter 'end_timestamp' ({end.isoformat()}) must be after 'start_timestamp'")
+        return RunRequest("backfill", window=Window(start, end), commit=flag(params, "commit"), **asked)
+    spec = parse_replay_params(params)
+    return RunRequest("replay", replay=spec, commit=spec.commit, **asked)
+
+
+def _topics(params: Mapping[str, Any]) -> tuple[str, ...]:
+    topics = params.get("topics")
+    if topics in (None, "", []):
+        return ()
+    if isinstance(topics, str):
+        topics = [t.strip() for t in topics.split(",") if t.strip()]
+    if not isinstance(topics, list | tuple) or not all(isinstance(t, str) for t in topics):
+        raise ConfigError(f"parameter 'topics': expected a list of topic names, got {shown(topics)}")
+    return tuple(topics)
+
+
+def _partitions(params: Mapping[str, Any]) -> tuple[int, ...]:
+    partitions = params.get("partitions")
+    if partitions in (None, "", []):
+        return ()
+    if isinstance(partitions, str):
+        partitions = [p.strip() for p in partitions.split(",") if p.strip()]
+    try:
+        numbers = [int(p) for p in partitions]
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"parameter 'partitions': expected partition numbers, got {shown(partitions)}") from exc
+    if any(n < 0 for n in numbers) or any(isinstance(p, bool) for p in partitions):
+        raise ConfigError(f"parameter 'partitions': partition numbers are 0 or more, got {shown(partitions)}")
+    return tuple(numbers)
+
+
+def _window_options(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``window_mode`` and ``max_skew``, checked; absent ones keep the feed's settings."""
+    options: dict[str, Any] = {}
+    mode = params.get("window_mode")
+    if mode not in (None, ""):
+        if mode not in ("exact", "offset_cut"):
+            raise ConfigError(f"parameter 'window_mode': {mode!r} is not one of exact, offset_cut")
+        options["window_mode"] = mode
+    skew = params.get("max_skew")
+    if skew not in (None, ""):
+        options["max_skew"] = parse_skew(str(skew), "max_skew")
+    return options
+
+
 def _lexical(text: str) -> str | None:
     """A location normalised by its text alone (``..`` and ``.`` folded), or ``None`` if it is not absolute.
 
@@ -163,9 +282,8 @@ def output_location(value: Any) -> Location:
     return Location(normal)
 
 
-def confine_output(target: Location, defaults: Sequence[Location], environ: Mapping[str, str] | None = None) -> None:
-    """Refuse ``target`` unless it lies under an allowed root (compared lexically, as text)."""
-    roots = output_roots(defaults, environ)
+def confine_output(target: Location, roots: Sequence[str]) -> None:
+    """Refuse ``target`` unless it lies under one of ``roots`` (:func:`output_roots`; compared lexically, as text)."""
     normal = _lexical(target.url) or target.url
     if not any(normal == root or normal.startswith(root.rstrip("/") + "/") for root in roots):
         raise ConfigError(

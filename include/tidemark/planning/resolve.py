@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from tidemark._types import Isolation
 from tidemark._types import TopicPartition as TP
@@ -37,9 +37,7 @@ from tidemark.planning.plan import (
     Task,
     compute_plan_id,
 )
-
-if TYPE_CHECKING:
-    from tidemark.planning.requests import ReplaySpec
+from tidemark.planning.requests import ReplaySpec, Window
 
 CapLimit = Literal["max_records_per_partition", "max_records_per_run"]
 
@@ -146,23 +144,6 @@ class RetentionInfo:
 
 
 @dataclass(frozen=True)
-class Window:
-    """A backfill's time window; the end is optional (then: the end of the log now)."""
-
-    start: datetime
-    end: datetime | None = None
-
-    def __post_init__(self) -> None:
-        if self.start.tzinfo is None or (self.end is not None and self.end.tzinfo is None):
-            raise PlanningError("a backfill window needs timezone-aware times, e.g. 2026-01-31T00:00:00Z")
-        if self.end is not None and self.end < self.start:
-            raise PlanningError(f"the backfill window ends ({self.end.isoformat()}) before it starts")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"start": self.start.isoformat(), "end": None if self.end is None else self.end.isoformat()}
-
-
-@dataclass(frozen=True)
 class TimeFilter:
     """An exact time window: the job keeps the records stamped in ``[start_ms, end_ms)``.
 
@@ -210,6 +191,18 @@ class PlanRequest:
             raise PlanningError("a backfill needs a time window (window start, optional end)")
         if self.mode == "replay" and self.replay is None and not self.start_overrides and not self.end_overrides:
             raise PlanningError("a replay needs a replay spec (where to start and end)")
+        if self.window is not None and self.mode != "backfill":
+            raise PlanningError("a time window is only used with mode='backfill'")
+        if self.replay is not None and self.mode != "replay":
+            raise PlanningError("a replay spec is only used with mode='replay'")
+
+    def lookup_ms(self) -> tuple[int | None, int | None]:
+        """The times the gatherer looks the ranges' start and end up at (a window's, a replay's), if any."""
+        if self.window is not None:
+            return epoch_ms(self.window.start), None if self.window.end is None else epoch_ms(self.window.end)
+        if self.replay is not None:
+            return replay_start_ms(self.replay, self.created_at), replay_end_ms(self.replay)
+        return None, None
 
 
 @dataclass(frozen=True)

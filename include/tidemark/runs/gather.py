@@ -8,18 +8,19 @@ joins the two.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from datetime import UTC, datetime
 
 from tidemark._types import TopicPartition as TP
 from tidemark.checkpoints.store import CheckpointStore
-from tidemark.config.models import Feed, WindowMode
+from tidemark.config.models import Feed
 from tidemark.errors import AuthorizationError, ConfigError, KafkaUnavailableError, PlanningError
-from tidemark.kafka.adapter import KafkaAdapter
+from tidemark.kafka.adapter import Committed, KafkaAdapter, PartitionInfo
 from tidemark.output.base import publisher_for
-from tidemark.planning.plan import Event, Mode, Plan, RecoveredPosition
+from tidemark.planning.committing import committing_request
+from tidemark.planning.plan import Event, Plan, RecoveredPosition
+from tidemark.planning.requests import RunRequest
 from tidemark.planning.resolve import (
     OFFSETS_RETENTION_MINUTES,
     RETENTION_MS,
@@ -30,17 +31,12 @@ from tidemark.planning.resolve import (
     Policy,
     RetentionInfo,
     TimeFilter,
-    Window,
     build_plan,
-    epoch_ms,
     mark_new_partitions,
     recreated_topics,
-    replay_end_ms,
-    replay_start_ms,
 )
 
-if TYPE_CHECKING:
-    from tidemark.planning.requests import ReplaySpec
+SCHEDULED = RunRequest()  # the request of a scheduled run: no parameters
 
 
 @dataclass(frozen=True)
@@ -98,119 +94,144 @@ def snapshot_feed(
 ) -> FeedSnapshot:
     """Gather offsets for every partition of the feed's topics with batched admin calls.
 
+    Kafka is asked twice, each time in one run of batched calls: where the group is
+    (:func:`_ask_positions`), then, once the positions say which timestamp lookups are
+    needed, the logs' offsets and the configs (:func:`_ask_offsets`, whose order matters).
+    Between the two, the checkpoint store's positions are read, and ``recover`` (the
+    output's :meth:`~tidemark.output.base.Publisher.positions`) is asked only when some
+    partition has neither a committed offset nor a checkpoint. Timestamp lookups run only
+    where needed: the reset timestamp for partitions with no offsets at all
+    (``reset_timestamp_ms``), the window bounds for every partition (backfill).
+    """
+    before = adapter.requests
+    infos, group_operations, committed = _ask_positions(adapter, feed)
+    tps = [(i.topic, i.partition) for i in infos]
+    saved, shown = checkpoints.get(feed.group, tps), checkpoints.shown(feed.name)
+    positions = [  # the offsets come later; the positions decide which lookups are needed
+        PartitionSnapshot(
+            topic=i.topic, partition=i.partition, leader=i.leader, log_start=0, high_watermark=0, last_stable=0,
+            committed=None if (c := committed.get((i.topic, i.partition))) is None else c.offset,
+            committed_metadata="" if c is None else c.metadata,
+            checkpoint=None if (cp := saved.get((i.topic, i.partition))) is None else cp.offset,
+            checkpoint_topic_id=None if cp is None else cp.topic_id, topic_id=i.topic_id or None,
+            shown=None if (sh := shown.get((i.topic, i.partition))) is None else sh.position,
+            shown_topic_id=None if sh is None else sh.topic_id,
+        )
+        for i in infos
+    ]  # fmt: skip
+    bare = {s.key for s in positions if s.committed is None and s.checkpoint is None}
+    recovered = recover() if recover is not None and bare else None
+    # A recreated topic's positions belong to the old topic: its partitions start like bare ones.
+    recreated = recreated_topics(positions)
+    if window_start_ms is not None:
+        starts_at: tuple[list[TP], int] | None = (tps, window_start_ms)
+    elif reset_timestamp_ms is not None:
+        starts_at = ([s.key for s in positions if s.topic in recreated or s.key in bare], reset_timestamp_ms)
+    else:
+        starts_at = None
+    leaders = sorted({i.leader for i in infos if i.leader >= 0})
+    found = _ask_offsets(adapter, feed, tps, leaders[0] if leaders else None, starts_at, window_end_ms, end_skew_ms)
+    snaps = [found.snapshot(known, feed.isolation, recovered) for known in positions]
+    retention = RetentionInfo(
+        schedule_interval=feed.interval,
+        offsets_retention_ms=_to_ms(found.broker_cfg.get(OFFSETS_RETENTION_MINUTES), 60_000),
+        topic_retention_ms={t: _to_ms(found.topic_cfg.get(t, {}).get(RETENTION_MS)) for t in feed.topics},
+    )
+    log_append = tuple(t for t in feed.topics if found.topic_cfg.get(t, {}).get(TIMESTAMP_TYPE) == "LogAppendTime")
+    return FeedSnapshot(
+        mark_new_partitions(snaps), retention, adapter.requests - before, log_append, recovered,
+        group_operations, found.notices,
+    )  # fmt: skip
+
+
+def _ask_positions(
+    adapter: KafkaAdapter, feed: Feed
+) -> tuple[list[PartitionInfo], frozenset[str] | None, dict[TP, Committed]]:
+    """The feed's partitions, what the principal may do with the group, and the group's committed offsets.
+
+    The group's operations are asked before OffsetFetch, which without Describe on the group
+    only times out: they name the missing ACL. Any other failure leaves them unknown; the
+    OffsetFetch that follows retries and reports it as before.
+    """
+    try:
+        infos = adapter.partitions(feed.topics)
+        try:
+            group_operations = adapter.group_operations(feed.group)
+        except KafkaUnavailableError:
+            group_operations = None
+    except AuthorizationError as exc:
+        raise AuthorizationError(f"{exc} (nothing was read or committed)") from exc
+    return infos, group_operations, adapter.committed(feed.group, [(i.topic, i.partition) for i in infos])
+
+
+@dataclass(frozen=True)
+class _Offsets:
+    """What Kafka said of the logs at one moment: offsets, timestamp lookups and the configs that may be read."""
+
+    log_start: Mapping[TP, int]
+    stable: Mapping[TP, int] | None  # the last stable offsets (read_committed feeds)
+    hw: Mapping[TP, int]
+    ts_start: Mapping[TP, int | None]
+    ts_end: Mapping[TP, int | None]
+    ts_cut: Mapping[TP, int | None]
+    topic_cfg: Mapping[str, Mapping[str, str]]
+    broker_cfg: Mapping[str, str]
+    notices: tuple[Event, ...]
+
+    def snapshot(
+        self, known: PartitionSnapshot, isolation: str, recovered: RecoveredPosition | None
+    ) -> PartitionSnapshot:
+        """``known`` (its positions) with these offsets; every timestamp answer is seen from the frozen log."""
+        tp = known.key
+        high = self.hw[tp]
+        last_stable = high if self.stable is None else min(self.stable[tp], high)
+        end = last_stable if isolation == "read_committed" else high
+        return replace(
+            known,
+            log_start=self.log_start[tp],
+            high_watermark=high,
+            last_stable=last_stable,
+            ts_start_offset=_within(self.ts_start.get(tp), end),
+            ts_end_offset=_within(self.ts_end.get(tp), end),
+            ts_cut_end_offset=_within(self.ts_cut.get(tp), end),
+            table=_recovered_end(recovered, tp, known.topic_id or ""),
+        )
+
+
+def _ask_offsets(
+    adapter: KafkaAdapter,
+    feed: Feed,
+    tps: list[TP],
+    broker: int | None,
+    starts_at: tuple[list[TP], int] | None,
+    window_end_ms: int | None,
+    end_skew_ms: int,
+) -> _Offsets:
+    """The logs' offsets, the start lookups (``starts_at``: partitions and time), the configs, the end lookups.
+
     The order matters: the last stable offset is listed before the high watermark, so the
     captured LSO never exceeds the captured HW, and the log start before both; timestamps
     are looked up after the ends, and an answer past the captured end counts as "no record
     at or after it" (:func:`_within`), so every offset in the snapshot lies in the frozen
-    log. Timestamp lookups run only where needed: the reset timestamp for partitions with no offsets at
-    all (``reset_timestamp_ms``), the window bounds for every partition (backfill).
-    With ``end_skew_ms`` (exact windows) the end is looked up that much later on topics
+    log. With ``end_skew_ms`` (exact windows) the end is looked up that much later on topics
     stamped with CreateTime, and the unwidened cut is kept as ``ts_cut_end_offset``.
-    ``recover`` (the output's :meth:`~tidemark.output.base.Publisher.positions`) is asked only
-    when some partition has neither a committed offset nor a checkpoint.
+
+    The configs are optional: without DescribeConfigs on a topic its retention is unknown (no
+    warning) and its timestamps are taken as CreateTime (exact windows keep their margin);
+    without it on the cluster, the group offsets' retention is unknown. Each skipped read is
+    a ``permission_missing`` event.
     """
-    before = adapter.requests
-    try:
-        infos = adapter.partitions(feed.topics)
-        group_operations = _group_operations(adapter, feed.group)
-    except AuthorizationError as exc:
-        raise AuthorizationError(f"{exc} (nothing was read or committed)") from exc
-    tps = [(i.topic, i.partition) for i in infos]
-    committed = adapter.committed(feed.group, tps)
-    saved = checkpoints.get(feed.group, tps)
-    shown = checkpoints.shown(feed.name)
-    positions = []  # the offsets come later; the positions decide which lookups are needed
-    for info in infos:
-        c, cp = committed.get((info.topic, info.partition)), saved.get((info.topic, info.partition))
-        positions.append(
-            PartitionSnapshot(
-                topic=info.topic, partition=info.partition, leader=info.leader, log_start=0, high_watermark=0,
-                last_stable=0, committed=None if c is None else c.offset,
-                committed_metadata="" if c is None else c.metadata, checkpoint=None if cp is None else cp.offset,
-                checkpoint_topic_id=None if cp is None else cp.topic_id,
-                topic_id=info.topic_id or None,
-                shown=None if (sh := shown.get((info.topic, info.partition))) is None else sh.position,
-                shown_topic_id=None if sh is None else sh.topic_id,
-            )
-        )  # fmt: skip
-    bare_tps = [s.key for s in positions if s.committed is None and s.checkpoint is None]
-    recovered = recover() if recover is not None and bare_tps else None
-    # A recreated topic's positions belong to the old topic: its partitions start like bare ones.
-    recreated = recreated_topics(positions)
-    reset_tps = [s.key for s in positions if s.topic in recreated or s.key in set(bare_tps)]
+    readable = [t for t in feed.topics if _may(adapter.topic_operations.get(t), "DESCRIBE_CONFIGS")]
     log_start = adapter.log_start_offsets(tps)
     stable = adapter.end_offsets(tps, "read_committed") if feed.isolation == "read_committed" else None
     hw = adapter.end_offsets(tps, "read_uncommitted")
-    ts_start: dict[TP, int | None] = {}
-    if window_start_ms is not None:
-        ts_start = adapter.offsets_for_timestamp(tps, window_start_ms, feed.isolation)
-    elif reset_timestamp_ms is not None:
-        ts_start = adapter.offsets_for_timestamp(reset_tps, reset_timestamp_ms, feed.isolation)
-    leaders = sorted({i.leader for i in infos if i.leader >= 0})
-    topic_cfg, broker_cfg, notices = _configs(adapter, feed, leaders[0] if leaders else None)
-    ts_end: dict[TP, int | None] = {}
-    ts_cut: dict[TP, int | None] = {}
-    if window_end_ms is not None:
-        ts_cut = adapter.offsets_for_timestamp(tps, window_end_ms, feed.isolation)
-        widened = [tp for tp in tps if topic_cfg.get(tp[0], {}).get(TIMESTAMP_TYPE) != "LogAppendTime"]
-        ts_end = dict(ts_cut)
-        if end_skew_ms and widened:
-            ts_end.update(adapter.offsets_for_timestamp(widened, window_end_ms + end_skew_ms, feed.isolation))
-    snaps = []
-    for known in positions:
-        tp = known.key
-        high = hw[tp]
-        last_stable = high if stable is None else min(stable[tp], high)
-        end = last_stable if feed.isolation == "read_committed" else high
-        snaps.append(
-            replace(
-                known,
-                log_start=log_start[tp],
-                high_watermark=high,
-                last_stable=last_stable,
-                ts_start_offset=_within(ts_start.get(tp), end),
-                ts_end_offset=_within(ts_end.get(tp), end),
-                ts_cut_end_offset=_within(ts_cut.get(tp), end),
-                table=_recovered_end(recovered, tp, known.topic_id or ""),
-            )
-        )
-    retention = RetentionInfo(
-        schedule_interval=feed.interval,
-        offsets_retention_ms=_to_ms(broker_cfg.get(OFFSETS_RETENTION_MINUTES), 60_000),
-        topic_retention_ms={t: _to_ms(topic_cfg.get(t, {}).get(RETENTION_MS)) for t in feed.topics},
-    )
-    log_append = tuple(t for t in feed.topics if topic_cfg.get(t, {}).get(TIMESTAMP_TYPE) == "LogAppendTime")
-    return FeedSnapshot(
-        mark_new_partitions(snaps), retention, adapter.requests - before, log_append, recovered,
-        group_operations, notices,
-    )  # fmt: skip
-
-
-def _group_operations(adapter: KafkaAdapter, group: str) -> frozenset[str] | None:
-    """Asked before OffsetFetch, which without Describe on the group only times out: this names the missing ACL.
-
-    Any other failure leaves the operations unknown; the OffsetFetch that follows retries and reports it as before.
-    """
-    try:
-        return adapter.group_operations(group)
-    except KafkaUnavailableError:
-        return None
-
-
-def _configs(
-    adapter: KafkaAdapter, feed: Feed, broker: int | None
-) -> tuple[dict[str, dict[str, str]], dict[str, str], tuple[Event, ...]]:
-    """Topic and broker configs for retention warnings and timestamp types, as far as the principal may read them.
-
-    Both are optional: without DescribeConfigs on a topic its retention is unknown (no warning) and
-    its timestamps are taken as CreateTime (exact windows keep their margin); without it on the
-    cluster, the group offsets' retention is unknown. Each skipped read is a ``permission_missing`` event.
-    """
-    notices: list[Event] = []
-    readable = [t for t in feed.topics if _may(adapter.topic_operations.get(t), "DESCRIBE_CONFIGS")]
-    for topic in sorted(set(feed.topics) - set(readable)):
-        error = adapter.denied("topic", topic, "DescribeConfigs", "reading its retention.ms and timestamp type")
-        notices.append(Event("permission_missing", f"{error}; no retention warning for it", topic=topic))
+    ts_start = adapter.offsets_for_timestamp(starts_at[0], starts_at[1], feed.isolation) if starts_at else {}
+    during = "reading its retention.ms and timestamp type"
+    notices = [
+        Event("permission_missing", f"{adapter.denied('topic', t, 'DescribeConfigs', during)}; no retention warning "
+              "for it", topic=t)
+        for t in sorted(set(feed.topics) - set(readable))
+    ]  # fmt: skip
     names = [RETENTION_MS, TIMESTAMP_TYPE]
     try:
         topic_cfg, broker_cfg = adapter.topic_and_broker_configs(readable, names, broker, [OFFSETS_RETENTION_MINUTES])
@@ -219,7 +240,12 @@ def _configs(
             raise
         notices.append(Event("permission_missing", f"{exc}; no warning about the group offsets' retention"))
         topic_cfg, broker_cfg = adapter.topic_and_broker_configs(readable, names, None, [])
-    return topic_cfg, broker_cfg, tuple(notices)
+    ts_cut = adapter.offsets_for_timestamp(tps, window_end_ms, feed.isolation) if window_end_ms is not None else {}
+    ts_end = dict(ts_cut)
+    widened = [tp for tp in tps if topic_cfg.get(tp[0], {}).get(TIMESTAMP_TYPE) != "LogAppendTime"]
+    if window_end_ms is not None and end_skew_ms and widened:
+        ts_end.update(adapter.offsets_for_timestamp(widened, window_end_ms + end_skew_ms, feed.isolation))
+    return _Offsets(log_start, stable, hw, ts_start, ts_end, ts_cut, topic_cfg, broker_cfg, tuple(notices))
 
 
 def _may(operations: frozenset[str] | None, operation: str) -> bool:
@@ -240,6 +266,8 @@ def _choose(
     feed: Feed, snapshots: Sequence[PartitionSnapshot], topics: Sequence[str] | None, partitions: Sequence[int] | None
 ) -> tuple[PartitionSnapshot, ...]:
     """The partitions a replay or backfill asked for; unknown topics or partitions are refused by name."""
+    if not topics and not partitions:
+        return tuple(snapshots)
     if topics and (unknown := sorted(set(topics) - set(feed.topics))):
         raise ConfigError(
             f"parameter 'topics': {', '.join(unknown)} is not a topic of feed '{feed.name}' "
@@ -262,46 +290,32 @@ def plan_feed(
     feed: Feed,
     adapter: KafkaAdapter,
     checkpoints: CheckpointStore,
+    request: RunRequest = SCHEDULED,
     *,
-    mode: Mode = "scheduled",
-    commit: bool | None = None,
-    window_start: datetime | None = None,
-    window_end: datetime | None = None,
     now: datetime | None = None,
-    replay: ReplaySpec | None = None,
-    window_mode: WindowMode | None = None,
-    max_skew: timedelta | None = None,
-    topics: Sequence[str] | None = None,
-    partitions: Sequence[int] | None = None,
 ) -> Plan:
-    """Gather the feed's offsets and plan one run (see :func:`build_plan` for the rules).
+    """Gather the feed's offsets and plan one run of ``request`` (see :func:`build_plan` for the rules).
 
-    ``mode="backfill"`` needs ``window_start`` (``window_end`` optional); ``mode="replay"``
-    needs ``replay``, a :class:`~tidemark.planning.requests.ReplaySpec`. Bounds given as timestamps
-    follow ``window_mode`` and ``max_skew`` (default: the feed's ``time_windows``): exact
-    windows widen the end by the skew and filter by timestamp in the job (:class:`TimeFilter`).
+    A backfill or replay that commits is then checked as the feed's next run
+    (:func:`~tidemark.planning.committing.committing_request`).
+
+    The planner's :class:`PlanRequest` is built from ``request`` first, so a request it
+    refuses (a backfill without a window, ...) is refused before any Kafka call. Bounds
+    given as timestamps follow the request's ``window_mode`` and ``max_skew`` (default: the
+    feed's ``time_windows``): exact windows widen the end by the skew and filter by
+    timestamp in the job (:class:`TimeFilter`).
     """
-    now = now or datetime.now(UTC)
-    window: Window | None = None
-    start_ms: int | None = None
-    end_ms: int | None = None
-    if (window_start is not None or window_end is not None) and mode != "backfill":
-        raise PlanningError("a time window is only used with mode='backfill'")
-    if replay is not None and mode != "replay":
-        raise PlanningError("a replay spec is only used with mode='replay'")
-    if mode == "backfill":
-        if window_start is None:
-            raise PlanningError(f"feed '{feed.name}': a backfill needs window_start")
-        window = Window(window_start, window_end)
-        start_ms, end_ms = epoch_ms(window.start), None if window.end is None else epoch_ms(window.end)
-    elif mode == "replay":
-        if replay is None:
-            raise PlanningError(f"feed '{feed.name}': a replay needs a replay spec")
-        start_ms, end_ms = replay_start_ms(replay, now), replay_end_ms(replay)
-    exact = (window_mode or feed.time_windows.mode) == "exact" and (start_ms is not None or end_ms is not None)
-    skew_ms = feed.time_windows.max_skew_ms if max_skew is None else int(max_skew.total_seconds() * 1000)
+    asked = PlanRequest(
+        feed=feed.name, group=feed.group, policy=Policy.from_feed(feed), created_at=now or datetime.now(UTC),
+        mode=request.mode, commit=request.commit, isolation=feed.isolation, window=request.window,
+        replay=request.replay,
+    )  # fmt: skip
+    start_ms, end_ms = asked.lookup_ms()
+    exact = (request.window_mode or feed.time_windows.mode) == "exact" and (start_ms, end_ms) != (None, None)
+    skew = request.max_skew
+    skew_ms = feed.time_windows.max_skew_ms if skew is None else int(skew.total_seconds() * 1000)
     if skew_ms < 0:
-        raise PlanningError(f"feed '{feed.name}': the timestamp skew bound must not be negative, got {max_skew}")
+        raise PlanningError(f"feed '{feed.name}': the timestamp skew bound must not be negative, got {skew}")
     snap = snapshot_feed(
         feed,
         adapter,
@@ -311,22 +325,27 @@ def plan_feed(
         window_start_ms=start_ms,
         window_end_ms=end_ms,
         end_skew_ms=skew_ms if exact else 0,
-        recover=(lambda: publisher_for(feed).positions(feed)) if mode == "scheduled" else None,
+        recover=(lambda: publisher_for(feed).positions(feed)) if request.mode == "scheduled" else None,
     )
-    time_filter = TimeFilter(start_ms, end_ms, skew_ms, snap.log_append_time) if exact else None
-    chosen = _choose(feed, snap.partitions, topics, partitions) if (topics or partitions) else snap.partitions
-    request = PlanRequest(
-        feed=feed.name,
-        group=feed.group,
-        policy=Policy.from_feed(feed),
-        created_at=now,
-        mode=mode,
-        commit=commit,
-        isolation=feed.isolation,
-        window=window,
-        replay=replay,
-        time_filter=time_filter,
-    )
-    plan = build_plan(request, Observed(chosen, snap.retention, snap.recovered, checkpoints.feed_has_runs(feed.name)))
+    if exact:
+        asked = replace(asked, time_filter=TimeFilter(start_ms, end_ms, skew_ms, snap.log_append_time))
+    chosen = _choose(feed, snap.partitions, request.topics, request.partitions)
+    plan = build_plan(asked, Observed(chosen, snap.retention, snap.recovered, checkpoints.feed_has_runs(feed.name)))
     require_permissions(adapter, feed, snap, plan)
-    return replace(plan, events=(*plan.events, *snap.notices)) if snap.notices else plan
+    plan = replace(plan, events=(*plan.events, *snap.notices)) if snap.notices else plan
+    if plan.commit and request.mode != "scheduled" and not request.dry_run:  # a dry run commits nothing
+        return committing_request(feed, plan, request, _output_ends(feed, snap))
+    return plan
+
+
+def _output_ends(feed: Feed, snap: FeedSnapshot) -> dict[TP, int]:
+    """Where the feed's output ends per partition: the run ledger's shown positions, else what the output records.
+
+    The ledger's were read with the snapshot; the output (an Iceberg table's recorded
+    position) is asked only when the ledger shows nothing of the feed's partitions.
+    """
+    shown = {s.key: s.shown for s in snap.partitions if s.shown is not None}
+    if shown:
+        return shown
+    recovered = publisher_for(feed).positions(feed)
+    return dict(recovered.ends) if recovered is not None else {}

@@ -32,7 +32,8 @@ positions (``planning.resolve._against_shown``) and names every range the group 
 over by another writer.
 
 :func:`settle` is the whole protocol for one run, called with the lock held: by the run's
-own commit step, and by :func:`settle_open_runs` before any new plan of the feed. It
+own commit step, and by :func:`settle_open_runs` before any new plan of the feed (the
+pipeline's :func:`settle_before_planning`, which loads each open run from its run dir). It
 takes its collaborators as arguments (a Kafka adapter, the store, the publisher), so the
 model test (``tests/unit/runs/test_protocol_model.py``) drives exactly this code with an
 in-memory group and output.
@@ -41,21 +42,23 @@ in-memory group and output.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tidemark._types import TopicPartition as TP
 from tidemark.checkpoints.store import CheckpointStore, LedgerRun, RunState
+from tidemark.config.models import Feed
 from tidemark.errors import GroupInUseError, OffsetsMovedError, StuckRunError, TidemarkError
 from tidemark.faults import fault_point
 from tidemark.job.guard import moved_since_planning
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
-from tidemark.output.base import Publisher
+from tidemark.output.base import Publisher, publisher_for
 from tidemark.output.parquet import Manifest
 from tidemark.planning.metadata import plan_topic_ids
-from tidemark.planning.plan import Plan
+from tidemark.planning.plan import PLAN_FILE, Event, EventKind, Plan, read_plan
 from tidemark.runs.commit import CommitResult, commit_plan
+from tidemark.storage import Location
 
 Progress = Callable[[str], None]
 
@@ -73,7 +76,7 @@ class Settled:
     state: RunState
     commit: CommitResult | None = None
     manifest: Manifest | None = None
-    events: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    events: tuple[Event, ...] = field(default_factory=tuple)  # reported as the commit step's
 
 
 def _fmt(tp: TP) -> str:
@@ -85,8 +88,8 @@ def _ranges(plan: Plan, keys: set[TP] | None = None) -> list[dict[str, Any]]:
             for p in plan.partitions if p.records and (keys is None or p.key in keys)]  # fmt: skip
 
 
-def _event(kind: str, message: str, **details: Any) -> dict[str, Any]:
-    return {"source": "commit", "kind": kind, "message": message, "topic": None, "partition": None, "details": details}
+def _event(kind: EventKind, message: str, **details: Any) -> Event:
+    return Event(kind, message, details=details)
 
 
 def shows_in_feed_output(plan: Plan) -> bool:
@@ -125,7 +128,7 @@ def settle(
         store.set_run(plan.group, run_id, feed=plan.feed, plan_id=plan.plan_id, state=new, run_dir=run_dir,
                       detail=detail)  # fmt: skip
 
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     result = None
     if state in ("planned", "committing") and plan.commit:
         if (
@@ -163,7 +166,7 @@ def settle(
     already = publisher.published(plan.plan_id) if plan.total_records else None  # asked once: a table load on Iceberg
     overlap = overlapping(plan, already, store=store)
     if overlap is not None:
-        mark("abandoned", overlap["message"][:1000])
+        mark("abandoned", overlap.message[:1000])
         publisher.discard(plan.plan_id, run_id)
         return Settled(run_id, plan.plan_id, "abandoned", result, None, (*events, overlap))
     manifest = show(plan, run_id, already, publisher=publisher, store=store)
@@ -178,7 +181,7 @@ def _group_past(plan: Plan, kafka: KafkaAdapter) -> bool:
                for p in plan.partitions if p.records)  # fmt: skip
 
 
-def overlapping(plan: Plan, already: Manifest | None, *, store: CheckpointStore) -> dict[str, Any] | None:
+def overlapping(plan: Plan, already: Manifest | None, *, store: CheckpointStore) -> Event | None:
     """The ``not_shown`` event when showing ``plan`` in its feed's output would show an offset twice, else ``None``.
 
     Every range with records must start at or after the output's shown position of its
@@ -217,6 +220,38 @@ def show(
     return manifest
 
 
+def settle_before_planning(
+    feed: Feed, store: CheckpointStore, kafka: KafkaAdapter, progress: Progress = _silent
+) -> tuple[str | None, tuple[Event, ...]]:
+    """Every open run of ``feed`` first, loaded from its run dir (``docs/ARCHITECTURE.md``, "The commit protocol").
+
+    A committed run is shown, a staged one committed and shown, a refused one discarded.
+    Returns the plan id of the last run shown and what settling found, as events of the new plan.
+    """
+    resumed = None
+    events: list[Event] = []
+    for settled in settle_open_runs(feed.name, from_run_dirs(feed), store=store, kafka=kafka, group=feed.group,
+                                    connection=kafka.connection, progress=progress):  # fmt: skip
+        if settled.state == "shown":
+            resumed = settled.plan_id
+        events += [replace(e, message=f"settling run {settled.run_id}: {e.message}",
+                           details={**e.details, "run_id": settled.run_id}) for e in settled.events]  # fmt: skip
+    return resumed, tuple(events)
+
+
+def from_run_dirs(feed: Feed) -> Callable[[LedgerRun], tuple[Plan, Publisher] | None]:
+    """For :func:`settle_open_runs`: a ledger row's plan (its run dir's copy; ``None`` when gone) and publisher."""
+
+    def load(row: LedgerRun) -> tuple[Plan, Publisher] | None:
+        path = Location.of(row.run_dir) / PLAN_FILE
+        if not path.exists():
+            return None
+        plan = read_plan(path)
+        return plan, publisher_for(feed, plan)
+
+    return load
+
+
 def settle_open_runs(
     feed: str,
     load: Callable[[LedgerRun], tuple[Plan, Publisher] | None],
@@ -239,19 +274,14 @@ def settle_open_runs(
     with store.commit_lock(group):
         for row in store.open_runs(feed):
             loaded = load(row)
-            if loaded is None:
-                store.set_run(row.group, row.run_id, feed=row.feed, plan_id=row.plan_id, state="abandoned",
-                              run_dir=row.run_dir, detail="its plan is gone")  # fmt: skip
+            if loaded is None or _staged_nothing(row, *loaded):
+                # A run that staged nothing is left alone (its job may be running now) unless it never can commit.
+                why = "its plan is gone" if loaded is None else _moved_before_staging(row, loaded[0], kafka)
+                if why is not None:
+                    store.set_run(row.group, row.run_id, feed=row.feed, plan_id=row.plan_id, state="abandoned",
+                                  run_dir=row.run_dir, detail=why)  # fmt: skip
                 continue
             plan, publisher = loaded
-            if row.state == "planned" and (
-                not plan.total_records or publisher.staged(plan.plan_id, row.run_id) is None
-            ):
-                current = kafka.committed(plan.group, [p.key for p in plan.partitions]) if plan.commit else {}
-                if plan.commit and moved_since_planning(plan, row.run_id, current)[0]:
-                    store.set_run(row.group, row.run_id, feed=row.feed, plan_id=row.plan_id, state="abandoned",
-                                  run_dir=row.run_dir, detail="the group moved before it staged anything")  # fmt: skip
-                continue
             progress(f"settling run {row.run_id} ({row.state}) of plan {plan.plan_id} first")
             try:
                 done.append(settle(plan, row.run_id, row.run_dir, publisher=publisher, store=store, kafka=kafka,
@@ -273,6 +303,19 @@ def settle_open_runs(
                 done.append(Settled(row.run_id, plan.plan_id, state,
                                     events=(_event("commit_refused", str(exc), ranges=_ranges(plan)),)))  # fmt: skip
     return done
+
+
+def _staged_nothing(row: LedgerRun, plan: Plan, publisher: Publisher) -> bool:
+    """Whether ``row`` is a ``planned`` run whose job has staged nothing (yet)."""
+    return row.state == "planned" and (not plan.total_records or publisher.staged(plan.plan_id, row.run_id) is None)
+
+
+def _moved_before_staging(row: LedgerRun, plan: Plan, kafka: KafkaAdapter) -> str | None:
+    """Why a run that staged nothing can never commit: another writer moved the group since it planned."""
+    if not plan.commit:
+        return None
+    current = kafka.committed(plan.group, [p.key for p in plan.partitions])
+    return "the group moved before it staged anything" if moved_since_planning(plan, row.run_id, current)[0] else None
 
 
 def abandon(

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
+from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,13 +28,12 @@ from tidemark.config.models import state_location
 from tidemark.errors import ConfigError
 from tidemark.kafka.connection import ENV_PREFIX, KafkaConnection, is_secret
 from tidemark.kafka.registry import ENV_PASSWORD as REGISTRY_PASSWORD_ENV
-from tidemark.planning.plan import Plan
+from tidemark.planning.plan import PLAN_FILE, Event, Plan
 from tidemark.redaction import redact
 from tidemark.storage import Location
 
 REPORT_VERSION = 1
 REPORT_FILE = "report.json"
-PLAN_FILE = "plan.json"  # the run's own copy of its plan, written by the pipeline before any read
 
 RunStatus = Literal["succeeded", "failed", "running"]
 
@@ -178,17 +178,21 @@ def _events(
 ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if plan is not None:
-        for e in plan.events:
-            out.append({"source": "plan", "kind": e.kind, "message": e.message, "topic": e.topic,
-                        "partition": e.partition, "details": dict(e.details)})  # fmt: skip
+        out += [e.reported("plan") for e in plan.events]
     for e in (job or {}).get("events") or []:
         out.append({"source": "job", **e} if isinstance(e, Mapping) else {"source": "job", "message": str(e)})
     for tp in (commit or {}).get("expired") or []:
-        out.append({"source": "commit", "kind": "group_offsets_expired", "topic": tp["topic"],
-                    "partition": tp["partition"], "details": {},
-                    "message": f"{tp['topic']}[{tp['partition']}]: the group's offset vanished after planning "
-                               "(expired or deleted); committed back at the plan's end"})  # fmt: skip
+        expired = Event("group_offsets_expired", f"{tp['topic']}[{tp['partition']}]: the group's offset vanished "
+                        "after planning (expired or deleted); committed back at the plan's end", topic=tp["topic"],
+                        partition=tp["partition"])  # fmt: skip
+        out.append(expired.reported("commit"))
     return out
+
+
+def _commit_doc(commit: CommitLike | None, skipped_reason: str | None) -> dict[str, Any] | None:
+    if commit is not None:
+        return commit.to_dict()
+    return {"status": "skipped", "reason": skipped_reason} if skipped_reason is not None else None
 
 
 def build_report(
@@ -234,13 +238,7 @@ def build_report(
     for key in ("output", "output_path", "quarantine", "quarantine_path", "manifest", "manifest_path"):
         if job.get(key) and key not in outputs:
             outputs[key] = job[key]
-    commit_doc: dict[str, Any] | None
-    if commit is not None:
-        commit_doc = commit.to_dict()
-    elif skipped_reason is not None:
-        commit_doc = {"status": "skipped", "reason": skipped_reason}
-    else:
-        commit_doc = None
+    commit_doc = _commit_doc(commit, skipped_reason)
     stamps = {k: str(v) for k, v in status_doc.items() if k.endswith("_at") and v}
     stamps.update({k: str(v) for k, v in job.items() if k.endswith("_at") and v})
     if commit is not None:
@@ -292,8 +290,6 @@ def secret_values(connection: KafkaConnection | None = None, environ: Mapping[st
         if "://" in url and "@" in url:
             credentials = url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[0]
             if ":" in credentials:
-                from urllib.parse import unquote
-
                 written = credentials.split(":", 1)[1]
                 values |= {written, unquote(written)}
     return {v for v in values if len(v) >= 3}  # shorter values would blank out ordinary text

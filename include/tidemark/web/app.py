@@ -70,7 +70,7 @@ from tidemark.config.models import Feed, FeedProblem, scan_feeds
 from tidemark.errors import ConfigError, PlanningError, TidemarkError, shown
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, from_env
-from tidemark.planning.requests import END_CHOICES, REPLAY_PARAMS, START_CHOICES, flag
+from tidemark.planning.requests import END_CHOICES, REPLAY_PARAMS, START_CHOICES, flag, run_request
 from tidemark.redaction import redact, replace_everywhere
 from tidemark.runs.pipeline import plan_request
 from tidemark.runs.report import RunReport, list_runs, run_dir_for, secret_values
@@ -546,12 +546,13 @@ class ViewDeps:
         try:
             conf = replay_conf(name, body)
             kafka = self.adapter()
-            plan, output, dry_run = plan_request(feed, kafka, self.checkpoints(), "replay", conf)
+            request = run_request("replay", conf)
+            plan = plan_request(feed, kafka, self.checkpoints(), request)
         except (ConfigError, PlanningError) as exc:  # bad parameters, or the plan itself refused (data loss, ...)
             raise HTTPException(400, self.scrub(str(exc))) from exc
         except TidemarkError as exc:
             raise HTTPException(502, self.scrub(str(exc))) from exc
-        return conf, plan, output, dry_run, kafka
+        return conf, plan, plan.output, request.dry_run, kafka
 
     def preview(self, feed: Feed, body: Any) -> dict[str, Any]:
         """What a replay of ``body`` would read: ranges with their first and last record times, and its effect."""

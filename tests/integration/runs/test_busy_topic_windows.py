@@ -24,6 +24,7 @@ from tests.faults.harness import FaultEnv, oracle
 from tidemark.checkpoints.store import SqliteCheckpointStore
 from tidemark.config.models import load_feed
 from tidemark.kafka.adapter import KafkaAdapter
+from tidemark.planning.requests import RunRequest, Window
 from tidemark.runs.gather import plan_feed
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -101,8 +102,9 @@ def test_window_starting_at_the_end_of_a_busy_topic(
         feed = load_feed(env.feed)
         for _ in range(6):
             start = barrier.window_start()
-            plan = plan_feed(feed, env.kafka.adapter, store, mode="backfill", window_start=start,
-                             window_end=start + timedelta(hours=1), window_mode="offset_cut")  # fmt: skip
+            window = Window(start, start + timedelta(hours=1))
+            plan = plan_feed(feed, env.kafka.adapter, store, RunRequest("backfill", window=window,
+                                                                        window_mode="offset_cut"))  # fmt: skip
             at, _ = barrier.captured[-1]
             assert at < start.timestamp(), "the end was captured after the window start: the barrier came too late"
             assert "offset_ahead" not in {e.kind for e in plan.events}

@@ -25,6 +25,7 @@ from tidemark.checkpoints.store import SqliteCheckpointStore
 from tidemark.config.models import Feed
 from tidemark.errors import DataLossError, OffsetAheadError, PlanningError, TidemarkError
 from tidemark.planning.plan import Plan, PlanStore
+from tidemark.planning.requests import ReplaySpec, RunRequest, Window
 from tidemark.runs.gather import plan_feed, snapshot_feed
 
 pytestmark = pytest.mark.integration
@@ -315,15 +316,9 @@ def test_backfill_window_past_last_record(
     feed = make_feed(topic)
     commit(kafka, feed.group, {(topic, 0): 1, (topic, 1): 1})  # a backfill ignores committed offsets
     at = datetime.fromtimestamp(BASE_TS / 1000, UTC)
-    plan = plan_feed(
-        feed,
-        kafka.adapter,
-        store,
-        mode="backfill",
-        window_start=at + timedelta(seconds=start_s),
-        window_end=at + timedelta(seconds=end_s),
-        window_mode="offset_cut",  # Kafka's offsets-for-times rule; exact windows: test_time_windows.py
-    )
+    window = Window(at + timedelta(seconds=start_s), at + timedelta(seconds=end_s))
+    # offset_cut: Kafka's offsets-for-times rule; exact windows: test_time_windows.py
+    plan = plan_feed(feed, kafka.adapter, store, RunRequest("backfill", window=window, window_mode="offset_cut"))
     assert {k: (s, e) for k, (s, e, _) in by_partition(plan).items()} == expected
     assert {p.reason for p in plan.partitions} == {"timestamp"}
     assert [e.details["which"] for e in plan.events if e.kind == "timestamp_past_end"] == which
@@ -413,7 +408,6 @@ def test_caps_split_backlog_over_runs(kafka: KafkaTestCluster, store: SqliteChec
 def test_replay(
     kafka: KafkaTestCluster, store: SqliteCheckpointStore, spec: dict[str, Any], expected: dict[int, tuple[int, int]]
 ) -> None:
-    from tidemark.planning.requests import ReplaySpec
 
     topic = kafka.new_topic(partitions=2)
     fill(kafka, topic, {0: 10, 1: 10})
@@ -425,7 +419,9 @@ def test_replay(
         args["start_timestamp"] = at + timedelta(seconds=args.pop("start_seconds"))
     if "end_seconds" in args:
         args["end_timestamp"] = at + timedelta(seconds=args.pop("end_seconds"))
-    plan = plan_feed(feed, kafka.adapter, store, mode="replay", replay=ReplaySpec(**args), window_mode="offset_cut")
+    plan = plan_feed(
+        feed, kafka.adapter, store, RunRequest("replay", replay=ReplaySpec(**args), window_mode="offset_cut")
+    )
     assert {k: (s, e) for k, (s, e, _) in by_partition(plan).items()} == expected
     assert plan.mode == "replay" and plan.commit is False
     # the group's offsets are untouched by planning

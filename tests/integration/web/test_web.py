@@ -119,6 +119,7 @@ def test_trouble_stands_out_and_the_preview_is_the_dry_run_plan(
 ) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
+    from tidemark.planning.requests import run_request
     from tidemark.runs.pipeline import plan_request, run_feed
     from tidemark.runs.report import list_runs
 
@@ -157,7 +158,9 @@ def test_trouble_stands_out_and_the_preview_is_the_dry_run_plan(
         page = client.get(f"/feeds/{feed.name}").text
         preview = client.post(f"/api/feeds/{feed.name}/replay/preview", json={"start_from": "committed"}).json()
         dry = {"start_from": "committed", "dry_run": True}  # the replay form's default
-        plan, _, dry_run = plan_request(feed, kafka.adapter, store, "replay", dry)
+        request = run_request("replay", dry)
+        plan = plan_request(feed, kafka.adapter, store, request)
+        dry_run = request.dry_run
 
     assert "data lost" in page and "offsets expired" in page and 'class="trouble"' in page
     assert page.count('class="bar"') == 2  # one bar per run in the chart

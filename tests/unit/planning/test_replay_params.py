@@ -8,9 +8,14 @@ import pytest
 
 from tidemark.config.models import Feed
 from tidemark.errors import ConfigError, shown
-from tidemark.planning.requests import MAX_OFFSET, OUTPUT_ROOTS_ENV, parse_replay_params
-from tidemark.runs.pipeline import selection_options
+from tidemark.planning.requests import MAX_OFFSET, OUTPUT_ROOTS_ENV, parse_replay_params, run_request
+from tidemark.runs.pipeline import publish_target
 from tidemark.storage import Location
+
+
+def target(feed: Feed, mode: str, params: dict[str, object]) -> Location | None:
+    """Where a run of ``mode`` with trigger ``params`` publishes: the parameters parsed, then checked for ``feed``."""
+    return publish_target(feed, run_request(mode, params))
 
 
 @pytest.fixture
@@ -47,28 +52,27 @@ def test_replay_outputs_are_confined_to_the_feeds_location_or_the_configured_roo
     feed: Feed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     replays = f"{tmp_path}/out/orders.replays"
-    assert selection_options(feed, "replay", {})[1] == Location(replays)
-    assert selection_options(feed, "replay", {"output": f"{replays}/./a/../b"})[1] == Location(f"{replays}/b")
+    assert target(feed, "replay", {}) == Location(replays)
+    assert target(feed, "replay", {"output": f"{replays}/./a/../b"}) == Location(f"{replays}/b")
     outside = [f"{tmp_path}/elsewhere", f"{replays}/../../elsewhere", f"{replays}x", "~/x", "~nosuchuser/x",
                "relative", "/proc/self/cwd/x", "s3://bucket/x", "file:///etc", "/tmp/a\x00b", "", " "]  # fmt: skip
     for output in outside:
         if output.strip():
             with pytest.raises(ConfigError, match="'output'") as info:
-                selection_options(feed, "replay", {"output": output})
+                target(feed, "replay", {"output": output})
             assert output.startswith(("~", "relative", "file", "/tmp/a")) or replays in str(info.value), output
 
+    window = {"start_timestamp": "2026-01-01T00:00:00Z", "end_timestamp": "2026-01-02T00:00:00Z"}
     with pytest.raises(ConfigError, match=OUTPUT_ROOTS_ENV) as info:
-        selection_options(feed, "backfill", {"output": f"{tmp_path}/elsewhere"})
+        target(feed, "backfill", {"output": f"{tmp_path}/elsewhere", **window})
     assert f"{tmp_path}/out/orders.backfills" in str(info.value)
 
     monkeypatch.setenv(OUTPUT_ROOTS_ENV, f"{tmp_path}/shared/, s3://bucket/replays")
-    assert selection_options(feed, "replay", {"output": f"{tmp_path}/shared/x"})[1] == Location(f"{tmp_path}/shared/x")
-    assert selection_options(feed, "replay", {"output": "s3://bucket/replays/x"})[1] == Location(
-        "s3://bucket/replays/x"
-    )
+    assert target(feed, "replay", {"output": f"{tmp_path}/shared/x"}) == Location(f"{tmp_path}/shared/x")
+    assert target(feed, "replay", {"output": "s3://bucket/replays/x"}) == Location("s3://bucket/replays/x")
     for output in ("s3://bucket/replays2", "s3://bucket/replays/../x", f"{tmp_path}/shared/../out/orders"):
         with pytest.raises(ConfigError, match="'output'"):
-            selection_options(feed, "replay", {"output": output})
+            target(feed, "replay", {"output": output})
 
 
 def test_a_symlink_under_a_root_is_followed_as_the_writer_would(feed: Feed, tmp_path: Path) -> None:
@@ -76,20 +80,18 @@ def test_a_symlink_under_a_root_is_followed_as_the_writer_would(feed: Feed, tmp_
     (replays / "kept").mkdir(parents=True)
     (replays / "link").symlink_to(tmp_path)  # out of the root: the writer would follow it there
     with pytest.raises(ConfigError, match="outside the places"):
-        selection_options(feed, "replay", {"output": f"{replays}/link/x"})
+        target(feed, "replay", {"output": f"{replays}/link/x"})
     (replays / "inside").symlink_to(replays / "kept")
-    assert selection_options(feed, "replay", {"output": f"{replays}/inside/x"})[1] == Location(f"{replays}/inside/x")
+    assert target(feed, "replay", {"output": f"{replays}/inside/x"}) == Location(f"{replays}/inside/x")
     (tmp_path / "elsewhere").symlink_to(replays)
     with pytest.raises(ConfigError, match="outside the places"):
-        selection_options(feed, "replay", {"output": f"{tmp_path}/elsewhere/x"})
+        target(feed, "replay", {"output": f"{tmp_path}/elsewhere/x"})
 
 
 @pytest.mark.parametrize("name", ["commit", "dry_run"])
 @pytest.mark.parametrize("value", ["false", "true", 0, 1, None, [True]])
 def test_a_backfills_flags_are_true_or_false_only(feed: Feed, name: str, value: object) -> None:
     """The string "false" must never commit or read: refused by name before anything is planned."""
-    from tidemark.runs.pipeline import plan_request
-
     params = {"start_timestamp": "2026-01-01T00:00:00Z", "end_timestamp": "2026-01-02T00:00:00Z", name: value}
     with pytest.raises(ConfigError, match=f"parameter '{name}': expected true or false"):
-        plan_request(feed, None, None, "backfill", params)  # type: ignore[arg-type]  # refused before any I/O
+        run_request("backfill", params)  # the request is parsed before the feed is loaded or Kafka asked

@@ -41,7 +41,7 @@ from tidemark.errors import GroupInUseError, OffsetsMovedError
 from tidemark.kafka.adapter import Committed, GroupInfo, PartitionInfo
 from tidemark.output.parquet import Manifest
 from tidemark.planning.metadata import metadata_run_id
-from tidemark.planning.plan import Plan
+from tidemark.planning.plan import Event, Plan
 from tidemark.planning.resolve import Observed, PartitionSnapshot, PlanRequest, Policy, build_plan
 from tidemark.runs.protocol import settle, settle_open_runs
 
@@ -218,13 +218,12 @@ class Model:
         self.clock = itertools.count()
         self.plans: dict[str, Plan] = {}  # run id -> the run's plan (its run dir's copy)
 
-    def _note(self, events: Iterable[Mapping[str, Any]]) -> None:
+    def _note(self, events: Iterable[Event]) -> None:
         """Offsets the events name as in no output (the rule allows them below the group's position)."""
         for event in events:
-            details = event.get("details") or {}
-            kind = event.get("kind")
+            details, kind = event.details, event.kind
             if kind == "group_moved" and "start" in details:
-                tp = (str(event.get("topic")), int(event.get("partition")))  # type: ignore[arg-type]
+                tp = (str(event.topic), int(event.partition))  # type: ignore[arg-type]
                 self.w.named.update((tp, o) for o in range(int(details["start"]), int(details["end"])))
             if kind in ("not_shown", "commit_refused"):
                 for r in details.get("ranges", ()):
@@ -252,9 +251,7 @@ class Model:
         policy = Policy(on_missing="earliest", max_records_per_run=run.cap)
         request = PlanRequest(FEED, GROUP, policy, datetime(2026, 11, 26, tzinfo=UTC), commit=True)
         plan = build_plan(request, Observed(snaps, feed_has_runs=bool(self.w.ledger)))
-        self._note(
-            {"kind": e.kind, "topic": e.topic, "partition": e.partition, "details": e.details} for e in plan.events
-        )
+        self._note(plan.events)
         run.run_id = run_id = f"{next(self.clock):04d}-{run.name}"
         run.plan = self.plans[run_id] = plan
         self.store.set_run(GROUP, run_id, feed=FEED, plan_id=plan.plan_id, state="planned", run_dir=run_id)

@@ -14,8 +14,8 @@ import yaml
 
 from tidemark.config.models import load_feed
 from tidemark.errors import ConfigError
-from tidemark.planning.requests import OUTPUT_ROOTS_ENV
-from tidemark.runs.pipeline import selection_options
+from tidemark.planning.requests import OUTPUT_ROOTS_ENV, run_request
+from tidemark.runs.pipeline import publish_target
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _replay_to(output: Path) -> Path | None:
-    _, target, _ = selection_options(load_feed("alpha"), "replay", {"output": str(output)})
+    target = publish_target(load_feed("alpha"), run_request("replay", {"output": str(output)}))
     return None if target is None else Path(target.url)
 
 
