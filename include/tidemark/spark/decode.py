@@ -32,7 +32,15 @@ from typing import TYPE_CHECKING
 
 from tidemark.config.models import REGISTRY_FORMATS, Deserialization, RecordPart
 from tidemark.errors import ConfigError
-from tidemark.spark.stats import DIGEST_COLUMNS
+from tidemark.staged import (
+    DATE_COLUMN,
+    DIGEST_COLUMNS,
+    ERROR_COLUMN,
+    OUTCOME_COLUMN,
+    RAW_HEAD_COLUMNS,
+    RAW_KEY_COLUMN,
+    RAW_VALUE_COLUMN,
+)
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -46,18 +54,12 @@ if TYPE_CHECKING:
 
     RunSchemas: TypeAlias = AvroSchemas | JsonSchemas | ProtobufSchemas
 
-ERROR_COLUMN = "decode_error"
 METADATA_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key", "headers", "plan_id")
-RAW_VALUE_COLUMN = "_raw_value"
-RAW_KEY_COLUMN = "_raw_key"  # a registry-format key's bytes, staged for the range statistics and the quarantine
-# The wire-format header (first five bytes) of an Avro key or value, staged beside the decoded record: the
-# job checks the schema ids records carry on these instead of the raw bytes (see tidemark.job.steps).
-RAW_HEAD_COLUMNS: dict[RecordPart, str] = {"value": "_value_head", "key": "_key_head"}
-OUTCOME_COLUMN = "_outcome"  # the job's staging partition: "ok" or why a record is bad
-# Names a declared field may not take: record columns, and the job's own (``date`` partitions the output).
+# Names a declared field may not take: record columns, and the job's own (tidemark.staged; ``date`` partitions
+# the output).
 RESERVED_COLUMNS = frozenset({
     *METADATA_COLUMNS, "value", ERROR_COLUMN, RAW_VALUE_COLUMN, RAW_KEY_COLUMN, *RAW_HEAD_COLUMNS.values(),
-    *DIGEST_COLUMNS, OUTCOME_COLUMN, "date",
+    *DIGEST_COLUMNS, OUTCOME_COLUMN, DATE_COLUMN,
 })  # fmt: skip
 _CORRUPT = "_tidemark_corrupt"
 _PARSED = "_tidemark_parsed"
