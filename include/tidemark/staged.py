@@ -28,6 +28,8 @@ RAW_HEAD_COLUMNS: Final[dict[Literal["key", "value"], str]] = {"value": "_value_
 ROW_HASH_COLUMN: Final = "_row_hash"
 ROW_BYTES_COLUMN: Final = "_row_bytes"
 DIGEST_COLUMNS: Final = (ROW_HASH_COLUMN, ROW_BYTES_COLUMN)
+# Everything above that a staged file may carry beside the record's own columns and publication drops.
+UNPUBLISHED_COLUMNS: Final = (RAW_VALUE_COLUMN, RAW_KEY_COLUMN, *DIGEST_COLUMNS, *RAW_HEAD_COLUMNS.values())
 
 # -- partitions ---------------------------------------------------------------------------
 
@@ -38,6 +40,9 @@ PARTITION_COLUMNS: Final = (TOPIC_COLUMN, DATE_COLUMN)
 # The single staged write's partitions: outcome first, so each outcome is one folder to rename or rewrite.
 STAGED_PARTITION_COLUMNS: Final = (OUTCOME_COLUMN, *PARTITION_COLUMNS)
 PASS_DIR: Final = "_pass"  # inside a staging folder: the job's single write
+# Every staged and published file's timestamps: Spark's name for Parquet's INT64 TIMESTAMP(MICROS,
+# isAdjustedToUTC=true), what the read tasks' pyarrow writes (Spark would write INT96; Iceberg reads no INT96).
+PARQUET_TIMESTAMPS: Final = "TIMESTAMP_MICROS"
 
 # -- outcome codes (the values of OUTCOME_COLUMN) -------------------------------------------
 

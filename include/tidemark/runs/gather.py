@@ -18,7 +18,7 @@ from tidemark.checkpoints.store import CheckpointStore
 from tidemark.config.models import Feed, WindowMode
 from tidemark.errors import AuthorizationError, ConfigError, KafkaUnavailableError, PlanningError
 from tidemark.kafka.adapter import KafkaAdapter
-from tidemark.output.base import publisher_for
+from tidemark.output import publisher_for
 from tidemark.planning.plan import Event, Mode, Plan, RecoveredPosition
 from tidemark.planning.resolve import (
     OFFSETS_RETENTION_MINUTES,

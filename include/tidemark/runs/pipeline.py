@@ -36,10 +36,12 @@ from tidemark.config.durations import parse_skew, parse_timestamp
 from tidemark.config.models import Feed, load_feed, load_feeds, package_root, state_location
 from tidemark.errors import ConfigError, DataLossError, OffsetsMovedError, PlanningError, TidemarkError, shown
 from tidemark.faults import fault_point
+from tidemark.job.result import JobResult, read_result, run_without_spark, write_result
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.kafka.registry import RegistryConnection
-from tidemark.output.base import Publisher, publisher_for
+from tidemark.output import publisher_for
+from tidemark.output.base import Publisher
 from tidemark.planning.plan import Event, EventKind, Mode, PartitionPlan, Plan, write_plan
 from tidemark.planning.requests import (
     confine_output,
@@ -50,7 +52,7 @@ from tidemark.planning.requests import (
 )
 from tidemark.runs.protocol import Settled, abandon, settle, settle_open_runs
 from tidemark.runs.report import PLAN_FILE
-from tidemark.storage import Location
+from tidemark.storage import Location, Where
 
 Progress = Callable[[str], None]
 JobRunner = Callable[["RunHandle", KafkaConnection], dict[str, Any]]
@@ -86,7 +88,7 @@ class RunHandle:
         return Plan.from_json(Location.of(self.plan_path).read_text())
 
 
-Root = Path | Location | str  # the state dir: a local folder or an object-store URL
+Root = Where  # the state dir: a local folder or an object-store URL
 
 
 def _root(root: Root | None) -> Location:
@@ -100,11 +102,6 @@ def _checkpoints(root: Root | None, given: CheckpointStore | None = None) -> Che
 
 def runs_dir(feed: str, root: Root | None = None) -> Location:
     return _root(root) / "runs" / feed
-
-
-def _job_result(run_dir: Location) -> dict[str, Any] | None:
-    path = run_dir / "job.json"
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _run_status(run_dir: Location) -> dict[str, Any]:
@@ -457,7 +454,7 @@ def spark_submit_command(handle: RunHandle, master: str | None = None, *, class_
     (with ``class_archive``, from :func:`~tidemark.spark.session.driver_class_archive`).
 
     On a cluster (``spark://``, ``yarn``, ``k8s://``) the job zips the ``tidemark`` package
-    and ships it to the executors itself (:func:`tidemark.job.steps.should_ship`); the connections reach
+    and ships it to the executors itself (:func:`tidemark.job.entry.should_ship`); the connections reach
     the driver in a private file (:mod:`tidemark.spark.secrets`, never an argument here), Kafka settings
     travel inside the read's tasks, never as Spark configuration, and
     :data:`~tidemark.spark.session.SUBMIT_CONF` widens Spark's redaction to Tidemark's secret names.
@@ -513,9 +510,9 @@ def run_job(
         class_archive.succeeded = proc.returncode == 0
     log = Location.of(handle.run_dir) / "spark-submit.log"
     log.write_text(proc.stdout + proc.stderr)
-    job = _job_result(Location.of(handle.run_dir))
+    job = read_result(handle.run_dir)
     if proc.returncode != 0:
-        reason = (job or {}).get("error") or _last_error_line(proc.stderr)
+        reason = (job.error if job is not None else None) or _last_error_line(proc.stderr)
         _fail(handle, connection, job, reason)
         raise TidemarkError(
             f"the Spark job for plan {handle.plan_id} failed (exit {proc.returncode}): {reason}\n"
@@ -524,7 +521,7 @@ def run_job(
     if job is None:
         raise TidemarkError(f"the Spark job exited 0 but wrote no {handle.run_dir}/job.json; see {log}")
     progress(f"read, validated and published in {time.monotonic() - started:.1f}s")
-    return job
+    return job.to_dict()
 
 
 def run_empty(handle: RunHandle, connection: KafkaConnection, *, progress: Progress = _silent) -> dict[str, Any]:
@@ -534,19 +531,18 @@ def run_empty(handle: RunHandle, connection: KafkaConnection, *, progress: Progr
     run) when the feed expects records. The DAGs call this instead of submitting Spark.
     """
     from tidemark.errors import ValidationFailedError
-    from tidemark.job.steps import run_without_spark, write_result
 
     plan = handle.plan()
     result = run_without_spark(plan, load_feed(handle.feed))
     write_result(handle.run_dir, result)
     if result.error is not None:
-        _fail(handle, connection, result.to_dict(), result.error)
+        _fail(handle, connection, result, result.error)
         raise ValidationFailedError(result.error)
     progress(f"nothing to read in plan {plan.plan_id}: no Spark application started")
     return result.to_dict()
 
 
-def _fail(handle: RunHandle, connection: KafkaConnection, job: Mapping[str, Any] | None, reason: str) -> None:
+def _fail(handle: RunHandle, connection: KafkaConnection, job: JobResult | None, reason: str) -> None:
     """Record a failed run (status and report) so that ``tidemark runs`` shows why."""
     from tidemark.runs.report import build_report, save_report
 
@@ -589,19 +585,19 @@ def commit_run(
     publication is discarded, never having been visible.
     """
     run_dir = Location.of(handle.run_dir)
-    job = _job_result(run_dir)
+    job = read_result(run_dir)
     if handle.dry_run:
         return _finish(handle, connection, None, job, "dry run: planned only, nothing read, published or committed",
                        progress)  # fmt: skip
     plan = handle.plan()
     feed = load_feed(handle.feed)
-    for w in (job or {}).get("window") or []:
+    for w in job.window if job is not None else []:
         progress(
             f"window {w['topic']}[{w['partition']}]: read {w['read']} ({w['read_in_margin']} in the end margin), "
             f"kept {w['kept']} ({w['kept_in_margin']} from the margin), dropped {w['dropped']} stamped outside, "
             f"largest skew {w['largest_skew_ms']} ms"
         )
-    for e in (job or {}).get("events") or []:
+    for e in job.events if job is not None else []:
         progress(f"event {e.get('kind')}: {e.get('message')}")
     checkpoints = _checkpoints(root, checkpoints)
     if handle.commit:
@@ -614,17 +610,17 @@ def commit_run(
             )  # fmt: skip
     except TidemarkError as exc:
         message = str(exc)
-        events = list((job or {}).get("events") or [])
+        events = list(job.events) if job is not None else []
         if isinstance(exc, OffsetsMovedError):  # retrying can never succeed: discarded, never shown
             _write_status(run_dir, abandoned=message)
             events.append({"source": "commit", "kind": "commit_refused", "topic": None, "partition": None,
                            "message": f"run {handle.run_id} was refused; its staged plan was discarded: {message}",
                            "details": {"plan_id": plan.plan_id}})  # fmt: skip
-        _fail(handle, connection, {**(job or {}), "events": events}, f"commit refused: {message}")
+        _fail(handle, connection, _with_events(job, plan, events), f"commit refused: {message}")
         raise
     snapshot = settled.manifest.extra.get("snapshot_id") if settled.manifest is not None else None
-    job_events = [_with_snapshot(e, snapshot) for e in (job or {}).get("events") or []]
-    job = {**(job or {}), "events": [*job_events, *settled.events]}
+    job_events = [_with_snapshot(e, snapshot) for e in (job.events if job is not None else [])]
+    job = _with_events(job, plan, [*job_events, *settled.events])
     for event in settled.events:
         progress(f"event {event['kind']}: {event['message']}")
     if settled.state == "abandoned":
@@ -642,6 +638,11 @@ def commit_run(
     return _finish(handle, connection, settled.commit, job, skipped, progress)
 
 
+def _with_events(job: JobResult | None, plan: Plan, events: list[dict[str, Any]]) -> JobResult:
+    """``job`` with ``events`` in place of its own (a job that wrote no result: only the events)."""
+    return replace(job, events=events) if job is not None else JobResult(plan.plan_id, plan.feed, events=events)
+
+
 def _with_snapshot(event: dict[str, Any], snapshot: Any) -> dict[str, Any]:
     """A job's ``table_schema_evolved`` event with the snapshot its promotion committed (the job staged it pending)."""
     if event.get("kind") != "table_schema_evolved" or snapshot is None or event["details"].get("snapshot_id"):
@@ -656,7 +657,7 @@ def _finish(
     handle: RunHandle,
     connection: KafkaConnection,
     result: CommitResult | None,
-    job: Mapping[str, Any] | None,
+    job: JobResult | None,
     skipped: str | None,
     progress: Progress,
 ) -> CommitOutcome:

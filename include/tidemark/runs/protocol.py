@@ -51,8 +51,7 @@ from tidemark.faults import fault_point
 from tidemark.job.guard import moved_since_planning
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
-from tidemark.output.base import Publisher
-from tidemark.output.parquet import Manifest
+from tidemark.output.base import Manifest, Publisher
 from tidemark.planning.metadata import plan_topic_ids
 from tidemark.planning.plan import Plan
 from tidemark.runs.commit import CommitResult, commit_plan
