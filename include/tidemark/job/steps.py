@@ -31,6 +31,11 @@ soon as it is known, so a failed job's ``job.json`` says how far it got.
 Nothing is cached, and a failure at any step discards the staging folder. The thin
 ``spark-submit`` program around :func:`run` is :mod:`tidemark.job.entry`; the benchmark
 calls :func:`run` directly. Nothing here imports Airflow or commits offsets.
+
+pyspark (and :mod:`tidemark.spark.source`, which imports it) is imported inside the
+functions of ``job/`` that use it: the entry point starts Great Expectations' slow import in
+the background first (:func:`preload_great_expectations`), so that it overlaps the session's
+start instead of waiting behind pyspark's import.
 """
 
 from __future__ import annotations
@@ -69,7 +74,6 @@ from tidemark.output.base import Manifest, Publisher, StagedRecords
 from tidemark.output.staging import Staging, parquet_writer, spark_path, utc_date
 from tidemark.planning.plan import Plan
 from tidemark.spark.decode import annotate, raw_key_kept, raw_value_kept
-from tidemark.spark.source import DRIVER_READ_MAX_BYTES, DriverReadTooLarge, read_plan, read_plan_in_driver
 from tidemark.staged import (
     DATE_COLUMN,
     DECODE_CODE,
@@ -303,6 +307,9 @@ def _read(job: Job) -> Source:
     A small plan is read by the driver (no Python workers at all); the rest, and a small plan
     of large records, by the data source on the executors (lazily: Spark's write reads them).
     """
+    # The data source module imports pyspark: see the module docstring.
+    from tidemark.spark.source import DRIVER_READ_MAX_BYTES, DriverReadTooLarge, read_plan, read_plan_in_driver
+
     spark, plan, connection = job.spark, job.plan, job.connection
     # Where the reader stopped in each range, as it reports it: validation refuses a range
     # read short of its planned end. Only the driver's read reports them; the executors'

@@ -11,7 +11,8 @@ Layout under the feed's output location (:meth:`tidemark.config.models.Feed.outp
 ``date`` is the record timestamp's UTC date. Spark and pyarrow read ``<output>`` as one
 dataset partitioned by ``plan_id``, ``topic`` and ``date`` and skip ``_``-prefixed
 folders, so staging and quarantine never leak into it. The job stages with
-:func:`new_staging` and finishes with :func:`publish_staged` (renames the good records);
+:func:`new_staging` and finishes with :func:`publish_staged` (renames the good records),
+both behind :class:`ParquetPublisher` (the :class:`~tidemark.output.base.Publisher` of a folder);
 :func:`publish` writes a DataFrame the same way. Either fills a fresh staging folder,
 writes the manifest last, then renames the staging folder to its final name: one
 atomic ``rename(2)``, so a crash at any point before it leaves nothing visible, and a

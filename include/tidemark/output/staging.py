@@ -85,7 +85,7 @@ class Staging:
     The job writes every record once, to :attr:`written_url`, partitioned by
     ``(outcome, topic, date)``: ``outcome=ok`` for records to publish, else why the
     record is bad. Validation reads it back (columnar, so a check costs only the columns
-    it needs) and :func:`publish_staged` turns it into the publication by renames.
+    it needs) and :func:`tidemark.output.parquet.publish_staged` turns it into the publication by renames.
 
     With ``remote`` (an object-store folder) Spark writes and reads there instead of under
     ``root``, so nothing assumes that the driver sees the executors' disks: the driver
