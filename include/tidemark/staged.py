@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-# -- columns staged beside a record, never published -------------------------------------
+# -- columns beside a record's own: in staging only, except the quarantine's _reason ----------
 
 OUTCOME_COLUMN: Final = "_outcome"  # the staging partition: OK_OUTCOME or why a record is bad
 ERROR_COLUMN: Final = "decode_error"  # why a record did not decode (the decoder's output)
