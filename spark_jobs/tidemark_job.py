@@ -9,7 +9,7 @@ the driver's environment and travels to the executors as data source options. Wi
 not ``local[...]``, the ``tidemark`` package is zipped and added to the executors' Python
 path (its dependencies — confluent-kafka, pyarrow — must be installed there). Writes ``<run-dir>/job.json`` and
 exits non-zero on any failure, so nothing downstream commits offsets. Imports nothing
-from Airflow; the work is in :mod:`tidemark.job.steps`.
+from Airflow; the work is in :mod:`tidemark.job.entry` and :mod:`tidemark.job.steps`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _ensure_importable() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _ensure_importable()
-    from tidemark.job.steps import main as job_main
+    from tidemark.job.entry import main as job_main
 
     return job_main(argv)
 

@@ -51,7 +51,7 @@ class Location:
     url: str
 
     @classmethod
-    def of(cls, where: str | Path | Location) -> Location:
+    def of(cls, where: Where) -> Location:
         """Parse a path or URL; local paths become absolute, URLs are checked."""
         if isinstance(where, Location):
             return where
@@ -156,16 +156,7 @@ class Location:
         appears whole when the upload completes).
         """
         if self.is_local:
-            path = Path(self.url)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # A temporary name of this writer's own: two writers of one file (a retried task
-            # beside its zombie) must not truncate or rename each other's half-written copy.
-            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-            with tmp.open("wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            tmp.replace(path)
+            write_durably(Path(self.url), data)
             return
 
         def put() -> None:
@@ -240,6 +231,49 @@ class Location:
         for name, _ in self.files():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             (target / name).write_bytes((self / name).read_bytes())
+
+
+Where = Path | Location | str  # a local folder or file, or an object-store URL: anything Location.of takes
+
+# -- durable local writes -------------------------------------------------------------------
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Write ``path`` whole and on disk: a temporary file of this writer's own, ``fsync``, then ``rename(2)``.
+
+    Readers see the old content or the new, never a part, also after a crash. The
+    temporary name is this writer's own: two writers of one file (a retried task beside
+    its zombie) must not truncate or rename each other's half-written copy.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+
+
+def fsync_dir(path: Path) -> None:
+    """``fsync`` a folder, so that a rename into it survives a crash."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_objects(folder: Location) -> None:
+    """Delete every file under ``folder``, one object at a time on an object store.
+
+    Some S3 servers refuse the bulk DeleteObjects request a folder delete sends (s3proxy
+    answers INTERNAL_FAILURE); single deletes work everywhere.
+    """
+    if folder.is_local:
+        folder.remove_tree()
+        return
+    for name, _ in list(folder.files()):
+        (folder / name).remove_file()
 
 
 # -- S3 from the environment -----------------------------------------------------------------

@@ -244,12 +244,13 @@ def check_output(what: str, digest: tuple[int, int], expected: tuple[int, int] |
 
 
 def read_task_stage(spark: Any, source: DataFrame, deser: Any, schemas: Any) -> Any:
-    """How the job's read tasks stage this topic (:func:`tidemark.job.steps.read_task_stage_plan`); raises if they
+    """How the job's read tasks stage this topic (:func:`tidemark.job.stage.read_task_stage_plan`); raises if they
     cannot."""
     from pyspark.sql import functions as F
 
-    from tidemark.job.steps import read_task_stage_plan
-    from tidemark.spark.decode import ERROR_COLUMN, OUTCOME_COLUMN, annotate
+    from tidemark.job.stage import read_task_stage_plan
+    from tidemark.spark.decode import annotate
+    from tidemark.staged import ERROR_COLUMN, OUTCOME_COLUMN
 
     decoded = annotate(source, deser, schemas)
     columns = [c for c in decoded.columns if c not in (ERROR_COLUMN, "plan_id")]

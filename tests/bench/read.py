@@ -600,7 +600,7 @@ def _kafka_df(spark: SparkSession, connection: KafkaConnection, plan: Plan) -> A
 
 
 def _parquet_layout(df: Any) -> Any:
-    from tidemark.output.parquet import utc_date
+    from tidemark.output.staging import utc_date
 
     return df.withColumn("date", utc_date())
 

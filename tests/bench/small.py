@@ -174,7 +174,7 @@ def spark_side(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     from pyspark.sql import SparkSession
 
-    from tidemark.output.parquet import utc_date
+    from tidemark.output.staging import utc_date
 
     spark = SparkSession.builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -32,7 +32,7 @@ def test_the_operator_submits_to_the_connections_cluster_master(monkeypatch: pyt
     confs = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--conf"]
     assert f"spark.redaction.regex={REDACTION_REGEX}" in confs
     assert "spark.executor.memory=2g" in confs  # the DAG's own settings are kept
-    # The job itself ships the package when the master is not local[...] (tidemark.job.steps.should_ship):
+    # The job itself ships the package when the master is not local[...] (tidemark.job.entry.should_ship):
     # the command runs the same entry point as the CLI's, with nothing that turns shipping off.
     assert cmd[-5:] == [spark_job_path(), "--plan", "p.json", "--run-dir", "runs/r1"]
     assert not any("TIDEMARK_SHIP_PACKAGE" in arg for arg in cmd)

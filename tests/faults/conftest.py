@@ -15,7 +15,7 @@ from tests.faults.harness import LOCAL, S3_STAGING, SCOREBOARD, FaultEnv, Tally,
 from tidemark.devtools import registry as local_registry
 from tidemark.devtools.registry import LocalRegistry
 from tidemark.kafka.registry import ENV_URL
-from tidemark.output.parquet import STAGE_ON_STORE_ENV
+from tidemark.output.staging import STAGE_ON_STORE_ENV
 
 
 @pytest.fixture(scope="session")

@@ -51,11 +51,10 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from tests.conftest import KafkaTestCluster
 from tidemark.kafka.admin import Record
 from tidemark.kafka.connection import KafkaConnection
-from tidemark.output.parquet import QUARANTINE_DIR
+from tidemark.output.base import QUARANTINE_DIR
 from tidemark.runs.pipeline import CommitOutcome, RunHandle, run_feed
-from tidemark.spark.decode import RAW_VALUE_COLUMN
+from tidemark.staged import RAW_VALUE_COLUMN, REASON_COLUMN
 from tidemark.storage import Location
-from tidemark.validation.rules import REASON_COLUMN
 
 LOCAL = "local"
 S3_STAGING = "s3+postgres+s3-staging"
@@ -320,7 +319,9 @@ class FaultEnv:
     def in_process(self, handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
         """The Spark job in this session: the same code ``spark-submit`` runs."""
         from tidemark.config.models import load_feed
-        from tidemark.job.steps import JobResult, run, upload_run_dir, write_result
+        from tidemark.job.entry import upload_run_dir
+        from tidemark.job.result import JobResult, write_result
+        from tidemark.job.steps import run
 
         self.run_ids.add(handle.run_id)
         plan = handle.plan()

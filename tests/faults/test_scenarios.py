@@ -54,7 +54,9 @@ from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.admin import KafkaAdmin, Record
 from tidemark.kafka.connection import KafkaConnection
-from tidemark.output.parquet import STAGING_DIR, stages_on_store, staging_base
+from tidemark.output.base import STAGING_DIR
+from tidemark.output.parquet import staging_base
+from tidemark.output.staging import stages_on_store
 from tidemark.planning.metadata import metadata_run_id
 from tidemark.runs.pipeline import RunHandle, commit_run, plan_run, run_feed
 from tidemark.spark.decode import AVRO_BODY_REASON

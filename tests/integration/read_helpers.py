@@ -152,7 +152,8 @@ def run_job_in_process(spark: Any, handle: Any, connection: KafkaConnection) -> 
     from pathlib import Path
 
     from tidemark.config.models import load_feed
-    from tidemark.job.steps import JobResult, run, write_result
+    from tidemark.job.result import JobResult, write_result
+    from tidemark.job.steps import run
 
     plan = handle.plan()
     result = JobResult(plan.plan_id, plan.feed)

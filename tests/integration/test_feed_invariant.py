@@ -354,8 +354,8 @@ def test_two_attempts_publishing_one_iceberg_plan_at_the_same_time_publish_it_on
     from tidemark.config.models import load_feed
     from tidemark.errors import PublishError
     from tidemark.output import iceberg as iceberg_output
+    from tidemark.output.base import Manifest
     from tidemark.output.iceberg import PLAN_KEY, IcebergPublisher, plan_history
-    from tidemark.output.parquet import Manifest
 
     fenv.use_iceberg("tidemark.twice")
     fenv.produce(6)

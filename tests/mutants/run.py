@@ -80,7 +80,7 @@ MUTANTS = (
     Mutant(
         "plan-ends-as-positions",
         "every range is read to its end (validation compares where the reader stopped)",
-        (Edit("include/tidemark/job/steps.py", "positions=positions,", "positions=plan.ends(),"),),
+        (Edit("include/tidemark/job/steps.py", "positions=source.positions,", "positions=job.plan.ends(),"),),
         ("tests/integration/job/test_job.py::test_job_refuses_a_range_the_reader_left_short",),
     ),
     Mutant(
@@ -304,7 +304,7 @@ MUTANTS = (
         "commit protocol)",
         (
             Edit(
-                "include/tidemark/output/base.py",
+                "include/tidemark/output/parquet.py",
                 "expect_quarantined=expect_quarantined, pending=run_id,",
                 "expect_quarantined=expect_quarantined, pending=None,",
             ),
@@ -375,8 +375,8 @@ MUTANTS = (
         (
             Edit(
                 "include/tidemark/job/steps.py",
-                "        check_staged_counts(plan, read, staged, staging.written_url)\n",
-                "        pass\n",
+                "    check_staged_counts(plan, read, files, staging.written_url)\n",
+                "    pass\n",
             ),
         ),
         (
@@ -391,7 +391,7 @@ MUTANTS = (
         (
             Edit(
                 "include/tidemark/job/steps.py",
-                "unpublished=tuple(c for c in raw_columns if c in staged.columns),",
+                "unpublished=tuple(c for c in UNPUBLISHED_COLUMNS if c in staged.files.columns),",
                 "unpublished=(),",
             ),
         ),
@@ -407,7 +407,7 @@ MUTANTS = (
         "a bad record is quarantined with its raw bytes, as Kafka holds them",
         (
             Edit(
-                "include/tidemark/job/steps.py",
+                "include/tidemark/job/stage.py",
                 "bad = F.col(OUTCOME_COLUMN) != F.lit(OK_OUTCOME)",
                 "bad = F.lit(False)",
             ),

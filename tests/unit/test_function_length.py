@@ -29,18 +29,6 @@ def long_functions(folder: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize(
-    "folder",
-    [
-        "runs",
-        pytest.param(
-            "job",
-            marks=pytest.mark.xfail(
-                reason="job/ is split into named steps by its own change of issue 44; remove this mark at the merge",
-                strict=False,
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("folder", ["runs", "job"])
 def test_no_function_runs_over_80_lines(folder: str) -> None:
     assert long_functions(PACKAGE / folder) == []

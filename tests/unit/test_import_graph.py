@@ -22,10 +22,6 @@ import tidemark
 
 ROOT = "tidemark"
 SUBPACKAGES = sorted(p.parent.name for p in Path(tidemark.__file__).parent.glob("*/__init__.py"))
-# Cycles other engineers of issue 44 remove on their branches; the lead drops these marks at merge.
-BEING_REMOVED = {
-    "output": "output/base <-> iceberg: removed by the job/output refactor of issue 44",
-}
 
 
 @cache
@@ -123,13 +119,7 @@ def _cycles(home: str | None) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize(
-    "subpackage",
-    [
-        pytest.param(s, marks=pytest.mark.xfail(reason=BEING_REMOVED[s], strict=False)) if s in BEING_REMOVED else s
-        for s in SUBPACKAGES
-    ],
-)
+@pytest.mark.parametrize("subpackage", SUBPACKAGES)
 def test_no_import_cycle_inside_a_subpackage(subpackage: str) -> None:
     cycles = _cycles(subpackage)
     assert not cycles, f"import cycles inside tidemark.{subpackage}:\n" + "\n".join(cycles)

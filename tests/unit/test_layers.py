@@ -7,7 +7,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tidemark.job.steps import package_zip
+from tidemark.job.entry import package_zip
 
 ROOT = Path(__file__).resolve().parents[2]
 

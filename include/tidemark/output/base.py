@@ -1,43 +1,50 @@
-r"""Where a plan is published: the one place that knows a feed's output kind (Parquet folder or Iceberg table).
+r"""What every output shares: the :class:`Publisher` protocol and the types its backends hand back.
 
-The job, the pipeline and the DAGs ask a :class:`Publisher` three things and never look
-at the feed's ``output_format``: *is this plan already published?* (:meth:`Publisher.published`,
-the idempotence check of a rerun and of the commit protocol), *publish what the job
-staged* (:meth:`Publisher.new_staging` then :meth:`Publisher.publish_staged`), *what
-position does the output's own history give for a group* (:meth:`Publisher.positions`,
-the planner's last resort when Kafka's offsets and the checkpoint store are both gone),
-and the three moves of the commit protocol (``docs/ARCHITECTURE.md``, "The commit
-protocol"): a run's job stages its publication *pending*, invisible to readers
-(:meth:`Publisher.publish_staged` with the run's id); after the group's commit
-:meth:`Publisher.promote` shows it; a run whose commit was refused
-:meth:`Publisher.discard`\ s it, never having been visible. Nothing shown is ever taken back.
+The job, the pipeline and the DAGs ask a :class:`Publisher` four things and never look at
+the feed's ``output_format``:
 
-:func:`publisher_for` chooses: a feed with ``output_format: iceberg`` publishes its
-scheduled runs to its table (:class:`tidemark.output.iceberg.IcebergPublisher`); every
-other case, and every backfill or replay (they publish beside the feed's output so that
-its readers never see a record twice), is the Parquet folder of :mod:`tidemark.output.parquet`,
-unchanged.
+1. *is this plan already published?* (:meth:`Publisher.published`, the idempotence check
+   of a rerun and of the commit protocol);
+2. *publish what the job staged* (:meth:`Publisher.new_staging`, then
+   :meth:`Publisher.publish_staged`);
+3. *what position does the output's own history give for a group?*
+   (:meth:`Publisher.positions`, the planner's last resort when Kafka's offsets and the
+   checkpoint store are both gone);
+4. the commit protocol's moves (``docs/ARCHITECTURE.md``, "The commit protocol"): a run's
+   job stages its publication *pending*, invisible to readers (:meth:`Publisher.publish_staged`
+   with the run's id, found again by :meth:`Publisher.staged`); after the group's commit
+   :meth:`Publisher.promote` shows it; a run whose commit was refused
+   :meth:`Publisher.discard`\ s it, never having been visible. Nothing shown is ever taken back.
+
+Each backend imports this module and :mod:`tidemark.output.staging`, never the other
+backend: :class:`tidemark.output.parquet.ParquetPublisher` (a Parquet folder) and
+:class:`tidemark.output.iceberg.IcebergPublisher` (an Iceberg table). Only
+:func:`tidemark.output.publisher_for` (the package's factory) chooses between them.
+:func:`check_replay_output` refuses a backfill's or replay's output that resolves into a
+feed's output.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidemark.config.models import Feed
 from tidemark.errors import ConfigError
+from tidemark.output.staging import Staging
 from tidemark.planning.plan import Plan, RecoveredPosition
+from tidemark.spark.stats import RangeStats
 from tidemark.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-    from tidemark.output.parquet import Manifest, Staging
-    from tidemark.spark.stats import RangeStats
+MANIFEST_VERSION = 1
+QUARANTINE_DIR = "_quarantine"  # inside a publication (or its staging folder): the records kept aside
+STAGING_DIR = "_staging"  # under an output: staging folders (readers skip ``_``-prefixed folders)
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,43 @@ class StagedRecords:
     read_good: Callable[[str], DataFrame]
     unpublished: tuple[str, ...]
     write_quarantine: Callable[[Sequence[str], str], None]
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str  # relative to the published folder
+    bytes: int
+    rows: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    plan_id: str
+    feed: str
+    group: str
+    location: str
+    published_at: str
+    records: int
+    quarantined: int
+    ranges: tuple[Mapping[str, Any], ...]
+    files: tuple[FileEntry, ...]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    version: int = MANIFEST_VERSION
+    # Not stored: True when this call found the plan already published and wrote nothing.
+    reused: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc.pop("reused")
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Manifest:
+        body = dict(doc)
+        body["ranges"] = tuple(body.get("ranges", ()))
+        body["files"] = tuple(FileEntry(**f) for f in body.get("files", ()))
+        return cls(**body)
 
 
 class Publisher(Protocol):
@@ -117,94 +161,6 @@ class Publisher(Protocol):
     def discard(self, plan_id: str, run_id: str) -> Manifest | None:
         """Drop run ``run_id``'s pending publication (never shown); what was dropped, or ``None``."""
         ...
-
-
-class ParquetPublisher:
-    """A Parquet folder with one manifest per plan (:mod:`tidemark.output.parquet`)."""
-
-    kind = "parquet"
-
-    def __init__(self, location: Location) -> None:
-        self.location = location
-
-    def describe(self) -> str:
-        return str(self.location)
-
-    def check_schema(self, schema: StructType, plan: Plan) -> None:
-        """Any schema: each plan's folder carries its own."""
-
-    def published(self, plan_id: str) -> Manifest | None:
-        from dataclasses import replace
-
-        from tidemark.output.parquet import load_manifest
-
-        found = load_manifest(self.location, plan_id)
-        return None if found is None else replace(found, reused=True)
-
-    def new_staging(self, plan_id: str, on_store: bool = False) -> Staging:
-        from tidemark.output.parquet import new_staging
-
-        return new_staging(self.location, plan_id, on_store)
-
-    def publish_staged(
-        self,
-        staging: Staging,
-        plan: Plan,
-        feed: Feed,
-        *,
-        staged: StagedRecords,
-        stats: Sequence[RangeStats],
-        extra: Mapping[str, Any],
-        expect_records: int,
-        expect_quarantined: int,
-        run_id: str | None,
-    ) -> Manifest:
-        from tidemark.output.parquet import publish_staged
-
-        # The manifest names the run that published (as an Iceberg snapshot does): a failed
-        # run that shares the plan id is then not taken for "published, not committed".
-        extra = {**extra, "run_id": run_id} if run_id else extra
-        return publish_staged(
-            staging, plan, feed, outcome_column=staged.outcome_column, ok_value=staged.ok_value,
-            write_quarantine=staged.write_quarantine, unpublished=staged.unpublished,
-            stats=stats, extra=extra,
-            expect_records=expect_records, expect_quarantined=expect_quarantined, pending=run_id,
-        )  # fmt: skip
-
-    def positions(self, feed: Feed) -> RecoveredPosition | None:
-        return None  # manifests name plans, not which of them the group committed last
-
-    def staged(self, plan_id: str, run_id: str) -> Manifest | None:
-        from tidemark.output.parquet import load_pending
-
-        return load_pending(self.location, plan_id, run_id)
-
-    def promote(self, plan_id: str, run_id: str) -> Manifest:
-        from tidemark.output.parquet import promote
-
-        return promote(self.location, plan_id, run_id)
-
-    def discard(self, plan_id: str, run_id: str) -> Manifest | None:
-        from tidemark.output.parquet import discard
-
-        return discard(self.location, plan_id, run_id)
-
-
-def publisher_for(feed: Feed, plan: Plan | None = None, output: Location | str | Path | None = None) -> Publisher:
-    """The publisher of ``plan`` (or of the feed's scheduled runs): given ``output``, else the plan's, else the feed's.
-
-    An explicit ``output`` or a plan that names its own output (backfills, replays) is a
-    Parquet folder; otherwise the feed's ``output_format`` decides.
-    """
-    if output is not None:
-        return ParquetPublisher(Location.of(output))
-    if plan is not None and plan.output:
-        return ParquetPublisher(Location.of(plan.output))
-    if feed.output_format == "iceberg":
-        from tidemark.output.iceberg import IcebergPublisher
-
-        return IcebergPublisher(feed)
-    return ParquetPublisher(feed.output_location())
 
 
 def _resolved(where: Location | str) -> str:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import uuid
@@ -61,22 +62,22 @@ from typing import TYPE_CHECKING, Any
 from tidemark.config.models import Feed, state_location
 from tidemark.errors import ConfigError, PublishError, SchemaError, StateStoreError
 from tidemark.faults import fault_point
-from tidemark.output.base import StagedRecords
-from tidemark.output.parquet import (
-    PASS_DIR,
-    QUARANTINE_DIR,
-    STAGING_DIR,
-    FileEntry,
-    Manifest,
+from tidemark.output.base import QUARANTINE_DIR, STAGING_DIR, FileEntry, Manifest, StagedRecords
+from tidemark.output.staging import (
     Staging,
     local_staging_base,
+    name_by_place,
+    parquet_writer,
     prepare_remote_staging,
     prepare_staging_base,
-    remove_objects,
+    spark_path,
 )
 from tidemark.planning.plan import Plan, RecoveredPosition
 from tidemark.redaction import redact, redact_url
-from tidemark.storage import Location
+from tidemark.spark.session import session_conf
+from tidemark.spark.stats import RangeStats
+from tidemark.staged import DATE_COLUMN, PARQUET_TIMESTAMPS, PARTITION_COLUMNS, PASS_DIR, TOPIC_COLUMN
+from tidemark.storage import Location, remove_objects, s3_settings
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -87,12 +88,10 @@ if TYPE_CHECKING:
     from pyiceberg.types import IcebergType
     from pyspark.sql.types import StructType
 
-    from tidemark.spark.stats import RangeStats
-
 CATALOG_URI_ENV = "TIDEMARK_ICEBERG_CATALOG_URI"
 CATALOG_TYPE_ENV = "TIDEMARK_ICEBERG_CATALOG_TYPE"
 CATALOG_NAME = "tidemark"
-PARTITION_FIELDS = ("date", "topic")
+PARTITION_FIELDS = tuple(reversed(PARTITION_COLUMNS))  # the table's spec: date first, then topic
 NO_RETRY = {"commit.retry.num-retries": "0"}
 # Snapshot summary properties: what names the plan in the table's history.
 PLAN_KEY = "tidemark.plan-id"
@@ -179,8 +178,6 @@ def _password(uri: str) -> str | None:
 
 def _s3_properties() -> tuple[str | None, str | None]:
     """The catalog's S3 endpoint and region: :func:`tidemark.storage.s3_settings`, a region for an endpoint."""
-    from tidemark.storage import s3_settings
-
     endpoint, region, _ = s3_settings()
     return endpoint, region or ("us-east-1" if endpoint else None)
 
@@ -582,12 +579,10 @@ class IcebergPublisher:
         quarantine = self.quarantine / f"plan_id={plan.plan_id}"
         quarantine.remove_tree()
         if bad:
-            from tidemark.output.parquet import _name_by_place
-
             local = staging.root / QUARANTINE_DIR
             staged.write_quarantine(bad, staging.url(QUARANTINE_DIR))
             staging.pull(QUARANTINE_DIR, local)
-            _name_by_place(local)
+            name_by_place(local)
             quarantine.upload_tree(local)
         return quarantine
 
@@ -695,12 +690,11 @@ def _write_table_files(good: Any, target: str) -> None:
     """Spark writes one folder per (date, topic) whose files keep both columns, timestamps as micros."""
     from pyspark.sql import functions as F
 
-    from tidemark.output.parquet import parquet_writer, spark_path
-    from tidemark.spark.session import session_conf
-
     # Iceberg reads no INT96.
-    with session_conf(good.sparkSession, "spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"):
-        copies = good.withColumn(_TOPIC_COPY, F.col("topic")).withColumn(_DATE_COPY, F.col("date").cast("string"))
+    with session_conf(good.sparkSession, "spark.sql.parquet.outputTimestampType", PARQUET_TIMESTAMPS):
+        copies = good.withColumn(_TOPIC_COPY, F.col(TOPIC_COLUMN)).withColumn(
+            _DATE_COPY, F.col(DATE_COLUMN).cast("string")
+        )
         parquet_writer(copies, "errorifexists").partitionBy(_DATE_COPY, _TOPIC_COPY).parquet(spark_path(target))
 
 
@@ -714,8 +708,6 @@ def _by_partition(root: Path) -> list[tuple[Path, tuple[str, str]]]:
 
 
 def _entry(path: Path, name: str) -> FileEntry:
-    import hashlib
-
     import pyarrow.parquet as pq
 
     return FileEntry(

@@ -11,7 +11,8 @@ Layout under the feed's output location (:meth:`tidemark.config.models.Feed.outp
 ``date`` is the record timestamp's UTC date. Spark and pyarrow read ``<output>`` as one
 dataset partitioned by ``plan_id``, ``topic`` and ``date`` and skip ``_``-prefixed
 folders, so staging and quarantine never leak into it. The job stages with
-:func:`new_staging` and finishes with :func:`publish_staged` (renames the good records);
+:func:`new_staging` and finishes with :func:`publish_staged` (renames the good records),
+both behind :class:`ParquetPublisher` (the :class:`~tidemark.output.base.Publisher` of a folder);
 :func:`publish` writes a DataFrame the same way. Either fills a fresh staging folder,
 writes the manifest last, then renames the staging folder to its final name: one
 atomic ``rename(2)``, so a crash at any point before it leaves nothing visible, and a
@@ -51,92 +52,38 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from tidemark.config.models import Feed
 from tidemark.errors import PublishError, StateStoreError
-from tidemark.planning.plan import Plan
+from tidemark.output.base import QUARANTINE_DIR, STAGING_DIR, FileEntry, Manifest, StagedRecords
+from tidemark.output.staging import (
+    Staging,
+    local_staging_base,
+    name_by_place,
+    parquet_writer,
+    prepare_remote_staging,
+    prepare_staging_base,
+    spark_path,
+    utc_date,
+)
+from tidemark.planning.plan import Plan, RecoveredPosition
 from tidemark.spark.arrow_avro import SPARK_SCHEMA_KEY
-from tidemark.storage import Location
+from tidemark.spark.stats import RangeStats
+from tidemark.staged import DATE_COLUMN, PARTITION_COLUMNS, PASS_DIR
+from tidemark.storage import Location, Where, fsync_dir, write_durably
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, DataFrameWriter
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
-    from tidemark.spark.stats import RangeStats
-
-MANIFEST_VERSION = 1
 MANIFEST_NAME = "_manifest.json"
-QUARANTINE_DIR = "_quarantine"
-STAGING_DIR = "_staging"
 # A publication the job staged and the group has not committed yet: not visible to readers
 # (Spark, pyarrow and Hive skip ``_``-prefixed folders), promoted after the commit.
 PENDING_DIR = "_pending"
-PARTITION_COLUMNS = ("topic", "date")
-# A Kafka payload is opaque, mostly unique bytes per record: min/max statistics on it prune
-# nothing, and a dictionary of it is built only to be thrown away once it overflows. Both
-# cost CPU on every row (measured: the 5M-record job 5-13% faster without them). The same
-# holds for the staged hash of each record (tidemark.spark.stats.ROW_HASH_COLUMN).
-PAYLOAD_COLUMNS = ("value", "_raw_value", "_row_hash")
-
-
-def parquet_writer(df: DataFrame, mode: str) -> DataFrameWriter:
-    """``df.write`` in ``mode`` with Tidemark's Parquet options: no dictionary or statistics on payload columns."""
-    options: dict[str, str] = {}
-    for column in df.columns:
-        if column in PAYLOAD_COLUMNS:
-            options[f"parquet.enable.dictionary#{column}"] = "false"
-            options[f"parquet.column.statistics.enabled#{column}"] = "false"
-    return df.write.mode(mode).options(**options)
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    path: str  # relative to the published folder
-    bytes: int
-    rows: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    plan_id: str
-    feed: str
-    group: str
-    location: str
-    published_at: str
-    records: int
-    quarantined: int
-    ranges: tuple[Mapping[str, Any], ...]
-    files: tuple[FileEntry, ...]
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    version: int = MANIFEST_VERSION
-    # Not stored: True when this call found the plan already published and wrote nothing.
-    reused: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc.pop("reused")
-        return doc
-
-    @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> Manifest:
-        body = dict(doc)
-        body["ranges"] = tuple(body.get("ranges", ()))
-        body["files"] = tuple(FileEntry(**f) for f in body.get("files", ()))
-        return cls(**body)
-
-
-def utc_date() -> Column:
-    """The ``date`` partition: the record timestamp's UTC date, whatever the session time zone."""
-    from pyspark.sql import functions as F
-
-    return F.date_from_unix_date(F.floor(F.unix_micros("timestamp") / 86_400_000_000).cast("int"))
-
-
-Where = Path | Location | str  # a local folder or an object-store URL
 
 
 @overload
@@ -217,7 +164,7 @@ def publish(
 
     staging = _staging_root(output, plan.plan_id) / f"{plan.plan_id}.{uuid.uuid4().hex[:12]}"
     try:
-        data = df.drop("plan_id").withColumn("date", utc_date())
+        data = df.drop("plan_id").withColumn(DATE_COLUMN, utc_date())
         parquet_writer(data, "errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(str(staging))
         for name, rejected in (quarantine or {}).items():
             target = staging / QUARANTINE_DIR / name
@@ -241,112 +188,6 @@ def publish(
 
 # -- staged publication: the job writes once, then validation decides ----------------------
 
-PASS_DIR = "_pass"  # inside a staging folder: the job's single write, partitioned by outcome
-
-
-STAGE_ON_STORE_ENV = "TIDEMARK_STAGE_ON_STORE"  # "1": stage on the object store, "0": never; unset: by master
-
-
-def stages_on_store(output: Location, master: str) -> bool:
-    """Whether the executors stage ``output``'s plan on the object store rather than in a local folder.
-
-    Only an object-store output can. ``TIDEMARK_STAGE_ON_STORE`` (``1``/``0``) decides;
-    unset, a ``TIDEMARK_STAGING_DIR`` set by the deployment (a mount the driver and the
-    executors share) keeps staging there, and otherwise the store is used whenever the
-    master is not ``local[...]`` (a cluster's executors need not share a disk with the driver).
-    """
-    if output.is_local:
-        return False
-    setting = os.environ.get(STAGE_ON_STORE_ENV, "").strip()
-    if setting in ("0", "1"):
-        return setting == "1"
-    return not os.environ.get("TIDEMARK_STAGING_DIR") and not master.startswith("local")
-
-
-def spark_path(where: str | Path | Location) -> str:
-    """The path Spark opens for a folder: local as is, ``s3://`` through Hadoop's s3a connector."""
-    text = str(where)
-    return "s3a://" + text[len("s3://") :] if text.startswith("s3://") else text
-
-
-@dataclass(frozen=True)
-class Staging:
-    """A fresh staging folder for one plan, and where the job's single write goes.
-
-    The job writes every record once, to :attr:`written_url`, partitioned by
-    ``(outcome, topic, date)``: ``outcome=ok`` for records to publish, else why the
-    record is bad. Validation reads it back (columnar, so a check costs only the columns
-    it needs) and :func:`publish_staged` turns it into the publication by renames.
-
-    With ``remote`` (an object-store folder) Spark writes and reads there instead of under
-    ``root``, so nothing assumes that the driver sees the executors' disks: the driver
-    pulls what it publishes into ``root`` (:meth:`pull`) once Spark has written it.
-    """
-
-    output: Location
-    plan_id: str
-    root: Path  # the driver's local folder, where the publication is assembled
-    remote: Location | None = None  # where Spark writes and reads the staged files, when not ``root``
-
-    @property
-    def written(self) -> Path:
-        return self.root / PASS_DIR
-
-    @property
-    def written_url(self) -> str:
-        return self.url(PASS_DIR)
-
-    def url(self, *parts: str) -> str:
-        """A folder of the staging as Spark's side sees it: a local path, or an object-store URL."""
-        if self.remote is None:
-            return str(self.root.joinpath(*parts))
-        where = self.remote
-        for part in parts:
-            where = where / part
-        return str(where)
-
-    def outcomes(self, outcome_column: str) -> list[str]:
-        """The outcome folders (``<outcome_column>=<code>``) Spark wrote, sorted."""
-        if self.remote is None:
-            found = [d.name for d in self.written.iterdir() if d.is_dir()] if self.written.exists() else []
-        else:
-            found = [c.name for c in (self.remote / PASS_DIR).children(folders_only=True)]
-        return sorted(name for name in found if name.startswith(f"{outcome_column}="))
-
-    def remove(self, *parts: str) -> None:
-        """Delete a staged folder (an outcome that is neither published nor quarantined)."""
-        Location.of(self.url(*parts)).remove_tree()
-
-    def pull(self, source: str, target: Path) -> None:
-        """Copy the Parquet files of the remote staged folder ``source`` (relative) into the local ``target``."""
-        if self.remote is None:
-            return
-        folder = self.remote / source
-        for name, _ in folder.files():
-            if name.endswith(".parquet"):
-                (target / name).parent.mkdir(parents=True, exist_ok=True)
-                (target / name).write_bytes((folder / name).read_bytes())
-
-    def parquet_rows(self, folders: Sequence[str]) -> int:
-        """The records in the Parquet files under ``folders`` (from :meth:`url`), from their footers."""
-        import pyarrow.parquet as pq
-
-        rows = 0
-        for folder in map(Location.of, folders):
-            for name, _ in folder.files():
-                if name.endswith(".parquet"):
-                    with folder.fs.open_input_file((folder / name).fs_path) as fh:
-                        rows += pq.read_metadata(fh).num_rows
-        return rows
-
-    def discard(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
-        if self.remote is not None:
-            try:
-                self.remote.remove_tree()
-            except (StateStoreError, FileNotFoundError):  # left over: the plan's next attempt removes it
-                pass
-
 
 def new_staging(output: Where, plan_id: str, on_store: bool = False) -> Staging:
     """A new, empty staging folder for ``plan_id`` (leftovers of crashed attempts are removed).
@@ -362,14 +203,6 @@ def new_staging(output: Where, plan_id: str, on_store: bool = False) -> Staging:
     base = prepare_staging_base(local_staging_base(output), plan_id) if on_store else _staging_root(output, plan_id)
     (base / name).mkdir()
     return Staging(output, plan_id, base / name, remote)
-
-
-def prepare_remote_staging(base: Location, plan_id: str) -> Location:
-    """``base`` without what crashed attempts of ``plan_id`` left there on the object store."""
-    for leftover in base.children(folders_only=True):
-        if leftover.name.startswith(f"{plan_id}."):
-            leftover.remove_tree()
-    return base
 
 
 def publish_staged(
@@ -564,24 +397,8 @@ def staging_base(output: Location) -> Path:
     return local_staging_base(output)
 
 
-def local_staging_base(output: Location) -> Path:
-    """``TIDEMARK_STAGING_DIR`` (default the temp dir) ``/tidemark-staging/<hash of output's URL>``."""
-    import tempfile
-
-    base = Path(os.environ.get("TIDEMARK_STAGING_DIR") or tempfile.gettempdir()) / "tidemark-staging"
-    return base / hashlib.sha256(output.url.encode()).hexdigest()[:16]
-
-
 def _staging_root(output: Location, plan_id: str) -> Path:
     return prepare_staging_base(staging_base(output), plan_id)
-
-
-def prepare_staging_base(base: Path, plan_id: str) -> Path:
-    """``base``, created, without what crashed attempts of ``plan_id`` left there."""
-    for leftover in base.glob(f"{plan_id}.*"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    base.mkdir(parents=True, exist_ok=True)
-    return base
 
 
 def _seal(
@@ -602,7 +419,7 @@ def _seal(
     or the manifest (object store) goes to :func:`pending_dir` instead, for :func:`promote`.
     """
     if not output.is_local:
-        _name_by_place(staging, attempt=uuid.uuid4().hex[:12])
+        name_by_place(staging, attempt=uuid.uuid4().hex[:12])
     files = _file_entries(staging)
     manifest = Manifest(
         plan_id=plan.plan_id,
@@ -620,25 +437,10 @@ def _seal(
     text = json.dumps(manifest.to_dict(), indent=2, sort_keys=True)
     if not output.is_local:
         return _upload(staging, output, manifest, text, pending)
-    _write_durably(staging / MANIFEST_NAME, text)
+    write_durably(staging / MANIFEST_NAME, text.encode())
     if pending is not None:
         return _rename_pending(staging, output, manifest, pending)
     return _rename_into_place(staging, output, manifest)
-
-
-def _name_by_place(staging: Path, attempt: str | None = None) -> None:
-    """Rename each folder's Parquet files ``part-00000.parquet``, ... (sorted by Spark's name).
-
-    With ``attempt``: ``part-00000.<attempt>.parquet``, so that no two publishers of the
-    same plan ever write (or delete) the same object.
-    """
-    suffix = f".{attempt}" if attempt else ""
-    for folder in sorted({p.parent for p in staging.rglob("*.parquet")}):
-        temps = []
-        for index, path in enumerate(sorted(folder.glob("*.parquet"))):
-            temps.append(path.rename(folder / f".{index:05d}.renaming"))
-        for index, temp in enumerate(temps):
-            temp.rename(folder / f"part-{index:05d}{suffix}.parquet")
 
 
 def _upload(staging: Path, output: Location, manifest: Manifest, text: str, pending: str | None = None) -> Manifest:
@@ -690,7 +492,7 @@ def _rename_into_place(staging: Path, output: Location, manifest: Manifest) -> M
         if winner is not None:  # a concurrent publisher of the same plan got there first
             return replace(winner, reused=True)
         raise PublishError(f"could not move {staging} to {final}: {exc.strerror}") from exc
-    _fsync_dir(output.local_path())
+    fsync_dir(output.local_path())
     return manifest
 
 
@@ -728,21 +530,6 @@ def verify(manifest: Manifest) -> list[str]:
     return problems
 
 
-def _write_durably(path: Path, text: str) -> None:
-    with path.open("w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def pending_dir(output: Where, plan_id: str, key: str) -> Location:
     """Where run ``key`` leaves ``plan_id``'s publication until the group's commit: ``_pending/<key>/plan_id=<id>/``."""
     return Location.of(output) / PENDING_DIR / key / f"plan_id={plan_id}"
@@ -763,7 +550,7 @@ def _rename_pending(staging: Path, output: Location, manifest: Manifest, key: st
         os.rename(target, old)
         shutil.rmtree(old, ignore_errors=True)
     os.rename(staging, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     return manifest
 
 
@@ -795,7 +582,7 @@ def promote(output: Where, plan_id: str, key: str) -> Manifest:
     if root.is_local:
         final = published_dir(root, plan_id).local_path()
         os.rename(pending.local_path(), final)
-        _fsync_dir(root.local_path())
+        fsync_dir(root.local_path())
         with contextlib.suppress(OSError):  # the run's pending folder, now empty (another plan's keeps it)
             pending.local_path().parent.rmdir()
     else:
@@ -824,14 +611,58 @@ def discard(output: Where, plan_id: str, key: str) -> Manifest | None:
     return staged
 
 
-def remove_objects(folder: Location) -> None:
-    """Delete every file under ``folder``, one object at a time on an object store.
+class ParquetPublisher:
+    """A Parquet folder with one manifest per plan (this module's functions behind the :class:`Publisher` protocol)."""
 
-    Some S3 servers refuse the bulk DeleteObjects request a folder delete sends (s3proxy
-    answers INTERNAL_FAILURE); single deletes work everywhere.
-    """
-    if folder.is_local:
-        folder.remove_tree()
-        return
-    for name, _ in list(folder.files()):
-        (folder / name).remove_file()
+    kind = "parquet"
+
+    def __init__(self, location: Location) -> None:
+        self.location = location
+
+    def describe(self) -> str:
+        return str(self.location)
+
+    def check_schema(self, schema: StructType, plan: Plan) -> None:
+        """Any schema: each plan's folder carries its own."""
+
+    def published(self, plan_id: str) -> Manifest | None:
+        found = load_manifest(self.location, plan_id)
+        return None if found is None else replace(found, reused=True)
+
+    def new_staging(self, plan_id: str, on_store: bool = False) -> Staging:
+        return new_staging(self.location, plan_id, on_store)
+
+    def publish_staged(
+        self,
+        staging: Staging,
+        plan: Plan,
+        feed: Feed,
+        *,
+        staged: StagedRecords,
+        stats: Sequence[RangeStats],
+        extra: Mapping[str, Any],
+        expect_records: int,
+        expect_quarantined: int,
+        run_id: str | None,
+    ) -> Manifest:
+        # The manifest names the run that published (as an Iceberg snapshot does): a failed
+        # run that shares the plan id is then not taken for "published, not committed".
+        extra = {**extra, "run_id": run_id} if run_id else extra
+        return publish_staged(
+            staging, plan, feed, outcome_column=staged.outcome_column, ok_value=staged.ok_value,
+            write_quarantine=staged.write_quarantine, unpublished=staged.unpublished,
+            stats=stats, extra=extra,
+            expect_records=expect_records, expect_quarantined=expect_quarantined, pending=run_id,
+        )  # fmt: skip
+
+    def positions(self, feed: Feed) -> RecoveredPosition | None:
+        return None  # manifests name plans, not which of them the group committed last
+
+    def staged(self, plan_id: str, run_id: str) -> Manifest | None:
+        return load_pending(self.location, plan_id, run_id)
+
+    def promote(self, plan_id: str, run_id: str) -> Manifest:
+        return promote(self.location, plan_id, run_id)
+
+    def discard(self, plan_id: str, run_id: str) -> Manifest | None:
+        return discard(self.location, plan_id, run_id)

@@ -17,7 +17,7 @@ from tidemark.checkpoints.store import CheckpointStore
 from tidemark.config.models import Feed
 from tidemark.errors import AuthorizationError, ConfigError, KafkaUnavailableError, PlanningError
 from tidemark.kafka.adapter import Committed, KafkaAdapter, PartitionInfo
-from tidemark.output.base import publisher_for
+from tidemark.output import publisher_for
 from tidemark.planning.committing import committing_request
 from tidemark.planning.plan import Event, Plan, RecoveredPosition
 from tidemark.planning.requests import RunRequest

@@ -43,12 +43,13 @@ from tidemark.errors import (
     ValidationFailedError,
 )
 from tidemark.faults import fault_point
-from tidemark.job.steps import run_without_spark, write_result
+from tidemark.job.result import JobResult, read_result, run_without_spark, write_result
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.kafka.registry import RegistryClient, RegistryConnection, require
 from tidemark.kafka.registry import from_env as registry_from_env
-from tidemark.output.base import check_replay_output, publisher_for
+from tidemark.output import publisher_for
+from tidemark.output.base import check_replay_output
 from tidemark.planning.plan import PLAN_FILE, Event, Plan, read_plan, write_plan
 from tidemark.planning.requests import RunRequest, confine_output, output_roots, run_request
 from tidemark.runs.commit import CommitResult
@@ -136,11 +137,6 @@ def _checkpoints(root: Root | None, given: CheckpointStore | None = None) -> Che
 
 def runs_dir(feed: str, root: Root | None = None) -> Location:
     return _root(root) / "runs" / feed
-
-
-def _job_result(run_dir: Location) -> dict[str, Any] | None:
-    path = run_dir / "job.json"
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _run_status(run_dir: Location) -> dict[str, Any]:
@@ -347,7 +343,7 @@ def spark_submit_command(
     (with ``class_archive``, from :func:`~tidemark.spark.session.driver_class_archive`).
 
     On a cluster (``spark://``, ``yarn``, ``k8s://``) the job zips the ``tidemark`` package
-    and ships it to the executors itself (:func:`tidemark.job.steps.should_ship`); the connections reach
+    and ships it to the executors itself (:func:`tidemark.job.entry.should_ship`); the connections reach
     the driver in a private file (:mod:`tidemark.spark.secrets`, never an argument here), Kafka settings
     travel inside the read's tasks, never as Spark configuration, and
     :data:`~tidemark.spark.session.SUBMIT_CONF` widens Spark's redaction to Tidemark's secret names.
@@ -405,9 +401,9 @@ def _submit(run: Run, connection: KafkaConnection, *, master: str | None, progre
         class_archive.succeeded = proc.returncode == 0
     log = run.dir / "spark-submit.log"
     log.write_text(proc.stdout + proc.stderr)
-    job = _job_result(run.dir)
+    job = read_result(run.dir)
     if proc.returncode != 0:
-        reason = (job or {}).get("error") or _last_error_line(proc.stderr)
+        reason = (job.error if job is not None else None) or _last_error_line(proc.stderr)
         _fail(run, connection, job, reason)
         raise TidemarkError(
             f"the Spark job for plan {handle.plan_id} failed (exit {proc.returncode}): {reason}\n"
@@ -416,7 +412,7 @@ def _submit(run: Run, connection: KafkaConnection, *, master: str | None, progre
     if job is None:
         raise TidemarkError(f"the Spark job exited 0 but wrote no {handle.run_dir}/job.json; see {log}")
     progress(f"read, validated and published in {time.monotonic() - started:.1f}s")
-    return job
+    return job.to_dict()
 
 
 def run_empty(handle: RunHandle, connection: KafkaConnection, *, progress: Progress = _silent) -> dict[str, Any]:
@@ -432,13 +428,13 @@ def _run_empty(run: Run, connection: KafkaConnection, progress: Progress) -> dic
     result = run_without_spark(run.plan, run.feed)
     write_result(run.handle.run_dir, result)
     if result.error is not None:
-        _fail(run, connection, result.to_dict(), result.error)
+        _fail(run, connection, result, result.error)
         raise ValidationFailedError(result.error)
     progress(f"nothing to read in plan {run.plan.plan_id}: no Spark application started")
     return result.to_dict()
 
 
-def _fail(run: Run, connection: KafkaConnection, job: Mapping[str, Any] | None, reason: str) -> None:
+def _fail(run: Run, connection: KafkaConnection, job: JobResult | None, reason: str) -> None:
     """Record a failed run (status and report) so that ``tidemark runs`` shows why."""
     _write_status(run.dir, failed_at=datetime.now(UTC).isoformat(), error=reason)
     report = build_report(handle=run.handle, plan=run.plan, job=job, error=reason, connection=connection)
@@ -487,7 +483,7 @@ def _commit(
     run: Run, connection: KafkaConnection, *, progress: Progress, checkpoints: CheckpointStore
 ) -> CommitOutcome:
     handle, plan = run.handle, run.plan
-    job = _job_result(run.dir)
+    job = read_result(run.dir)
     _log_job(job, progress)  # a dry run's job did nothing: nothing to log
     if handle.dry_run:
         return _finish(run, connection, None, job, "dry run: planned only, nothing read, published or committed",
@@ -504,7 +500,7 @@ def _commit(
     except TidemarkError as exc:
         _refused(run, connection, job, exc)
         raise
-    job = _with_settled(job, settled)
+    job = _with_settled(job, plan, settled)
     for event in settled.events:
         progress(f"event {event.kind}: {event.message}")
     if settled.state == "abandoned":
@@ -522,35 +518,40 @@ def _commit(
     return _finish(run, connection, settled.commit, job, skipped, progress)
 
 
-def _log_job(job: Mapping[str, Any] | None, progress: Progress) -> None:
+def _log_job(job: JobResult | None, progress: Progress) -> None:
     """The job's exact-window counts and events, into the commit step's log."""
-    for w in (job or {}).get("window") or []:
+    for w in job.window if job is not None else []:
         progress(
             f"window {w['topic']}[{w['partition']}]: read {w['read']} ({w['read_in_margin']} in the end margin), "
             f"kept {w['kept']} ({w['kept_in_margin']} from the margin), dropped {w['dropped']} stamped outside, "
             f"largest skew {w['largest_skew_ms']} ms"
         )
-    for e in (job or {}).get("events") or []:
+    for e in job.events if job is not None else []:
         progress(f"event {e.get('kind')}: {e.get('message')}")
 
 
-def _refused(run: Run, connection: KafkaConnection, job: Mapping[str, Any] | None, exc: TidemarkError) -> None:
+def _refused(run: Run, connection: KafkaConnection, job: JobResult | None, exc: TidemarkError) -> None:
     """Record a run whose settling raised; one another writer's move refused is abandoned, with an event."""
     message = str(exc)
-    events = list((job or {}).get("events") or [])
+    events = list(job.events) if job is not None else []
     if isinstance(exc, OffsetsMovedError):  # retrying can never succeed: discarded, never shown
         _write_status(run.dir, abandoned=message)
         refused = Event("commit_refused", f"run {run.handle.run_id} was refused; its staged plan was discarded: "
                         f"{message}", details={"plan_id": run.plan.plan_id})  # fmt: skip
         events.append(refused.reported("commit"))
-    _fail(run, connection, {**(job or {}), "events": events}, f"commit refused: {message}")
+    _fail(run, connection, _with_events(job, run.plan, events), f"commit refused: {message}")
 
 
-def _with_settled(job: Mapping[str, Any] | None, settled: Settled) -> dict[str, Any]:
-    """The job's document with settling's events after its own, and the snapshot its promotion committed."""
+def _with_settled(job: JobResult | None, plan: Plan, settled: Settled) -> JobResult:
+    """The job's result with settling's events after its own, and the snapshot its promotion committed."""
     snapshot = settled.manifest.extra.get("snapshot_id") if settled.manifest is not None else None
-    job_events = [_with_snapshot(e, snapshot) for e in (job or {}).get("events") or []]
-    return {**(job or {}), "events": [*job_events, *(e.reported("commit") for e in settled.events)]}
+    job_events = [_with_snapshot(e, snapshot) for e in (job.events if job is not None else [])]
+    return _with_events(job, plan, [*job_events, *(e.reported("commit") for e in settled.events)])
+
+
+def _with_events(job: JobResult | None, plan: Plan, events: list[dict[str, Any]]) -> JobResult:
+    """``job`` with ``events`` in place of its own (a job that wrote no result: only the events)."""
+    return replace(job, events=events) if job is not None else JobResult(plan.plan_id, plan.feed, events=events)
 
 
 def _with_snapshot(event: dict[str, Any], snapshot: Any) -> dict[str, Any]:
@@ -570,7 +571,7 @@ def _finish(
     run: Run,
     connection: KafkaConnection,
     result: CommitResult | None,
-    job: Mapping[str, Any] | None,
+    job: JobResult | None,
     skipped: str | None,
     progress: Progress,
 ) -> CommitOutcome:

@@ -53,8 +53,8 @@ from tidemark.faults import fault_point
 from tidemark.job.guard import moved_since_planning
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
-from tidemark.output.base import Publisher, publisher_for
-from tidemark.output.parquet import Manifest
+from tidemark.output import publisher_for
+from tidemark.output.base import Manifest, Publisher
 from tidemark.planning.metadata import plan_topic_ids
 from tidemark.planning.plan import PLAN_FILE, Event, EventKind, Plan, read_plan
 from tidemark.runs.commit import CommitResult, commit_plan

@@ -3,8 +3,9 @@
 A report says what one run planned (plan id, ranges, events), what it read and how it
 was validated (counts, gaps, the validation summary and its Data Docs page), where it
 wrote (output paths), and what it committed (the commit result), with timestamps. It is
-built from the plan, the Spark job's ``job.json`` and ``validation.json`` in the run
-dir, and the :class:`~tidemark.runs.commit.CommitResult`. Runs that never reached the report
+built from the plan, the Spark job's result (``job.json``, read as a
+:class:`~tidemark.job.result.JobResult`) and ``validation.json`` in the run dir, and the
+:class:`~tidemark.runs.commit.CommitResult`. Runs that never reached the report
 step (a failed Spark job) are still listed, from what their run dir holds.
 
 No credential ever appears in a report: connection settings are included only through
@@ -26,11 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tidemark.config.models import state_location
 from tidemark.errors import ConfigError
+from tidemark.job.result import JobResult, read_result
 from tidemark.kafka.connection import ENV_PREFIX, KafkaConnection, is_secret
 from tidemark.kafka.registry import ENV_PASSWORD as REGISTRY_PASSWORD_ENV
 from tidemark.planning.plan import PLAN_FILE, Event, Plan
 from tidemark.redaction import redact
-from tidemark.storage import Location
+from tidemark.storage import Location, Where
 
 REPORT_VERSION = 1
 REPORT_FILE = "report.json"
@@ -125,7 +127,7 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
-Root = Path | Location | str  # the state dir: a local folder or an object-store URL
+Root = Where  # the state dir: a local folder or an object-store URL
 
 
 def runs_root(root: Root | None = None) -> Location:
@@ -143,16 +145,16 @@ def _read_json(path: Location) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _first_record_ms(job: Mapping[str, Any]) -> dict[tuple[str, int], int]:
+def _first_record_ms(job: JobResult | None) -> dict[tuple[str, int], int]:
     """Per partition, the oldest timestamp among the records the job read (its ``ranges`` statistics)."""
     out = {}
-    for r in job.get("ranges") or []:
-        if isinstance(r, Mapping) and isinstance(r.get("min_timestamp_ms"), int):
+    for r in job.ranges if job is not None else []:
+        if isinstance(r.get("min_timestamp_ms"), int):
             out[(str(r["topic"]), int(r["partition"]))] = int(r["min_timestamp_ms"])
     return out
 
 
-def _ranges(plan: Plan, job: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _ranges(plan: Plan, job: JobResult | None) -> list[dict[str, Any]]:
     firsts = _first_record_ms(job)
     return [
         {
@@ -173,14 +175,12 @@ def _ranges(plan: Plan, job: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _events(
-    plan: Plan | None, job: Mapping[str, Any] | None, commit: Mapping[str, Any] | None = None
-) -> list[dict[str, Any]]:
+def _events(plan: Plan | None, job: JobResult | None, commit: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if plan is not None:
         out += [e.reported("plan") for e in plan.events]
-    for e in (job or {}).get("events") or []:
-        out.append({"source": "job", **e} if isinstance(e, Mapping) else {"source": "job", "message": str(e)})
+    for event in job.events if job is not None else []:
+        out.append({"source": "job", **event})
     for tp in (commit or {}).get("expired") or []:
         expired = Event("group_offsets_expired", f"{tp['topic']}[{tp['partition']}]: the group's offset vanished "
                         "after planning (expired or deleted); committed back at the plan's end", topic=tp["topic"],
@@ -199,53 +199,43 @@ def build_report(
     *,
     handle: RunHandleLike,
     plan: Plan | None,
-    job: Mapping[str, Any] | None,
+    job: JobResult | None,
     commit: CommitLike | None = None,
     skipped_reason: str | None = None,
     error: str | None = None,
     connection: KafkaConnection | None = None,
     timestamps: Mapping[str, str] | None = None,
 ) -> RunReport:
-    """A report from the plan, the Spark job's ``job.json`` and the commit result.
+    """A report from the plan, the Spark job's result (``None``: the job wrote none) and the commit result.
 
-    Keys read from ``job`` when present: ``validation`` (else ``validation.json`` in the
-    run dir), ``counts``, ``gaps``, ``outputs`` (or ``output``/``quarantine``/``manifest``
-    paths), ``events``, ``error``, ``published`` and ``*_at`` timestamps.
+    From ``job``: its ``validation`` summary (else ``validation.json`` in the run dir), the
+    records read, published and quarantined, its ``manifest`` (as ``outputs``), ``events``,
+    ``window``, ``schemas``, ``timings_s``, ``error`` and its start and finish times.
     """
     run_dir = Location.of(handle.run_dir)
-    job = dict(job or {})
     status_doc = _read_json(run_dir / "run.json") or {}
-    validation = job.get("validation") or _read_json(run_dir / "validation.json")
+    validation = (job.validation if job is not None else None) or _read_json(run_dir / "validation.json")
     counts: dict[str, int] = {}
     if plan is not None:
         counts["planned"] = plan.total_records
-    for key, value in (job.get("counts") or {}).items():
-        if isinstance(value, int):
-            counts[key] = value
-    for key in ("records_read", "records_published", "records_quarantined"):  # as the metrics send them
-        if isinstance(job.get(key), int):
-            counts[key.removeprefix("records_")] = job[key]
+    if job is not None:  # as the metrics send them
+        counts.update(read=job.records_read, published=job.records_published, quarantined=job.records_quarantined)
     if validation:
         for key, value in (validation.get("counts") or {}).items():
             if isinstance(value, int):
                 counts.setdefault(key, value)
     gaps: dict[str, int] = {}
-    if isinstance(job.get("gaps"), Mapping):
-        gaps = {str(k): int(v) for k, v in job["gaps"].items()}
-    elif validation:
+    if validation:
         gaps = {f"{p['topic']}[{p['partition']}]": int(p["gaps"]) for p in validation.get("partitions", [])}
-    outputs = dict(job.get("outputs") or {})
-    for key in ("output", "output_path", "quarantine", "quarantine_path", "manifest", "manifest_path"):
-        if job.get(key) and key not in outputs:
-            outputs[key] = job[key]
+    outputs: dict[str, Any] = {"manifest": job.manifest} if job is not None and job.manifest else {}
     commit_doc = _commit_doc(commit, skipped_reason)
     stamps = {k: str(v) for k, v in status_doc.items() if k.endswith("_at") and v}
-    stamps.update({k: str(v) for k, v in job.items() if k.endswith("_at") and v})
+    stamps.update(job.timestamps() if job is not None else {})
     if commit is not None:
         stamps["committed_at"] = str(commit_doc.get("finished_at")) if commit_doc else _now()
     stamps.update(timestamps or {})
     stamps.setdefault("finished_at", _now())
-    failure = error or job.get("error") or status_doc.get("error")
+    failure = error or (job.error if job is not None else None) or status_doc.get("error")
     return RunReport(
         run_id=handle.run_id,
         feed=handle.feed,
@@ -258,7 +248,7 @@ def build_report(
         ranges=_ranges(plan, job) if plan is not None else [],
         counts=counts,
         gaps=gaps,
-        window=list(job.get("window") or []),
+        window=list(job.window) if job is not None else [],
         events=_events(plan, job, commit_doc),
         validation=validation,
         data_docs=(validation or {}).get("data_docs") or (validation or {}).get("data_docs_index"),
@@ -266,8 +256,8 @@ def build_report(
         commit=commit_doc,
         error=str(failure) if failure else None,
         connection=connection.describe() if connection is not None else None,
-        schemas=job.get("schemas"),
-        timings_s={str(k): float(v) for k, v in (job.get("timings_s") or {}).items()},
+        schemas=job.schemas if job is not None else None,
+        timings_s=dict(job.timings_s) if job is not None else {},
         timestamps=stamps,
     )
 
@@ -325,10 +315,10 @@ def _from_run_dir(run_dir: Location, feed: str) -> RunReport:
     status = _read_json(run_dir / "run.json") or {}
     plan_doc = _read_json(run_dir / PLAN_FILE)
     plan = Plan.from_dict(plan_doc) if plan_doc else None
-    job = _read_json(run_dir / "job.json") or {}
+    job = read_result(run_dir)
     handle = status.get("handle") or {}
     validation = _read_json(run_dir / "validation.json")
-    error = job.get("error") or status.get("error")
+    error = (job.error if job is not None else None) or status.get("error")
     if not error and validation and validation.get("success") is False:
         error = validation.get("failure")
     finished = status.get("failed_at") or status.get("finished_at")
@@ -346,7 +336,8 @@ def _from_run_dir(run_dir: Location, feed: str) -> RunReport:
         validation=validation,
         data_docs=(validation or {}).get("data_docs"),
         error=str(error) if error else None,
-        timestamps={k: str(v) for k, v in {**status, **job}.items() if k.endswith("_at") and v}
+        timestamps={k: str(v) for k, v in status.items() if k.endswith("_at") and v}
+        | (job.timestamps() if job is not None else {})
         | ({"finished_at": str(finished)} if finished else {}),
     )
 

@@ -23,7 +23,7 @@ why, and the job stages with Spark instead (a second read of Kafka, by the path 
 decodes, quarantines and names every bad record).
 
 What takes this path (:meth:`StagePlan.of`, and the job's conditions in
-:func:`tidemark.job.steps.stage_in_read_tasks`): an Avro value whose reader and writer
+:func:`tidemark.job.stage.stage_in_read_tasks`): an Avro value whose reader and writer
 records hold fields of the types below, a ``string`` or ``bytes`` key, no row-level rules,
 no exact window, staging in a folder the executors and the driver share. Types: boolean,
 int, long, float, double, string, bytes, enum, ``date``, ``timestamp-millis``,
@@ -76,7 +76,6 @@ PROMOTIONS = {
 SYNC = b"tidemark-block00"  # the container's 16-byte sync marker: any constant does
 SPARK_SCHEMA_KEY = "org.apache.spark.sql.parquet.row.metadata"  # the Spark schema a Spark-written file's footer holds
 SWITCH_ENV = "TIDEMARK_READ_TASK_STAGING"  # "0": Spark stages every plan
-WRITER = "read_tasks"  # JobResult.staged_by when this path staged the records
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ required field that is missing or null; a null value (tombstone) when the declar
 has required fields; a registry-format key or value that does not decode against its
 schema (:func:`registry_reasons`; JSON Schema's name the field and the rule), and a null
 registry-format value. The record columns (:data:`ERROR_COLUMN`, :data:`RAW_VALUE_COLUMN`,
-...) are named in :mod:`tidemark.spark.columns`.
+...) are named in :mod:`tidemark.staged`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 
 from tidemark.config.models import REGISTRY_FORMATS, Deserialization, RecordPart
 from tidemark.errors import ConfigError
-from tidemark.spark.columns import (
+from tidemark.spark.formats import Failure, Reasons, registry_format
+from tidemark.staged import (
     ERROR_COLUMN,
     METADATA_COLUMNS,
     OUTCOME_COLUMN,
@@ -46,7 +47,6 @@ from tidemark.spark.columns import (
     RAW_VALUE_COLUMN,
     RESERVED_COLUMNS,
 )
-from tidemark.spark.formats import Failure, Reasons, registry_format
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     # A run's schemas of one registry-format part, of whichever format built them (their ``format`` says).
     RunSchemas: TypeAlias = RegistrySchemas
 
-# The record columns are named in tidemark.spark.columns; the job, validation and tests import them from here too.
+# The record columns are named in tidemark.staged; the job, validation and tests import them from here too.
 __all__ = [
     "AVRO_BODY_REASON", "AVRO_LEFT_OVER_REASON", "ERROR_COLUMN", "JSON_SCHEMA_BODY_REASON", "JSON_SCHEMA_RULE_REASON",
     "METADATA_COLUMNS", "OUTCOME_COLUMN", "PROTOBUF_BODY_REASON", "RAW_HEAD_COLUMNS", "RAW_KEY_COLUMN",

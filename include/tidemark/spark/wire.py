@@ -10,7 +10,7 @@ On the driver and once per run each format's ``resolve_schemas`` then calls, in 
 :func:`refuse_unframed` (another framing fails the run), :func:`reader_version` (the reader
 schema: the feed's pinned version of its subject, else the subject's latest, checked to be
 of the format's schema type), :func:`check_columns` (a value reader's fields may not take a
-record column's name, :data:`tidemark.spark.columns.RESERVED_COLUMNS`) and
+record column's name, :data:`tidemark.staged.RESERVED_COLUMNS`) and
 :func:`writer_schemas` (every writer schema id seen; an id unknown to the registry, or
 registered as another schema type, fails the run), each naming the topic, partition and
 first offset concerned, and gathers the :func:`schema_changed_events` of partitions written
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError, SchemaNotFoundError
 from tidemark.kafka.registry import RegistryClient, SubjectVersion
-from tidemark.spark.columns import RESERVED_COLUMNS
+from tidemark.staged import RESERVED_COLUMNS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

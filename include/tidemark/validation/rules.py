@@ -42,23 +42,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import reduce
+from operator import add, or_
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidemark._types import TopicPartition as TP
 from tidemark.config.models import Expectation, Feed
-from tidemark.errors import ValidationFailedError
-from tidemark.planning.plan import Plan
+from tidemark.errors import ConfigError, ValidationFailedError
+from tidemark.planning.plan import PartitionPlan, Plan
 from tidemark.settings import cache_root
-from tidemark.spark.stats import DIGEST_COLUMNS, RangeStats, range_stat_aggs, stats_from_rows
+from tidemark.spark.decode import decode_reasons
+from tidemark.spark.stats import RangeStats, range_stat_aggs, stats_from_rows
+from tidemark.staged import DECODE_CODE, DIGEST_COLUMNS, ERROR_COLUMN, OK_OUTCOME, REASON_COLUMN, RULES_CODE
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-# decode.py names it ``decode_error``; ``_decode_error`` is accepted as well.
-DECODE_ERROR_COLUMNS = ("decode_error", "_decode_error")
-DECODE_ERROR_COLUMN = DECODE_ERROR_COLUMNS[0]
-REASON_COLUMN = "_reason"
+# The decoder names it ERROR_COLUMN (``decode_error``); ``_decode_error`` is accepted as well.
+DECODE_ERROR_COLUMNS = (ERROR_COLUMN, "_decode_error")
+DECODE_ERROR_COLUMN = ERROR_COLUMN
 SAMPLE_SIZE = 20
 ROW_COUNT_EXPECTATION = "expect_table_row_count_to_be_between"
 
@@ -252,10 +255,7 @@ def reason_sql(rules: Sequence[RowRule]) -> str:
     return f"concat_ws('; ', {', '.join(parts)})" if parts else "CAST(NULL AS STRING)"
 
 
-OK_OUTCOME = "ok"
-DECODE_CODE = "decode-"  # + the 1-based index of the record's reason in decode.decode_reasons
-RULES_CODE = "rules-"  # + the broken rules as a bitmask, hex, RULE_BITS rules per "-"-separated chunk
-RULE_BITS = 60
+RULE_BITS = 60  # rules per "-"-separated chunk of a RULES_CODE
 DECODE_REASON_PREFIX = "decode_error: "
 
 
@@ -278,8 +278,6 @@ class OutcomeCodes:
     def of(cls, columns: Iterable[str], feed: Feed, schemas: Mapping[str, Any] | None = None) -> OutcomeCodes:
         """The codes of ``feed``'s records; ``columns`` are the decoded record's, ``schemas`` the run's registry
         schemas per part (``value``, ``key``), whose decode reasons may name their fields."""
-        from tidemark.spark.decode import decode_reasons
-
         rules, _ = split_rules(feed.validation.expectations, [c for c in columns if c not in DECODE_ERROR_COLUMNS])
         found = schemas or {}
         return cls(tuple(rules), tuple(decode_reasons(feed.deserialization, found.get("value"), found.get("key"))))
@@ -290,9 +288,6 @@ class OutcomeCodes:
 
         These are exactly the rows :func:`validate` counts bad.
         """
-        from functools import reduce
-        from operator import add, or_
-
         from pyspark.sql import functions as F
 
         verdict: Column = F.lit(OK_OUTCOME)
@@ -345,25 +340,8 @@ class OutcomeCodes:
 
 
 @dataclass(frozen=True)
-class RangeCount:
-    """What the range checks count of one partition: rows, distinct offsets, bounds, the reader's end position."""
-
-    topic: str
-    partition: int
-    rows: int
-    distinct_offsets: int
-    min_offset: int | None
-    max_offset: int | None
-    position: int | None = None  # next offset the reader reached, when the reader reports it
-
-    @property
-    def key(self) -> TP:
-        return (self.topic, self.partition)
-
-
-@dataclass(frozen=True)
 class RangeCheck:
-    stats: dict[TP, RangeCount]
+    stats: dict[TP, RangeStats]
     gaps: dict[TP, int]  # planned offsets with no record (compaction, markers, aborted): counted only
 
     def to_dict(self, plan: Plan) -> list[dict[str, Any]]:
@@ -376,100 +354,37 @@ class RangeCheck:
                     "partition": p.partition,
                     "start": p.start,
                     "end": p.end,
-                    "rows": s.rows if s else 0,
+                    "rows": s.records if s else 0,
                     "gaps": self.gaps.get(p.key, 0),
-                    "min_offset": s.min_offset if s else None,
-                    "max_offset": s.max_offset if s else None,
+                    "min_offset": s.first_offset if s else None,
+                    "max_offset": s.last_offset if s else None,
                 }
             )
         return out
 
 
-def _range_aggs(exact_duplicates: bool = True) -> list[Column]:
-    from pyspark.sql import functions as F
-
-    # Counting distinct offsets is the costliest part of the checks (a second aggregation
-    # level: 7 s of 5M rows on two cores). Tidemark's reader cannot yield an offset twice
-    # (it drops any offset at or below one it has yielded for the partition), so the job
-    # skips it and relies on "no more records than offsets planned" and the bounds.
-    distinct = F.count_distinct("offset") if exact_duplicates else F.count(F.lit(1))
-    return [
-        F.count(F.lit(1)).alias("rows"),
-        distinct.alias("distinct_offsets"),
-        F.min("offset").alias("min_offset"),
-        F.max("offset").alias("max_offset"),
-    ]
-
-
-def _stats_from_rows(rows: Iterable[Any], positions: Mapping[TP, int] | None) -> list[RangeCount]:
-    pos = positions or {}
-    return [
-        RangeCount(
-            r["topic"],
-            int(r["partition"]),
-            int(r["rows"]),
-            int(r["distinct_offsets"]),
-            None if r["min_offset"] is None else int(r["min_offset"]),
-            None if r["max_offset"] is None else int(r["max_offset"]),
-            pos.get((r["topic"], int(r["partition"]))),
-        )
-        for r in rows
-    ]
-
-
-def _as_count(s: RangeCount | RangeStats) -> RangeCount:
-    """A :class:`RangeCount`, also from the read's :class:`~tidemark.spark.stats.RangeStats` (no distinct count)."""
-    if isinstance(s, RangeCount):
-        return s
-    # The reader's statistics carry no distinct count: duplicates show as more records than offsets planned.
-    return RangeCount(s.topic, int(s.partition), int(s.records), int(s.records), s.first_offset, s.last_offset)
-
-
 def check_ranges(
-    stats_or_df: DataFrame | Iterable[RangeCount | RangeStats], plan: Plan, *, positions: Mapping[TP, int] | None = None
+    stats_or_df: DataFrame | Iterable[RangeStats], plan: Plan, *, positions: Mapping[TP, int] | None = None
 ) -> RangeCheck:
     """The built-in checks; raises :class:`ValidationFailedError` naming partitions and offsets.
 
-    Pass the DataFrame (one aggregation) or stats already computed (ours, or the
-    reader's ``tidemark.spark.stats.range_stats``); ``positions`` (the reader's next offset
-    per partition) proves each range was read to its end.
+    Pass the DataFrame (one aggregation, distinct offsets counted) or statistics already
+    computed (validation's, or the reader's ``tidemark.spark.stats.range_stats``: without a
+    distinct count, duplicates show as more records than offsets planned); ``positions``
+    (the reader's next offset per partition) proves each range was read to its end.
     """
     if hasattr(stats_or_df, "groupBy"):
         df: Any = stats_or_df
-        stats = _stats_from_rows(df.groupBy("topic", "partition").agg(*_range_aggs()).collect(), positions)
+        rows = df.groupBy("topic", "partition").agg(*range_stat_aggs(content=False, distinct=True)).collect()
+        stats = stats_from_rows(rows, plan, positions, content=False, distinct=True)
     else:
-        given: Iterable[Any] = stats_or_df  # type: ignore[assignment]
-        stats = [_as_count(s) for s in given]
+        given: Iterable[RangeStats] = stats_or_df  # type: ignore[assignment]
+        stats = list(given)
         if positions is not None:
             stats = [s if s.position is not None else replace(s, position=positions.get(s.key)) for s in stats]
     planned = {p.key: p for p in plan.partitions}
     by_tp = {s.key: s for s in stats}
-    problems: list[str] = []
-    for s in stats:
-        p = planned.get(s.key)
-        if p is None:
-            problems.append(f"{s.topic}[{s.partition}]: {s.rows} records from a partition the plan does not read")
-            continue
-        if (
-            s.rows
-            and s.min_offset is not None
-            and s.max_offset is not None
-            and (s.min_offset < p.start or s.max_offset >= p.end)
-        ):
-            problems.append(
-                f"{s.topic}[{s.partition}]: offsets {s.min_offset}..{s.max_offset} outside the planned range "
-                f"[{p.start}, {p.end})"
-            )
-        if s.rows != s.distinct_offsets:
-            problems.append(
-                f"{s.topic}[{s.partition}]: {s.rows - s.distinct_offsets} duplicate offsets "
-                f"({s.rows} records, {s.distinct_offsets} distinct offsets in [{p.start}, {p.end}))"
-            )
-        elif s.rows > p.records:
-            problems.append(
-                f"{s.topic}[{s.partition}]: {s.rows} records, more than the {p.records} offsets planned in "
-                f"[{p.start}, {p.end}) (duplicates)"
-            )
+    problems = [problem for s in stats for problem in _range_problems(s, planned.get(s.key))]
     for key, p in planned.items():
         position = (positions or {}).get(key)
         if position is None and key in by_tp:
@@ -483,8 +398,36 @@ def check_ranges(
         raise ValidationFailedError(
             f"built-in checks failed for plan {plan.plan_id} of feed '{plan.feed}': " + "; ".join(problems)
         )
-    gaps = {key: p.records - (by_tp[key].rows if key in by_tp else 0) for key, p in planned.items()}
-    return RangeCheck({k: v for k, v in by_tp.items()}, gaps)
+    gaps = {key: p.records - (by_tp[key].records if key in by_tp else 0) for key, p in planned.items()}
+    return RangeCheck(by_tp, gaps)
+
+
+def _range_problems(s: RangeStats, p: PartitionPlan | None) -> list[str]:
+    """What is wrong with one range's statistics against its planned range ``p`` (``None``: not planned)."""
+    if p is None:
+        return [f"{s.topic}[{s.partition}]: {s.records} records from a partition the plan does not read"]
+    problems = []
+    if (
+        s.records
+        and s.first_offset is not None
+        and s.last_offset is not None
+        and (s.first_offset < p.start or s.last_offset >= p.end)
+    ):
+        problems.append(
+            f"{s.topic}[{s.partition}]: offsets {s.first_offset}..{s.last_offset} outside the planned range "
+            f"[{p.start}, {p.end})"
+        )
+    if s.distinct_offsets is not None and s.records != s.distinct_offsets:
+        problems.append(
+            f"{s.topic}[{s.partition}]: {s.records - s.distinct_offsets} duplicate offsets "
+            f"({s.records} records, {s.distinct_offsets} distinct offsets in [{p.start}, {p.end}))"
+        )
+    elif s.records > p.records:
+        problems.append(
+            f"{s.topic}[{s.partition}]: {s.records} records, more than the {p.records} offsets planned in "
+            f"[{p.start}, {p.end}) (duplicates)"
+        )
+    return problems
 
 
 def check_written_counts(expected: Mapping[TP, int], written: Mapping[TP, int], what: str = "output") -> None:
@@ -568,8 +511,6 @@ def run_gx(df: DataFrame, feed: Feed, plan: Plan, run_dir: Path, *, list_unexpec
     from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.data_context.types.base import ProgressBarsConfig
     from great_expectations.expectations.registry import get_expectation_impl
-
-    from tidemark.errors import ConfigError
 
     docs_root = run_dir / "gx"
     docs_root.mkdir(parents=True, exist_ok=True)
@@ -754,9 +695,9 @@ def _aggregations(rules: int, raw_value_column: str | None, exact_duplicates: bo
     """Range statistics and every rule's bad count, per partition, in one aggregation."""
     from pyspark.sql import functions as F
 
+    content = bool(raw_value_column) or digested
     return [
-        *(range_stat_aggs(raw_value_column or "value", digested=digested) if raw_value_column or digested else []),
-        *_range_aggs(exact_duplicates),
+        *range_stat_aggs(raw_value_column or "value", digested=digested, content=content, distinct=exact_duplicates),
         F.sum(F.col("_bad").cast("int")).alias("bad"),
         F.sum(F.col("_undecoded").cast("int")).alias("undecoded"),
         *[F.sum(F.col(f"_rule_{i}").cast("int")).alias(f"rule_{i}") for i in range(rules)],
@@ -767,7 +708,7 @@ def _counted(rows: list[Any], rules: int) -> _Counts:
     bad = {(r["topic"], int(r["partition"])): int(r["bad"] or 0) for r in rows}
     return _Counts(
         rows=rows,
-        total=sum(int(r["rows"]) for r in rows),
+        total=sum(int(r["records"]) for r in rows),
         bad=bad,
         bad_total=sum(bad.values()),
         undecoded=sum(int(r["undecoded"] or 0) for r in rows),
@@ -952,7 +893,7 @@ def validate(
     ``<run_dir>/validation.json`` (the summary) and the Data Docs under ``<run_dir>/gx``
     in every case; raises :class:`ValidationRejectedError` when the run must fail, and
     :class:`ValidationFailedError` when the built-in checks fail. ``exact_duplicates=False``
-    skips counting distinct offsets (see :func:`_range_aggs`); only for Tidemark's reader.
+    skips counting distinct offsets (see :func:`tidemark.spark.stats.range_stat_aggs`); only for Tidemark's reader.
     With ``raw_value_column`` (the raw value's column in ``df`` and ``decode_failed``, both
     also holding ``timestamp`` and ``key``), the same aggregation yields the per-range
     statistics of :func:`tidemark.spark.stats.range_stats` as ``outcome.range_stats``;
@@ -974,6 +915,7 @@ def validate(
     flags = [F.coalesce(F.expr(r.sql), F.lit(False)) for r in rules]
     bad = _or(flags)
     marks = _marked(df, decode_failed, flags, raw_value_column, raw_key_column, digested)
+    content = bool(raw_value_column) or digested  # the range statistics need the records' raw bytes
     aggs = _aggregations(len(flags), raw_value_column, exact_duplicates, digested)
     # GX runs beside the aggregation, in a thread of its own: its context, queries and Data
     # Docs overlap the aggregation's scan instead of following it. When every expectation is
@@ -988,7 +930,8 @@ def validate(
             inheritable_thread_target(df.sparkSession)(run_gx), df, feed, plan, run_dir, list_unexpected=not speculative
         )
         rows = marks.groupBy("topic", "partition").agg(*aggs).collect()
-        ranges = check_ranges(_stats_from_rows(rows, positions), plan, positions=positions)
+        stats = stats_from_rows(rows, plan, positions, content=content, distinct=exact_duplicates)
+        ranges = check_ranges(stats, plan, positions=positions)
         counts = _counted(rows, len(rules))
         samples = _bad_samples(df, bad, rules, decode_failed, counts, sample_size)
     by_rule = _by_rule(rules, counts.by_rule)
@@ -1003,10 +946,7 @@ def validate(
     failure = _failure(feed, plan, counts, judged, decode_errors)
     quarantine = policy.on_bad_records == "quarantine"
     quarantined_counts = {tp: n for tp, n in counts.bad.items() if n} if quarantine else {}
-    good_counts = {
-        (r["topic"], int(r["partition"])): int(r["rows"]) - quarantined_counts.get((r["topic"], int(r["partition"])), 0)
-        for r in rows
-    }
+    good_counts = {s.key: s.records - quarantined_counts.get(s.key, 0) for s in stats if s.records}
     summary = _summary(
         feed, plan, failure, counts, judged, ranges, gx_out,
         by_rule=by_rule, decode_errors=decode_errors, good=good_counts, quarantined=quarantined_counts, samples=samples,
@@ -1031,5 +971,5 @@ def validate(
             quarantined = quarantined.unionByName(
                 _undecoded_for_quarantine(decode_failed, df), allowMissingColumns=True
             )
-    stats = stats_from_rows(rows, plan) if raw_value_column or digested else None
-    return ValidationOutcome(good, quarantined, summary, gx_out.data_docs, good_counts, quarantined_counts, stats)
+    range_stats = stats if content else None  # the checks passed: every range is a planned one
+    return ValidationOutcome(good, quarantined, summary, gx_out.data_docs, good_counts, quarantined_counts, range_stats)

@@ -47,8 +47,9 @@ from hypothesis import strategies as st
 from tests.conftest import KafkaTestCluster
 from tests.integration.job.test_avro import env_of
 from tests.integration.job.test_registry_formats import RegistryEnv
-from tidemark.spark.arrow_avro import SWITCH_ENV, WRITER
+from tidemark.spark.arrow_avro import SWITCH_ENV
 from tidemark.spark.wire import header
+from tidemark.staged import STAGED_BY_READ_TASKS
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -379,7 +380,7 @@ def test_differential_avro_generated_schemas_end_to_end_on_both_paths_publish_wh
         env.run()
         (first,) = env.jobs().values()
         if flat:
-            assert first["staged_by"] == WRITER, first
+            assert first["staged_by"] == STAGED_BY_READ_TASKS, first
         COUNTS[f"first runs staged by {first['staged_by']}"] += 1
         _check_run_outcome(env, reader)
 

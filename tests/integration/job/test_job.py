@@ -77,7 +77,7 @@ def test_spark_submit_publishes_once_and_reports(
     assert (final / f"topic={topic}" / "date=2026-01-01").is_dir()
 
     # The plan's job once more (a retried task; the job's own entry point, in this process's session).
-    from tidemark.job.steps import main
+    from tidemark.job.entry import main
 
     for key, value in kafka.connection.to_env().items():
         monkeypatch.setenv(key, value)
@@ -109,7 +109,7 @@ def test_spark_submit_publishes_once_and_reports(
 def test_job_fails_with_a_named_partition_when_the_start_was_deleted(
     kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tidemark.job.steps import main
+    from tidemark.job.entry import main
 
     topic = kafka.new_topic(partitions=2, config=KEEP, prefix="job-lost")
     _produce(kafka, topic)

@@ -20,7 +20,8 @@ import pytest
 
 from tests.conftest import KafkaTestCluster
 from tests.integration.job.test_avro import AvroEnv, env_of
-from tidemark.spark.arrow_avro import SWITCH_ENV, WRITER
+from tidemark.spark.arrow_avro import SWITCH_ENV
+from tidemark.staged import STAGED_BY_READ_TASKS as WRITER
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tidemark.errors import PublishError
-from tidemark.output.parquet import SPARK_SCHEMA_KEY, drop_columns
+from tidemark.output.parquet import drop_columns
+from tidemark.spark.arrow_avro import SPARK_SCHEMA_KEY
 
 pytestmark = pytest.mark.spark
 

@@ -20,8 +20,9 @@ import pytest
 
 from tidemark.config.models import Feed, parse_feed
 from tidemark.errors import PublishError
-from tidemark.job.steps import quarantine_writer
-from tidemark.output.base import StagedRecords, publisher_for
+from tidemark.job.stage import quarantine_writer
+from tidemark.output import publisher_for
+from tidemark.output.base import Manifest, StagedRecords
 from tidemark.output.iceberg import (
     GROUP_KEY,
     PLAN_KEY,
@@ -31,13 +32,11 @@ from tidemark.output.iceberg import (
     commit_files,
     plan_history,
 )
-from tidemark.output.parquet import Manifest
 from tidemark.planning.plan import Plan
 from tidemark.planning.resolve import Observed, PartitionSnapshot, PlanRequest, Policy, build_plan
-from tidemark.spark.decode import OUTCOME_COLUMN
 from tidemark.spark.source import SCHEMA
 from tidemark.spark.stats import RangeStats
-from tidemark.validation.rules import OK_OUTCOME
+from tidemark.staged import OK_OUTCOME, OUTCOME_COLUMN
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -232,7 +231,7 @@ def test_a_commit_on_a_table_that_changed_since_it_was_read_is_refused_not_rebas
 def test_backfills_of_an_iceberg_feed_publish_parquet_beside_it(setup: Setup) -> None:
     from dataclasses import replace
 
-    from tidemark.output.base import ParquetPublisher
+    from tidemark.output.parquet import ParquetPublisher
 
     backfill = replace(setup.first, output=str(setup.feed.output_for("backfill")))
     chosen = publisher_for(setup.feed, backfill)

@@ -203,7 +203,8 @@ def test_publish_staged_refuses_counts_that_differ_from_validation(
 
 
 def test_new_staging_clears_a_crashed_attempt_and_refuses_a_published_plan(spark: Any, tmp_path: Path) -> None:
-    from tidemark.output.parquet import STAGING_DIR, new_staging
+    from tidemark.output.base import STAGING_DIR
+    from tidemark.output.parquet import new_staging
 
     plan = _plan()
     feed = Feed(name=plan.feed, topics=("orders",), group="g", output=str(tmp_path / "out"))

@@ -412,7 +412,8 @@ def test_outcome_codes_stand_for_the_reasons_validate_gives_past_one_bitmask_chu
     from pyspark.sql import functions as F
 
     from tidemark.config.models import Deserialization
-    from tidemark.validation.rules import OK_OUTCOME, OutcomeCodes, reason_sql, split_rules
+    from tidemark.staged import OK_OUTCOME
+    from tidemark.validation.rules import OutcomeCodes, reason_sql, split_rules
 
     columns = [f"c{i}" for i in range(65)]  # two bitmask chunks
     rules = [Expectation(type="expect_column_values_to_not_be_null", kwargs={"column": c}) for c in columns]

@@ -9,7 +9,7 @@ checking each pid's ``/proc/<pid>/cmdline`` before signalling it (pids wrap quic
 
 The worker's environment has no ``PYTHONPATH`` and its executors' Python is the
 interpreter running this module; whatever a job needs beyond pyspark and the installed
-dependencies must be shipped with it (``tidemark`` is, see :func:`tidemark.job.steps.ship_package`).
+dependencies must be shipped with it (``tidemark`` is, see :func:`tidemark.job.entry.ship_package`).
 
 ``start(private_tmp=True)`` starts the worker in a mount namespace of its own
 (``unshare -m``, root only) with a fresh tmpfs on ``/tmp`` that holds its work and scratch

@@ -39,7 +39,7 @@ from tidemark._types import TopicPartition as TP
 from tidemark.checkpoints.store import OPEN_STATES, Checkpoint, LedgerRun, RunState, Shown
 from tidemark.errors import GroupInUseError, OffsetsMovedError
 from tidemark.kafka.adapter import Committed, GroupInfo, PartitionInfo
-from tidemark.output.parquet import Manifest
+from tidemark.output.base import Manifest
 from tidemark.planning.metadata import metadata_run_id
 from tidemark.planning.plan import Event, Plan
 from tidemark.planning.resolve import Observed, PartitionSnapshot, PlanRequest, Policy, build_plan

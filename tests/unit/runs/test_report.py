@@ -10,7 +10,8 @@ import pytest
 
 from tidemark.cli import main
 from tidemark.errors import ConfigError
-from tidemark.job.steps import gap_events
+from tidemark.job.events import gap_events
+from tidemark.job.result import JobResult
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.planning.plan import Event, PartitionPlan, Plan, compute_plan_id
 from tidemark.runs.commit import CommitResult
@@ -70,13 +71,13 @@ def commit_result(plan: Plan) -> CommitResult:
 
 def test_report_holds_plan_counts_gaps_events_validation_outputs_and_commit(tmp_path: Path) -> None:
     handle, plan = write_run(tmp_path, "20260101T000000000000Z-aaaa")
-    job = {
-        "published": True,
-        "output": "/data/orders/plan=x",
-        "quarantine": "/data/orders/_quarantine/plan=x",
-        "events": gap_events([RangeStats("orders", 0, 10, 20, 9, 10, 19, 1, None, None, 90, "")]),
-        "published_at": "2026-01-01T00:01:30",
-    }
+    manifest = {"location": "/data/orders/plan_id=x", "records": 11, "quarantined": 1}
+    job = JobResult(
+        plan.plan_id, "orders", published=True, manifest=manifest,
+        records_read=12, records_published=11, records_quarantined=1,
+        events=gap_events([RangeStats("orders", 0, 10, 20, 9, 10, 19, 1, None, None, 90, "")]),
+        started_at="2026-01-01T00:01:00", finished_at="2026-01-01T00:01:30",
+    )  # fmt: skip
 
     report = build_report(handle=handle, plan=plan, job=job, commit=commit_result(plan))
     path = save_report(report, Path(handle.run_dir))
@@ -88,24 +89,25 @@ def test_report_holds_plan_counts_gaps_events_validation_outputs_and_commit(tmp_
         ("orders", 0, 10, 20),
         ("orders", 1, 5, 8),
     ]
-    assert doc["counts"] == {"planned": 13, "rows": 12, "good": 11, "quarantined": 1}
+    assert doc["counts"] == {"planned": 13, "read": 12, "published": 11, "rows": 12, "good": 11, "quarantined": 1}
     assert doc["gaps"] == {"orders[0]": 1, "orders[1]": 0}
     assert [e["source"] for e in doc["events"]] == ["plan", "job"]
     assert doc["events"][1]["message"].startswith("orders[0] offsets [10, 20): 1 of 10 offsets hold no record")
     assert doc["data_docs"].endswith("page.html")
-    assert doc["outputs"] == {"output": "/data/orders/plan=x", "quarantine": "/data/orders/_quarantine/plan=x"}
+    assert doc["outputs"] == {"manifest": manifest}
     assert doc["commit"]["status"] == "committed"
     assert doc["commit"]["offsets"] == [
         {"topic": "orders", "partition": 0, "offset": 20},
         {"topic": "orders", "partition": 1, "offset": 8},
     ]
-    assert {"planned_at", "published_at", "committed_at", "finished_at"} <= set(doc["timestamps"])
+    assert {"planned_at", "started_at", "committed_at", "finished_at"} <= set(doc["timestamps"])
+    assert doc["timestamps"]["started_at"] == "2026-01-01T00:01:00"
     assert load_report(handle.run_id, root=tmp_path) == RunReport.model_validate(doc)
 
 
 def test_skipped_commit_is_reported(tmp_path: Path) -> None:
     handle, plan = write_run(tmp_path, "r1")
-    report = build_report(handle=handle, plan=plan, job={}, skipped_reason="mode replay does not commit unless asked")
+    report = build_report(handle=handle, plan=plan, job=None, skipped_reason="mode replay does not commit unless asked")
     assert report.commit == {"status": "skipped", "reason": "mode replay does not commit unless asked"}
 
 
@@ -113,7 +115,8 @@ def test_no_credential_ever_reaches_the_report(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("TIDEMARK_KAFKA_SSL_KEY_PASSWORD", "env-secret-value")
     conn = KafkaConnection("b:9092", {"sasl.username": "svc", "sasl.password": SECRET, "security.protocol": "SASL_SSL"})
     handle, plan = write_run(tmp_path, "r2")
-    job = {"error": f"auth failed with sasl.password={SECRET} and env-secret-value", "events": [{"message": SECRET}]}
+    job = JobResult(plan.plan_id, "orders", error=f"auth failed with sasl.password={SECRET} and env-secret-value",
+                    events=[{"message": SECRET}])  # fmt: skip
 
     report = build_report(handle=handle, plan=plan, job=job, connection=conn)
     text = save_report(report, Path(handle.run_dir), connection=conn).read_text()
@@ -133,7 +136,7 @@ def test_redact_walks_nested_values() -> None:
 def test_list_runs_newest_first_including_runs_that_failed_before_reporting(tmp_path: Path) -> None:
     for run_id in ("20260101T000000000000Z-a", "20260102T000000000000Z-b"):
         handle, plan = write_run(tmp_path, run_id)
-        save_report(build_report(handle=handle, plan=plan, job={}, commit=commit_result(plan)), Path(handle.run_dir))
+        save_report(build_report(handle=handle, plan=plan, job=None, commit=commit_result(plan)), Path(handle.run_dir))
     write_run(tmp_path, "20260103T000000000000Z-c", error="the Spark job failed: validation failed")
 
     runs = list_runs("orders", root=tmp_path)
@@ -165,7 +168,7 @@ def test_cli_runs_and_report(
 ) -> None:
     monkeypatch.setenv("TIDEMARK_STATE_DIR", str(tmp_path))
     handle, plan = write_run(tmp_path, "20260101T000000000000Z-a")
-    save_report(build_report(handle=handle, plan=plan, job={}, commit=commit_result(plan)), Path(handle.run_dir))
+    save_report(build_report(handle=handle, plan=plan, job=None, commit=commit_result(plan)), Path(handle.run_dir))
 
     assert main(["runs", "orders"]) == 0
     out = capsys.readouterr().out
@@ -192,10 +195,8 @@ def test_lag_in_time_at_plan_is_the_age_of_the_oldest_record_read_and_zero_where
     run_dir.mkdir()
     planned_ms = 1_767_225_600_000  # 2026-01-01T00:00:00Z
     read = RangeStats("orders", 0, 10, 20, 10, 10, 19, 0, planned_ms - 90_500, planned_ms - 1, 90, "")
-    job = {
-        "ranges": [read.to_dict()],
-        "records_read": 10, "records_published": 9, "records_quarantined": 1, "timings_s": {"read": 1.5},
-    }  # fmt: skip
+    job = JobResult(plan.plan_id, "orders", ranges=[read.to_dict()], records_read=10, records_published=9,
+                    records_quarantined=1, timings_s={"read": 1.5})  # fmt: skip
     handle = Handle("run-1", "orders", plan.plan_id, str(run_dir))
 
     report = build_report(handle=handle, plan=plan, job=job, timestamps={"planned_at": "2026-01-01T00:00:00+00:00"})

@@ -9,7 +9,8 @@ import pytest
 
 from tidemark.config.models import Deserialization, JsonField
 from tidemark.errors import ConfigError
-from tidemark.spark.decode import ERROR_COLUMN, RAW_VALUE_COLUMN, annotate, declared_json, decode
+from tidemark.spark.decode import annotate, declared_json, decode
+from tidemark.staged import ERROR_COLUMN, RAW_VALUE_COLUMN
 
 pytestmark = pytest.mark.spark
 

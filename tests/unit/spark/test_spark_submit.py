@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.job.steps import _ship_setting, should_ship
+from tidemark.job.entry import _ship_setting, should_ship
 from tidemark.kafka.connection import is_secret
 from tidemark.runs.pipeline import RunHandle, spark_submit_command
 from tidemark.spark.session import REDACTION_REGEX, SMALL_RUN_MAX_RECORDS

@@ -9,10 +9,10 @@ import pytest
 from tidemark.config.models import Expectation
 from tidemark.errors import ValidationFailedError
 from tidemark.planning.plan import PartitionPlan, Plan, compute_plan_id
+from tidemark.spark.stats import RangeStats
 from tidemark.validation.rules import (
     DECODE_LABEL,
     OutcomeCodes,
-    RangeCount,
     Untranslatable,
     check_ranges,
     check_written_counts,
@@ -184,9 +184,25 @@ def plan_of(*ranges: tuple[int, int, int]) -> Plan:
     )  # fmt: skip
 
 
+def counted(
+    partition: int,
+    records: int,
+    distinct: int | None,
+    first: int,
+    last: int,
+    *,
+    position: int | None = None,
+    start: int = 10,
+    end: int = 20,
+) -> RangeStats:
+    """What the range checks count of one partition of ``t`` planned ``[start, end)``: no content figures."""
+    return RangeStats("t", partition, start, end, records, first, last, end - start - records, None, None, None, None,
+                      distinct_offsets=distinct, position=position)  # fmt: skip
+
+
 def test_clean_ranges_count_gaps_without_failing() -> None:
     plan = plan_of((0, 10, 20), (1, 0, 5), (2, 7, 7))
-    check = check_ranges([RangeCount("t", 0, 8, 8, 10, 19), RangeCount("t", 1, 5, 5, 0, 4)], plan)
+    check = check_ranges([counted(0, 8, 8, 10, 19), counted(1, 5, 5, 0, 4, start=0, end=5)], plan)
     assert check.gaps == {("t", 0): 2, ("t", 1): 0, ("t", 2): 0}
     rows = check.to_dict(plan)
     assert rows[2] == {
@@ -198,40 +214,39 @@ def test_clean_ranges_count_gaps_without_failing() -> None:
 @pytest.mark.parametrize(
     ("stats", "message"),
     [
-        (RangeCount("t", 0, 3, 2, 10, 12), r"t\[0\]: 1 duplicate offsets"),
-        (RangeCount("t", 0, 3, 3, 9, 12), r"t\[0\]: offsets 9..12 outside the planned range \[10, 20\)"),
-        (RangeCount("t", 0, 3, 3, 15, 20), r"offsets 15..20 outside"),
-        (RangeCount("t", 5, 1, 1, 0, 0), r"t\[5\]: 1 records from a partition the plan does not read"),
+        (counted(0, 3, 2, 10, 12), r"t\[0\]: 1 duplicate offsets"),
+        (counted(0, 3, 3, 9, 12), r"t\[0\]: offsets 9..12 outside the planned range \[10, 20\)"),
+        (counted(0, 3, 3, 15, 20), r"offsets 15..20 outside"),
+        (counted(5, 1, 1, 0, 0, start=0, end=0), r"t\[5\]: 1 records from a partition the plan does not read"),
         (
-            RangeCount("t", 0, 3, 3, 10, 12, position=13),
+            counted(0, 3, 3, 10, 12, position=13),
             r"t\[0\]: read stopped at offset 13, before the planned end 20",
         ),
     ],
 )
-def test_range_problems_fail_naming_partition_and_offsets(stats: RangeCount, message: str) -> None:
+def test_range_problems_fail_naming_partition_and_offsets(stats: RangeStats, message: str) -> None:
     with pytest.raises(ValidationFailedError, match=message):
         check_ranges([stats], plan_of((0, 10, 20)))
 
 
 def test_more_records_than_planned_offsets_are_duplicates() -> None:
     with pytest.raises(ValidationFailedError, match=r"t\[0\]: 12 records, more than the 10 offsets planned"):
-        check_ranges([RangeCount("t", 0, 12, 12, 10, 19)], plan_of((0, 10, 20)))
+        check_ranges([counted(0, 12, 12, 10, 19)], plan_of((0, 10, 20)))
 
 
 def test_reader_statistics_are_accepted() -> None:
-    from types import SimpleNamespace
-
-    reader_stats = SimpleNamespace(topic="t", partition=0, records=9, first_offset=10, last_offset=19)
+    # The reader's statistics (tidemark.spark.stats.range_stats) carry no distinct count.
+    reader_stats = RangeStats("t", 0, 10, 20, 9, 10, 19, 1, None, None, 90, "")
     check = check_ranges([reader_stats], plan_of((0, 10, 20)))
     assert check.gaps == {("t", 0): 1}
-    too_many = SimpleNamespace(topic="t", partition=0, records=11, first_offset=10, last_offset=19)
+    too_many = RangeStats("t", 0, 10, 20, 11, 10, 19, -1, None, None, 110, "")
     with pytest.raises(ValidationFailedError, match="duplicates"):
         check_ranges([too_many], plan_of((0, 10, 20)))
 
 
 def test_positions_prove_completion() -> None:
     plan = plan_of((0, 10, 20))
-    check_ranges([RangeCount("t", 0, 3, 3, 10, 12)], plan, positions={("t", 0): 20})
+    check_ranges([counted(0, 3, 3, 10, 12)], plan, positions={("t", 0): 20})
     with pytest.raises(ValidationFailedError, match="read stopped at offset 0"):
         check_ranges([], plan, positions={("t", 0): 0})
 
