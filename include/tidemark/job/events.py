@@ -1,7 +1,7 @@
 """The job's report events that are not a window's: gaps in ranges and an Iceberg table's schema change.
 
-Each is a plain ``dict`` (``kind``, ``message``, ``topic``/``partition`` where one applies,
-``details``) in ``job.json``'s ``events``; the run report and the task log show them.
+Each is an :class:`~tidemark.planning.plan.Event`, kept as its ``dict`` in ``job.json``'s
+``events``; the run report and the task log show them.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tidemark.output.base import Manifest
+from tidemark.planning.plan import Event
 from tidemark.spark.stats import RangeStats
 
 
@@ -23,16 +24,15 @@ def gap_events(stats: Sequence[RangeStats]) -> list[dict[str, Any]]:
     events = []
     for s in stats:
         if s.gaps:
-            events.append({
-                "kind": "gap", "topic": s.topic, "partition": s.partition,
-                "message": (
-                    f"{s.topic}[{s.partition}] offsets [{s.start}, {s.end}): {s.gaps} of {s.planned} offsets hold no "
-                    f"record (transaction markers, aborted or compacted-away records); {s.records} records read, "
-                    f"offsets {s.first_offset} to {s.last_offset}. Counted, not failed"
-                ),
-                "details": {"start": s.start, "end": s.end, "gaps": s.gaps, "records": s.records,
-                            "first_offset": s.first_offset, "last_offset": s.last_offset},
-            })  # fmt: skip
+            events.append(Event(
+                "gap",
+                f"{s.topic}[{s.partition}] offsets [{s.start}, {s.end}): {s.gaps} of {s.planned} offsets hold no "
+                f"record (transaction markers, aborted or compacted-away records); {s.records} records read, "
+                f"offsets {s.first_offset} to {s.last_offset}. Counted, not failed",
+                topic=s.topic, partition=s.partition,
+                details={"start": s.start, "end": s.end, "gaps": s.gaps, "records": s.records,
+                         "first_offset": s.first_offset, "last_offset": s.last_offset},
+            ).to_dict())  # fmt: skip
     return events
 
 
@@ -41,8 +41,8 @@ def table_schema_event(manifest: Manifest) -> dict[str, Any]:
     changes = list(manifest.extra["schema_changes"])
     table, snapshot = manifest.extra.get("table"), manifest.extra.get("snapshot_id")
     where = f"in snapshot {snapshot}" if snapshot is not None else "in the snapshot the commit step adds"
-    return {
-        "kind": "table_schema_evolved",
-        "message": f"Iceberg table {table}: {'; '.join(changes)}, {where}, the one adding these records",
-        "details": {"table": table, "snapshot_id": snapshot, "changes": changes},
-    }
+    return Event(
+        "table_schema_evolved",
+        f"Iceberg table {table}: {'; '.join(changes)}, {where}, the one adding these records",
+        details={"table": table, "snapshot_id": snapshot, "changes": changes},
+    ).to_dict()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tidemark.planning.plan import Plan
+from tidemark.planning.plan import Event, Plan
 from tidemark.staged import OUTCOME_COLUMN, OUTSIDE_WINDOW
 
 if TYPE_CHECKING:
@@ -86,16 +86,15 @@ def window_counts(
         counts.append(doc)
         if bound and doc["largest_skew_ms"] * 2 >= bound:
             exceeded = doc["largest_skew_ms"] >= bound
-            events.append({
-                "kind": "timestamp_skew", "topic": doc["topic"], "partition": doc["partition"],
-                "message": (
-                    f"{doc['topic']}[{doc['partition']}]: a record's timestamp lies {doc['largest_skew_ms']} ms behind "
-                    f"an earlier record's, {'at or past' if exceeded else 'over half of'} the window's skew bound "
-                    f"max_skew={bound} ms; records stamped inside the window may lie beyond the range read. "
-                    "Rerun with a larger max_skew to be sure"
-                ),
-                "details": {"largest_skew_ms": doc["largest_skew_ms"], "max_skew_ms": bound, "exceeded": exceeded},
-            })  # fmt: skip
+            events.append(Event(
+                "timestamp_skew",
+                f"{doc['topic']}[{doc['partition']}]: a record's timestamp lies {doc['largest_skew_ms']} ms behind "
+                f"an earlier record's, {'at or past' if exceeded else 'over half of'} the window's skew bound "
+                f"max_skew={bound} ms; records stamped inside the window may lie beyond the range read. "
+                "Rerun with a larger max_skew to be sure",
+                topic=str(r["topic"]), partition=int(r["partition"]),
+                details={"largest_skew_ms": doc["largest_skew_ms"], "max_skew_ms": bound, "exceeded": exceeded},
+            ).to_dict())  # fmt: skip
     return counts, events
 
 
@@ -107,10 +106,10 @@ def outside_window_events(window: Sequence[Mapping[str, Any]], plan: Plan) -> li
         if not w["dropped"]:
             continue
         start, end = ranges.get((w["topic"], w["partition"]), (None, None))
-        events.append({
-            "kind": "records_outside_window", "topic": w["topic"], "partition": w["partition"],
-            "message": f"{w['topic']}[{w['partition']}]: {w['dropped']} records in [{start}, {end}) are stamped "
-                       f"outside the window; the {plan.mode} leaves them out of the output and commits past them",
-            "details": {"dropped": w["dropped"], "start": start, "end": end},
-        })  # fmt: skip
+        events.append(Event(
+            "records_outside_window",
+            f"{w['topic']}[{w['partition']}]: {w['dropped']} records in [{start}, {end}) are stamped outside the "
+            f"window; the {plan.mode} leaves them out of the output and commits past them",
+            topic=w["topic"], partition=w["partition"], details={"dropped": w["dropped"], "start": start, "end": end},
+        ).to_dict())  # fmt: skip
     return events

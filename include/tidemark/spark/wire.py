@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError, SchemaNotFoundError
 from tidemark.kafka.registry import RegistryClient, SubjectVersion
+from tidemark.planning.plan import Event
 from tidemark.staged import RESERVED_COLUMNS
 
 if TYPE_CHECKING:
@@ -273,20 +274,19 @@ def schema_changed_events(uses: list[SchemaUse], reader_id: int, part: RecordPar
             f"id {u.schema_id} at offsets {u.first_offset}..{u.last_offset} ({u.records} {whose})" for u in ordered
         )
         overlap = "; their offsets overlap: the producers switched back and forth" if interleaved else ""
-        events.append({
-            "kind": "schema_changed", "topic": topic, "partition": partition,
-            "message": (
-                f"{topic}[{partition}]: {whose} written with {len(ordered)} schema ids, all resolved to the reader "
-                f"schema id {reader_id}: {ranges}{overlap}"
-            ),
-            "details": {
+        events.append(Event(
+            "schema_changed",
+            f"{topic}[{partition}]: {whose} written with {len(ordered)} schema ids, all resolved to the reader "
+            f"schema id {reader_id}: {ranges}{overlap}",
+            topic=topic, partition=partition,
+            details={
                 "offset": ordered[1].first_offset, "from_schema_id": ordered[0].schema_id,
                 "to_schema_id": ordered[1].schema_id, "reader_schema_id": reader_id, "part": part,
                 "interleaved": interleaved,
                 "writers": [{"schema_id": u.schema_id, "first_offset": u.first_offset, "last_offset": u.last_offset,
                              "records": u.records} for u in ordered],
             },
-        })  # fmt: skip
+        ).to_dict())  # fmt: skip
     return events
 
 
