@@ -144,6 +144,39 @@ class RunningAirflow:
         return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(folder.rglob("*.log")))
 
 
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Debian's Chromium driven by Playwright, closed after the test."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+def answer_in_browser(page: Any, base: str, path: str, body: Any = None) -> tuple[int, str]:
+    """What the logged-in ``page`` gets for ``path``: opened as a page (no ``body``) or POSTed as the view does.
+
+    A POST is sent by ``fetch`` from the view's own page, so it carries the login cookie and the
+    view's origin, as a real form submission would.
+    """
+    if body is None:
+        response = page.goto(base + path)
+        assert response is not None, path
+        return int(response.status), str(page.locator("body").inner_text())
+    page.goto(base + "/tidemark/")
+    answer = page.evaluate(
+        """async ([path, body]) => {
+            const r = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"},
+                                         body: JSON.stringify(body)});
+            return {status: r.status, text: await r.text()};
+        }""",
+        [path, body],
+    )
+    return int(answer["status"]), str(answer["text"])
+
+
 # Package scope: stopped after the last e2e test, so it does not idle through the rest of the suite.
 @pytest.fixture(scope="package")
 def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAirflow]:

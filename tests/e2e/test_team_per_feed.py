@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import CHROMIUM, DOCS_FEED, FEED, SECRET, TEAMS, RunningAirflow
+from tests.e2e.conftest import DOCS_FEED, FEED, SECRET, TEAMS, RunningAirflow, answer_in_browser
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -114,45 +114,29 @@ def test_each_user_replays_its_own_feed_and_the_dag_refuses_the_other(airflow: R
     assert f"user 'bob' may not replay feed '{FEED}'" in logs and f"edit the DAG tidemark_{FEED}" in logs, logs[-3000:]
 
 
-def test_in_a_browser_each_user_sees_and_replays_only_its_own_feed(airflow: RunningAirflow, run_files: None) -> None:
-    from playwright.sync_api import expect, sync_playwright
+def test_in_a_browser_each_user_sees_and_replays_only_its_own_feed(airflow: RunningAirflow, run_files: None,
+                                                                   browser: Any) -> None:  # fmt: skip
+    from playwright.sync_api import expect
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        for user, own in TEAMS.items():
-            context = browser.new_context()
-            page = context.new_page()
-            airflow.login(page, user)
-            page.goto(airflow.base + "/plugin/tidemark")  # the nav entry's route: the view in Airflow's iframe
-            view = page.frame_locator("iframe")
-            expect(view.get_by_role("link", name=own, exact=True)).to_be_visible(timeout=60_000)
-            assert view.get_by_role("link", name=OTHER[user], exact=True).count() == 0
-            other_topic = airflow.topic if OTHER[user] == FEED else airflow.docs_topic
-            assert other_topic not in view.locator("body").inner_text()
-            view.get_by_role("link", name=own, exact=True).click()
-            expect(view.locator("#partitions")).to_be_visible(timeout=60_000)
-            view.locator("#preview-btn").click()
-            expect(view.locator("#preview-summary")).to_be_visible(timeout=60_000)
-            view.locator("#trigger-btn").click()  # a dry run of the user's own feed, started as that user
-            expect(view.locator("#run-state")).to_have_attribute("data-state", "success", timeout=300_000)
+    for user, own in TEAMS.items():
+        context = browser.new_context()
+        page = context.new_page()
+        airflow.login(page, user)
+        page.goto(airflow.base + "/plugin/tidemark")  # the nav entry's route: the view in Airflow's iframe
+        view = page.frame_locator("iframe")
+        expect(view.get_by_role("link", name=own, exact=True)).to_be_visible(timeout=60_000)
+        assert view.get_by_role("link", name=OTHER[user], exact=True).count() == 0
+        other_topic = airflow.topic if OTHER[user] == FEED else airflow.docs_topic
+        assert other_topic not in view.locator("body").inner_text()
+        view.get_by_role("link", name=own, exact=True).click()
+        expect(view.locator("#partitions")).to_be_visible(timeout=60_000)
+        view.locator("#preview-btn").click()
+        expect(view.locator("#preview-summary")).to_be_visible(timeout=60_000)
+        view.locator("#trigger-btn").click()  # a dry run of the user's own feed, started as that user
+        expect(view.locator("#run-state")).to_have_attribute("data-state", "success", timeout=300_000)
 
-            for path, body in _foreign_paths(OTHER[user]):
-                if body is None:  # opened as a page, with the login cookie
-                    response = page.goto(airflow.base + path)
-                    assert response is not None and response.status == 403, (user, path)
-                    text = page.locator("body").inner_text()
-                else:  # posted from the view's own page, as its script does
-                    page.goto(airflow.base + "/tidemark/")
-                    answer = page.evaluate(
-                        """async ([path, body]) => {
-                            const r = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"},
-                                                         body: JSON.stringify(body)});
-                            return {status: r.status, text: await r.text()};
-                        }""",
-                        [path, body],
-                    )
-                    assert answer["status"] == 403, (user, path, answer)
-                    text = answer["text"]
-                assert json.loads(text) == {"detail": "Forbidden"}, (user, path, text)
-            context.close()
-        browser.close()
+        for path, body in _foreign_paths(OTHER[user]):
+            status, text = answer_in_browser(page, airflow.base, path, body)
+            assert status == 403, (user, path, text)
+            assert json.loads(text) == {"detail": "Forbidden"}, (user, path, text)
+        context.close()

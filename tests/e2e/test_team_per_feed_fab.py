@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster, keyed_records
+from tests.e2e.conftest import answer_in_browser
 from tidemark.devtools.airflow import LocalAirflow
 
 # A real Airflow of its own, started in the first test's setup: more than the suite's 600 s on a loaded machine.
@@ -82,6 +84,15 @@ class FabAirflow:
     def task_logs(self, dag_id: str, run_id: str) -> str:
         folder = self.airflow.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
         return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(folder.rglob("*.log")))
+
+
+def _foreign_paths(feed: str) -> list[tuple[str, Any]]:
+    """The routes of ``feed`` (GET, or POST with a body) the other team tries: its page, JSON, preview and replay."""
+    body = {"start_from": "earliest"}
+    return [
+        (f"/tidemark/feeds/{feed}", None), (f"/tidemark/api/feeds/{feed}", None),
+        (f"/tidemark/api/feeds/{feed}/replay/preview", body), (f"/tidemark/api/feeds/{feed}/replay", body),
+    ]  # fmt: skip
 
 
 def _token(airflow: LocalAirflow, user: str, password: str) -> str:
@@ -176,9 +187,7 @@ def test_with_fab_roles_each_user_lists_and_reads_only_its_own_feed(fab_airflow:
         # Airflow's own API answers from the same roles.
         status, doc = fab_airflow.request("/api/v2/dags?limit=100", user=user)
         assert status == 200 and {d["dag_id"] for d in doc["dags"]} == {f"tidemark_{own}", "tidemark_replay"}, doc
-        for path, body in [(f"/tidemark/feeds/{other}", None), (f"/tidemark/api/feeds/{other}", None),
-                           (f"/tidemark/api/feeds/{other}/replay/preview", {"start_from": "earliest"}),
-                           (f"/tidemark/api/feeds/{other}/replay", {"start_from": "earliest"})]:  # fmt: skip
+        for path, body in _foreign_paths(other):
             status, doc = fab_airflow.request(path, user=user, body=body)
             assert (status, doc) == (403, {"detail": "Forbidden"}), (user, path, doc)
             assert fab_airflow.topics[other] not in json.dumps(doc)
@@ -208,3 +217,48 @@ def test_with_fab_roles_each_user_replays_its_own_feed_and_the_dag_refuses_the_o
         logs = fab_airflow.task_logs("tidemark_replay", refused)
         assert f"user '{user}' may not replay feed '{other}'" in logs, logs[-3000:]
         assert f"edit the DAG tidemark_{other}" in logs, logs[-3000:]
+
+
+def _fab_login(page: Any, airflow: FabAirflow, user: str, then: str) -> None:
+    """Sign ``user`` in through FAB's own login page (``/auth/login/``), which redirects to ``then`` with the cookie."""
+    base = airflow.airflow.url
+    page.goto(f"{base}/auth/login/?{urllib.parse.urlencode({'next': base + then})}")
+    page.get_by_label("Username").fill(user)
+    page.get_by_label("Password").fill(airflow.passwords[user])
+    page.get_by_role("button", name="Sign In").click()
+    page.wait_for_url(base + then, timeout=60_000)
+
+
+def test_with_fab_roles_in_a_browser_each_user_sees_and_opens_only_its_own_feed(fab_airflow: FabAirflow,
+                                                                                 browser: Any) -> None:  # fmt: skip
+    from playwright.sync_api import expect
+
+    base = fab_airflow.airflow.url
+    for user, own in TEAMS.items():
+        other = OTHER[user]
+        context = browser.new_context()
+        page = context.new_page()
+        _fab_login(page, fab_airflow, user, then="/tidemark/")
+        expect(page.get_by_role("link", name=own, exact=True)).to_be_visible(timeout=60_000)
+        assert page.get_by_role("link", name=other, exact=True).count() == 0
+        assert fab_airflow.topics[other] not in page.locator("body").inner_text()
+
+        with page.expect_response(f"{base}/tidemark/feeds/{own}") as opened:
+            page.get_by_role("link", name=own, exact=True).click()
+        assert opened.value.status == 200, (user, opened.value.status)
+        expect(page.locator("#partitions")).to_be_visible(timeout=60_000)
+        assert fab_airflow.topics[own] in page.locator("body").inner_text()
+        # The replay form is offered for the user's own feed, and it answers: a preview of the feed.
+        expect(page.locator("#replay-form")).to_be_visible()
+        page.locator("#preview-btn").click()
+        expect(page.locator("#preview-summary")).to_be_visible(timeout=60_000)
+
+        # The other feed: its page (no replay form in it), JSON, preview and replay answer 403 and name nothing.
+        for path, body in _foreign_paths(other):
+            status, text = answer_in_browser(page, base, path, body)
+            assert status == 403, (user, path, text)
+            assert json.loads(text) == {"detail": "Forbidden"}, (user, path, text)
+            assert fab_airflow.topics[other] not in text
+            if body is None:
+                assert page.locator("#replay-form").count() == 0, (user, path)
+        context.close()

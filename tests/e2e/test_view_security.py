@@ -17,22 +17,12 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import CHROMIUM, DOCS_FEED, FEED, RunningAirflow
+from tests.e2e.conftest import DOCS_FEED, FEED, RunningAirflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 REPLAY = f"/tidemark/api/feeds/{FEED}/replay"
 PREVIEW = f"/tidemark/api/feeds/{FEED}/replay/preview"
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture
