@@ -275,9 +275,9 @@ def test_a_staged_file_lost_before_validation_fails_the_run_instead_of_counting_
     fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Item 6: rows missing from the staging folder were called gaps and committed past; now they fail the run."""
-    import tidemark.output.parquet as parquet
+    import tidemark.job.steps as steps  # the job's staged write (job.steps imports the writer from output.staging)
 
-    real_writer = parquet.parquet_writer
+    real_writer = steps.parquet_writer
 
     class LosingWriter:
         """Spark's writer, then one staged file goes (a staging folder the driver does not fully see)."""
@@ -294,7 +294,7 @@ def test_a_staged_file_lost_before_validation_fails_the_run_instead_of_counting_
             victim = sorted(Path(path.removeprefix("file:")).glob("_outcome=*/topic=*/date=*/*.parquet"))[0]
             victim.unlink()
 
-    monkeypatch.setattr(parquet, "parquet_writer", lambda df, mode: LosingWriter(real_writer(df, mode)))
+    monkeypatch.setattr(steps, "parquet_writer", lambda df, mode: LosingWriter(real_writer(df, mode)))
     monkeypatch.setenv("TIDEMARK_READ_TASK_STAGING", "0")
     fenv.write_feed(driver_read_max_records=0)  # the data source's read, as on a cluster
     fenv.produce(600)
@@ -303,7 +303,7 @@ def test_a_staged_file_lost_before_validation_fails_the_run_instead_of_counting_
     assert "read 200, staged" in str(failed.value) and "TIDEMARK_STAGING_DIR" in str(failed.value)
     assert fenv.committed() == {0: None, 1: None, 2: None}
     assert fenv.published() == Counter()
-    monkeypatch.setattr(parquet, "parquet_writer", real_writer)
+    monkeypatch.setattr(steps, "parquet_writer", real_writer)
     _, _, outcome = fenv.run()
     assert outcome.committed and fenv.committed() == {0: 200, 1: 200, 2: 200}
     assert_output_is_the_scan(fenv)
