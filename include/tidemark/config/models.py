@@ -186,6 +186,15 @@ class Validation(_Model):
 WindowMode = Literal["exact", "offset_cut"]
 
 
+def _duration_field(value: str, name: str) -> str:
+    """``value`` as a duration field keeps it: checked by :func:`parse_skew`, its refusal naming ``name``."""
+    try:
+        parse_skew(value, name)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from exc
+    return value
+
+
 class TimeWindows(_Model):
     """How backfills and replays bounded by timestamps decide which records belong to a window.
 
@@ -202,11 +211,7 @@ class TimeWindows(_Model):
     @field_validator("max_skew")
     @classmethod
     def _skew_ok(cls, v: str) -> str:
-        try:
-            parse_skew(v)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from exc
-        return v
+        return _duration_field(v, "time_windows.max_skew")
 
     @property
     def max_skew_ms(self) -> int:
@@ -232,12 +237,7 @@ class Alerts(_Model):
     @field_validator("max_lag", "stale_after")
     @classmethod
     def _duration_ok(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is not None:
-            try:
-                parse_skew(v, f"alerts.{info.field_name}")
-            except ConfigError as exc:
-                raise ValueError(str(exc)) from exc
-        return v
+        return None if v is None else _duration_field(v, f"alerts.{info.field_name}")
 
     @property
     def max_lag_ms(self) -> int | None:
@@ -265,12 +265,7 @@ class Trigger(_Model):
     @field_validator("oldest_unread_age", "min_interval", "check_every")
     @classmethod
     def _duration_ok(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is not None:
-            try:
-                parse_skew(v, f"trigger.{info.field_name}")
-            except ConfigError as exc:
-                raise ValueError(str(exc)) from exc
-        return v
+        return None if v is None else _duration_field(v, f"trigger.{info.field_name}")
 
     @model_validator(mode="after")
     def _a_threshold(self) -> Trigger:
