@@ -47,6 +47,7 @@ from hypothesis import strategies as st
 from tests.conftest import KafkaTestCluster
 from tests.integration.job.test_avro import env_of
 from tests.integration.job.test_registry_formats import RegistryEnv
+from tests.support.differential import comparable, report_counts
 from tidemark.spark.arrow_avro import SWITCH_ENV
 from tidemark.spark.wire import header
 from tidemark.staged import STAGED_BY_READ_TASKS
@@ -205,20 +206,6 @@ def _overflowing(writer: dict[str, Any], good: dict[str, Any], rng: random.Rando
     return None
 
 
-def _same(v: Any) -> Any:
-    """A value in a form both sides compare in: NaN equal to itself, maps as sorted pairs, timestamps as aware UTC."""
-    if isinstance(v, float) and math.isnan(v):
-        return "NaN"
-    if isinstance(v, dict):
-        return {k: _same(x) for k, x in v.items()}
-    if isinstance(v, list):
-        pairs = v and all(isinstance(x, tuple) and len(x) == 2 for x in v)
-        return sorted((k, _same(x)) for k, x in v) if pairs else [_same(x) for x in v]
-    if isinstance(v, dt.datetime):
-        return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
-    return v
-
-
 def _as_compared(reader: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
     """``doc``'s reader fields, maps (fastavro's dicts, Parquet's lists of pairs) as (key, value) pairs, floats as
     the 32-bit floats they are."""
@@ -238,7 +225,7 @@ def _as_compared(reader: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
             return struct.unpack("<f", struct.pack("<f", v))[0]
         return v
 
-    return _same({f["name"]: maps(f["type"], doc[f["name"]]) for f in reader["fields"]})
+    return comparable({f["name"]: maps(f["type"], doc[f["name"]]) for f in reader["fields"]})
 
 
 def _flat(t: Any) -> bool:
@@ -324,15 +311,7 @@ def _check_run_outcome(env: DiffEnv, reader: dict[str, Any]) -> tuple[int, int]:
 @pytest.fixture(scope="module", autouse=True)
 def _report_counts(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    line = f"differential Avro end to end ({EXAMPLES} examples asked): " + ", ".join(
-        f"{k} {v}" for k, v in sorted(COUNTS.items())
-    )
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    if capture is None:
-        print(line)
-        return
-    with capture.global_and_fixture_disabled():  # shown whether or not pytest captures output
-        print(f"\n{line}")
+    report_counts(request, "Avro end to end", EXAMPLES, COUNTS)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,

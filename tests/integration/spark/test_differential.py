@@ -22,7 +22,6 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
-import math
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.differential import comparable, report_counts
 from tests.unit.spark.test_arrow_avro import _batch, _plan
 from tidemark.spark.arrow_avro import CannotStage, StagePlan, _staged_tables, staged_arrow_schema
 from tidemark.spark.avro import VALUE_FIELD, AvroSchemas, bytes_left_over, decode_failed, decoded_value
@@ -140,27 +140,12 @@ def _reference(writer: dict[str, Any], reader: dict[str, Any], value: bytes) -> 
     return doc if body.tell() == len(value) - 5 else None
 
 
-def _same(v: Any) -> Any:
-    """A value in a form both decoders' results compare in: NaN equal to itself, maps as sorted pairs, timestamps
-    as aware UTC, numbers of logical types as what they stand for."""
-    if isinstance(v, float) and math.isnan(v):
-        return "NaN"
-    if isinstance(v, dict):
-        return {k: _same(x) for k, x in v.items()}
-    if isinstance(v, list):
-        pairs = all(isinstance(x, tuple) and len(x) == 2 for x in v) and v
-        return sorted((k, _same(x)) for k, x in v) if pairs else [_same(x) for x in v]
-    if isinstance(v, dt.datetime):
-        return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
-    return v
-
-
 def _comparable(reader: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for f in reader["fields"]:
         v = doc[f["name"]]
         out[f["name"]] = sorted(v.items()) if isinstance(v, dict) and "map" in json.dumps(f["type"]) else v
-    return _same(out)
+    return comparable(out)
 
 
 def _schemas(writer: dict[str, Any], reader: dict[str, Any]) -> AvroSchemas:
@@ -198,13 +183,7 @@ def _read_task_path(reader: dict[str, Any], writer: dict[str, Any], values: list
 @pytest.fixture(scope="module", autouse=True)
 def _report_counts(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    line = f"differential Avro ({EXAMPLES} examples asked): " + ", ".join(f"{k} {v}" for k, v in sorted(COUNTS.items()))
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    if capture is None:
-        print(line)
-        return
-    with capture.global_and_fixture_disabled():  # shown whether or not pytest captures output
-        print(f"\n{line}")
+    report_counts(request, "Avro", EXAMPLES, COUNTS)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None,

@@ -44,6 +44,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.differential import comparable, report_counts
 from tidemark.spark import protobuf
 from tidemark.spark.protobuf import ProtobufSchemas, out_of_range_column, spark_type
 from tidemark.spark.wire import header
@@ -374,20 +375,6 @@ def oracle(reader_cls: Any, value: bytes) -> dict[str, Any] | str | None:
         return "out of range"
 
 
-def same(v: Any) -> Any:
-    """NaN equal to itself, maps as sorted pairs, timestamps as aware UTC."""
-    if isinstance(v, float) and math.isnan(v):
-        return "NaN"
-    if isinstance(v, dict):
-        return {k: same(x) for k, x in v.items()}
-    if isinstance(v, list):
-        pairs = v and all(isinstance(x, tuple) and len(x) == 2 for x in v)
-        return sorted((k, same(x)) for k, x in v) if pairs else [same(x) for x in v]
-    if isinstance(v, dt.datetime):
-        return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
-    return v
-
-
 def corrupted(good: bytes, rng: random.Random) -> list[bytes]:
     frame = good[:6]
     return [good + b"\x00", good[:-1] if len(good) > 6 else good + b"\x80", frame + rng.randbytes(4),
@@ -413,15 +400,7 @@ def _decode(schemas: ProtobufSchemas, values: list[bytes]) -> tuple[list[Any], l
 @pytest.fixture(scope="module", autouse=True)
 def _report_counts(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    line = f"differential Protobuf ({EXAMPLES} examples asked): " + ", ".join(
-        f"{k} {v}" for k, v in sorted(COUNTS.items())
-    )
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    if capture is None:
-        print(line)
-        return
-    with capture.global_and_fixture_disabled():  # shown whether or not pytest captures output
-        print(f"\n{line}")
+    report_counts(request, "Protobuf", EXAMPLES, COUNTS)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -463,7 +442,7 @@ def test_differential_protobuf_decodes_every_value_as_the_runtime_or_refuses_it(
             COUNTS["Timestamps outside years 1-9999 refused naming the field"] += 1
         else:
             assert why is None and got is not None
-            assert same(got) == same(want), (got, want)
+            assert comparable(got) == comparable(want), (got, want)
             COUNTS["messages decoded as the runtime decodes them"] += 1
 
 
