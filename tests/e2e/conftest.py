@@ -70,6 +70,23 @@ with DAG("downstream_of_view", schedule=[feed_asset(load_feed("view"))], tags=["
 '''
 
 
+def http_call(url: str, *, headers: dict[str, str], body: Any = None, method: str | None = None) -> tuple[int, Any]:
+    """One HTTP call (POST with a JSON ``body``, else GET, unless ``method``): its status and answer, JSON decoded."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        url, data=data, headers=headers, method=method or ("POST" if data is not None else "GET")
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            status, text = resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        status, text = err.code, err.read().decode(errors="replace")
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
 @dataclass
 class RunningAirflow:
     airflow: LocalAirflow
@@ -95,18 +112,7 @@ class RunningAirflow:
                 headers["Cookie"] = f"_token={self.tokens[user]}"
             else:
                 headers["Authorization"] = f"Bearer {self.tokens[user]}"
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, headers=headers,
-                                     method=method or ("POST" if data is not None else "GET"))  # fmt: skip
-        try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                status, text = resp.status, resp.read().decode()
-        except urllib.error.HTTPError as err:
-            status, text = err.code, err.read().decode(errors="replace")
-        try:
-            return status, json.loads(text)
-        except ValueError:
-            return status, text
+        return http_call(self.base + path, headers=headers, body=body, method=method)
 
     def runs(self, dag_id: str) -> int:
         """How many runs ``dag_id`` has (Airflow's own count)."""

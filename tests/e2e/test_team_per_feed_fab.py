@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster, keyed_records
-from tests.e2e.conftest import answer_in_browser
+from tests.e2e.conftest import answer_in_browser, http_call
 from tidemark.devtools.airflow import LocalAirflow
 
 # A real Airflow of its own, started in the first test's setup: more than the suite's 600 s on a loaded machine.
@@ -58,18 +58,7 @@ class FabAirflow:
         headers = {"Authorization": f"Bearer {self.tokens[user]}"}
         if body is not None:
             headers["Content-Type"] = "application/json"
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.airflow.url + path, data=data, headers=headers,
-                                     method="POST" if data is not None else "GET")  # fmt: skip
-        try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                status, text = resp.status, resp.read().decode()
-        except urllib.error.HTTPError as err:
-            status, text = err.code, err.read().decode(errors="replace")
-        try:
-            return status, json.loads(text)
-        except ValueError:
-            return status, text
+        return http_call(self.airflow.url + path, headers=headers, body=body)
 
     def wait_run(self, dag_id: str, run_id: str, timeout_s: float = 300) -> str:
         deadline = time.monotonic() + timeout_s
