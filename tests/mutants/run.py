@@ -70,9 +70,9 @@ MUTANTS = (
         "commits of one group take turns (the per-group lock in commit_run)",
         (
             Edit(
-                "include/tidemark/runs/pipeline.py",
-                "        with checkpoints.commit_lock(plan.group):\n            settled = settle(",
-                "        if True:\n            settled = settle(",
+                "include/tidemark/runs/finish.py",
+                "            with checkpoints.commit_lock(plan.group):\n                settled = settle(",
+                "            if True:\n                settled = settle(",
             ),
         ),
         (f"{SCENARIOS}::test_two_commits_of_one_group_at_the_same_time[local]",),
@@ -358,9 +358,9 @@ MUTANTS = (
         "a run that finds a committed but not yet shown plan finishes it before planning anything new",
         (
             Edit(
-                "include/tidemark/runs/pipeline.py",
-                "if request.dry_run else _settle_open_runs(",
-                "if True else _settle_open_runs(",
+                "include/tidemark/runs/start.py",
+                "if request.dry_run else settle_before_planning(",
+                "if True else settle_before_planning(",
             ),
         ),
         (

@@ -21,6 +21,7 @@ from tidemark.config.models import load_feed, state_location
 from tidemark.devtools.kafka.cluster import connection_from_env
 from tidemark.errors import ConfigError
 from tidemark.kafka.adapter import KafkaAdapter
+from tidemark.output import publisher_for
 from tidemark.planning.plan import PlanStore
 from tidemark.planning.requests import RunRequest, Window
 from tidemark.runs.gather import plan_feed
@@ -35,7 +36,7 @@ def _plan(args: argparse.Namespace) -> int:
         raise ConfigError("--window-end needs --window-start")
     request = RunRequest() if start is None else RunRequest("backfill", window=Window(start, end))
     adapter = KafkaAdapter(connection_from_env())
-    plan = plan_feed(feed, adapter, default_store(), request)
+    plan = plan_feed(feed, adapter, default_store(), request, output=publisher_for(feed))  # as a run would plan
     path = PlanStore(state_location()).save(plan)
     if args.json:
         print(plan.to_json())

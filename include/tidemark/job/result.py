@@ -68,6 +68,17 @@ class JobResult:
     def from_json(cls, text: str) -> JobResult:
         return cls.from_dict(json.loads(text))
 
+    def log_lines(self) -> list[str]:
+        """The job's exact-window counts and events, as the commit step's log says them."""
+        lines = [
+            f"window {w['topic']}[{w['partition']}]: read {w['read']} ({w['read_in_margin']} in the end margin), "
+            f"kept {w['kept']} ({w['kept_in_margin']} from the margin), dropped {w['dropped']} stamped outside, "
+            f"largest skew {w['largest_skew_ms']} ms"
+            for w in self.window
+        ]
+        return lines + [f"event {e.get('kind')}: {e.get('message')}" for e in self.events]
+
+    @property
     def timestamps(self) -> dict[str, str]:
         """``started_at`` and ``finished_at``, where set."""
         return {k: v for k, v in (("started_at", self.started_at), ("finished_at", self.finished_at)) if v}

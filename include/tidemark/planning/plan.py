@@ -253,6 +253,28 @@ def write_plan(plan: Plan, path: Path | Location) -> Path | Location:
     return path
 
 
+def plan_lines(plan: Plan, *, dry_run: bool = False) -> list[str]:
+    """What a run's log says of its plan: the counts and each event; a dry run's adds the ranges as a table."""
+    lines = [
+        f"planned {plan.plan_id}: {plan.total_records} records in {sum(1 for p in plan.partitions if p.records)} of "
+        f"{len(plan.partitions)} partitions, {len(plan.tasks)} Spark tasks, {len(plan.events)} events",
+        *(f"event {event.kind}: {event.message}" for event in plan.events),
+    ]
+    if dry_run:
+        lines.append(f"dry run: nothing is read, published or committed. The plan ({plan.total_records} records):")
+        lines += plan_table(plan)
+    return lines
+
+
+def plan_table(plan: Plan) -> list[str]:
+    """The plan's ranges as aligned text lines (a dry run's task log)."""
+    rows = [("partition", "committed", "start", "end", "records", "reason")]
+    rows += [(f"{p.topic}[{p.partition}]", "-" if p.committed is None else str(p.committed), str(p.start),
+              str(p.end), str(p.records), p.reason) for p in plan.partitions]  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
 class PlanStore:
     """Plans previewed by ``tidemark plan``, saved as ``<state>/plans/<feed>/<plan_id>.json``.
 

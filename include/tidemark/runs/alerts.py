@@ -15,7 +15,8 @@ from typing import Any
 
 from tidemark.config.durations import parse_skew
 from tidemark.config.models import Feed, dag_id
-from tidemark.runs.report import Root, list_runs
+from tidemark.runs.report import list_runs
+from tidemark.runs.run import Root
 from tidemark.runs.status import FeedStatus
 
 # The event kind each policy of ``alerts`` watches.

@@ -17,7 +17,7 @@ from tidemark.checkpoints.store import CheckpointStore
 from tidemark.config.models import Feed
 from tidemark.errors import AuthorizationError, ConfigError, KafkaUnavailableError, PlanningError
 from tidemark.kafka.adapter import Committed, KafkaAdapter, PartitionInfo
-from tidemark.output import publisher_for
+from tidemark.output.base import Publisher
 from tidemark.planning.committing import committing_request
 from tidemark.planning.plan import Event, Plan, RecoveredPosition
 from tidemark.planning.requests import RunRequest
@@ -292,6 +292,7 @@ def plan_feed(
     checkpoints: CheckpointStore,
     request: RunRequest = SCHEDULED,
     *,
+    output: Publisher | None = None,
     now: datetime | None = None,
 ) -> Plan:
     """Gather the feed's offsets and plan one run of ``request`` (see :func:`build_plan` for the rules).
@@ -304,6 +305,11 @@ def plan_feed(
     given as timestamps follow the request's ``window_mode`` and ``max_skew`` (default: the
     feed's ``time_windows``): exact windows widen the end by the skew and filter by
     timestamp in the job (:class:`TimeFilter`).
+
+    ``output`` is the feed's own output (:func:`~tidemark.output.publisher_for`): where a
+    scheduled run's partitions with neither committed offsets nor checkpoints recover their
+    position, and where a committing backfill or replay finds the output's end when the run
+    ledger shows none. Without it, the plan is made from Kafka and the checkpoint store alone.
     """
     asked = PlanRequest(
         feed=feed.name, group=feed.group, policy=Policy.from_feed(feed), created_at=now or datetime.now(UTC),
@@ -325,7 +331,7 @@ def plan_feed(
         window_start_ms=start_ms,
         window_end_ms=end_ms,
         end_skew_ms=skew_ms if exact else 0,
-        recover=(lambda: publisher_for(feed).positions(feed)) if request.mode == "scheduled" else None,
+        recover=(lambda: output.positions(feed)) if output is not None and request.mode == "scheduled" else None,
     )
     if exact:
         asked = replace(asked, time_filter=TimeFilter(start_ms, end_ms, skew_ms, snap.log_append_time))
@@ -334,11 +340,11 @@ def plan_feed(
     require_permissions(adapter, feed, snap, plan)
     plan = replace(plan, events=(*plan.events, *snap.notices)) if snap.notices else plan
     if plan.commit and request.mode != "scheduled" and not request.dry_run:  # a dry run commits nothing
-        return committing_request(feed, plan, request, _output_ends(feed, snap))
+        return committing_request(feed, plan, request, _output_ends(feed, snap, output))
     return plan
 
 
-def _output_ends(feed: Feed, snap: FeedSnapshot) -> dict[TP, int]:
+def _output_ends(feed: Feed, snap: FeedSnapshot, output: Publisher | None) -> dict[TP, int]:
     """Where the feed's output ends per partition: the run ledger's shown positions, else what the output records.
 
     The ledger's were read with the snapshot; the output (an Iceberg table's recorded
@@ -347,5 +353,5 @@ def _output_ends(feed: Feed, snap: FeedSnapshot) -> dict[TP, int]:
     shown = {s.key: s.shown for s in snap.partitions if s.shown is not None}
     if shown:
         return shown
-    recovered = publisher_for(feed).positions(feed)
+    recovered = output.positions(feed) if output is not None else None
     return dict(recovered.ends) if recovered is not None else {}

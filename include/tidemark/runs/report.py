@@ -18,49 +18,29 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tidemark.config.models import state_location
-from tidemark.errors import ConfigError
+from tidemark.errors import ConfigError, OffsetsMovedError, TidemarkError
 from tidemark.job.result import JobResult, read_result
 from tidemark.kafka.connection import ENV_PREFIX, KafkaConnection, is_secret
 from tidemark.kafka.registry import ENV_PASSWORD as REGISTRY_PASSWORD_ENV
 from tidemark.planning.plan import PLAN_FILE, Event, Plan
 from tidemark.redaction import redact
-from tidemark.storage import Location, Where
+from tidemark.runs.commit import CommitResult
+from tidemark.runs.protocol import Settled
+from tidemark.runs.run import Root, RunHandle, run_dir_for, run_status, runs_root, write_status
+from tidemark.storage import Location
 
 REPORT_VERSION = 1
 REPORT_FILE = "report.json"
 
 RunStatus = Literal["succeeded", "failed", "running"]
-
-
-class RunHandleLike(Protocol):
-    """The parts of :class:`tidemark.runs.pipeline.RunHandle` a report needs."""
-
-    @property
-    def run_id(self) -> str: ...
-    @property
-    def feed(self) -> str: ...
-    @property
-    def plan_id(self) -> str: ...
-    @property
-    def run_dir(self) -> str: ...
-    @property
-    def mode(self) -> str: ...
-    @property
-    def commit(self) -> bool: ...
-    @property
-    def resumed(self) -> str | None: ...
-
-
-class CommitLike(Protocol):
-    def to_dict(self) -> dict[str, Any]: ...
 
 
 class RunReport(BaseModel):
@@ -127,17 +107,6 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
-Root = Where  # the state dir: a local folder or an object-store URL
-
-
-def runs_root(root: Root | None = None) -> Location:
-    return (Location.of(root) if root is not None else state_location()) / "runs"
-
-
-def run_dir_for(feed: str, run_id: str, root: Root | None = None) -> Location:
-    return runs_root(root) / feed / run_id
-
-
 def _read_json(path: Location) -> dict[str, Any] | None:
     if not path.exists():
         return None
@@ -175,32 +144,26 @@ def _ranges(plan: Plan, job: JobResult | None) -> list[dict[str, Any]]:
     ]
 
 
-def _events(plan: Plan | None, job: JobResult | None, commit: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def _events(plan: Plan | None, job: JobResult | None, commit: CommitResult | None = None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if plan is not None:
         out += [e.reported("plan") for e in plan.events]
     for event in job.events if job is not None else []:
         out.append({"source": "job", **event})
-    for tp in (commit or {}).get("expired") or []:
-        expired = Event("group_offsets_expired", f"{tp['topic']}[{tp['partition']}]: the group's offset vanished "
-                        "after planning (expired or deleted); committed back at the plan's end", topic=tp["topic"],
-                        partition=tp["partition"])  # fmt: skip
+    for topic, partition in commit.expired if commit is not None else ():
+        expired = Event("group_offsets_expired", f"{topic}[{partition}]: the group's offset vanished after planning "
+                        "(expired or deleted); committed back at the plan's end", topic=topic,
+                        partition=partition)  # fmt: skip
         out.append(expired.reported("commit"))
     return out
 
 
-def _commit_doc(commit: CommitLike | None, skipped_reason: str | None) -> dict[str, Any] | None:
-    if commit is not None:
-        return commit.to_dict()
-    return {"status": "skipped", "reason": skipped_reason} if skipped_reason is not None else None
-
-
 def build_report(
     *,
-    handle: RunHandleLike,
+    handle: RunHandle,
     plan: Plan | None,
     job: JobResult | None,
-    commit: CommitLike | None = None,
+    commit: CommitResult | None = None,
     skipped_reason: str | None = None,
     error: str | None = None,
     connection: KafkaConnection | None = None,
@@ -212,8 +175,9 @@ def build_report(
     records read, published and quarantined, its ``manifest`` (as ``outputs``), ``events``,
     ``window``, ``schemas``, ``timings_s``, ``error`` and its start and finish times.
     """
-    run_dir = Location.of(handle.run_dir)
-    status_doc = _read_json(run_dir / "run.json") or {}
+    run_dir, now = Location.of(handle.run_dir), _now()
+    ranges = _ranges(plan, job) if plan is not None else []
+    events = _events(plan, job, commit)
     validation = (job.validation if job is not None else None) or _read_json(run_dir / "validation.json")
     counts: dict[str, int] = {}
     if plan is not None:
@@ -228,13 +192,15 @@ def build_report(
     if validation:
         gaps = {f"{p['topic']}[{p['partition']}]": int(p["gaps"]) for p in validation.get("partitions", [])}
     outputs: dict[str, Any] = {"manifest": job.manifest} if job is not None and job.manifest else {}
-    commit_doc = _commit_doc(commit, skipped_reason)
+    skipped_doc = {"status": "skipped", "reason": skipped_reason} if skipped_reason is not None else None
+    commit_doc = commit.to_dict() if commit is not None else skipped_doc
+    status_doc = run_status(run_dir)
     stamps = {k: str(v) for k, v in status_doc.items() if k.endswith("_at") and v}
-    stamps.update(job.timestamps() if job is not None else {})
+    stamps.update(job.timestamps if job is not None else {})
     if commit is not None:
-        stamps["committed_at"] = str(commit_doc.get("finished_at")) if commit_doc else _now()
+        stamps["committed_at"] = commit.finished_at
     stamps.update(timestamps or {})
-    stamps.setdefault("finished_at", _now())
+    stamps.setdefault("finished_at", now)
     failure = error or (job.error if job is not None else None) or status_doc.get("error")
     return RunReport(
         run_id=handle.run_id,
@@ -245,11 +211,11 @@ def build_report(
         mode=handle.mode,
         commit_requested=handle.commit,
         resumed_plan=handle.resumed,
-        ranges=_ranges(plan, job) if plan is not None else [],
+        ranges=ranges,
         counts=counts,
         gaps=gaps,
         window=list(job.window) if job is not None else [],
-        events=_events(plan, job, commit_doc),
+        events=events,
         validation=validation,
         data_docs=(validation or {}).get("data_docs") or (validation or {}).get("data_docs_index"),
         outputs=outputs,
@@ -306,13 +272,119 @@ def save_report(
     return path.local_path() if path.is_local else path
 
 
+def record_failure(
+    handle: RunHandle, plan: Plan, job: JobResult | None, reason: str, connection: KafkaConnection | None
+) -> Path | Location:
+    """Record a failed run, its report and its ``run.json`` status, so that ``tidemark runs`` shows why."""
+    return _record(handle, plan, job, {"failed_at": _now(), "error": reason}, error=reason, connection=connection)
+
+
+DRY_RUN = "dry run: planned only, nothing read, published or committed"
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How the commit step ended a run, as its report and ``run.json`` now say."""
+
+    report_path: Path | Location
+    commit: CommitResult | None = None
+    skipped: str | None = None  # why the group was not committed (the run's mode, a dry run)
+    error: str | None = None  # why the run failed: it was refused, or abandoned
+
+
+def record_end(
+    handle: RunHandle,
+    plan: Plan,
+    job: JobResult | None,
+    *,
+    settled: Settled | None,
+    refused: TidemarkError | None = None,
+    connection: KafkaConnection | None = None,
+) -> RunEnd:
+    """Record how the commit step ended the run: its report (the job's events, then settling's) and ``run.json``.
+
+    ``settled`` is :func:`~tidemark.runs.protocol.settle`'s answer (``None``: a dry run, or
+    settling raised ``refused``). A run another writer's move refused is abandoned, with a
+    ``commit_refused`` event; a run settling abandoned fails with its last event's message.
+    """
+    status: dict[str, Any] = {}
+    commit = skipped = error = None
+    if refused is not None:
+        message, events = str(refused), list(job.events) if job is not None else []
+        if isinstance(refused, OffsetsMovedError):  # retrying can never succeed: discarded, never shown
+            status["abandoned"] = message
+            event = Event("commit_refused", f"run {handle.run_id} was refused; its staged plan was discarded: "
+                          f"{message}", details={"plan_id": plan.plan_id})  # fmt: skip
+            events.append(event.reported("commit"))
+        job, error = _with_events(job, plan, events), f"commit refused: {message}"
+    elif settled is not None and settled.state == "abandoned":
+        job, error = _with_settled(job, plan, settled), settled.events[-1].message if settled.events else None
+        error = error or f"run {handle.run_id} was abandoned"
+        status["abandoned"] = error
+    else:
+        job = _with_settled(job, plan, settled) if settled is not None else job
+        commit = settled.commit if settled is not None else None
+        skipped = DRY_RUN if handle.dry_run else None if handle.commit else f"mode {handle.mode} does not commit"
+        status.update(committed=commit is not None, finished_at=_now())
+    if error is not None:
+        status.update(failed_at=_now(), error=error)
+    path = _record(handle, plan, job, status, commit=commit, skipped=skipped, error=error, connection=connection)
+    return RunEnd(path, commit, skipped, error)
+
+
+def _record(
+    handle: RunHandle,
+    plan: Plan,
+    job: JobResult | None,
+    status: Mapping[str, Any],
+    *,
+    commit: CommitResult | None = None,
+    skipped: str | None = None,
+    error: str | None = None,
+    connection: KafkaConnection | None,
+) -> Path | Location:
+    """Write the run's report, then add ``status`` to its ``run.json`` (whose times the report already holds)."""
+    run_dir = Location.of(handle.run_dir)
+    stamps = {k: str(v) for k, v in status.items() if k.endswith("_at")}
+    report = build_report(handle=handle, plan=plan, job=job, commit=commit, skipped_reason=skipped, error=error,
+                          connection=connection, timestamps=stamps)  # fmt: skip
+    path = save_report(report, run_dir, connection=connection)
+    write_status(run_dir, **status)
+    return path
+
+
+def _with_settled(job: JobResult | None, plan: Plan, settled: Settled) -> JobResult:
+    """The job's result with settling's events after its own, and the snapshot its promotion committed."""
+    snapshot = settled.manifest.extra.get("snapshot_id") if settled.manifest is not None else None
+    job_events = [_with_snapshot(e, snapshot) for e in (job.events if job is not None else [])]
+    return _with_events(job, plan, [*job_events, *(e.reported("commit") for e in settled.events)])
+
+
+def _with_events(job: JobResult | None, plan: Plan, events: list[dict[str, Any]]) -> JobResult:
+    """``job`` with ``events`` in place of its own (a job that wrote no result: only the events)."""
+    return replace(job, events=events) if job is not None else JobResult(plan.plan_id, plan.feed, events=events)
+
+
+def _with_snapshot(event: dict[str, Any], snapshot: Any) -> dict[str, Any]:
+    """A job's ``table_schema_evolved`` event with the snapshot its promotion committed (the job staged it pending).
+
+    The job's events are its ``job.json`` documents, kept as written (some carry no topic).
+    """
+    if event.get("kind") != "table_schema_evolved" or snapshot is None or event["details"].get("snapshot_id"):
+        return event
+    table, changes = event["details"].get("table"), list(event["details"].get("changes") or [])
+    return {**event, "details": {**event["details"], "snapshot_id": snapshot},
+            "message": f"Iceberg table {table}: {'; '.join(changes)}, in snapshot {snapshot}, the one adding these "
+            "records"}  # fmt: skip
+
+
 def _from_run_dir(run_dir: Location, feed: str) -> RunReport:
     """A report for a run that never wrote one (failed or still running), from its run dir.
 
     The run's own copy of its plan (``plan.json``) gives the ranges and the plan's events,
     so a run that failed in the Spark job still shows, say, that its group offsets had expired.
     """
-    status = _read_json(run_dir / "run.json") or {}
+    status = run_status(run_dir)
     plan_doc = _read_json(run_dir / PLAN_FILE)
     plan = Plan.from_dict(plan_doc) if plan_doc else None
     job = read_result(run_dir)
@@ -337,7 +409,7 @@ def _from_run_dir(run_dir: Location, feed: str) -> RunReport:
         data_docs=(validation or {}).get("data_docs"),
         error=str(error) if error else None,
         timestamps={k: str(v) for k, v in status.items() if k.endswith("_at") and v}
-        | (job.timestamps() if job is not None else {})
+        | (job.timestamps if job is not None else {})
         | ({"finished_at": str(finished)} if finished else {}),
     )
 

@@ -73,7 +73,8 @@ from tidemark.kafka.connection import KafkaConnection, from_env
 from tidemark.planning.requests import END_CHOICES, REPLAY_PARAMS, START_CHOICES, flag, run_request
 from tidemark.redaction import redact, replace_everywhere
 from tidemark.runs.pipeline import plan_request
-from tidemark.runs.report import RunReport, list_runs, run_dir_for, secret_values
+from tidemark.runs.report import RunReport, list_runs, secret_values
+from tidemark.runs.run import run_dir_for
 from tidemark.runs.status import FeedStatus, feed_status, shared_adapter
 from tidemark.storage import Location
 
