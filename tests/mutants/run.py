@@ -359,8 +359,8 @@ MUTANTS = (
         (
             Edit(
                 "include/tidemark/runs/start.py",
-                "if request.dry_run else settle_before_planning(",
-                "if True else settle_before_planning(",
+                "    if not request.dry_run:  # a dry run settles nothing: it changes nothing\n",
+                "    if False:\n",
             ),
         ),
         (

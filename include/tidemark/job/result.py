@@ -1,9 +1,10 @@
 """The job's result, ``<run_dir>/job.json``: written and read here only, and nothing here imports Spark.
 
 The Spark job (:mod:`tidemark.job.steps`) fills a :class:`JobResult` and writes it in every
-case, published or failed (:func:`write_result`); the pipeline (:mod:`tidemark.runs.pipeline`)
-and the run report (:mod:`tidemark.runs.report`) read it back as a :class:`JobResult`
-(:func:`read_result`), never as a dict. A plan with no records gets its result without
+case, published or failed (:func:`write_result`); the run's later steps
+(:mod:`tidemark.runs.submit`, :mod:`tidemark.runs.finish`) and the run report
+(:mod:`tidemark.runs.report`) read it back as a :class:`JobResult` (:func:`read_result`),
+never as a dict. A plan with no records gets its result without
 Spark (:func:`run_without_spark`).
 """
 

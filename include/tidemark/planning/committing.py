@@ -23,7 +23,7 @@ def committing_request(feed: Feed, plan: Plan, request: RunRequest, shown: Mappi
 
     The rule (``docs/ARCHITECTURE.md``, "The feed's output"): it publishes to the feed's own
     output (never only to ``.backfills``/``.replays``: the group must not move over records
-    that reached no output; ``runs.pipeline.publish_target`` refuses any other), and it starts
+    that reached no output; ``runs.start.publish_target`` refuses any other), and it starts
     where the group is: the committed offset, else
     the checkpoint, else where the feed's output ends (``shown``: the run ledger, or an
     Iceberg table's recorded position); on a topic recreated since (a ``topic_recreated``

@@ -7,7 +7,7 @@ loosely typed values; :func:`run_request` turns them, once, into a frozen
 refuses with a message naming the parameter and what to put there. That value travels
 down to the planner unchanged. It is pure: the rules that need the feed (where a replay
 may publish, a committing run's start) are checked where the feed is known
-(:mod:`tidemark.runs.pipeline`), and the planner resolves the request against the
+(:mod:`tidemark.runs.start`), and the planner resolves the request against the
 partitions' offsets.
 """
 

@@ -252,16 +252,6 @@ def _may(operations: frozenset[str] | None, operation: str) -> bool:
     return operations is None or operation in operations or "ALL" in operations
 
 
-def require_permissions(adapter: KafkaAdapter, feed: Feed, snap: FeedSnapshot, plan: Plan) -> None:
-    """Refuse a plan whose principal could not read its ranges or commit its ends, before anything happens."""
-    after = " (nothing was read or committed)"
-    for topic in sorted({p.topic for p in plan.partitions if p.end > p.start}):
-        if not _may(adapter.topic_operations.get(topic), "READ"):
-            raise adapter.denied("topic", topic, "Read", f"reading plan {plan.plan_id}'s ranges", after)
-    if plan.commit and not _may(snap.group_operations, "READ"):
-        raise adapter.denied("group", feed.group, "Read", f"committing plan {plan.plan_id}'s ends", after)
-
-
 def _choose(
     feed: Feed, snapshots: Sequence[PartitionSnapshot], topics: Sequence[str] | None, partitions: Sequence[int] | None
 ) -> tuple[PartitionSnapshot, ...]:
@@ -297,7 +287,8 @@ def plan_feed(
 ) -> Plan:
     """Gather the feed's offsets and plan one run of ``request`` (see :func:`build_plan` for the rules).
 
-    A backfill or replay that commits is then checked as the feed's next run
+    The plan is then admitted (:func:`_admit`): the principal's permissions checked, and a
+    backfill or replay that commits checked as the feed's next run
     (:func:`~tidemark.planning.committing.committing_request`).
 
     The planner's :class:`PlanRequest` is built from ``request`` first, so a request it
@@ -337,21 +328,27 @@ def plan_feed(
         asked = replace(asked, time_filter=TimeFilter(start_ms, end_ms, skew_ms, snap.log_append_time))
     chosen = _choose(feed, snap.partitions, request.topics, request.partitions)
     plan = build_plan(asked, Observed(chosen, snap.retention, snap.recovered, checkpoints.feed_has_runs(feed.name)))
-    require_permissions(adapter, feed, snap, plan)
+    return _admit(plan, request, feed, adapter, snap, output)
+
+
+def _admit(
+    plan: Plan, request: RunRequest, feed: Feed, adapter: KafkaAdapter, snap: FeedSnapshot, output: Publisher | None
+) -> Plan:
+    """``plan`` as the run may take it, with the snapshot's notices; refused before anything happens when its
+    principal could not read its ranges or commit its ends. A committing backfill or replay is checked as the
+    feed's next run against where the feed's output ends: the run ledger's shown positions, else (asked only
+    when the ledger shows nothing of the feed's partitions) the output's recorded position."""
+    after = " (nothing was read or committed)"
+    for topic in sorted({p.topic for p in plan.partitions if p.end > p.start}):
+        if not _may(adapter.topic_operations.get(topic), "READ"):
+            raise adapter.denied("topic", topic, "Read", f"reading plan {plan.plan_id}'s ranges", after)
+    if plan.commit and not _may(snap.group_operations, "READ"):
+        raise adapter.denied("group", feed.group, "Read", f"committing plan {plan.plan_id}'s ends", after)
     plan = replace(plan, events=(*plan.events, *snap.notices)) if snap.notices else plan
-    if plan.commit and request.mode != "scheduled" and not request.dry_run:  # a dry run commits nothing
-        return committing_request(feed, plan, request, _output_ends(feed, snap, output))
-    return plan
-
-
-def _output_ends(feed: Feed, snap: FeedSnapshot, output: Publisher | None) -> dict[TP, int]:
-    """Where the feed's output ends per partition: the run ledger's shown positions, else what the output records.
-
-    The ledger's were read with the snapshot; the output (an Iceberg table's recorded
-    position) is asked only when the ledger shows nothing of the feed's partitions.
-    """
-    shown = {s.key: s.shown for s in snap.partitions if s.shown is not None}
-    if shown:
-        return shown
-    recovered = output.positions(feed) if output is not None else None
-    return dict(recovered.ends) if recovered is not None else {}
+    if not plan.commit or request.mode == "scheduled" or request.dry_run:  # a dry run commits nothing
+        return plan
+    ends = {s.key: s.shown for s in snap.partitions if s.shown is not None}
+    if not ends and output is not None:
+        recovered = output.positions(feed)
+        ends = dict(recovered.ends) if recovered is not None else {}
+    return committing_request(feed, plan, request, ends)

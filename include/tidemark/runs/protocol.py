@@ -33,7 +33,7 @@ over by another writer.
 
 :func:`settle` is the whole protocol for one run, called with the lock held: by the run's
 own commit step, and by :func:`settle_open_runs` before any new plan of the feed (the
-pipeline's :func:`settle_before_planning`, which loads each open run from its run dir). It
+plan step's :func:`settle_before_planning`, which loads each open run from its run dir). It
 takes its collaborators as arguments (a Kafka adapter, the store, the publisher), so the
 model test (``tests/unit/runs/test_protocol_model.py``) drives exactly this code with an
 in-memory group and output.
@@ -53,7 +53,6 @@ from tidemark.faults import fault_point
 from tidemark.job.guard import moved_since_planning
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
-from tidemark.output import publisher_for
 from tidemark.output.base import Manifest, Publisher
 from tidemark.planning.metadata import plan_topic_ids
 from tidemark.planning.plan import PLAN_FILE, Event, EventKind, Plan, read_plan
@@ -221,16 +220,21 @@ def show(
 
 
 def settle_before_planning(
-    feed: Feed, store: CheckpointStore, kafka: KafkaAdapter, progress: Progress = _silent
+    feed: Feed,
+    publisher_of: Callable[[Plan], Publisher],
+    store: CheckpointStore,
+    kafka: KafkaAdapter,
+    progress: Progress = _silent,
 ) -> tuple[str | None, tuple[Event, ...]]:
     """Every open run of ``feed`` first, loaded from its run dir (``docs/ARCHITECTURE.md``, "The commit protocol").
 
-    A committed run is shown, a staged one committed and shown, a refused one discarded.
+    A committed run is shown, a staged one committed and shown, a refused one discarded;
+    ``publisher_of(plan)`` is where a plan publishes (:func:`tidemark.output.publisher_for`).
     Returns the plan id of the last run shown and what settling found, as events of the new plan.
     """
     resumed = None
     events: list[Event] = []
-    for settled in settle_open_runs(feed.name, from_run_dirs(feed), store=store, kafka=kafka, group=feed.group,
+    for settled in settle_open_runs(feed.name, from_run_dirs(publisher_of), store=store, kafka=kafka, group=feed.group,
                                     connection=kafka.connection, progress=progress):  # fmt: skip
         if settled.state == "shown":
             resumed = settled.plan_id
@@ -239,7 +243,7 @@ def settle_before_planning(
     return resumed, tuple(events)
 
 
-def from_run_dirs(feed: Feed) -> Callable[[LedgerRun], tuple[Plan, Publisher] | None]:
+def from_run_dirs(publisher_of: Callable[[Plan], Publisher]) -> Callable[[LedgerRun], tuple[Plan, Publisher] | None]:
     """For :func:`settle_open_runs`: a ledger row's plan (its run dir's copy; ``None`` when gone) and publisher."""
 
     def load(row: LedgerRun) -> tuple[Plan, Publisher] | None:
@@ -247,7 +251,7 @@ def from_run_dirs(feed: Feed) -> Callable[[LedgerRun], tuple[Plan, Publisher] | 
         if not path.exists():
             return None
         plan = read_plan(path)
-        return plan, publisher_for(feed, plan)
+        return plan, publisher_of(plan)
 
     return load
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
+from functools import partial
 
 from tidemark.checkpoints.store import CheckpointStore
 from tidemark.config.models import Feed, load_feeds
@@ -26,7 +27,7 @@ from tidemark.kafka.registry import RegistryClient, RegistryConnection, require
 from tidemark.kafka.registry import from_env as registry_from_env
 from tidemark.output import publisher_for
 from tidemark.output.base import check_replay_output
-from tidemark.planning.plan import Plan, plan_lines, write_plan
+from tidemark.planning.plan import Event, Plan, plan_lines, write_plan
 from tidemark.planning.requests import RunRequest, confine_output, output_roots
 from tidemark.runs.gather import plan_feed
 from tidemark.runs.protocol import settle_before_planning
@@ -107,7 +108,11 @@ def start_run(
     checkpoints = open_checkpoints(root, checkpoints)
     kafka = KafkaAdapter(connection)
     output = publisher_for(feed)  # the feed's own output: open runs are shown there, planning asks its positions
-    resumed, settled = (None, ()) if request.dry_run else settle_before_planning(feed, checkpoints, kafka, progress)
+    resumed: str | None = None
+    settled: tuple[Event, ...] = ()
+    if not request.dry_run:  # a dry run settles nothing: it changes nothing
+        publisher_of = partial(publisher_for, feed)  # where each open run's plan publishes
+        resumed, settled = settle_before_planning(feed, publisher_of, checkpoints, kafka, progress)
     plan = plan_feed(feed, kafka, checkpoints, request, output=output)  # as plan_request, open runs settled first
     # In this run's report: what finishing the earlier runs found (not part of the plan id), and where it publishes.
     plan = replace(plan, events=(*settled, *plan.events), output=None if target is None else str(target))

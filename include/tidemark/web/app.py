@@ -14,7 +14,7 @@ exactly as a dry run would, reads nothing) and ``POST /api/feeds/{feed}/replay``
 (triggers ``tidemark_replay`` through Airflow's REST API with the caller's own credentials).
 
 Routes are thin: the work is in :class:`ViewDeps`, over :mod:`tidemark.runs.status`,
-:mod:`tidemark.runs.report` and :func:`tidemark.runs.pipeline.plan_request`. A feed whose
+:mod:`tidemark.runs.report` and :func:`tidemark.runs.start.plan_request`. A feed whose
 brokers do not answer shows its error instead of failing the page. No connection setting
 is ever rendered: error texts and the runs' stored errors and events pass
 :meth:`ViewDeps.unclipped`, which hides secret values (:func:`tidemark.redaction.redact`)
