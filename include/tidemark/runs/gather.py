@@ -35,6 +35,7 @@ from tidemark.planning.resolve import (
     mark_new_partitions,
     recreated_topics,
 )
+from tidemark.planning.topics import resolve_feed_topics, topic_events
 
 SCHEDULED = RunRequest()  # the request of a scheduled run: no parameters
 
@@ -104,6 +105,7 @@ def snapshot_feed(
     (``reset_timestamp_ms``), the window bounds for every partition (backfill).
     """
     before = adapter.requests
+    feed = resolve_feed_topics(feed, adapter.topic_names, adapter.connection.bootstrap_servers)  # a pattern's topics
     infos, group_operations, committed = _ask_positions(adapter, feed)
     tps = [(i.topic, i.partition) for i in infos]
     saved, shown = checkpoints.get(feed.group, tps), checkpoints.shown(feed.name)
@@ -138,9 +140,10 @@ def snapshot_feed(
         topic_retention_ms={t: _to_ms(found.topic_cfg.get(t, {}).get(RETENTION_MS)) for t in feed.topics},
     )
     log_append = tuple(t for t in feed.topics if found.topic_cfg.get(t, {}).get(TIMESTAMP_TYPE) == "LogAppendTime")
+    added_removed = topic_events(feed, snaps, {tp: s.run_id for tp, s in shown.items()})
     return FeedSnapshot(
         mark_new_partitions(snaps), retention, adapter.requests - before, log_append, recovered,
-        group_operations, found.notices,
+        group_operations, (*added_removed, *found.notices),
     )  # fmt: skip
 
 
@@ -305,6 +308,7 @@ def plan_feed(
     feed's ``time_windows``): exact windows widen the end by the skew and filter by
     timestamp in the job (:class:`TimeFilter`).
     """
+    feed = resolve_feed_topics(feed, adapter.topic_names, adapter.connection.bootstrap_servers)  # a pattern's topics
     asked = PlanRequest(
         feed=feed.name, group=feed.group, policy=Policy.from_feed(feed), created_at=now or datetime.now(UTC),
         mode=request.mode, commit=request.commit, isolation=feed.isolation, window=request.window,
