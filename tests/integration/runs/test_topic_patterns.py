@@ -1,0 +1,122 @@
+"""A pattern feed (``topics: {pattern: ..., exclude: [...]}``) on the real cluster, through whole runs.
+
+The feed's pattern matches ``<prefix>.orders.<anything>`` but excludes ``<prefix>.orders.dlq``.
+Its first run reads the one matching topic; then a matching topic (three partitions) and a
+non-matching one are created and filled, and the next run reads the new topic from the reset
+policy (``on_missing: earliest``: offset 0), with a ``topic_added`` event in its report. The
+feed's whole output must then equal an independent ``read_committed`` scan of every matching
+topic, from offset 0 to the end: every record once, none of the excluded or non-matching
+topics'. Excluding the new topic afterwards gives one ``topic_removed`` event, and the run
+after that none.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import KafkaTestCluster
+from tests.faults.harness import FaultEnv, Row, oracle
+from tidemark.kafka.admin import Record
+from tidemark.planning.plan import read_plan
+from tidemark.runs.pipeline import CommitOutcome
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+@pytest.fixture
+def env(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FaultEnv:
+    e = FaultEnv(kafka, spark, tmp_path, "topic-pattern", partitions=2)
+    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(e.feeds))
+    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(e.root))
+    monkeypatch.delenv("TIDEMARK_FAULTS", raising=False)
+    return e
+
+
+def fill(kafka: KafkaTestCluster, topic: str, count: int, partitions: int, first: int = 0) -> None:
+    """``count`` records spread over the partitions, values unique across topics (``v-`` passes the feed's rule)."""
+    kafka.produce(topic, [Record(value=f"v-{topic}-{i}".encode(), key=f"k{i}".encode(), partition=i % partitions)
+                          for i in range(first, first + count)])  # fmt: skip
+
+
+def scan_all(kafka: KafkaTestCluster, topics: dict[str, int]) -> Counter[Row]:
+    """The read_committed scan of every partition of ``topics`` (name → partitions) from 0 to its end now."""
+    tps = [(t, p) for t, n in topics.items() for p in range(n)]
+    ends = kafka.adapter.end_offsets(tps, "read_committed")
+    return oracle(kafka.connection, {tp: (0, ends[tp]) for tp in tps})
+
+
+def run_until_idle(env: FaultEnv, limit: int = 4) -> list[CommitOutcome]:
+    outcomes = []
+    for _ in range(limit):
+        handle, _, outcome = env.run()
+        assert outcome.committed
+        outcomes.append(outcome)
+        if handle.records == 0:
+            return outcomes
+    raise AssertionError(f"the feed still had records after {limit} runs")
+
+
+def events(outcomes: list[CommitOutcome], kind: str) -> list[dict[str, Any]]:
+    found = []
+    for outcome in outcomes:
+        found += [e for e in json.loads(Path(outcome.report_path).read_text())["events"] if e["kind"] == kind]
+    return found
+
+
+def test_a_pattern_feed_picks_up_a_topic_created_after_its_first_run(env: FaultEnv, kafka: KafkaTestCluster) -> None:
+    prefix = f"pat{uuid.uuid4().hex[:8]}"
+    eu, us, dlq, payments = (f"{prefix}.orders.eu", f"{prefix}.orders.us", f"{prefix}.orders.dlq",
+                             f"{prefix}.payments")  # fmt: skip
+    for topic in (eu, dlq):
+        kafka.adapter.create_topic(topic, 2)
+    fill(kafka, eu, 30, 2)
+    fill(kafka, dlq, 10, 2)
+    pattern = {"pattern": rf"{prefix}\.orders\..*", "exclude": [rf"{prefix}\.orders\.dlq"]}
+    env.write_feed(topics=pattern, on_missing="earliest")
+
+    first = run_until_idle(env)
+    first_plan = read_plan(Path(first[0].report_path).with_name("plan.json"))
+    assert first_plan.topics == (eu,)
+    assert not events(first, "topic_added")  # the feed's first run: every topic starts by the reset policy anyway
+    assert env.published() == scan_all(kafka, {eu: 2})
+
+    # After the first run: a matching topic and a non-matching one appear, and the old topic grows.
+    kafka.adapter.create_topic(us, 3)
+    kafka.adapter.create_topic(payments, 2)
+    fill(kafka, us, 25, 3)
+    fill(kafka, payments, 10, 2)
+    fill(kafka, eu, 10, 2, first=30)
+
+    second = run_until_idle(env)
+    plan = read_plan(Path(second[0].report_path).with_name("plan.json"))
+    assert plan.topics == (eu, us)
+    new = {p.partition: (p.start, p.reason) for p in plan.partitions if p.topic == us}
+    assert new == {0: (0, "earliest"), 1: (0, "earliest"), 2: (0, "earliest")}  # the reset policy, from offset 0
+    assert {p.reason for p in plan.partitions if p.topic == eu} == {"committed"}
+    added = events(second, "topic_added")
+    assert [(e["topic"], e["source"], e["details"]["partitions"], e["details"]["policy"]) for e in added] == [
+        (us, "plan", 3, "earliest")
+    ]
+    assert env.report_events("topic_added") == added
+    # The whole output: every record of every matching topic once, none of the excluded or non-matching ones.
+    expected = scan_all(kafka, {eu: 2, us: 3})
+    assert sum(expected.values()) == 65
+    assert env.published() == expected
+    ends = kafka.adapter.end_offsets([(us, p) for p in range(3)], "read_committed")
+    committed = kafka.adapter.committed(env.group, [(us, p) for p in range(3)])
+    assert {tp: c.offset for tp, c in committed.items()} == ends
+
+    # Excluding the new topic: one topic_removed event naming it, then none; the output keeps what it read.
+    env.write_feed(topics={**pattern, "exclude": [*pattern["exclude"], rf"{prefix}\.orders\.us"]})
+    fill(kafka, us, 5, 3, first=25)
+    third = run_until_idle(env)
+    removed = events(third, "topic_removed")
+    assert [(e["topic"], e["details"]["reason"]) for e in removed] == [(us, "not_matched")]
+    assert not events(run_until_idle(env), "topic_removed")
+    assert env.published() == expected
