@@ -94,7 +94,7 @@ def topic_events(feed: Feed, snapshots: Sequence[PartitionSnapshot], shown_runs:
                 Event(
                     kind="topic_added",
                     message=(
-                        f"topic '{topic}' newly matches feed '{feed.name}''s {pattern.label}: its {count} "
+                        f"topic '{topic}' newly matches the {pattern.label} of feed '{feed.name}': its {count} "
                         f"partition(s) have no committed offset of group '{feed.group}', no checkpoint and no place "
                         f"in the output, so they start by the reset policy on_missing={policy}"
                     ),
@@ -111,8 +111,8 @@ def topic_events(feed: Feed, snapshots: Sequence[PartitionSnapshot], shown_runs:
             else f"no longer matches the {pattern.label}"
         )
         message = (
-            f"topic '{topic}' was read by feed '{feed.name}''s last run ({last}) and {why}: it is not read from now "
-            f"on; group '{feed.group}''s committed offsets of it, if any, are left as they are"
+            f"topic '{topic}' was read by the last run of feed '{feed.name}' ({last}) and {why}: it is not read "
+            f"from now on; the committed offsets of group '{feed.group}' on it, if any, are left as they are"
         )
         reason = "missing" if matches else "not_matched"
         details = {"pattern": pattern.pattern, "last_run": last, "reason": reason}
