@@ -200,7 +200,7 @@ def test_a_pattern_feed_shows_its_pattern_and_every_matching_topics_partitions(
     assert row["topics"] == [f"pattern '{pattern}'"] and row["error"] is None
     page = client.get(f"/feeds/{feed.name}").text
     assert f"topics pattern &#39;{prefix}" in page and f"{prefix}.orders.us[0]" in page
-    preview = client.post(f"/api/feeds/{feed.name}/replay/preview", json={"start_from": "earliest",
-                                                                           "topics": [f"{prefix}.orders.us"]})  # fmt: skip
+    body = {"start_from": "earliest", "topics": [f"{prefix}.orders.us"]}
+    preview = client.post(f"/api/feeds/{feed.name}/replay/preview", json=body)
     assert preview.status_code == 200, preview.text
     assert {r["topic"] for r in preview.json()["ranges"]} == {f"{prefix}.orders.us"}
