@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv, Row, oracle
@@ -50,6 +51,16 @@ def scan_all(kafka: KafkaTestCluster, topics: dict[str, int]) -> Counter[Row]:
     tps = [(t, p) for t, n in topics.items() for p in range(n)]
     ends = kafka.adapter.end_offsets(tps, "read_committed")
     return oracle(kafka.connection, {tp: (0, ends[tp]) for tp in tps})
+
+
+def gone_everywhere(kafka: KafkaTestCluster, topic: str) -> None:
+    """Wait until no broker lists ``topic`` (deletion finishes asynchronously, broker by broker)."""
+    brokers = kafka.adapter.admin.list_topics(timeout=10).brokers.values()
+    clients = [AdminClient({"bootstrap.servers": f"{b.host}:{b.port}"}) for b in brokers]
+    deadline = time.monotonic() + 60
+    while any(topic in c.list_topics(timeout=10).topics for c in clients):
+        assert time.monotonic() < deadline, f"{topic} was not deleted within 60 s"
+        time.sleep(0.2)
 
 
 def run_until_idle(env: FaultEnv, limit: int = 4) -> list[CommitOutcome]:
@@ -116,10 +127,7 @@ def test_a_pattern_feed_picks_up_a_topic_created_after_its_first_run(env: FaultE
     # The new topic deleted: one topic_removed event naming it, then none; the output keeps what it read.
     read_from_us = Counter({row: n for row, n in expected.items() if row[0] == us})
     kafka.adapter.delete_topic(us)
-    deadline = time.monotonic() + 60
-    while us in kafka.adapter.admin.list_topics(timeout=10).topics:
-        assert time.monotonic() < deadline, f"{us} was not deleted within 60 s"
-        time.sleep(0.2)
+    gone_everywhere(kafka, us)
     fill(kafka, eu, 4, 2, first=40)
     third = run_until_idle(env)
     assert read_plan(Path(third[0].report_path).with_name("plan.json")).topics == (eu,)
