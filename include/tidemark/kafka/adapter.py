@@ -220,7 +220,7 @@ class KafkaAdapter:
         )
 
     def topic_names(self) -> list[str]:
-        """Every topic the cluster shows the principal (internal ones included), from one metadata request.
+        """Every topic the cluster shows the principal without an error (internal ones included), in one request.
 
         For pattern feeds (:func:`tidemark.planning.topics.resolve_feed_topics`). Brokers list
         only topics the principal may describe; transient answers are asked again like
@@ -233,7 +233,8 @@ class KafkaAdapter:
                 meta = self._admin.list_topics(timeout=max(1.0, min(ATTEMPT_TIMEOUT_S, remaining_s)))
             except KafkaException as exc:
                 raise TransientMetadataError("*", exc.args[0]) from exc
-            return sorted(meta.topics)
+            # A topic being deleted (or not yet led) may be listed with an error: not one to plan from.
+            return sorted(name for name, topic in meta.topics.items() if topic.error is None)
 
         return self._retry(
             listed,
