@@ -28,6 +28,7 @@ from tidemark.planning.resolve import PartitionSnapshot
 # Schema Registry's and Confluent components' (_schemas, _confluent-*): never data a feed reads.
 INTERNAL_PREFIXES = ("__", "_confluent")
 INTERNAL_TOPICS = frozenset({"_schemas"})
+TOPIC_EVENTS = frozenset({"topic_added", "topic_removed"})
 
 
 def is_internal(topic: str) -> bool:
@@ -118,6 +119,16 @@ def topic_events(feed: Feed, snapshots: Sequence[PartitionSnapshot], shown_runs:
         details = {"pattern": pattern.pattern, "last_run": last, "reason": reason}
         events.append(Event(kind="topic_removed", message=message, topic=topic, details=details))
     return events
+
+
+def without_topic_events(events: Sequence[Event]) -> tuple[Event, ...]:
+    """``events`` without ``topic_added`` / ``topic_removed``: a backfill's or replay's plan.
+
+    A topic's arrival or departure is news of the feed's scheduled runs, which start it by the
+    reset policy and whose ledger says what the last run read; a backfill or replay starts
+    where its request says, and a scheduled run still reports the change afterwards.
+    """
+    return tuple(e for e in events if e.kind not in TOPIC_EVENTS)
 
 
 def _has_position(snap: PartitionSnapshot) -> bool:

@@ -35,7 +35,7 @@ from tidemark.planning.resolve import (
     mark_new_partitions,
     recreated_topics,
 )
-from tidemark.planning.topics import resolve_feed_topics, topic_events
+from tidemark.planning.topics import resolve_feed_topics, topic_events, without_topic_events
 
 SCHEDULED = RunRequest()  # the request of a scheduled run: no parameters
 
@@ -336,7 +336,8 @@ def plan_feed(
     chosen = _choose(feed, snap.partitions, request.topics, request.partitions)
     plan = build_plan(asked, Observed(chosen, snap.retention, snap.recovered, checkpoints.feed_has_runs(feed.name)))
     require_permissions(adapter, feed, snap, plan)
-    plan = replace(plan, events=(*plan.events, *snap.notices)) if snap.notices else plan
+    notices = snap.notices if request.mode == "scheduled" else without_topic_events(snap.notices)
+    plan = replace(plan, events=(*plan.events, *notices)) if notices else plan
     if plan.commit and request.mode != "scheduled" and not request.dry_run:  # a dry run commits nothing
         return committing_request(feed, plan, request, _output_ends(feed, snap))
     return plan

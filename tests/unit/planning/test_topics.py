@@ -8,8 +8,16 @@ import pytest
 
 from tidemark.config.models import Feed
 from tidemark.errors import PlanningError
+from tidemark.planning.plan import Event
 from tidemark.planning.resolve import PartitionSnapshot
-from tidemark.planning.topics import is_internal, last_run_topics, matching_topics, resolve_feed_topics, topic_events
+from tidemark.planning.topics import (
+    is_internal,
+    last_run_topics,
+    matching_topics,
+    resolve_feed_topics,
+    topic_events,
+    without_topic_events,
+)
 
 CLUSTER = ["__consumer_offsets", "__transaction_state", "_schemas", "_confluent-command", "orders.eu", "orders.us",
            "orders.dlq", "payments", "old.orders.eu"]  # fmt: skip
@@ -127,3 +135,9 @@ def test_a_topic_the_last_run_read_is_removed_once_deleted_or_no_longer_matching
 def test_a_list_feed_has_no_topic_events() -> None:
     feed = Feed(name="l", group="g", topics=["a", "b"])
     assert topic_events(feed, [snap("a", committed=1), snap("b")], {("c", 0): RUN1}) == []
+
+
+def test_backfills_and_replays_keep_every_event_but_the_topic_news() -> None:
+    kept = [Event("reset", "r", "t", 0), Event("permission_missing", "p", "t")]
+    news = [Event("topic_added", "a", "t"), Event("topic_removed", "b", "u")]
+    assert without_topic_events([news[0], *kept, news[1]]) == tuple(kept)
