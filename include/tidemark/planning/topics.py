@@ -9,7 +9,8 @@ commit use them, never a later listing. :func:`topic_events` compares the matche
 positions the feed has: a topic none of whose partitions has a committed offset, a
 checkpoint or a place in the output is ``topic_added`` (it starts by the feed's reset policy,
 ``on_missing``, like any partition without a position); a topic the feed's last shown run
-read that is no longer matched is ``topic_removed``, once. Pure code: the listing comes in as a
+read that is no longer matched is ``topic_removed``, once. Only scheduled plans carry them
+(:func:`without_topic_events`). Pure code: the listing comes in as a
 callable, the run ledger's positions as plain values (:mod:`tidemark.runs.gather` asks Kafka
 and the checkpoint store).
 """
