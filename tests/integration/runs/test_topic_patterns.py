@@ -122,6 +122,10 @@ def test_a_pattern_feed_picks_up_a_topic_created_after_its_first_run(env: FaultE
     new = {p.partition: (p.start, p.reason) for p in plan.partitions if p.topic == us}
     assert new == {0: (0, "earliest"), 1: (0, "earliest"), 2: (0, "earliest")}  # the reset policy, from offset 0
     assert {p.reason for p in plan.partitions if p.topic == eu} == {"committed"}
+    # Partitions of both topics grouped per leader, as for a list feed: each task talks to one broker.
+    leaders = {p.key: p.leader for p in plan.partitions}
+    assert plan.tasks and all({leaders[(c.topic, c.partition)] for c in t.chunks} == {t.leader} for t in plan.tasks)
+    assert {c.topic for t in plan.tasks for c in t.chunks} == {eu, us}
     added = events(second, "topic_added")
     assert [(e["topic"], e["source"], e["details"]["partitions"], e["details"]["policy"]) for e in added] == [
         (us, "plan", 3, "earliest")
