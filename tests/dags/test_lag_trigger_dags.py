@@ -39,7 +39,7 @@ def test_a_lag_feed_is_scheduled_on_its_lag_asset_watched_by_the_trigger(tmp_pat
     assert kwargs == {
         "feed": "burst", "topics": ["orders"], "group": "g-burst", "isolation": "read_committed",
         "on_missing": "earliest", "lag_records": 500, "oldest_unread_age_ms": 600_000, "min_interval_s": 60.0,
-        "check_every_s": 30.0, "kafka_conn_id": "tidemark_kafka",
+        "check_every_s": 30.0, "kafka_conn_id": "tidemark_kafka", "topic_pattern": None,
     }  # fmt: skip
     # What the trigger row keeps: plain values, the connection's id only (resolved in the triggerer).
     assert "password" not in json.dumps(kwargs) and "sasl" not in json.dumps(kwargs)
@@ -72,3 +72,21 @@ def test_building_the_dags_never_calls_kafka(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(lag.LagProbe, "__init__", refuse)
     monkeypatch.setattr(lag, "KafkaAdapter", refuse)
     assert "tidemark_lazy" in all_dags(feeds(tmp_path, lazy="trigger: {lag_records: 1}\n"))
+
+
+def test_a_pattern_feeds_dag_names_its_pattern_and_its_trigger_carries_it(tmp_path: Path) -> None:
+    from tidemark.orchestration.dags import all_dags
+
+    folder = tmp_path / "feeds"
+    folder.mkdir()
+    (folder / "orders.yaml").write_text(
+        "topics: {pattern: 'orders\\..*', exclude: ['orders\\.dlq']}\ngroup: g\n"
+        f"output: {tmp_path / 'out'}\ntrigger: {{lag_records: 5}}\n"
+    )
+    dag = all_dags(folder)["tidemark_orders"]
+
+    assert dag.description == "Scheduled consumption of pattern 'orders\\..*' (excluding 'orders\\.dlq') for group g"
+    [asset] = dag.timetable.asset_condition.objects
+    [watcher] = asset.watchers
+    _, kwargs = watcher.trigger.serialize()
+    assert kwargs["topics"] == [] and kwargs["topic_pattern"] == {"pattern": "orders\\..*", "exclude": ["orders\\.dlq"]}

@@ -535,6 +535,36 @@ MUTANTS = (
             "tests/unit/spark/test_protobuf_resolution.py::test_a_field_misread_anywhere_below_the_top_is_refused_naming_it",
         ),
     ),
+    Mutant(
+        "topic-pattern-searched",
+        "a topic pattern must match the whole topic name",
+        (
+            Edit(
+                "include/tidemark/config/models.py",
+                "return re.fullmatch(self.pattern, topic) is not None",
+                "return re.search(self.pattern, topic) is not None",
+            ),
+        ),
+        (
+            "tests/unit/config/test_topic_pattern_config.py::test_full_match_and_exclusions",
+            "tests/unit/planning/test_topics.py::test_resolving_takes_the_full_matches_sorted_with_one_listing",
+        ),
+    ),
+    Mutant(
+        "topic-pattern-first-match-only",
+        "a pattern feed picks up a topic created after its first run, and its output equals the scan of every "
+        "matching topic",
+        (
+            Edit(
+                "include/tidemark/planning/topics.py",
+                "    matched = matching_topics(pattern, listed)\n",
+                "    matched = matching_topics(pattern, listed)[:1]\n",
+            ),
+        ),
+        (
+            "tests/integration/runs/test_topic_patterns.py::test_a_pattern_feed_picks_up_a_topic_created_after_its_first_run",
+        ),
+    ),
 )
 
 

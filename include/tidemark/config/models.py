@@ -293,6 +293,44 @@ class Trigger(_Model):
         return parse_skew(self.check_every, "trigger.check_every").total_seconds()
 
 
+class TopicPattern(_Model):
+    """The topics of a feed chosen by a regular expression (``topics: {pattern: ..., exclude: [...]}``).
+
+    ``pattern`` is a Python regular expression that must match a topic's *whole* name
+    (``re.fullmatch``: ``orders\\..*`` takes ``orders.eu`` but not ``old.orders.eu``). Each
+    ``exclude`` entry is a regular expression matched the same way, so a plain topic name
+    excludes that topic (its dots match any character too: ``orders\\.dlq`` to be exact).
+    The pattern is resolved against the cluster's topics each time a run is planned
+    (:func:`tidemark.planning.topics.matching_topics`), internal topics never included.
+    """
+
+    pattern: str = Field(min_length=1)
+    exclude: tuple[str, ...] = ()
+
+    def matches(self, topic: str) -> bool:
+        """Whether ``topic`` is one of the feed's: the pattern matches its whole name and no exclusion does."""
+        return re.fullmatch(self.pattern, topic) is not None and not any(re.fullmatch(x, topic) for x in self.exclude)
+
+    @property
+    def label(self) -> str:
+        """As messages and pages show it: ``pattern 'orders\\..*' (excluding 'orders\\.dlq')``."""
+        quoted = ", ".join(f"'{x}'" for x in self.exclude)
+        excluded = f" (excluding {quoted})" if self.exclude else ""
+        return f"pattern '{self.pattern}'{excluded}"
+
+
+def _regex_refusal(feed: str, field_name: str, value: str) -> str | None:
+    """Why ``value`` is not a regular expression, naming the feed, the field and the pattern; None: it is one."""
+    try:
+        re.compile(value)
+    except re.error as exc:
+        return (
+            f"feed '{feed}': {field_name} '{value}' is not a regular expression ({exc}); in YAML, single-quote it "
+            "('orders\\..*') or double its backslashes"
+        )
+    return None
+
+
 ICEBERG_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}\.[A-Za-z_][A-Za-z0-9_]{0,99}$")
 
 
@@ -319,7 +357,11 @@ class Feed(_Model):
     """One feed: what to read, from where it resumes, and how it is checked and written."""
 
     name: str
-    topics: tuple[str, ...] = Field(min_length=1)
+    # ``topics: {pattern: ...}`` in the file: the topics are the cluster's matches when a run is planned.
+    # Declared before ``topics``, whose check needs it.
+    topic_pattern: TopicPattern | None = None
+    # The topics by name; empty for a pattern feed until a run resolves its pattern (:meth:`with_topics`).
+    topics: tuple[str, ...]
     group: str = Field(min_length=1, max_length=249)
     schedule: str | None = None
     on_missing: OnMissing = "earliest"
@@ -345,6 +387,17 @@ class Feed(_Model):
     alerts: Alerts | None = None
     trigger: Trigger | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _pattern_form(cls, data: Any) -> Any:
+        """``topics: {pattern: ..., exclude: [...]}`` is read into ``topic_pattern``; a list stays ``topics``."""
+        if not isinstance(data, dict):
+            return data
+        if "topic_pattern" in data:
+            raise ValueError("write a topic pattern as topics: {pattern: ..., exclude: [...]}, not topic_pattern")
+        topics = data.get("topics")
+        return {**data, "topics": (), "topic_pattern": topics} if isinstance(topics, dict) else data
+
     @field_validator("name")
     @classmethod
     def _name_ok(cls, v: str) -> str:
@@ -354,13 +407,30 @@ class Feed(_Model):
 
     @field_validator("topics")
     @classmethod
-    def _topics_unique(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+    def _topics_unique(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        # A pattern that failed its own check is absent from info.data: that error is enough.
+        if not v and "topic_pattern" in info.data and info.data["topic_pattern"] is None:
+            raise ValueError(
+                "list at least 1 topic (topics: [orders.v1]) or give a pattern (topics: {pattern: 'orders\\..*'})"
+            )
         if len(set(v)) != len(v):
             raise ValueError("a topic is listed twice")
         for topic in v:
             # Kafka's own rule; checked here so a typo fails with the file's name, not a broker error.
             if not TOPIC_NAME.match(topic) or topic in (".", ".."):
                 raise ValueError(f"{topic!r} is not a Kafka topic name (letters, digits, '.', '_', '-'; 1-249)")
+        return v
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _pattern_ok(cls, v: TopicPattern | None, info: ValidationInfo) -> TopicPattern | None:
+        if v is None:
+            return v
+        feed = info.data.get("name", "?")
+        refusals = [_regex_refusal(feed, "topics.pattern", v.pattern)]
+        refusals += [_regex_refusal(feed, f"topics.exclude[{i}]", x) for i, x in enumerate(v.exclude)]
+        if found := [r for r in refusals if r is not None]:
+            raise ValueError("; ".join(found))
         return v
 
     @field_validator("reset_timestamp")
@@ -392,13 +462,28 @@ class Feed(_Model):
         if self.iceberg is not None and self.output_format != "iceberg":
             raise ValueError("'iceberg' settings need output_format: iceberg")
         deser = self.deserialization
-        if deser.format in REGISTRY_FORMATS and deser.subject is None and len(self.topics) > 1:
-            raise ValueError("deserialization.subject: a feed of several topics names the subject of its reader schema")
-        if deser.key_format in REGISTRY_FORMATS and deser.key_subject is None and len(self.topics) > 1:
+        # A pattern may match several topics (and more later): its reader schemas are named, never <topic>-value.
+        several = len(self.topics) > 1 or self.topic_pattern is not None
+        if deser.format in REGISTRY_FORMATS and deser.subject is None and several:
             raise ValueError(
-                "deserialization.key_subject: a feed of several topics names the subject of its key's reader schema"
+                "deserialization.subject: a feed of several topics names the subject of its reader schema "
+                "(a topic pattern too: it may match several)"
+            )
+        if deser.key_format in REGISTRY_FORMATS and deser.key_subject is None and several:
+            raise ValueError(
+                "deserialization.key_subject: a feed of several topics names the subject of its key's reader schema "
+                "(a topic pattern too: it may match several)"
             )
         return self
+
+    def with_topics(self, topics: tuple[str, ...]) -> Feed:
+        """This feed reading ``topics``: a pattern feed as one run resolved it (the pattern is kept)."""
+        return self.model_copy(update={"topics": tuple(topics)})
+
+    @property
+    def topics_label(self) -> str:
+        """The feed's topics as pages and descriptions show them: the names, or the pattern."""
+        return self.topic_pattern.label if self.topic_pattern is not None else ", ".join(self.topics)
 
     @property
     def iceberg_table(self) -> str:
@@ -436,7 +521,8 @@ class Feed(_Model):
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(file)"
+        # ``topics: {pattern: ...}`` is validated as ``topic_pattern``: named as the file names it.
+        loc = ".".join("topics" if p == "topic_pattern" else str(p) for p in err["loc"]) or "(file)"
         parts.append(f"field '{loc}': {err['msg']}")
     return "; ".join(parts)
 

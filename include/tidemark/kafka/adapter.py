@@ -219,6 +219,35 @@ class KafkaAdapter:
             on_retry=lambda _exc: self._renew_client(),
         )
 
+    def topic_names(self) -> list[str]:
+        """Every topic the cluster shows the principal without an error (internal ones included), in one request.
+
+        For pattern feeds (:func:`tidemark.planning.topics.resolve_feed_topics`). Brokers list
+        only topics the principal may describe; transient answers are asked again like
+        :meth:`partitions`.
+        """
+
+        def listed(remaining_s: float) -> list[str]:
+            self.requests += 1
+            try:
+                meta = self._admin.list_topics(timeout=max(1.0, min(ATTEMPT_TIMEOUT_S, remaining_s)))
+            except KafkaException as exc:
+                raise TransientMetadataError("*", exc.args[0]) from exc
+            # A topic being deleted (or not yet led) may be listed with an error: not one to plan from.
+            return sorted(name for name, topic in meta.topics.items() if topic.error is None)
+
+        return self._retry(
+            listed,
+            TransientMetadataError,
+            lambda exc: KafkaUnavailableError(
+                f"listing the topics on {self.connection.bootstrap_servers} failed for {self.timeout_s:.0f}s: "
+                f"{exc.error}; check that the brokers are up and reachable from here and that the security settings "
+                "are right (nothing was read or committed)"
+            ),
+            pause_s=0.2,
+            on_retry=lambda _exc: self._renew_client(),
+        )
+
     def _retry(
         self,
         attempt: Callable[[float], T],

@@ -615,9 +615,9 @@ def _trigger_doc(feed: Feed) -> str:
 def feed_dag(feed: Feed) -> DAG:
     with DAG(
         dag_id=dag_id(feed.name),
-        description=f"Scheduled consumption of {', '.join(feed.topics)} for group {feed.group}",
+        description=f"Scheduled consumption of {feed.topics_label} for group {feed.group}",
         doc_md=(
-            f"Reads what group `{feed.group}` has not read yet from {', '.join(feed.topics)}, validates it, "
+            f"Reads what group `{feed.group}` has not read yet from {feed.topics_label}, validates it, "
             "publishes it and then commits the group's offsets. Failures before the commit leave offsets unchanged. "
             f"Each successful run emits an event on the Asset `tidemark_{feed.name}` (its output): schedule "
             "downstream DAGs on it." + _trigger_doc(feed)

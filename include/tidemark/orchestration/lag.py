@@ -27,10 +27,11 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from tidemark._types import Isolation
 from tidemark._types import TopicPartition as TP
-from tidemark.config.models import Feed, OnMissing
+from tidemark.config.models import Feed, OnMissing, TopicPattern
 from tidemark.errors import KafkaUnavailableError
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, logged
+from tidemark.planning.topics import matching_topics
 from tidemark.storage import Location
 
 # After a firing whose run has not moved the group's offsets, the next firing waits this long (or
@@ -200,8 +201,11 @@ class LagProbe:
         group: str,
         isolation: Isolation = "read_committed",
         on_missing: OnMissing = "earliest",
+        pattern: TopicPattern | None = None,
     ) -> None:
         self.topics = tuple(topics)
+        # A pattern feed's topics are its matches, listed again with the partitions (a topic created later counts).
+        self.pattern = pattern
         self.group = group
         self.isolation: Isolation = isolation
         self.on_missing = on_missing
@@ -213,10 +217,12 @@ class LagProbe:
 
     @classmethod
     def for_feed(cls, feed: Feed, connection: KafkaConnection) -> LagProbe:
-        return cls(connection, feed.topics, feed.group, feed.isolation, feed.on_missing)
+        return cls(connection, feed.topics, feed.group, feed.isolation, feed.on_missing, feed.topic_pattern)
 
     def _tps(self) -> list[TP]:
         if time.monotonic() - self._partitions_at >= PARTITIONS_REFRESH_S or not self._partitions:
+            if self.pattern is not None:
+                self.topics = matching_topics(self.pattern, self._adapter.topic_names())
             self._partitions = [(p.topic, p.partition) for p in self._adapter.partitions(self.topics)]
             self._partitions_at = time.monotonic()
         return self._partitions

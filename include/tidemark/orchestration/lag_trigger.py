@@ -32,7 +32,7 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from asgiref.sync import sync_to_async
 
-from tidemark.config.models import Feed, dag_id
+from tidemark.config.models import Feed, TopicPattern, dag_id
 from tidemark.errors import TidemarkError
 from tidemark.orchestration.connections import kafka_connection
 from tidemark.orchestration.lag import Decision, Fired, LagProbe, LagReading, Thresholds, decide
@@ -64,10 +64,12 @@ class LagTrigger(BaseEventTrigger):  # type: ignore[misc]
         min_interval_s: float = 60.0,
         check_every_s: float = 30.0,
         kafka_conn_id: str = "tidemark_kafka",
+        topic_pattern: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.feed = feed
         self.topics = list(topics)
+        self.topic_pattern = topic_pattern  # a pattern feed's {pattern, exclude}: its topics are listed each refresh
         self.group = group
         self.isolation = isolation
         self.on_missing = on_missing
@@ -86,6 +88,7 @@ class LagTrigger(BaseEventTrigger):  # type: ignore[misc]
             feed=feed.name, topics=list(feed.topics), group=feed.group, isolation=feed.isolation,
             on_missing=feed.on_missing, lag_records=rule.lag_records, oldest_unread_age_ms=rule.oldest_unread_age_ms,
             min_interval_s=rule.min_interval_s, check_every_s=feed.trigger.check_every_s, kafka_conn_id=kafka_conn_id,
+            topic_pattern=None if feed.topic_pattern is None else feed.topic_pattern.model_dump(mode="json"),
         )  # fmt: skip
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -96,6 +99,7 @@ class LagTrigger(BaseEventTrigger):  # type: ignore[misc]
                 "on_missing": self.on_missing, "lag_records": self.lag_records,
                 "oldest_unread_age_ms": self.oldest_unread_age_ms, "min_interval_s": self.min_interval_s,
                 "check_every_s": self.check_every_s, "kafka_conn_id": self.kafka_conn_id,
+                "topic_pattern": self.topic_pattern,
             },
         )  # fmt: skip
 
@@ -131,7 +135,8 @@ class LagTrigger(BaseEventTrigger):  # type: ignore[misc]
 
     async def _probe(self) -> LagProbe:
         connection = await sync_to_async(kafka_connection)(self.kafka_conn_id)
-        return LagProbe(connection, self.topics, self.group, self.isolation, self.on_missing)  # type: ignore[arg-type]
+        pattern = None if self.topic_pattern is None else TopicPattern(**self.topic_pattern)
+        return LagProbe(connection, self.topics, self.group, self.isolation, self.on_missing, pattern)  # type: ignore[arg-type]
 
     async def check(self, probe: LagProbe) -> tuple[Decision, LagReading]:
         """One check: read the lag in a thread, then apply the rule (asking for active runs only if it would fire)."""

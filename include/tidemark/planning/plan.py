@@ -52,6 +52,8 @@ EventKind = Literal[
     "timestamp_skew",
     "position_from_table",
     "topic_recreated",
+    "topic_added",  # a pattern feed: a topic newly matches; its partitions start by the reset policy (on_missing)
+    "topic_removed",  # a pattern feed: a topic its last run read no longer exists or no longer matches
     "offsets_skipped",  # a committing backfill/replay started past the committed offset (allow_gap)
     "records_outside_window",  # a committing exact window's commit passed over records stamped outside it
     "publication_retracted",  # only in reports of versions that took refused runs' publications back
@@ -153,6 +155,9 @@ class Plan:
     # The reader schema of each registry-format part ("key", "value") the feed does not pin, as the registry's
     # latest when planned ({"subject", "version", "id"}): every attempt of the plan decodes with it. Not in the id.
     readers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # The topics the plan reads (every partition of each is in ``partitions``): a pattern feed's matches when
+    # planned, so its retries and its commit never depend on a later listing. Not in the id.
+    topics: tuple[str, ...] = ()
 
     @property
     def total_records(self) -> int:
@@ -199,6 +204,7 @@ class Plan:
             version=doc["version"],
             output=doc.get("output"),
             readers=doc.get("readers", {}),
+            topics=tuple(doc.get("topics", ())),
         )
         expected = compute_plan_id(plan.feed, plan.group, plan.mode, plan.isolation, plan.partitions, plan.time_filter)
         if plan.plan_id != expected:

@@ -926,6 +926,7 @@ def _assemble(
         tasks=chunk_ranges(partitions, request.policy.records_per_task),
         events=tuple(events),
         window=window_doc,
+        topics=tuple(sorted({s.topic for s in snapshots})),
     )
 
 

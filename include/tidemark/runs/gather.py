@@ -9,7 +9,7 @@ joins the two.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from tidemark._types import TopicPartition as TP
@@ -35,6 +35,7 @@ from tidemark.planning.resolve import (
     mark_new_partitions,
     recreated_topics,
 )
+from tidemark.planning.topics import resolve_feed_topics, topic_events
 
 SCHEDULED = RunRequest()  # the request of a scheduled run: no parameters
 
@@ -51,6 +52,7 @@ class FeedSnapshot:
     # What the principal may do with the group (None: the brokers did not say) and optional reads it may not do.
     group_operations: frozenset[str] | None = None
     notices: tuple[Event, ...] = ()
+    shown_runs: Mapping[TP, str] = field(default_factory=dict)  # the run ledger's run id per partition shown
 
 
 def _to_ms(value: str | None, scale: int = 1) -> int | None:
@@ -140,7 +142,7 @@ def snapshot_feed(
     log_append = tuple(t for t in feed.topics if found.topic_cfg.get(t, {}).get(TIMESTAMP_TYPE) == "LogAppendTime")
     return FeedSnapshot(
         mark_new_partitions(snaps), retention, adapter.requests - before, log_append, recovered,
-        group_operations, found.notices,
+        group_operations, found.notices, {tp: s.run_id for tp, s in shown.items()},
     )  # fmt: skip
 
 
@@ -302,6 +304,7 @@ def plan_feed(
     position, and where a committing backfill or replay finds the output's end when the run
     ledger shows none. Without it, the plan is made from Kafka and the checkpoint store alone.
     """
+    feed = resolve_feed_topics(feed, adapter.topic_names, adapter.connection.bootstrap_servers)  # a pattern's topics
     asked = PlanRequest(
         feed=feed.name, group=feed.group, policy=Policy.from_feed(feed), created_at=now or datetime.now(UTC),
         mode=request.mode, commit=request.commit, isolation=feed.isolation, window=request.window,
@@ -344,7 +347,11 @@ def _admit(
             raise adapter.denied("topic", topic, "Read", f"reading plan {plan.plan_id}'s ranges", after)
     if plan.commit and not _may(snap.group_operations, "READ"):
         raise adapter.denied("group", feed.group, "Read", f"committing plan {plan.plan_id}'s ends", after)
-    plan = replace(plan, events=(*plan.events, *snap.notices)) if snap.notices else plan
+    # A scheduled run reports the topics a pattern feed newly matches or no longer reads (a backfill or replay
+    # reads what it was asked for: they are not its news).
+    scheduled = request.mode == "scheduled"
+    notices = (*topic_events(feed, snap.partitions, snap.shown_runs), *snap.notices) if scheduled else snap.notices
+    plan = replace(plan, events=(*plan.events, *notices)) if notices else plan
     if not plan.commit or request.mode == "scheduled" or request.dry_run:  # a dry run commits nothing
         return plan
     ends = {s.key: s.shown for s in snap.partitions if s.shown is not None}

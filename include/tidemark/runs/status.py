@@ -22,6 +22,7 @@ from tidemark.config.models import Feed
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.planning.resolve import retention_warnings
+from tidemark.planning.topics import resolve_feed_topics
 from tidemark.runs.gather import snapshot_feed
 
 # The adapters shared_adapter built, by connection and timeout. Few: one per connection the process reads,
@@ -128,6 +129,7 @@ class FeedStatus:
 def feed_status(
     feed: Feed, adapter: KafkaAdapter, checkpoints: CheckpointStore, *, lag_times: bool = False
 ) -> FeedStatus:
+    feed = resolve_feed_topics(feed, adapter.topic_names, adapter.connection.bootstrap_servers)  # a pattern's topics
     snap = snapshot_feed(feed, adapter, checkpoints)
     rows = []
     positions: dict[tuple[str, int], int] = {}

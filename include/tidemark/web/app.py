@@ -328,7 +328,7 @@ def _chart(rows: Sequence[RunRow], width: int = 640, height: int = 180) -> dict[
 
 _NOTABLE = (
     "reset", "group_offsets_expired", "data_loss", "offset_ahead", "new_partition", "retention_warning",
-    "schema_changed", "table_schema_evolved",
+    "schema_changed", "table_schema_evolved", "topic_added", "topic_removed",
 )  # fmt: skip
 
 
@@ -514,7 +514,8 @@ class ViewDeps:
 
     def summary(self, feed: Feed, root: str) -> dict[str, Any]:
         """One row of the feeds page: lag, trouble and the last run (or the error that hid them)."""
-        row: dict[str, Any] = {"name": feed.name, "group": feed.group, "topics": list(feed.topics),
+        topics = [feed.topics_label] if feed.topic_pattern else list(feed.topics)  # a pattern: as the file says it
+        row: dict[str, Any] = {"name": feed.name, "group": feed.group, "topics": topics,
                                "schedule": feed.schedule, "error": None, "trouble": []}  # fmt: skip
         try:
             status = self.status_of(feed)

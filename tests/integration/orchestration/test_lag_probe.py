@@ -5,7 +5,11 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
+
 from tests.conftest import KafkaTestCluster, keyed_records
+from tidemark.config.models import Feed
+from tidemark.orchestration import lag
 from tidemark.orchestration.lag import LagProbe
 
 
@@ -50,5 +54,28 @@ def test_a_latest_feed_without_group_offsets_has_no_lag(kafka: KafkaTestCluster)
     probe = LagProbe(kafka.connection, [topic], f"g-{uuid.uuid4().hex[:8]}", on_missing="latest")
     try:
         assert probe.read().records == 0
+    finally:
+        probe.close()
+
+
+def test_a_pattern_feeds_probe_counts_every_matching_topic_and_one_created_later(
+    kafka: KafkaTestCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = f"probepat{uuid.uuid4().hex[:8]}"
+    eu, dlq, us, other = (f"{prefix}.orders.eu", f"{prefix}.orders.dlq", f"{prefix}.orders.us", f"{prefix}.other")
+    for topic in (eu, dlq, other):
+        kafka.adapter.create_topic(topic, 1)
+        kafka.produce(topic, keyed_records(4, partition=0))
+    feed = Feed(name="orders", group=f"g-{uuid.uuid4().hex[:8]}", trigger={"lag_records": 1},
+                topics={"pattern": rf"{prefix}\.orders\..*", "exclude": [rf"{prefix}\.orders\.dlq"]})  # fmt: skip
+    probe = LagProbe.for_feed(feed, kafka.connection)
+    try:
+        first = probe.read()
+        assert (first.records, sorted(first.positions)) == (4, [f"{eu}[0]"])  # not the excluded or other topic
+        kafka.adapter.create_topic(us, 2)
+        kafka.produce(us, keyed_records(6, partition=1))
+        monkeypatch.setattr(lag, "PARTITIONS_REFRESH_S", 0.0)  # the next check lists the topics again
+        later = probe.read()
+        assert (later.records, sorted(later.positions)) == (10, [f"{eu}[0]", f"{us}[0]", f"{us}[1]"])
     finally:
         probe.close()

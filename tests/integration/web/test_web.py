@@ -178,3 +178,29 @@ def test_trouble_stands_out_and_the_preview_is_the_dry_run_plan(
         f"/api/feeds/{feed.name}/replay/preview", json={"start_from": "committed"}
     )  # fmt: skip
     assert refused.status_code == 400 and "deleted by retention" in refused.json()["detail"]
+
+
+def test_a_pattern_feed_shows_its_pattern_and_every_matching_topics_partitions(
+    kafka: KafkaTestCluster, tmp_path: Path
+) -> None:
+    prefix = f"webpat{uuid.uuid4().hex[:8]}"
+    for name, partitions in ((f"{prefix}.orders.eu", 2), (f"{prefix}.orders.us", 1), (f"{prefix}.other", 1)):
+        kafka.adapter.create_topic(name, partitions)
+        kafka.produce(name, keyed_records(3, partition=0))
+    pattern = rf"{prefix}\.orders\..*"
+    feed = Feed(name="web-pattern", topics={"pattern": pattern}, group=f"g-web-{uuid.uuid4().hex[:8]}")
+    client = _client(kafka, feed, tmp_path)
+
+    doc = client.get(f"/api/feeds/{feed.name}").json()["status"]
+    assert sorted(f"{p['topic']}[{p['partition']}]" for p in doc["partitions"]) == [
+        f"{prefix}.orders.eu[0]", f"{prefix}.orders.eu[1]", f"{prefix}.orders.us[0]",
+    ]  # fmt: skip
+    assert doc["unpositioned"] == 3
+    [row] = client.get("/api/feeds").json()
+    assert row["topics"] == [f"pattern '{pattern}'"] and row["error"] is None
+    page = client.get(f"/feeds/{feed.name}").text
+    assert f"topics pattern &#39;{prefix}" in page and f"{prefix}.orders.us[0]" in page
+    body = {"start_from": "earliest", "topics": [f"{prefix}.orders.us"]}
+    preview = client.post(f"/api/feeds/{feed.name}/replay/preview", json=body)
+    assert preview.status_code == 200, preview.text
+    assert {r["topic"] for r in preview.json()["ranges"]} == {f"{prefix}.orders.us"}

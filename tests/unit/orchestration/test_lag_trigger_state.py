@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tidemark.config.models import Feed
 from tidemark.orchestration.lag import LagReading
 from tidemark.orchestration.lag_trigger import STATE_KEY, LagTrigger
 
@@ -103,3 +104,12 @@ def test_an_unknown_or_partial_stored_state_counts_as_never_fired(stored: Any) -
         store.values[STATE_KEY] = stored
     reading = LagReading(AT, 50, (), {"orders[0]": 0})
     assert asyncio.run(first_event(trigger(store, Probe([reading])))) is not None
+
+
+def test_a_pattern_feeds_trigger_carries_its_pattern_through_serialization() -> None:
+    feed = Feed(name="orders", group="g", topics={"pattern": r"orders\..*", "exclude": ["orders.dlq"]},
+                trigger={"lag_records": 10})  # fmt: skip
+    made = LagTrigger.for_feed(feed, "tidemark_kafka")
+    classpath, kwargs = made.serialize()
+    assert kwargs["topics"] == [] and kwargs["topic_pattern"] == {"pattern": r"orders\..*", "exclude": ["orders.dlq"]}
+    assert LagTrigger(**kwargs).serialize() == (classpath, kwargs)
