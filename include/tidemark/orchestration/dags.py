@@ -8,10 +8,16 @@ move). Kafka settings come from the ``tidemark_kafka`` connection (the Kafka pro
 connection type: librdkafka keys in its extra) and reach the Spark job as environment
 variables set at execution time, so they never appear in rendered templates, XCom,
 plans or reports. Only this module and ``dags/`` import Airflow.
+
+Task bodies import the parts of Tidemark they run inside the function: the DAG processor
+parses every feed's DAG file again and again, and a parse needs only the feed files and
+Airflow; the Kafka client, the stores and the run's steps load on the worker that runs the
+task (``tests/unit/test_layers.py`` checks that parsing loads no pyspark).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -19,6 +25,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import (
@@ -109,8 +116,6 @@ def _postgres_url(conn_id: str, needed_by: str, drivername: str) -> str | None:
 def _mask_url(url: str) -> None:
     """Register ``url`` and its password as written in it (percent-encoded, which Airflow's masker, knowing
     only the connection's raw password, misses) with the secrets masker."""
-    from urllib.parse import unquote, urlsplit
-
     from airflow.sdk.log import mask_secret
 
     netloc = urlsplit(url).netloc
@@ -382,8 +387,6 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
     # OpenLineage (the provider's DefaultExtractor calls these): the datasets the plan task described
     # (tidemark.orchestration.lineage), rendered into ``lineage`` before the START event.
     def get_openlineage_facets_on_start(self) -> Any:
-        import json
-
         from tidemark.orchestration.lineage import operator_lineage
 
         return operator_lineage(json.loads(self.lineage or "null") or {})
@@ -447,8 +450,6 @@ def _describe_lineage(feed: Feed, plan: Plan) -> None:
 
 def _record_airflow_run(run_dir: str) -> None:
     """Name the Airflow DAG run beside Tidemark's run, so the Tidemark view can link to it."""
-    import json
-
     from tidemark.storage import Location
 
     ctx = get_current_context()
@@ -513,8 +514,6 @@ def check_step(handle: dict[str, Any], outcome: dict[str, Any]) -> None:
     A broken rule fails this task (not the commit: the run's data and offsets stand), so the
     deployment's failure callbacks and notifiers fire; a ``warn`` policy only logs.
     """
-    import json
-
     from tidemark.checkpoints.store import open_store
     from tidemark.config.models import load_feed
     from tidemark.kafka.adapter import KafkaAdapter

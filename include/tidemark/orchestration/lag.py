@@ -18,6 +18,7 @@ here holds state between checks. No Airflow import: the CLI uses this module too
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -143,8 +144,6 @@ CAUSE_FILE = "trigger.json"
 def record_cause(run_dir: str, cause: str, lag_events: Sequence[Mapping[str, Any]] = (), run_type: str = "") -> None:
     """Write why a feed run started beside the run (``trigger.json``): ``lag`` with the readings that fired it,
     ``schedule`` or ``manual``. The Airflow plan task and ``tidemark watch`` both write it."""
-    import json
-
     doc = {"cause": cause, "run_type": run_type, "lag_events": [dict(e) for e in lag_events]}
     (Location.of(run_dir) / CAUSE_FILE).write_text(json.dumps(doc))
 

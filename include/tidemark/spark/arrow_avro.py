@@ -316,6 +316,7 @@ def decoded_tables(
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    # spark.source loads pyspark; this module is imported (for SPARK_SCHEMA_KEY) where pyspark must not load.
     from tidemark.spark.source import read_task
 
     for batch in read_task(task, client_config):
@@ -614,7 +615,7 @@ def stage_in_tasks(
     then removed, and the caller stages with Spark). Errors of the read itself (an
     offset gone, a partition that stalls) fail the Spark job as they do in the data source.
     """
-    from tidemark.spark.source import tasks_of
+    from tidemark.spark.source import tasks_of  # loads pyspark: see decoded_tables
 
     tasks = [t for t in tasks_of(plan) if t.records]
     config = dict(connection.client_config()) if connection is not None else None
