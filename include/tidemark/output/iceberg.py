@@ -10,9 +10,10 @@ Iceberg here. The job stages and validates exactly as for a Parquet folder; then
    ``TIMESTAMP_MICROS`` timestamps (Iceberg has no INT96);
 2. loads the table (created on first use from the feed's decoded schema, partitioned by
    ``date`` then ``topic``, ``commit.retry.num-retries=0``) and looks for the plan id in
-   the snapshot history of the main branch: found, the plan is published and nothing is
-   written; then checks the decoded schema against the table's (:func:`schema_changes`:
-   columns to add, types to promote, or a refusal);
+   the feed's **ledger** (:mod:`tidemark.output.ledger`, a table property that snapshot
+   expiry and compaction leave alone), then in the snapshot history still kept: found, the
+   plan is published and nothing is written; then checks the decoded schema against the
+   table's (:func:`schema_changes`: columns to add, types to promote, or a refusal);
 3. uploads quarantined records to a sibling Parquet folder (``<output>.quarantine/plan_id=<id>/``,
    replaced whole by a rerun of the plan, removed when the run is discarded) and the data
    files under the table's location (``data/date=<d>/topic=<t>/<plan id>-<attempt>-<n>.parquet``;
@@ -23,10 +24,15 @@ Iceberg here. The job stages and validates exactly as for a Parquet folder; then
    group's commit, calls :meth:`IcebergPublisher.promote`, which commits them in **one**
    ``add_files`` with the plan id, run id, feed, group and the per-partition ranges
    (with topic ids) in the snapshot summary, in the same transaction as the schema change,
-   if any (:func:`commit_files`). The commit is a compare-and-set on the metadata it
-   loaded: if anyone committed to the table since, the catalog refuses it (retries off:
-   pyiceberg does not rebase it) and ``promote`` looks at the new history again, so a plan
-   is never committed twice. A job outside any run commits at once.
+   if any, and as the feed's ledger updated with the plan (:func:`commit_files`; a plan
+   starting below the ledger's ends is refused). The commit is a compare-and-set on the
+   metadata it loaded: if anyone committed to the table since, the catalog refuses it
+   (retries off: pyiceberg does not rebase it) and ``promote`` looks at the new ledger
+   again, so a plan is never committed twice. A job outside any run commits at once.
+
+The group's position for recovery (:meth:`IcebergPublisher.positions`) is the ledger's ends
+too; tables written before the ledger are read from their history, and their first commit
+now writes a ledger rebuilt from it (:func:`ledger_from_history`).
 
 The catalog is whatever pyiceberg opens as the catalog named ``tidemark``:
 ``TIDEMARK_ICEBERG_CATALOG_URI`` chooses it by scheme (a SQLAlchemy URL for the SQL
@@ -63,6 +69,7 @@ from tidemark.config.models import Feed, state_location
 from tidemark.errors import ConfigError, PublishError, SchemaError, StateStoreError
 from tidemark.faults import fault_point
 from tidemark.output.base import QUARANTINE_DIR, STAGING_DIR, FileEntry, Manifest, StagedRecords
+from tidemark.output.ledger import Ledger, LedgerPlan, ledger_key, overlap
 from tidemark.output.staging import (
     Staging,
     local_staging_base,
@@ -211,6 +218,51 @@ def plan_history(table: Table) -> list[Snapshot]:
     return list(ancestors_of(table.current_snapshot(), table.metadata))
 
 
+class TableChangedError(PublishError):
+    """The catalog refused a commit because the table changed since it was loaded (the compare-and-set)."""
+
+
+def table_ledger(table: Table, feed: str) -> Ledger | None:
+    """What ``table`` holds of ``feed``: its ledger property, else (a table written by an older Tidemark) the ledger
+    rebuilt from the snapshot summaries still in its history; ``None`` when neither names the feed."""
+    text = table.properties.get(ledger_key(feed))
+    if text is not None:
+        return Ledger.from_json(text)
+    return ledger_from_history(table, feed)
+
+
+def ledger_from_history(table: Table, feed: str) -> Ledger | None:
+    """The ledger of an old table: its main branch's snapshots of ``feed``, oldest first, as if committed now."""
+    retracted: set[str] = set()
+    found: list[tuple[Snapshot, Mapping[str, str]]] = []
+    for snapshot in plan_history(table):  # newest first: a retraction comes before what it retracted
+        summary = snapshot.summary
+        if summary is None:
+            continue
+        if summary.get(RETRACTED_KEY):
+            retracted.add(str(summary.get(RETRACTED_KEY)))
+        if summary.get(FEED_KEY) == feed and summary.get(PLAN_KEY) and summary.get(PLAN_KEY) not in retracted:
+            found.append((snapshot, summary.additional_properties))
+    if not found:
+        return None
+    ledger = Ledger(feed=feed, group=str(found[0][1].get(GROUP_KEY)))
+    for snapshot, props in reversed(found):
+        entry = _ledger_plan(props, snapshot.snapshot_id, snapshot.timestamp_ms)
+        ledger = ledger.with_plan(json.loads(props.get(RANGES_KEY) or "[]"), entry, str(props.get(GROUP_KEY)))
+    return replace(ledger, source="history")
+
+
+def _ledger_plan(properties: Mapping[str, str], snapshot_id: int | None, committed_ms: int) -> LedgerPlan:
+    return LedgerPlan(
+        plan_id=str(properties[PLAN_KEY]),
+        run_id=properties.get(RUN_KEY),
+        records=int(properties.get(RECORDS_KEY) or 0),
+        quarantined=int(properties.get(QUARANTINED_KEY) or 0),
+        snapshot_id=snapshot_id,
+        committed_ms=committed_ms,
+    )
+
+
 def schema_changes(current: Schema, decoded: pa.Schema, table_name: str, records: str) -> list[str]:
     """How the table's schema must change to take records of the ``decoded`` schema; raises when it cannot.
 
@@ -348,6 +400,33 @@ class IcebergPublisher:
         return None if table is None else self._find(table, plan_id)
 
     def _find(self, table: Table, plan_id: str) -> Manifest | None:
+        """``plan_id``'s publication: the feed's ledger first (it survives snapshot expiry and compaction), then
+        the history still kept (a plan older than the ledger's recent plans, or a table without a ledger)."""
+        ledger = table_ledger(table, self.feed.name)
+        entry = None if ledger is None else ledger.find(plan_id)
+        if ledger is not None and entry is not None:
+            kept = None if entry.snapshot_id is None else table.metadata.snapshot_by_id(entry.snapshot_id)
+            summary = kept.summary if kept is not None else None
+            return Manifest(
+                plan_id=plan_id,
+                feed=self.feed.name,
+                group=ledger.group,
+                location=self.describe(),
+                published_at=datetime.fromtimestamp(entry.committed_ms / 1000, UTC).isoformat(),
+                records=entry.records,
+                quarantined=entry.quarantined,
+                # the ranges live in the snapshot's summary; an expired snapshot's are gone (reports only)
+                ranges=tuple(json.loads(summary.get(RANGES_KEY) or "[]")) if summary is not None else (),
+                files=(),
+                extra={
+                    "format": "iceberg",
+                    "table": self.table_name,
+                    "snapshot_id": entry.snapshot_id,
+                    "run_id": entry.run_id,
+                    "found_in": "ledger",
+                },
+                reused=True,
+            )
         for snapshot in plan_history(table):
             summary = snapshot.summary
             if summary is not None and summary.get(RETRACTED_KEY) == plan_id:
@@ -518,8 +597,8 @@ class IcebergPublisher:
             fault_point("iceberg.before_commit")  # data files written, catalog not committed
             try:
                 commit_files(table, list(doc["paths"]), doc["properties"], self.table_name, evolve_to=evolve_to)
-            except PublishError:
-                continue  # the table changed meanwhile: look at its history again
+            except TableChangedError:
+                continue  # the table changed meanwhile: look at its ledger again
             snapshot = table.current_snapshot()
             self._pending(plan_id, run_id).remove_file()
             manifest = Manifest.from_dict(doc["manifest"])
@@ -612,9 +691,28 @@ class IcebergPublisher:
         return names, entries
 
     def positions(self, feed: Feed) -> RecoveredPosition | None:
+        """The feed's ends in the table's ledger (whatever snapshots were expired); a table without one: its
+        history's newest snapshot of the feed and group."""
         table = self.load()
         if table is None:
             return None
+        text = table.properties.get(ledger_key(feed.name))
+        ledger = None if text is None else Ledger.from_json(text)
+        if ledger is not None and ledger.group == feed.group and ledger.recent:
+            last = ledger.recent[-1]
+            return RecoveredPosition(
+                ends=ledger.positions(),
+                topic_ids={t: tid for t, tid in ledger.current.items() if tid},
+                source=f"Iceberg table {self.table_name}, its ledger (last plan {last.plan_id}, "
+                f"snapshot {last.snapshot_id})",
+                details={
+                    "table": self.table_name,
+                    "snapshot_id": last.snapshot_id,
+                    "plan_id": last.plan_id,
+                    "run_id": last.run_id,
+                    "from": "ledger",
+                },
+            )
         retracted: set[str] = set()
         for snapshot in plan_history(table):
             summary = snapshot.summary
@@ -665,24 +763,50 @@ def commit_files(
     the files is the first one with the new schema: no reader sees the schema change
     without its data, and no file has a column the table lacks.
 
+    The same commit sets the feed's ledger (:mod:`tidemark.output.ledger`, the table property
+    ``tidemark.ledger.<feed>``) to the ledger read from ``table`` plus this plan, so what the
+    table holds of the feed changes exactly when its data does. A plan with a range starting
+    below the ledger's end of its partition is refused (:class:`PublishError`) before
+    anything is committed: it would put offsets in the table twice.
+
     With ``commit.retry.num-retries=0`` pyiceberg does not rebase a refused commit onto
-    whatever another writer committed meanwhile (that would slip past the history check
-    made on ``table``); the refusal becomes a :class:`PublishError` naming table and plan.
+    whatever another writer committed meanwhile (that would slip past the ledger check
+    made on ``table``); the refusal becomes a :class:`TableChangedError` naming table and plan.
     """
     from pyiceberg.exceptions import CommitFailedException
 
     plan_id = properties.get(PLAN_KEY, "?")
+    feed = properties.get(FEED_KEY)
+    ledger = None
+    ranges = json.loads(properties.get(RANGES_KEY) or "[]")
+    if feed is not None:
+        ledger = table_ledger(table, feed) or Ledger(feed=feed, group=str(properties.get(GROUP_KEY)))
+        repeated = overlap(ledger, ranges)
+        if repeated:
+            raise PublishError(
+                f"Iceberg table {table_name}: plan {plan_id} of feed '{feed}' was not committed: its ranges "
+                f"{'; '.join(repeated[:5])} start below what the table's ledger records the table holding "
+                f"(property {ledger_key(feed)}), so they would be in the table twice. The plan is not in the "
+                f"table's recent plans; nothing of it was committed. If its run is stuck on this, give it up with "
+                f"`tidemark abandon {feed} RUN` (its ranges are then named by an event)"
+            )
     try:
         with table.transaction() as tx:
             if evolve_to is not None:
                 with tx.update_schema() as update:
                     update.union_by_name(evolve_to)
             tx.add_files(paths, snapshot_properties=dict(properties))
+            if ledger is not None and feed is not None:
+                snapshot = tx.table_metadata.current_snapshot()
+                entry = _ledger_plan(properties, None if snapshot is None else snapshot.snapshot_id,
+                                     snapshot.timestamp_ms if snapshot is not None else 0)  # fmt: skip
+                after = ledger.with_plan(ranges, entry, str(properties.get(GROUP_KEY)))
+                tx.set_properties({ledger_key(feed): after.to_json()})
     except CommitFailedException as exc:
-        raise PublishError(
+        raise TableChangedError(
             f"Iceberg table {table_name}: the commit of plan {plan_id} was refused because the table changed since "
             f"it was read ({exc}); it was not retried on top of the other commit. Nothing of this plan is in the "
-            "table; rerun to decide again from the table's history"
+            "table; rerun to decide again from the table's ledger"
         ) from exc
 
 

@@ -1,0 +1,127 @@
+"""An Iceberg feed's guarantees after the table maintenance every Iceberg guide asks for.
+
+Many small plans go into a real table (the SQLite catalog in the state dir, local Spark);
+then pyiceberg's own compaction (an overwrite of every row) and snapshot expiry leave no
+snapshot that names a plan. After that: a replay of a plan already in the table, a crash
+after a plan's table commit, and a checkpoint store emptied with the group's offsets
+deleted must each find what the table holds (the ledger in its properties), never add a
+plan twice, and recover the position exactly. The table is compared with an independent
+``read_committed`` scan of Kafka (the fault suite's oracle).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import KafkaTestCluster
+from tests.faults.harness import FaultEnv, oracle
+from tidemark.faults import InjectedFault
+from tidemark.runs.pipeline import RunHandle, commit_run, plan_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+@pytest.fixture
+def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FaultEnv:
+    env = FaultEnv(kafka, spark, tmp_path, "iceberg-maintenance")
+    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
+    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
+    return env
+
+
+def assert_table_matches_kafka(fenv: FaultEnv) -> None:
+    """The table's rows are the oracle over ``[0, committed)``: nothing twice, nothing missing."""
+    committed = fenv.committed()
+    expected = oracle(fenv.kafka.connection, {(fenv.topic, p): (0, c or 0) for p, c in committed.items()})
+    got = fenv.published()
+    twice = sorted(r for r, n in got.items() if n > 1)
+    assert not twice, f"in the table more than once: {twice[:5]} ({sum(got[r] - 1 for r in twice)} extra copies)"
+    assert got == expected, f"missing {sorted(expected - got)[:5]}, not committed {sorted(got - expected)[:5]}"
+
+
+def pyiceberg_compact_and_expire(fenv: FaultEnv) -> None:
+    """What a user's own maintenance does, with pyiceberg alone: rewrite every row into new files (an overwrite),
+    then expire every snapshot but the current one. No snapshot names a Tidemark plan afterwards."""
+    from tidemark.config.models import load_feed
+    from tidemark.output.iceberg import PLAN_KEY, IcebergPublisher
+
+    table = IcebergPublisher(load_feed(fenv.feed)).load()
+    assert table is not None
+    before = {f["file_path"] for f in table.inspect.files().to_pylist()}
+    table.overwrite(table.scan().to_arrow())
+    table.maintenance.expire_snapshots().older_than(datetime.now(UTC) + timedelta(seconds=1)).commit()
+    table = table.refresh()
+    assert len(table.snapshots()) == 1 and not {f["file_path"] for f in table.inspect.files().to_pylist()} & before
+    assert not [s for s in table.snapshots() if (s.summary or {}).get(PLAN_KEY)]
+
+
+def test_guarantees_survive_pyiceberg_compaction_and_snapshot_expiry(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tidemark.checkpoints.store import open_store
+    from tidemark.config.models import load_feed
+    from tidemark.output.iceberg import IcebergPublisher
+
+    fenv.use_iceberg("tidemark.kept")
+    handles: list[RunHandle] = []
+    for _ in range(5):  # many small plans, one snapshot each
+        fenv.produce(6)
+        handle, _, _ = fenv.run()
+        handles.append(handle)
+    # A crash right after a plan's table commit, before the run ledger records it shown.
+    fenv.produce(6)
+    crashed = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(crashed, fenv.kafka.connection)
+    promote = IcebergPublisher.promote
+
+    def promote_then_crash(self: IcebergPublisher, plan_id: str, run_id: str) -> Any:
+        promote(self, plan_id, run_id)
+        raise InjectedFault("after the table commit")
+
+    monkeypatch.setattr(IcebergPublisher, "promote", promote_then_crash)
+    with pytest.raises(InjectedFault):
+        commit_run(crashed, fenv.kafka.connection, root=fenv.root)
+    monkeypatch.setattr(IcebergPublisher, "promote", promote)
+    assert open_store(root=fenv.root).run(fenv.group, crashed.run_id).state == "committed"  # type: ignore[union-attr]
+    assert fenv.committed() == {0: 12, 1: 12, 2: 12}
+    assert_table_matches_kafka(fenv)
+
+    pyiceberg_compact_and_expire(fenv)
+    publisher = IcebergPublisher(load_feed(fenv.feed))
+
+    # 1. Every plan of the last runs is still known to be in the table.
+    for handle in (*handles, crashed):
+        found = publisher.published(handle.plan_id)
+        assert found is not None and found.reused, f"plan {handle.plan_id} no longer found after expiry"
+    # 2. A replay of a published plan (a cleared DAG run's job and commit): nothing read, nothing added.
+    replayed = fenv.in_process(handles[2], fenv.kafka.connection)
+    assert replayed["reused"] is True
+    commit_run(handles[2], fenv.kafka.connection, root=fenv.root)
+    assert_table_matches_kafka(fenv)
+    # 3. The crashed run is finished by the next run: found in the table, not committed to it again.
+    fenv.produce(3)
+    nxt, _, _ = fenv.run()
+    assert nxt.resumed == crashed.plan_id
+    assert fenv.committed() == {0: 13, 1: 13, 2: 13}
+    assert_table_matches_kafka(fenv)
+
+    # 4. The group's offsets and the checkpoint store gone, snapshots expired again: the position is the table's.
+    pyiceberg_compact_and_expire(fenv)
+    fenv.kafka.adapter.admin.delete_consumer_groups([fenv.group], request_timeout=10)[fenv.group].result(timeout=10)
+    (fenv.root / "checkpoints.sqlite").unlink()
+    assert fenv.committed() == {0: None, 1: None, 2: None}
+    fenv.produce(6)
+    resumed, _, _ = fenv.run()
+    plan = resumed.plan()
+    assert [(p.partition, p.reason, p.start, p.end) for p in plan.partitions] == [
+        (0, "table", 13, 15), (1, "table", 13, 15), (2, "table", 13, 15),
+    ]  # fmt: skip
+    assert {e.kind for e in plan.events} >= {"position_from_table"}
+    assert fenv.committed() == {0: 15, 1: 15, 2: 15}
+    assert_table_matches_kafka(fenv)
+    assert fenv.published() != Counter()
