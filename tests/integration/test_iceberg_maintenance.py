@@ -11,6 +11,9 @@ plan twice, and recover the position exactly. The table is compared with an inde
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -125,3 +128,136 @@ def test_guarantees_survive_pyiceberg_compaction_and_snapshot_expiry(
     assert fenv.committed() == {0: 15, 1: 15, 2: 15}
     assert_table_matches_kafka(fenv)
     assert fenv.published() != Counter()
+
+
+def small_target(fenv: FaultEnv, **extra: Any) -> None:
+    """Maintenance settings for a test table of a few KB: every file is small, everything old enough expires."""
+    settings = {"target_file_mb": 1, "min_input_files": 2, "keep_snapshots": 1, "snapshot_max_age": "1s",
+                "orphan_min_age": "1h", **extra}  # fmt: skip
+    fenv.write_feed(maintenance=settings)
+
+
+def live_files(fenv: FaultEnv) -> list[str]:
+    from tidemark.config.models import load_feed
+    from tidemark.output.iceberg import IcebergPublisher
+
+    table = IcebergPublisher(load_feed(fenv.feed)).load()
+    assert table is not None
+    return [t.file.file_path for t in table.scan().plan_files()]
+
+
+def test_tidemark_maintenance_compacts_expires_and_removes_orphans_keeping_the_guarantees(fenv: FaultEnv) -> None:
+    """Tidemark's own maintenance, with a run staged and not yet committed: its files (orphans to the table, old
+    enough to go) are kept, the run commits afterwards, and the table equals the oracle throughout."""
+    from tidemark.config.models import load_feed
+    from tidemark.output.iceberg import IcebergPublisher
+    from tidemark.output.maintenance import last_record, maintain
+
+    fenv.use_iceberg("tidemark.maintained")
+    small_target(fenv)
+    handles = []
+    for _ in range(4):
+        fenv.produce(6)
+        handles.append(fenv.run()[0])
+    fenv.produce(6)
+    staged = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(staged, fenv.kafka.connection)  # pending: uploaded files no snapshot names
+    feed = load_feed(fenv.feed)
+    before = live_files(fenv)
+    assert len(before) >= 4  # a file per plan at least
+    cli = subprocess.run([sys.executable, "-m", "tidemark.cli", "maintain", fenv.feed, "--dry-run"],
+                         capture_output=True, text=True, check=False, env=os.environ.copy())  # fmt: skip
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert f"dry run: table tidemark.maintained of feed '{fenv.feed}'" in cli.stdout
+    assert f"would rewrite {len(before)} small files into 1 in 1 partitions" in cli.stdout
+    dry = maintain(feed, dry_run=True)
+    assert dry.files_rewritten == len(before) and dry.snapshots_expired == dry.snapshots_before - 1
+    assert dry.orphans_removed == 0 and live_files(fenv) == before  # orphans younger than an hour stay
+    assert last_record(feed.name) is None  # a dry run records nothing
+
+    later = datetime.now(UTC) + timedelta(hours=2)  # every file older than orphan_min_age, every snapshot expired
+    report = maintain(feed, now=later)
+    after = live_files(fenv)
+    assert report.files_before == len(before) and report.files_after == len(after) == 1, report
+    assert report.files_rewritten == len(before) and report.files_written == 1
+    assert report.snapshots_expired == report.snapshots_before - 1, report
+    assert report.orphans_removed >= len(before), report  # the small files, unreachable once their snapshots expired
+    assert all(not Path(p.removeprefix("file:")).exists() for p in before)
+    assert last_record(feed.name) == report
+    table = IcebergPublisher(feed).load()
+    assert table is not None and len(table.snapshots()) == 1
+    assert_table_matches_kafka(fenv)
+
+    commit_run(staged, fenv.kafka.connection, root=fenv.root)  # its files survived the orphan removal
+    assert fenv.committed() == {0: 10, 1: 10, 2: 10}
+    assert_table_matches_kafka(fenv)
+    assert IcebergPublisher(feed).published(handles[0].plan_id) is not None  # the ledger outlived the history
+    fenv.produce(3)
+    fenv.run()
+    assert_table_matches_kafka(fenv)
+
+
+def test_maintenance_racing_a_feed_commit_loses_neither(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both orders: a feed's promotion lands between maintenance's load and its commit (maintenance is refused and
+    retries on the new table), and maintenance commits between a promotion's load and its commit (the promotion is
+    refused and commits on the new table). Both commits land; the table equals the oracle; the ledger has both plans.
+    """
+    from tidemark.config.models import load_feed
+    from tidemark.output import iceberg as iceberg_output
+    from tidemark.output import maintenance
+    from tidemark.output.iceberg import IcebergPublisher
+
+    fenv.use_iceberg("tidemark.raced")
+    small_target(fenv)
+    for _ in range(3):
+        fenv.produce(6)
+        fenv.run()
+    feed = load_feed(fenv.feed)
+    publisher = IcebergPublisher(feed)
+
+    # 1. The feed commits while maintenance holds the table it loaded.
+    fenv.produce(6)
+    first = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(first, fenv.kafka.connection)
+    replace_files = maintenance._replace_files
+    calls: list[int] = []
+
+    def feed_commits_first(table: Any, old: Any, new: Any) -> None:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            commit_run(first, fenv.kafka.connection, root=fenv.root)
+        replace_files(table, old, new)
+
+    monkeypatch.setattr(maintenance, "_replace_files", feed_commits_first)
+    report = maintenance.maintain(feed)
+    monkeypatch.setattr(maintenance, "_replace_files", replace_files)
+    assert len(calls) == 2 and report.commit_retries >= 1, report
+    assert report.files_rewritten > 0 and not report.notes, report
+    assert publisher.published(first.plan_id) is not None
+    assert fenv.committed() == {0: 8, 1: 8, 2: 8}
+    assert_table_matches_kafka(fenv)
+
+    # 2. Maintenance commits while the feed's promotion holds the table it loaded.
+    fenv.produce(6)
+    second = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(second, fenv.kafka.connection)
+    point = iceberg_output.fault_point
+    ran: list[Any] = []
+
+    def maintenance_commits_first(name: Any) -> None:
+        if name == "iceberg.before_commit" and not ran:
+            ran.append(maintenance.maintain(feed))
+        point(name)
+
+    monkeypatch.setattr(iceberg_output, "fault_point", maintenance_commits_first)
+    commit_run(second, fenv.kafka.connection, root=fenv.root)
+    monkeypatch.setattr(iceberg_output, "fault_point", point)
+    [during] = ran
+    assert during.files_rewritten > 0, during  # it committed a compaction under the promotion's feet
+    table = publisher.load()
+    assert table is not None
+    operations = [(s.summary or {}).get("tidemark.maintenance") for s in table.snapshots()]
+    assert operations.count("compaction") >= 1
+    assert publisher.published(second.plan_id) is not None
+    assert fenv.committed() == {0: 10, 1: 10, 2: 10}
+    assert_table_matches_kafka(fenv)

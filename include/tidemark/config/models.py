@@ -315,6 +315,57 @@ class IcebergOutput(_Model):
         return v
 
 
+class Maintenance(_Model):
+    """Table maintenance of an Iceberg feed (``maintenance:``): what ``tidemark maintain`` and the feed's
+    ``tidemark_maintain_<feed>`` DAG do (:mod:`tidemark.output.maintenance`).
+
+    ``schedule``: when the maintenance DAG runs (a cron or preset; default ``@daily``).
+    Compaction: a table partition with at least ``min_input_files`` data files smaller than
+    three quarters of ``target_file_mb`` has them rewritten into files near ``target_file_mb``
+    (Iceberg's defaults: 5 files; 512 MB, here 128 MB for feeds of small runs).
+    Snapshot expiry: snapshots older than ``snapshot_max_age`` are expired, except the newest
+    ``keep_snapshots`` of the main branch and every branch's or tag's head. Orphan removal:
+    files under the table's location that no snapshot, metadata file or pending run names,
+    older than ``orphan_min_age`` (at least 1h: a job uploads files before its run commits
+    them). Durations as ``30m``, ``72h`` or ISO 8601.
+    """
+
+    schedule: str = "@daily"
+    target_file_mb: PositiveInt = 128
+    min_input_files: int = Field(default=5, ge=2)
+    keep_snapshots: PositiveInt = 10
+    snapshot_max_age: str = "120h"
+    orphan_min_age: str = "72h"
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule_known(cls, v: str) -> str:
+        schedule_interval(v)
+        return v
+
+    @field_validator("snapshot_max_age", "orphan_min_age")
+    @classmethod
+    def _duration_ok(cls, v: str, info: ValidationInfo) -> str:
+        _duration_field(v, f"maintenance.{info.field_name}")
+        if info.field_name == "orphan_min_age" and parse_skew(v) < timedelta(hours=1):
+            raise ValueError(
+                "maintenance.orphan_min_age: at least 1h (a run's job uploads its files before the run commits them)"
+            )
+        return v
+
+    @property
+    def target_file_bytes(self) -> int:
+        return self.target_file_mb * 1024 * 1024
+
+    @property
+    def snapshot_max_age_td(self) -> timedelta:
+        return parse_skew(self.snapshot_max_age, "maintenance.snapshot_max_age")
+
+    @property
+    def orphan_min_age_td(self) -> timedelta:
+        return parse_skew(self.orphan_min_age, "maintenance.orphan_min_age")
+
+
 class Feed(_Model):
     """One feed: what to read, from where it resumes, and how it is checked and written."""
 
@@ -344,6 +395,7 @@ class Feed(_Model):
     time_windows: TimeWindows = TimeWindows()
     alerts: Alerts | None = None
     trigger: Trigger | None = None
+    maintenance: Maintenance | None = None
 
     @field_validator("name")
     @classmethod
@@ -391,6 +443,11 @@ class Feed(_Model):
             raise ValueError("max_records_per_partition is larger than max_records_per_run")
         if self.iceberg is not None and self.output_format != "iceberg":
             raise ValueError("'iceberg' settings need output_format: iceberg")
+        if self.maintenance is not None and self.output_format != "iceberg":
+            raise ValueError(
+                "'maintenance' is for Iceberg tables (output_format: iceberg); a Parquet folder's plans are kept as "
+                "published (see docs/ARCHITECTURE.md, 'Table maintenance')"
+            )
         deser = self.deserialization
         if deser.format in REGISTRY_FORMATS and deser.subject is None and len(self.topics) > 1:
             raise ValueError("deserialization.subject: a feed of several topics names the subject of its reader schema")
