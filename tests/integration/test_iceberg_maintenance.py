@@ -11,6 +11,7 @@ plan twice, and recover the position exactly. The table is compared with an inde
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -261,3 +262,48 @@ def test_maintenance_racing_a_feed_commit_loses_neither(fenv: FaultEnv, monkeypa
     assert publisher.published(second.plan_id) is not None
     assert fenv.committed() == {0: 10, 1: 10, 2: 10}
     assert_table_matches_kafka(fenv)
+
+
+def test_a_topic_recreated_after_expiry_starts_on_its_new_id_without_a_refusal(fenv: FaultEnv) -> None:
+    """The ledger's ends are per topic id: the recreated topic's offsets (from 0 again) are new records, not a
+    repeat of the old topic's, even with the history expired and the checkpoint store and the group gone."""
+    from tests.integration.runs.test_topic_identity import recreate
+
+    fenv.use_iceberg("tidemark.recreated")
+    for _ in range(3):
+        fenv.produce(6)
+        fenv.run()
+    old = oracle(fenv.kafka.connection, {(fenv.topic, p): (0, 6) for p in range(3)})
+    assert fenv.published() == old
+    pyiceberg_compact_and_expire(fenv)
+    recreate(fenv)  # Kafka drops the group's offsets of the deleted topic with it
+    assert fenv.committed() == {0: None, 1: None, 2: None}
+    (fenv.root / "checkpoints.sqlite").unlink()
+    fenv.produce(9)
+    first, _, _ = fenv.run()
+    plan = first.plan()
+    assert [(p.start, p.end) for p in plan.partitions] == [(0, 3), (0, 3), (0, 3)]
+    # The table's ends were recorded on the old topic's id: not a position on the new one (runs.gather), so the
+    # partitions start by the reset policy; the ledger's check at the commit takes the new id's ranges as new.
+    assert {e.kind for e in plan.events} == {"reset"}
+    assert fenv.committed() == {0: 3, 1: 3, 2: 3}
+    new = oracle(fenv.kafka.connection, {(fenv.topic, p): (0, 3) for p in range(3)})
+    assert fenv.published() == old + new
+    # The table refuses, at its own commit, ranges it already holds on either id, whatever the checkpoint store says.
+    from tidemark.config.models import load_feed
+    from tidemark.errors import PublishError
+    from tidemark.output.iceberg import FEED_KEY, GROUP_KEY, PLAN_KEY, RANGES_KEY, IcebergPublisher, commit_files
+    from tidemark.output.ledger import Ledger, ledger_key
+
+    publisher = IcebergPublisher(load_feed(fenv.feed))
+    table = publisher.load()
+    assert table is not None
+    ledger = Ledger.from_json(table.properties[ledger_key(fenv.feed)])
+    assert len(ledger.ends[fenv.topic]) == 2  # the old id's ends and the new one's
+    for topic_id, end in ledger.ends[fenv.topic].items():
+        ranges = [{"topic": fenv.topic, "partition": 0, "start": end[0] - 1, "end": end[0] + 1, "topic_id": topic_id}]
+        properties = {PLAN_KEY: f"again-{topic_id}", FEED_KEY: fenv.feed, GROUP_KEY: fenv.group,
+                      RANGES_KEY: json.dumps(ranges)}  # fmt: skip
+        with pytest.raises(PublishError, match="would be in the table twice"):
+            commit_files(table, [], properties, "tidemark.recreated")
+    assert fenv.published() == old + new
