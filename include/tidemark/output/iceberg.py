@@ -402,7 +402,8 @@ class IcebergPublisher:
     def _find(self, table: Table, plan_id: str) -> Manifest | None:
         """``plan_id``'s publication: the feed's ledger first (it survives snapshot expiry and compaction), then
         the history still kept (a plan older than the ledger's recent plans, or a table without a ledger)."""
-        ledger = table_ledger(table, self.feed.name)
+        text = table.properties.get(ledger_key(self.feed.name))  # a table without one: the history below
+        ledger = None if text is None else Ledger.from_json(text)
         entry = None if ledger is None else ledger.find(plan_id)
         if ledger is not None and entry is not None:
             kept = None if entry.snapshot_id is None else table.metadata.snapshot_by_id(entry.snapshot_id)
