@@ -307,3 +307,43 @@ def test_a_topic_recreated_after_expiry_starts_on_its_new_id_without_a_refusal(f
         with pytest.raises(PublishError, match="would be in the table twice"):
             commit_files(table, [], properties, "tidemark.recreated")
     assert fenv.published() == old + new
+
+
+def test_the_partitioning_a_feed_chooses_and_its_evolution(fenv: FaultEnv) -> None:
+    """``iceberg.partition_by: hour``: the table is partitioned by hour(timestamp) and topic, each file in one hour;
+    changed to ``month``, the next commit evolves the spec (old files keep theirs) and the table still equals the
+    oracle; maintenance compacts within the current spec."""
+    from tidemark.config.models import load_feed
+    from tidemark.output.iceberg import IcebergPublisher, spec_of
+    from tidemark.output.maintenance import maintain
+
+    fenv.use_iceberg("tidemark.parted")
+    fenv.write_feed(iceberg={"table": "tidemark.parted", "partition_by": "hour"})
+    fenv.produce(6)
+    fenv.run()
+    publisher = IcebergPublisher(load_feed(fenv.feed))
+    table = publisher.load()
+    assert table is not None and spec_of(table) == {("timestamp", "hour"), ("topic", "identity")}
+    files = table.inspect.files().to_pylist()
+    assert files and all(set(f["partition"]) == {"timestamp_hour", "topic"} for f in files)
+    assert all("/timestamp_hour=" in f["file_path"] for f in files)
+    assert_table_matches_kafka(fenv)
+
+    fenv.write_feed(iceberg={"table": "tidemark.parted", "partition_by": "month"},
+                    maintenance={"min_input_files": 2, "target_file_mb": 1})  # fmt: skip
+    for _ in range(2):
+        fenv.produce(6)
+        fenv.run()
+    table = publisher.load()
+    assert table is not None and spec_of(table) == {("timestamp", "month"), ("topic", "identity")}
+    assert {str(f.transform) for spec in table.specs().values() for f in spec.fields} == {"hour", "month", "identity"}
+    by_spec = sorted(t.file.spec_id for t in table.scan().plan_files())
+    assert by_spec[0] != by_spec[-1]  # the first run's files keep the hour spec
+    assert_table_matches_kafka(fenv)
+    current = [t.file.file_path for t in table.scan().plan_files() if t.file.spec_id == table.spec().spec_id]
+    older = {t.file.file_path for t in table.scan().plan_files()} - set(current)
+    report = maintain(load_feed(fenv.feed))
+    assert report.files_rewritten == len(current) >= 2 and report.files_written == 1, report
+    table = publisher.load()
+    assert table is not None and older <= {t.file.file_path for t in table.scan().plan_files()}  # hour files kept
+    assert_table_matches_kafka(fenv)

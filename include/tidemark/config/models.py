@@ -296,16 +296,24 @@ class Trigger(_Model):
 ICEBERG_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}\.[A-Za-z_][A-Za-z0-9_]{0,99}$")
 
 
+IcebergPartitioning = Literal["date", "hour", "day", "month", "none"]
+
+
 class IcebergOutput(_Model):
     """Where an Iceberg feed publishes: ``table`` (``namespace.name``) in Tidemark's catalog.
 
     The catalog itself (its URL and credentials) is never part of a feed: see
     :mod:`tidemark.output.iceberg`. ``quarantine`` is where records kept aside go (default
     ``<output>.quarantine``, a Parquet folder beside the table's location).
+    ``partition_by``: ``date`` (default: the ``date`` column, the record timestamp's UTC
+    date, then ``topic``), ``hour`` / ``day`` / ``month`` (Iceberg's transform of the
+    record's Kafka ``timestamp``, then ``topic``) or ``none``. A change evolves the table's
+    spec with the next commit; files already written keep theirs.
     """
 
     table: str | None = None
     quarantine: str | None = None
+    partition_by: IcebergPartitioning = "date"
 
     @field_validator("table")
     @classmethod

@@ -254,14 +254,14 @@ def _rewrite(table: Table, group: list[DataFile], target: int) -> list[DataFile]
     data = data.sort_by(order) if order else data
     count = max(1, math.ceil(sum(f.file_size_in_bytes for f in group) / target))
     rows = math.ceil(data.num_rows / count) if data.num_rows else 0
-    folder = table.spec().partition_to_path(group[0].partition, table.schema())
+    folder = "/".join(["data", *filter(None, [table.spec().partition_to_path(group[0].partition, table.schema())])])
     batch = uuid.uuid4().hex[:12]
     written: list[DataFile] = []
     for index in range(count):
         part = data.slice(index * rows, rows) if rows else data
         if index and part.num_rows == 0:
             break
-        path = f"{table.location().rstrip('/')}/data/{folder}/compacted-{batch}-{index:05d}.parquet"
+        path = f"{table.location().rstrip('/')}/{folder}/compacted-{batch}-{index:05d}.parquet"
         with table.io.new_output(path).create(overwrite=False) as out:
             pq.write_table(part, out)
         written.append(parquet_file_to_data_file(table.io, table.metadata, path))

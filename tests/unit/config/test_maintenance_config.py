@@ -56,3 +56,11 @@ def test_invalid_sections_name_the_file_and_the_field(tmp_path: Path, text: str,
     assert message.startswith(str(path))
     for name in names:
         assert name in message
+
+
+def test_partition_by_is_one_of_the_specs(tmp_path: Path) -> None:
+    feed = load_feed_file(feed_file(tmp_path, ICEBERG + "iceberg: {partition_by: hour}\n"))
+    assert feed.iceberg is not None and feed.iceberg.partition_by == "hour"
+    path = feed_file(tmp_path, ICEBERG + "iceberg: {partition_by: week}\n")
+    with pytest.raises(ConfigError, match=r"iceberg\.partition_by"):
+        load_feed_file(path)
