@@ -26,7 +26,9 @@ property, and every commit below is built on the table as loaded, properties inc
 Every commit is a compare-and-set (``commit.retry.num-retries=0`` on Tidemark's tables):
 when a feed committed a plan meanwhile, the catalog refuses it and maintenance loads the
 table again and retries (up to :data:`ATTEMPTS` times); a compaction whose small files
-another writer removed meanwhile gives up that round and deletes the files it wrote. The
+another writer removed meanwhile gives up that round and deletes the files it wrote (but not
+when the catalog cannot tell whether the commit landed: then they stay, for a later orphan
+removal to take if no snapshot names them). The
 feed's own commit, refused because maintenance committed first, reads the table again
 (``IcebergPublisher.promote``). Neither loses the other's commit.
 
@@ -199,7 +201,7 @@ def compaction_groups(table: Table, settings: Maintenance) -> list[list[DataFile
 
 def compact(table: Table, settings: Maintenance, tally: _Tally, *, dry_run: bool = False) -> Table:
     """Rewrite the small files of :func:`compaction_groups` in one snapshot, retried on a refused commit."""
-    from pyiceberg.exceptions import CommitFailedException, ValidationException
+    from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException, ValidationException
 
     groups = compaction_groups(table, settings)
     if not groups:
@@ -233,6 +235,8 @@ def compact(table: Table, settings: Maintenance, tally: _Tally, *, dry_run: bool
                 break
         else:
             tally.notes.append(f"compaction refused {ATTEMPTS} times (the table kept changing); nothing replaced")
+    except CommitStateUnknownException:
+        raise  # the commit may have landed with the new files: they are not this run's to delete
     except BaseException:
         _delete_files(table, new)
         raise
