@@ -347,3 +347,11 @@ def test_the_partitioning_a_feed_chooses_and_its_evolution(fenv: FaultEnv) -> No
     table = publisher.load()
     assert table is not None and older <= {t.file.file_path for t in table.scan().plan_files()}  # hour files kept
     assert_table_matches_kafka(fenv)
+    fenv.write_feed(iceberg={"table": "tidemark.parted", "partition_by": "none"})
+    fenv.produce(6)
+    fenv.run()
+    table = publisher.load()
+    assert table is not None and spec_of(table) == set()
+    newest = [t.file for t in table.scan().plan_files() if t.file.spec_id == table.spec().spec_id]
+    assert newest and all(len(f.partition) == 0 and "/data/" in f.file_path for f in newest)
+    assert_table_matches_kafka(fenv)
