@@ -535,6 +535,37 @@ MUTANTS = (
             "tests/unit/spark/test_protobuf_resolution.py::test_a_field_misread_anywhere_below_the_top_is_refused_naming_it",
         ),
     ),
+    Mutant(
+        "iceberg-ledger-not-written",
+        "an Iceberg table knows its plans and position whatever snapshots were expired (the ledger property)",
+        (
+            Edit(
+                "include/tidemark/output/iceberg.py",
+                "                tx.set_properties({ledger_key(feed): after.to_json()})",
+                "                pass",
+            ),
+        ),
+        (
+            "tests/integration/test_iceberg_maintenance.py::"
+            "test_guarantees_survive_pyiceberg_compaction_and_snapshot_expiry",
+        ),
+    ),
+    Mutant(
+        "iceberg-ledger-overlap-unchecked",
+        "an Iceberg table never takes a range it already holds, whatever the checkpoint store remembers",
+        (
+            Edit(
+                "include/tidemark/output/ledger.py",
+                "        if end > start and held is not None and start < held:",
+                "        if False:",
+            ),
+        ),
+        (
+            "tests/integration/test_iceberg_maintenance.py::"
+            "test_a_topic_recreated_after_expiry_starts_on_its_new_id_without_a_refusal",
+            "tests/unit/output/test_table_ledger.py",
+        ),
+    ),
 )
 
 
