@@ -122,6 +122,12 @@ bench-plan: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tests.bench.plan $(BENCH_PLAN_ARGS)
 
+# Maintenance benchmark: 1,000 plans of 1,000 records into an Iceberg table, then `maintain`: files, bytes, snapshots,
+# scan planning and read time before and after (BENCH_MAINTAIN_ARGS='--plans 200' for a quicker run). No Kafka, no Spark.
+.PHONY: bench-maintain
+bench-maintain: install
+	$(BIN)/python -m tests.bench.maintain --out docs/benchmarks/bench-maintain.json $(BENCH_MAINTAIN_ARGS)
+
 # View benchmark: renders a 200-partition feed's Tidemark view; prints the median.
 bench-view: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up

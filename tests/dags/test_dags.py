@@ -194,3 +194,23 @@ def test_the_watchdog_dag_exists_when_a_feed_sets_stale_after(tmp_path: Path) ->
     watchdog = all_dags(feeds)["tidemark_watchdog"]
 
     assert [t.task_id for t in watchdog.tasks] == ["stale_feeds"] and watchdog.schedule == "*/10 * * * *"
+
+
+def test_an_iceberg_feed_with_maintenance_gets_a_maintenance_dag(tmp_path: Path) -> None:
+    from tidemark.orchestration.dags import all_dags
+
+    feeds = tmp_path / "feeds"
+    feeds.mkdir()
+    (feeds / "plain.yaml").write_text(f"topics: [t]\ngroup: g1\noutput: {tmp_path / 'p'}\noutput_format: iceberg\n")
+    kept = (f"topics: [t]\ngroup: g2\noutput: {tmp_path / 'k'}\noutput_format: iceberg\n"
+            "maintenance: {schedule: '6h', target_file_mb: 256}\n")  # fmt: skip
+    (feeds / "kept.yaml").write_text(kept)
+
+    dags = all_dags(feeds)
+
+    assert "tidemark_plain.maintenance" not in dags
+    maintenance = dags["tidemark_kept.maintenance"]
+    assert [t.task_id for t in maintenance.tasks] == ["maintain"]
+    assert "maintenance" in maintenance.tags and maintenance.max_active_runs == 1
+    assert "256 MB" in (maintenance.doc_md or "")
+    assert all(t.retries >= 1 and t.owner == "data-platform" for t in maintenance.tasks)

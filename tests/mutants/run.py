@@ -172,9 +172,9 @@ MUTANTS = (
         (
             Edit(
                 "include/tidemark/output/iceberg.py",
-                'commit_files(table, list(doc["paths"]), doc["properties"], self.table_name, evolve_to=evolve_to)',
+                'commit_files(table, list(doc["paths"]), doc["properties"], self.table_name, evolve_to=evolve_to,',
                 'commit_files(self.load() or table, list(doc["paths"]), doc["properties"], self.table_name, '
-                "evolve_to=evolve_to)",
+                "evolve_to=evolve_to,",
             ),
         ),
         (
@@ -563,6 +563,37 @@ MUTANTS = (
         ),
         (
             "tests/integration/runs/test_topic_patterns.py::test_a_pattern_feed_picks_up_a_topic_created_after_its_first_run",
+        ),
+    ),
+    Mutant(
+        "iceberg-ledger-not-written",
+        "an Iceberg table knows its plans and position whatever snapshots were expired (the ledger property)",
+        (
+            Edit(
+                "include/tidemark/output/iceberg.py",
+                "                tx.set_properties({ledger_key(feed): after.to_json()})",
+                "                pass",
+            ),
+        ),
+        (
+            "tests/integration/test_iceberg_maintenance.py::"
+            "test_guarantees_survive_pyiceberg_compaction_and_snapshot_expiry",
+        ),
+    ),
+    Mutant(
+        "iceberg-ledger-overlap-unchecked",
+        "an Iceberg table never takes a range it already holds, whatever the checkpoint store remembers",
+        (
+            Edit(
+                "include/tidemark/output/ledger.py",
+                "        if end > start and held is not None and start < held:",
+                "        if False:",
+            ),
+        ),
+        (
+            "tests/integration/test_iceberg_maintenance.py::"
+            "test_a_topic_recreated_after_expiry_starts_on_its_new_id_without_a_refusal",
+            "tests/unit/output/test_table_ledger.py",
         ),
     ),
 )

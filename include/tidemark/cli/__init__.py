@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from tidemark.cli.airflow import add_airflow
 from tidemark.cli.demo import run_demo
+from tidemark.cli.maintain import add_maintain
 from tidemark.cli.output import error, table
 from tidemark.cli.plan import add_planning
 from tidemark.cli.run import add_run
@@ -100,6 +101,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     add_planning,
     add_run,
     add_runs,
+    add_maintain,
     add_airflow,
     add_watch,
 ]

@@ -334,16 +334,24 @@ def _regex_refusal(feed: str, field_name: str, value: str) -> str | None:
 ICEBERG_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}\.[A-Za-z_][A-Za-z0-9_]{0,99}$")
 
 
+IcebergPartitioning = Literal["date", "hour", "day", "month", "none"]
+
+
 class IcebergOutput(_Model):
     """Where an Iceberg feed publishes: ``table`` (``namespace.name``) in Tidemark's catalog.
 
     The catalog itself (its URL and credentials) is never part of a feed: see
     :mod:`tidemark.output.iceberg`. ``quarantine`` is where records kept aside go (default
     ``<output>.quarantine``, a Parquet folder beside the table's location).
+    ``partition_by``: ``date`` (default: the ``date`` column, the record timestamp's UTC
+    date, then ``topic``), ``hour`` / ``day`` / ``month`` (Iceberg's transform of the
+    record's Kafka ``timestamp``, then ``topic``) or ``none``. A change evolves the table's
+    spec with the next commit; files already written keep theirs.
     """
 
     table: str | None = None
     quarantine: str | None = None
+    partition_by: IcebergPartitioning = "date"
 
     @field_validator("table")
     @classmethod
@@ -351,6 +359,57 @@ class IcebergOutput(_Model):
         if v is not None and not ICEBERG_TABLE.match(v):
             raise ValueError(f"{v!r} is not namespace.name (letters, digits and '_', one dot)")
         return v
+
+
+class Maintenance(_Model):
+    """Table maintenance of an Iceberg feed (``maintenance:``): what ``tidemark maintain`` and the feed's
+    ``tidemark_maintain_<feed>`` DAG do (:mod:`tidemark.output.maintenance`).
+
+    ``schedule``: when the maintenance DAG runs (a cron or preset; default ``@daily``).
+    Compaction: a table partition with at least ``min_input_files`` data files smaller than
+    three quarters of ``target_file_mb`` has them rewritten into files near ``target_file_mb``
+    (Iceberg's defaults: 5 files; 512 MB, here 128 MB for feeds of small runs).
+    Snapshot expiry: snapshots older than ``snapshot_max_age`` are expired, except the newest
+    ``keep_snapshots`` of the main branch and every branch's or tag's head. Orphan removal:
+    files under the table's location that no snapshot, metadata file or pending run names,
+    older than ``orphan_min_age`` (at least 1h: a job uploads files before its run commits
+    them). Durations as ``30m``, ``72h`` or ISO 8601.
+    """
+
+    schedule: str = "@daily"
+    target_file_mb: PositiveInt = 128
+    min_input_files: int = Field(default=5, ge=2)
+    keep_snapshots: PositiveInt = 10
+    snapshot_max_age: str = "120h"
+    orphan_min_age: str = "72h"
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule_known(cls, v: str) -> str:
+        schedule_interval(v)
+        return v
+
+    @field_validator("snapshot_max_age", "orphan_min_age")
+    @classmethod
+    def _duration_ok(cls, v: str, info: ValidationInfo) -> str:
+        _duration_field(v, f"maintenance.{info.field_name}")
+        if info.field_name == "orphan_min_age" and parse_skew(v) < timedelta(hours=1):
+            raise ValueError(
+                "maintenance.orphan_min_age: at least 1h (a run's job uploads its files before the run commits them)"
+            )
+        return v
+
+    @property
+    def target_file_bytes(self) -> int:
+        return self.target_file_mb * 1024 * 1024
+
+    @property
+    def snapshot_max_age_td(self) -> timedelta:
+        return parse_skew(self.snapshot_max_age, "maintenance.snapshot_max_age")
+
+    @property
+    def orphan_min_age_td(self) -> timedelta:
+        return parse_skew(self.orphan_min_age, "maintenance.orphan_min_age")
 
 
 class Feed(_Model):
@@ -386,6 +445,7 @@ class Feed(_Model):
     time_windows: TimeWindows = TimeWindows()
     alerts: Alerts | None = None
     trigger: Trigger | None = None
+    maintenance: Maintenance | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -461,6 +521,11 @@ class Feed(_Model):
             raise ValueError("max_records_per_partition is larger than max_records_per_run")
         if self.iceberg is not None and self.output_format != "iceberg":
             raise ValueError("'iceberg' settings need output_format: iceberg")
+        if self.maintenance is not None and self.output_format != "iceberg":
+            raise ValueError(
+                "'maintenance' is for Iceberg tables (output_format: iceberg); a Parquet folder's plans are kept as "
+                "published (see docs/ARCHITECTURE.md, 'Table maintenance')"
+            )
         deser = self.deserialization
         # A pattern may match several topics (and more later): its reader schemas are named, never <topic>-value.
         several = len(self.topics) > 1 or self.topic_pattern is not None

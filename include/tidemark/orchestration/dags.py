@@ -43,6 +43,7 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark.checkpoints.store import CheckpointStore
+from tidemark.config.durations import schedule_interval
 from tidemark.config.models import Feed, dag_id, load_feed, package_root, scan_feeds
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
 from tidemark.kafka.connection import is_secret
@@ -578,6 +579,61 @@ def watchdog_dag() -> DAG:
     return dag
 
 
+@task(task_id="maintain")
+def maintain_step(feed_name: str) -> dict[str, Any]:
+    """Compact the feed's table, expire its snapshots, remove its orphan files; the record goes to the run history.
+
+    Safe beside the feed's own runs: each commit is a compare-and-set, retried on the table
+    as another writer left it (:mod:`tidemark.output.maintenance`).
+    """
+    from tidemark.output.maintenance import maintain
+
+    with _storage_settings():
+        report = _no_retry_for_refusals(lambda: maintain(load_feed(feed_name)))
+    log.info("maintenance of %s: %s", report.table, report.summary())
+    for note in report.notes:
+        log.warning("maintenance of %s: %s", report.table, note)
+    return report.to_dict()
+
+
+def maintenance_dag_id(feed: Feed) -> str:
+    """``tidemark_<feed>.maintenance``: a feed's DAG id has no dot, so no feed's DAG can take this id."""
+    return f"{dag_id(feed.name)}.maintenance"
+
+
+def _maintenance_schedule(schedule: str) -> Any:
+    """A cron or preset as Airflow takes it; ``6h``-style as a timetable of that interval."""
+    if schedule.startswith("@") or " " in schedule.strip():
+        return schedule
+    return DeltaTriggerTimetable(schedule_interval(schedule))
+
+
+def maintenance_dag(feed: Feed) -> DAG:
+    """The maintenance DAG of an Iceberg feed with a ``maintenance:`` section, on that section's schedule."""
+    assert feed.maintenance is not None
+    m = feed.maintenance
+    with DAG(
+        dag_id=maintenance_dag_id(feed),
+        description=f"Table maintenance of {feed.iceberg_table} (feed {feed.name})",
+        doc_md=(
+            f"Compacts the Iceberg table `{feed.iceberg_table}` (partitions with at least {m.min_input_files} files "
+            f"under 3/4 of {m.target_file_mb} MB are rewritten into files near {m.target_file_mb} MB), expires "
+            f"snapshots older than {m.snapshot_max_age} (keeping the newest {m.keep_snapshots}) and removes files "
+            f"nothing references, older than {m.orphan_min_age}. Each commit is a compare-and-set retried on the "
+            "table as the feed's runs left it; the feed's guarantees live in the table's ledger property, which "
+            "maintenance keeps. The record shows on the feed's page in the Tidemark view."
+        ),
+        schedule=_maintenance_schedule(m.schedule),
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        default_args=DEFAULT_ARGS,
+        tags=["tidemark", "maintenance", feed.name],
+    ) as dag:
+        maintain_step(feed.name)
+    return dag
+
+
 def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None, *, alerts: bool = False) -> None:
     # feed_name may be a template ("{{ params.feed }}"): TaskFlow arguments are rendered.
     planned = plan_step(feed_name, mode)
@@ -768,7 +824,8 @@ def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
 
 
 def all_dags(feeds_directory: Path | None = None) -> dict[str, DAG]:
-    """A DAG per feed plus backfill and replay (and the watchdog when a feed sets ``alerts.stale_after``), by DAG id.
+    """A DAG per feed plus backfill and replay (and the watchdog when a feed sets ``alerts.stale_after``, and a
+    maintenance DAG per Iceberg feed with ``maintenance:``), by DAG id.
 
     Each feed file loads on its own (:func:`tidemark.config.models.scan_feeds`): a malformed,
     invalid or colliding file gets no DAG while every other feed and the built-in DAGs load;
@@ -778,6 +835,9 @@ def all_dags(feeds_directory: Path | None = None) -> dict[str, DAG]:
     dags = {d.dag_id: d for d in (feed_dag(f) for f in feeds.values())}
     for extra in (backfill_dag(feeds), replay_dag(feeds)):
         dags[extra.dag_id] = extra
+    for feed in feeds.values():
+        if feed.maintenance is not None:
+            dags[maintenance_dag_id(feed)] = maintenance_dag(feed)
     if any(f.alerts is not None and f.alerts.stale_after for f in feeds.values()):
         dags[dag_id("watchdog")] = watchdog_dag()
     return dags

@@ -4,18 +4,20 @@ No ``iceberg-spark-runtime`` release works on pyspark 4.3, so Spark does not tal
 Iceberg here. The job stages and validates exactly as for a Parquet folder; then
 :meth:`IcebergPublisher.publish_staged`
 
-1. has Spark rewrite the good records into one Parquet file per ``(date, topic)``, each
-   file *containing* both columns (pyiceberg's ``add_files`` derives a file's partition
-   from its column statistics; Spark's ``partitionBy`` would drop them) with
+1. has Spark rewrite the good records into Parquet files of one partition each (the
+   feed's ``iceberg.partition_by``, :data:`SPECS`: ``(date, topic)`` by default), each
+   file *containing* the source columns (pyiceberg's ``add_files`` derives a file's
+   partition from its column statistics; Spark's ``partitionBy`` would drop them) with
    ``TIMESTAMP_MICROS`` timestamps (Iceberg has no INT96);
-2. loads the table (created on first use from the feed's decoded schema, partitioned by
-   ``date`` then ``topic``, ``commit.retry.num-retries=0``) and looks for the plan id in
-   the snapshot history of the main branch: found, the plan is published and nothing is
-   written; then checks the decoded schema against the table's (:func:`schema_changes`:
-   columns to add, types to promote, or a refusal);
+2. loads the table (created on first use from the feed's decoded schema, partitioned as
+   the feed says, ``commit.retry.num-retries=0``) and looks for the plan id in
+   the feed's **ledger** (:mod:`tidemark.output.ledger`, a table property that snapshot
+   expiry and compaction leave alone), then in the snapshot history still kept: found, the
+   plan is published and nothing is written; then checks the decoded schema against the
+   table's (:func:`schema_changes`: columns to add, types to promote, or a refusal);
 3. uploads quarantined records to a sibling Parquet folder (``<output>.quarantine/plan_id=<id>/``,
    replaced whole by a rerun of the plan, removed when the run is discarded) and the data
-   files under the table's location (``data/date=<d>/topic=<t>/<plan id>-<attempt>-<n>.parquet``;
+   files under the table's location (``data/<partition folders>/<plan id>-<attempt>-<n>.parquet``;
    a file no snapshot references is invisible to readers);
 4. for a run's job (the commit protocol, ``docs/ARCHITECTURE.md``): writes a *pending*
    record (``<table location>.pending/<run id>/plan_id=<id>.json``: the files, the snapshot
@@ -23,10 +25,16 @@ Iceberg here. The job stages and validates exactly as for a Parquet folder; then
    group's commit, calls :meth:`IcebergPublisher.promote`, which commits them in **one**
    ``add_files`` with the plan id, run id, feed, group and the per-partition ranges
    (with topic ids) in the snapshot summary, in the same transaction as the schema change,
-   if any (:func:`commit_files`). The commit is a compare-and-set on the metadata it
-   loaded: if anyone committed to the table since, the catalog refuses it (retries off:
-   pyiceberg does not rebase it) and ``promote`` looks at the new history again, so a plan
-   is never committed twice. A job outside any run commits at once.
+   if any, as the partition spec's evolution when the feed's choice changed, and as the
+   feed's ledger updated with the plan (:func:`commit_files`; a plan
+   starting below the ledger's ends is refused). The commit is a compare-and-set on the
+   metadata it loaded: if anyone committed to the table since, the catalog refuses it
+   (retries off: pyiceberg does not rebase it) and ``promote`` looks at the new ledger
+   again, so a plan is never committed twice. A job outside any run commits at once.
+
+The group's position for recovery (:meth:`IcebergPublisher.positions`) is the ledger's ends
+too; tables written before the ledger are read from their history, and their first commit
+now writes a ledger rebuilt from it (:func:`ledger_from_history`).
 
 The catalog is whatever pyiceberg opens as the catalog named ``tidemark``:
 ``TIDEMARK_ICEBERG_CATALOG_URI`` chooses it by scheme (a SQLAlchemy URL for the SQL
@@ -63,6 +71,7 @@ from tidemark.config.models import Feed, state_location
 from tidemark.errors import ConfigError, PublishError, SchemaError, StateStoreError
 from tidemark.faults import fault_point
 from tidemark.output.base import QUARANTINE_DIR, STAGING_DIR, FileEntry, Manifest, StagedRecords
+from tidemark.output.ledger import Ledger, LedgerPlan, ledger_key, overlap
 from tidemark.output.staging import (
     Staging,
     local_staging_base,
@@ -76,7 +85,7 @@ from tidemark.planning.plan import Plan, RecoveredPosition
 from tidemark.redaction import redact, redact_url
 from tidemark.spark.session import session_conf
 from tidemark.spark.stats import RangeStats
-from tidemark.staged import DATE_COLUMN, PARQUET_TIMESTAMPS, PARTITION_COLUMNS, PASS_DIR, TOPIC_COLUMN
+from tidemark.staged import PARQUET_TIMESTAMPS, PARTITION_COLUMNS, PASS_DIR, TOPIC_COLUMN
 from tidemark.storage import Location, remove_objects, s3_settings
 
 if TYPE_CHECKING:
@@ -91,7 +100,18 @@ if TYPE_CHECKING:
 CATALOG_URI_ENV = "TIDEMARK_ICEBERG_CATALOG_URI"
 CATALOG_TYPE_ENV = "TIDEMARK_ICEBERG_CATALOG_TYPE"
 CATALOG_NAME = "tidemark"
-PARTITION_FIELDS = tuple(reversed(PARTITION_COLUMNS))  # the table's spec: date first, then topic
+TIMESTAMP_COLUMN = "timestamp"  # the record's Kafka timestamp
+# The table's partition spec per feed choice (``iceberg.partition_by``): (source column, transform), in spec
+# order. ``date`` is the spec every table had before the choice: the date column first, then topic.
+SPECS: dict[str, tuple[tuple[str, str], ...]] = {
+    "date": tuple((c, "identity") for c in reversed(PARTITION_COLUMNS)),
+    "hour": ((TIMESTAMP_COLUMN, "hour"), (TOPIC_COLUMN, "identity")),
+    "day": ((TIMESTAMP_COLUMN, "day"), (TOPIC_COLUMN, "identity")),
+    "month": ((TIMESTAMP_COLUMN, "month"), (TOPIC_COLUMN, "identity")),
+    "none": (),
+}
+# How Spark names a time partition's folder (in UTC, the write's session zone): one folder, one partition value.
+_TIME_FOLDERS = {"hour": "yyyy-MM-dd-HH", "day": "yyyy-MM-dd", "month": "yyyy-MM"}
 NO_RETRY = {"commit.retry.num-retries": "0"}
 # Snapshot summary properties: what names the plan in the table's history.
 PLAN_KEY = "tidemark.plan-id"
@@ -104,7 +124,7 @@ QUARANTINED_KEY = "tidemark.quarantined"
 # On a snapshot that took a plan's files out again: written by Tidemark versions that retracted
 # refused runs' publications (before the commit protocol showed only committed plans); still read.
 RETRACTED_KEY = "tidemark.retracted-plan-id"
-_TOPIC_COPY, _DATE_COPY = "_tidemark_topic", "_tidemark_date"
+_COPY_PREFIX = "_tidemark_"  # Spark's partition folders are copies of the partition values: the files keep the columns
 TABLE_FILES_DIR = "_iceberg"  # inside a staging folder: the good records rewritten as table files
 
 
@@ -211,6 +231,89 @@ def plan_history(table: Table) -> list[Snapshot]:
     return list(ancestors_of(table.current_snapshot(), table.metadata))
 
 
+def _field_name(column: str, transform: str) -> str:
+    return column if transform == "identity" else f"{column}_{transform}"
+
+
+def _transform(name: str) -> Any:
+    from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform, MonthTransform
+
+    return {"identity": IdentityTransform, "hour": HourTransform, "day": DayTransform, "month": MonthTransform}[name]()
+
+
+def spec_of(table: Table) -> set[tuple[str, str]]:
+    """The table's current partition spec as (source column, transform) pairs (void fields left out)."""
+    schema = table.schema()
+    return {(schema.find_column_name(f.source_id) or "?", str(f.transform)) for f in table.spec().fields
+            if str(f.transform) != "void"}  # fmt: skip
+
+
+def evolve_spec(tx: Any, table: Table, partition_by: str) -> bool:
+    """In transaction ``tx``: make ``table``'s spec ``partition_by``'s (:data:`SPECS`); whether it changed.
+
+    Iceberg's partition evolution: files already in the table keep the spec they were
+    written with, new files take the new one; readers prune both.
+    """
+    wanted = set(SPECS[partition_by])
+    current = spec_of(table)
+    if current == wanted:
+        return False
+    with tx.update_spec() as update:
+        for f in table.spec().fields:
+            source = table.schema().find_column_name(f.source_id)
+            if (source, str(f.transform)) not in wanted and str(f.transform) != "void":
+                update.remove_field(f.name)
+        for column, transform in SPECS[partition_by]:
+            if (column, transform) not in current:
+                update.add_field(column, _transform(transform), _field_name(column, transform))
+    return True
+
+
+class TableChangedError(PublishError):
+    """The catalog refused a commit because the table changed since it was loaded (the compare-and-set)."""
+
+
+def table_ledger(table: Table, feed: str) -> Ledger | None:
+    """What ``table`` holds of ``feed``: its ledger property, else (a table written by an older Tidemark) the ledger
+    rebuilt from the snapshot summaries still in its history; ``None`` when neither names the feed."""
+    text = table.properties.get(ledger_key(feed))
+    if text is not None:
+        return Ledger.from_json(text)
+    return ledger_from_history(table, feed)
+
+
+def ledger_from_history(table: Table, feed: str) -> Ledger | None:
+    """The ledger of an old table: its main branch's snapshots of ``feed``, oldest first, as if committed now."""
+    retracted: set[str] = set()
+    found: list[tuple[Snapshot, Mapping[str, str]]] = []
+    for snapshot in plan_history(table):  # newest first: a retraction comes before what it retracted
+        summary = snapshot.summary
+        if summary is None:
+            continue
+        if summary.get(RETRACTED_KEY):
+            retracted.add(str(summary.get(RETRACTED_KEY)))
+        if summary.get(FEED_KEY) == feed and summary.get(PLAN_KEY) and summary.get(PLAN_KEY) not in retracted:
+            found.append((snapshot, summary.additional_properties))
+    if not found:
+        return None
+    ledger = Ledger(feed=feed, group=str(found[0][1].get(GROUP_KEY)))
+    for snapshot, props in reversed(found):
+        entry = _ledger_plan(props, snapshot.snapshot_id, snapshot.timestamp_ms)
+        ledger = ledger.with_plan(json.loads(props.get(RANGES_KEY) or "[]"), entry, str(props.get(GROUP_KEY)))
+    return replace(ledger, source="history")
+
+
+def _ledger_plan(properties: Mapping[str, str], snapshot_id: int | None, committed_ms: int) -> LedgerPlan:
+    return LedgerPlan(
+        plan_id=str(properties[PLAN_KEY]),
+        run_id=properties.get(RUN_KEY),
+        records=int(properties.get(RECORDS_KEY) or 0),
+        quarantined=int(properties.get(QUARANTINED_KEY) or 0),
+        snapshot_id=snapshot_id,
+        committed_ms=committed_ms,
+    )
+
+
 def schema_changes(current: Schema, decoded: pa.Schema, table_name: str, records: str) -> list[str]:
     """How the table's schema must change to take records of the ``decoded`` schema; raises when it cannot.
 
@@ -293,6 +396,7 @@ class IcebergPublisher:
         self.location = feed.output_location()
         chosen = feed.iceberg.quarantine if feed.iceberg is not None else None
         self.quarantine = Location.of(chosen) if chosen else self.location.with_name(f"{self.location.name}.quarantine")
+        self.partition_by = feed.iceberg.partition_by if feed.iceberg is not None else "date"
 
     def describe(self) -> str:
         return f"iceberg:{self.table_name} ({self.location})"
@@ -308,7 +412,8 @@ class IcebergPublisher:
             return None
 
     def load_or_create(self, schema: StructType) -> Table:
-        """The table, created on first use from ``schema``: partitioned by date then topic, no commit retries."""
+        """The table, created on first use from ``schema``: partitioned as the feed says (:data:`SPECS`), no commit
+        retries."""
         from pyiceberg.exceptions import TableAlreadyExistsError
 
         table = self.load()
@@ -323,8 +428,8 @@ class IcebergPublisher:
                     ) as create,
                     create.update_spec() as spec,
                 ):
-                    for name in PARTITION_FIELDS:
-                        spec.add_identity(name)
+                    for column, transform in SPECS[self.partition_by]:
+                        spec.add_field(column, _transform(transform), _field_name(column, transform))
             except TableAlreadyExistsError:
                 pass  # created meanwhile by another run: use it
             table = catalog.load_table(self.table_name)
@@ -348,6 +453,34 @@ class IcebergPublisher:
         return None if table is None else self._find(table, plan_id)
 
     def _find(self, table: Table, plan_id: str) -> Manifest | None:
+        """``plan_id``'s publication: the feed's ledger first (it survives snapshot expiry and compaction), then
+        the history still kept (a plan older than the ledger's recent plans, or a table without a ledger)."""
+        text = table.properties.get(ledger_key(self.feed.name))  # a table without one: the history below
+        ledger = None if text is None else Ledger.from_json(text)
+        entry = None if ledger is None else ledger.find(plan_id)
+        if ledger is not None and entry is not None:
+            kept = None if entry.snapshot_id is None else table.metadata.snapshot_by_id(entry.snapshot_id)
+            summary = kept.summary if kept is not None else None
+            return Manifest(
+                plan_id=plan_id,
+                feed=self.feed.name,
+                group=ledger.group,
+                location=self.describe(),
+                published_at=datetime.fromtimestamp(entry.committed_ms / 1000, UTC).isoformat(),
+                records=entry.records,
+                quarantined=entry.quarantined,
+                # the ranges live in the snapshot's summary; an expired snapshot's are gone (reports only)
+                ranges=tuple(json.loads(summary.get(RANGES_KEY) or "[]")) if summary is not None else (),
+                files=(),
+                extra={
+                    "format": "iceberg",
+                    "table": self.table_name,
+                    "snapshot_id": entry.snapshot_id,
+                    "run_id": entry.run_id,
+                    "found_in": "ledger",
+                },
+                reused=True,
+            )
         for snapshot in plan_history(table):
             summary = snapshot.summary
             if summary is not None and summary.get(RETRACTED_KEY) == plan_id:
@@ -468,12 +601,14 @@ class IcebergPublisher:
         )
         if run_id is not None:  # pending: the data files are in no snapshot until promote() commits them
             pending = {"manifest": manifest.to_dict(), "paths": paths, "properties": properties,
-                       "schema": _schema_text(decoded) if changes else None}  # fmt: skip
+                       "schema": _schema_text(decoded) if changes else None,
+                       "partition_by": self.partition_by}  # fmt: skip
             self._pending(plan.plan_id, run_id).write_text(json.dumps(pending, indent=2, sort_keys=True))
             staging.discard()
             return manifest
         fault_point("iceberg.before_commit")  # data files written, catalog not committed
-        commit_files(table, paths, properties, self.table_name, evolve_to=decoded if changes else None)
+        commit_files(table, paths, properties, self.table_name, evolve_to=decoded if changes else None,
+                     partition_by=self.partition_by)  # fmt: skip
         snapshot = table.current_snapshot()
         staging.discard()
         return replace(
@@ -517,9 +652,10 @@ class IcebergPublisher:
                 schema_changes(table.schema(), evolve_to, self.table_name, f"plan {plan_id}")
             fault_point("iceberg.before_commit")  # data files written, catalog not committed
             try:
-                commit_files(table, list(doc["paths"]), doc["properties"], self.table_name, evolve_to=evolve_to)
-            except PublishError:
-                continue  # the table changed meanwhile: look at its history again
+                commit_files(table, list(doc["paths"]), doc["properties"], self.table_name, evolve_to=evolve_to,
+                             partition_by=doc.get("partition_by"))  # fmt: skip
+            except TableChangedError:
+                continue  # the table changed meanwhile: look at its ledger again
             snapshot = table.current_snapshot()
             self._pending(plan_id, run_id).remove_file()
             manifest = Manifest.from_dict(doc["manifest"])
@@ -551,7 +687,7 @@ class IcebergPublisher:
 
     def _staged_files(
         self, staging: Staging, plan: Plan, staged: StagedRecords, expect_records: int, expect_quarantined: int
-    ) -> tuple[list[tuple[Path, tuple[str, str]]], list[str], int, int]:
+    ) -> tuple[list[tuple[Path, PartitionKey]], list[str], int, int]:
         """The staged data files (rewritten as table files) and quarantine folders, counted against validation."""
         import pyarrow.parquet as pq
 
@@ -559,7 +695,9 @@ class IcebergPublisher:
         outcomes = staging.outcomes(staged.outcome_column)
         files_root = staging.root / TABLE_FILES_DIR
         if good in outcomes:
-            _write_table_files(staged.read_good(staging.url(PASS_DIR, good)), staging.url(TABLE_FILES_DIR))
+            _write_table_files(
+                staged.read_good(staging.url(PASS_DIR, good)), staging.url(TABLE_FILES_DIR), self.partition_by
+            )
             staging.pull(TABLE_FILES_DIR, files_root)
         data = _by_partition(files_root)
         bad = [staging.url(PASS_DIR, name) for name in outcomes if name != good]
@@ -587,7 +725,7 @@ class IcebergPublisher:
         return quarantine
 
     def _upload_data(
-        self, staging: Staging, plan: Plan, data: list[tuple[Path, tuple[str, str]]]
+        self, staging: Staging, plan: Plan, data: list[tuple[Path, PartitionKey]]
     ) -> tuple[list[str], list[FileEntry]]:
         """Upload the data files under the table's location; their names relative to it and their entries.
 
@@ -599,8 +737,8 @@ class IcebergPublisher:
         names: list[str] = []
         entries: list[FileEntry] = []
         counters: dict[str, int] = {}
-        for path, (day, topic) in data:
-            part_dir = f"data/date={day}/topic={topic}"
+        for path, key in data:
+            part_dir = "/".join(["data", *(f"{name}={value}" for name, value in key)])
             index = counters[part_dir] = counters.get(part_dir, -1) + 1
             name = f"{part_dir}/{plan.plan_id}-{attempt}-{index:05d}.parquet"
             (upload / name).parent.mkdir(parents=True, exist_ok=True)
@@ -612,9 +750,28 @@ class IcebergPublisher:
         return names, entries
 
     def positions(self, feed: Feed) -> RecoveredPosition | None:
+        """The feed's ends in the table's ledger (whatever snapshots were expired); a table without one: its
+        history's newest snapshot of the feed and group."""
         table = self.load()
         if table is None:
             return None
+        text = table.properties.get(ledger_key(feed.name))
+        ledger = None if text is None else Ledger.from_json(text)
+        if ledger is not None and ledger.group == feed.group and ledger.recent:
+            last = ledger.recent[-1]
+            return RecoveredPosition(
+                ends=ledger.positions(),
+                topic_ids={t: tid for t, tid in ledger.current.items() if tid},
+                source=f"Iceberg table {self.table_name}, its ledger (last plan {last.plan_id}, "
+                f"snapshot {last.snapshot_id})",
+                details={
+                    "table": self.table_name,
+                    "snapshot_id": last.snapshot_id,
+                    "plan_id": last.plan_id,
+                    "run_id": last.run_id,
+                    "from": "ledger",
+                },
+            )
         retracted: set[str] = set()
         for snapshot in plan_history(table):
             summary = snapshot.summary
@@ -657,53 +814,98 @@ def commit_files(
     properties: Mapping[str, str],
     table_name: str,
     evolve_to: pa.Schema | None = None,
+    partition_by: str | None = None,
 ) -> None:
     """One ``add_files`` commit of ``paths``: a compare-and-set on the metadata ``table`` was loaded with.
+
+    With ``partition_by`` (the spec the files were written for, :data:`SPECS`) the same
+    commit first evolves the table's partition spec to it, if it differs (:func:`evolve_spec`).
 
     With ``evolve_to`` the same commit first unions the table's schema with it (columns
     added, types promoted, as :func:`schema_changes` allowed), so the snapshot that adds
     the files is the first one with the new schema: no reader sees the schema change
     without its data, and no file has a column the table lacks.
 
+    The same commit sets the feed's ledger (:mod:`tidemark.output.ledger`, the table property
+    ``tidemark.ledger.<feed>``) to the ledger read from ``table`` plus this plan, so what the
+    table holds of the feed changes exactly when its data does. A plan with a range starting
+    below the ledger's end of its partition is refused (:class:`PublishError`) before
+    anything is committed: it would put offsets in the table twice.
+
     With ``commit.retry.num-retries=0`` pyiceberg does not rebase a refused commit onto
-    whatever another writer committed meanwhile (that would slip past the history check
-    made on ``table``); the refusal becomes a :class:`PublishError` naming table and plan.
+    whatever another writer committed meanwhile (that would slip past the ledger check
+    made on ``table``); the refusal becomes a :class:`TableChangedError` naming table and plan.
     """
     from pyiceberg.exceptions import CommitFailedException
 
     plan_id = properties.get(PLAN_KEY, "?")
+    feed = properties.get(FEED_KEY)
+    ledger = None
+    ranges = json.loads(properties.get(RANGES_KEY) or "[]")
+    if feed is not None:
+        ledger = table_ledger(table, feed) or Ledger(feed=feed, group=str(properties.get(GROUP_KEY)))
+        repeated = overlap(ledger, ranges)
+        if repeated:
+            raise PublishError(
+                f"Iceberg table {table_name}: plan {plan_id} of feed '{feed}' was not committed: its ranges "
+                f"{'; '.join(repeated[:5])} start below what the table's ledger records the table holding "
+                f"(property {ledger_key(feed)}), so they would be in the table twice. The plan is not in the "
+                f"table's recent plans; nothing of it was committed. If its run is stuck on this, give it up with "
+                f"`tidemark abandon {feed} RUN` (its ranges are then named by an event)"
+            )
     try:
         with table.transaction() as tx:
             if evolve_to is not None:
                 with tx.update_schema() as update:
                     update.union_by_name(evolve_to)
+            if partition_by is not None:
+                evolve_spec(tx, table, partition_by)
             tx.add_files(paths, snapshot_properties=dict(properties))
+            if ledger is not None and feed is not None:
+                snapshot = tx.table_metadata.current_snapshot()
+                entry = _ledger_plan(properties, None if snapshot is None else snapshot.snapshot_id,
+                                     snapshot.timestamp_ms if snapshot is not None else 0)  # fmt: skip
+                after = ledger.with_plan(ranges, entry, str(properties.get(GROUP_KEY)))
+                tx.set_properties({ledger_key(feed): after.to_json()})
     except CommitFailedException as exc:
-        raise PublishError(
+        raise TableChangedError(
             f"Iceberg table {table_name}: the commit of plan {plan_id} was refused because the table changed since "
             f"it was read ({exc}); it was not retried on top of the other commit. Nothing of this plan is in the "
-            "table; rerun to decide again from the table's history"
+            "table; rerun to decide again from the table's ledger"
         ) from exc
 
 
-def _write_table_files(good: Any, target: str) -> None:
-    """Spark writes one folder per (date, topic) whose files keep both columns, timestamps as micros."""
+def _write_table_files(good: Any, target: str, partition_by: str = "date") -> None:
+    """Spark writes one folder per partition of ``partition_by``'s spec whose files keep every column (``add_files``
+    derives a file's partition from its columns' statistics), timestamps as micros (Iceberg reads no INT96)."""
     from pyspark.sql import functions as F
 
-    # Iceberg reads no INT96.
-    with session_conf(good.sparkSession, "spark.sql.parquet.outputTimestampType", PARQUET_TIMESTAMPS):
-        copies = good.withColumn(_TOPIC_COPY, F.col(TOPIC_COLUMN)).withColumn(
-            _DATE_COPY, F.col(DATE_COLUMN).cast("string")
-        )
-        parquet_writer(copies, "errorifexists").partitionBy(_DATE_COPY, _TOPIC_COPY).parquet(spark_path(target))
+    spark = good.sparkSession
+    keys: list[str] = []
+    for column, transform in SPECS[partition_by]:
+        name = _COPY_PREFIX + _field_name(column, transform)
+        if transform == "identity":
+            good = good.withColumn(name, F.col(column).cast("string"))
+        else:
+            good = good.withColumn(name, F.date_format(column, _TIME_FOLDERS[transform]))
+        keys.append(name)
+    with (
+        session_conf(spark, "spark.sql.parquet.outputTimestampType", PARQUET_TIMESTAMPS),
+        session_conf(spark, "spark.sql.session.timeZone", "UTC"),  # Iceberg's time transforms are in UTC
+    ):
+        writer = parquet_writer(good, "errorifexists")
+        (writer.partitionBy(*keys) if keys else writer).parquet(spark_path(target))
 
 
-def _by_partition(root: Path) -> list[tuple[Path, tuple[str, str]]]:
-    """Spark's files under ``root`` with their ``(date, topic)``, from the folder names."""
+PartitionKey = tuple[tuple[str, str], ...]  # a file's partition folders: (field name, value), in spec order
+
+
+def _by_partition(root: Path) -> list[tuple[Path, PartitionKey]]:
+    """Spark's files under ``root`` with their partition (from the folder names, the copies' prefix dropped)."""
     found = []
     for path in sorted(root.rglob("*.parquet")) if root.exists() else []:
-        parts = dict(p.split("=", 1) for p in path.relative_to(root).parts[:-1] if "=" in p)
-        found.append((path, (parts[_DATE_COPY], parts[_TOPIC_COPY])))
+        parts = [p.split("=", 1) for p in path.relative_to(root).parts[:-1] if "=" in p]
+        found.append((path, tuple((name.removeprefix(_COPY_PREFIX), value) for name, value in parts)))
     return found
 
 

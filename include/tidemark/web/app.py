@@ -70,6 +70,7 @@ from tidemark.config.models import Feed, FeedProblem, scan_feeds
 from tidemark.errors import ConfigError, PlanningError, TidemarkError, shown
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, from_env
+from tidemark.output.maintenance import MaintenanceReport, last_record
 from tidemark.planning.requests import END_CHOICES, REPLAY_PARAMS, START_CHOICES, flag, run_request
 from tidemark.redaction import redact, replace_everywhere
 from tidemark.runs.pipeline import plan_request
@@ -538,7 +539,14 @@ class ViewDeps:
             error = self.scrub(str(exc))
         reports = self.runs(feed.name)[:CHART_RUNS]
         rows = [_run_row(r, root, self.runs_root, self.scrub) for r in reports]
-        return {"status": status, "error": error, "reports": reports, "rows": rows}
+        return {"status": status, "error": error, "reports": reports, "rows": rows,
+                "maintenance": self.maintenance(feed)}  # fmt: skip
+
+    def maintenance(self, feed: Feed) -> MaintenanceReport | None:
+        """The table's last maintenance (Iceberg feeds), from the records beside the run history."""
+        if feed.output_format != "iceberg":
+            return None
+        return last_record(feed.name, self.runs_root)  # the state dir the run history is under
 
     def plan_of(self, feed: Feed, body: Any) -> tuple[dict[str, Any], Any, Any, bool, KafkaAdapter]:
         """The preview's and the trigger's one validation: the plan a dry run of ``body`` would make."""
@@ -715,7 +723,7 @@ def create_app(
         html = _templates.get_template("feed.html").render(
             title=f"Tidemark · {name}", feed=feed, root=root, status=status, error=view["error"],
             trouble=status.trouble if status else (), runs=rows, last=rows[0] if rows else None,
-            chart_data=_chart(rows), lag_chart_data=_lag_time_chart(rows),
+            maintenance=view["maintenance"], chart_data=_chart(rows), lag_chart_data=_lag_time_chart(rows),
             events=deps.unclipped(_events(view["reports"])), start_choices=START_CHOICES, end_choices=END_CHOICES,
         )  # fmt: skip
         return HTMLResponse(html)

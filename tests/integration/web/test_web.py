@@ -204,3 +204,23 @@ def test_a_pattern_feed_shows_its_pattern_and_every_matching_topics_partitions(
     preview = client.post(f"/api/feeds/{feed.name}/replay/preview", json=body)
     assert preview.status_code == 200, preview.text
     assert {r["topic"] for r in preview.json()["ranges"]} == {f"{prefix}.orders.us"}
+
+
+def test_an_iceberg_feeds_page_shows_the_tables_last_maintenance(kafka: KafkaTestCluster, tmp_path: Path) -> None:
+    from tidemark.output.maintenance import MaintenanceReport, save_record
+
+    topic = kafka.new_topic(partitions=1, prefix="web")
+    feed = Feed(name="kept", topics=(topic,), group="g-kept", output=str(tmp_path / "out"), output_format="iceberg")
+    app = create_app(feeds=lambda: {feed.name: feed}, connection=lambda: kafka.connection,
+                     checkpoints=lambda: SqliteCheckpointStore(tmp_path / "cp.sqlite"), runs=lambda name: [],
+                     timeout_s=3.0, runs_root=tmp_path)  # fmt: skip
+    client = TestClient(app)
+    assert 'id="last-maintenance"' not in client.get(f"/feeds/{feed.name}").text  # never maintained
+    report = MaintenanceReport(feed="kept", table="tidemark.kept", started_at="2026-11-27T05:00:00+00:00",
+                               finished_at="2026-11-27T05:00:09+00:00", files_before=1000, bytes_before=9 << 20,
+                               files_after=3, bytes_after=8 << 20, partitions_compacted=2, files_rewritten=1000,
+                               files_written=3, snapshots_before=1001, snapshots_expired=990)  # fmt: skip
+    save_record(report, tmp_path)
+    page = client.get(f"/feeds/{feed.name}").text
+    assert 'id="last-maintenance"' in page and "tidemark.kept" in page
+    assert "1000 files (9.0 MB) -&gt; 3 files (8.0 MB)" in page and "990 of 1001 snapshots expired" in page
