@@ -14,7 +14,7 @@ staging paths call. An example draws up to :data:`CASES` such schemas, decoded o
 path in one Spark job (each compared alone with fastavro): a job per schema was nearly all
 of the time.
 
-``make test`` runs a bounded number of examples (:data:`EXAMPLES`, 25; some 75 schemas);
+``make test`` runs a bounded number of examples (:data:`EXAMPLES`, 25; 75 to 125 schemas);
 ``TIDEMARK_DIFFERENTIAL_EXAMPLES`` sets more (``make test-differential``). The counts of
 schemas, records and corrupted bodies checked are printed at the end of the module.
 """
