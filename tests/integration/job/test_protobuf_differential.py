@@ -15,7 +15,7 @@ client. A record is published with the runtime's values exactly when the runtime
 into values a column holds; every other record is quarantined.
 
 ``make test`` runs :data:`EXAMPLES` (1); ``TIDEMARK_DIFF_E2E_EXAMPLES`` sets more
-(``make differential``).
+(``make test-differential``, ``make differential``). The counts are printed at the end of the module.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import base64
 import os
 import random
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -34,7 +35,7 @@ from hypothesis import strategies as st
 from tests.conftest import KafkaTestCluster
 from tests.integration.job.test_avro import env_of
 from tests.integration.job.test_json_schema_fidelity import FidelityEnv
-from tests.support.differential import comparable
+from tests.support.differential import comparable, report_counts
 from tests.unit.spark import test_protobuf_differential as diff
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -74,6 +75,12 @@ def anchored_pairs(draw: st.DrawFn) -> diff.Pair:
         replace(pair.reader, fields=pair.reader.fields + ANCHORS),
         None,
     )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_counts(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    report_counts(request, "Protobuf end to end", EXAMPLES, COUNTS)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
@@ -140,4 +147,3 @@ def test_differential_protobuf_generated_messages_end_to_end_publish_what_the_ru
     COUNTS["records published as the runtime parses them"] += len(good)
     COUNTS["records quarantined (the runtime refuses them)"] += len(expected) - len(good) - len(out_of_range)
     COUNTS["records quarantined (a Timestamp outside years 1-9999)"] += len(out_of_range)
-    print(f"\ndifferential Protobuf end to end ({EXAMPLES} examples asked): {dict(sorted(COUNTS.items()))}")

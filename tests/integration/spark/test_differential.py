@@ -10,9 +10,11 @@ schema, reading each body to its last byte; the values Spark's path
 (:func:`tidemark.spark.arrow_avro._staged_tables`, when the schemas are theirs) give for the
 same bytes must equal fastavro's. Every example also corrupts bodies (a byte left over, a
 byte missing), which both paths must refuse as fastavro does. No Kafka: the functions both
-staging paths call.
+staging paths call. An example draws up to :data:`CASES` such schemas, decoded on Spark's
+path in one Spark job (each compared alone with fastavro): a job per schema was nearly all
+of the time.
 
-``make test`` runs a bounded number of examples (:data:`EXAMPLES`, 25);
+``make test`` runs a bounded number of examples (:data:`EXAMPLES`, 25; 75 to 125 schemas);
 ``TIDEMARK_DIFFERENTIAL_EXAMPLES`` sets more (``make test-differential``). The counts of
 schemas, records and corrupted bodies checked are printed at the end of the module.
 """
@@ -41,6 +43,7 @@ from tidemark.spark.wire import header
 pytestmark = pytest.mark.spark
 
 EXAMPLES = int(os.environ.get("TIDEMARK_DIFFERENTIAL_EXAMPLES", "25"))
+CASES = 8  # the most schemas an example draws, all decoded in one Spark job
 COUNTS: Counter[str] = Counter()
 WRITER_ID, READER_ID = 7, 8
 
@@ -155,15 +158,31 @@ def _schemas(writer: dict[str, Any], reader: dict[str, Any]) -> AvroSchemas:
     )  # fmt: skip
 
 
-def _spark_path(spark: Any, schemas: AvroSchemas, values: list[bytes]) -> list[tuple[bool, bool, Any]]:
-    """Per value: whether Spark's path fails it, whether it has bytes left over, and the decoded record."""
-    df = spark.createDataFrame([(i, v) for i, v in enumerate(values)], "i int, value binary")
-    decoded = decoded_value(schemas)
-    table = df.select(
-        "i", decode_failed(decoded, schemas).alias("failed"), bytes_left_over(decoded).alias("left"),
-        decoded.getField(VALUE_FIELD).alias("v"),
-    ).orderBy("i").toArrow()  # fmt: skip
-    return [(r["failed"], r["left"], r["v"]) for r in table.to_pylist()]
+def _spark_path(spark: Any, batch: list[tuple[AvroSchemas, list[bytes]]]) -> list[list[tuple[bool, bool, Any]]]:
+    """Per case of ``batch`` and per value: whether Spark's path fails it, whether it has bytes left over, and the
+    decoded record.
+
+    The cases are decoded in one Spark job, a column per case holding only its own rows' results (a CASE WHEN on the
+    row's case: the other cases' decoders never see them): a job per schema cost ~0.4 s, nearly all of an example's
+    time, where the decoding itself takes milliseconds."""
+    from pyspark.sql import functions as F
+
+    rows = [(c, i, v) for c, (_, values) in enumerate(batch) for i, v in enumerate(values)]
+    df = spark.createDataFrame(rows, "c int, i int, value binary")
+    columns = []
+    for c, (schemas, _) in enumerate(batch):
+        decoded, mine = decoded_value(schemas), F.col("c") == c
+        columns += [
+            F.when(mine, decode_failed(decoded, schemas)).alias(f"failed{c}"),
+            F.when(mine, bytes_left_over(decoded)).alias(f"left{c}"),
+            F.when(mine, decoded.getField(VALUE_FIELD)).alias(f"v{c}"),
+        ]
+    table = df.select("c", "i", *columns).toArrow()  # sorted here: orderBy would add a shuffle
+    out: list[list[tuple[bool, bool, Any]]] = [[] for _ in batch]
+    for r in sorted(table.to_pylist(), key=lambda r: (r["c"], r["i"])):
+        c = r["c"]
+        out[c].append((r[f"failed{c}"], r[f"left{c}"], r[f"v{c}"]))
+    return out
 
 
 def _read_task_path(reader: dict[str, Any], writer: dict[str, Any], values: list[bytes]) -> list[dict[str, Any]] | str:
@@ -189,33 +208,55 @@ def _report_counts(request: pytest.FixtureRequest) -> Iterator[None]:
 @settings(max_examples=EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example,
                                  HealthCheck.function_scoped_fixture])  # fmt: skip
-@given(case=cases())
-def test_both_paths_decode_every_value_as_fastavro_does_or_refuse_it(spark: Any, case: Any) -> None:
-    writer, reader, records = case
-    values = [_encoded(writer, r) for r in records]
-    expected = [_reference(writer, reader, v) for v in values]
-    assert None not in expected  # fastavro reads back what it wrote
-    # Corrupted bodies: a byte left over, a byte missing; fastavro reads neither to its last byte.
-    corrupted = [values[0] + b"\x00", values[0][:-1]] if len(values[0]) > 5 else [values[0] + b"\x00"]
-    assert [_reference(writer, reader, v) for v in corrupted] == [None] * len(corrupted)
-    schemas = _schemas(writer, reader)
-    COUNTS["schemas"] += 1
-    COUNTS["evolved schemas"] += writer != reader
+@given(batch=st.lists(cases(), min_size=1, max_size=CASES))
+def test_both_paths_decode_every_value_as_fastavro_does_or_refuse_it(spark: Any, batch: Any) -> None:
+    prepared = []
+    for writer, reader, records in batch:
+        values = [_encoded(writer, r) for r in records]
+        expected = [_reference(writer, reader, v) for v in values]
+        assert None not in expected  # fastavro reads back what it wrote
+        # Corrupted bodies: a byte left over, a byte missing; fastavro reads neither to its last byte.
+        corrupted = [values[0] + b"\x00", values[0][:-1]] if len(values[0]) > 5 else [values[0] + b"\x00"]
+        assert [_reference(writer, reader, v) for v in corrupted] == [None] * len(corrupted)
+        prepared.append((writer, reader, values, expected, corrupted))
+    decoded = _spark_path(spark, [(_schemas(w, r), v + bad) for w, r, v, _, bad in prepared])
 
-    spark_rows = _spark_path(spark, schemas, values + corrupted)
-    for (failed, left, got), want in zip(spark_rows, expected, strict=False):
-        assert not failed and not left
-        assert _comparable(reader, got) == _comparable(reader, want)
-    assert all(failed or left for failed, left, _ in spark_rows[len(values) :])
-    COUNTS["records (Spark's path)"] += len(values)
-    COUNTS["corrupted bodies refused (Spark's path)"] += len(corrupted)
+    for (writer, reader, values, expected, corrupted), spark_rows in zip(prepared, decoded, strict=True):
+        COUNTS["schemas"] += 1
+        COUNTS["evolved schemas"] += writer != reader
+        assert len(spark_rows) == len(values) + len(corrupted)
+        for (failed, left, got), want in zip(spark_rows, expected, strict=False):
+            assert not failed and not left
+            assert _comparable(reader, got) == _comparable(reader, want)
+        assert all(failed or left for failed, left, _ in spark_rows[len(values) :])
+        COUNTS["records (Spark's path)"] += len(values)
+        COUNTS["corrupted bodies refused (Spark's path)"] += len(corrupted)
 
-    staged = _read_task_path(reader, writer, values)
-    if isinstance(staged, str):
-        COUNTS["examples not the read tasks' (" + staged.split(":")[0] + ")"] += 1
-        return
-    assert [_comparable(reader, r) for r in staged] == [_comparable(reader, w) for w in expected]
-    COUNTS["records (read tasks)"] += len(values)
-    for bad in corrupted:
-        assert isinstance(_read_task_path(reader, writer, [*values, bad]), str)
-        COUNTS["corrupted bodies refused (read tasks)"] += 1
+        staged = _read_task_path(reader, writer, values)
+        if isinstance(staged, str):
+            COUNTS["schemas not the read tasks' (" + staged.split(":")[0] + ")"] += 1
+            continue
+        assert [_comparable(reader, r) for r in staged] == [_comparable(reader, w) for w in expected]
+        COUNTS["records (read tasks)"] += len(values)
+        for bad in corrupted:
+            assert isinstance(_read_task_path(reader, writer, [*values, bad]), str)
+            COUNTS["corrupted bodies refused (read tasks)"] += 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: both paths read an Avro boolean byte 2 as false (Java's and polars' readers), fastavro as true; "
+    "the spec allows only 0 and 1. Found by the end-to-end differential with 40 schemas (a union branch flipped from "
+    "null to boolean). Remove this mark when such a body is refused on both paths.",
+)
+def test_a_boolean_byte_other_than_0_or_1_is_refused_or_read_as_fastavro_reads_it(spark: Any) -> None:
+    writer = {"type": "record", "name": "Row", "namespace": "diff",
+              "fields": [{"name": "b", "type": "boolean"}, {"name": "n", "type": "long"}]}  # fmt: skip
+    good = _encoded(writer, {"b": True, "n": 5})
+    bad = good[:5] + b"\x02" + good[6:]  # the boolean's byte: 2
+    assert _reference(writer, writer, bad) == {"b": True, "n": 5}  # fastavro: any byte but 0 is true
+
+    ((failed, left, got),) = _spark_path(spark, [(_schemas(writer, writer), [bad])])[0]
+    assert failed or left or got == {"b": True, "n": 5}, got
+    staged = _read_task_path(writer, writer, [bad])
+    assert isinstance(staged, str) or _comparable(writer, staged[0]) == {"b": True, "n": 5}, staged
