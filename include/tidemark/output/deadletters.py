@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from tidemark.config.models import Feed, load_feed
+from tidemark.output import publisher_for
 from tidemark.output.base import QUARANTINE_DIR
 from tidemark.output.iceberg import PLAN_KEY, RETRACTED_KEY, RUN_KEY, IcebergPublisher, plan_history
 from tidemark.output.parquet import load_manifest
@@ -133,9 +134,10 @@ def _utc(since: datetime | date | None) -> datetime | None:
 
 
 def _sources(feed: Feed) -> list[_Source]:
-    if feed.output_format == "iceberg":
-        return _iceberg_sources(IcebergPublisher(feed))
-    root = feed.output_location()
+    publisher = publisher_for(feed)
+    if isinstance(publisher, IcebergPublisher):
+        return _iceberg_sources(publisher)
+    root = publisher.location
     found = []
     for folder in root.children(folders_only=True) if root.exists() else []:
         if not folder.name.startswith("plan_id="):
