@@ -154,3 +154,29 @@ def test_deadletters_cli_lists_a_feeds_dead_letters_by_reason_and_day(fenv: Faul
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "decode_error" in proc.stdout and RULE not in proc.stdout and "6" in proc.stdout
+
+
+def test_redrive_dry_run_lists_the_dead_letters_a_fixed_rule_now_lets_pass(
+    fenv: FaultEnv, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The rule is widened to take ``x-`` values too: exactly the records it refused would now pass, the ones
+    that do not decode still do not, and nothing is published."""
+    from tidemark.cli import main
+
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    before = as_rows(dead_letters(fenv.feed))
+    fenv.write_feed(validation={
+        "on_bad_records": "quarantine", "quarantine_max_ratio": 0.5,
+        "expectations": [{"type": "expect_column_values_to_match_regex",
+                          "kwargs": {"column": "value", "regex": "^[vx]-"}}],
+    })  # fmt: skip
+    capsys.readouterr()
+    assert main(["redrive", fenv.feed, "--dry-run", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["dead_letters"] == 9 and doc["would_pass"] == 3
+    passing = {r["offset"] * 3 + r["partition"] for r in doc["records"] if r["passes"]}  # back to the record's number
+    assert passing == {i for i in range(30) if i % 5 != 1 and i % 7 == 2}
+    assert all(r["reason_codes_now"] == ["decode_error"] for r in doc["records"] if not r["passes"])
+    assert as_rows(dead_letters(fenv.feed)) == before  # a dry run changes nothing
+    assert main(["redrive", fenv.feed]) == 2  # publishing is not built: refused, not half done
