@@ -6,9 +6,9 @@ expected dead letters come from an independent ``read_committed`` scan of the co
 offsets, classified from the raw bytes by the fault suite's oracle
 (:meth:`tests.faults.harness.FaultEnv.classifier`), not by Tidemark. They must equal what
 the reader returns, each ``(topic, partition, offset)`` once, on a Parquet feed and on an
-Iceberg feed, through a crash of the job after it staged the plan (the rerun publishes the
-same plan), a crash between the group's commit and the plan being shown, and a run with
-nothing new.
+Iceberg feed, through a crash of the job after it staged the plan (the next run finishes
+that plan), a job run twice for one plan (a retried task), a crash between the group's
+commit and the plan being shown, and a run with nothing new.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tests.faults.harness import QUARANTINED, FaultEnv, Row, digest, scan
 from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.kafka.admin import Record
 from tidemark.output.deadletters import DeadLetter, dead_letters, summarize
+from tidemark.runs.pipeline import commit_run, plan_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -96,29 +97,36 @@ def test_dead_letters_equal_the_oracles_bad_records_once_through_crashes_and_rer
     produce_with_poison(fenv, 30)
 
     # The job stages the plan (dead letters included) and dies before it reports: nothing is shown.
+    crashed = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
     monkeypatch.setenv(FAULTS_ENV, "job.after_publish")
     with pytest.raises(InjectedFault):
-        fenv.run()
+        fenv.in_process(crashed, fenv.kafka.connection)
     monkeypatch.delenv(FAULTS_ENV)
     assert dead_letters(fenv.feed) == []
 
-    # The rerun plans the same ranges (the same plan) and publishes it once.
-    fenv.run()
+    # The next run finds the crashed run's staged plan, commits and shows it once, then reads nothing new.
+    rerun, _, _ = fenv.run()
+    assert rerun.resumed == crashed.plan_id and rerun.records == 0
     assert fenv.committed() == {0: 10, 1: 10, 2: 10}
     first = assert_exactly_the_oracle(fenv)
     assert len(first) == 9  # 6 undecodable, 3 refused by the rule, of 30
 
-    # The group commits the next plan, then the run dies before the plan is shown.
+    # The next plan's job runs twice (a retried task: the same plan staged again, its dead letters replaced),
+    # then the group commits it and the run dies before the plan is shown.
     produce_with_poison(fenv, 15)
+    retried = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(retried, fenv.kafka.connection)
+    fenv.in_process(retried, fenv.kafka.connection)
+    assert as_rows(dead_letters(fenv.feed)) == as_rows(first)
     monkeypatch.setenv(FAULTS_ENV, "commit.before_show")
     with pytest.raises(InjectedFault):
-        fenv.run()
+        commit_run(retried, fenv.kafka.connection, root=fenv.root)
     monkeypatch.delenv(FAULTS_ENV)
     assert fenv.committed() == {0: 15, 1: 15, 2: 15}
     assert as_rows(dead_letters(fenv.feed)) == as_rows(first)  # committed, not shown: not yet dead letters
 
     handle, _, _ = fenv.run()  # finishes the committed plan first, then reads nothing new
-    assert handle.resumed is not None and handle.records == 0
+    assert handle.resumed == retried.plan_id and handle.records == 0
     letters = assert_exactly_the_oracle(fenv)
     assert len(letters) == 15
     fenv.run()  # nothing new
