@@ -17,11 +17,12 @@ from typing import Final, Literal
 
 METADATA_COLUMNS: Final = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key", "headers", "plan_id")
 
-# -- columns beside a record's own: in staging only, except the quarantine's _reason ----------
+# -- columns beside a record's own: in staging only, except the quarantine's _reason and _reason_codes --
 
 OUTCOME_COLUMN: Final = "_outcome"  # the staging partition: OK_OUTCOME or why a record is bad
 ERROR_COLUMN: Final = "decode_error"  # why a record did not decode (the decoder's output)
 REASON_COLUMN: Final = "_reason"  # a quarantined record's full reason, as data
+REASON_CODES_COLUMN: Final = "_reason_codes"  # its reasons as codes: decode_error, or each broken rule's label
 RAW_VALUE_COLUMN: Final = "_raw_value"  # a bad record's value bytes, for the quarantine
 RAW_KEY_COLUMN: Final = "_raw_key"  # a registry-format key's bytes, for the range statistics and the quarantine
 # The wire-format header (first five bytes) of an Avro key or value: the job checks the schema ids records
@@ -54,6 +55,17 @@ RESERVED_COLUMNS: Final = frozenset({
     *METADATA_COLUMNS, "value", ERROR_COLUMN, RAW_VALUE_COLUMN, RAW_KEY_COLUMN, *RAW_HEAD_COLUMNS.values(),
     *DIGEST_COLUMNS, OUTCOME_COLUMN, DATE_COLUMN,
 })  # fmt: skip
+
+DECODE_REASON: Final = "decode_error"  # the reason code of a record that did not decode
+
+
+def reason_codes(reason: str) -> tuple[str, ...]:
+    """A quarantined record's reason codes from its full ``_reason`` text (for quarantines written before
+    ``_reason_codes`` was): ``decode_error`` for ``decode_error: <why>``, else each ``; ``-separated rule label."""
+    if reason.startswith(f"{DECODE_REASON}:"):
+        return (DECODE_REASON,)
+    return tuple(part for part in reason.split("; ") if part)
+
 
 # -- outcome codes (the values of OUTCOME_COLUMN) -------------------------------------------
 

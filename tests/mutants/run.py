@@ -596,6 +596,46 @@ MUTANTS = (
             "tests/unit/output/test_table_ledger.py",
         ),
     ),
+    Mutant(
+        "dead-letters-of-unshown-plans",
+        "a dead letter is visible only once its plan is shown (an Iceberg feed's: once the table's history shows it)",
+        (
+            Edit(
+                "include/tidemark/output/deadletters.py",
+                "    for plan_id, run_id in reversed(shown.items()):  # oldest first\n",
+                "    shown = {f.name.partition('=')[2]: None\n"
+                "             for f in publisher.quarantine.children(folders_only=True)}\n"
+                "    for plan_id, run_id in reversed(shown.items()):  # oldest first\n",
+            ),
+        ),
+        (
+            "tests/integration/output/test_dead_letters.py::"
+            "test_dead_letters_equal_the_oracles_bad_records_once_through_crashes_and_reruns[iceberg]",
+        ),
+    ),
+    Mutant(
+        "dead-letters-of-pending-plans",
+        "a dead letter is visible only once its plan is shown (a Parquet feed's: once its manifest is in place)",
+        (
+            Edit(
+                "include/tidemark/output/deadletters.py",
+                "    for folder in root.children(folders_only=True) if root.exists() else []:\n",
+                "    pending = [r / p.name for r in (root / '_pending').children(folders_only=True) "
+                "for p in r.children(folders_only=True)] if (root / '_pending').exists() else []\n"
+                "    for folder in [*root.children(folders_only=True), *pending] if root.exists() else []:\n",
+            ),
+            Edit(
+                "include/tidemark/output/deadletters.py",
+                "        manifest = load_manifest(root, plan_id)"
+                "  # the commit point: a folder without one is not shown\n",
+                "        manifest = load_manifest(folder.parent, plan_id)\n",
+            ),
+        ),
+        (
+            "tests/integration/output/test_dead_letters.py::"
+            "test_dead_letters_equal_the_oracles_bad_records_once_through_crashes_and_reruns[parquet]",
+        ),
+    ),
 )
 
 

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from tidemark.cli.airflow import add_airflow
+from tidemark.cli.deadletters import add_deadletters
 from tidemark.cli.demo import run_demo
 from tidemark.cli.maintain import add_maintain
 from tidemark.cli.output import error, table
@@ -101,6 +102,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     add_planning,
     add_run,
     add_runs,
+    add_deadletters,
     add_maintain,
     add_airflow,
     add_watch,

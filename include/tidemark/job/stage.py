@@ -41,9 +41,11 @@ from tidemark.staged import (
     RAW_KEY_COLUMN,
     RAW_VALUE_COLUMN,
     READ_BY_DATA_SOURCE,
+    REASON_CODES_COLUMN,
     REASON_COLUMN,
     STAGED_PARTITION_COLUMNS,
     Reader,
+    reason_codes,
 )
 from tidemark.storage import Location
 
@@ -182,22 +184,33 @@ def raw_kept_aside(
 
 
 def quarantine_writer(
-    spark: SparkSession, schema: StructType, reason: Callable[[str], str]
+    spark: SparkSession,
+    schema: StructType,
+    reason: Callable[[str], str],
+    codes: Callable[[str], Sequence[str]] | None = None,
 ) -> Callable[[Sequence[str], str], None]:
     """Writes staged bad-outcome folders (``<outcome>=<code>/topic=*/date=*``, ``schema``) under a
-    target folder, partitioned by topic and date, with ``reason(code)`` as the ``_reason`` column.
+    target folder, partitioned by topic and date, with ``reason(code)`` as the ``_reason`` column
+    and ``codes(code)`` as the ``_reason_codes`` one (an array of strings: what the dead-letter
+    reader groups and filters by, :mod:`tidemark.output.deadletters`); without ``codes``, the
+    parts of the reason (:func:`tidemark.staged.reason_codes`).
 
     The staging folders are named by short codes (a name built from every broken rule can
     exceed a file name's length); the quarantine carries the full reason as data.
     """
     from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, StringType
+
+    labels_of = codes or (lambda code: reason_codes(reason(code)))
+    labels_type = ArrayType(StringType(), containsNull=False)
 
     def write(folders: Sequence[str], target: str) -> None:
-        frames = [
-            spark.read.schema(schema).parquet(spark_path(folder))
-            .withColumn(REASON_COLUMN, F.lit(reason(Location.of(folder).name.partition("=")[2])))
-            for folder in folders
-        ]  # fmt: skip
+        frames = []
+        for folder in folders:
+            code = Location.of(folder).name.partition("=")[2]
+            labels = F.array(*[F.lit(c) for c in labels_of(code)]).cast(labels_type)
+            rows = spark.read.schema(schema).parquet(spark_path(folder))
+            frames.append(rows.withColumn(REASON_COLUMN, F.lit(reason(code))).withColumn(REASON_CODES_COLUMN, labels))
         bad = functools.reduce(lambda a, b: a.unionByName(b), frames)
         parquet_writer(bad, "errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(spark_path(target))
         for marker in ("_SUCCESS", "._SUCCESS.crc"):  # not Parquet: readers of the folder would trip on it

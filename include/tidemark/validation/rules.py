@@ -321,18 +321,25 @@ class OutcomeCodes:
 
     def reason(self, code: str) -> str:
         """The ``_reason`` of a bad record's code: ``decode_error: <why>``, or every broken rule, ``; ``-separated."""
+        labels = self.labels(code)
+        if labels == (DECODE_LABEL,):
+            return DECODE_REASON_PREFIX + self.decode_reasons[int(code[len(DECODE_CODE) :]) - 1]
+        return "; ".join(labels)
+
+    def labels(self, code: str) -> tuple[str, ...]:
+        """The reason codes of a bad record's code (its ``_reason_codes``): ``decode_error``, or the label of each
+        broken rule (``expect_column_values_to_match_regex(value)``), in the feed's order."""
         if code.startswith(DECODE_CODE) and code[len(DECODE_CODE) :].isdigit():
-            index = int(code[len(DECODE_CODE) :])
-            if 1 <= index <= len(self.decode_reasons):
-                return DECODE_REASON_PREFIX + self.decode_reasons[index - 1]
+            if 1 <= int(code[len(DECODE_CODE) :]) <= len(self.decode_reasons):
+                return (DECODE_LABEL,)
         elif code.startswith(RULES_CODE):
-            labels = []
+            labels: list[str] = []
             for n, chunk in enumerate(code[len(RULES_CODE) :].split("-")):
                 mask = int(chunk, 16)
                 labels += [r.label for bit, r in enumerate(self.rules[n * RULE_BITS : (n + 1) * RULE_BITS])
                            if mask >> bit & 1]  # fmt: skip
             if labels:
-                return "; ".join(labels)
+                return tuple(labels)
         raise ValueError(f"outcome code {code!r} names no decode failure or rule of this feed")
 
 

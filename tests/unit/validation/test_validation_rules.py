@@ -10,6 +10,7 @@ from tidemark.config.models import Expectation
 from tidemark.errors import ValidationFailedError
 from tidemark.planning.plan import PartitionPlan, Plan, compute_plan_id
 from tidemark.spark.stats import RangeStats
+from tidemark.staged import reason_codes
 from tidemark.validation.rules import (
     DECODE_LABEL,
     OutcomeCodes,
@@ -159,6 +160,15 @@ def test_outcome_codes_name_rules_by_bit_and_decode_failures_by_index() -> None:
     for unknown in ("decode-3", "decode-0", "rules-0", "ok", "outside_window"):
         with pytest.raises(ValueError, match="names no decode failure or rule"):
             codes.reason(unknown)
+        with pytest.raises(ValueError, match="names no decode failure or rule"):
+            codes.labels(unknown)
+    # The reason codes a dead letter carries: what the reason's text says, as codes.
+    assert codes.labels(f"rules-{(1 << 59) | 1:x}-1") == tuple(
+        f"expect_column_values_to_not_be_null({c})" for c in ("c0", "c59", "c60")
+    )
+    assert codes.labels("decode-1") == codes.labels("decode-2") == ("decode_error",)
+    for code in (f"rules-{(1 << 59) | 1:x}-1", "decode-2"):
+        assert reason_codes(codes.reason(code)) == codes.labels(code)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,232 @@
+"""A feed's dead letters: every record its shown plans quarantined, read as one table, each once.
+
+The job keeps a plan's bad records aside with their raw bytes, the full reason
+(``_reason``) and the reason codes (``_reason_codes``: ``decode_error``, or each broken
+rule's label); see :func:`tidemark.job.stage.quarantine_writer`. Where they live follows
+the output, and so does what makes them visible:
+
+- **Parquet output**: inside the plan's publication, ``<output>/plan_id=<id>/_quarantine/``,
+  listed by the plan's manifest. The publication is shown by one rename (or, on an object
+  store, one PUT of the manifest) after the group's commit, so a plan's dead letters appear
+  with its good records, never before; the reader takes only files a shown manifest lists.
+- **Iceberg output**: a Parquet folder beside the table, ``<output>.quarantine/plan_id=<id>/``
+  (or the feed's ``iceberg.quarantine``), written before the catalog commit; the reader takes
+  the folders of the plans the table's main-branch history shows (the snapshot that
+  committed the plan is the commit point), and none other.
+
+Every ``(topic, partition, offset)`` of a feed's output is in at most one shown plan (the
+commit protocol, ``docs/ARCHITECTURE.md``), so a dead letter is listed once: a retry or
+rerun of a plan replaces its unshown quarantine and adds nothing to a shown one.
+Backfills and replays publish beside the feed's output; their dead letters are theirs, not
+the feed's. :func:`dead_letters` returns the rows, :func:`summarize` groups them by reason
+code and day with counts and examples (``tidemark deadletters FEED``). Nothing here masks a
+value: the rows hold the bytes Kafka held.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time
+from typing import Any
+from urllib.parse import unquote
+
+from tidemark.config.models import Feed, load_feed
+from tidemark.output import publisher_for
+from tidemark.output.base import QUARANTINE_DIR
+from tidemark.output.iceberg import PLAN_KEY, RETRACTED_KEY, RUN_KEY, IcebergPublisher, plan_history
+from tidemark.output.parquet import load_manifest
+from tidemark.staged import RAW_KEY_COLUMN, RAW_VALUE_COLUMN, REASON_CODES_COLUMN, REASON_COLUMN, reason_codes
+from tidemark.storage import Location
+
+EXAMPLES = 3  # per reason and day in a summary
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One quarantined record as Kafka held it, the plan and run that published it, and why it is bad."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: datetime | None
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    plan_id: str
+    run_id: str | None
+    reason_codes: tuple[str, ...]
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: bytes as UTF-8 text, a byte that is not UTF-8 as ``\\xNN`` (``backslashreplace``)."""
+        return {
+            "topic": self.topic, "partition": self.partition, "offset": self.offset,
+            "timestamp": None if self.timestamp is None else self.timestamp.isoformat(),
+            "key": _text(self.key), "value": _text(self.value),
+            "headers": [[k, _text(v)] for k, v in self.headers],
+            "plan_id": self.plan_id, "run_id": self.run_id,
+            "reason_codes": list(self.reason_codes), "reason": self.reason,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ReasonDay:
+    """The dead letters of one reason code on one UTC day (by record timestamp): how many, and a few of them."""
+
+    reason: str
+    day: date | None
+    count: int
+    examples: tuple[DeadLetter, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "day": None if self.day is None else self.day.isoformat(), "count": self.count,
+                "examples": [e.to_dict() for e in self.examples]}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A quarantine file of a shown plan."""
+
+    file: Location
+    path: str  # relative to the plan's quarantine folder: its topic=<t>/ part names the topic
+    plan_id: str
+    run_id: str | None
+
+
+def dead_letters(feed: Feed | str, since: datetime | date | None = None, reason: str | None = None) -> list[DeadLetter]:
+    """The dead letters of ``feed`` (a :class:`Feed` or its name), oldest plan first, by topic, partition, offset.
+
+    ``since``: only records stamped at or after it (a date is its UTC midnight; a naive time
+    is UTC). ``reason``: only records with a reason code equal to it, or whose code is it
+    followed by ``(`` (``expect_column_values_to_match_regex`` takes every column's).
+    """
+    chosen = feed if isinstance(feed, Feed) else load_feed(feed)
+    floor = _utc(since)
+    found = [
+        d for source in _sources(chosen) for d in _read(source)
+        if (floor is None or (d.timestamp is not None and d.timestamp >= floor))
+        and (reason is None or any(c == reason or c.startswith(f"{reason}(") for c in d.reason_codes))
+    ]  # fmt: skip
+    return sorted(found, key=lambda d: (d.topic, d.partition, d.offset))
+
+
+def summarize(letters: Iterable[DeadLetter], examples: int = EXAMPLES) -> list[ReasonDay]:
+    """``letters`` by reason code and UTC day, most first; a record with two codes counts under each."""
+    groups: dict[tuple[str, date | None], list[DeadLetter]] = defaultdict(list)
+    for d in letters:
+        day = None if d.timestamp is None else d.timestamp.astimezone(UTC).date()
+        for code in d.reason_codes:
+            groups[(code, day)].append(d)
+    return sorted(
+        (ReasonDay(code, day, len(rows), tuple(rows[:examples])) for (code, day), rows in groups.items()),
+        key=lambda g: (-g.count, g.reason, g.day or date.min),
+    )
+
+
+def _utc(since: datetime | date | None) -> datetime | None:
+    if since is None:
+        return None
+    if not isinstance(since, datetime):
+        return datetime.combine(since, time.min, UTC)
+    return since if since.tzinfo is not None else since.replace(tzinfo=UTC)
+
+
+def _sources(feed: Feed) -> list[_Source]:
+    publisher = publisher_for(feed)
+    if isinstance(publisher, IcebergPublisher):
+        return _iceberg_sources(publisher)
+    root = publisher.location
+    found = []
+    for folder in root.children(folders_only=True) if root.exists() else []:
+        if not folder.name.startswith("plan_id="):
+            continue
+        plan_id = folder.name[len("plan_id=") :]
+        manifest = load_manifest(root, plan_id)  # the commit point: a folder without one is not shown
+        if manifest is None:
+            continue
+        run_id = manifest.extra.get("run_id")
+        found += [_Source(folder / f.path, f.path[len(QUARANTINE_DIR) + 1 :], plan_id, run_id)
+                  for f in manifest.files if f.path.startswith(f"{QUARANTINE_DIR}/")]  # fmt: skip
+    return found
+
+
+def _iceberg_sources(publisher: IcebergPublisher) -> list[_Source]:
+    """The quarantine folders of the plans the table shows: newest snapshot first, a retraction hides older ones."""
+    table = publisher.load()
+    if table is None:
+        return []
+    shown: dict[str, str | None] = {}
+    hidden: set[str] = set()
+    for snapshot in plan_history(table):
+        summary = snapshot.summary
+        if summary is None:
+            continue
+        retracted = summary.get(RETRACTED_KEY)
+        if retracted and retracted not in shown:
+            hidden.add(retracted)
+        plan_id = summary.get(PLAN_KEY)
+        if plan_id and plan_id not in hidden and plan_id not in shown:
+            shown[plan_id] = summary.get(RUN_KEY)
+    found = []
+    for plan_id, run_id in reversed(shown.items()):  # oldest first
+        folder = publisher.quarantine / f"plan_id={plan_id}"
+        if not folder.exists():  # the plan quarantined nothing
+            continue
+        found += [_Source(folder / name, name, plan_id, run_id) for name, _ in folder.files()
+                  if name.endswith(".parquet") and not any(p[:1] in "._" for p in name.split("/"))]  # fmt: skip
+    return found
+
+
+def _read(source: _Source) -> list[DeadLetter]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(source.file.fs_path, filesystem=source.file.fs)
+    for name in ("key", "value"):  # a string column may hold bytes that are not UTF-8 (the records that did not decode)
+        if name in table.column_names and pa.types.is_string(table.schema.field(name).type):
+            table = table.set_column(table.column_names.index(name), name, table.column(name).cast(pa.binary()))
+    folder_topic = next((unquote(p[len("topic=") :]) for p in source.path.split("/") if p.startswith("topic=")), None)
+    letters = []
+    for row in table.to_pylist():
+        text = str(row.get(REASON_COLUMN) or "")
+        codes = row.get(REASON_CODES_COLUMN)
+        letters.append(DeadLetter(
+            topic=str(row.get("topic") or folder_topic),
+            partition=int(row["partition"]),
+            offset=int(row["offset"]),
+            timestamp=_aware(row.get("timestamp")),
+            key=_bytes(row[RAW_KEY_COLUMN] if row.get(RAW_KEY_COLUMN) is not None else row.get("key")),
+            value=_bytes(row[RAW_VALUE_COLUMN] if row.get(RAW_VALUE_COLUMN) is not None else row.get("value")),
+            headers=_headers(row.get("headers")),
+            plan_id=source.plan_id,
+            run_id=source.run_id,
+            reason_codes=tuple(codes) if codes else reason_codes(text),
+            reason=text,
+        ))  # fmt: skip
+    return letters
+
+
+def _aware(value: Any) -> datetime | None:
+    if not isinstance(value, datetime):
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _bytes(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def _headers(value: Sequence[Any] | None) -> tuple[tuple[str, bytes | None], ...]:
+    pairs = []
+    for h in value or ():
+        k, v = (h.get("key"), h.get("value")) if isinstance(h, dict) else h
+        pairs.append((str(k), _bytes(v)))
+    return tuple(pairs)
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("utf-8", "backslashreplace")

@@ -1,0 +1,190 @@
+"""A feed's dead letters, read through :func:`tidemark.output.deadletters.dead_letters`, against the real cluster.
+
+A feed of string values with one regex rule gets poison records of two kinds (bytes that
+are not UTF-8 do not decode; values the rule refuses) among good ones and tombstones. The
+expected dead letters come from an independent ``read_committed`` scan of the committed
+offsets, classified from the raw bytes by the fault suite's oracle
+(:meth:`tests.faults.harness.FaultEnv.classifier`), not by Tidemark. They must equal what
+the reader returns, each ``(topic, partition, offset)`` once, on a Parquet feed and on an
+Iceberg feed, through a crash of the job after it staged the plan (the next run finishes
+that plan), a job run twice for one plan (a retried task), a crash between the group's
+commit and the plan being shown, and a run with nothing new.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import KafkaTestCluster
+from tests.faults.harness import QUARANTINED, FaultEnv, Row, digest, scan
+from tidemark.faults import FAULTS_ENV, InjectedFault
+from tidemark.kafka.admin import Record
+from tidemark.output.deadletters import DeadLetter, dead_letters, summarize
+from tidemark.runs.pipeline import commit_run, plan_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+RULE = "expect_column_values_to_match_regex(value)"
+UNDECODABLE = b"\xff\xfe-not-utf8"
+
+
+@pytest.fixture
+def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+         request: pytest.FixtureRequest) -> FaultEnv:  # fmt: skip
+    env = FaultEnv(kafka, spark, tmp_path, request.node.name)
+    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
+    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
+    monkeypatch.delenv(FAULTS_ENV, raising=False)
+    return env
+
+
+def produce_with_poison(env: FaultEnv, count: int) -> None:
+    """``count`` records numbered on from the last: every fifth does not decode, every seventh breaks the rule
+    (``x-<i>``), every eleventh is a tombstone (null passes every rule), the rest are good."""
+    records = []
+    for i in range(env.sent, env.sent + count):
+        value: bytes | None = f"v-{i}".encode()
+        if i % 5 == 1:
+            value = UNDECODABLE + str(i).encode()
+        elif i % 7 == 2:
+            value = f"x-{i}".encode()
+        elif i % 11 == 3:
+            value = None
+        records.append(Record(value=value, key=f"k{i}".encode(), partition=i % env.partitions,
+                              headers=(("origin", f"h{i}".encode()),)))  # fmt: skip
+    env.sent += count
+    env.kafka.produce(env.topic, records)
+
+
+def oracle_bad(env: FaultEnv) -> dict[Row, bytes | None]:
+    """The records below the group's committed offsets that the oracle classifies as bad, with their raw value."""
+    ranges = {(env.topic, p): (0, c or 0) for p, c in env.committed().items()}
+    kind = env.classifier()
+    return {row: value for row, value in scan(env.kafka.connection, ranges) if kind(value) == QUARANTINED}
+
+
+def as_rows(letters: list[DeadLetter]) -> Counter[Row]:
+    return Counter((d.topic, d.partition, d.offset, digest(d.value)) for d in letters)
+
+
+def assert_exactly_the_oracle(env: FaultEnv) -> list[DeadLetter]:
+    letters = dead_letters(env.feed)
+    expected = oracle_bad(env)
+    got = as_rows(letters)
+    assert [r for r, n in got.items() if n > 1] == [], "a dead letter is listed more than once"
+    assert set(got) == set(expected)
+    for d in letters:  # each row carries the record as Kafka holds it, and why it is bad
+        i = int(d.key.decode()[1:]) if d.key else -1
+        assert d.key == f"k{i}".encode() and d.headers == (("origin", f"h{i}".encode()),)
+        assert d.reason_codes == (("decode_error",) if i % 5 == 1 else (RULE,)), d
+        assert d.reason and d.plan_id and d.run_id and d.timestamp is not None
+    return letters
+
+
+@pytest.mark.parametrize("output", ["parquet", "iceberg"])
+def test_dead_letters_equal_the_oracles_bad_records_once_through_crashes_and_reruns(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch, output: str
+) -> None:
+    if output == "iceberg":
+        fenv.use_iceberg(f"dl.t_{fenv.topic.replace('-', '_')}")
+    produce_with_poison(fenv, 30)
+
+    # The job stages the plan (dead letters included) and dies before it reports: nothing is shown.
+    crashed = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    monkeypatch.setenv(FAULTS_ENV, "job.after_publish")
+    with pytest.raises(InjectedFault):
+        fenv.in_process(crashed, fenv.kafka.connection)
+    monkeypatch.delenv(FAULTS_ENV)
+    assert dead_letters(fenv.feed) == []
+
+    # The next run finds the crashed run's staged plan, commits and shows it once, then reads nothing new.
+    rerun, _, _ = fenv.run()
+    assert rerun.resumed == crashed.plan_id and rerun.records == 0
+    assert fenv.committed() == {0: 10, 1: 10, 2: 10}
+    first = assert_exactly_the_oracle(fenv)
+    assert len(first) == 9  # 6 undecodable, 3 refused by the rule, of 30
+
+    # The next plan's job runs twice (a retried task: the same plan staged again, its dead letters replaced),
+    # then the group commits it and the run dies before the plan is shown.
+    produce_with_poison(fenv, 15)
+    retried = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(retried, fenv.kafka.connection)
+    fenv.in_process(retried, fenv.kafka.connection)
+    assert as_rows(dead_letters(fenv.feed)) == as_rows(first)
+    monkeypatch.setenv(FAULTS_ENV, "commit.before_show")
+    with pytest.raises(InjectedFault):
+        commit_run(retried, fenv.kafka.connection, root=fenv.root)
+    monkeypatch.delenv(FAULTS_ENV)
+    assert fenv.committed() == {0: 15, 1: 15, 2: 15}
+    assert as_rows(dead_letters(fenv.feed)) == as_rows(first)  # committed, not shown: not yet dead letters
+
+    handle, _, _ = fenv.run()  # finishes the committed plan first, then reads nothing new
+    assert handle.resumed == retried.plan_id and handle.records == 0
+    letters = assert_exactly_the_oracle(fenv)
+    assert len(letters) == 15
+    fenv.run()  # nothing new
+    assert as_rows(dead_letters(fenv.feed)) == as_rows(letters)
+    fenv.check(f"dead letters ({output})")
+
+    # Filters and the summary by reason and day.
+    assert {d.offset for d in dead_letters(fenv.feed, reason="decode_error")} == {
+        d.offset for d in letters if d.reason_codes == ("decode_error",)
+    }
+    assert len(dead_letters(fenv.feed, reason="expect_column_values_to_match_regex")) == 6
+    late = max(d.timestamp for d in letters)
+    assert dead_letters(fenv.feed, since=late) == [d for d in letters if d.timestamp == late]
+    groups = summarize(letters)
+    assert {(g.reason, g.count) for g in groups} == {("decode_error", 9), (RULE, 6)}
+    assert all(len(g.examples) == min(g.count, 3) for g in groups)
+
+
+def test_deadletters_cli_lists_a_feeds_dead_letters_by_reason_and_day(fenv: FaultEnv) -> None:
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    proc = subprocess.run(
+        [sys.executable, "-m", "tidemark.cli", "deadletters", fenv.feed, "--json"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["records"] == 9
+    assert sorted((g["reason"], g["count"]) for g in doc["groups"]) == [("decode_error", 6), (RULE, 3)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tidemark.cli", "deadletters", fenv.feed, "--reason", "decode_error"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "decode_error" in proc.stdout and RULE not in proc.stdout and "6" in proc.stdout
+
+
+def test_redrive_dry_run_lists_the_dead_letters_a_fixed_rule_now_lets_pass(
+    fenv: FaultEnv, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The rule is widened to take ``x-`` values too: exactly the records it refused would now pass, the ones
+    that do not decode still do not, and nothing is published."""
+    from tidemark.cli import main
+
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    before = as_rows(dead_letters(fenv.feed))
+    fenv.write_feed(validation={
+        "on_bad_records": "quarantine", "quarantine_max_ratio": 0.5,
+        "expectations": [{"type": "expect_column_values_to_match_regex",
+                          "kwargs": {"column": "value", "regex": "^[vx]-"}}],
+    })  # fmt: skip
+    capsys.readouterr()
+    assert main(["redrive", fenv.feed, "--dry-run", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["dead_letters"] == 9 and doc["would_pass"] == 3
+    passing = {r["offset"] * 3 + r["partition"] for r in doc["records"] if r["passes"]}  # back to the record's number
+    assert passing == {i for i in range(30) if i % 5 != 1 and i % 7 == 2}
+    assert all(r["reason_codes_now"] == ["decode_error"] for r in doc["records"] if not r["passes"])
+    assert as_rows(dead_letters(fenv.feed)) == before  # a dry run changes nothing
+    assert main(["redrive", fenv.feed]) == 2  # publishing is not built: refused, not half done
