@@ -47,9 +47,7 @@ def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytes
             monkeypatch.setenv("TIDEMARK_CHECKPOINT_URL", request.getfixturevalue("postgres"))
         env = FaultEnv(kafka, spark, tmp_path, request.node.name, remote=remote)
         SCOREBOARD.setdefault(request.node.name, Tally())  # counted as run even where no record is checked
-        monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
-        monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
-        monkeypatch.delenv("TIDEMARK_FAULTS", raising=False)
+        env.install(monkeypatch)
         yield env
 
 

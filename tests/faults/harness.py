@@ -268,6 +268,12 @@ class FaultEnv:
     def write_feed(self, **overrides: Any) -> None:
         (self.feeds / f"{self.feed}.yaml").write_text(yaml.safe_dump(self.feed_doc(**overrides)))
 
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Point the CLI, the pipeline and the job at this environment's feed files and state dir, no fault armed."""
+        monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(self.feeds))
+        monkeypatch.setenv("TIDEMARK_STATE_DIR", str(self.root))
+        monkeypatch.delenv("TIDEMARK_FAULTS", raising=False)
+
     def use_iceberg(self, table: str) -> None:
         """Make the feed an Iceberg feed publishing into ``table`` (the catalog in the state dir)."""
         self.iceberg = table

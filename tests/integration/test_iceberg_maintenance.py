@@ -33,8 +33,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 @pytest.fixture
 def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FaultEnv:
     env = FaultEnv(kafka, spark, tmp_path, "iceberg-maintenance")
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
+    env.install(monkeypatch)
     return env
 
 

@@ -33,9 +33,7 @@ def env(
 ) -> FaultEnv:
     monkeypatch.setenv("TIDEMARK_CHECKPOINT_URL", postgres)
     e = FaultEnv(kafka, spark, tmp_path, "second-publisher", remote=f"s3://{S3_BUCKET}/second-{uuid.uuid4().hex[:12]}")
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(e.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(e.root))
-    monkeypatch.delenv("TIDEMARK_FAULTS", raising=False)
+    e.install(monkeypatch)
     return e
 
 

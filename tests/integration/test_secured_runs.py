@@ -43,8 +43,7 @@ PRINCIPAL = "feed"
 def senv(secure_kafka: SecuredKafka, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FaultEnv:
     env = FaultEnv(secure_kafka.admin, spark, tmp_path, "secured", partitions=2)
     secure_kafka.cluster.grant(PRINCIPAL, feed_grants([env.topic], env.group))
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
+    env.install(monkeypatch)
     return env
 
 

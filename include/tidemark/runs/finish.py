@@ -10,7 +10,6 @@ report, with the job's events followed by settling's).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -23,13 +22,7 @@ from tidemark.kafka.connection import KafkaConnection
 from tidemark.output import publisher_for
 from tidemark.runs.protocol import Settled, settle
 from tidemark.runs.report import record_end
-from tidemark.runs.run import Run
-
-Progress = Callable[[str], None]
-
-
-def _silent(_: str) -> None:
-    """Progress sink that drops messages."""
+from tidemark.runs.run import Progress, Run, silent
 
 
 @dataclass(frozen=True)
@@ -46,7 +39,7 @@ class CommitOutcome:
 
 
 def finish_run(
-    run: Run, connection: KafkaConnection, *, checkpoints: CheckpointStore, progress: Progress = _silent
+    run: Run, connection: KafkaConnection, *, checkpoints: CheckpointStore, progress: Progress = silent
 ) -> CommitOutcome:
     """Step 3: commit the group at the plan's ends (when the run commits), then show the publication; report.
 

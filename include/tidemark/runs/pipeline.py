@@ -33,7 +33,7 @@ from tidemark.planning.plan import PLAN_FILE, read_plan
 from tidemark.planning.requests import run_request
 from tidemark.runs.finish import CommitOutcome, finish_run
 from tidemark.runs.protocol import Settled, abandon
-from tidemark.runs.run import Root, Run, RunHandle, open_checkpoints, run_dir_for, write_status
+from tidemark.runs.run import Progress, Root, Run, RunHandle, open_checkpoints, run_dir_for, silent, write_status
 from tidemark.runs.start import plan_request, publish_target, start_run
 from tidemark.runs.submit import decodes_avro, spark_submit_command, submit
 from tidemark.runs.submit import run_empty as empty_job
@@ -43,12 +43,7 @@ __all__ = [
     "publish_target", "run_empty", "run_feed", "run_job", "spark_submit_command", "start_run",
 ]  # fmt: skip
 
-Progress = Callable[[str], None]
 JobRunner = Callable[[RunHandle, KafkaConnection], dict[str, Any]]
-
-
-def _silent(_: str) -> None:
-    """Progress sink that drops messages."""
 
 
 def plan_run(
@@ -58,7 +53,7 @@ def plan_run(
     mode: str = "scheduled",
     params: Mapping[str, Any] | None = None,
     root: Root | None = None,
-    progress: Progress = _silent,
+    progress: Progress = silent,
     checkpoints: CheckpointStore | None = None,
     registry: RegistryConnection | None = None,
 ) -> RunHandle:
@@ -70,13 +65,13 @@ def plan_run(
 
 
 def run_job(
-    handle: RunHandle, connection: KafkaConnection, *, master: str | None = None, progress: Progress = _silent
+    handle: RunHandle, connection: KafkaConnection, *, master: str | None = None, progress: Progress = silent
 ) -> dict[str, Any]:
     """Step 2 for the CLI: submit the Spark job (:func:`~tidemark.runs.submit.submit`)."""
     return submit(Run.load(handle), connection, master=master, progress=progress)
 
 
-def run_empty(handle: RunHandle, connection: KafkaConnection, *, progress: Progress = _silent) -> dict[str, Any]:
+def run_empty(handle: RunHandle, connection: KafkaConnection, *, progress: Progress = silent) -> dict[str, Any]:
     """Step 2 for a plan with no records (:func:`~tidemark.runs.submit.run_empty`): no Spark application."""
     return empty_job(Run.load(handle), connection, progress)
 
@@ -86,7 +81,7 @@ def commit_run(
     connection: KafkaConnection,
     *,
     root: Root | None = None,
-    progress: Progress = _silent,
+    progress: Progress = silent,
     checkpoints: CheckpointStore | None = None,
 ) -> CommitOutcome:
     """Step 3: settle the run and report it (:func:`~tidemark.runs.finish.finish_run`)."""
@@ -101,7 +96,7 @@ def run_feed(
     params: Mapping[str, Any] | None = None,
     root: Root | None = None,
     master: str | None = None,
-    progress: Progress = _silent,
+    progress: Progress = silent,
     job_runner: JobRunner | None = None,
     checkpoints: CheckpointStore | None = None,
 ) -> tuple[RunHandle, dict[str, Any], CommitOutcome]:

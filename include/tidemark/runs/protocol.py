@@ -57,13 +57,8 @@ from tidemark.output.base import Manifest, Publisher
 from tidemark.planning.metadata import plan_topic_ids
 from tidemark.planning.plan import PLAN_FILE, Event, EventKind, Plan, read_plan
 from tidemark.runs.commit import CommitResult, commit_plan
+from tidemark.runs.run import Progress, silent
 from tidemark.storage import Location
-
-Progress = Callable[[str], None]
-
-
-def _silent(_: str) -> None:
-    """Progress sink that drops messages."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +100,7 @@ def settle(
     store: CheckpointStore,
     kafka: KafkaAdapter,
     connection: KafkaConnection | None = None,
-    progress: Progress = _silent,
+    progress: Progress = silent,
 ) -> Settled:
     """Take run ``run_id`` of ``plan`` as far as it can go: commit the group (if the plan commits), then show.
 
@@ -224,7 +219,7 @@ def settle_before_planning(
     publisher_of: Callable[[Plan], Publisher],
     store: CheckpointStore,
     kafka: KafkaAdapter,
-    progress: Progress = _silent,
+    progress: Progress = silent,
 ) -> tuple[str | None, tuple[Event, ...]]:
     """Every open run of ``feed`` first, loaded from its run dir (``docs/ARCHITECTURE.md``, "The commit protocol").
 
@@ -264,7 +259,7 @@ def settle_open_runs(
     kafka: KafkaAdapter,
     group: str,
     connection: KafkaConnection | None = None,
-    progress: Progress = _silent,
+    progress: Progress = silent,
 ) -> list[Settled]:
     """Before planning: finish or abandon every open run of ``feed`` in the ledger, oldest first, under the lock.
 

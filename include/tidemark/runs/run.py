@@ -10,7 +10,7 @@ plan it started from), ``job.json`` (the job's result), ``report.json`` and ``ru
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +23,11 @@ from tidemark.storage import Location, Where
 
 Root = Where  # the state dir: a local folder or an object-store URL
 STATUS_FILE = "run.json"
+Progress = Callable[[str], None]  # where a step says what it does (the CLI prints it, a task logs it)
+
+
+def silent(_: str) -> None:
+    """Progress sink that drops messages."""
 
 
 def runs_root(root: Root | None = None) -> Location:

@@ -13,7 +13,6 @@ settling or saving anything: the view's replay preview.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
@@ -31,15 +30,9 @@ from tidemark.planning.plan import Event, Plan, plan_lines, write_plan
 from tidemark.planning.requests import RunRequest, confine_output, output_roots
 from tidemark.runs.gather import plan_feed
 from tidemark.runs.protocol import settle_before_planning
-from tidemark.runs.run import Root, Run, RunHandle, open_checkpoints, write_status
+from tidemark.runs.run import Progress, Root, Run, RunHandle, open_checkpoints, silent, write_status
 from tidemark.spark.wire import planned_readers
 from tidemark.storage import Location
-
-Progress = Callable[[str], None]
-
-
-def _silent(_: str) -> None:
-    """Progress sink that drops messages."""
 
 
 def publish_target(feed: Feed, request: RunRequest) -> Location | None:
@@ -94,7 +87,7 @@ def start_run(
     request: RunRequest,
     *,
     root: Root | None = None,
-    progress: Progress = _silent,
+    progress: Progress = silent,
     checkpoints: CheckpointStore | None = None,
     registry: RegistryConnection | None = None,
 ) -> Run:

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from tidemark.errors import ConfigError, TidemarkError, ValidationFailedError
 from tidemark.job.result import read_result, run_without_spark, write_result
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.runs.report import record_failure
-from tidemark.runs.run import Run, RunHandle
+from tidemark.runs.run import Progress, Run, RunHandle, silent
 from tidemark.spark.secrets import SECRETS_FILE_ENV, secrets_file, split_env
 from tidemark.spark.session import (
     SUBMIT_CONF,
@@ -33,12 +32,6 @@ from tidemark.spark.session import (
     s3a_jars,
     small_run_conf,
 )
-
-Progress = Callable[[str], None]
-
-
-def _silent(_: str) -> None:
-    """Progress sink that drops messages."""
 
 
 def decodes_avro(feed: str) -> bool:
@@ -88,9 +81,7 @@ def spark_submit_command(
     ]
 
 
-def submit(
-    run: Run, connection: KafkaConnection, *, master: str | None, progress: Progress = _silent
-) -> dict[str, Any]:
+def submit(run: Run, connection: KafkaConnection, *, master: str | None, progress: Progress = silent) -> dict[str, Any]:
     """Step 2 for the CLI: submit the Spark job and wait for it; its ``job.json`` as a dict.
 
     The connections (Kafka's, the registry's, the object store's and the Iceberg catalog's variables) reach
@@ -126,7 +117,7 @@ def submit(
     return job.to_dict()
 
 
-def run_empty(run: Run, connection: KafkaConnection, progress: Progress = _silent) -> dict[str, Any]:
+def run_empty(run: Run, connection: KafkaConnection, progress: Progress = silent) -> dict[str, Any]:
     """Step 2 for a plan with no records: no Spark application; ``job.json`` says so.
 
     Raises :class:`~tidemark.errors.ValidationFailedError` (after recording the failed

@@ -39,8 +39,7 @@ UNDECODABLE = b"\xff\xfe-not-utf8"
 def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
          request: pytest.FixtureRequest) -> FaultEnv:  # fmt: skip
     env = FaultEnv(kafka, spark, tmp_path, request.node.name)
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
+    env.install(monkeypatch)
     monkeypatch.delenv(FAULTS_ENV, raising=False)
     return env
 

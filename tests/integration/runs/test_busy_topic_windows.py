@@ -36,9 +36,7 @@ HOLD_S = 0.4  # the end lookup then waits this long past the window start while 
 @pytest.fixture
 def env(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FaultEnv:
     e = FaultEnv(kafka, spark, tmp_path, "busy-window", partitions=2)
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(e.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(e.root))
-    monkeypatch.delenv("TIDEMARK_FAULTS", raising=False)
+    e.install(monkeypatch)
     return e
 
 

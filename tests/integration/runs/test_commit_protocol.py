@@ -31,8 +31,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 @pytest.fixture
 def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FaultEnv:
     env = FaultEnv(kafka, spark, tmp_path, "commit-protocol")
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
+    env.install(monkeypatch)
     return env
 
 
@@ -114,8 +113,7 @@ def test_a_refused_run_whose_discard_fails_does_not_wedge_the_feed(
     with pytest.raises(OSError, match="went away"):
         commit_run(loser, fenv.kafka.connection, root=fenv.root)
     monkeypatch.undo()
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(fenv.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(fenv.root))
+    fenv.install(monkeypatch)
     assert open_store(root=fenv.root).run(fenv.group, loser.run_id).state == "abandoned"  # type: ignore[union-attr]
     for _ in range(2):  # the later runs are not stuck on the refused one
         fenv.produce(3)
@@ -198,8 +196,7 @@ def test_a_reader_polling_a_race_on_s3_never_sees_an_offset_twice(
 
     remote = f"s3://tidemark/commit-protocol-{uuid.uuid4().hex[:8]}"
     env = FaultEnv(kafka, spark, tmp_path, "commit-protocol-s3", remote=remote)
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
+    env.install(monkeypatch)
     monkeypatch.setenv("TIDEMARK_CHECKPOINT_URL", postgres)
     seen = race_two_runs_and_a_committing_replay(env)
     for state in seen:

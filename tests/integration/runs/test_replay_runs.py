@@ -25,8 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 @pytest.fixture
 def env(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FaultEnv:
     e = FaultEnv(kafka, spark, tmp_path, "replays")
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(e.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(e.root))
+    e.install(monkeypatch)
     e.produce(12)
     e.run()
     return e

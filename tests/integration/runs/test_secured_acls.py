@@ -31,8 +31,7 @@ pytestmark = [pytest.mark.integration]
 @pytest.fixture
 def aenv(secure_kafka: SecuredKafka, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FaultEnv:
     env = FaultEnv(secure_kafka.admin, spark, tmp_path, "acls", partitions=2)
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
+    env.install(monkeypatch)
     env.produce(6)
     return env
 

@@ -35,8 +35,7 @@ JITTER_MS = 180_000
 @pytest.fixture
 def env(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FaultEnv:
     e = FaultEnv(kafka, spark, tmp_path, "windows", partitions=2)
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(e.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(e.root))
+    e.install(monkeypatch)
     return e
 
 
@@ -139,8 +138,7 @@ def test_log_append_time_topic_is_read_with_no_margin(kafka: KafkaTestCluster, s
     env = FaultEnv(
         kafka, spark, tmp_path, "lat", partitions=1, topic_config={"message.timestamp.type": "LogAppendTime"}
     )
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(env.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(env.root))
+    env.install(monkeypatch)
     marks = []
     for _ in range(3):
         env.produce(5)

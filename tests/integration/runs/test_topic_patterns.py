@@ -38,9 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 @pytest.fixture
 def env(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FaultEnv:
     e = FaultEnv(kafka, spark, tmp_path, "topic-pattern", partitions=2)
-    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(e.feeds))
-    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(e.root))
-    monkeypatch.delenv("TIDEMARK_FAULTS", raising=False)
+    e.install(monkeypatch)
     return e
 
 
