@@ -204,19 +204,9 @@ class KafkaAdapter:
         if not topics:
             return []
 
-        return self._retry(
-            # Short attempts: an attempt stuck on a broker that just stopped (KRaft brokers name
-            # a random live broker as "controller", and metadata lags) must not use up the budget.
+        return self._retry_metadata(
             lambda remaining_s: self._describe(topics, max(1.0, min(ATTEMPT_TIMEOUT_S, remaining_s))),
-            TransientMetadataError,
-            lambda exc: KafkaUnavailableError(
-                f"describing topic '{exc.topic}' on {self.connection.bootstrap_servers} failed for "
-                f"{self.timeout_s:.0f}s: {exc.error}; check that the brokers are up and reachable from here and "
-                "that the security settings are right (nothing was read or committed)"
-            ),
-            pause_s=0.2,
-            # librdkafka keeps waiting for the controller its cached metadata names, even when that broker is gone.
-            on_retry=lambda _exc: self._renew_client(),
+            lambda exc: f"describing topic '{exc.topic}'",
         )
 
     def topic_names(self) -> list[str]:
@@ -236,15 +226,26 @@ class KafkaAdapter:
             # A topic being deleted (or not yet led) may be listed with an error: not one to plan from.
             return sorted(name for name, topic in meta.topics.items() if topic.error is None)
 
+        return self._retry_metadata(listed, lambda _exc: "listing the topics")
+
+    def _retry_metadata(self, attempt: Callable[[float], T], doing: Callable[[TransientMetadataError], str]) -> T:
+        """A metadata request, asked again on transient answers until the adapter's timeout, then refused naming
+        what it was ``doing``.
+
+        Each attempt is short (the caller bounds it by :data:`ATTEMPT_TIMEOUT_S`): one stuck on a broker
+        that just stopped (KRaft brokers name a random live broker as "controller", and metadata lags)
+        must not use up the budget.
+        """
         return self._retry(
-            listed,
+            attempt,
             TransientMetadataError,
             lambda exc: KafkaUnavailableError(
-                f"listing the topics on {self.connection.bootstrap_servers} failed for {self.timeout_s:.0f}s: "
-                f"{exc.error}; check that the brokers are up and reachable from here and that the security settings "
-                "are right (nothing was read or committed)"
+                f"{doing(exc)} on {self.connection.bootstrap_servers} failed for {self.timeout_s:.0f}s: {exc.error}; "
+                "check that the brokers are up and reachable from here and that the security settings are right "
+                "(nothing was read or committed)"
             ),
             pause_s=0.2,
+            # librdkafka keeps waiting for the controller its cached metadata names, even when that broker is gone.
             on_retry=lambda _exc: self._renew_client(),
         )
 
