@@ -361,6 +361,17 @@ class FaultEnv:
         self.run_ids.add(handle.run_id)
         return handle, job, outcome
 
+    def run_until_idle(self, limit: int) -> list[CommitOutcome]:
+        """Scheduled runs, each committing, until one has nothing to read; at most ``limit`` of them."""
+        outcomes = []
+        for _ in range(limit):
+            handle, _, outcome = self.run()
+            assert outcome.committed
+            outcomes.append(outcome)
+            if handle.records == 0:
+                return outcomes
+        raise AssertionError(f"the feed still had records after {limit} runs")
+
     def classifier(self) -> Callable[[bytes | None], str]:
         """Where the feed's expectations put a record: good, or quarantined (string values; regex rules only).
 

@@ -53,17 +53,6 @@ def topic_id(env: FaultEnv) -> str:
     return str(futures[env.topic].result(timeout=15).topic_id)
 
 
-def run_until_idle(env: FaultEnv, limit: int = 6) -> list[CommitOutcome]:
-    outcomes = []
-    for _ in range(limit):
-        handle, _, outcome = env.run()
-        assert outcome.committed
-        outcomes.append(outcome)
-        if handle.records == 0:
-            return outcomes
-    raise AssertionError(f"the feed still had records after {limit} runs")
-
-
 def events(outcome: CommitOutcome) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = json.loads(Path(outcome.report_path).read_text())["events"]
     return found
@@ -83,7 +72,7 @@ def test_recreated_topic_longer_than_the_checkpoint_is_read_from_its_start(env: 
     if cap is not None:
         env.write_feed(max_records_per_partition=cap)
     env.produce(200)
-    run_until_idle(env)
+    env.run_until_idle(6)
     old = old_topic_output(env)
     old_id = topic_id(env)
 
@@ -91,7 +80,7 @@ def test_recreated_topic_longer_than_the_checkpoint_is_read_from_its_start(env: 
     new_id = topic_id(env)
     assert new_id and new_id != old_id
     env.produce(300)
-    outcomes = run_until_idle(env)
+    outcomes = env.run_until_idle(6)
 
     assert env.committed() == {0: 150, 1: 150}
     tps = [(env.topic, p) for p in range(env.partitions)]
@@ -116,7 +105,7 @@ def test_recreated_topic_with_on_missing_fail_is_refused(env: FaultEnv) -> None:
     # A fresh group with on_missing: fail needs a start position: commit 0 on both partitions.
     tps = [(env.topic, p) for p in range(env.partitions)]
     assert set(env.kafka.adapter.alter_committed(env.group, {tp: (0, "") for tp in tps}).values()) == {None}
-    run_until_idle(env)
+    env.run_until_idle(6)
     old = old_topic_output(env)
     old_id = topic_id(env)
     recreate(env)

@@ -65,17 +65,6 @@ def gone_everywhere(kafka: KafkaTestCluster, topic: str) -> None:
         time.sleep(0.2)
 
 
-def run_until_idle(env: FaultEnv, limit: int = 4) -> list[CommitOutcome]:
-    outcomes = []
-    for _ in range(limit):
-        handle, _, outcome = env.run()
-        assert outcome.committed
-        outcomes.append(outcome)
-        if handle.records == 0:
-            return outcomes
-    raise AssertionError(f"the feed still had records after {limit} runs")
-
-
 def events(outcomes: list[CommitOutcome], kind: str) -> list[dict[str, Any]]:
     found = []
     for outcome in outcomes:
@@ -94,7 +83,7 @@ def test_a_pattern_feed_picks_up_a_topic_created_after_its_first_run(env: FaultE
     pattern = {"pattern": rf"{prefix}\.orders\..*", "exclude": [rf"{prefix}\.orders\.dlq"]}
     env.write_feed(topics=pattern, on_missing="earliest")
 
-    first = run_until_idle(env)
+    first = env.run_until_idle(4)
     first_plan = read_plan(Path(first[0].report_path).with_name("plan.json"))
     assert first_plan.topics == (eu,)
     assert not events(first, "topic_added")  # the feed's first run: every topic starts by the reset policy anyway
@@ -114,7 +103,7 @@ def test_a_pattern_feed_picks_up_a_topic_created_after_its_first_run(env: FaultE
     assert replay.topics == (eu, us) and {p.topic for p in replay.partitions if p.records} == {eu, us}
     assert not [e for e in replay.events if e.kind in ("topic_added", "topic_removed")]
 
-    second = run_until_idle(env)
+    second = env.run_until_idle(4)
     plan = read_plan(Path(second[0].report_path).with_name("plan.json"))
     assert plan.topics == (eu, us)
     new = {p.partition: (p.start, p.reason) for p in plan.partitions if p.topic == us}
@@ -142,11 +131,11 @@ def test_a_pattern_feed_picks_up_a_topic_created_after_its_first_run(env: FaultE
     kafka.adapter.delete_topic(us)
     gone_everywhere(kafka, us)
     fill(kafka, eu, 4, 2, first=40)
-    third = run_until_idle(env)
+    third = env.run_until_idle(4)
     assert read_plan(Path(third[0].report_path).with_name("plan.json")).topics == (eu,)
     removed = events(third, "topic_removed")
     assert [(e["topic"], e["details"]["reason"], e["details"]["last_run"]) for e in removed] == [
         (us, "missing", second[-1].run_id)
     ]
-    assert not events(run_until_idle(env), "topic_removed")
+    assert not events(env.run_until_idle(4), "topic_removed")
     assert env.published() == scan_all(kafka, {eu: 2}) + read_from_us

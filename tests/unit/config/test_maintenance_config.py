@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.feed_files import assert_refused_naming
 from tidemark.config.models import load_feed_file
 from tidemark.errors import ConfigError
 
@@ -49,13 +50,7 @@ def test_defaults_follow_icebergs_own(tmp_path: Path) -> None:
     ],
 )
 def test_invalid_sections_name_the_file_and_the_field(tmp_path: Path, text: str, names: list[str]) -> None:
-    path = feed_file(tmp_path, text)
-    with pytest.raises(ConfigError) as err:
-        load_feed_file(path)
-    message = str(err.value)
-    assert message.startswith(str(path))
-    for name in names:
-        assert name in message
+    assert_refused_naming(feed_file(tmp_path, text), names)
 
 
 def test_partition_by_is_one_of_the_specs(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.feed_files import assert_refused_naming
 from tidemark.config.models import load_feed_file
-from tidemark.errors import ConfigError
 
 
 def feed_file(tmp_path: Path, text: str) -> Path:
@@ -68,13 +68,7 @@ def test_full_match_and_exclusions(tmp_path: Path, topic: str, taken: bool) -> N
     ],
 )  # fmt: skip
 def test_bad_patterns_name_the_file_the_feed_and_the_pattern(tmp_path: Path, text: str, names: list[str]) -> None:
-    path = feed_file(tmp_path, text)
-    with pytest.raises(ConfigError) as err:
-        load_feed_file(path)
-    message = str(err.value)
-    assert message.startswith(str(path))
-    for name in names:
-        assert name in message, (name, message)
+    assert_refused_naming(feed_file(tmp_path, text), names)
 
 
 def test_a_pattern_feed_with_a_named_subject_loads(tmp_path: Path) -> None:

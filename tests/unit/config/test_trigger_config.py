@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.feed_files import assert_refused_naming
 from tidemark.config.models import load_feed_file
-from tidemark.errors import ConfigError
 
 BASE = "topics: [orders]\ngroup: orders-batch\n"
 
@@ -52,10 +52,4 @@ def test_defaults(tmp_path: Path) -> None:
     ],
 )
 def test_invalid_trigger_sections_name_the_file_and_the_field(tmp_path: Path, section: str, names: list[str]) -> None:
-    path = feed_file(tmp_path, section)
-    with pytest.raises(ConfigError) as err:
-        load_feed_file(path)
-    message = str(err.value)
-    assert message.startswith(str(path))
-    for name in names:
-        assert name in message
+    assert_refused_naming(feed_file(tmp_path, section), names)
