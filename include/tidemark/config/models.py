@@ -334,7 +334,145 @@ def _regex_refusal(feed: str, field_name: str, value: str) -> str | None:
 ICEBERG_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}\.[A-Za-z_][A-Za-z0-9_]{0,99}$")
 
 
-IcebergPartitioning = Literal["date", "hour", "day", "month", "none"]
+# A partitioning by the record's Kafka timestamp (or none): ``date`` is the layout every output had before the choice.
+KafkaPartitioning = Literal["date", "hour", "day", "month", "none"]
+IcebergPartitioning = KafkaPartitioning  # the name the Iceberg output's code knew it by
+KAFKA_PARTITIONINGS: tuple[str, ...] = ("date", "hour", "day", "month", "none")
+Granularity = Literal["hour", "day", "month", "year"]
+# What a value field's type lets it be partitioned by, from its kind (:func:`partition_refusal`).
+FieldKind = Literal["timestamp", "date", "integer", "string", "decimal", "scalar", "nested"]
+
+
+class FieldPartitioning(_Model):
+    """A partitioning by a top-level field of the decoded value (``partition_by: {field: ..., ...}``).
+
+    ``granularity`` (``hour``, ``day``, ``month``, ``year``): by the record's event time in
+    that field, in UTC: a timestamp or date field, or an integer field of epoch milliseconds.
+    ``truncate``: by the field's first ``truncate`` characters (a string), or its value rounded
+    down to a multiple of ``truncate`` (an integer or decimal). Neither: by the field's value.
+    A record whose field is null goes to the null partition.
+    """
+
+    field: str = Field(min_length=1)
+    granularity: Granularity | None = None
+    truncate: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _one_transform(self) -> FieldPartitioning:
+        if self.granularity is not None and self.truncate is not None:
+            raise ValueError("partition by the field's granularity or truncate, not both")
+        return self
+
+    @property
+    def transform(self) -> str:
+        """Iceberg's transform of the field: ``identity``, ``day``, ``truncate[3]``, ..."""
+        if self.granularity is not None:
+            return self.granularity
+        return "identity" if self.truncate is None else f"truncate[{self.truncate}]"
+
+
+PartitionChoice = KafkaPartitioning | FieldPartitioning
+_CHOICES_TEXT = (
+    "one of date, hour, day, month (of the Kafka timestamp), none, or a value field: {field: NAME} (its value), "
+    "{field: NAME, granularity: hour|day|month|year} (its event time), {field: NAME, truncate: WIDTH}"
+)
+# Epoch milliseconds have no Iceberg time transform; truncate[ms] of the long is one for a fixed-length period.
+EPOCH_MS_TRUNCATE = {"hour": 3_600_000, "day": 86_400_000}
+
+
+def partition_choice(value: Any, option: str) -> Any:
+    """``value`` of ``option`` (``iceberg.partition_by``) as a :data:`PartitionChoice`, refused with what is allowed."""
+    if isinstance(value, str):
+        if value not in KAFKA_PARTITIONINGS:
+            raise ValueError(f"{option}: {value!r} is not a partitioning; use {_CHOICES_TEXT}")
+        return value
+    if isinstance(value, dict):
+        try:
+            return FieldPartitioning.model_validate(value)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join([option, *map(str, e['loc'])])}: {e['msg']}" for e in exc.errors()
+            )
+            raise ValueError(f"{problems} ({option} is {_CHOICES_TEXT})") from None
+    return value
+
+
+def partition_refusal(
+    choice: FieldPartitioning, kind: FieldKind, type_label: str, output_format: str, option: str
+) -> str | None:
+    """Why ``choice`` cannot partition by its field of ``kind`` (``type_label`` as declared) for ``output_format``,
+    naming ``option``, the field, its type and what is allowed; ``None``: it can."""
+    name = f"{option}: field {choice.field!r} is {type_label}"
+    if kind == "nested":
+        return f"{name}; partition by a scalar field (a string, number, boolean, date or timestamp)"
+    if choice.granularity is not None:
+        if kind not in ("timestamp", "date", "integer"):
+            return (
+                f"{name}, and granularity {choice.granularity} needs a timestamp, date or an integer of epoch "
+                "milliseconds; partition by its value ({field: NAME}) instead"
+            )
+        if kind == "date" and choice.granularity == "hour":
+            return f"{name}, which has no hour: use granularity day, month or year"
+        if kind == "integer" and output_format == "iceberg" and choice.granularity not in EPOCH_MS_TRUNCATE:
+            return (
+                f"{name}, read as epoch milliseconds, which an Iceberg table partitions by hour or day only "
+                "(Iceberg's time transforms take timestamps; a fixed period is a truncate of the milliseconds); "
+                "declare the field as a timestamp (schema_ddl) for month or year"
+            )
+    if choice.truncate is not None and kind not in ("string", "integer", "decimal"):
+        return f"{name}; truncate takes a string, integer or decimal field"
+    return None
+
+
+_DDL_KINDS: tuple[tuple[str, FieldKind], ...] = (
+    ("struct", "nested"), ("array", "nested"), ("map", "nested"), ("timestamp", "timestamp"), ("date", "date"),
+    ("bigint", "integer"), ("long", "integer"), ("integer", "integer"), ("int", "integer"), ("smallint", "integer"), ("short", "integer"),
+    ("tinyint", "integer"), ("byte", "integer"), ("string", "string"), ("varchar", "string"), ("char", "string"),
+    ("decimal", "decimal"), ("dec", "decimal"), ("numeric", "decimal"),
+)  # fmt: skip
+_JSON_KINDS: dict[str, FieldKind] = {"string": "string", "integer": "integer", "number": "scalar", "boolean": "scalar"}
+
+
+def field_kind(type_text: str) -> FieldKind:
+    """A Spark DDL type's kind (``timestamp_ntz`` is a timestamp, ``decimal(10,2)`` a decimal, ``double`` a scalar)."""
+    text = type_text.strip().lower()
+    for prefix, kind in _DDL_KINDS:
+        if re.match(rf"{prefix}\b", text) or text.startswith(f"{prefix}_") or text.startswith(f"{prefix}<"):
+            return kind
+    return "scalar"
+
+
+def ddl_fields(ddl: str) -> dict[str, str]:
+    """The top-level fields of a Spark DDL schema (``id long NOT NULL, c struct<a: int>``): name → type text.
+
+    A light reading for config checks only (Spark itself parses the schema when a run decodes):
+    commas inside ``<...>`` and ``(...)`` do not split fields; ``NOT NULL`` and ``COMMENT`` are dropped.
+    """
+    parts: list[str] = []
+    depth, current = 0, ""
+    for char in ddl:
+        if char in "<(":
+            depth += 1
+        elif char in ">)":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    found: dict[str, str] = {}
+    for part in (p.strip() for p in parts):
+        match = re.match(r"^(`[^`]+`|[^\s:]+)\s*:?\s*(.*)$", part, re.DOTALL)
+        if match is None or not match.group(2):
+            continue
+        kind = re.split(r"(?i)\s+(not\s+null|comment)\b", match.group(2))[0]
+        found[match.group(1).strip("`")] = kind.strip()
+    return found
+
+
+def _output_option(value: Any, info: ValidationInfo, section: str) -> Any:
+    return partition_choice(value, f"{section}.{info.field_name}")
 
 
 class IcebergOutput(_Model):
@@ -345,13 +483,14 @@ class IcebergOutput(_Model):
     ``<output>.quarantine``, a Parquet folder beside the table's location).
     ``partition_by``: ``date`` (default: the ``date`` column, the record timestamp's UTC
     date, then ``topic``), ``hour`` / ``day`` / ``month`` (Iceberg's transform of the
-    record's Kafka ``timestamp``, then ``topic``) or ``none``. A change evolves the table's
-    spec with the next commit; files already written keep theirs.
+    record's Kafka ``timestamp``, then ``topic``), ``none``, or a value field
+    (:class:`FieldPartitioning`: ``{field: order_ts, granularity: day}``, ``{field: country}``).
+    A change evolves the table's spec with the next commit; files already written keep theirs.
     """
 
     table: str | None = None
     quarantine: str | None = None
-    partition_by: IcebergPartitioning = "date"
+    partition_by: PartitionChoice = "date"
 
     @field_validator("table")
     @classmethod
@@ -359,6 +498,30 @@ class IcebergOutput(_Model):
         if v is not None and not ICEBERG_TABLE.match(v):
             raise ValueError(f"{v!r} is not namespace.name (letters, digits and '_', one dot)")
         return v
+
+    @field_validator("partition_by", mode="before")
+    @classmethod
+    def _choice(cls, v: Any, info: ValidationInfo) -> Any:
+        return _output_option(v, info, "iceberg")
+
+
+class ParquetOutput(_Model):
+    """How a Parquet feed lays out a plan's folder (``parquet:``).
+
+    ``partition_by``: ``date`` (default: ``topic=<t>/date=<d>/`` folders, the record
+    timestamp's UTC date), ``hour`` / ``day`` / ``month`` (``timestamp_hour=...`` of the Kafka
+    timestamp, then ``topic=``), ``none`` (the plan's files side by side), or a value field
+    (:class:`FieldPartitioning`): Hive-style ``<field>=<value>/`` folders for its value (the
+    column then lives in the folder name, as Hive, Spark and pyarrow expect), or
+    ``<field>_<granularity>=<time>/`` / ``<field>_trunc=<value>/`` folders beside the column.
+    """
+
+    partition_by: PartitionChoice = "date"
+
+    @field_validator("partition_by", mode="before")
+    @classmethod
+    def _choice(cls, v: Any, info: ValidationInfo) -> Any:
+        return _output_option(v, info, "parquet")
 
 
 class Maintenance(_Model):
@@ -441,6 +604,7 @@ class Feed(_Model):
     output: str | None = None
     output_format: OutputFormat = "parquet"
     iceberg: IcebergOutput | None = None
+    parquet: ParquetOutput | None = None
     validation: Validation = Validation()
     time_windows: TimeWindows = TimeWindows()
     alerts: Alerts | None = None
@@ -521,6 +685,11 @@ class Feed(_Model):
             raise ValueError("max_records_per_partition is larger than max_records_per_run")
         if self.iceberg is not None and self.output_format != "iceberg":
             raise ValueError("'iceberg' settings need output_format: iceberg")
+        if self.parquet is not None and self.output_format != "parquet":
+            raise ValueError("'parquet' settings need output_format: parquet (an Iceberg feed sets iceberg.partition_by)")
+        refusal = self._partition_refusal()
+        if refusal is not None:
+            raise ValueError(refusal)
         if self.maintenance is not None and self.output_format != "iceberg":
             raise ValueError(
                 "'maintenance' is for Iceberg tables (output_format: iceberg); a Parquet folder's plans are kept as "
@@ -540,6 +709,42 @@ class Feed(_Model):
                 "(a topic pattern too: it may match several)"
             )
         return self
+
+    def _partition_refusal(self) -> str | None:
+        """Why the feed's value-field partitioning does not fit the value's declared fields (``None``: it does).
+
+        A JSON value's fields are declared in the file and checked here; a registry format's
+        come from its reader schema, checked when a run reads it (:mod:`tidemark.output.partitioning`).
+        """
+        choice = self.partitioning
+        if not isinstance(choice, FieldPartitioning):
+            return None
+        option = f"{self.output_format}.partition_by"
+        deser = self.deserialization
+        if deser.format in REGISTRY_FORMATS:
+            return None
+        if deser.format != "json":
+            return (
+                f"{option}: field {choice.field!r}: a value of format: {deser.format} has no fields; partition by "
+                "the Kafka timestamp (date, hour, day, month) or decode the value (format: json, avro, ...)"
+            )
+        if deser.schema_ddl is not None:
+            declared = {name: (text, field_kind(text)) for name, text in ddl_fields(deser.schema_ddl).items()}
+        else:
+            declared = {f.name: (f.type, _JSON_KINDS[f.type]) for f in deser.fields}
+        if choice.field not in declared:
+            return (
+                f"{option}: {choice.field!r} is not a declared field of the value (declared: "
+                f"{', '.join(declared) or 'none'}); name a top-level field of deserialization's schema"
+            )
+        type_text, kind = declared[choice.field]
+        return partition_refusal(choice, kind, type_text, self.output_format, option)
+
+    @property
+    def partitioning(self) -> PartitionChoice:
+        """How the feed's output is partitioned: ``iceberg.partition_by`` or ``parquet.partition_by`` (default ``date``)."""
+        section = self.iceberg if self.output_format == "iceberg" else self.parquet
+        return section.partition_by if section is not None else "date"
 
     def with_topics(self, topics: tuple[str, ...]) -> Feed:
         """This feed reading ``topics``: a pattern feed as one run resolved it (the pattern is kept)."""
