@@ -390,9 +390,7 @@ def partition_choice(value: Any, option: str) -> Any:
         try:
             return FieldPartitioning.model_validate(value)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join([option, *map(str, e['loc'])])}: {e['msg']}" for e in exc.errors()
-            )
+            problems = "; ".join(f"{'.'.join([option, *map(str, e['loc'])])}: {e['msg']}" for e in exc.errors())
             raise ValueError(f"{problems} ({option} is {_CHOICES_TEXT})") from None
     return value
 
@@ -426,9 +424,9 @@ def partition_refusal(
 
 _DDL_KINDS: tuple[tuple[str, FieldKind], ...] = (
     ("struct", "nested"), ("array", "nested"), ("map", "nested"), ("timestamp", "timestamp"), ("date", "date"),
-    ("bigint", "integer"), ("long", "integer"), ("integer", "integer"), ("int", "integer"), ("smallint", "integer"), ("short", "integer"),
-    ("tinyint", "integer"), ("byte", "integer"), ("string", "string"), ("varchar", "string"), ("char", "string"),
-    ("decimal", "decimal"), ("dec", "decimal"), ("numeric", "decimal"),
+    ("bigint", "integer"), ("long", "integer"), ("integer", "integer"), ("int", "integer"), ("smallint", "integer"),
+    ("short", "integer"), ("tinyint", "integer"), ("byte", "integer"), ("string", "string"), ("varchar", "string"),
+    ("char", "string"), ("decimal", "decimal"), ("dec", "decimal"), ("numeric", "decimal"),
 )  # fmt: skip
 _JSON_KINDS: dict[str, FieldKind] = {"string": "string", "integer": "integer", "number": "scalar", "boolean": "scalar"}
 
@@ -686,7 +684,9 @@ class Feed(_Model):
         if self.iceberg is not None and self.output_format != "iceberg":
             raise ValueError("'iceberg' settings need output_format: iceberg")
         if self.parquet is not None and self.output_format != "parquet":
-            raise ValueError("'parquet' settings need output_format: parquet (an Iceberg feed sets iceberg.partition_by)")
+            raise ValueError(
+                "'parquet' settings need output_format: parquet (an Iceberg feed sets iceberg.partition_by)"
+            )
         refusal = self._partition_refusal()
         if refusal is not None:
             raise ValueError(refusal)
@@ -742,7 +742,7 @@ class Feed(_Model):
 
     @property
     def partitioning(self) -> PartitionChoice:
-        """How the feed's output is partitioned: ``iceberg.partition_by`` or ``parquet.partition_by`` (default ``date``)."""
+        """How the output is partitioned: ``iceberg.partition_by`` or ``parquet.partition_by`` (default ``date``)."""
         section = self.iceberg if self.output_format == "iceberg" else self.parquet
         return section.partition_by if section is not None else "date"
 

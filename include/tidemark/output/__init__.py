@@ -24,12 +24,13 @@ def publisher_for(feed: Feed, plan: Plan | None = None, output: Where | None = N
     An explicit ``output`` or a plan that names its own output (backfills and replays publish
     beside the feed's output, so that its readers never see a record twice) is a Parquet
     folder; otherwise the feed's ``output_format`` decides: ``iceberg`` publishes to the
-    feed's table, anything else to its Parquet folder.
+    feed's table, anything else to its Parquet folder. A Parquet folder takes the feed's
+    partitioning (an Iceberg feed's backfill gets its table's choice, as Hive-style folders).
     """
     if output is not None:
-        return ParquetPublisher(Location.of(output))
+        return ParquetPublisher(Location.of(output), feed.partitioning)
     if plan is not None and plan.output:
-        return ParquetPublisher(Location.of(plan.output))
+        return ParquetPublisher(Location.of(plan.output), feed.partitioning)
     if feed.output_format == "iceberg":
         return IcebergPublisher(feed)
-    return ParquetPublisher(feed.output_location())
+    return ParquetPublisher(feed.output_location(), feed.partitioning)

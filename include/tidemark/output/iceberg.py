@@ -5,7 +5,8 @@ Iceberg here. The job stages and validates exactly as for a Parquet folder; then
 :meth:`IcebergPublisher.publish_staged`
 
 1. has Spark rewrite the good records into Parquet files of one partition each (the
-   feed's ``iceberg.partition_by``, :data:`SPECS`: ``(date, topic)`` by default), each
+   feed's ``iceberg.partition_by``: ``(date, topic)`` by default, :data:`SPECS`, or a value
+   field's value or event time, :mod:`tidemark.output.partitioning`), each
    file *containing* the source columns (pyiceberg's ``add_files`` derives a file's
    partition from its column statistics; Spark's ``partitionBy`` would drop them) with
    ``TIMESTAMP_MICROS`` timestamps (Iceberg has no INT96);
@@ -72,6 +73,13 @@ from tidemark.errors import ConfigError, PublishError, SchemaError, StateStoreEr
 from tidemark.faults import fault_point
 from tidemark.output.base import QUARANTINE_DIR, STAGING_DIR, FileEntry, Manifest, StagedRecords
 from tidemark.output.ledger import Ledger, LedgerPlan, ledger_key, overlap
+from tidemark.output.partitioning import (
+    PartitionField,
+    folder_value,
+    kafka_fields,
+    partition_fields,
+    spec_pairs,
+)
 from tidemark.output.staging import (
     Staging,
     local_staging_base,
@@ -85,7 +93,7 @@ from tidemark.planning.plan import Plan, RecoveredPosition
 from tidemark.redaction import redact, redact_url
 from tidemark.spark.session import session_conf
 from tidemark.spark.stats import RangeStats
-from tidemark.staged import PARQUET_TIMESTAMPS, PARTITION_COLUMNS, PASS_DIR, TOPIC_COLUMN
+from tidemark.staged import PARQUET_TIMESTAMPS, PASS_DIR
 from tidemark.storage import Location, remove_objects, s3_settings
 
 if TYPE_CHECKING:
@@ -100,18 +108,13 @@ if TYPE_CHECKING:
 CATALOG_URI_ENV = "TIDEMARK_ICEBERG_CATALOG_URI"
 CATALOG_TYPE_ENV = "TIDEMARK_ICEBERG_CATALOG_TYPE"
 CATALOG_NAME = "tidemark"
-TIMESTAMP_COLUMN = "timestamp"  # the record's Kafka timestamp
-# The table's partition spec per feed choice (``iceberg.partition_by``): (source column, transform), in spec
-# order. ``date`` is the spec every table had before the choice: the date column first, then topic.
+# The table's partition spec per Kafka-timestamp choice (``iceberg.partition_by``): (source column, transform), in
+# spec order. ``date`` is the spec every table had before the choice: the date column first, then topic. A value
+# field's spec depends on the field's type (:func:`tidemark.output.partitioning.partition_fields`).
 SPECS: dict[str, tuple[tuple[str, str], ...]] = {
-    "date": tuple((c, "identity") for c in reversed(PARTITION_COLUMNS)),
-    "hour": ((TIMESTAMP_COLUMN, "hour"), (TOPIC_COLUMN, "identity")),
-    "day": ((TIMESTAMP_COLUMN, "day"), (TOPIC_COLUMN, "identity")),
-    "month": ((TIMESTAMP_COLUMN, "month"), (TOPIC_COLUMN, "identity")),
-    "none": (),
+    choice: tuple((f.column, f.transform) for f in kafka_fields(choice))
+    for choice in ("date", "hour", "day", "month", "none")
 }
-# How Spark names a time partition's folder (in UTC, the write's session zone): one folder, one partition value.
-_TIME_FOLDERS = {"hour": "yyyy-MM-dd-HH", "day": "yyyy-MM-dd", "month": "yyyy-MM"}
 NO_RETRY = {"commit.retry.num-retries": "0"}
 # Snapshot summary properties: what names the plan in the table's history.
 PLAN_KEY = "tidemark.plan-id"
@@ -231,14 +234,28 @@ def plan_history(table: Table) -> list[Snapshot]:
     return list(ancestors_of(table.current_snapshot(), table.metadata))
 
 
-def _field_name(column: str, transform: str) -> str:
-    return column if transform == "identity" else f"{column}_{transform}"
-
-
 def _transform(name: str) -> Any:
-    from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform, MonthTransform
+    from pyiceberg.transforms import (
+        DayTransform,
+        HourTransform,
+        IdentityTransform,
+        MonthTransform,
+        TruncateTransform,
+        YearTransform,
+    )
 
-    return {"identity": IdentityTransform, "hour": HourTransform, "day": DayTransform, "month": MonthTransform}[name]()
+    if name.startswith("truncate["):
+        return TruncateTransform(int(name[len("truncate[") : -1]))
+    transforms = {"identity": IdentityTransform, "hour": HourTransform, "day": DayTransform, "month": MonthTransform,
+                  "year": YearTransform}  # fmt: skip
+    return transforms[name]()
+
+
+PartitionSpecArg = str | Sequence[PartitionField]  # a Kafka-timestamp choice by name, or the fields themselves
+
+
+def _fields(spec: PartitionSpecArg) -> tuple[PartitionField, ...]:
+    return kafka_fields(spec) if isinstance(spec, str) else tuple(spec)
 
 
 def spec_of(table: Table) -> set[tuple[str, str]]:
@@ -248,13 +265,15 @@ def spec_of(table: Table) -> set[tuple[str, str]]:
             if str(f.transform) != "void"}  # fmt: skip
 
 
-def evolve_spec(tx: Any, table: Table, partition_by: str) -> bool:
-    """In transaction ``tx``: make ``table``'s spec ``partition_by``'s (:data:`SPECS`); whether it changed.
+def evolve_spec(tx: Any, table: Table, partition_by: PartitionSpecArg) -> bool:
+    """In transaction ``tx``: make ``table``'s spec ``partition_by``'s (a choice of :data:`SPECS`, or the fields of a
+    value field's, :mod:`tidemark.output.partitioning`); whether it changed.
 
     Iceberg's partition evolution: files already in the table keep the spec they were
     written with, new files take the new one; readers prune both.
     """
-    wanted = set(SPECS[partition_by])
+    fields = _fields(partition_by)
+    wanted = spec_pairs(fields)
     current = spec_of(table)
     if current == wanted:
         return False
@@ -263,9 +282,9 @@ def evolve_spec(tx: Any, table: Table, partition_by: str) -> bool:
             source = table.schema().find_column_name(f.source_id)
             if (source, str(f.transform)) not in wanted and str(f.transform) != "void":
                 update.remove_field(f.name)
-        for column, transform in SPECS[partition_by]:
-            if (column, transform) not in current:
-                update.add_field(column, _transform(transform), _field_name(column, transform))
+        for part in fields:
+            if (part.column, part.transform) not in current:
+                update.add_field(part.column, _transform(part.transform), part.name)
     return True
 
 
@@ -396,7 +415,7 @@ class IcebergPublisher:
         self.location = feed.output_location()
         chosen = feed.iceberg.quarantine if feed.iceberg is not None else None
         self.quarantine = Location.of(chosen) if chosen else self.location.with_name(f"{self.location.name}.quarantine")
-        self.partition_by = feed.iceberg.partition_by if feed.iceberg is not None else "date"
+        self.partitioning = feed.partitioning
 
     def describe(self) -> str:
         return f"iceberg:{self.table_name} ({self.location})"
@@ -411,9 +430,13 @@ class IcebergPublisher:
         except NoSuchTableError:
             return None
 
+    def partition_fields(self, schema: StructType) -> tuple[PartitionField, ...]:
+        """The feed's partitioning of records of ``schema`` (:func:`tidemark.output.partitioning.partition_fields`)."""
+        return partition_fields(self.partitioning, schema, "iceberg", self.feed.name)
+
     def load_or_create(self, schema: StructType) -> Table:
-        """The table, created on first use from ``schema``: partitioned as the feed says (:data:`SPECS`), no commit
-        retries."""
+        """The table, created on first use from ``schema``: partitioned as the feed says (:meth:`partition_fields`),
+        no commit retries."""
         from pyiceberg.exceptions import TableAlreadyExistsError
 
         table = self.load()
@@ -428,8 +451,8 @@ class IcebergPublisher:
                     ) as create,
                     create.update_spec() as spec,
                 ):
-                    for column, transform in SPECS[self.partition_by]:
-                        spec.add_field(column, _transform(transform), _field_name(column, transform))
+                    for f in self.partition_fields(schema):
+                        spec.add_field(f.column, _transform(f.transform), f.name)
             except TableAlreadyExistsError:
                 pass  # created meanwhile by another run: use it
             table = catalog.load_table(self.table_name)
@@ -443,7 +466,9 @@ class IcebergPublisher:
     # -- the Publisher protocol ------------------------------------------------------------
 
     def check_schema(self, schema: StructType, plan: Plan) -> None:
-        """Refuse, before anything is staged, records the table cannot take (:func:`schema_changes`)."""
+        """Refuse, before anything is staged, records the table cannot take (:func:`schema_changes`) or the feed's
+        partitioning cannot partition (a value field missing or of another type)."""
+        self.partition_fields(schema)
         table = self.load()
         if table is not None:
             schema_changes(table.schema(), table_schema(schema), self.table_name, _records_of(plan))
@@ -556,7 +581,10 @@ class IcebergPublisher:
     ) -> Manifest:
         if plan.feed != feed.name or plan.plan_id != staging.plan_id:
             raise PublishError(f"plan {plan.plan_id} (feed '{plan.feed}') does not match staging {staging.root}")
-        data, bad, records, quarantined = self._staged_files(staging, plan, staged, expect_records, expect_quarantined)
+        fields = self.partition_fields(staged.schema)
+        data, bad, records, quarantined = self._staged_files(
+            staging, plan, staged, expect_records, expect_quarantined, fields
+        )
 
         table = self.load_or_create(staged.schema)  # the compare-and-set basis of the commit below
         done = self._find(table, plan.plan_id)
@@ -602,13 +630,13 @@ class IcebergPublisher:
         if run_id is not None:  # pending: the data files are in no snapshot until promote() commits them
             pending = {"manifest": manifest.to_dict(), "paths": paths, "properties": properties,
                        "schema": _schema_text(decoded) if changes else None,
-                       "partition_by": self.partition_by}  # fmt: skip
+                       "partition_spec": [f.as_list() for f in fields]}  # fmt: skip
             self._pending(plan.plan_id, run_id).write_text(json.dumps(pending, indent=2, sort_keys=True))
             staging.discard()
             return manifest
         fault_point("iceberg.before_commit")  # data files written, catalog not committed
         commit_files(table, paths, properties, self.table_name, evolve_to=decoded if changes else None,
-                     partition_by=self.partition_by)  # fmt: skip
+                     partition_by=fields)  # fmt: skip
         snapshot = table.current_snapshot()
         staging.discard()
         return replace(
@@ -653,7 +681,7 @@ class IcebergPublisher:
             fault_point("iceberg.before_commit")  # data files written, catalog not committed
             try:
                 commit_files(table, list(doc["paths"]), doc["properties"], self.table_name, evolve_to=evolve_to,
-                             partition_by=doc.get("partition_by"))  # fmt: skip
+                             partition_by=_pending_spec(doc))  # fmt: skip
             except TableChangedError:
                 continue  # the table changed meanwhile: look at its ledger again
             snapshot = table.current_snapshot()
@@ -686,7 +714,13 @@ class IcebergPublisher:
         return Manifest.from_dict(doc["manifest"])
 
     def _staged_files(
-        self, staging: Staging, plan: Plan, staged: StagedRecords, expect_records: int, expect_quarantined: int
+        self,
+        staging: Staging,
+        plan: Plan,
+        staged: StagedRecords,
+        expect_records: int,
+        expect_quarantined: int,
+        fields: tuple[PartitionField, ...],
     ) -> tuple[list[tuple[Path, PartitionKey]], list[str], int, int]:
         """The staged data files (rewritten as table files) and quarantine folders, counted against validation."""
         import pyarrow.parquet as pq
@@ -695,9 +729,7 @@ class IcebergPublisher:
         outcomes = staging.outcomes(staged.outcome_column)
         files_root = staging.root / TABLE_FILES_DIR
         if good in outcomes:
-            _write_table_files(
-                staged.read_good(staging.url(PASS_DIR, good)), staging.url(TABLE_FILES_DIR), self.partition_by
-            )
+            _write_table_files(staged.read_good(staging.url(PASS_DIR, good)), staging.url(TABLE_FILES_DIR), fields)
             staging.pull(TABLE_FILES_DIR, files_root)
         data = _by_partition(files_root)
         bad = [staging.url(PASS_DIR, name) for name in outcomes if name != good]
@@ -797,6 +829,15 @@ class IcebergPublisher:
         return None
 
 
+def _pending_spec(doc: Mapping[str, Any]) -> PartitionSpecArg | None:
+    """The spec a pending publication's files were written for: its fields, or (staged by an older Tidemark) the
+    Kafka-timestamp choice by name."""
+    if doc.get("partition_spec") is not None:
+        return tuple(PartitionField(c, t, n) for c, t, n in doc["partition_spec"])
+    chosen = doc.get("partition_by")
+    return None if chosen is None else str(chosen)
+
+
 def _schema_text(schema: pa.Schema) -> str:
     """An Arrow schema as text (a pending publication keeps the schema its commit evolves the table to)."""
     return base64.b64encode(schema.serialize().to_pybytes()).decode()
@@ -814,11 +855,12 @@ def commit_files(
     properties: Mapping[str, str],
     table_name: str,
     evolve_to: pa.Schema | None = None,
-    partition_by: str | None = None,
+    partition_by: PartitionSpecArg | None = None,
 ) -> None:
     """One ``add_files`` commit of ``paths``: a compare-and-set on the metadata ``table`` was loaded with.
 
-    With ``partition_by`` (the spec the files were written for, :data:`SPECS`) the same
+    With ``partition_by`` (the spec the files were written for: a choice of :data:`SPECS` or
+    the fields of a value field's, :mod:`tidemark.output.partitioning`) the same
     commit first evolves the table's partition spec to it, if it differs (:func:`evolve_spec`).
 
     With ``evolve_to`` the same commit first unions the table's schema with it (columns
@@ -875,19 +917,15 @@ def commit_files(
         ) from exc
 
 
-def _write_table_files(good: Any, target: str, partition_by: str = "date") -> None:
+def _write_table_files(good: Any, target: str, partition_by: PartitionSpecArg = "date") -> None:
     """Spark writes one folder per partition of ``partition_by``'s spec whose files keep every column (``add_files``
     derives a file's partition from its columns' statistics), timestamps as micros (Iceberg reads no INT96)."""
-    from pyspark.sql import functions as F
-
     spark = good.sparkSession
     keys: list[str] = []
-    for column, transform in SPECS[partition_by]:
-        name = _COPY_PREFIX + _field_name(column, transform)
-        if transform == "identity":
-            good = good.withColumn(name, F.col(column).cast("string"))
-        else:
-            good = good.withColumn(name, F.date_format(column, _TIME_FOLDERS[transform]))
+    schema = good.schema
+    for f in _fields(partition_by):
+        name = _COPY_PREFIX + f.name
+        good = good.withColumn(name, folder_value(f, schema))
         keys.append(name)
     with (
         session_conf(spark, "spark.sql.parquet.outputTimestampType", PARQUET_TIMESTAMPS),

@@ -10,7 +10,11 @@ Layout under the feed's output location (:meth:`tidemark.config.models.Feed.outp
 
 ``date`` is the record timestamp's UTC date. Spark and pyarrow read ``<output>`` as one
 dataset partitioned by ``plan_id``, ``topic`` and ``date`` and skip ``_``-prefixed
-folders, so staging and quarantine never leak into it. The job stages with
+folders, so staging and quarantine never leak into it. A feed's ``parquet.partition_by``
+chooses other Hive-style folders inside the plan folder (:mod:`tidemark.output.partitioning`):
+``timestamp_hour=<h>/topic=<t>/`` of the Kafka timestamp, ``country=<value>/`` or
+``order_ts_day=<d>/`` of a value field, or none; Spark then rewrites the good records into
+them (the default layout is a rename of what the job staged). The job stages with
 :func:`new_staging` and finishes with :func:`publish_staged` (renames the good records),
 both behind :class:`ParquetPublisher` (the :class:`~tidemark.output.base.Publisher` of a folder);
 :func:`publish` writes a DataFrame the same way. Either fills a fresh staging folder,
@@ -57,9 +61,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from tidemark.config.models import Feed
+from tidemark.config.models import Feed, PartitionChoice
 from tidemark.errors import PublishError, StateStoreError
 from tidemark.output.base import QUARANTINE_DIR, STAGING_DIR, FileEntry, Manifest, StagedRecords
+from tidemark.output.partitioning import PartitionField, folder_value, partition_fields
 from tidemark.output.staging import (
     Staging,
     local_staging_base,
@@ -72,8 +77,9 @@ from tidemark.output.staging import (
 )
 from tidemark.planning.plan import Plan, RecoveredPosition
 from tidemark.spark.arrow_avro import SPARK_SCHEMA_KEY
+from tidemark.spark.session import session_conf
 from tidemark.spark.stats import RangeStats
-from tidemark.staged import DATE_COLUMN, PARTITION_COLUMNS, PASS_DIR
+from tidemark.staged import DATE_COLUMN, PARQUET_TIMESTAMPS, PARTITION_COLUMNS, PASS_DIR
 from tidemark.storage import Location, Where, fsync_dir, write_durably
 
 if TYPE_CHECKING:
@@ -81,6 +87,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 MANIFEST_NAME = "_manifest.json"
+PARTS_DIR = "_parts"  # inside a staging folder: the good records rewritten into the feed's partition folders
 # A publication the job staged and the group has not committed yet: not visible to readers
 # (Spark, pyarrow and Hive skip ``_``-prefixed folders), promoted after the commit.
 PENDING_DIR = "_pending"
@@ -219,8 +226,13 @@ def publish_staged(
     expect_records: int | None = None,
     expect_quarantined: int | None = None,
     pending: str | None = None,
+    partitioned: tuple[Callable[[str], DataFrame], tuple[PartitionField, ...]] | None = None,
 ) -> Manifest:
     """Publish what the job staged: good records by rename, the rest as quarantine.
+
+    With ``partitioned`` (``(read_good, fields)``: a layout other than ``topic=/date=``) Spark
+    rewrites the good records that ``read_good(folder)`` gives into ``fields``' folders instead
+    (:func:`write_partitioned`).
 
     With ``pending`` (the run's id) the publication is left under ``_pending/<pending>/``,
     invisible, until :func:`promote` shows it after the group's commit.
@@ -241,7 +253,16 @@ def publish_staged(
         good = f"{outcome_column}={ok_value}"
         outcomes = staging.outcomes(outcome_column)
         if good in outcomes:
-            if unpublished:
+            if partitioned is not None:
+                read_good, fields = partitioned
+                write_partitioned(read_good(staging.url(PASS_DIR, good)), staging.url(PARTS_DIR), fields)
+                parts = staging.root / PARTS_DIR
+                staging.pull(PARTS_DIR, parts)
+                for child in sorted(parts.iterdir()):
+                    if not child.name.startswith(("_", ".")):  # Spark's _SUCCESS and .crc files stay behind
+                        os.rename(child, staging.root / child.name)
+                shutil.rmtree(parts, ignore_errors=True)
+            elif unpublished:
                 drop_columns(staging.url(PASS_DIR, good), staging.root, unpublished)
             elif staging.remote is not None:
                 staging.pull(f"{PASS_DIR}/{good}", staging.root)
@@ -271,6 +292,26 @@ def publish_staged(
     except Exception as exc:
         staging.discard()
         raise PublishError(f"publishing plan {plan.plan_id} of feed '{feed.name}' failed: {exc}") from exc
+
+
+def write_partitioned(good: DataFrame, target: str, fields: tuple[PartitionField, ...]) -> None:
+    """Spark writes ``good`` under ``target`` in Hive-style folders of ``fields`` (in a UTC session, timestamps as
+    micros like every staged file): a field partitioned by its value is the folder (``country=DE/``, the column in
+    the folder name only, as Hive and Spark lay it out); a transform is a folder beside its column
+    (``order_ts_day=2026-11-27/``). No fields: the files side by side."""
+    keys: list[str] = []
+    schema = good.schema
+    for f in fields:
+        if not f.identity:
+            good = good.withColumn(f.name, folder_value(f, schema))
+        keys.append(f.name)
+    spark = good.sparkSession
+    with (
+        session_conf(spark, "spark.sql.parquet.outputTimestampType", PARQUET_TIMESTAMPS),
+        session_conf(spark, "spark.sql.session.timeZone", "UTC"),  # the folders' times are UTC
+    ):
+        writer = parquet_writer(good, "errorifexists")
+        (writer.partitionBy(*keys) if keys else writer).parquet(spark_path(target))
 
 
 ROW_GROUP_BYTES = 128 * 1024 * 1024  # parquet-mr's default: the row groups copied keep their own sizes
@@ -616,14 +657,16 @@ class ParquetPublisher:
 
     kind = "parquet"
 
-    def __init__(self, location: Location) -> None:
+    def __init__(self, location: Location, partitioning: PartitionChoice = "date") -> None:
         self.location = location
+        self.partitioning = partitioning  # the feed's (``parquet.partition_by``, :mod:`tidemark.output.partitioning`)
 
     def describe(self) -> str:
         return str(self.location)
 
     def check_schema(self, schema: StructType, plan: Plan) -> None:
-        """Any schema: each plan's folder carries its own."""
+        """Any schema (each plan's folder carries its own) that the feed's partitioning can partition."""
+        partition_fields(self.partitioning, schema, "parquet", plan.feed)
 
     def published(self, plan_id: str) -> Manifest | None:
         found = load_manifest(self.location, plan_id)
@@ -648,11 +691,15 @@ class ParquetPublisher:
         # The manifest names the run that published (as an Iceberg snapshot does): a failed
         # run that shares the plan id is then not taken for "published, not committed".
         extra = {**extra, "run_id": run_id} if run_id else extra
+        partitioned = None
+        if self.partitioning != "date":
+            partitioned = (staged.read_good, partition_fields(self.partitioning, staged.schema, "parquet", feed.name))
         return publish_staged(
             staging, plan, feed, outcome_column=staged.outcome_column, ok_value=staged.ok_value,
             write_quarantine=staged.write_quarantine, unpublished=staged.unpublished,
             stats=stats, extra=extra,
             expect_records=expect_records, expect_quarantined=expect_quarantined, pending=run_id,
+            partitioned=partitioned,
         )  # fmt: skip
 
     def positions(self, feed: Feed) -> RecoveredPosition | None:
