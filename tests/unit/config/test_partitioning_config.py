@@ -21,6 +21,7 @@ DDL = (
 )
 ICEBERG = "topics: [orders]\ngroup: orders-batch\noutput_format: iceberg\n"
 PARQUET = "topics: [orders]\ngroup: orders-batch\n"
+By = FieldPartitioning
 
 
 def feed_file(tmp_path: Path, text: str) -> Path:
@@ -32,20 +33,21 @@ def feed_file(tmp_path: Path, text: str) -> Path:
 @pytest.mark.parametrize(
     ("head", "schema", "section", "choice", "want"),
     [
-        (ICEBERG, DDL, "iceberg", "{field: order_ts, granularity: day}", FieldPartitioning(field="order_ts", granularity="day")),
-        (ICEBERG, DDL, "iceberg", "{field: placed, granularity: month}", FieldPartitioning(field="placed", granularity="month")),
-        (ICEBERG, DDL, "iceberg", "{field: country}", FieldPartitioning(field="country")),
-        (ICEBERG, DDL, "iceberg", "{field: country, truncate: 2}", FieldPartitioning(field="country", truncate=2)),
-        (ICEBERG, JSON_FIELDS, "iceberg", "{field: order_ms, granularity: hour}", FieldPartitioning(field="order_ms", granularity="hour")),
+        (ICEBERG, DDL, "iceberg", "{field: order_ts, granularity: day}", By(field="order_ts", granularity="day")),
+        (ICEBERG, DDL, "iceberg", "{field: placed, granularity: month}", By(field="placed", granularity="month")),
+        (ICEBERG, DDL, "iceberg", "{field: country}", By(field="country")),
+        (ICEBERG, DDL, "iceberg", "{field: country, truncate: 2}", By(field="country", truncate=2)),
+        (ICEBERG, JSON_FIELDS, "iceberg", "{field: order_ms, granularity: hour}",
+         By(field="order_ms", granularity="hour")),
         (PARQUET, JSON_FIELDS, "parquet", "{field: order_ms, granularity: month}",
-         FieldPartitioning(field="order_ms", granularity="month")),
-        (PARQUET, DDL, "parquet", "{field: order_ts, granularity: year}", FieldPartitioning(field="order_ts", granularity="year")),
-        (PARQUET, JSON_FIELDS, "parquet", "{field: paid}", FieldPartitioning(field="paid")),
+         By(field="order_ms", granularity="month")),
+        (PARQUET, DDL, "parquet", "{field: order_ts, granularity: year}", By(field="order_ts", granularity="year")),
+        (PARQUET, JSON_FIELDS, "parquet", "{field: paid}", By(field="paid")),
         (PARQUET, JSON_FIELDS, "parquet", "hour", "hour"),
         (PARQUET, JSON_FIELDS, "parquet", "none", "none"),
         # A registry format's fields are known when a run reads its schema: checked then.
         (ICEBERG, "deserialization: {format: avro}\n", "iceberg", "{field: anything, granularity: day}",
-         FieldPartitioning(field="anything", granularity="day")),
+         By(field="anything", granularity="day")),
     ],
 )  # fmt: skip
 def test_field_choices_load(tmp_path: Path, head: str, schema: str, section: str, choice: str, want: object) -> None:
