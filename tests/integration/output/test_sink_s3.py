@@ -108,3 +108,34 @@ def test_staged_publish_to_s3_stages_locally_and_uploads_by_manifest(
         [MANIFEST_NAME, *(f.path for f in manifest.files)]
     )
     assert len(published_files(out)) == 1  # the quarantined file is not a published record file
+
+
+def test_a_plan_in_hive_folders_on_s3_is_listed_by_its_manifest_with_its_folders(spark: Any, s3_prefix: str) -> None:
+    """A value field's partitioning on an object store: the rewritten records are uploaded under their Hive-style
+    folders with the attempt's names, the manifest (the commit point) lists them with their folders, a reader of the
+    manifest's files finds every record once, and a rerun of the published plan writes nothing."""
+    import pyarrow.dataset as ds
+
+    from tidemark.output.partitioning import PartitionField
+
+    plan = _plan()
+    feed = Feed(name=plan.feed, topics=("orders",), group="g", output=f"{s3_prefix}/out")
+    out = feed.output_location()
+    staging = new_staging(out, plan.plan_id)
+    _stage(staging.written, "ok", 4)
+    by_offset = (lambda url: spark.read.parquet(url), (PartitionField("offset", "identity", "offset"),))
+
+    manifest = publish_staged(staging, plan, feed, outcome_column="_outcome", ok_value="ok",
+                              write_quarantine=_quarantine_writer({}), expect_records=4,
+                              partitioned=by_offset)  # fmt: skip
+
+    assert sorted(f.path.split("/")[0] for f in manifest.files) == [f"offset={o}" for o in range(4)]
+    assert all(re.fullmatch(r"offset=\d/part-\d{5}\.[0-9a-f]{12}\.parquet", f.path) for f in manifest.files)
+    assert load_manifest(out, plan.plan_id) == manifest and verify(manifest) == []
+    files = published_files(out)
+    base = published_dir(out, plan.plan_id).fs_path
+    dataset = ds.dataset([Location.of(f).fs_path for f in files], filesystem=out.fs, format="parquet",
+                         partitioning=ds.partitioning(flavor="hive"), partition_base_dir=base)  # fmt: skip
+    assert sorted(dataset.to_table(columns=["offset"]).column("offset").to_pylist()) == [0, 1, 2, 3]
+    with pytest.raises(Exception, match="already published"):
+        new_staging(out, plan.plan_id)

@@ -177,8 +177,20 @@ def test_parquet_partitioned_by_a_value_fields_day_then_by_its_value(fenv: Fault
     table = dataset.to_table(columns=["partition", "offset", "country"])
     countries = {(r["partition"], r["offset"]): r["country"] for r in table.to_pylist()}
     assert countries == {k: expected[k]["country"] for k in rows}
+
+    # The Kafka timestamp's hour, as Hive folders too: timestamp_hour=<UTC hour>/topic=<topic>/.
+    write_feed(fenv, "parquet", "hour")
+    produce_orders(fenv, 4)
+    fenv.run()
+    expected = scanned(fenv)
+    hourly = next(p for p in plan_folders(fenv.output) if p not in (plan, newest))
+    rows_by_hour = folder_rows(hourly)
+    assert len(rows_by_hour) == 4
+    for folders, row in rows_by_hour.values():
+        stamp = row["timestamp"].astimezone(UTC).strftime("%Y-%m-%d-%H")
+        assert folders == {"timestamp_hour": stamp, "topic": fenv.topic} and "topic" not in row
     # Nothing twice across the plans, nothing missing: the scan of every committed offset.
-    everything = {**folder_rows(plan), **rows}
+    everything = {**folder_rows(plan), **rows, **rows_by_hour}
     assert {k: r["id"] for k, (_, r) in everything.items()} == {k: d["id"] for k, d in expected.items()}
 
 
