@@ -636,6 +636,32 @@ MUTANTS = (
             "test_dead_letters_equal_the_oracles_bad_records_once_through_crashes_and_reruns[parquet]",
         ),
     ),
+    Mutant(
+        "parquet-partitioning-ignored",
+        "a Parquet feed's plan folder holds the Hive-style folders its partition_by chooses",
+        (Edit("include/tidemark/output/parquet.py", 'if self.partitioning != "date":', "if False:"),),
+        (
+            "tests/integration/output/test_value_partitioning.py::"
+            "test_parquet_partitioned_by_a_value_fields_day_then_by_its_value",
+        ),
+    ),
+    Mutant(
+        "partition-folders-by-session-zone",
+        "each record is in the partition its field says, in UTC (a folder per UTC day, whatever the session's zone)",
+        (
+            Edit(
+                "include/tidemark/output/partitioning.py",
+                "return F.date_format(when, TIME_FOLDERS[part.granularity])",
+                "return F.date_format(when + F.expr('INTERVAL 2 HOURS'), TIME_FOLDERS[part.granularity])",
+            ),
+        ),
+        (
+            "tests/integration/output/test_value_partitioning.py::"
+            "test_parquet_partitioned_by_a_value_fields_day_then_by_its_value",
+            "tests/integration/output/test_value_partitioning.py::"
+            "test_iceberg_partitioned_by_a_value_fields_day_then_its_value_evolves_the_spec",
+        ),
+    ),
 )
 
 
