@@ -288,3 +288,31 @@ def test_iceberg_partitioned_by_a_value_fields_day_then_its_value_evolves_the_sp
     for key, p in hours.items():
         ms = expected[key]["order_ms"]
         assert p["order_ms_hour"] == (None if ms is None else ms - ms % 3_600_000)
+
+
+def test_an_avro_feed_partitions_by_its_reader_schemas_field_and_a_missing_one_is_refused_before_staging(
+    fenv: FaultEnv, registry: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A registry format's fields are known when a run reads the reader schema: a field it lacks fails the run naming
+    the feed, the option and the value's fields, before anything is staged or committed; a field it has partitions
+    (here ``id`` truncated to even numbers, ``id_trunc=<n>/`` folders beside the column)."""
+    from tidemark.errors import TidemarkError
+
+    monkeypatch.setenv("TIDEMARK_SCHEMA_REGISTRY_URL", registry)
+    fenv.use_avro(registry)
+    fenv.write_feed(parquet={"partition_by": {"field": "order_ts", "granularity": "day"}})
+    fenv.produce_avro(6)
+    with pytest.raises(TidemarkError) as err:
+        fenv.run()
+    message = str(err.value)
+    assert "parquet.partition_by: 'order_ts' is not a field of the decoded value" in message, message
+    assert "id, name" in message and f"feed '{fenv.feed}'" in message
+    assert set(fenv.committed().values()) == {None} and not plan_folders(fenv.output) and not fenv.staged()
+
+    fenv.write_feed(parquet={"partition_by": {"field": "id", "truncate": 2}})
+    _, _, outcome = fenv.run()
+    assert outcome.committed
+    [plan] = plan_folders(fenv.output)
+    rows = folder_rows(plan)
+    assert sorted(r["id"] for _, r in rows.values()) == list(range(6))
+    assert all(folders == {"id_trunc": str(r["id"] - r["id"] % 2)} for folders, r in rows.values())
