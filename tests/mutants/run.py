@@ -174,9 +174,8 @@ MUTANTS = (
         (
             Edit(
                 "include/tidemark/output/iceberg.py",
-                'commit_files(table, list(doc["paths"]), doc["properties"], self.table_name, evolve_to=evolve_to,',
-                'commit_files(self.load() or table, list(doc["paths"]), doc["properties"], self.table_name, '
-                "evolve_to=evolve_to,",
+                'done_extra = self.commit(table, list(doc["paths"]), doc["properties"], evolve_to,',
+                'done_extra = self.commit(self.load() or table, list(doc["paths"]), doc["properties"], evolve_to,',
             ),
         ),
         (

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -347,9 +348,10 @@ def apply_changes(
                 schema = tx.table_metadata.schema().as_arrow()
                 wanted = pa.schema([schema.field(n) for n in schema.names if n in set().union(*rows)])
                 tx.append(_arrow_rows(rows, wanted), snapshot_properties=snapshot_props)
-            snapshot = tx.table_metadata.current_snapshot()
-            entry = _ledger_plan(properties, None if snapshot is None else snapshot.snapshot_id,
-                                 snapshot.timestamp_ms if snapshot is not None else 0)  # fmt: skip
+            # A plan that wrote nothing (all stale) made no snapshot: its entry names none, not the one before it.
+            snapshot = tx.table_metadata.current_snapshot() if replaced or rows else None
+            when = snapshot.timestamp_ms if snapshot is not None else int(time.time() * 1000)
+            entry = _ledger_plan(properties, None if snapshot is None else snapshot.snapshot_id, when)
             after = (ledger or Ledger(feed=spec.feed, group=group)).with_plan(ranges, entry, group)
             tx.set_properties({ledger_key(spec.feed): after.to_json()})
     except CommitFailedException as exc:
