@@ -165,3 +165,50 @@ def test_a_debezium_feed_gets_the_rule_that_quarantines_an_unknown_op_once() -> 
     ]
     again = parse_feed("cdc", {**doc, "validation": feed.validation.model_dump()}, "feeds/cdc.yaml")
     assert again.validation.expectations == feed.validation.expectations
+
+
+def test_a_two_column_key_deletes_and_replaces_exactly_its_own_rows(tmp_path: Path) -> None:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    spec = ChangeSpec("orders", ("region", "id"), "debezium", ())
+    image = pa.struct([("region", pa.string()), ("id", pa.int64()), ("name", pa.string())])
+    staged = pa.schema([*list(RECORDS)[:5], ("before", image), ("after", image), ("op", pa.string())])
+    row = pa.schema([*image, *[f for f in ROW if f.name.startswith("_kafka_")]])
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path / 'c.db'}", warehouse=f"file://{tmp_path / 'w'}")
+    catalog.create_namespace("ns")
+    table = catalog.create_table("ns.orders", schema=row, properties={"commit.retry.num-retries": "0"})
+
+    def apply(plan_id: str, end: int, *rows: tuple[int, str, str, int, str | None]) -> Counts:
+        recs = pa.Table.from_pylist([
+            {"topic": "t", "partition": 0, "offset": o, "timestamp": datetime.fromtimestamp(o, UTC), "key": None,
+             "op": op, "before": {"region": region, "id": i, "name": None},
+             "after": None if op == "d" else {"region": region, "id": i, "name": name}}
+            for o, op, region, i, name in rows
+        ], schema=staged)  # fmt: skip
+        spans = [{"topic": "t", "partition": 0, "start": rows[0][0], "end": end}]
+        props = {PLAN_KEY: plan_id, FEED_KEY: "orders", GROUP_KEY: "g", RANGES_KEY: json.dumps(spans)}
+        return apply_changes(table, spec, recs, props, "ns.orders", None)
+
+    apply("p1", 4, (0, "c", "eu", 1, "a"), (1, "c", "us", 1, "b"), (2, "c", "eu", 2, "c"), (3, "c", "us", 2, "d"))
+    # ('eu', 1) replaced and ('us', 2) deleted: ('us', 1) and ('eu', 2), which share a column value each, stay.
+    counts = apply("p2", 6, (4, "u", "eu", 1, "a2"), (5, "d", "us", 2, None))
+    assert (counts.upserts, counts.deletes) == (1, 1)
+    got = sorted((r["region"], r["id"], r["name"]) for r in table.refresh().scan().to_arrow().to_pylist())
+    assert got == [("eu", 1, "a2"), ("eu", 2, "c"), ("us", 1, "b")]
+
+
+def test_a_debezium_tombstone_deletes_only_when_the_kafka_key_is_the_key() -> None:
+    envelope = pa.struct([("id", pa.int64()), ("name", pa.string())])
+    staged = pa.schema([*list(RECORDS)[:5], ("before", envelope), ("after", envelope), ("op", pa.string())])
+    t = datetime.fromtimestamp(1, UTC)
+    recs = pa.Table.from_pylist([
+        {"topic": "t", "partition": 0, "offset": 0, "timestamp": t, "key": "7", "before": None,
+         "after": {"id": 7, "name": "x"}, "op": "c"},
+        {"topic": "t", "partition": 0, "offset": 1, "timestamp": t, "key": "7", "before": None, "after": None,
+         "op": None},
+    ], schema=staged)  # fmt: skip
+    by_column, by_kafka_key = Counts(), Counts()
+    kinds = [c.kind for c in changes_of(ChangeSpec("f", ("id",), "debezium", ()), recs, by_column)]
+    assert (kinds, by_column.ignored_tombstones) == (["upsert"], 1)
+    kinds = [c.kind for c in changes_of(ChangeSpec("f", ("key",), "debezium", ("op",)), recs, by_kafka_key)]
+    assert (kinds, by_kafka_key.ignored_tombstones) == (["upsert", "delete"], 0)
