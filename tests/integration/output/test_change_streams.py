@@ -290,3 +290,40 @@ def test_a_compacted_topic_of_latest_states_loads_as_its_fold(fenv: FaultEnv) ->
     ])  # fmt: skip
     fenv.run()
     assert table_rows(fenv, ["name", "qty"], key="key") == state_fold(fenv, ["name", "qty"])
+
+
+CRASH_POINTS = (
+    "job.after_publish",
+    "commit.before",
+    "commit.after_kafka",
+    "iceberg.before_commit",
+    "commit.before_show",
+)
+
+
+def test_a_crash_at_each_step_of_a_run_leaves_the_table_equal_to_the_fold_once_the_next_run_settles(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tidemark.faults import FAULTS_ENV
+
+    use_debezium(fenv, AFTER)
+    columns = ["id", "name", "qty"]
+    cdc = Changes(fenv)
+    cdc.produce([cdc.change("c", k, name=f"n{k}", qty=k) for k in range(6)])
+    fenv.run()
+    for round_no, point in enumerate(CRASH_POINTS):
+        gone = round_no % 6
+        cdc.produce([
+            cdc.change("u", (round_no + 1) % 6, name=f"r{round_no}", qty=round_no),
+            cdc.change("d", gone) if gone in cdc.state else cdc.change("c", gone, name=f"back{round_no}", qty=0),
+            cdc.change("u", (round_no + 3) % 6, name=f"r{round_no}-b", qty=-round_no)
+            if (round_no + 3) % 6 in cdc.state else cdc.change("c", (round_no + 3) % 6, name="new", qty=1),
+        ])  # fmt: skip
+        monkeypatch.setenv(FAULTS_ENV, point)
+        with pytest.raises(InjectedFault):
+            fenv.run()
+        monkeypatch.delenv(FAULTS_ENV)
+        fenv.run()  # settles the crashed run first, then reads what is new (nothing)
+        assert_table_is_the_fold(fenv, columns)
+    stale = sum(e["details"]["stale"] for e in fenv.report_events("changes_applied"))
+    assert stale == 0, "no plan was applied twice"
