@@ -27,6 +27,7 @@ from tests.faults.harness import FaultEnv
 from tidemark.errors import PlanningError
 from tidemark.faults import InjectedFault
 from tidemark.kafka.admin import Record
+from tidemark.kafka.registry import ENV_URL as REGISTRY_ENV_URL
 from tidemark.runs.pipeline import commit_run, plan_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -327,3 +328,85 @@ def test_a_crash_at_each_step_of_a_run_leaves_the_table_equal_to_the_fold_once_t
         assert_table_is_the_fold(fenv, columns)
     stale = sum(e["details"]["stale"] for e in fenv.report_events("changes_applied"))
     assert stale == 0, "no plan was applied twice"
+
+
+def _envelope(value_fields: list[dict[str, Any]]) -> dict[str, Any]:
+    value = {"type": "record", "name": "Value", "fields": value_fields}
+    lsn = {"name": "lsn", "type": ["null", "long"], "default": None}
+    source = {"type": "record", "name": "Source", "fields": [{"name": "ts_ms", "type": "long"}, lsn]}
+    return {"type": "record", "name": "Envelope", "namespace": "dbserver1.inventory.customers", "fields": [
+        {"name": "before", "type": ["null", value], "default": None},
+        {"name": "after", "type": ["null", "Value"], "default": None},
+        {"name": "source", "type": source}, {"name": "op", "type": "string"},
+        {"name": "ts_ms", "type": ["null", "long"], "default": None},
+    ]}  # fmt: skip
+
+
+VALUE_V1 = [{"name": "id", "type": "long"}, {"name": "name", "type": ["null", "string"], "default": None},
+            {"name": "qty", "type": ["null", "long"], "default": None}]  # fmt: skip
+VALUE_V2 = [*VALUE_V1, {"name": "email", "type": ["null", "string"], "default": None}]
+
+
+def test_a_debezium_avro_stream_through_the_registry_folds_into_the_table_and_takes_a_new_after_field(
+    fenv: FaultEnv, registry: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The envelope in Avro (Confluent's serializer, the registry's topic-name subject), a field added to 'after'
+    by a second schema version: the table equals a fold of the scan decoded with fastavro, not with Tidemark."""
+    import io
+
+    import fastavro
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    fenv.iceberg = "tidemark.cdc_avro"
+    fenv.write_feed(
+        deserialization={"format": "avro"}, output_format="iceberg",
+        iceberg={"table": "tidemark.cdc_avro", "mode": "upsert", "key": "id", "change_format": "debezium",
+                 "change_columns": ["op", "source_ts_ms"]},
+        validation={"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5},
+    )  # fmt: skip
+    monkeypatch.setenv(REGISTRY_ENV_URL, registry)
+    client = SchemaRegistryClient({"url": registry})
+    context = SerializationContext(fenv.topic, MessageField.VALUE)
+    seq = iter(range(1, 1000))
+
+    def change(schema: dict[str, Any], op: str, key: int, before: Any, after: Any) -> Record:
+        serializer = AvroSerializer(client, json.dumps(schema), conf={"auto.register.schemas": True})
+        body = serializer({"before": before, "after": after, "op": op, "source": {"ts_ms": T0, "lsn": None},
+                           "ts_ms": T0}, context)  # fmt: skip
+        return Record(value=bytes(body), key=str(key).encode(), partition=key % 3, timestamp_ms=T0 + next(seq) * 1000)
+
+    def fold_avro(columns: list[str]) -> dict[int, dict[str, Any]]:
+        state: dict[int, dict[str, Any]] = {}
+        for _, _, _, value in keyed_scan(fenv):
+            assert value is not None
+            writer = client.get_schema(int.from_bytes(value[1:5], "big"))
+            doc = fastavro.schemaless_reader(
+                io.BytesIO(value[5:]), fastavro.parse_schema(json.loads(writer.schema_str))
+            )
+            assert isinstance(doc, dict)
+            if doc["op"] in ("c", "u", "r"):
+                state[doc["after"]["id"]] = {c: doc["after"].get(c) for c in columns}
+            elif doc["op"] == "d":
+                state.pop(doc["before"]["id"], None)
+        return state
+
+    v1 = _envelope(VALUE_V1)
+    row = {k: {"id": k, "name": f"n{k}", "qty": k} for k in range(6)}
+    fenv.kafka.produce(fenv.topic, [
+        *(change(v1, "r", k, None, row[k]) for k in range(6)),  # a snapshot's reads
+        change(v1, "u", 1, row[1], {"id": 1, "name": "n1-2", "qty": 10}),
+        change(v1, "d", 2, row[2], None), change(v1, "u", 1, None, {"id": 1, "name": "n1-3", "qty": 11}),
+    ])  # fmt: skip
+    fenv.run()
+    assert table_rows(fenv, ["id", "name", "qty"]) == fold_avro(["id", "name", "qty"])
+    v2 = _envelope(VALUE_V2)
+    fenv.kafka.produce(fenv.topic, [
+        change(v2, "u", 3, None, {"id": 3, "name": "n3-2", "qty": 3, "email": "a@x"}),
+        change(v2, "c", 2, None, {"id": 2, "name": "n2-again", "qty": 2, "email": None}),
+        change(v2, "d", 4, {"id": 4, "name": None, "qty": None, "email": None}, None),
+    ])  # fmt: skip
+    fenv.run()
+    columns = ["id", "name", "qty", "email"]
+    assert table_rows(fenv, columns) == fold_avro(columns)
