@@ -35,6 +35,7 @@ import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from tidemark.config.models import KAFKA_KEY, ChangeColumn, ChangeFormat, Feed
@@ -180,6 +181,7 @@ def changes_of(spec: ChangeSpec, records: pa.Table, counts: Counts) -> list[Chan
     for r in records.to_pylist():
         counts.changes += 1
         image: Mapping[str, Any] | None
+        kind: Kind
         if spec.format == "debezium":
             op = r.get("op")
             if op in ("c", "u", "r"):
@@ -211,14 +213,12 @@ def changes_of(spec: ChangeSpec, records: pa.Table, counts: Counts) -> list[Chan
             source = r.get("source") if isinstance(r.get("source"), Mapping) else {}
             meta = {"op": r.get("op"), "source_ts_ms": (source or {}).get("ts_ms"), "ts_ms": r.get("ts_ms")}
             row.update({f"_{c}": meta[c] for c in spec.columns})
-        found.append(Change(key, kind, str(r["topic"]), int(r["partition"]), int(r["offset"]),  # type: ignore[arg-type]
+        found.append(Change(key, kind, str(r["topic"]), int(r["partition"]), int(r["offset"]),
                             _micros(r["timestamp"]), row))  # fmt: skip
     return found
 
 
 def _micros(value: Any) -> int:
-    from datetime import UTC, datetime
-
     if isinstance(value, datetime):
         aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
         delta = aware - datetime(1970, 1, 1, tzinfo=UTC)
