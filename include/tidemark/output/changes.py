@@ -411,6 +411,11 @@ class ChangesPublisher(IcebergPublisher):
             f"{counts.superseded} superseded by a later change of their key in the plan, {counts.stale} skipped as "
             f"stale (the table already held their key's state or a newer one)"
         )
+        if counts.no_key:  # not quarantined (the feed's rules cannot see a Debezium image's key): said here
+            message += (
+                f"; {counts.no_key} changes were NOT applied: their image has no value for the key "
+                f"{list(self.spec.key)} (see the plan's records in Kafka)"
+            )
         return {
             "changes": counts.to_dict(),
             "events": [

@@ -197,7 +197,7 @@ def test_a_two_column_key_deletes_and_replaces_exactly_its_own_rows(tmp_path: Pa
     assert got == [("eu", 1, "a2"), ("eu", 2, "c"), ("us", 1, "b")]
 
 
-def test_a_debezium_tombstone_deletes_only_when_the_kafka_key_is_the_key() -> None:
+def test_a_debezium_tombstone_deletes_only_by_the_kafka_key_and_an_image_without_its_key_is_counted() -> None:
     envelope = pa.struct([("id", pa.int64()), ("name", pa.string())])
     staged = pa.schema([*list(RECORDS)[:5], ("before", envelope), ("after", envelope), ("op", pa.string())])
     t = datetime.fromtimestamp(1, UTC)
@@ -206,9 +206,11 @@ def test_a_debezium_tombstone_deletes_only_when_the_kafka_key_is_the_key() -> No
          "after": {"id": 7, "name": "x"}, "op": "c"},
         {"topic": "t", "partition": 0, "offset": 1, "timestamp": t, "key": "7", "before": None, "after": None,
          "op": None},
+        {"topic": "t", "partition": 0, "offset": 2, "timestamp": t, "key": "8", "before": None,
+         "after": {"id": None, "name": "no id"}, "op": "c"},
     ], schema=staged)  # fmt: skip
     by_column, by_kafka_key = Counts(), Counts()
     kinds = [c.kind for c in changes_of(ChangeSpec("f", ("id",), "debezium", ()), recs, by_column)]
-    assert (kinds, by_column.ignored_tombstones) == (["upsert"], 1)
+    assert (kinds, by_column.ignored_tombstones, by_column.no_key) == (["upsert"], 1, 1)  # 'after' without its id
     kinds = [c.kind for c in changes_of(ChangeSpec("f", ("key",), "debezium", ("op",)), recs, by_kafka_key)]
-    assert (kinds, by_kafka_key.ignored_tombstones) == (["upsert", "delete"], 0)
+    assert (kinds, by_kafka_key.ignored_tombstones, by_kafka_key.no_key) == (["upsert", "delete", "upsert"], 0, 0)
