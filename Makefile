@@ -129,6 +129,12 @@ bench-plan: install
 bench-maintain: install
 	$(BIN)/python -m tests.bench.maintain --out docs/benchmarks/bench-maintain.json $(BENCH_MAINTAIN_ARGS)
 
+# Keyed-table merge: a plan of N changes over a table of M keys, Tidemark's merge against pyiceberg's Table.upsert,
+# side by side (TIDEMARK_BENCH_CHANGES_N / _M / _ROUNDS; small by default). No Kafka, no Spark.
+.PHONY: bench-changes
+bench-changes: install
+	$(BIN)/python -m tests.bench.changes $(BENCH_CHANGES_ARGS)
+
 # View benchmark: renders a 200-partition feed's Tidemark view; prints the median.
 bench-view: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up

@@ -63,6 +63,8 @@ VIEW = "include/tidemark/web/app.py"
 ARROW_AVRO = "include/tidemark/spark/arrow_avro.py"
 AVRO = "include/tidemark/spark/avro.py"
 PROTOBUF = "include/tidemark/spark/protobuf.py"
+CHANGES = "include/tidemark/output/changes.py"
+CHANGES_TEST = "tests/unit/output/test_changes.py"
 
 MUTANTS = (
     Mutant(
@@ -172,9 +174,8 @@ MUTANTS = (
         (
             Edit(
                 "include/tidemark/output/iceberg.py",
-                'commit_files(table, list(doc["paths"]), doc["properties"], self.table_name, evolve_to=evolve_to,',
-                'commit_files(self.load() or table, list(doc["paths"]), doc["properties"], self.table_name, '
-                "evolve_to=evolve_to,",
+                'done_extra = self.commit(table, list(doc["paths"]), doc["properties"], evolve_to,',
+                'done_extra = self.commit(self.load() or table, list(doc["paths"]), doc["properties"], evolve_to,',
             ),
         ),
         (
@@ -661,6 +662,40 @@ MUTANTS = (
             "tests/integration/output/test_value_partitioning.py::"
             "test_iceberg_partitioned_by_a_value_fields_day_then_its_value_evolves_the_spec",
         ),
+    ),
+    Mutant(
+        "changes-ledger-watermark-ignored",
+        "a keyed table skips changes below its ledger's end (a replayed window resurrects no deleted key)",
+        (
+            Edit(
+                CHANGES,
+                "    if ledger is None:\n        return list(changes)",
+                "    if True:\n        return list(changes)",
+            ),
+        ),
+        (f"{CHANGES_TEST}::test_stale_changes_are_skipped_by_the_ledger_and_by_the_rows_position",),
+    ),
+    Mutant(
+        "changes-row-position-ignored",
+        "a keyed table never lets an older change overwrite a key's newer row (compared by position)",
+        (
+            Edit(
+                CHANGES,
+                "        if held is not None and not newer(_position(c), held):",
+                "        if held is not None and False:",
+            ),
+        ),
+        (f"{CHANGES_TEST}::test_stale_changes_are_skipped_by_the_ledger_and_by_the_rows_position",),
+    ),
+    Mutant(
+        "changes-fold-keeps-first",
+        "a plan's changes fold to the last change per key",
+        (
+            Edit(
+                CHANGES, "        if kept is None or newer(_position(c), _position(kept)):", "        if kept is None:"
+            ),
+        ),
+        (f"{CHANGES_TEST}::test_the_fold_keeps_the_last_change_per_key_and_a_tombstone_deletes",),
     ),
 )
 

@@ -473,6 +473,13 @@ def _output_option(value: Any, info: ValidationInfo, section: str) -> Any:
     return partition_choice(value, f"{section}.{info.field_name}")
 
 
+IcebergMode = Literal["append", "upsert"]
+ChangeFormat = Literal["debezium", "state"]
+# Change metadata a keyed table may keep beside the row (``iceberg.change_columns``), each as ``_<name>``.
+ChangeColumn = Literal["op", "source_ts_ms", "ts_ms"]
+KAFKA_KEY = "key"  # in ``iceberg.key``: the record's Kafka key (a declared field may never take this name)
+
+
 class IcebergOutput(_Model):
     """Where an Iceberg feed publishes: ``table`` (``namespace.name``) in Tidemark's catalog.
 
@@ -484,11 +491,23 @@ class IcebergOutput(_Model):
     record's Kafka ``timestamp``, then ``topic``), ``none``, or a value field
     (:class:`FieldPartitioning`: ``{field: order_ts, granularity: day}``, ``{field: country}``).
     A change evolves the table's spec with the next commit; files already written keep theirs.
+
+    ``mode``: ``append`` (default: every record a new row) or ``upsert`` (a change stream into a
+    table holding the current row per ``key``: :mod:`tidemark.output.changes`). ``key`` names
+    one or more value columns (for ``debezium``, columns of the envelope's ``after``), or
+    ``key`` for the record's Kafka key. ``change_format``: ``debezium`` (the envelope
+    ``before``/``after``/``op``/``source``/``ts_ms``; ``op`` ``d`` deletes) or ``state`` (a
+    compacted topic's latest-state records; a null value, a tombstone, deletes the key).
+    ``change_columns``: change metadata kept in the table as ``_op``, ``_source_ts_ms``, ``_ts_ms``.
     """
 
     table: str | None = None
     quarantine: str | None = None
     partition_by: PartitionChoice = "date"
+    mode: IcebergMode = "append"
+    key: tuple[str, ...] = ()
+    change_format: ChangeFormat | None = None
+    change_columns: tuple[ChangeColumn, ...] = ()
 
     @field_validator("table")
     @classmethod
@@ -501,6 +520,40 @@ class IcebergOutput(_Model):
     @classmethod
     def _choice(cls, v: Any, info: ValidationInfo) -> Any:
         return _output_option(v, info, "iceberg")
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _key_list(cls, v: Any) -> Any:
+        return (v,) if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _upsert_fields(self) -> IcebergOutput:
+        if self.mode != "upsert":
+            given = [n for n in ("key", "change_format", "change_columns") if getattr(self, n)]
+            if given:
+                raise ValueError(f"'{given[0]}' is for a keyed table: it needs mode: upsert")
+            return self
+        if not self.key:
+            raise ValueError("mode: upsert needs 'key': one or more value columns, or 'key' for the Kafka key")
+        if self.change_format is None:
+            raise ValueError("mode: upsert needs 'change_format': debezium or state")
+        for name in self.key:
+            if not name or "." in name or name.startswith("_"):
+                raise ValueError(
+                    f"key {name!r}: a key is a top-level column name (for debezium, a column of 'after'), not a "
+                    "nested path and not a name starting with '_' (the table's change columns)"
+                )
+        if len(set(self.key)) != len(self.key):
+            raise ValueError(f"key {list(self.key)} names a column twice")
+        if "source_ts_ms" in self.change_columns and self.change_format != "debezium":
+            raise ValueError("change_columns: source_ts_ms is the Debezium envelope's source.ts_ms (change_format: "
+                             "debezium)")  # fmt: skip
+        if self.partition_by != "date" and self.partition_by != "none":
+            raise ValueError(
+                f"partition_by: {self.partition_by} is not built for mode: upsert (a keyed table is unpartitioned: "
+                "its merge deletes by key across the whole table); leave it out or say none"
+            )
+        return self
 
 
 class ParquetOutput(_Model):
@@ -682,6 +735,11 @@ class Feed(_Model):
         ):
             raise ValueError("max_records_per_partition is larger than max_records_per_run")
         if self.iceberg is not None and self.output_format != "iceberg":
+            if self.iceberg.mode == "upsert":
+                raise ValueError(
+                    "iceberg.mode: upsert needs output_format: iceberg (a Parquet folder is append-only: it cannot "
+                    "replace or delete a key's row)"
+                )
             raise ValueError("'iceberg' settings need output_format: iceberg")
         if self.parquet is not None and self.output_format != "parquet":
             raise ValueError(
@@ -690,6 +748,13 @@ class Feed(_Model):
         refusal = self._partition_refusal()
         if refusal is not None:
             raise ValueError(refusal)
+        if self.iceberg is not None and self.iceberg.mode == "upsert":
+            _check_change_feed(self.iceberg, self.deserialization)
+            if self.maintenance is not None:
+                raise ValueError(
+                    "'maintenance' is not built for iceberg.mode: upsert (its compaction sorts an append table's rows "
+                    "by offset); leave it out of a keyed table's feed"
+                )
         if self.maintenance is not None and self.output_format != "iceberg":
             raise ValueError(
                 "'maintenance' is for Iceberg tables (output_format: iceberg); a Parquet folder's plans are kept as "
@@ -746,6 +811,31 @@ class Feed(_Model):
         section = self.iceberg if self.output_format == "iceberg" else self.parquet
         return section.partition_by if section is not None else "date"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _change_rules(cls, data: Any) -> Any:
+        """A change stream's records that cannot be applied are quarantined as any bad record is (or fail the run,
+        as the feed's ``validation`` says): the rules are added to the feed's expectations, once."""
+        if not isinstance(data, dict) or not isinstance(data.get("iceberg"), dict):
+            return data
+        iceberg = data["iceberg"]
+        if iceberg.get("mode") != "upsert":
+            return data
+        keys = iceberg.get("key") or ()
+        keys = (keys,) if isinstance(keys, str) else tuple(keys)
+        rules: list[dict[str, Any]] = []
+        if iceberg.get("change_format") == "debezium":
+            rules.append({"type": "expect_column_values_to_be_in_set",
+                          "kwargs": {"column": "op", "value_set": list(DEBEZIUM_OPS)}})  # fmt: skip
+            if KAFKA_KEY in keys:
+                rules.append({"type": "expect_column_values_to_not_be_null", "kwargs": {"column": KAFKA_KEY}})
+        elif iceberg.get("change_format") == "state":
+            rules += [{"type": "expect_column_values_to_not_be_null", "kwargs": {"column": k}} for k in keys]
+        validation = dict(data.get("validation") or {})
+        have = list(validation.get("expectations") or ())
+        validation["expectations"] = [*have, *(r for r in rules if r not in have)]
+        return {**data, "validation": validation}
+
     def with_topics(self, topics: tuple[str, ...]) -> Feed:
         """This feed reading ``topics``: a pattern feed as one run resolved it (the pattern is kept)."""
         return self.model_copy(update={"topics": tuple(topics)})
@@ -786,6 +876,39 @@ class Feed(_Model):
         """
         base = self.output_location()
         return base if mode == "scheduled" else base.with_name(f"{base.name}.{mode}s")
+
+
+DEBEZIUM_OPS = ("c", "u", "r", "d")  # create, update, read (a snapshot's row), delete; a tombstone has none
+
+
+def _check_change_feed(iceberg: IcebergOutput, deser: Deserialization) -> None:
+    """What a keyed table needs of the feed's decoding, checked where the file says it (a registry schema's or a
+    DDL's columns are checked when the run decodes, :mod:`tidemark.output.changes`)."""
+    if deser.format in ("bytes", "string"):
+        raise ValueError(
+            f"iceberg.mode: upsert needs decoded values (deserialization.format json, avro, json_schema or protobuf), "
+            f"not format: {deser.format}: the key and the change are columns of the value"
+        )
+    if iceberg.change_format == "debezium" and deser.fields:
+        raise ValueError(
+            "iceberg.change_format: debezium: the envelope's 'before' and 'after' are structs; declare them in "
+            "deserialization.schema_ddl ('before struct<...>, after struct<...>, op string, source struct<...>, "
+            "ts_ms long'), not in 'fields'"
+        )
+    if deser.fields:
+        names = {f.name for f in deser.fields}
+        missing = [k for k in iceberg.key if k != KAFKA_KEY and k not in names]
+        if missing:
+            raise ValueError(
+                f"iceberg.key: {missing[0]!r} is not a declared field of the value (fields: {sorted(names)}); "
+                f"say '{KAFKA_KEY}' for the record's Kafka key"
+            )
+        required = [f.name for f in deser.fields if f.required]
+        if required:
+            raise ValueError(
+                f"iceberg.mode: upsert: field '{required[0]}' is required, so a tombstone (a null value, which "
+                "deletes its key) would be quarantined instead; declare the value's fields with required: false"
+            )
 
 
 def _describe(exc: ValidationError) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tidemark.config.models import Feed
 from tidemark.output.base import Publisher
+from tidemark.output.changes import ChangesPublisher
 from tidemark.output.iceberg import IcebergPublisher
 from tidemark.output.parquet import ParquetPublisher
 from tidemark.planning.plan import Plan
@@ -24,13 +25,16 @@ def publisher_for(feed: Feed, plan: Plan | None = None, output: Where | None = N
     An explicit ``output`` or a plan that names its own output (backfills and replays publish
     beside the feed's output, so that its readers never see a record twice) is a Parquet
     folder; otherwise the feed's ``output_format`` decides: ``iceberg`` publishes to the
-    feed's table, anything else to its Parquet folder. A Parquet folder takes the feed's
-    partitioning (an Iceberg feed's backfill gets its table's choice, as Hive-style folders).
+    feed's table (a keyed table, :mod:`tidemark.output.changes`, with ``iceberg.mode: upsert``), anything else
+    to its Parquet folder. A Parquet folder takes the feed's partitioning (an Iceberg feed's backfill gets its
+    table's choice, as Hive-style folders).
     """
     if output is not None:
         return ParquetPublisher(Location.of(output), feed.partitioning)
     if plan is not None and plan.output:
         return ParquetPublisher(Location.of(plan.output), feed.partitioning)
+    if feed.output_format == "iceberg" and feed.iceberg is not None and feed.iceberg.mode == "upsert":
+        return ChangesPublisher(feed)
     if feed.output_format == "iceberg":
         return IcebergPublisher(feed)
     return ParquetPublisher(feed.output_location(), feed.partitioning)

@@ -447,7 +447,10 @@ class IcebergPublisher:
             try:
                 with (
                     catalog.create_table_transaction(
-                        self.table_name, schema=table_schema(schema), location=self.location.url, properties=NO_RETRY
+                        self.table_name,
+                        schema=self.table_arrow(schema),
+                        location=self.location.url,
+                        properties=NO_RETRY,
                     ) as create,
                     create.update_spec() as spec,
                 ):
@@ -463,6 +466,24 @@ class IcebergPublisher:
             table = open_catalog().load_table(self.table_name)
         return table
 
+    # -- what a keyed table (tidemark.output.changes.ChangesPublisher) does otherwise ------------
+
+    def table_arrow(self, schema: StructType) -> pa.Schema:
+        """The table's schema for records of the decoded ``schema``: the records' own columns (:func:`table_schema`)."""
+        return table_schema(schema)
+
+    def commit(
+        self,
+        table: Table,
+        paths: list[str],
+        properties: Mapping[str, str],
+        evolve_to: pa.Schema | None,
+        partition_by: PartitionSpecArg | None,
+    ) -> dict[str, Any]:
+        """The plan's one commit (:func:`commit_files`); what it adds to the publication's ``extra``."""
+        commit_files(table, paths, properties, self.table_name, evolve_to=evolve_to, partition_by=partition_by)
+        return {}
+
     # -- the Publisher protocol ------------------------------------------------------------
 
     def check_schema(self, schema: StructType, plan: Plan) -> None:
@@ -471,7 +492,7 @@ class IcebergPublisher:
         self.partition_fields(schema)
         table = self.load()
         if table is not None:
-            schema_changes(table.schema(), table_schema(schema), self.table_name, _records_of(plan))
+            schema_changes(table.schema(), self.table_arrow(schema), self.table_name, _records_of(plan))
 
     def published(self, plan_id: str) -> Manifest | None:
         table = self.load()
@@ -592,7 +613,7 @@ class IcebergPublisher:
             staging.discard()
             return done
         # Checked again on the table the commit is based on: it may have changed since check_schema.
-        decoded = table_schema(staged.schema)
+        decoded = self.table_arrow(staged.schema)
         changes = schema_changes(table.schema(), decoded, self.table_name, _records_of(plan))
 
         quarantine = self._replace_quarantine(staging, plan, staged, bad)
@@ -635,12 +656,12 @@ class IcebergPublisher:
             staging.discard()
             return manifest
         fault_point("iceberg.before_commit")  # data files written, catalog not committed
-        commit_files(table, paths, properties, self.table_name, evolve_to=decoded if changes else None,
-                     partition_by=fields)  # fmt: skip
+        done_extra = self.commit(table, paths, properties, decoded if changes else None, fields)
         snapshot = table.current_snapshot()
         staging.discard()
         return replace(
-            manifest, extra={**manifest.extra, "snapshot_id": None if snapshot is None else snapshot.snapshot_id}
+            manifest,
+            extra={**manifest.extra, **done_extra, "snapshot_id": None if snapshot is None else snapshot.snapshot_id},
         )
 
     # -- pending publications: staged by a run's job, committed to the table after the group's commit --
@@ -680,14 +701,13 @@ class IcebergPublisher:
                 schema_changes(table.schema(), evolve_to, self.table_name, f"plan {plan_id}")
             fault_point("iceberg.before_commit")  # data files written, catalog not committed
             try:
-                commit_files(table, list(doc["paths"]), doc["properties"], self.table_name, evolve_to=evolve_to,
-                             partition_by=_pending_spec(doc))  # fmt: skip
+                done_extra = self.commit(table, list(doc["paths"]), doc["properties"], evolve_to, _pending_spec(doc))
             except TableChangedError:
                 continue  # the table changed meanwhile: look at its ledger again
             snapshot = table.current_snapshot()
             self._pending(plan_id, run_id).remove_file()
             manifest = Manifest.from_dict(doc["manifest"])
-            extra = {**manifest.extra, "snapshot_id": None if snapshot is None else snapshot.snapshot_id}
+            extra = {**manifest.extra, **done_extra, "snapshot_id": None if snapshot is None else snapshot.snapshot_id}
             return replace(manifest, extra=extra)
         raise PublishError(
             f"Iceberg table {self.table_name}: the commit of plan {plan_id} (run {run_id}) was refused 5 times because "

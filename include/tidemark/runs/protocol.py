@@ -164,6 +164,8 @@ def settle(
         publisher.discard(plan.plan_id, run_id)
         return Settled(run_id, plan.plan_id, "abandoned", result, None, (*events, overlap))
     manifest = show(plan, run_id, already, publisher=publisher, store=store)
+    if manifest is not None and not manifest.reused:  # what the output's commit reports (a keyed table's counts)
+        events += [_event(e["kind"], e["message"], **e.get("details", {})) for e in manifest.extra.get("events", [])]
     mark("shown")
     return Settled(run_id, plan.plan_id, "shown", result, manifest, tuple(events))
 

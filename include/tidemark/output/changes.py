@@ -1,0 +1,429 @@
+"""Change streams into keyed Iceberg tables: a plan's changes folded per key, merged in the plan's one commit.
+
+An Iceberg feed with ``iceberg.mode: upsert`` (:class:`~tidemark.config.models.IcebergOutput`)
+holds the current row per ``key`` instead of every record. The job stages and validates the
+plan's records exactly as for an append (the records that cannot be applied, an unknown
+Debezium ``op`` or a state record without its key, are quarantined by rules the feed's
+model adds to its expectations); the staged change files are uploaded and kept pending, in
+no snapshot. :meth:`ChangesPublisher.commit`, called where an append's ``add_files`` would be
+(the commit step, after the group's commit), then
+
+1. reads the plan's changes and turns each into an upsert or a delete of its key
+   (:func:`changes_of`): Debezium ``c``/``u``/``r`` upsert the ``after`` image, ``d``
+   deletes the key of ``before``, a tombstone deletes the Kafka key when that is the key
+   (else it follows a ``d`` and is ignored); a ``state`` record upserts its value, a
+   tombstone (every value column null) deletes;
+2. drops the changes the table already reflects: below the table ledger's end of their
+   partition (:mod:`tidemark.output.ledger`), or not newer than the key's row in the table
+   (:func:`newer`: by offset within a partition; across partitions by the Kafka record
+   timestamp, then topic and partition): counted as ``stale``;
+3. folds the rest to the last change per key (:func:`fold`, the same order);
+4. in **one** transaction, a compare-and-set on the metadata the table was loaded with:
+   evolves the schema (new ``after`` columns), deletes the changed keys' rows (pyiceberg's
+   copy-on-write ``delete``: files holding them are rewritten without them), appends the
+   new rows, and sets the feed's ledger with the plan. A plan already in the ledger is never
+   applied again (:meth:`IcebergPublisher.promote` looks there first), and a retry of a plan
+   whose commit was refused decides again from the new table.
+
+Every row keeps where its change came from (:data:`POSITION_COLUMNS`), which step 2 reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from tidemark.config.models import KAFKA_KEY, ChangeColumn, ChangeFormat, Feed
+from tidemark.errors import ConfigError, PublishError, StateStoreError
+from tidemark.output.iceberg import (
+    FEED_KEY,
+    GROUP_KEY,
+    PLAN_KEY,
+    RANGES_KEY,
+    IcebergPublisher,
+    PartitionSpecArg,
+    TableChangedError,
+    _ledger_plan,
+    table_ledger,
+    table_schema,
+)
+from tidemark.output.ledger import Ledger, ledger_key
+from tidemark.staged import DATE_COLUMN, METADATA_COLUMNS
+from tidemark.storage import Location
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.expressions import BooleanExpression
+    from pyiceberg.table import Table
+    from pyspark.sql.types import StructType
+
+# Where each row's change came from: the staleness check of every later plan compares with them.
+TOPIC_COL, PARTITION_COL, OFFSET_COL, TIMESTAMP_COL = (
+    "_kafka_topic",
+    "_kafka_partition",
+    "_kafka_offset",
+    "_kafka_timestamp",
+)
+POSITION_COLUMNS = (TOPIC_COL, PARTITION_COL, OFFSET_COL, TIMESTAMP_COL)
+CHANGES_KEY = "tidemark.changes"  # snapshot summary: the plan's change counts (JSON)
+Kind = Literal["upsert", "delete"]
+
+
+@dataclass(frozen=True)
+class ChangeSpec:
+    """A keyed table's change settings (``iceberg.key``, ``change_format``, ``change_columns``)."""
+
+    feed: str
+    key: tuple[str, ...]
+    format: ChangeFormat
+    columns: tuple[ChangeColumn, ...]
+
+    @classmethod
+    def of(cls, feed: Feed) -> ChangeSpec:
+        iceberg = feed.iceberg
+        if iceberg is None or iceberg.mode != "upsert" or iceberg.change_format is None:
+            raise ConfigError(f"feed '{feed.name}': not an Iceberg feed with iceberg.mode: upsert")
+        return cls(feed.name, iceberg.key, iceberg.change_format, iceberg.change_columns)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One record as a change of its key: where it came from, and the row an upsert writes."""
+
+    key: tuple[Any, ...]
+    kind: Kind
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int  # the Kafka record timestamp, µs since the epoch
+    row: Mapping[str, Any] | None  # an upsert's row (value columns and change metadata), without positions
+
+
+@dataclass
+class Counts:
+    """What one plan did to the table (a snapshot summary's ``tidemark.changes``, the run's event)."""
+
+    changes: int = 0  # records read as changes
+    stale: int = 0  # already reflected by the table (below the ledger's end, or not newer than the key's row)
+    superseded: int = 0  # folded away: a later change of the same key in the plan
+    upserts: int = 0
+    deletes: int = 0
+    ignored_tombstones: int = 0  # a Debezium tombstone without a Kafka key to delete (it follows a 'd')
+    no_key: int = 0  # no key to apply by (not quarantined: a Debezium image without the key column's value)
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+# -- the table's row -------------------------------------------------------------------
+
+
+def _value_fields(spec: ChangeSpec, staged: pa.Schema) -> list[pa.Field]:
+    """The value columns a row keeps: the ``after`` struct's fields (Debezium) or the decoded value's columns."""
+    import pyarrow as pa
+
+    if spec.format == "debezium":
+        missing = [n for n in ("op", "after") if n not in staged.names]
+        if missing or not pa.types.is_struct(staged.field("after").type):
+            raise ConfigError(
+                f"feed '{spec.feed}': iceberg.change_format: debezium needs the envelope's 'op' and a struct 'after' "
+                f"in the decoded value; the records have columns {staged.names}"
+            )
+        return list(staged.field("after").type)
+    return [f for f in staged if f.name not in (*METADATA_COLUMNS, DATE_COLUMN)]
+
+
+def row_schema(spec: ChangeSpec, schema: StructType) -> pa.Schema:
+    """The keyed table's schema from the decoded records' Spark schema: the key, the value columns, the positions,
+    the change metadata asked for. Refuses a key the records lack or cannot compare exactly."""
+    import pyarrow as pa
+
+    staged = table_schema(schema)
+    values = _value_fields(spec, staged)
+    names = [f.name for f in values]
+    fields = ([staged.field(KAFKA_KEY)] if KAFKA_KEY in spec.key else []) + values
+    for name in spec.key:
+        found = next((f for f in fields if f.name == name), None)
+        if found is None:
+            where = "the Debezium 'after' struct" if spec.format == "debezium" else "the decoded value"
+            raise ConfigError(
+                f"feed '{spec.feed}': iceberg.key {name!r} is not a column of {where} (columns: {names}); say "
+                f"'{KAFKA_KEY}' for the record's Kafka key"
+            )
+        t = found.type
+        if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+                or pa.types.is_date(t) or pa.types.is_decimal(t) or pa.types.is_binary(t)):  # fmt: skip
+            raise ConfigError(
+                f"feed '{spec.feed}': iceberg.key {name!r} is {t}: a key must compare exactly (an integer, a string, a "
+                "date, a decimal or bytes), not a float, a timestamp or a nested value"
+            )
+    clash = [n for n in names if n.startswith("_kafka_") or n in {f"_{c}" for c in spec.columns}]
+    if clash:
+        raise ConfigError(f"feed '{spec.feed}': value column {clash[0]!r} clashes with the keyed table's own columns")
+    meta = [pa.field(TOPIC_COL, pa.string()), pa.field(PARTITION_COL, pa.int32()), pa.field(OFFSET_COL, pa.int64()),
+            pa.field(TIMESTAMP_COL, pa.timestamp("us", tz="UTC"))]  # fmt: skip
+    extra = {"op": pa.string(), "source_ts_ms": pa.int64(), "ts_ms": pa.int64()}
+    meta += [pa.field(f"_{c}", extra[c]) for c in spec.columns]
+    return pa.schema([f.with_nullable(True) for f in (*fields, *meta)])
+
+
+# -- changes, staleness and the fold ---------------------------------------------------
+
+
+def changes_of(spec: ChangeSpec, records: pa.Table, counts: Counts) -> list[Change]:
+    """The plan's staged records as changes, in the order they were read (see the module docstring, step 1)."""
+    value_names = [f.name for f in _value_fields(spec, records.schema)]
+    found: list[Change] = []
+    for r in records.to_pylist():
+        counts.changes += 1
+        image: Mapping[str, Any] | None
+        kind: Kind
+        if spec.format == "debezium":
+            op = r.get("op")
+            if op in ("c", "u", "r"):
+                kind, image, keyed = "upsert", r.get("after"), r.get("after")
+            elif op == "d":
+                kind, image, keyed = "delete", None, r.get("before")
+            elif op is None and r.get("after") is None and r.get("before") is None:
+                if KAFKA_KEY not in spec.key:
+                    counts.ignored_tombstones += 1
+                    continue
+                kind, image, keyed = "delete", None, {}
+            else:  # quarantined by the feed's rule (expect op in c, u, r, d) unless the feed's validation fails
+                raise PublishError(
+                    f"feed '{spec.feed}': {r['topic']}[{r['partition']}] offset {r['offset']}: Debezium op {op!r} "
+                    "is not c, u, r or d; nothing was committed"
+                )
+        else:
+            image = {n: r.get(n) for n in value_names}
+            tombstone = all(v is None for v in image.values())
+            kind, image, keyed = ("delete", None, image) if tombstone else ("upsert", image, image)
+        keyed = keyed or {}
+        key = tuple(r.get(KAFKA_KEY) if k == KAFKA_KEY else keyed.get(k) for k in spec.key)
+        if any(k is None for k in key):
+            counts.no_key += 1
+            continue
+        row = None
+        if image is not None:
+            row = {**({KAFKA_KEY: r.get(KAFKA_KEY)} if KAFKA_KEY in spec.key else {}), **image}
+            source = r.get("source") if isinstance(r.get("source"), Mapping) else {}
+            meta = {"op": r.get("op"), "source_ts_ms": (source or {}).get("ts_ms"), "ts_ms": r.get("ts_ms")}
+            row.update({f"_{c}": meta[c] for c in spec.columns})
+        found.append(Change(key, kind, str(r["topic"]), int(r["partition"]), int(r["offset"]),
+                            _micros(r["timestamp"]), row))  # fmt: skip
+    return found
+
+
+def _micros(value: Any) -> int:
+    if isinstance(value, datetime):
+        aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        delta = aware - datetime(1970, 1, 1, tzinfo=UTC)
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return int(value)
+
+
+def newer(a: tuple[str, int, int, int], b: tuple[str, int, int, int]) -> bool:
+    """Whether the change at position ``a`` (topic, partition, offset, timestamp µs) comes after the one at ``b``.
+
+    Within a partition the offset decides: Kafka's order. Offsets of different partitions do
+    not compare (a key that moved between partitions, a feed of several topics): the Kafka
+    record timestamp decides, then topic and partition, so that the answer never depends on
+    the order plans come in.
+    """
+    if a[:2] == b[:2]:
+        return a[2] > b[2]
+    return (a[3], a[0], a[1]) > (b[3], b[0], b[1])
+
+
+def _position(c: Change) -> tuple[str, int, int, int]:
+    return (c.topic, c.partition, c.offset, c.timestamp)
+
+
+def fold(changes: Iterable[Change], counts: Counts) -> dict[tuple[Any, ...], Change]:
+    """The last change per key (:func:`newer`); the others are counted ``superseded``."""
+    last: dict[tuple[Any, ...], Change] = {}
+    for c in changes:
+        kept = last.get(c.key)
+        if kept is None or newer(_position(c), _position(kept)):
+            last[c.key] = c
+        if kept is not None:
+            counts.superseded += 1
+    return last
+
+
+def below_ledger(changes: Sequence[Change], ledger: Ledger | None, topic_ids: Mapping[str, str | None],
+                 counts: Counts) -> list[Change]:  # fmt: skip
+    """The changes the table's ledger does not already cover (a change below its partition's end is stale)."""
+    if ledger is None:
+        return list(changes)
+    kept = []
+    for c in changes:
+        end = ledger.end(c.topic, c.partition, topic_ids.get(c.topic))
+        if end is not None and c.offset < end:
+            counts.stale += 1
+        else:
+            kept.append(c)
+    return kept
+
+
+def _key_filter(spec: ChangeSpec, keys: Iterable[tuple[Any, ...]]) -> BooleanExpression:
+    """Rows whose key is one of ``keys``: pyiceberg's own match filter (``In`` on one column, else ``Or``s)."""
+    import pyarrow as pa
+    from pyiceberg.expressions import AlwaysFalse
+    from pyiceberg.table.upsert_util import create_match_filter
+
+    keys = list(keys)
+    if not keys:
+        return AlwaysFalse()
+    return create_match_filter(pa.table({n: [k[i] for k in keys] for i, n in enumerate(spec.key)}), list(spec.key))
+
+
+def current_positions(
+    table: Table, spec: ChangeSpec, keys: Iterable[tuple[Any, ...]]
+) -> dict[tuple[Any, ...], tuple[str, int, int, int]]:
+    """Where the table's row of each of ``keys`` came from (keys without a row are left out)."""
+    keys = list(keys)
+    if not keys or table.current_snapshot() is None:
+        return {}
+    rows = table.scan(row_filter=_key_filter(spec, keys), selected_fields=(*spec.key, *POSITION_COLUMNS)).to_arrow()
+    found = {}
+    for r in rows.to_pylist():
+        found[tuple(r[k] for k in spec.key)] = (r[TOPIC_COL], r[PARTITION_COL], r[OFFSET_COL],
+                                                _micros(r[TIMESTAMP_COL]))  # fmt: skip
+    return found
+
+
+# -- the commit --------------------------------------------------------------------------
+
+
+def apply_changes(
+    table: Table,
+    spec: ChangeSpec,
+    records: pa.Table,
+    properties: Mapping[str, str],
+    table_name: str,
+    evolve_to: pa.Schema | None,
+) -> Counts:
+    """One transaction over ``table`` (a compare-and-set on the metadata it was loaded with): ``records``' changes
+    that are not stale, folded per key, deleted and appended, with the feed's ledger (see the module docstring)."""
+    import pyarrow as pa
+    from pyiceberg.exceptions import CommitFailedException
+
+    counts = Counts()
+    plan_id = properties.get(PLAN_KEY, "?")
+    ranges = json.loads(properties.get(RANGES_KEY) or "[]")
+    ledger = table_ledger(table, spec.feed)
+    topic_ids = {str(r["topic"]): r.get("topic_id") for r in ranges}
+    fresh = below_ledger(changes_of(spec, records, counts), ledger, topic_ids, counts)
+    last = fold(fresh, counts)
+    current = current_positions(table, spec, last)
+    applied = {}
+    for key, c in last.items():
+        held = current.get(key)
+        if held is not None and not newer(_position(c), held):
+            counts.stale += 1  # the table's row of this key is as new or newer: a replay of older changes
+        elif c.kind == "delete" and held is None:
+            counts.deletes += 1  # nothing to delete: a key created and deleted in this plan, or never seen
+        else:
+            applied[key] = c
+    rows = [{**(c.row or {}), TOPIC_COL: c.topic, PARTITION_COL: c.partition, OFFSET_COL: c.offset,
+             TIMESTAMP_COL: c.timestamp} for c in applied.values() if c.kind == "upsert"]  # fmt: skip
+    counts.upserts = len(rows)
+    counts.deletes += sum(1 for c in applied.values() if c.kind == "delete")
+    snapshot_props = {**properties, CHANGES_KEY: json.dumps(counts.to_dict(), sort_keys=True)}
+    replaced = [k for k in applied if k in current]
+    group = str(properties.get(GROUP_KEY))
+    try:
+        with table.transaction() as tx:
+            if evolve_to is not None:
+                with tx.update_schema() as update:
+                    update.union_by_name(evolve_to)
+            if replaced:
+                tx.delete(_key_filter(spec, replaced), snapshot_properties={} if rows else snapshot_props)
+            if rows:
+                schema = tx.table_metadata.schema().as_arrow()
+                wanted = pa.schema([schema.field(n) for n in schema.names if n in set().union(*rows)])
+                tx.append(_arrow_rows(rows, wanted), snapshot_properties=snapshot_props)
+            # A plan that wrote nothing (all stale) made no snapshot: its entry names none, not the one before it.
+            snapshot = tx.table_metadata.current_snapshot() if replaced or rows else None
+            when = snapshot.timestamp_ms if snapshot is not None else int(time.time() * 1000)
+            entry = _ledger_plan(properties, None if snapshot is None else snapshot.snapshot_id, when)
+            after = (ledger or Ledger(feed=spec.feed, group=group)).with_plan(ranges, entry, group)
+            tx.set_properties({ledger_key(spec.feed): after.to_json()})
+    except CommitFailedException as exc:
+        raise TableChangedError(
+            f"Iceberg table {table_name}: the changes of plan {plan_id} were refused because the table changed since "
+            f"it was read ({exc}); not retried on top of the other commit. Nothing of this plan is in the table"
+        ) from exc
+    return counts
+
+
+def _arrow_rows(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    import pyarrow as pa
+
+    return pa.Table.from_pylist([{n: r.get(n) for n in schema.names} for r in rows], schema=schema)
+
+
+def read_changes(table: Table, paths: Sequence[str]) -> pa.Table:
+    """The plan's staged change files (uploaded under the table's location, in no snapshot), as one table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = []
+    for path in paths:
+        with table.io.new_input(path).open() as stream:
+            parts.append(pq.read_table(stream))
+    return pa.concat_tables(parts, promote_options="default") if parts else pa.table({})
+
+
+class ChangesPublisher(IcebergPublisher):
+    """An Iceberg feed with ``iceberg.mode: upsert``: the table holds the current row per key (module docstring)."""
+
+    def __init__(self, feed: Feed) -> None:
+        super().__init__(feed)
+        self.spec = ChangeSpec.of(feed)
+        self.partitioning = "none"  # a merge deletes by key across the whole table: partitions would not prune it
+
+    def table_arrow(self, schema: StructType) -> pa.Schema:
+        return row_schema(self.spec, schema)
+
+    def commit(
+        self,
+        table: Table,
+        paths: list[str],
+        properties: Mapping[str, str],
+        evolve_to: pa.Schema | None,
+        partition_by: PartitionSpecArg | None,
+    ) -> dict[str, Any]:
+        del partition_by  # a keyed table stays unpartitioned
+        feed = properties.get(FEED_KEY, self.feed.name)
+        counts = apply_changes(table, self.spec, read_changes(table, paths), properties, self.table_name, evolve_to)
+        for path in paths:  # in no snapshot: the merge wrote the table's own files
+            with contextlib.suppress(FileNotFoundError, StateStoreError, OSError):
+                Location.of(path).remove_file()
+        message = (
+            f"Iceberg table {self.table_name}: plan {properties.get(PLAN_KEY)} of feed '{feed}' applied "
+            f"{counts.changes} changes: {counts.upserts} rows written, {counts.deletes} keys deleted, "
+            f"{counts.superseded} superseded by a later change of their key in the plan, {counts.stale} skipped as "
+            f"stale (the table already held their key's state or a newer one)"
+        )
+        if counts.no_key:  # not quarantined (the feed's rules cannot see a Debezium image's key): said here
+            message += (
+                f"; {counts.no_key} changes were NOT applied: their image has no value for the key "
+                f"{list(self.spec.key)} (see the plan's records in Kafka)"
+            )
+        return {
+            "changes": counts.to_dict(),
+            "events": [
+                {
+                    "kind": "changes_applied",
+                    "message": message,
+                    "details": {"table": self.table_name, **counts.to_dict()},
+                }
+            ],
+        }

@@ -1,0 +1,216 @@
+"""A keyed table's merge rules: the order of changes, the fold, staleness, and the feed file's refusals.
+
+The merge runs on a real pyiceberg table (SQLite catalog and files in a temporary folder),
+so the position columns, the ledger and the one transaction are the ones a run commits.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from tidemark.config.models import parse_feed
+from tidemark.errors import ConfigError
+from tidemark.output.changes import (
+    ChangeSpec,
+    Counts,
+    apply_changes,
+    changes_of,
+    fold,
+    newer,
+)
+from tidemark.output.iceberg import FEED_KEY, GROUP_KEY, PLAN_KEY, RANGES_KEY, RECORDS_KEY
+
+SPEC = ChangeSpec("states", ("key",), "state", ())
+RECORDS = pa.schema([
+    ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+    ("timestamp", pa.timestamp("us", tz="UTC")), ("key", pa.string()), ("name", pa.string()), ("qty", pa.int64()),
+])  # fmt: skip
+ROW = pa.schema([
+    ("key", pa.string()), ("name", pa.string()), ("qty", pa.int64()), ("_kafka_topic", pa.string()),
+    ("_kafka_partition", pa.int32()), ("_kafka_offset", pa.int64()), ("_kafka_timestamp", pa.timestamp("us", tz="UTC")),
+])  # fmt: skip
+
+
+def records(*rows: tuple[int, int, int, str, str | None, int | None]) -> pa.Table:
+    """(partition, offset, timestamp s, key, name, qty) as staged records; name and qty None: a tombstone."""
+    return pa.Table.from_pylist([
+        {"topic": "t", "partition": p, "offset": o, "timestamp": datetime.fromtimestamp(ts, UTC), "key": k,
+         "name": name, "qty": qty}
+        for p, o, ts, k, name, qty in rows
+    ], schema=RECORDS)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        (("t", 0, 5, 100), ("t", 0, 4, 900), True),  # one partition: the offset decides, not the timestamp
+        (("t", 0, 4, 900), ("t", 0, 5, 100), False),
+        (("t", 0, 5, 100), ("t", 0, 5, 100), False),  # the same change is not newer than itself
+        (("t", 1, 1, 200), ("t", 0, 9, 100), True),  # across partitions: the timestamp decides
+        (("t", 0, 9, 100), ("t", 1, 1, 200), False),
+        (("t", 1, 1, 100), ("t", 0, 9, 100), True),  # a tie: then the partition, the same answer either way
+    ],
+)
+def test_which_change_is_newer(a: Any, b: Any, expected: bool) -> None:
+    assert newer(a, b) is expected
+
+
+def test_the_fold_keeps_the_last_change_per_key_and_a_tombstone_deletes() -> None:
+    counts = Counts()
+    changes = changes_of(SPEC, records(
+        (0, 0, 10, "a", "a1", 1), (0, 1, 11, "a", "a2", 2), (1, 0, 12, "b", "b1", 1), (0, 2, 9, "a", None, None),
+        (1, 1, 5, "a", "a-moved", 3),  # another partition, an older timestamp than a's delete: folded away
+    ), counts)  # fmt: skip
+    last = fold(changes, counts)
+    assert {k: (c.kind, c.offset) for k, c in last.items()} == {("a",): ("delete", 2), ("b",): ("upsert", 0)}
+    assert (counts.changes, counts.superseded) == (5, 3)
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Any:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path / 'c.db'}", warehouse=f"file://{tmp_path / 'w'}")
+    catalog.create_namespace("ns")
+    return catalog.create_table("ns.states", schema=ROW, properties={"commit.retry.num-retries": "0"})
+
+
+def plan(table: Any, plan_id: str, ranges: list[tuple[int, int, int]], staged: pa.Table) -> Counts:
+    spans = [{"topic": "t", "partition": p, "start": s, "end": e} for p, s, e in ranges]
+    props = {PLAN_KEY: plan_id, FEED_KEY: "states", GROUP_KEY: "g", RECORDS_KEY: str(staged.num_rows),
+             RANGES_KEY: json.dumps(spans)}  # fmt: skip
+    return apply_changes(table, SPEC, staged, props, "ns.states", None)
+
+
+def rows(table: Any) -> dict[str, tuple[Any, ...]]:
+    got = table.refresh().scan().to_arrow().to_pylist()
+    return {r["key"]: (r["name"], r["qty"], r["_kafka_partition"], r["_kafka_offset"]) for r in got}
+
+
+def test_stale_changes_are_skipped_by_the_ledger_and_by_the_rows_position(table: Any) -> None:
+    first = plan(table, "p1", [(0, 0, 2), (1, 0, 1)], records(
+        (0, 0, 10, "a", "a1", 1), (0, 1, 20, "b", "b1", 1), (1, 0, 30, "c", "c1", 1)))  # fmt: skip
+    assert (first.upserts, first.stale) == (3, 0)
+    held = rows(table)
+    # The same offsets again under another plan id: below the ledger's ends, every change is stale.
+    again = plan(table, "p1-replayed", [(0, 0, 2), (1, 0, 1)], records(
+        (0, 0, 10, "a", "a1", 1), (0, 1, 20, "b", "b1", 1), (1, 0, 30, "c", "c1", 1)))  # fmt: skip
+    assert (again.stale, again.upserts, rows(table)) == (3, 0, held)
+    # 'c' moved to partition 0 with an older timestamp than its row (partition 1): stale by the row's position;
+    # 'a' moved to partition 1 with a newer one: applied; 'b' deleted.
+    moved = plan(table, "p2", [(0, 2, 4), (1, 1, 2)], records(
+        (0, 2, 25, "c", "c-old", 9), (1, 1, 40, "a", "a-moved", 2), (0, 3, 41, "b", None, None)))  # fmt: skip
+    assert (moved.stale, moved.upserts, moved.deletes) == (1, 1, 1)
+    assert rows(table) == {"a": ("a-moved", 2, 1, 1), "c": ("c1", 1, 1, 0)}
+    # The first window once more, after 'b' was deleted: the ledger covers it, so 'b' is not created again.
+    late = plan(table, "p1-late", [(0, 0, 2), (1, 0, 1)], records(
+        (0, 0, 10, "a", "a1", 1), (0, 1, 20, "b", "b1", 1), (1, 0, 30, "c", "c1", 1)))  # fmt: skip
+    assert (late.stale, late.upserts, rows(table)) == (3, 0, {"a": ("a-moved", 2, 1, 1), "c": ("c1", 1, 1, 0)})
+    ledger = json.loads(table.properties["tidemark.ledger.states"])
+    assert [p[0] for p in ledger["recent"]] == ["p1", "p1-replayed", "p2", "p1-late"]
+    assert ledger["ends"]["t"][""] == {"0": 4, "1": 2}
+
+
+DDL = "before struct<id: long>, after struct<id: long>, op string"
+BASE = {
+    "topics": ["t"],
+    "group": "g",
+    "output_format": "iceberg",
+    "deserialization": {"format": "json", "schema_ddl": DDL},
+}
+
+
+@pytest.mark.parametrize(
+    ("doc", "fragment"),
+    [
+        ({"output_format": "parquet", "iceberg": {"mode": "upsert", "key": "id", "change_format": "debezium"}},
+         "iceberg.mode: upsert needs output_format: iceberg"),
+        ({"iceberg": {"mode": "upsert", "change_format": "debezium"}}, "field 'iceberg'"),
+        ({"iceberg": {"mode": "upsert", "key": "id"}}, "needs 'change_format'"),
+        ({"iceberg": {"key": "id"}}, "'key' is for a keyed table: it needs mode: upsert"),
+        ({"iceberg": {"mode": "upsert", "key": "after.id", "change_format": "debezium"}}, "not a nested path"),
+        ({"iceberg": {"mode": "upsert", "key": "id", "change_format": "debezium"},
+          "deserialization": {"format": "string"}}, "needs decoded values"),
+        ({"iceberg": {"mode": "upsert", "key": "id", "change_format": "debezium"},
+          "deserialization": {"format": "json", "fields": [{"name": "id", "type": "integer"}]}}, "schema_ddl"),
+        ({"iceberg": {"mode": "upsert", "key": "idx", "change_format": "state"},
+          "deserialization": {"format": "json", "fields": [{"name": "id", "type": "integer", "required": False}]}},
+         "iceberg.key: 'idx' is not a declared field"),
+        ({"iceberg": {"mode": "upsert", "key": "id", "change_format": "state"},
+          "deserialization": {"format": "json", "fields": [{"name": "id", "type": "integer"}]}},
+         "a tombstone (a null value, which deletes its key) would be quarantined"),
+        ({"iceberg": {"mode": "upsert", "key": "id", "change_format": "debezium"}, "maintenance": {}},
+         "'maintenance' is not built for iceberg.mode: upsert"),
+    ],
+)  # fmt: skip
+def test_a_feed_file_with_an_unsuitable_change_stream_is_refused_naming_file_and_field(
+    doc: dict[str, Any], fragment: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_feed("cdc", {**BASE, **doc}, "feeds/cdc.yaml")
+    assert "feeds/cdc.yaml" in str(refused.value) and fragment in str(refused.value), str(refused.value)
+
+
+def test_a_debezium_feed_gets_the_rule_that_quarantines_an_unknown_op_once() -> None:
+    doc = {**BASE, "iceberg": {"mode": "upsert", "key": "id", "change_format": "debezium"}}
+    feed = parse_feed("cdc", doc, "feeds/cdc.yaml")
+    assert [(e.type, e.kwargs) for e in feed.validation.expectations] == [
+        ("expect_column_values_to_be_in_set", {"column": "op", "value_set": ["c", "u", "r", "d"]})
+    ]
+    again = parse_feed("cdc", {**doc, "validation": feed.validation.model_dump()}, "feeds/cdc.yaml")
+    assert again.validation.expectations == feed.validation.expectations
+
+
+def test_a_two_column_key_deletes_and_replaces_exactly_its_own_rows(tmp_path: Path) -> None:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    spec = ChangeSpec("orders", ("region", "id"), "debezium", ())
+    image = pa.struct([("region", pa.string()), ("id", pa.int64()), ("name", pa.string())])
+    staged = pa.schema([*list(RECORDS)[:5], ("before", image), ("after", image), ("op", pa.string())])
+    row = pa.schema([*image, *[f for f in ROW if f.name.startswith("_kafka_")]])
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path / 'c.db'}", warehouse=f"file://{tmp_path / 'w'}")
+    catalog.create_namespace("ns")
+    table = catalog.create_table("ns.orders", schema=row, properties={"commit.retry.num-retries": "0"})
+
+    def apply(plan_id: str, end: int, *rows: tuple[int, str, str, int, str | None]) -> Counts:
+        recs = pa.Table.from_pylist([
+            {"topic": "t", "partition": 0, "offset": o, "timestamp": datetime.fromtimestamp(o, UTC), "key": None,
+             "op": op, "before": {"region": region, "id": i, "name": None},
+             "after": None if op == "d" else {"region": region, "id": i, "name": name}}
+            for o, op, region, i, name in rows
+        ], schema=staged)  # fmt: skip
+        spans = [{"topic": "t", "partition": 0, "start": rows[0][0], "end": end}]
+        props = {PLAN_KEY: plan_id, FEED_KEY: "orders", GROUP_KEY: "g", RANGES_KEY: json.dumps(spans)}
+        return apply_changes(table, spec, recs, props, "ns.orders", None)
+
+    apply("p1", 4, (0, "c", "eu", 1, "a"), (1, "c", "us", 1, "b"), (2, "c", "eu", 2, "c"), (3, "c", "us", 2, "d"))
+    # ('eu', 1) replaced and ('us', 2) deleted: ('us', 1) and ('eu', 2), which share a column value each, stay.
+    counts = apply("p2", 6, (4, "u", "eu", 1, "a2"), (5, "d", "us", 2, None))
+    assert (counts.upserts, counts.deletes) == (1, 1)
+    got = sorted((r["region"], r["id"], r["name"]) for r in table.refresh().scan().to_arrow().to_pylist())
+    assert got == [("eu", 1, "a2"), ("eu", 2, "c"), ("us", 1, "b")]
+
+
+def test_a_debezium_tombstone_deletes_only_by_the_kafka_key_and_an_image_without_its_key_is_counted() -> None:
+    envelope = pa.struct([("id", pa.int64()), ("name", pa.string())])
+    staged = pa.schema([*list(RECORDS)[:5], ("before", envelope), ("after", envelope), ("op", pa.string())])
+    t = datetime.fromtimestamp(1, UTC)
+    recs = pa.Table.from_pylist([
+        {"topic": "t", "partition": 0, "offset": 0, "timestamp": t, "key": "7", "before": None,
+         "after": {"id": 7, "name": "x"}, "op": "c"},
+        {"topic": "t", "partition": 0, "offset": 1, "timestamp": t, "key": "7", "before": None, "after": None,
+         "op": None},
+        {"topic": "t", "partition": 0, "offset": 2, "timestamp": t, "key": "8", "before": None,
+         "after": {"id": None, "name": "no id"}, "op": "c"},
+    ], schema=staged)  # fmt: skip
+    by_column, by_kafka_key = Counts(), Counts()
+    kinds = [c.kind for c in changes_of(ChangeSpec("f", ("id",), "debezium", ()), recs, by_column)]
+    assert (kinds, by_column.ignored_tombstones, by_column.no_key) == (["upsert"], 1, 1)  # 'after' without its id
+    kinds = [c.kind for c in changes_of(ChangeSpec("f", ("key",), "debezium", ("op",)), recs, by_kafka_key)]
+    assert (kinds, by_kafka_key.ignored_tombstones, by_kafka_key.no_key) == (["upsert", "delete", "upsert"], 0, 0)
