@@ -1,0 +1,159 @@
+"""A publishing re-drive (:func:`tidemark.runs.redrive.redrive_feed`) against the real cluster.
+
+A feed of string values with one regex rule gets poison records of two kinds (bytes that
+are not UTF-8 do not decode; ``x-…`` values the rule refuses) among good ones and
+tombstones; then the rule is fixed to take ``x-…`` too. The expectation comes from an
+independent ``read_committed`` scan of the committed offsets classified under the *fixed*
+rule by the fault suite's oracle (:meth:`tests.faults.harness.FaultEnv.classifier`), not by
+Tidemark: after a re-drive the feed's good output must be exactly that good set, each
+record once (the first runs' good records plus the re-driven ones), whatever crashes,
+second re-drives and normal runs come between.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import KafkaTestCluster
+from tests.faults.harness import GOOD, QUARANTINED, FaultEnv, Row, digest, scan
+from tidemark.faults import FAULTS_ENV, InjectedFault
+from tidemark.kafka.admin import Record
+from tidemark.output.deadletters import dead_letters
+from tidemark.runs.redrive import redrive_feed
+from tidemark.runs.report import load_report
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+UNDECODABLE = b"\xff\xfe-not-utf8"
+FIXED_RULE = {
+    "on_bad_records": "quarantine", "quarantine_max_ratio": 0.5,
+    "expectations": [{"type": "expect_column_values_to_match_regex", "kwargs": {"column": "value", "regex": "^[vx]-"}}],
+}  # fmt: skip
+
+
+@pytest.fixture
+def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+         request: pytest.FixtureRequest) -> FaultEnv:  # fmt: skip
+    env = FaultEnv(kafka, spark, tmp_path, request.node.name)
+    env.install(monkeypatch)
+    return env
+
+
+def produce_with_poison(env: FaultEnv, count: int) -> None:
+    """Every fifth record does not decode, every seventh breaks the first rule (``x-<i>``), every eleventh is a
+    tombstone, the rest are good (``v-<i>``)."""
+    records = []
+    for i in range(env.sent, env.sent + count):
+        value: bytes | None = f"v-{i}".encode()
+        if i % 5 == 1:
+            value = UNDECODABLE + str(i).encode()
+        elif i % 7 == 2:
+            value = f"x-{i}".encode()
+        elif i % 11 == 3:
+            value = None
+        records.append(Record(value=value, key=f"k{i}".encode(), partition=i % env.partitions))
+    env.sent += count
+    env.kafka.produce(env.topic, records)
+
+
+def oracle(env: FaultEnv) -> dict[str, Counter[Row]]:
+    """The committed records by the oracle's kind under the feed file's rule now, from a read_committed scan."""
+    ranges = {(env.topic, p): (0, c or 0) for p, c in env.committed().items()}
+    kind = env.classifier()
+    out: dict[str, Counter[Row]] = {GOOD: Counter(), QUARANTINED: Counter()}
+    for row, value in scan(env.kafka.connection, ranges):
+        out[kind(value)][row] += 1
+    return out
+
+
+def good_output(env: FaultEnv) -> Counter[Row]:
+    return env.published_by_kind()[GOOD]
+
+
+def assert_output_is_the_oracles_good_set(env: FaultEnv) -> None:
+    got, want = good_output(env), oracle(env)[GOOD]
+    assert [r for r, n in got.items() if n > 1] == [], "a record is in the feed's output twice"
+    assert set(got) == set(want)
+
+
+def x_rows(env: FaultEnv, letters: list[Any]) -> set[Row]:
+    return {(d.topic, d.partition, d.offset, digest(d.value)) for d in letters if d.value.startswith(b"x-")}
+
+
+@pytest.mark.parametrize("output", ["parquet", "iceberg"])
+def test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once(fenv: FaultEnv, output: str) -> None:
+    if output == "iceberg":
+        fenv.use_iceberg(f"rd.t_{fenv.topic.replace('-', '_')}")
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    before = dead_letters(fenv.feed)
+    assert len(before) == 9  # 6 undecodable, 3 refused by the rule
+    passing = x_rows(fenv, before)
+    assert len(passing) == 3
+    good_before = good_output(fenv)
+    assert set(good_before) == set(oracle(fenv)[GOOD])
+
+    fenv.write_feed(validation=FIXED_RULE)
+    first = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert (first.state, first.published, first.passing) == ("shown", 3, 3)
+    assert good_output(fenv) == good_before + Counter(passing)  # exactly them, once
+    assert_output_is_the_oracles_good_set(fenv)
+    # The rest keep their new reason; the re-driven ones are listed only when asked for.
+    left = dead_letters(fenv.feed)
+    assert len(left) == 6 and all(d.reason_codes == ("decode_error",) and d.rechecked_by == first.run_id
+                                  for d in left)  # fmt: skip
+    every = dead_letters(fenv.feed, redriven_too=True)
+    assert {(d.topic, d.partition, d.offset, digest(d.value)) for d in every if d.redriven_by} == passing
+    report = load_report(str(first.run_id), fenv.feed, root=fenv.root)
+    assert report.status == "succeeded" and report.mode == "redrive"
+    assert report.counts["published"] == 3 and report.events[-1]["details"]["redrive_id"] == first.redrive_id
+
+    second = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert (second.state, second.published, second.passing) == ("shown", 0, 0)
+    assert good_output(fenv) == good_before + Counter(passing)
+
+    # A normal run beside: new records under the fixed rule, the output still the oracle's good set once.
+    produce_with_poison(fenv, 15)
+    fenv.run()
+    assert_output_is_the_oracles_good_set(fenv)
+    assert {(d.topic, d.partition, d.offset) for d in dead_letters(fenv.feed)} == {
+        r[:3] for r in oracle(fenv)[QUARANTINED]
+    }
+
+
+@pytest.mark.parametrize("point", ["redrive.after_stage", "redrive.before_record"])
+def test_a_crash_during_a_redrive_leaves_nothing_twice(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    """The re-drive dies after staging (nothing shown) or after showing its records but before its ledger row says
+    so; a normal run comes between; the next re-drive finishes the crashed one first and publishes nothing more."""
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    good_before = good_output(fenv)
+    passing = x_rows(fenv, dead_letters(fenv.feed))
+    fenv.write_feed(validation=FIXED_RULE)
+
+    monkeypatch.setenv(FAULTS_ENV, point)
+    with pytest.raises(InjectedFault):
+        redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    monkeypatch.delenv(FAULTS_ENV)
+    if point == "redrive.after_stage":
+        assert good_output(fenv) == good_before  # staged, not shown
+        assert x_rows(fenv, dead_letters(fenv.feed)) == passing
+    else:
+        assert good_output(fenv) == good_before + Counter(passing)  # shown: the listing leaves them out already
+        assert x_rows(fenv, dead_letters(fenv.feed)) == set()
+
+    produce_with_poison(fenv, 15)
+    fenv.run()  # a normal run of the feed beside the open re-drive
+    again = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert len(again.settled_first) == 1
+    assert (again.state, again.published, again.passing) == ("shown", 0, 0)
+    assert_output_is_the_oracles_good_set(fenv)
+    third = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert (third.settled_first, third.published) == ((), 0)
+    assert_output_is_the_oracles_good_set(fenv)
