@@ -221,8 +221,9 @@ def airflow_auth() -> list[Any]:
     return [Depends(requires_access_view(AccessView.PLUGINS)), remember_user()]
 
 
-def airflow_trigger_auth() -> list[Any]:
-    """FastAPI dependencies for the view's replay trigger: the user may create runs of the replay DAG.
+def airflow_trigger_auth(dag: str = "tidemark_replay") -> list[Any]:
+    """FastAPI dependencies for the view's replay trigger: the user may create runs of the replay DAG (or ``dag``:
+    ``tidemark_redrive`` for the re-drive form).
 
     The same check Airflow's own ``POST /api/v2/dags/{dag_id}/dagRuns`` makes, here so that
     a viewer gets a 403 from the view itself (the forwarded REST call would refuse too).
@@ -231,7 +232,7 @@ def airflow_trigger_auth() -> list[Any]:
     from airflow.api_fastapi.core_api.security import requires_access_dag
     from fastapi import Depends
 
-    return [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id="tidemark_replay"))]
+    return [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=dag))]
 
 
 def airflow_api_base() -> str | None:
