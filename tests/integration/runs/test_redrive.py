@@ -157,3 +157,47 @@ def test_a_crash_during_a_redrive_leaves_nothing_twice(
     third = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
     assert (third.settled_first, third.published) == ((), 0)
     assert_output_is_the_oracles_good_set(fenv)
+
+
+def test_two_redrives_staged_at_once_over_overlapping_dead_letters_show_each_letter_once(fenv: FaultEnv) -> None:
+    """Two re-drives chose before either showed: one took all three passing dead letters, the other two of them
+    (another id). Whichever shows first wins; the other is given up and its staged copy discarded."""
+    from tidemark.config.models import load_feed
+    from tidemark.job.redrive import recheck, stage_passing
+    from tidemark.output import publisher_for
+    from tidemark.output.deadletters import REDRIVE_FILE, RedriveRecord, redrive_ledger_feed
+    from tidemark.runs.redrive import redrive_id_of, redrive_plan, settle_redrive
+    from tidemark.runs.run import open_checkpoints, run_dir_for
+
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    good_before = good_output(fenv)
+    fenv.write_feed(validation=FIXED_RULE)
+    feed = load_feed(fenv.feed)
+    store, publisher = open_checkpoints(fenv.root), publisher_for(feed)
+    checked = recheck(fenv.spark, feed, dead_letters(feed, store=store))
+    everything = tuple(sorted(v.letter.key_of for v in checked.passing))
+    assert len(everything) == 3
+    records = []
+    for run_id, taken in (("20990101T000000000000Z-aaaaaaaa", everything),
+                          ("20990101T000000000001Z-bbbbbbbb", everything[:2])):  # fmt: skip
+        record = RedriveRecord(redrive_id_of(feed.name, taken), run_id, feed.name, taken)
+        run_dir = run_dir_for(feed.name, run_id, fenv.root)
+        run_dir.mkdir()
+        (run_dir / REDRIVE_FILE).write_text(record.to_json())
+        store.set_run(feed.group, run_id, feed=redrive_ledger_feed(feed.name), plan_id=record.redrive_id,
+                      state="planned", run_dir=str(run_dir))  # fmt: skip
+        narrowed = type(checked)(tuple(v for v in checked.verdicts if not v.passes or v.letter.key_of in taken),
+                                 checked.frame.where(  # type: ignore[union-attr]
+                                     " OR ".join(f"(partition = {k[2]} AND offset = {k[3]})" for k in taken)),
+                                 checked.codes)  # fmt: skip
+        stage_passing(narrowed, redrive_plan(record, feed, "now"), feed, publisher, run_id=run_id, extra={})
+        records.append((record, str(run_dir)))
+
+    first = settle_redrive(records[0][0], records[0][1], feed, publisher=publisher, store=store)
+    second = settle_redrive(records[1][0], records[1][1], feed, publisher=publisher, store=store)
+    assert (first.state, second.state) == ("shown", "abandoned")
+    assert "published by re-drive" in second.events[-1].message
+    assert publisher.staged(records[1][0].redrive_id, records[1][0].run_id) is None  # its staged copy is gone
+    assert good_output(fenv) == good_before + Counter(x_rows(fenv, dead_letters(fenv.feed, redriven_too=True)))
+    assert_output_is_the_oracles_good_set(fenv)
