@@ -424,7 +424,8 @@ def redrive_conf(feed: str, body: Any) -> dict[str, Any]:
     since = body.get("since")
     if since not in (None, ""):
         try:
-            conf["since"] = datetime.fromisoformat(str(since)).isoformat()
+            moment = datetime.fromisoformat(str(since))
+            conf["since"] = (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).isoformat()
         except ValueError:
             raise HTTPException(422, f"since: {shown(str(since))} is not an ISO date or time") from None
     reason = body.get("reason")

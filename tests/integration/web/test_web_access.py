@@ -212,5 +212,5 @@ def test_dead_letters_and_the_redrive_form_answer_only_to_their_feeds_users(
     ok = client.post("/api/feeds/alpha/redrive", json={"dry_run": False, "reason": "decode_error",
                                                         "since": "2026-11-20"}, headers=alice)  # fmt: skip
     assert ok.status_code == 200, ok.text
-    assert started == [{"feed": "alpha", "dry_run": False, "reason": "decode_error", "since": "2026-11-20T00:00:00",
-                        "redrive": True}]  # fmt: skip
+    assert started == [{"feed": "alpha", "dry_run": False, "reason": "decode_error",
+                        "since": "2026-11-20T00:00:00+00:00", "redrive": True}]  # fmt: skip
