@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from tidemark.cli.output import error, print_json, progress, table
 from tidemark.output.deadletters import dead_letters, summarize
+from tidemark.runs.run import silent
 
 
 def _since(text: str) -> datetime:
@@ -51,7 +52,7 @@ def _redrive(args: argparse.Namespace) -> int:
 
     spark = SparkSession.builder.master("local[1]").appName("tidemark-redrive").getOrCreate()
     outcome = redrive_feed(spark, args.feed, since=args.since, reason=args.reason, dry_run=args.dry_run,
-                           progress=progress)  # fmt: skip
+                           progress=silent if args.json else progress)  # fmt: skip
     verdicts = outcome.verdicts
     if args.json:
         print_json({"feed": args.feed, "dry_run": args.dry_run, "run_id": outcome.run_id,

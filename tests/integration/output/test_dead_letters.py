@@ -186,7 +186,16 @@ def test_redrive_dry_run_lists_the_dead_letters_a_fixed_rule_now_lets_pass(
     assert passing == {i for i in range(30) if i % 5 != 1 and i % 7 == 2}
     assert all(r["reason_codes_now"] == ["decode_error"] for r in doc["records"] if not r["passes"])
     assert as_rows(dead_letters(fenv.feed)) == before  # a dry run changes nothing
-    assert not (fenv.root / "runs" / fenv.feed).exists() or len(list((fenv.root / "runs" / fenv.feed).iterdir())) == 1
+    assert len(list((fenv.root / "runs" / fenv.feed).iterdir())) == 1  # and records no run
+
+    # Without --dry-run the command publishes them, as a run; a second one publishes nothing.
+    assert main(["redrive", fenv.feed, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["published"], doc["state"], doc["would_pass"]) == (3, "shown", 3)
+    assert doc["report"] and doc["run_id"] in doc["report"]
+    assert len(dead_letters(fenv.feed)) == 6
+    assert main(["redrive", fenv.feed, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["published"] == 0
 
 
 def test_an_iceberg_feeds_dead_letters_survive_snapshot_expiry(fenv: FaultEnv) -> None:

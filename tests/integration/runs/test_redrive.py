@@ -125,12 +125,18 @@ def test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once(fenv
     }
 
 
-@pytest.mark.parametrize("point", ["redrive.after_stage", "redrive.before_record"])
+@pytest.mark.parametrize(
+    ("point", "output"),
+    [("redrive.after_stage", "parquet"), ("redrive.before_record", "parquet"), ("redrive.after_stage", "iceberg"),
+     ("redrive.before_record", "iceberg")],
+)  # fmt: skip
 def test_a_crash_during_a_redrive_leaves_nothing_twice(
-    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch, point: str
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch, point: str, output: str
 ) -> None:
     """The re-drive dies after staging (nothing shown) or after showing its records but before its ledger row says
     so; a normal run comes between; the next re-drive finishes the crashed one first and publishes nothing more."""
+    if output == "iceberg":
+        fenv.use_iceberg(f"rc.t_{fenv.topic.replace('-', '_')}")
     produce_with_poison(fenv, 30)
     fenv.run()
     good_before = good_output(fenv)
