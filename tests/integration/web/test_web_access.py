@@ -190,6 +190,7 @@ def test_dead_letters_and_the_redrive_form_answer_only_to_their_feeds_users(
     client: TestClient, auth: Any, feeds: dict[str, Feed], started: list[dict[str, Any]]
 ) -> None:
     alice = as_(client, auth, "alice")
+    assert 'href="/feeds/alpha/deadletters"' in client.get("/feeds/alpha", headers=alice).text
     page = client.get("/feeds/alpha/deadletters", headers=alice)
     assert page.status_code == 200 and "alpha-dead" in page.text and 'id="redrive-form"' in page.text
     doc = client.get("/api/feeds/alpha/deadletters", headers=alice).json()
