@@ -12,13 +12,14 @@ second re-drives and normal runs come between.
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import KafkaTestCluster
+from tests.conftest import S3_BUCKET, KafkaTestCluster
 from tests.faults.harness import GOOD, QUARANTINED, FaultEnv, Row, digest, scan
 from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.kafka.admin import Record
@@ -84,8 +85,21 @@ def x_rows(env: FaultEnv, letters: list[Any]) -> set[Row]:
     return {(d.topic, d.partition, d.offset, digest(d.value)) for d in letters if d.value.startswith(b"x-")}
 
 
-@pytest.mark.parametrize("output", ["parquet", "iceberg"])
-def test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once(fenv: FaultEnv, output: str) -> None:
+@pytest.fixture
+def s3_fenv(kafka: KafkaTestCluster, spark: Any, s3: Any, postgres: str, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> FaultEnv:  # fmt: skip
+    """The deployment shape: state and output on the S3 server, the checkpoint store (and run ledger) in PostgreSQL."""
+    monkeypatch.setenv("TIDEMARK_CHECKPOINT_URL", postgres)
+    env = FaultEnv(kafka, spark, tmp_path, "redrive-s3", remote=f"s3://{S3_BUCKET}/redrive-{uuid.uuid4().hex[:12]}")
+    env.install(monkeypatch)
+    return env
+
+
+@pytest.mark.parametrize("output", ["parquet", "iceberg", "parquet-s3"])
+def test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once(
+    request: pytest.FixtureRequest, output: str
+) -> None:
+    fenv: FaultEnv = request.getfixturevalue("s3_fenv" if output == "parquet-s3" else "fenv")
     if output == "iceberg":
         fenv.use_iceberg(f"rd.t_{fenv.topic.replace('-', '_')}")
     produce_with_poison(fenv, 30)
