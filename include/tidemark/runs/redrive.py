@@ -34,7 +34,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tidemark.checkpoints.store import CheckpointStore, RunState
 from tidemark.config.models import Feed, load_feed
@@ -120,7 +121,7 @@ def redrive_feed(
     refuse_registry_formats(feed)
     store = open_checkpoints(root, checkpoints)
     publisher = publisher_for(feed)
-    settled_first = () if dry_run else settle_open_redrives(feed, publisher, store, root=root, progress=progress)
+    settled_first = () if dry_run else settle_open_redrives(feed, publisher, store, progress=progress)
     letters = dead_letters(feed, since=since, reason=reason, store=store)
     checked = recheck(spark, feed, letters)
     if dry_run:
@@ -140,8 +141,16 @@ def redrive_feed(
     plan = redrive_plan(record, feed, now.isoformat())
     progress(f"re-drive {run_id}: {len(taken)} of {len(letters)} dead letters pass the feed's rules now")
     if taken:
-        stage_passing(checked, plan, feed, publisher, run_id=run_id,
-                      extra={"redrive": {"run_id": run_id, "records": len(taken)}})  # fmt: skip
+        try:
+            stage_passing(checked, plan, feed, publisher, run_id=run_id,
+                          extra={"redrive": {"run_id": run_id, "records": len(taken)}})  # fmt: skip
+        except Exception as exc:  # nothing shown: given up, its report says why (a crash leaves it to settle)
+            with store.commit_lock(feed.group):
+                store.set_run(feed.group, run_id, feed=redrive_ledger_feed(feed.name), plan_id=redrive_id,
+                              state="abandoned", run_dir=str(run_dir), detail=str(exc)[:1000])  # fmt: skip
+                publisher.discard(redrive_id, run_id)
+            write_status(run_dir, failed_at=datetime.now(UTC).isoformat(), error=f"re-drive {run_id}: {exc}")
+            raise
         fault_point("redrive.after_stage")  # staged pending, not shown, not recorded
     with store.commit_lock(feed.group):
         settled = settle_redrive(record, str(run_dir), feed, publisher=publisher, store=store)
@@ -201,7 +210,7 @@ def settle_redrive(
 
 
 def settle_open_redrives(
-    feed: Feed, publisher: Publisher, store: CheckpointStore, *, root: Root | None = None, progress: Progress = silent
+    feed: Feed, publisher: Publisher, store: CheckpointStore, *, progress: Progress = silent
 ) -> tuple[str, ...]:
     """Before choosing: every open re-drive of ``feed`` shown (its publication shown or staged) or given up, with
     its report written; their run ids.
@@ -232,7 +241,7 @@ def _handle(record: RedriveRecord, run_dir: Location) -> RunHandle:
 
 def _report(
     record: RedriveRecord, run_dir: Location, feed: Feed, plan: Plan, settled: Settled, checked: Recheck | None
-) -> Any:
+) -> Path | Location:
     """The re-drive's report and ``run.json``, as :func:`record_end` writes any run's (events: what it took)."""
     shown = settled.manifest
     published = 0 if shown is None or shown.reused else shown.records

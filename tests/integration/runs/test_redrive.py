@@ -221,3 +221,30 @@ def test_two_redrives_staged_at_once_over_overlapping_dead_letters_show_each_let
     assert publisher.staged(records[1][0].redrive_id, records[1][0].run_id) is None  # its staged copy is gone
     assert good_output(fenv) == good_before + Counter(x_rows(fenv, dead_letters(fenv.feed, redriven_too=True)))
     assert_output_is_the_oracles_good_set(fenv)
+
+
+def test_a_redrive_whose_staging_fails_is_given_up_and_the_next_one_publishes_its_records_once(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tidemark.errors import PublishError
+    from tidemark.runs import redrive as module
+    from tidemark.runs.report import load_report
+
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    good_before = good_output(fenv)
+    passing = x_rows(fenv, dead_letters(fenv.feed))
+    fenv.write_feed(validation=FIXED_RULE)
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise PublishError("the output's store refused the upload")
+
+    with monkeypatch.context() as broken:
+        broken.setattr(module, "stage_passing", refused)
+        with pytest.raises(PublishError):
+            redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    [failed] = [r for r in (fenv.root / "runs" / fenv.feed).iterdir() if (r / "redrive.json").exists()]
+    assert "refused the upload" in str(load_report(failed.name, fenv.feed, root=fenv.root).error)
+    again = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert (again.settled_first, again.published) == ((), 3)  # the failed one was given up, not left open
+    assert good_output(fenv) == good_before + Counter(passing)
