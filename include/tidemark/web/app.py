@@ -729,7 +729,7 @@ def create_app(
     api_base: Callable[[], str | None] = lambda: None,
     access: FeedAccess | None = None,
     preview_rate: tuple[int, float] = PREVIEW_RATE,
-    letters: Callable[[Feed], list[DeadLetter]] = dead_letters,
+    letters: Callable[[Feed], list[DeadLetter]] | None = None,
     redrive: Trigger | None = None,
     redrive_dependencies: Sequence[Any] = (),
 ) -> FastAPI:
@@ -741,14 +741,16 @@ def create_app(
     ``feeds`` and ``problems`` default to the feeds folder read file by file (a file that does not
     load is listed with its error, never hiding the others). ``trigger`` starts a replay run
     (default: :func:`airflow_trigger` at ``api_base()``), ``redrive`` a re-drive run (default: the
-    same, of ``tidemark_redrive``); ``letters`` reads a feed's dead letters. The routes are thin:
+    same, of ``tidemark_redrive``); ``letters`` reads a feed's dead letters (default: with the run ledger of
+    ``checkpoints``, the view's store). The routes are thin:
     the work is in :class:`ViewDeps` and the pure helpers above.
     """
     known = feeds or (lambda: scan_feeds().feeds)
     # Given feeds (tests, benchmarks) come without problems unless these are given too.
     broken = problems or ((lambda: scan_feeds().problems) if feeds is None else (lambda: ()))
     deps = ViewDeps(known, connection, checkpoints, runs, runs_root, timeout_s, access or OpenAccess(),
-                    RateLimit(*preview_rate), broken, letters)  # fmt: skip
+                    RateLimit(*preview_rate), broken,
+                    letters or (lambda feed: dead_letters(feed, store=checkpoints())))  # fmt: skip
     start_run: Trigger = trigger or (lambda request, conf: airflow_trigger(request, conf, api_base()))
     start_redrive: Trigger = redrive or (
         lambda request, conf: airflow_trigger(request, conf, api_base(), dag_id=REDRIVE_DAG)

@@ -120,6 +120,19 @@ def test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once(
     left = dead_letters(fenv.feed)
     assert len(left) == 6 and all(d.reason_codes == ("decode_error",) and d.rechecked_by == first.run_id
                                   for d in left)  # fmt: skip
+    # The view reads the same table through its own store: the six left, by reason, with their examples.
+    from fastapi.testclient import TestClient
+
+    from tidemark.config.models import load_feed
+    from tidemark.runs.run import open_checkpoints
+    from tidemark.web.app import create_app
+
+    view = TestClient(create_app(feeds=lambda: {fenv.feed: load_feed(fenv.feed)},
+                                 connection=lambda: fenv.kafka.connection,
+                                 checkpoints=lambda: open_checkpoints(fenv.root))).get(
+        f"/api/feeds/{fenv.feed}/deadletters").json()  # fmt: skip
+    assert view["records"] == 6 and {g["reason"] for g in view["groups"]} == {"decode_error"}
+    assert all(e["rechecked_by"] == first.run_id for g in view["groups"] for e in g["examples"])
     every = dead_letters(fenv.feed, redriven_too=True)
     assert {(d.topic, d.partition, d.offset, digest(d.value)) for d in every if d.redriven_by} == passing
     report = load_report(str(first.run_id), fenv.feed, root=fenv.root)
