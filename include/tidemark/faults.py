@@ -7,7 +7,8 @@ tidies up after it, as after a crash; ``exit`` ends the process at once with exi
 137 (``os._exit``: no ``finally`` block, no flush), as ``kill -9`` would. The points sit
 where a crash is most dangerous for the promise "nothing lost, nothing duplicated":
 after publishing and before committing, and between the Kafka commit and the
-checkpoint. Reading one environment variable costs nothing on the normal path.
+checkpoint; a re-drive's after it staged, and after it showed its records but before its
+ledger says so. Reading one environment variable costs nothing on the normal path.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import Literal
 
 FAULTS_ENV = "TIDEMARK_FAULTS"
 FaultPoint = Literal[
-    "job.after_publish", "iceberg.before_commit", "commit.before", "commit.after_kafka", "commit.before_show"
+    "job.after_publish",
+    "iceberg.before_commit",
+    "commit.before",
+    "commit.after_kafka",
+    "commit.before_show",
+    "redrive.after_stage",
+    "redrive.before_record",
 ]
 
 

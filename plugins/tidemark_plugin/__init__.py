@@ -4,9 +4,10 @@ The page is a FastAPI app (``tidemark.web.app.create_app``) mounted at ``/tidema
 shown in an iframe. Kafka settings come from the ``tidemark_kafka`` connection. Airflow
 does not put plugin endpoints behind its auth, so the app carries Airflow's own auth
 dependencies: every page and endpoint needs an authenticated Airflow user, and the
-replay trigger a user who may run ``tidemark_replay``. Each feed answers only to users
-Airflow's auth manager allows on that feed's DAG (``tidemark.orchestration.access``). It
-shows offsets, lag and run summaries, never connection settings.
+replay trigger a user who may run ``tidemark_replay`` (the re-drive form: ``tidemark_redrive``).
+Each feed answers only to users Airflow's auth manager allows on that feed's DAG
+(``tidemark.orchestration.access``). It shows offsets, lag and run summaries, never
+connection settings.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class TidemarkPlugin(AirflowPlugin):
                 connection=kafka_connection,
                 dependencies=airflow_auth(),
                 trigger_dependencies=airflow_trigger_auth(),
+                redrive_dependencies=airflow_trigger_auth("tidemark_redrive"),
                 api_base=airflow_api_base,
                 access=AirflowFeedAccess(),
                 preview_rate=preview_rate(),

@@ -30,6 +30,7 @@ def test_one_dag_per_feed_plus_backfill_and_replay(dagbag) -> None:  # type: ign
     expected = {f"tidemark_{name.replace('.', '_')}" for name in load_feeds()} | {
         "tidemark_backfill",
         "tidemark_replay",
+        "tidemark_redrive",
     }
     assert set(dagbag.dag_ids) == expected
 
@@ -46,6 +47,9 @@ def test_team_rules(dagbag) -> None:  # type: ignore[no-untyped-def]
 def test_commit_is_the_last_task(dagbag) -> None:  # type: ignore[no-untyped-def]
     for dag_id, dag in dagbag.dags.items():
         ids = {t.task_id for t in dag.tasks}
+        if dag_id == "tidemark_redrive":  # publishes dead letters into the feed's output: no group to commit
+            assert ids == {"redrive"}
+            continue
         assert ids == {"plan", "read_validate_publish", "commit"}, dag_id
         commit = dag.get_task("commit")
         assert commit.downstream_task_ids == set(), dag_id
@@ -68,6 +72,9 @@ def test_trigger_forms_take_exactly_the_declared_request_parameters(dagbag) -> N
     assert set(dagbag.dags["tidemark_replay"].params) == {"feed", *REPLAY_PARAMS}
     backfill = {"feed", "start_timestamp", "end_timestamp", *COMMIT_PARAMS, *WINDOW_PARAMS, *SELECTION_PARAMS}
     assert set(dagbag.dags["tidemark_backfill"].params) == backfill
+    from tidemark.web.app import REDRIVE_KEYS  # the view's re-drive form sends exactly these (and the feed)
+
+    assert set(dagbag.dags["tidemark_redrive"].params) == {"feed", *REDRIVE_KEYS}
 
 
 def test_dag_files_do_not_import_heavy_libraries_at_top_level() -> None:
@@ -82,6 +89,9 @@ def test_feed_dags_publish_their_output_as_an_asset(dagbag) -> None:  # type: ig
 
     feeds = {f"tidemark_{name.replace('.', '_')}": feed for name, feed in load_feeds().items()}
     for dag_id, dag in dagbag.dags.items():
+        if dag_id == "tidemark_redrive":  # one DAG for every feed: it names its feed per run, so no static outlet
+            assert not dag.get_task("redrive").outlets
+            continue
         outlets = dag.get_task("commit").outlets
         if dag_id in feeds:  # published and committed: downstream DAGs can be scheduled on it
             [asset] = outlets
@@ -132,7 +142,7 @@ def test_a_bad_feed_file_stops_only_its_own_dag_and_is_an_import_error_naming_fi
 
     dagbag = feed_folder_dagbag(tmp_path, tmp_path_factory, monkeypatch)
 
-    assert set(dagbag.dag_ids) == {"tidemark_good", "tidemark_backfill", "tidemark_replay"}
+    assert set(dagbag.dag_ids) == {"tidemark_good", "tidemark_backfill", "tidemark_replay", "tidemark_redrive"}
     assert dagbag.dags["tidemark_replay"].params.get_param("feed").schema["enum"] == ["good"]
     [(path, error)] = dagbag.import_errors.items()
     assert path.endswith("tidemark_feed_errors.py")
@@ -150,7 +160,7 @@ def test_feeds_with_colliding_dag_ids_leave_the_others_loading_and_give_an_impor
     dagbag = feed_folder_dagbag(tmp_path, tmp_path_factory, monkeypatch)
 
     # Neither colliding feed loads (nothing says which one is meant), nor does the replay DAG yield to a feed.
-    assert set(dagbag.dag_ids) == {"tidemark_good", "tidemark_backfill", "tidemark_replay"}
+    assert set(dagbag.dag_ids) == {"tidemark_good", "tidemark_backfill", "tidemark_replay", "tidemark_redrive"}
     assert dagbag.dags["tidemark_replay"].params.get_param("feed").schema["enum"] == ["good"]
     [(path, error)] = dagbag.import_errors.items()
     assert path.endswith("tidemark_feed_errors.py")
@@ -167,7 +177,7 @@ def test_a_folder_of_good_feed_files_has_no_import_error(
     dagbag = feed_folder_dagbag(tmp_path, tmp_path_factory, monkeypatch)
 
     assert dagbag.import_errors == {}
-    assert set(dagbag.dag_ids) == {"tidemark_good", "tidemark_backfill", "tidemark_replay"}
+    assert set(dagbag.dag_ids) == {"tidemark_good", "tidemark_backfill", "tidemark_replay", "tidemark_redrive"}
 
 
 def test_a_feed_with_alerts_checks_them_after_the_commit(tmp_path: Path) -> None:

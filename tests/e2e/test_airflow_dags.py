@@ -197,3 +197,41 @@ def test_feed_dag_resumes_after_the_group_offsets_expired(
     newest = json.loads(sorted(state.glob("runs/afx/*/report.json"))[-1].read_text())
     assert newest["status"] == "succeeded" and newest["commit"]["status"] == "committed"
     assert {e["partition"] for e in newest["events"] if e["kind"] == "group_offsets_expired"} == {0, 1}
+
+
+def test_redrive_dag_publishes_the_dead_letters_a_fixed_rule_passes_once(
+    kafka: KafkaTestCluster, airflow_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The feed DAG quarantines ``x-`` values; the rule is fixed in the feed file; ``tidemark_redrive`` (as the
+    view's form triggers it) publishes exactly them into the feed's output, and a second run publishes nothing."""
+    import pyarrow.parquet as pq
+
+    topic = kafka.new_topic(partitions=1, prefix="af-rd")
+    feeds, state, output = tmp_path / "feeds", tmp_path / "state", tmp_path / "out"
+    feeds.mkdir()
+    doc: dict[str, Any] = {
+        "topics": [topic], "group": f"g-af-rd-{uuid.uuid4().hex[:8]}", "schedule": "@daily",
+        "deserialization": {"format": "string"}, "output": str(output),
+        "validation": {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5, "expectations": [
+            {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "value", "regex": "^v"}}]},
+    }  # fmt: skip
+    (feeds / "afrd.yaml").write_text(yaml.safe_dump(doc))
+    kafka.produce(topic, [Record(value=(f"x{i}" if i % 4 == 0 else f"v{i}").encode(), partition=0) for i in range(12)])
+    env = {**airflow_env, "TIDEMARK_FEEDS_DIR": str(feeds), "TIDEMARK_STATE_DIR": str(state)}
+    scheduled = _run_dag(env, "tidemark_afrd")
+    assert "DAGRUN_STATE=success" in scheduled.stdout, scheduled.stdout[-4000:] + scheduled.stderr[-4000:]
+
+    doc["validation"]["expectations"][0]["kwargs"]["regex"] = "^[vx]"
+    (feeds / "afrd.yaml").write_text(yaml.safe_dump(doc))
+    first, second = _run_dags(env, "tidemark_redrive", [{"feed": "afrd", "dry_run": False}] * 2)
+    for run in (first, second):
+        assert "DAGRUN_STATE=success" in run.stdout, run.stdout[-4000:] + run.stderr[-4000:]
+
+    def values() -> list[str]:
+        files = [p for p in output.glob("plan_id=*/topic=*/**/*.parquet")]
+        return sorted(v for f in files for v in pq.read_table(f, columns=["value"]).column("value").to_pylist())
+
+    assert values() == sorted(f"x{i}" if i % 4 == 0 else f"v{i}" for i in range(12))  # each record once
+    assert len(list(output.glob("plan_id=redrive-*/_manifest.json"))) == 1
+    reports = [json.loads(p.read_text()) for p in sorted(state.glob("runs/afrd/*/report.json"))]
+    assert [(r["mode"], r["counts"].get("published")) for r in reports][-2:] == [("redrive", 3), ("redrive", 0)]

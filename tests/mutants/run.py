@@ -599,14 +599,15 @@ MUTANTS = (
     ),
     Mutant(
         "dead-letters-of-unshown-plans",
-        "a dead letter is visible only once its plan is shown (an Iceberg feed's: once the table's history shows it)",
+        "a dead letter is visible only once its plan is shown (an Iceberg feed's: once the run ledger or the "
+        "table's history shows it)",
         (
             Edit(
                 "include/tidemark/output/deadletters.py",
-                "    for plan_id, run_id in reversed(shown.items()):  # oldest first\n",
-                "    shown = {f.name.partition('=')[2]: None\n"
+                "    for plan_id, run_id in plans.items():\n",
+                "    plans = {f.name.partition('=')[2]: None\n"
                 "             for f in publisher.quarantine.children(folders_only=True)}\n"
-                "    for plan_id, run_id in reversed(shown.items()):  # oldest first\n",
+                "    for plan_id, run_id in plans.items():\n",
             ),
         ),
         (
@@ -696,6 +697,30 @@ MUTANTS = (
             ),
         ),
         (f"{CHANGES_TEST}::test_the_fold_keeps_the_last_change_per_key_and_a_tombstone_deletes",),
+    ),
+    Mutant(
+        "redrive-takes-a-dead-letter-twice",
+        "a re-drive publishes a dead letter at most once: one that another re-drive showed meanwhile is given up",
+        (Edit("include/tidemark/runs/redrive.py", "            if clash:\n", "            if clash and False:\n"),),
+        (
+            "tests/integration/runs/test_redrive.py::"
+            "test_two_redrives_staged_at_once_over_overlapping_dead_letters_show_each_letter_once",
+        ),
+    ),
+    Mutant(
+        "redriven-dead-letters-listed-again",
+        "a dead letter a re-drive published leaves the listing, so a second re-drive takes nothing",
+        (
+            Edit(
+                "include/tidemark/output/deadletters.py",
+                "            if by is not None:\n                if not redriven_too:\n",
+                "            if by is not None:\n                if False:\n",
+            ),
+        ),
+        (
+            "tests/integration/runs/test_redrive.py::"
+            "test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once[parquet]",
+        ),
     ),
 )
 

@@ -126,6 +126,10 @@ class CheckpointStore(Protocol):
         """Whether the ledger knows any run of ``feed``."""
         ...
 
+    def feed_runs(self, feed: str, states: tuple[RunState, ...]) -> list[LedgerRun]:
+        """The runs of ``feed`` in one of ``states``, oldest first (the dead-letter reader asks for ``shown``)."""
+        ...
+
     def shown(self, feed: str) -> dict[TP, Shown]:
         """Per partition, the end of what ``feed``'s output shows."""
         ...
@@ -262,6 +266,15 @@ class SqliteCheckpointStore:
     def feed_has_runs(self, feed: str) -> bool:
         with closing(self._connect()) as conn:
             return conn.execute("SELECT 1 FROM runs WHERE feed = ? LIMIT 1", (feed,)).fetchone() is not None
+
+    def feed_runs(self, feed: str, states: tuple[RunState, ...]) -> list[LedgerRun]:
+        marks = ", ".join("?" for _ in states)
+        with closing(self._connect()) as conn:
+            rows = conn.execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE feed = ? AND state IN ({marks}) ORDER BY run_id",
+                (feed, *states),
+            ).fetchall()
+        return [LedgerRun(*row) for row in rows]
 
     def shown(self, feed: str) -> dict[TP, Shown]:
         with closing(self._connect()) as conn:
@@ -465,13 +478,16 @@ class PostgresCheckpointStore:
         return None if row is None else LedgerRun(*row)
 
     def open_runs(self, feed: str) -> list[LedgerRun]:
+        return self.feed_runs(feed, OPEN_STATES)
+
+    def feed_runs(self, feed: str, states: tuple[RunState, ...]) -> list[LedgerRun]:
         from sqlalchemy import bindparam, text
 
         query = text(
             f"SELECT {_RUN_COLUMNS} FROM tidemark_runs WHERE feed = :f AND state IN :states ORDER BY run_id"
         ).bindparams(bindparam("states", expanding=True))
         with self._begin("read the run ledger") as conn:
-            rows = conn.execute(query, {"f": feed, "states": list(OPEN_STATES)}).all()
+            rows = conn.execute(query, {"f": feed, "states": list(states)}).all()
         return [LedgerRun(*row) for row in rows]
 
     def feed_has_runs(self, feed: str) -> bool:

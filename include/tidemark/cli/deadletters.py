@@ -1,10 +1,10 @@
-"""``tidemark deadletters FEED`` and ``tidemark redrive FEED --dry-run``: a feed's dead letters.
+"""``tidemark deadletters FEED`` and ``tidemark redrive FEED [--dry-run]``: a feed's dead letters.
 
 ``deadletters`` lists them by reason and day, with counts and examples, from the feed's
 output only (its shown plans' quarantines, :mod:`tidemark.output.deadletters`): no Kafka,
-no Spark. ``redrive --dry-run`` says which of them the feed's current schema and rules
-would now let pass (:mod:`tidemark.job.redrive`, in a local Spark session); a re-drive that
-publishes them is not built yet. ``--json`` prints documents instead of tables.
+no Spark. ``redrive`` publishes those the feed's current schema and rules let pass into
+its output, exactly once, recorded as a run (:mod:`tidemark.runs.redrive`, in a local Spark
+session); ``--dry-run`` only says which would pass. ``--json`` prints documents instead of tables.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 from datetime import UTC, datetime
 
-from tidemark.cli.output import error, print_json, table
+from tidemark.cli.output import error, print_json, progress, table
 from tidemark.output.deadletters import dead_letters, summarize
+from tidemark.runs.run import silent
 
 
 def _since(text: str) -> datetime:
@@ -44,27 +45,37 @@ def _deadletters(args: argparse.Namespace) -> int:
 
 
 def _redrive(args: argparse.Namespace) -> int:
-    if not args.dry_run:
-        error("only 'tidemark redrive FEED --dry-run' is built: publishing the dead letters that now pass is not yet")
-        return 2
     # Heavy (pyspark, through the decoder): only this command needs it, not the CLI's start.
     from pyspark.sql import SparkSession
 
-    from tidemark.job.redrive import redrive_dry_run
+    from tidemark.runs.redrive import redrive_feed
 
     spark = SparkSession.builder.master("local[1]").appName("tidemark-redrive").getOrCreate()
-    verdicts = redrive_dry_run(spark, args.feed, since=args.since, reason=args.reason)
-    passing = [v for v in verdicts if v.passes]
+    outcome = redrive_feed(spark, args.feed, since=args.since, reason=args.reason, dry_run=args.dry_run,
+                           progress=silent if args.json else progress)  # fmt: skip
+    verdicts = outcome.verdicts
     if args.json:
-        print_json({"feed": args.feed, "dead_letters": len(verdicts), "would_pass": len(passing),
+        print_json({"feed": args.feed, "dry_run": args.dry_run, "run_id": outcome.run_id,
+                    "redrive_id": outcome.redrive_id, "state": outcome.state, "published": outcome.published,
+                    "settled_first": list(outcome.settled_first), "report": outcome.report_path,
+                    "dead_letters": len(verdicts), "would_pass": outcome.passing,
                     "records": [{**v.letter.to_dict(), "passes": v.passes, "reason_codes_now": list(v.reason_codes)}
                                 for v in verdicts]})  # fmt: skip
-        return 0
+        return 1 if outcome.error else 0
     rows = [(f"{v.letter.topic}[{v.letter.partition}]@{v.letter.offset}", "; ".join(v.letter.reason_codes),
              "passes" if v.passes else "; ".join(v.reason_codes)) for v in verdicts]  # fmt: skip
     if rows:
         print(table(["record", "reason then", "now"], rows))
-    print(f"{len(passing)} of {len(verdicts)} dead letters would now pass (dry run: nothing was published)")
+    if args.dry_run:
+        print(f"{outcome.passing} of {len(verdicts)} dead letters would now pass (dry run: nothing was published)")
+        return 0
+    if outcome.error:
+        error(outcome.error)
+        return 1
+    print(
+        f"re-drive {outcome.run_id}: {outcome.published} of {len(verdicts)} dead letters published into the "
+        f"feed's output ({outcome.passing} pass now); report {outcome.report_path}"
+    )
     return 0
 
 
@@ -83,7 +94,9 @@ def add_deadletters(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd = sub.add_parser("deadletters", help="list a feed's dead letters (quarantined records) by reason and day")
     _filters(cmd)
     cmd.set_defaults(func=_deadletters)
-    redrive = sub.add_parser("redrive", help="which dead letters the feed's current schema and rules would let pass")
+    redrive = sub.add_parser(
+        "redrive", help="publish the dead letters the feed's current schema and rules let pass, exactly once, as a run"
+    )
     _filters(redrive)
-    redrive.add_argument("--dry-run", action="store_true", help="list them, publish nothing (the only mode built)")
+    redrive.add_argument("--dry-run", action="store_true", help="list them with their verdicts, publish nothing")
     redrive.set_defaults(func=_redrive)

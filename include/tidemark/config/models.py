@@ -955,7 +955,8 @@ def load_feed(name_or_path: str, directory: Path | None = None) -> Feed:
     raise ConfigError(f"no feed named '{name_or_path}' in {folder} (known feeds: {known})")
 
 
-BUILTIN_DAGS = ("backfill", "replay", "watchdog")  # Tidemark's own DAGs, tidemark_<name>: no feed may take their ids
+# Tidemark's own DAGs, tidemark_<name>: no feed may take their ids.
+BUILTIN_DAGS = ("backfill", "replay", "redrive", "watchdog")
 
 
 def dag_id(name: str) -> str:

@@ -1,32 +1,51 @@
-"""Re-drive, dry run only: which of a feed's dead letters its current schema and rules would now let pass.
+"""Re-drive's Spark half: dead letters through the feed's current decoding and rules, and the passing ones staged.
 
 Each dead letter's raw record (topic, partition, offset, timestamp, key, value, headers)
 goes back through the job's own decoding (:func:`tidemark.spark.decode.annotate`) and the
-feed's row rules (:class:`tidemark.validation.rules.OutcomeCodes`), in a Spark session
-of the caller's, exactly as a run codes a record's outcome; the verdict is the record's
-new outcome: ``ok`` (it would pass) or its new reason codes. Nothing is written and
-nothing is published: publishing those that pass exactly once, tracked so that a second
-re-drive publishes nothing, is not built yet. Registry formats (Avro, JSON Schema,
-Protobuf) need the run's registry schemas and are refused here; expectations that are
-not row rules (a table's row count, say) are not re-checked.
+feed's row rules (:class:`tidemark.validation.rules.OutcomeCodes`), exactly as a run codes
+a record's outcome (:func:`recheck`); the verdict is the record's new outcome: ``ok`` (it
+passes now) or its new reason codes. :func:`redrive_dry_run` lists the verdicts and writes
+nothing. :func:`stage_passing` stages the records that pass as the job stages a plan's
+good records (one Parquet write partitioned by outcome, topic and day, with the columns
+the job publishes) and hands them to the feed's publisher *pending* under the re-drive's
+run id: the commit protocol's stage step. Showing them, exactly once, and recording the
+re-drive as a run is :mod:`tidemark.runs.redrive`'s.
+
+Registry formats (Avro, JSON Schema, Protobuf) need the run's registry schemas and are
+refused here; expectations that are not row rules (a table's row count, say) are not
+re-checked.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tidemark.config.models import REGISTRY_FORMATS, Feed, load_feed
-from tidemark.errors import ConfigError
-from tidemark.output.deadletters import DeadLetter, dead_letters
-from tidemark.spark.decode import annotate
+from tidemark.errors import ConfigError, PublishError
+from tidemark.job.stage import quarantine_writer, raw_kept_aside
+from tidemark.output.base import Manifest, Publisher, StagedRecords
+from tidemark.output.deadletters import DeadLetter, Key, dead_letters
+from tidemark.output.staging import parquet_writer, spark_path, utc_date
+from tidemark.planning.plan import Plan
+from tidemark.spark.decode import annotate, raw_key_kept, raw_value_kept
 from tidemark.spark.source import SCHEMA
-from tidemark.staged import OK_OUTCOME, UNPUBLISHED_COLUMNS
+from tidemark.staged import (
+    DATE_COLUMN,
+    DIGEST_COLUMNS,
+    ERROR_COLUMN,
+    OK_OUTCOME,
+    OUTCOME_COLUMN,
+    RAW_HEAD_COLUMNS,
+    STAGED_PARTITION_COLUMNS,
+    UNPUBLISHED_COLUMNS,
+)
 from tidemark.validation.rules import OutcomeCodes, column_paths
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 
 @dataclass(frozen=True)
@@ -38,32 +57,101 @@ class Verdict:
     reason_codes: tuple[str, ...]  # the new reasons; empty when it passes
 
 
+@dataclass(frozen=True)
+class Recheck:
+    """Dead letters re-checked: each one's verdict, and the frame the job would stage for them (``None``: none)."""
+
+    verdicts: tuple[Verdict, ...]
+    frame: DataFrame | None  # decoded, with the day and outcome columns, as the job stages a plan
+    codes: OutcomeCodes | None
+
+    @property
+    def passing(self) -> tuple[Verdict, ...]:
+        return tuple(v for v in self.verdicts if v.passes)
+
+
+def refuse_registry_formats(feed: Feed) -> None:
+    parts = feed.deserialization.registry_parts
+    if parts:
+        raise ConfigError(
+            f"feed '{feed.name}': a re-drive decodes without a schema registry, and the feed's "
+            f"{', '.join(parts)} use {'/'.join(sorted(REGISTRY_FORMATS))}; not supported yet"
+        )
+
+
+def recheck(spark: SparkSession, feed: Feed, letters: Sequence[DeadLetter]) -> Recheck:
+    """``letters`` through ``feed``'s current decoding and row rules, as a run decodes and codes a plan's records."""
+    refuse_registry_formats(feed)
+    if not letters:
+        return Recheck((), None, None)
+    rows = [(d.topic, d.partition, d.offset, d.timestamp, d.timestamp_type, d.key, d.value,
+             [{"key": k, "value": v} for k, v in d.headers], d.plan_id) for d in letters]  # fmt: skip
+    decoded = annotate(spark.createDataFrame(rows, schema=SCHEMA), feed.deserialization)
+    record_columns = [c for c in column_paths(decoded.schema) if c not in (*UNPUBLISHED_COLUMNS, "plan_id")]
+    codes = OutcomeCodes.of(record_columns, feed)
+    # As the job's decode step: the plan id stays, here, to tell the letters of two plans apart (a recreated
+    # topic's offsets repeat); it is dropped before staging.
+    columns = [c for c in decoded.columns if c != ERROR_COLUMN]
+    frame = decoded.select(*columns, utc_date().alias(DATE_COLUMN), codes.column().alias(OUTCOME_COLUMN))
+    deser = feed.deserialization
+    if raw_value_kept(deser) or raw_key_kept(deser):
+        frame = raw_kept_aside(frame, raw_value_kept(deser), raw_key_kept(deser))
+    outcomes: Mapping[Key, str] = {
+        (r["plan_id"], r["topic"], r["partition"], r["offset"]): r[OUTCOME_COLUMN]
+        for r in frame.select("plan_id", "topic", "partition", "offset", OUTCOME_COLUMN).collect()
+    }
+    verdicts = []
+    for d in letters:
+        outcome = outcomes[d.key_of]
+        verdicts.append(Verdict(d, outcome == OK_OUTCOME, () if outcome == OK_OUTCOME else codes.labels(outcome)))
+    return Recheck(tuple(verdicts), frame, codes)
+
+
 def redrive_dry_run(
     spark: SparkSession, feed: Feed | str, since: datetime | date | None = None, reason: str | None = None
 ) -> list[Verdict]:
     """Every dead letter of ``feed`` (filtered as :func:`dead_letters` filters) with its verdict now."""
     chosen = feed if isinstance(feed, Feed) else load_feed(feed)
-    parts = chosen.deserialization.registry_parts
-    if parts:
-        raise ConfigError(
-            f"feed '{chosen.name}': a re-drive dry run decodes without a schema registry, and the feed's "
-            f"{', '.join(parts)} use {'/'.join(sorted(REGISTRY_FORMATS))}; not supported yet"
+    refuse_registry_formats(chosen)
+    return list(recheck(spark, chosen, dead_letters(chosen, since=since, reason=reason)).verdicts)
+
+
+def stage_passing(
+    checked: Recheck, plan: Plan, feed: Feed, publisher: Publisher, *, run_id: str, extra: Mapping[str, Any]
+) -> Manifest:
+    """Stage ``checked``'s passing records as plan ``plan``'s publication, pending for run ``run_id``.
+
+    The records are written as the job writes a plan (partitioned by outcome, topic and day;
+    the job's published columns), then the publisher publishes them pending: Parquet under
+    ``_pending/<run id>/``, Iceberg as uploaded files and a pending record. Nothing is shown.
+    """
+    from pyspark.sql import functions as F
+
+    if checked.frame is None or checked.codes is None or not checked.passing:
+        raise PublishError(f"re-drive {plan.plan_id} of feed '{feed.name}': no dead letter passes; nothing to stage")
+    frame = checked.frame.where(F.col(OUTCOME_COLUMN) == F.lit(OK_OUTCOME)).drop("plan_id")
+    taken = {v.letter.key_of for v in checked.passing}
+    spark = frame.sparkSession
+    quarantined_schema = frame.drop(OUTCOME_COLUMN, *DIGEST_COLUMNS, *RAW_HEAD_COLUMNS.values()).schema
+    published_schema = frame.drop(OUTCOME_COLUMN, *UNPUBLISHED_COLUMNS).schema
+
+    def read_good(source: str) -> DataFrame:
+        return spark.read.schema(published_schema).parquet(spark_path(source))
+
+    publisher.check_schema(published_schema, plan)
+    staging = publisher.new_staging(plan.plan_id)
+    try:
+        parquet_writer(frame, "errorifexists").partitionBy(*STAGED_PARTITION_COLUMNS).parquet(
+            spark_path(staging.written_url)
         )
-    letters = dead_letters(chosen, since=since, reason=reason)
-    if not letters:
-        return []
-    rows = [(d.topic, d.partition, d.offset, d.timestamp, 0, d.key, d.value,
-             [{"key": k, "value": v} for k, v in d.headers], d.plan_id) for d in letters]  # fmt: skip
-    decoded = annotate(spark.createDataFrame(rows, schema=SCHEMA), chosen.deserialization)
-    record_columns = [c for c in column_paths(decoded.schema) if c not in (*UNPUBLISHED_COLUMNS, "plan_id")]
-    codes = OutcomeCodes.of(record_columns, chosen)
-    outcomes = {
-        (r["topic"], r["partition"], r["offset"]): r["outcome"]
-        for r in decoded.select("topic", "partition", "offset", codes.column().alias("outcome")).collect()
-    }
-    verdicts = []
-    for d in letters:
-        outcome = outcomes[(d.topic, d.partition, d.offset)]
-        now = () if outcome == OK_OUTCOME else codes.labels(outcome)
-        verdicts.append(Verdict(d, outcome == OK_OUTCOME, now))
-    return verdicts
+        return publisher.publish_staged(
+            staging, plan, feed,
+            staged=StagedRecords(OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good,
+                                 unpublished=tuple(c for c in UNPUBLISHED_COLUMNS if c in frame.columns),
+                                 write_quarantine=quarantine_writer(spark, quarantined_schema, checked.codes.reason,
+                                                                    checked.codes.labels)),
+            stats=[], extra=extra, expect_records=len(taken), expect_quarantined=0, run_id=run_id,
+        )  # fmt: skip
+    except BaseException:
+        staging.discard()
+        raise

@@ -1,6 +1,6 @@
-"""Airflow DAG factories: one DAG per feed, a backfill DAG and a replay DAG.
+"""Airflow DAG factories: one DAG per feed, a backfill DAG, a replay DAG and a re-drive DAG.
 
-Every DAG has the same three steps: ``plan`` (a task that finishes any published but
+Every feed, backfill and replay DAG has the same three steps: ``plan`` (a task that finishes any published but
 uncommitted plan, then plans and saves the run's plan), ``read_validate_publish`` (the
 Spark job, submitted through the Spark provider so that ``local[*]`` becomes a cluster
 by changing the ``tidemark_spark`` connection) and ``commit`` (the only place offsets
@@ -221,8 +221,9 @@ def airflow_auth() -> list[Any]:
     return [Depends(requires_access_view(AccessView.PLUGINS)), remember_user()]
 
 
-def airflow_trigger_auth() -> list[Any]:
-    """FastAPI dependencies for the view's replay trigger: the user may create runs of the replay DAG.
+def airflow_trigger_auth(dag: str = "tidemark_replay") -> list[Any]:
+    """FastAPI dependencies for the view's replay trigger: the user may create runs of the replay DAG (or ``dag``:
+    ``tidemark_redrive`` for the re-drive form).
 
     The same check Airflow's own ``POST /api/v2/dags/{dag_id}/dagRuns`` makes, here so that
     a viewer gets a 403 from the view itself (the forwarded REST call would refuse too).
@@ -231,7 +232,7 @@ def airflow_trigger_auth() -> list[Any]:
     from airflow.api_fastapi.core_api.security import requires_access_dag
     from fastapi import Depends
 
-    return [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id="tidemark_replay"))]
+    return [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=dag))]
 
 
 def airflow_api_base() -> str | None:
@@ -823,8 +824,70 @@ def replay_dag(feeds: Mapping[str, Feed]) -> DAG:
     )
 
 
+@task(task_id="redrive")
+def redrive_step() -> dict[str, Any]:
+    """Re-drive the feed the form names (:func:`tidemark.runs.redrive.redrive_feed`), after checking that the
+    triggering user may run that feed's DAG: a re-drive publishes into the feed's output, as its own runs do.
+
+    The re-check runs in a local Spark session in this task (a feed's dead letters are few: the records its
+    runs refused), not through ``spark-submit``; a retry settles what a crashed attempt left first.
+    """
+    from tidemark.orchestration.access import refuse_unless_allowed
+    from tidemark.runs.redrive import redrive_feed
+    from tidemark.spark.session import local_session
+
+    ctx = get_current_context()
+    params = dict(ctx["params"])
+    feed_name = str(params["feed"])
+    user = ctx["dag_run"].triggering_user_name
+    _no_retry_for_refusals(lambda: refuse_unless_allowed(feed_name, "redrive", {"commit": True}, user))
+    since = datetime.fromisoformat(str(params["since"])) if params.get("since") else None
+    with _storage_settings():
+        spark = local_session("tidemark-redrive")
+        outcome = _no_retry_for_refusals(lambda: redrive_feed(
+            spark, feed_name, since=since, reason=params.get("reason") or None,
+            dry_run=params.get("dry_run", True) is not False, checkpoints=checkpoint_store(), progress=log.info,
+        ))  # fmt: skip
+    for v in outcome.verdicts:
+        log.info("%s[%d]@%d (plan %s): %s", v.letter.topic, v.letter.partition, v.letter.offset, v.letter.plan_id,
+                 "passes" if v.passes else "; ".join(v.reason_codes))  # fmt: skip
+    if outcome.error is not None:
+        raise AirflowFailException(outcome.error)
+    return {"run_id": outcome.run_id, "redrive_id": outcome.redrive_id, "state": outcome.state,
+            "dead_letters": len(outcome.verdicts), "passing": outcome.passing,
+            "published": outcome.published}  # fmt: skip
+
+
+def redrive_dag(feeds: Mapping[str, Feed]) -> DAG:
+    """``tidemark_redrive``: one task, :func:`redrive_step`; triggered by the Tidemark view's form or Airflow's."""
+    with DAG(
+        dag_id=dag_id("redrive"),
+        description="Publish a feed's dead letters that its current rules pass, once",
+        doc_md="Re-checks a feed's dead letters (records its runs quarantined) with the feed's current decoding "
+        "and row rules, and publishes those that now pass into the feed's output exactly once, as a run with its "
+        "own report (mode `redrive`); the rest keep their new reasons. A dry run (the default) only logs the "
+        "verdicts. Needs the right to run the feed's own DAG.",
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        default_args=DEFAULT_ARGS,
+        max_active_runs=1,  # re-drives of one feed take turns anyway (the group's commit lock): one at a time
+        tags=["tidemark", "redrive"],
+        params={
+            "feed": _feed_param(feeds),
+            "since": Param(None, type=["null", "string"], format="date-time", title="Only records stamped since"),
+            "reason": Param(None, type=["null", "string"], maxLength=300, title="Only this reason code",
+                            description="decode_error, or a rule's label such as "
+                            "expect_column_values_to_match_regex(value); empty: every reason"),
+            "dry_run": Param(True, type="boolean", title="Dry run (list the verdicts, publish nothing)"),
+        },
+    ) as dag:  # fmt: skip
+        redrive_step()
+    return dag
+
+
 def all_dags(feeds_directory: Path | None = None) -> dict[str, DAG]:
-    """A DAG per feed plus backfill and replay (and the watchdog when a feed sets ``alerts.stale_after``, and a
+    """A DAG per feed plus backfill, replay and redrive (and the watchdog when a feed sets ``alerts.stale_after``, and a
     maintenance DAG per Iceberg feed with ``maintenance:``), by DAG id.
 
     Each feed file loads on its own (:func:`tidemark.config.models.scan_feeds`): a malformed,
@@ -833,7 +896,7 @@ def all_dags(feeds_directory: Path | None = None) -> dict[str, DAG]:
     """
     feeds = scan_feeds(feeds_directory).feeds
     dags = {d.dag_id: d for d in (feed_dag(f) for f in feeds.values())}
-    for extra in (backfill_dag(feeds), replay_dag(feeds)):
+    for extra in (backfill_dag(feeds), replay_dag(feeds), redrive_dag(feeds)):
         dags[extra.dag_id] = extra
     for feed in feeds.values():
         if feed.maintenance is not None:

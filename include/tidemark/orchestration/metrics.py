@@ -3,8 +3,11 @@
 The plan task sends lag and planned records per partition and a counter per plan event;
 the commit task sends the run's record counts, the Spark job's step durations (from
 ``job.json``), the lag in time at plan time per partition (the age of the oldest record
-the run read, from the report: the number the Tidemark view charts), the outcome and a
-counter per job or commit event; a refused commit is counted where it is refused.
+the run read, from the report: the number the Tidemark view charts), the outcome, a
+counter per job or commit event and, for a committed run that quarantined records, the
+dead letters it added per reason code (``tidemark.dead_letters``, tagged ``reason``: the
+codes the dead-letter table groups by; a record with two reasons counts under each); a
+refused commit is counted where it is refused.
 Everything is read from the run's plan, ``job.json`` and report after the fact: nothing
 is sent from Spark executors, and the read path is untouched. Tags are the feed, topic
 and partition (never a connection setting); whether they reach the backend is the
@@ -76,11 +79,28 @@ def finished(feed: str, run_dir: str, report_path: str, *, committed: bool) -> N
     for step, seconds in (job.get("timings_s") or {}).items():
         stats.timing(f"{PREFIX}.step.{step}", timedelta(seconds=float(seconds)), tags=tags)
     stats.incr(f"{PREFIX}.run.{'committed' if committed else 'not_committed'}", tags=tags)
+    if committed:
+        for reason, count in dead_letter_reasons(job).items():
+            stats.incr(f"{PREFIX}.dead_letters", count=count, tags={**tags, "reason": reason})
     doc = _read_json(Location.of(report_path))
     _count_events(feed, (e for e in doc.get("events") or [] if e.get("source") != "plan"))  # plan task sent those
     if doc and doc.get("commit_requested"):  # started at the group's position: its lag, as the view charts it
         for (topic, partition), ms in RunReport.model_validate(doc).lag_ms_at_plan().items():
             stats.gauge(f"{PREFIX}.lag_seconds_at_plan", ms / 1000, tags=_tags(feed, topic, partition))
+
+
+def dead_letter_reasons(job: Mapping[str, Any]) -> dict[str, int]:
+    """Per reason code, the records a job quarantined (``job.json``'s validation counts): ``decode_error`` and each
+    row rule's label, as the dead-letter table names them."""
+    if not job.get("records_quarantined"):
+        return {}
+    counts = (job.get("validation") or {}).get("counts") or {}
+    found = {"decode_error": int(counts.get("decode_errors") or 0)}
+    for label, n in (counts.get("by_rule") or {}).items():
+        code = str(label).split("#", 1)[0]  # two rules of one kind on one column: one code, as the table's
+        if code != "decode_error":
+            found[code] = found.get(code, 0) + int(n or 0)
+    return {reason: n for reason, n in found.items() if n > 0}
 
 
 def started(feed: str, cause: str) -> None:

@@ -11,8 +11,10 @@ the output, and so does what makes them visible:
   with its good records, never before; the reader takes only files a shown manifest lists.
 - **Iceberg output**: a Parquet folder beside the table, ``<output>.quarantine/plan_id=<id>/``
   (or the feed's ``iceberg.quarantine``), written before the catalog commit; the reader takes
-  the folders of the plans the table's main-branch history shows (the snapshot that
-  committed the plan is the commit point), and none other.
+  the folders of the plans the run ledger records ``shown`` for the feed (the checkpoint
+  store's ``runs`` table: its rows outlive every snapshot expiry), and of the plans the
+  table's main-branch history still shows (jobs outside any run commit at once and have no
+  ledger row), and none other.
 
 Every ``(topic, partition, offset)`` of a feed's output is in at most one shown plan (the
 commit protocol, ``docs/ARCHITECTURE.md``), so a dead letter is listed once: a retry or
@@ -21,26 +23,38 @@ Backfills and replays publish beside the feed's output; their dead letters are t
 the feed's. :func:`dead_letters` returns the rows, :func:`summarize` groups them by reason
 code and day with counts and examples (``tidemark deadletters FEED``). Nothing here masks a
 value: the rows hold the bytes Kafka held.
+
+A re-drive (:mod:`tidemark.runs.redrive`) publishes the dead letters that now pass into
+the feed's output and keeps its record, :class:`RedriveRecord`, in its run dir
+(``redrive.json``: the ``(plan, topic, partition, offset)`` it took, and the new reasons of
+those that still fail), with a run-ledger row under :func:`redrive_ledger_feed`. A dead
+letter a shown re-drive took is *re-driven*: left out of the listing (``redriven=True``
+lists them too), so no later re-drive takes it again; one that still failed carries the
+newest re-drive's reasons (``rechecked_by`` names that run).
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time
 from typing import Any
 from urllib.parse import unquote
 
+from tidemark.checkpoints.store import CheckpointStore, LedgerRun, default_store
 from tidemark.config.models import Feed, load_feed
 from tidemark.output import publisher_for
-from tidemark.output.base import QUARANTINE_DIR
+from tidemark.output.base import QUARANTINE_DIR, Publisher
 from tidemark.output.iceberg import PLAN_KEY, RETRACTED_KEY, RUN_KEY, IcebergPublisher, plan_history
 from tidemark.output.parquet import load_manifest
 from tidemark.staged import RAW_KEY_COLUMN, RAW_VALUE_COLUMN, REASON_CODES_COLUMN, REASON_COLUMN, reason_codes
 from tidemark.storage import Location
 
 EXAMPLES = 3  # per reason and day in a summary
+REDRIVE_FILE = "redrive.json"  # in a re-drive's run dir: what it took (RedriveRecord)
+Key = tuple[str, str, int, int]  # a dead letter's identity: (plan id, topic, partition, offset)
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,14 @@ class DeadLetter:
     run_id: str | None
     reason_codes: tuple[str, ...]
     reason: str
+    timestamp_type: int = 0  # Java's ids, as the read schema's
+    rechecked_by: str | None = None  # the last re-drive that re-checked it (reason_codes are then its)
+    redriven_by: str | None = None  # the re-drive run that published it (listed only with redriven=True)
+
+    @property
+    def key_of(self) -> Key:
+        """What names it across re-drives: the plan that quarantined it (its id covers the topic id) and offset."""
+        return (self.plan_id, self.topic, self.partition, self.offset)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: bytes as UTF-8 text, a byte that is not UTF-8 as ``\\xNN`` (``backslashreplace``)."""
@@ -68,6 +90,7 @@ class DeadLetter:
             "headers": [[k, _text(v)] for k, v in self.headers],
             "plan_id": self.plan_id, "run_id": self.run_id,
             "reason_codes": list(self.reason_codes), "reason": self.reason,
+            "rechecked_by": self.rechecked_by, "redriven_by": self.redriven_by,
         }  # fmt: skip
 
 
@@ -95,20 +118,121 @@ class _Source:
     run_id: str | None
 
 
-def dead_letters(feed: Feed | str, since: datetime | date | None = None, reason: str | None = None) -> list[DeadLetter]:
+@dataclass(frozen=True)
+class RedriveRecord:
+    """What one re-drive took (``taken``: published into the feed's output) and what it found still failing.
+
+    Written into the re-drive's run dir before its ledger row, so a row always has its record;
+    ``redrive_id`` (the publication's plan id) is a hash of ``taken``: the same dead letters,
+    the same publication, which the output publishes once.
+    """
+
+    redrive_id: str
+    run_id: str
+    feed: str
+    taken: tuple[Key, ...]
+    failing: tuple[tuple[Key, tuple[str, ...]], ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps({"redrive_id": self.redrive_id, "run_id": self.run_id, "feed": self.feed,
+                           "taken": [list(k) for k in self.taken],
+                           "failing": [[list(k), list(codes)] for k, codes in self.failing]}, indent=2)  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str) -> RedriveRecord:
+        doc = json.loads(text)
+        return cls(
+            redrive_id=str(doc["redrive_id"]), run_id=str(doc["run_id"]), feed=str(doc["feed"]),
+            taken=tuple(_key(k) for k in doc["taken"]),
+            failing=tuple((_key(k), tuple(str(c) for c in codes)) for k, codes in doc.get("failing", [])),
+        )  # fmt: skip
+
+
+def _key(row: Sequence[Any]) -> Key:
+    plan_id, topic, partition, offset = row
+    return (str(plan_id), str(topic), int(partition), int(offset))
+
+
+def redrive_ledger_feed(feed: str) -> str:
+    """The run ledger's ``feed`` value of ``feed``'s re-drives: apart from its runs, so settling a run of the feed
+    never takes a re-drive for one (``:`` is in no feed name)."""
+    return f"{feed}:redrive"
+
+
+def read_redrive(row: LedgerRun) -> RedriveRecord | None:
+    """The record in a re-drive row's run dir (``None``: gone)."""
+    path = Location.of(row.run_dir) / REDRIVE_FILE
+    return RedriveRecord.from_json(path.read_text()) if path.exists() else None
+
+
+@dataclass(frozen=True)
+class Redriven:
+    """A feed's shown re-drives: who took each dead letter, and the newest re-check of the rest."""
+
+    taken: Mapping[Key, str]  # dead letter -> the re-drive run that published it
+    rechecked: Mapping[Key, tuple[str, tuple[str, ...]]]  # dead letter -> (re-drive run, its reasons then)
+    records: tuple[RedriveRecord, ...] = ()
+
+
+def redriven(feed: Feed, store: CheckpointStore, publisher: Publisher | None = None) -> Redriven:
+    """What ``feed``'s re-drives published: those the ledger records ``shown``, and any open one whose publication
+    the output already shows (a re-drive that crashed after publishing, before its ledger said so)."""
+    rows = store.feed_runs(redrive_ledger_feed(feed.name), ("shown", "planned", "committing", "committed"))
+    taken: dict[Key, str] = {}
+    rechecked: dict[Key, tuple[str, tuple[str, ...]]] = {}
+    records = []
+    for row in rows:  # oldest first: a later re-check replaces an earlier one
+        if row.state != "shown":
+            publisher = publisher or publisher_for(feed)
+            if publisher.published(row.plan_id) is None:
+                continue
+        record = read_redrive(row)
+        if record is None:
+            continue
+        records.append(record)
+        taken.update((k, record.run_id) for k in record.taken)
+        rechecked.update((k, (record.run_id, codes)) for k, codes in record.failing)
+    return Redriven(taken, rechecked, tuple(records))
+
+
+def dead_letters(
+    feed: Feed | str,
+    since: datetime | date | None = None,
+    reason: str | None = None,
+    *,
+    store: CheckpointStore | None = None,
+    redriven_too: bool = False,
+) -> list[DeadLetter]:
     """The dead letters of ``feed`` (a :class:`Feed` or its name), oldest plan first, by topic, partition, offset.
 
     ``since``: only records stamped at or after it (a date is its UTC midnight; a naive time
     is UTC). ``reason``: only records with a reason code equal to it, or whose code is it
-    followed by ``(`` (``expect_column_values_to_match_regex`` takes every column's).
+    followed by ``(`` (``expect_column_values_to_match_regex`` takes every column's); a
+    record a re-drive re-checked goes by that re-drive's reasons. Dead letters a re-drive
+    published are left out unless ``redriven_too``. ``store``: the checkpoint store with the
+    run ledger (default: :func:`~tidemark.checkpoints.store.default_store`).
     """
     chosen = feed if isinstance(feed, Feed) else load_feed(feed)
+    ledger = store if store is not None else default_store()
     floor = _utc(since)
-    found = [
-        d for source in _sources(chosen) for d in _read(source)
-        if (floor is None or (d.timestamp is not None and d.timestamp >= floor))
-        and (reason is None or any(c == reason or c.startswith(f"{reason}(") for c in d.reason_codes))
-    ]  # fmt: skip
+    done = redriven(chosen, ledger)
+    found = []
+    for source in _sources(chosen, ledger):
+        for d in _read(source):
+            by = done.taken.get(d.key_of)
+            if by is not None:
+                if not redriven_too:
+                    continue
+                d = replace(d, redriven_by=by)
+            elif (again := done.rechecked.get(d.key_of)) is not None:
+                run_id, codes = again
+                text = f"re-checked by re-drive {run_id}: {'; '.join(codes)} (first: {d.reason})"
+                d = replace(d, reason_codes=codes, rechecked_by=run_id, reason=text)
+            if floor is not None and (d.timestamp is None or d.timestamp < floor):
+                continue
+            if reason is not None and not any(c == reason or c.startswith(f"{reason}(") for c in d.reason_codes):
+                continue
+            found.append(d)
     return sorted(found, key=lambda d: (d.topic, d.partition, d.offset))
 
 
@@ -133,10 +257,10 @@ def _utc(since: datetime | date | None) -> datetime | None:
     return since if since.tzinfo is not None else since.replace(tzinfo=UTC)
 
 
-def _sources(feed: Feed) -> list[_Source]:
+def _sources(feed: Feed, store: CheckpointStore) -> list[_Source]:
     publisher = publisher_for(feed)
     if isinstance(publisher, IcebergPublisher):
-        return _iceberg_sources(publisher)
+        return _iceberg_sources(publisher, store)
     root = publisher.location
     found = []
     for folder in root.children(folders_only=True) if root.exists() else []:
@@ -152,11 +276,20 @@ def _sources(feed: Feed) -> list[_Source]:
     return found
 
 
-def _iceberg_sources(publisher: IcebergPublisher) -> list[_Source]:
-    """The quarantine folders of the plans the table shows: newest snapshot first, a retraction hides older ones."""
+def _iceberg_sources(publisher: IcebergPublisher, store: CheckpointStore) -> list[_Source]:
+    """The quarantine folders of the plans the table shows.
+
+    The run ledger's ``shown`` rows of the feed first: the commit protocol records a run
+    ``shown`` only after its catalog commit, and the rows outlive snapshot expiry (the table
+    ledger keeps the last 200 plans, the history what expiry leaves). Then the main
+    branch's history, newest snapshot first (a retraction hides older ones), for plans
+    published outside any run. A run shown in a backfill's or replay's own output has no
+    folder here: its quarantine is beside that output.
+    """
     table = publisher.load()
     if table is None:
         return []
+    by_ledger = {row.plan_id: row.run_id for row in store.feed_runs(publisher.feed.name, ("shown",))}
     shown: dict[str, str | None] = {}
     hidden: set[str] = set()
     for snapshot in plan_history(table):
@@ -169,8 +302,9 @@ def _iceberg_sources(publisher: IcebergPublisher) -> list[_Source]:
         plan_id = summary.get(PLAN_KEY)
         if plan_id and plan_id not in hidden and plan_id not in shown:
             shown[plan_id] = summary.get(RUN_KEY)
+    plans = {**by_ledger, **{p: r for p, r in reversed(shown.items()) if p not in by_ledger}}  # oldest first
     found = []
-    for plan_id, run_id in reversed(shown.items()):  # oldest first
+    for plan_id, run_id in plans.items():
         folder = publisher.quarantine / f"plan_id={plan_id}"
         if not folder.exists():  # the plan quarantined nothing
             continue
@@ -204,6 +338,7 @@ def _read(source: _Source) -> list[DeadLetter]:
             run_id=source.run_id,
             reason_codes=tuple(codes) if codes else reason_codes(text),
             reason=text,
+            timestamp_type=int(row.get("timestamp_type") or 0),
         ))  # fmt: skip
     return letters
 

@@ -8,10 +8,15 @@ runs as charts (inline SVG drawn here: records and lag in records; lag in time a
 run's planning, the number ``tidemark.lag_seconds_at_plan`` sends) and a table with the
 metrics' per-run numbers and links to their Airflow run and Data Docs, the runs' events
 with times, and a replay form; ``/runs/{feed}/{run_id}/docs`` and
-``/runs/{feed}/{run_id}/files/{path}`` serve a run's files (its Data Docs). JSON:
-``/api/feeds``, ``/api/feeds/{feed}``, ``POST /api/feeds/{feed}/replay/preview`` (plans
-exactly as a dry run would, reads nothing) and ``POST /api/feeds/{feed}/replay``
-(triggers ``tidemark_replay`` through Airflow's REST API with the caller's own credentials).
+``/runs/{feed}/{run_id}/files/{path}`` serve a run's files (its Data Docs);
+``/feeds/{feed}/deadletters`` lists the feed's dead letters by reason and day with counts
+and a few examples each (rendered by :func:`example`, the one place a dead letter's values
+reach a page), and a re-drive form. JSON:
+``/api/feeds``, ``/api/feeds/{feed}``, ``/api/feeds/{feed}/deadletters``,
+``POST /api/feeds/{feed}/replay/preview`` (plans exactly as a dry run would, reads nothing),
+``POST /api/feeds/{feed}/replay`` (triggers ``tidemark_replay`` through Airflow's REST API
+with the caller's own credentials) and ``POST /api/feeds/{feed}/redrive`` (triggers
+``tidemark_redrive`` the same way).
 
 Routes are thin: the work is in :class:`ViewDeps`, over :mod:`tidemark.runs.status`,
 :mod:`tidemark.runs.report` and :func:`tidemark.runs.start.plan_request`. A feed whose
@@ -25,7 +30,10 @@ replay DAG).
 
 Authorization is per feed (``access``, a :class:`FeedAccess`; the plugin's asks Airflow's auth
 manager about the feed's own DAG): reading a feed's page, JSON, runs' files or a preview needs
-``read`` (``runs`` for run files), a replay ``replay`` and a committing replay also ``commit``.
+``read`` (``runs`` for run files and dead letters, which hold record values), a replay
+``replay`` and a committing replay also ``commit``; a re-drive (it publishes into the feed's
+output, as the feed's own runs do) needs ``commit`` and passes ``redrive_dependencies`` (the
+plugin's: the user may run ``tidemark_redrive``).
 A feed file that does not load (:func:`tidemark.config.models.scan_feeds`) is listed with
 its error, never hiding the other feeds, and its pages answer 409 with that error.
 Lists show only the feeds the user may read; any other feed, known or not, answers 403 with
@@ -70,6 +78,7 @@ from tidemark.config.models import Feed, FeedProblem, scan_feeds
 from tidemark.errors import ConfigError, PlanningError, TidemarkError, shown
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, from_env
+from tidemark.output.deadletters import DeadLetter, dead_letters, summarize
 from tidemark.output.maintenance import MaintenanceReport, last_record
 from tidemark.planning.requests import END_CHOICES, REPLAY_PARAMS, START_CHOICES, flag, run_request
 from tidemark.redaction import redact, replace_everywhere
@@ -80,6 +89,8 @@ from tidemark.runs.status import FeedStatus, feed_status, shared_adapter
 from tidemark.storage import Location
 
 REPLAY_DAG = "tidemark_replay"
+REDRIVE_DAG = "tidemark_redrive"
+REDRIVE_KEYS = frozenset({"since", "reason", "dry_run"})  # what the re-drive form may send
 AIRFLOW_FILE = "airflow.json"  # the Airflow DAG run that made a Tidemark run (written by the plan task)
 CAUSE_FILE = "trigger.json"  # why a feed run started (tidemark.orchestration.lag.record_cause)
 CHART_RUNS = 30
@@ -402,8 +413,47 @@ def same_origin_json(request: Request, api_base: str | None = None) -> None:
             raise HTTPException(403, f"cross-origin request refused (Origin: {shown(origin)})")
 
 
-def airflow_trigger(request: Request, conf: dict[str, Any], api_base: str | None = None) -> dict[str, Any]:
-    """Trigger the replay DAG through Airflow's REST API as the caller (their bearer token or UI cookie).
+def redrive_conf(feed: str, body: Any) -> dict[str, Any]:
+    """The re-drive DAG's conf from the form's JSON body: a dry run unless said; unknown keys and bad values refused."""
+    if not isinstance(body, Mapping):
+        raise HTTPException(422, "send the re-drive's parameters as a JSON object")
+    unknown = sorted(str(k) for k in body if k not in REDRIVE_KEYS)
+    if unknown:
+        raise HTTPException(422, f"unknown re-drive parameters: {', '.join(shown(k) for k in unknown)}")
+    conf: dict[str, Any] = {"feed": feed, "dry_run": body.get("dry_run", True) is not False}
+    since = body.get("since")
+    if since not in (None, ""):
+        try:
+            moment = datetime.fromisoformat(str(since))
+            conf["since"] = (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).isoformat()
+        except ValueError:
+            raise HTTPException(422, f"since: {shown(str(since))} is not an ISO date or time") from None
+    reason = body.get("reason")
+    if reason not in (None, ""):
+        if not isinstance(reason, str) or len(reason) > 300:
+            raise HTTPException(422, "reason: a reason code (decode_error, or a rule's label), at most 300 characters")
+        conf["reason"] = reason
+    return conf
+
+
+def example(letter: DeadLetter, scrub: Callable[[Any], Any]) -> dict[str, Any]:
+    """One dead letter as a page or the JSON shows it: the one place its values (key, value, headers) are rendered.
+
+    ``scrub`` is the view's redaction (:meth:`ViewDeps.unclipped`: secret values and broker
+    addresses); a masking of sensitive fields hooks in here.
+    """
+    doc: dict[str, Any] = scrub(letter.to_dict())
+    for name in ("key", "value", "reason"):  # a record's value may be megabytes: a page shows its start
+        if isinstance(doc.get(name), str):
+            doc[name] = _clip(doc[name])
+    return doc
+
+
+def airflow_trigger(
+    request: Request, conf: dict[str, Any], api_base: str | None = None, dag_id: str = REPLAY_DAG
+) -> dict[str, Any]:
+    """Trigger the replay DAG (or ``dag_id``) through Airflow's REST API as the caller (their bearer token or UI
+    cookie).
 
     Going through the public API (not Airflow's internals) keeps Airflow's own checks:
     the conf is validated against the DAG's Params and the run records who triggered it.
@@ -423,7 +473,7 @@ def airflow_trigger(request: Request, conf: dict[str, Any], api_base: str | None
     elif token := request.cookies.get("_token"):
         headers["Cookie"] = f"_token={token}"
     base = api_base.rstrip("/")
-    url = f"{base}/api/v2/dags/{REPLAY_DAG}/dagRuns"
+    url = f"{base}/api/v2/dags/{dag_id}/dagRuns"
     data = json.dumps({"logical_date": None, "conf": conf}).encode()
     req = urllib.request.Request(url, data=data, headers=headers, method="POST")
     try:
@@ -436,7 +486,7 @@ def airflow_trigger(request: Request, conf: dict[str, Any], api_base: str | None
         except (ValueError, AttributeError):
             pass
         raise HTTPException(err.code, detail) from err
-    return {"dag_id": REPLAY_DAG, "dag_run_id": doc["dag_run_id"], "state": doc.get("state"), "conf": conf}
+    return {"dag_id": dag_id, "dag_run_id": doc["dag_run_id"], "state": doc.get("state"), "conf": conf}
 
 
 @dataclass(frozen=True)
@@ -452,6 +502,7 @@ class ViewDeps:
     access: FeedAccess = field(default_factory=OpenAccess)
     preview_limit: RateLimit = field(default_factory=lambda: RateLimit(*PREVIEW_RATE))
     problems: Callable[[], Sequence[FeedProblem]] = lambda: ()
+    letters: Callable[[Feed], list[DeadLetter]] = dead_letters
 
     def unclipped(self, value: Any) -> Any:
         """``value`` (a text, or JSON-like data holding texts) without secret values or broker addresses."""
@@ -541,6 +592,14 @@ class ViewDeps:
         rows = [_run_row(r, root, self.runs_root, self.scrub) for r in reports]
         return {"status": status, "error": error, "reports": reports, "rows": rows,
                 "maintenance": self.maintenance(feed)}  # fmt: skip
+
+    def dead_letters(self, feed: Feed) -> dict[str, Any]:
+        """The feed's dead letters by reason and day: counts and a few examples each (:func:`example`)."""
+        letters = self.letters(feed)
+        groups = [{"reason": g.reason, "day": None if g.day is None else g.day.isoformat(), "count": g.count,
+                   "examples": [example(e, self.unclipped) for e in g.examples]}
+                  for g in summarize(letters)]  # fmt: skip
+        return {"feed": feed.name, "records": len(letters), "groups": groups}
 
     def maintenance(self, feed: Feed) -> MaintenanceReport | None:
         """The table's last maintenance (Iceberg feeds), from the records beside the run history."""
@@ -670,22 +729,32 @@ def create_app(
     api_base: Callable[[], str | None] = lambda: None,
     access: FeedAccess | None = None,
     preview_rate: tuple[int, float] = PREVIEW_RATE,
+    letters: Callable[[Feed], list[DeadLetter]] | None = None,
+    redrive: Trigger | None = None,
+    redrive_dependencies: Sequence[Any] = (),
 ) -> FastAPI:
-    """The app; ``dependencies`` guard every route, ``trigger_dependencies`` also the replay trigger.
+    """The app; ``dependencies`` guard every route, ``trigger_dependencies`` also the replay trigger and
+    ``redrive_dependencies`` the re-drive trigger.
 
     ``access`` says which feeds the user may read, replay and commit (default: every feed,
     for a view without Airflow); ``preview_rate`` caps each user's previews (count, seconds).
     ``feeds`` and ``problems`` default to the feeds folder read file by file (a file that does not
     load is listed with its error, never hiding the others). ``trigger`` starts a replay run
-    (default: :func:`airflow_trigger` at ``api_base()``). The routes are thin: the work is in
-    :class:`ViewDeps` and the pure helpers above.
+    (default: :func:`airflow_trigger` at ``api_base()``), ``redrive`` a re-drive run (default: the
+    same, of ``tidemark_redrive``); ``letters`` reads a feed's dead letters (default: with the run ledger of
+    ``checkpoints``, the view's store). The routes are thin:
+    the work is in :class:`ViewDeps` and the pure helpers above.
     """
     known = feeds or (lambda: scan_feeds().feeds)
     # Given feeds (tests, benchmarks) come without problems unless these are given too.
     broken = problems or ((lambda: scan_feeds().problems) if feeds is None else (lambda: ()))
     deps = ViewDeps(known, connection, checkpoints, runs, runs_root, timeout_s, access or OpenAccess(),
-                    RateLimit(*preview_rate), broken)  # fmt: skip
+                    RateLimit(*preview_rate), broken,
+                    letters or (lambda feed: dead_letters(feed, store=checkpoints())))  # fmt: skip
     start_run: Trigger = trigger or (lambda request, conf: airflow_trigger(request, conf, api_base()))
+    start_redrive: Trigger = redrive or (
+        lambda request, conf: airflow_trigger(request, conf, api_base(), dag_id=REDRIVE_DAG)
+    )
     app = FastAPI(title="Tidemark", docs_url=None, redoc_url=None, openapi_url=None, dependencies=list(dependencies))
     app.middleware("http")(_security_headers)
     app.add_exception_handler(RequestValidationError, _unreadable_body)
@@ -749,6 +818,23 @@ def create_app(
         # Planned first, as the preview plans: a run is started only for what would run.
         conf, _plan, _output, _dry_run, _kafka = deps.plan_of(feed, body)
         return start_run(request, conf)
+
+    @app.get("/api/feeds/{name}/deadletters")
+    def dead_letters_json(name: str, request: Request) -> dict[str, Any]:
+        return deps.dead_letters(deps.feed_for(request, name, "runs"))
+
+    @app.get("/feeds/{name}/deadletters", response_class=HTMLResponse)
+    def dead_letters_page(name: str, request: Request) -> HTMLResponse:
+        feed = deps.feed_for(request, name, "runs")
+        html = _templates.get_template("deadletters.html").render(
+            title=f"Tidemark · {name} · dead letters", feed=feed, root=_root_of(request), view=deps.dead_letters(feed)
+        )
+        return HTMLResponse(html)
+
+    @app.post("/api/feeds/{name}/redrive", dependencies=[Depends(csrf), *redrive_dependencies])
+    def redrive_trigger(name: str, request: Request, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        feed = deps.feed_for(request, name, "commit")  # it publishes into the feed's output
+        return start_redrive(request, redrive_conf(feed.name, body))
 
     @app.get("/runs/{feed}/{run_id}/docs")
     def data_docs(feed: str, run_id: str, request: Request) -> RedirectResponse:

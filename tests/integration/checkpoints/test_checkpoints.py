@@ -230,3 +230,17 @@ def test_a_store_made_before_topic_ids_is_migrated(
     store.put(group, "plan-new", {("t", 0): 50}, "run-new", {"t": "id-of-t"})
     again = open_old()  # opening a migrated store again changes nothing
     assert again.get(group, [("t", 0)])[("t", 0)].topic_id == "id-of-t"
+
+
+def test_feed_runs_lists_a_feeds_runs_in_the_states_asked_oldest_first(checkpoint_store: CheckpointStore) -> None:
+    """The dead-letter reader asks for a feed's ``shown`` runs; re-drives keep their rows under ``<feed>:redrive``."""
+    feed = f"f-{uuid.uuid4().hex[:8]}"
+    for run_id, state, who in (("r2", "shown", feed), ("r1", "shown", feed), ("r3", "planned", feed),
+                               ("r4", "shown", f"{feed}:redrive")):  # fmt: skip
+        checkpoint_store.set_run("g", f"{feed}-{run_id}", feed=who, plan_id=f"p-{run_id}", state=state,  # type: ignore[arg-type]
+                                 run_dir=f"/runs/{run_id}")  # fmt: skip
+    shown = checkpoint_store.feed_runs(feed, ("shown",))
+    assert [r.plan_id for r in shown] == ["p-r1", "p-r2"]
+    assert [r.plan_id for r in checkpoint_store.feed_runs(feed, ("planned", "shown"))] == ["p-r1", "p-r2", "p-r3"]
+    assert [r.plan_id for r in checkpoint_store.feed_runs(f"{feed}:redrive", ("shown",))] == ["p-r4"]
+    assert [r.plan_id for r in checkpoint_store.open_runs(feed)] == ["p-r3"]

@@ -186,4 +186,37 @@ def test_redrive_dry_run_lists_the_dead_letters_a_fixed_rule_now_lets_pass(
     assert passing == {i for i in range(30) if i % 5 != 1 and i % 7 == 2}
     assert all(r["reason_codes_now"] == ["decode_error"] for r in doc["records"] if not r["passes"])
     assert as_rows(dead_letters(fenv.feed)) == before  # a dry run changes nothing
-    assert main(["redrive", fenv.feed]) == 2  # publishing is not built: refused, not half done
+    assert len(list((fenv.root / "runs" / fenv.feed).iterdir())) == 1  # and records no run
+
+    # Without --dry-run the command publishes them, as a run; a second one publishes nothing.
+    assert main(["redrive", fenv.feed, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["published"], doc["state"], doc["would_pass"]) == (3, "shown", 3)
+    assert doc["report"] and doc["run_id"] in doc["report"]
+    assert len(dead_letters(fenv.feed)) == 6
+    assert main(["redrive", fenv.feed, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["published"] == 0
+
+
+def test_an_iceberg_feeds_dead_letters_survive_snapshot_expiry(fenv: FaultEnv) -> None:
+    """Every snapshot but the table's current one expired (as maintenance or any engine may): the dead letters are
+    the same set, each once, since the run ledger records which plans are shown, not the table's history."""
+    from tidemark.config.models import load_feed
+    from tidemark.output.iceberg import IcebergPublisher
+
+    fenv.use_iceberg(f"dl.x_{fenv.topic.replace('-', '_')}")
+    for _ in range(3):
+        produce_with_poison(fenv, 15)
+        fenv.run()
+    before = assert_exactly_the_oracle(fenv)
+    assert len({d.plan_id for d in before}) == 3
+    table = IcebergPublisher(load_feed(fenv.feed)).load()
+    assert table is not None and table.current_snapshot() is not None
+    current = table.current_snapshot().snapshot_id
+    older = [s.snapshot_id for s in table.snapshots() if s.snapshot_id != current]
+    assert len(older) >= 2
+    table.maintenance.expire_snapshots().by_ids(older).commit()
+    table = IcebergPublisher(load_feed(fenv.feed)).load()
+    assert table is not None and [s.snapshot_id for s in table.snapshots()] == [current]
+    after = assert_exactly_the_oracle(fenv)
+    assert as_rows(after) == as_rows(before)

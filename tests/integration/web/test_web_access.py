@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from tests.conftest import KafkaTestCluster, keyed_records
 from tests.support.airflow_auth import GRANTS_ENV, PATH
 from tidemark.checkpoints.store import SqliteCheckpointStore
 from tidemark.config.models import Feed
+from tidemark.output.deadletters import DeadLetter
 from tidemark.runs.report import RunReport
 from tidemark.web.app import create_app
 
@@ -98,11 +100,20 @@ def client(auth: Any, kafka: KafkaTestCluster, feeds: dict[str, Feed], tmp_path:
         started.append(conf)
         return {"dag_run_id": "manual__1", "conf": conf}
 
+    def redrive(request: Request, conf: dict[str, Any]) -> dict[str, Any]:
+        started.append({**conf, "redrive": True})
+        return {"dag_run_id": "manual__2", "conf": conf}
+
+    def letters(feed: Feed) -> list[DeadLetter]:
+        value = f"{SECRET_IN_RUN}-dead".encode() if feed.name == "beta" else b"alpha-dead"
+        return [DeadLetter(feed.topics[0], 0, 3, datetime(2026, 11, 20, tzinfo=UTC), b"k3", value, (), "p1", "r1",
+                           ("decode_error",), "did not decode")]  # fmt: skip
+
     app = create_app(
         feeds=lambda: feeds, connection=lambda: kafka.connection, checkpoints=lambda: store,
         runs=lambda name: reports.get(name, []), runs_root=runs_root, timeout_s=3.0,
         dependencies=airflow_auth(), access=AirflowFeedAccess(), trigger=trigger,
-        api_base=lambda: "http://testserver",
+        api_base=lambda: "http://testserver", letters=letters, redrive=redrive,
     )  # fmt: skip
     test_client = TestClient(app)
     return test_client
@@ -173,3 +184,34 @@ def test_previews_and_replays_answer_only_to_their_feeds_users(
     committing = {"start_from": "committed", "dry_run": False, "commit": True}
     _refused(client.post("/api/feeds/alpha/replay", json=committing, headers=carol), feeds)
     assert [c["feed"] for c in started] == ["alpha", "alpha"] and not any(c.get("commit") for c in started)
+
+
+def test_dead_letters_and_the_redrive_form_answer_only_to_their_feeds_users(
+    client: TestClient, auth: Any, feeds: dict[str, Feed], started: list[dict[str, Any]]
+) -> None:
+    alice = as_(client, auth, "alice")
+    assert 'href="/feeds/alpha/deadletters"' in client.get("/feeds/alpha", headers=alice).text
+    page = client.get("/feeds/alpha/deadletters", headers=alice)
+    assert page.status_code == 200 and "alpha-dead" in page.text and 'id="redrive-form"' in page.text
+    doc = client.get("/api/feeds/alpha/deadletters", headers=alice).json()
+    assert doc["records"] == 1 and doc["groups"][0]["reason"] == "decode_error"
+    assert doc["groups"][0]["examples"][0]["value"] == "alpha-dead"
+    for path in ("/feeds/beta/deadletters", "/api/feeds/beta/deadletters"):
+        _refused(client.get(path, headers=alice), feeds, SECRET_IN_RUN)
+    _refused(client.post("/api/feeds/beta/redrive", json={"dry_run": False}, headers=alice), feeds)
+    assert client.get("/feeds/alpha/deadletters").status_code == 401  # every page needs an Airflow user
+    assert client.post("/api/feeds/alpha/redrive", json={}).status_code == 401
+    carol = as_(client, auth, "carol")  # edits alpha: may not re-drive it (that publishes into its output)
+    _refused(client.post("/api/feeds/alpha/redrive", json={"dry_run": False}, headers=carol), feeds)
+    # The form's CSRF rules are the replay trigger's: a JSON body, from this origin only.
+    form = client.post("/api/feeds/alpha/redrive", data={"dry_run": "false"}, headers=alice)
+    assert form.status_code == 415
+    foreign = client.post("/api/feeds/alpha/redrive", json={}, headers={**alice, "Origin": "https://evil.example"})
+    assert foreign.status_code == 403
+    assert client.post("/api/feeds/alpha/redrive", json={"colour": "red"}, headers=alice).status_code == 422
+    assert started == []
+    ok = client.post("/api/feeds/alpha/redrive", json={"dry_run": False, "reason": "decode_error",
+                                                        "since": "2026-11-20"}, headers=alice)  # fmt: skip
+    assert ok.status_code == 200, ok.text
+    assert started == [{"feed": "alpha", "dry_run": False, "reason": "decode_error",
+                        "since": "2026-11-20T00:00:00+00:00", "redrive": True}]  # fmt: skip

@@ -1,0 +1,263 @@
+"""A publishing re-drive (:func:`tidemark.runs.redrive.redrive_feed`) against the real cluster.
+
+A feed of string values with one regex rule gets poison records of two kinds (bytes that
+are not UTF-8 do not decode; ``x-…`` values the rule refuses) among good ones and
+tombstones; then the rule is fixed to take ``x-…`` too. The expectation comes from an
+independent ``read_committed`` scan of the committed offsets classified under the *fixed*
+rule by the fault suite's oracle (:meth:`tests.faults.harness.FaultEnv.classifier`), not by
+Tidemark: after a re-drive the feed's good output must be exactly that good set, each
+record once (the first runs' good records plus the re-driven ones), whatever crashes,
+second re-drives and normal runs come between.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import S3_BUCKET, KafkaTestCluster
+from tests.faults.harness import GOOD, QUARANTINED, FaultEnv, Row, digest, scan
+from tidemark.faults import FAULTS_ENV, InjectedFault
+from tidemark.kafka.admin import Record
+from tidemark.output.deadletters import dead_letters
+from tidemark.runs.redrive import redrive_feed
+from tidemark.runs.report import load_report
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+UNDECODABLE = b"\xff\xfe-not-utf8"
+FIXED_RULE = {
+    "on_bad_records": "quarantine", "quarantine_max_ratio": 0.5,
+    "expectations": [{"type": "expect_column_values_to_match_regex", "kwargs": {"column": "value", "regex": "^[vx]-"}}],
+}  # fmt: skip
+
+
+@pytest.fixture
+def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+         request: pytest.FixtureRequest) -> FaultEnv:  # fmt: skip
+    env = FaultEnv(kafka, spark, tmp_path, request.node.name)
+    env.install(monkeypatch)
+    return env
+
+
+def produce_with_poison(env: FaultEnv, count: int) -> None:
+    """Every fifth record does not decode, every seventh breaks the first rule (``x-<i>``), every eleventh is a
+    tombstone, the rest are good (``v-<i>``)."""
+    records = []
+    for i in range(env.sent, env.sent + count):
+        value: bytes | None = f"v-{i}".encode()
+        if i % 5 == 1:
+            value = UNDECODABLE + str(i).encode()
+        elif i % 7 == 2:
+            value = f"x-{i}".encode()
+        elif i % 11 == 3:
+            value = None
+        records.append(Record(value=value, key=f"k{i}".encode(), partition=i % env.partitions))
+    env.sent += count
+    env.kafka.produce(env.topic, records)
+
+
+def oracle(env: FaultEnv) -> dict[str, Counter[Row]]:
+    """The committed records by the oracle's kind under the feed file's rule now, from a read_committed scan."""
+    ranges = {(env.topic, p): (0, c or 0) for p, c in env.committed().items()}
+    kind = env.classifier()
+    out: dict[str, Counter[Row]] = {GOOD: Counter(), QUARANTINED: Counter()}
+    for row, value in scan(env.kafka.connection, ranges):
+        out[kind(value)][row] += 1
+    return out
+
+
+def good_output(env: FaultEnv) -> Counter[Row]:
+    return env.published_by_kind()[GOOD]
+
+
+def assert_output_is_the_oracles_good_set(env: FaultEnv) -> None:
+    got, want = good_output(env), oracle(env)[GOOD]
+    assert [r for r, n in got.items() if n > 1] == [], "a record is in the feed's output twice"
+    assert set(got) == set(want)
+
+
+def x_rows(env: FaultEnv, letters: list[Any]) -> set[Row]:
+    return {(d.topic, d.partition, d.offset, digest(d.value)) for d in letters if d.value.startswith(b"x-")}
+
+
+@pytest.fixture
+def s3_fenv(kafka: KafkaTestCluster, spark: Any, s3: Any, postgres: str, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> FaultEnv:  # fmt: skip
+    """The deployment shape: state and output on the S3 server, the checkpoint store (and run ledger) in PostgreSQL."""
+    monkeypatch.setenv("TIDEMARK_CHECKPOINT_URL", postgres)
+    env = FaultEnv(kafka, spark, tmp_path, "redrive-s3", remote=f"s3://{S3_BUCKET}/redrive-{uuid.uuid4().hex[:12]}")
+    env.install(monkeypatch)
+    return env
+
+
+@pytest.mark.parametrize("output", ["parquet", "iceberg", "parquet-s3"])
+def test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once(
+    request: pytest.FixtureRequest, output: str
+) -> None:
+    fenv: FaultEnv = request.getfixturevalue("s3_fenv" if output == "parquet-s3" else "fenv")
+    if output == "iceberg":
+        fenv.use_iceberg(f"rd.t_{fenv.topic.replace('-', '_')}")
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    before = dead_letters(fenv.feed)
+    assert len(before) == 9  # 6 undecodable, 3 refused by the rule
+    passing = x_rows(fenv, before)
+    assert len(passing) == 3
+    good_before = good_output(fenv)
+    assert set(good_before) == set(oracle(fenv)[GOOD])
+
+    fenv.write_feed(validation=FIXED_RULE)
+    first = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert (first.state, first.published, first.passing) == ("shown", 3, 3)
+    assert good_output(fenv) == good_before + Counter(passing)  # exactly them, once
+    assert_output_is_the_oracles_good_set(fenv)
+    # The rest keep their new reason; the re-driven ones are listed only when asked for.
+    left = dead_letters(fenv.feed)
+    assert len(left) == 6 and all(d.reason_codes == ("decode_error",) and d.rechecked_by == first.run_id
+                                  for d in left)  # fmt: skip
+    # The view reads the same table through its own store: the six left, by reason, with their examples.
+    from fastapi.testclient import TestClient
+
+    from tidemark.config.models import load_feed
+    from tidemark.runs.run import open_checkpoints
+    from tidemark.web.app import create_app
+
+    view = TestClient(create_app(feeds=lambda: {fenv.feed: load_feed(fenv.feed)},
+                                 connection=lambda: fenv.kafka.connection,
+                                 checkpoints=lambda: open_checkpoints(fenv.root))).get(
+        f"/api/feeds/{fenv.feed}/deadletters").json()  # fmt: skip
+    assert view["records"] == 6 and {g["reason"] for g in view["groups"]} == {"decode_error"}
+    assert all(e["rechecked_by"] == first.run_id for g in view["groups"] for e in g["examples"])
+    every = dead_letters(fenv.feed, redriven_too=True)
+    assert {(d.topic, d.partition, d.offset, digest(d.value)) for d in every if d.redriven_by} == passing
+    report = load_report(str(first.run_id), fenv.feed, root=fenv.root)
+    assert report.status == "succeeded" and report.mode == "redrive"
+    assert report.counts["published"] == 3 and report.events[-1]["details"]["redrive_id"] == first.redrive_id
+
+    second = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert (second.state, second.published, second.passing) == ("shown", 0, 0)
+    assert good_output(fenv) == good_before + Counter(passing)
+
+    # A normal run beside: new records under the fixed rule, the output still the oracle's good set once.
+    produce_with_poison(fenv, 15)
+    fenv.run()
+    assert_output_is_the_oracles_good_set(fenv)
+    assert {(d.topic, d.partition, d.offset) for d in dead_letters(fenv.feed)} == {
+        r[:3] for r in oracle(fenv)[QUARANTINED]
+    }
+
+
+@pytest.mark.parametrize(
+    ("point", "output"),
+    [("redrive.after_stage", "parquet"), ("redrive.before_record", "parquet"), ("redrive.after_stage", "iceberg"),
+     ("redrive.before_record", "iceberg")],
+)  # fmt: skip
+def test_a_crash_during_a_redrive_leaves_nothing_twice(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch, point: str, output: str
+) -> None:
+    """The re-drive dies after staging (nothing shown) or after showing its records but before its ledger row says
+    so; a normal run comes between; the next re-drive finishes the crashed one first and publishes nothing more."""
+    if output == "iceberg":
+        fenv.use_iceberg(f"rc.t_{fenv.topic.replace('-', '_')}")
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    good_before = good_output(fenv)
+    passing = x_rows(fenv, dead_letters(fenv.feed))
+    fenv.write_feed(validation=FIXED_RULE)
+
+    monkeypatch.setenv(FAULTS_ENV, point)
+    with pytest.raises(InjectedFault):
+        redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    monkeypatch.delenv(FAULTS_ENV)
+    if point == "redrive.after_stage":
+        assert good_output(fenv) == good_before  # staged, not shown
+        assert x_rows(fenv, dead_letters(fenv.feed)) == passing
+    else:
+        assert good_output(fenv) == good_before + Counter(passing)  # shown: the listing leaves them out already
+        assert x_rows(fenv, dead_letters(fenv.feed)) == set()
+
+    produce_with_poison(fenv, 15)
+    fenv.run()  # a normal run of the feed beside the open re-drive
+    again = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert len(again.settled_first) == 1
+    assert (again.state, again.published, again.passing) == ("shown", 0, 0)
+    assert_output_is_the_oracles_good_set(fenv)
+    third = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert (third.settled_first, third.published) == ((), 0)
+    assert_output_is_the_oracles_good_set(fenv)
+
+
+def test_two_redrives_staged_at_once_over_overlapping_dead_letters_show_each_letter_once(fenv: FaultEnv) -> None:
+    """Two re-drives chose before either showed: one took all three passing dead letters, the other two of them
+    (another id). Whichever shows first wins; the other is given up and its staged copy discarded."""
+    from tidemark.config.models import load_feed
+    from tidemark.job.redrive import recheck, stage_passing
+    from tidemark.output import publisher_for
+    from tidemark.output.deadletters import REDRIVE_FILE, RedriveRecord, redrive_ledger_feed
+    from tidemark.runs.redrive import redrive_id_of, redrive_plan, settle_redrive
+    from tidemark.runs.run import open_checkpoints, run_dir_for
+
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    good_before = good_output(fenv)
+    fenv.write_feed(validation=FIXED_RULE)
+    feed = load_feed(fenv.feed)
+    store, publisher = open_checkpoints(fenv.root), publisher_for(feed)
+    checked = recheck(fenv.spark, feed, dead_letters(feed, store=store))
+    everything = tuple(sorted(v.letter.key_of for v in checked.passing))
+    assert len(everything) == 3
+    records = []
+    for run_id, taken in (("20990101T000000000000Z-aaaaaaaa", everything),
+                          ("20990101T000000000001Z-bbbbbbbb", everything[:2])):  # fmt: skip
+        record = RedriveRecord(redrive_id_of(feed.name, taken), run_id, feed.name, taken)
+        run_dir = run_dir_for(feed.name, run_id, fenv.root)
+        run_dir.mkdir()
+        (run_dir / REDRIVE_FILE).write_text(record.to_json())
+        store.set_run(feed.group, run_id, feed=redrive_ledger_feed(feed.name), plan_id=record.redrive_id,
+                      state="planned", run_dir=str(run_dir))  # fmt: skip
+        narrowed = type(checked)(tuple(v for v in checked.verdicts if not v.passes or v.letter.key_of in taken),
+                                 checked.frame.where(  # type: ignore[union-attr]
+                                     " OR ".join(f"(partition = {k[2]} AND offset = {k[3]})" for k in taken)),
+                                 checked.codes)  # fmt: skip
+        stage_passing(narrowed, redrive_plan(record, feed, "now"), feed, publisher, run_id=run_id, extra={})
+        records.append((record, str(run_dir)))
+
+    first = settle_redrive(records[0][0], records[0][1], feed, publisher=publisher, store=store)
+    second = settle_redrive(records[1][0], records[1][1], feed, publisher=publisher, store=store)
+    assert (first.state, second.state) == ("shown", "abandoned")
+    assert "published by re-drive" in second.events[-1].message
+    assert publisher.staged(records[1][0].redrive_id, records[1][0].run_id) is None  # its staged copy is gone
+    assert good_output(fenv) == good_before + Counter(x_rows(fenv, dead_letters(fenv.feed, redriven_too=True)))
+    assert_output_is_the_oracles_good_set(fenv)
+
+
+def test_a_redrive_whose_staging_fails_is_given_up_and_the_next_one_publishes_its_records_once(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tidemark.errors import PublishError
+    from tidemark.runs import redrive as module
+    from tidemark.runs.report import load_report
+
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    good_before = good_output(fenv)
+    passing = x_rows(fenv, dead_letters(fenv.feed))
+    fenv.write_feed(validation=FIXED_RULE)
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise PublishError("the output's store refused the upload")
+
+    with monkeypatch.context() as broken:
+        broken.setattr(module, "stage_passing", refused)
+        with pytest.raises(PublishError):
+            redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    [failed] = [r for r in (fenv.root / "runs" / fenv.feed).iterdir() if (r / "redrive.json").exists()]
+    assert "refused the upload" in str(load_report(failed.name, fenv.feed, root=fenv.root).error)
+    again = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert (again.settled_first, again.published) == ((), 3)  # the failed one was given up, not left open
+    assert good_output(fenv) == good_before + Counter(passing)
