@@ -32,6 +32,7 @@ from pydantic import (
 
 from tidemark._types import Isolation
 from tidemark.config.durations import parse_skew, schedule_interval
+from tidemark.config.masking import DeclaredField, Masking, ddl_fields, path_problem
 from tidemark.errors import ConfigError
 from tidemark.storage import Location
 
@@ -446,6 +447,8 @@ class Feed(_Model):
     alerts: Alerts | None = None
     trigger: Trigger | None = None
     maintenance: Maintenance | None = None
+    # Sensitive fields, masked in the job right after decoding (tidemark.config.masking, tidemark.spark.masking).
+    masking: Masking | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -539,7 +542,55 @@ class Feed(_Model):
                 "deserialization.key_subject: a feed of several topics names the subject of its key's reader schema "
                 "(a topic pattern too: it may match several)"
             )
+        if self.masking is not None:
+            self._check_masking(self.masking)
         return self
+
+    def _check_masking(self, masking: Masking) -> None:
+        """Masked paths exist in the declared schema (a registry schema's: checked by the job), no expectation
+        names a dropped field, and raw bytes are kept outside the output."""
+        deser = self.deserialization
+        if masking.fields and deser.format in ("bytes", "string"):
+            raise ValueError(
+                f"masking.fields: a value of format {deser.format} has no fields to mask; declare its schema "
+                "(format: json, avro, json_schema or protobuf) or mask the key and headers only"
+            )
+        declared = self._declared_fields()
+        for path, treatment in masking.fields.items() if declared is not None else ():
+            problem = path_problem(path, treatment, declared or {})
+            if problem is not None:
+                raise ValueError(f"masking.fields.{path}: {problem}")
+        for expectation in self.validation.expectations:
+            column = str(expectation.kwargs.get("column", ""))
+            hit = [p for p in masking.dropped if column == p or column.startswith(p + ".")]
+            if hit:
+                raise ValueError(
+                    f"validation.expectations: {expectation.type} names column '{column}', which masking.fields "
+                    f"drops ('{hit[0]}: drop'); expectations see the masked record: drop the expectation or mask "
+                    "the field another way (hash, redact, truncate)"
+                )
+        if masking.keep_raw is not None:
+            kept, out = Location.of(masking.keep_raw).url, self.output_location().url
+            inside = [o for o in (out, f"{out}.quarantine", f"{out}.backfills", f"{out}.replays")
+                      if kept == o or kept.startswith(o + "/")]  # fmt: skip
+            if inside:
+                raise ValueError(
+                    f"masking.keep_raw: {masking.keep_raw} lies inside the feed's output ({inside[0]}), which its "
+                    "readers see; keep raw bytes in a separately secured location"
+                )
+
+    def _declared_fields(self) -> dict[str, DeclaredField] | None:
+        """The declared JSON schema's fields, or None when only the job knows them (a registry format, or DDL
+        this check cannot read: Spark's parser then has the last word)."""
+        deser = self.deserialization
+        if deser.format != "json":
+            return None
+        if deser.schema_ddl is None:
+            return {f.name: DeclaredField(f.type) for f in deser.fields}
+        try:
+            return ddl_fields(deser.schema_ddl)
+        except ValueError:
+            return None
 
     def with_topics(self, topics: tuple[str, ...]) -> Feed:
         """This feed reading ``topics``: a pattern feed as one run resolved it (the pattern is kept)."""
