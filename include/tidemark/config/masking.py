@@ -165,7 +165,8 @@ def path_problem(path: str, treatment: Treatment, declared: Mapping[str, Declare
     found: DeclaredField | None = None
     for name in path.split("."):
         if here is None:
-            return f"'{'.'.join(walked)}' is of type {found.type if found else '?'}, not a record: it has no field '{name}'"
+            kind = found.type if found else "?"
+            return f"'{'.'.join(walked)}' is of type {kind}, not a record: it has no field '{name}'"
         if name not in here:
             known = ", ".join(sorted(here)) or "none"
             where = f"'{'.'.join(walked)}'" if walked else "the declared schema"

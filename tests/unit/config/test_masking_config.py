@@ -48,8 +48,10 @@ def test_every_treatment_loads_for_nested_paths_the_key_and_headers(tmp_path: Pa
 @pytest.mark.parametrize(
     ("masking", "names"),
     [
-        ("  fields: {customer.mail: hash}\n", ["masking.fields.customer.mail", "'customer' has no field 'mail'",
-                                               "email"]),
+        (
+            "  fields: {customer.mail: hash}\n",
+            ["masking.fields.customer.mail", "'customer' has no field 'mail'", "email"],
+        ),
         ("  fields: {phone: redact}\n", ["masking.fields.phone", "the declared schema has no field 'phone'"]),
         ("  fields: {order_id.x: hash}\n", ["masking.fields.order_id.x", "'order_id' is of type long, not a record"]),
         ("  fields: {customer.age: {truncate: 3}}\n", ["masking.fields.customer.age", "truncate needs a string"]),
@@ -68,8 +70,10 @@ def test_top_level_json_fields_are_checked_too(tmp_path: Path) -> None:
             "  fields: [{name: email, type: string}, {name: n, type: integer}]\n")  # fmt: skip
     assert load_feed_file(feed_file(tmp_path, "masking: {fields: {email: hash}}\n", base)).masking is not None
     assert_refused_naming(feed_file(tmp_path, "masking: {fields: {mail: hash}}\n", base), ["masking.fields.mail"])
-    assert_refused_naming(feed_file(tmp_path, "masking: {fields: {n: {truncate: 1}}}\n", base),
-                          ["masking.fields.n", "truncate needs a string or binary field; 'n' is of type integer"])  # fmt: skip
+    truncated = feed_file(tmp_path, "masking: {fields: {n: {truncate: 1}}}\n", base)
+    assert_refused_naming(
+        truncated, ["masking.fields.n", "truncate needs a string or binary field; 'n' is of type integer"]
+    )
 
 
 def test_value_fields_of_a_string_feed_and_expectations_on_dropped_fields_are_refused(tmp_path: Path) -> None:
