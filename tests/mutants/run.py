@@ -636,6 +636,37 @@ MUTANTS = (
             "test_dead_letters_equal_the_oracles_bad_records_once_through_crashes_and_reruns[parquet]",
         ),
     ),
+    Mutant(
+        "masking-keeps-raw-bytes",
+        "without keep_raw, a masked feed's quarantine holds no raw bytes of its records",
+        (
+            Edit(
+                "include/tidemark/spark/masking.py",
+                "(F.when(bad, F.col(c)) if kept else F.lit(None))",
+                "F.when(bad, F.col(c))",
+            ),
+        ),
+        (
+            "tests/integration/job/test_masking.py::"
+            "test_a_sensitive_marker_is_found_in_no_artefact_but_the_keep_raw_location[iceberg-False]",
+        ),
+    ),
+    Mutant(
+        "masking-skips-headers",
+        "a feed's sensitive headers are masked before anything is staged, validated or published",
+        (
+            Edit(
+                "include/tidemark/spark/masking.py",
+                '    if masking.headers and "headers" in df.columns:\n',
+                '    if False and masking.headers and "headers" in df.columns:\n',
+            ),
+        ),
+        (
+            "tests/unit/spark/test_masking.py::test_headers_by_name_and_the_key",
+            "tests/integration/job/test_masking.py::"
+            "test_a_sensitive_marker_is_found_in_no_artefact_but_the_keep_raw_location[iceberg-False]",
+        ),
+    ),
 )
 
 
