@@ -20,7 +20,7 @@ import hashlib
 import hmac
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from fastapi.testclient import TestClient
 
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv
+from tests.support.airflow_auth import GRANTS_ENV, PATH
 from tidemark.config.masking import MASKING_KEY_ENV
 from tidemark.config.models import load_feed
 from tidemark.kafka.admin import Record
@@ -104,10 +105,34 @@ def file_texts(root: Path) -> Iterator[tuple[Path, str]]:
             yield path, repr(pq.read_table(path).to_pylist())
 
 
-def view_texts(env: FaultEnv, run_dirs: list[Path]) -> Iterator[tuple[str, str]]:
-    """The view's pages for the feed, as a user reads them: the index, the feed's page and API, and every run's
-    Data Docs files served through the view."""
-    client = TestClient(create_app(connection=lambda: env.kafka.connection))
+@pytest.fixture
+def reader_token(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], str]]:
+    """A read-only user of the feed's DAG under Airflow's configured auth manager, as the plugin serves the
+    view (``tests.support.airflow_auth``); a function giving the user's token."""
+    from airflow.api_fastapi import app as airflow_app
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from airflow.models.revoked_token import RevokedToken
+
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", PATH)
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "reader:viewer")
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", uuid.uuid4().hex * 2)  # 64 bytes, as HS512 wants
+    monkeypatch.setenv(GRANTS_ENV, json.dumps({"reader": {"tidemark_faults": "read"}}))
+    monkeypatch.setattr(RevokedToken, "is_revoked", classmethod(lambda cls, jti, session=None: False))
+    airflow_app.purge_cached_app()
+    manager = airflow_app.create_auth_manager()
+    yield lambda: str(manager.generate_jwt(SimpleAuthManagerUser(username="reader", role="viewer")))
+    airflow_app.purge_cached_app()
+
+
+def view_texts(env: FaultEnv, run_dirs: list[Path], token: Callable[[], str]) -> Iterator[tuple[str, str]]:
+    """The view's pages for the feed, as its reader sees them through Airflow's auth: the index, the feed's page
+    and API, and every run's Data Docs files served through the view."""
+    from tidemark.orchestration.access import AirflowFeedAccess
+    from tidemark.orchestration.dags import airflow_auth
+
+    app = create_app(connection=lambda: env.kafka.connection, dependencies=airflow_auth(), access=AirflowFeedAccess())
+    client = TestClient(app, headers={"Authorization": f"Bearer {token()}"})
+    assert TestClient(app).get(f"/feeds/{env.feed}").status_code in (401, 403)  # the pages below need the user
     pages = ["/", "/api/feeds", f"/api/feeds/{env.feed}", f"/feeds/{env.feed}"]
     for run_dir in run_dirs:
         if (run_dir / "gx").is_dir():
@@ -142,7 +167,7 @@ def lineage_and_metrics(env: FaultEnv, monkeypatch: pytest.MonkeyPatch, run_dir:
 @pytest.mark.parametrize(("output", "keep_raw"), [("parquet", True), ("iceberg", False)])
 def test_a_sensitive_marker_is_found_in_no_artefact_but_the_keep_raw_location(
     kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    request: pytest.FixtureRequest, output: str, keep_raw: bool,
+    request: pytest.FixtureRequest, reader_token: Callable[[], str], output: str, keep_raw: bool,
 ) -> None:  # fmt: skip
     env = FaultEnv(kafka, spark, tmp_path, request.node.name)
     env.install(monkeypatch)
@@ -173,8 +198,10 @@ def test_a_sensitive_marker_is_found_in_no_artefact_but_the_keep_raw_location(
     others = {
         "dead letters": repr(letters),
         "lineage and metrics": lineage_and_metrics(env, monkeypatch, run_dir),
-        **{f"view {page}": text for page, text in view_texts(env, [run_dir])},
+        **{f"view {page}": text for page, text in view_texts(env, [run_dir], reader_token)},
     }
+    assert env.feed in others["view /"] and env.topic in others[f"view /feeds/{env.feed}"]  # the reader sees it
+    assert any("/files/gx/" in name and "validation" in text.lower() for name, text in others.items())
     if output == "iceberg":
         from tidemark.output.iceberg import open_catalog
 
