@@ -22,7 +22,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow.parquet as pq
 import pytest
@@ -30,6 +30,7 @@ from fastapi.testclient import TestClient
 
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv
+from tests.integration.job.test_avro import AvroEnv, env_of
 from tests.support.airflow_auth import GRANTS_ENV, PATH
 from tidemark.config.masking import MASKING_KEY_ENV
 from tidemark.config.models import load_feed
@@ -233,3 +234,51 @@ def test_a_sensitive_marker_is_found_in_no_artefact_but_the_keep_raw_location(
         assert all(
             h["value"].startswith(marker.encode()) for row in raw for h in row["headers"] if h["key"] == "x-user"
         )
+
+
+CUSTOMER = {  # flat: the read tasks stage such values themselves (nested records are Spark's to decode)
+    "type": "record", "name": "Order", "namespace": "shop",
+    "fields": [{"name": "id", "type": "long"}, {"name": "email", "type": "string"}, {"name": "tier", "type": "string"}],
+}  # fmt: skip
+
+
+class MaskedAvroEnv(AvroEnv):
+    feed_options: ClassVar[dict[str, Any]] = {  # the data source reads, so the read tasks would stage
+        "driver_read_max_records": 0,
+        "masking": {"fields": {"email": "hash"}, "key": "redact"},
+    }
+
+
+def test_an_avro_feed_the_read_tasks_would_stage_is_masked_by_spark_and_its_reader_schema_checks_the_paths(
+    kafka: KafkaTestCluster, registry: str, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = env_of(MaskedAvroEnv, kafka, registry, tmp_path, spark, monkeypatch)
+    monkeypatch.setenv(MASKING_KEY_ENV, KEY)
+    monkeypatch.setenv("TIDEMARK_STAGING_DIR", str(tmp_path / "staging"))
+    env.write_feed([{"type": "expect_column_values_to_be_between", "kwargs": {"column": "id", "min_value": 0}}])
+    marker = "ZQXMARK" + uuid.uuid4().hex[:12]
+    serialize = env.serializer(CUSTOMER)
+    for partition in range(2):
+        env.produce([serialize({"id": i, "email": f"{marker}.{partition}.{i}@x", "tier": "t"}) for i in range(30)],
+                    partition)  # fmt: skip
+
+    _, job, outcome = env.run()
+
+    assert outcome.committed and job["reader"] == "data_source"
+    assert job["staged_by"] == "spark"  # the read tasks do not mask: they leave a masked feed to Spark
+    published = env.published()
+    assert len(published) == 2 * 30
+    assert {r["email"] for r in published.values()} == {mac(f"{marker}.{p}.{i}@x") for p in range(2) for i in range(30)}
+    assert {r["key"] for r in published.values()} == {"[masked]"}
+    # Every record decodes and passes (one that did not would make the read tasks give way to Spark anyway).
+    assert env.quarantined() == []
+    leaked = sorted(str(p.relative_to(tmp_path)) for p, t in file_texts(tmp_path) if marker in t)
+    assert leaked == [], f"the marker leaked into {leaked}"
+
+    # A path the registry's reader schema lacks fails the job before anything is staged, naming it.
+    env.feed_options = {**MaskedAvroEnv.feed_options, "masking": {"fields": {"phone": "hash"}}}
+    env.write_feed()
+    env.kafka.produce(env.topic, [Record(value=serialize({"id": 1, "email": "a", "tier": "b"}),
+                                         partition=1)])  # fmt: skip
+    with pytest.raises(Exception, match=r"masking.fields.phone: the decoded value has no field 'phone'"):
+        env.run()
