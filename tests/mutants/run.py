@@ -667,6 +667,15 @@ MUTANTS = (
             "test_a_sensitive_marker_is_found_in_no_artefact_but_the_keep_raw_location[iceberg-False]",
         ),
     ),
+    Mutant(
+        "masking-staged-by-read-tasks",
+        "a masked feed's records are masked on every staging path (the read tasks leave such a feed to Spark)",
+        (Edit("include/tidemark/job/stage.py", "    if feed.masking is not None:\n", "    if False:\n"),),
+        (
+            "tests/integration/job/test_masking.py::test_an_avro_feed_the_read_tasks_would_stage_is_masked_by_spark_"
+            "and_its_reader_schema_checks_the_paths",
+        ),
+    ),
 )
 
 
