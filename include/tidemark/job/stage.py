@@ -224,6 +224,8 @@ def quarantine_writer(
             frames.append(rows.withColumn(REASON_COLUMN, F.lit(reason(code))).withColumn(REASON_CODES_COLUMN, labels))
         bad = functools.reduce(lambda a, b: a.unionByName(b), frames)
         if keep_raw is not None:
+            if not Location.of(keep_raw).is_local:  # Spark writes it: s3a pointed at the store as for staging
+                configure_s3a(spark)
             bad, raw = split_raw(bad)
             parquet_writer(raw, "overwrite").partitionBy(*PARTITION_COLUMNS).parquet(spark_path(keep_raw))
         parquet_writer(bad, "errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(spark_path(target))
