@@ -673,7 +673,7 @@ MUTANTS = (
         (Edit("include/tidemark/job/stage.py", "    if feed.masking is not None:\n", "    if False:\n"),),
         (
             "tests/integration/job/test_masking.py::test_an_avro_feed_the_read_tasks_would_stage_is_masked_by_spark_"
-            "and_its_reader_schema_checks_the_paths",
+            "and_its_paths_are_checked_when_planned",
         ),
     ),
 )

@@ -15,18 +15,20 @@ inside the feed's output) that receives the raw key, value and headers of the fe
 quarantined records; without it the quarantine holds only masked columns and no raw bytes.
 
 The paths are checked when the feed loads against the declared JSON schema (``fields`` or
-``schema_ddl``, read here by :func:`ddl_fields`, so that loading a feed needs no Spark);
-a registry format's paths are checked by the job against the reader schema
+``schema_ddl``, read here by :func:`ddl_fields`, so that loading a feed needs no Spark); an
+Avro feed's when a run is planned, against the reader schema the registry gives
+(:func:`avro_fields`); every format's by the job against the decoded records
 (:func:`tidemark.spark.masking.mask_records`). Masking itself happens in the Spark job right
 after decoding: see :mod:`tidemark.spark.masking`.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
@@ -177,3 +179,40 @@ def path_problem(path: str, treatment: Treatment, declared: Mapping[str, Declare
     if isinstance(treatment, Truncate) and found is not None and found.type not in STRING_TYPES:
         return f"truncate needs a string or binary field; '{path}' is of type {found.type}"
     return None
+
+
+def avro_fields(schema: str) -> dict[str, DeclaredField]:
+    """The fields of an Avro record schema (JSON text), nested records, arrays of them and named types included,
+    as the job decodes them: a union of null and one type is that type, enums are strings, bytes and fixed binary."""
+    named: dict[str, DeclaredField] = {}
+
+    def walk(t: Any) -> DeclaredField:
+        if isinstance(t, str):
+            primitive = {"bytes": "binary", "fixed": "binary", "enum": "string"}.get(t, t)
+            return named.get(t) or named.get(t.rpartition(".")[2]) or DeclaredField(primitive)
+        if isinstance(t, list):
+            branches = [b for b in t if b != "null"]
+            return walk(branches[0]) if len(branches) == 1 else DeclaredField("union")
+        kind = t.get("type")
+        if kind == "record":
+            found = DeclaredField("struct", {f["name"]: walk(f["type"]) for f in t.get("fields", [])})
+        elif kind == "array":
+            found = DeclaredField("array", walk(t.get("items")).fields)
+        elif kind in ("enum", "fixed"):
+            found = DeclaredField("string" if kind == "enum" else "binary")
+        else:  # a map, or a primitive (a logical type other than on a string is not text: decimal, timestamp...)
+            logical = t.get("logicalType")
+            plain = "binary" if kind == "bytes" else str(kind)
+            found = DeclaredField(str(logical) if logical and kind != "string" else plain)
+        if "name" in t and kind in ("record", "enum", "fixed"):
+            named[str(t["name"])] = named[f"{t.get('namespace', '')}.{t['name']}".lstrip(".")] = found
+        return found
+
+    top = walk(json.loads(schema))
+    return dict(top.fields or {})
+
+
+def masking_problems(masking: Masking, declared: Mapping[str, DeclaredField]) -> list[str]:
+    """Every masked path of ``masking`` that ``declared`` cannot take, as ``masking.fields.<path>: <why>``."""
+    found = ((path, path_problem(path, treatment, declared)) for path, treatment in masking.fields.items())
+    return [f"masking.fields.{path}: {problem}" for path, problem in found if problem is not None]

@@ -31,12 +31,21 @@ from typing import TYPE_CHECKING
 
 from tidemark.config.masking import MASKED, MASKING_KEY_ENV, Masking, Treatment, Truncate
 from tidemark.errors import ConfigError
-from tidemark.staged import OK_OUTCOME, OUTCOME_COLUMN, RAW_HEADERS_COLUMN, RAW_KEY_COLUMN, RAW_VALUE_COLUMN
+from tidemark.staged import (
+    ERROR_COLUMN,
+    METADATA_COLUMNS,
+    OK_OUTCOME,
+    OUTCOME_COLUMN,
+    RAW_HEADERS_COLUMN,
+    RAW_KEY_COLUMN,
+    RAW_VALUE_COLUMN,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import DataType
 
+_NOT_FIELDS = frozenset({*METADATA_COLUMNS, ERROR_COLUMN})  # the decoded record's columns that are not its value's
 # Columns of a kept raw record, as the ``keep_raw`` location holds them.
 KEPT_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
 
@@ -71,7 +80,7 @@ def mask_records(df: DataFrame, masking: Masking, key: bytes | None, feed: str =
         if top not in df.columns:
             raise ConfigError(
                 f"feed '{feed}': masking.fields.{path}: the decoded value has no field '{top}' "
-                f"(its fields: {', '.join(c for c in df.columns if not c.startswith('_'))})"
+                f"(its fields: {', '.join(c for c in df.columns if c not in _NOT_FIELDS and not c.startswith('_'))})"
             )
         if not rest and treatment == "drop":
             df = df.drop(top)

@@ -34,6 +34,7 @@ from tests.integration.job.test_avro import AvroEnv, env_of
 from tests.support.airflow_auth import GRANTS_ENV, PATH
 from tidemark.config.masking import MASKING_KEY_ENV
 from tidemark.config.models import load_feed
+from tidemark.errors import ConfigError
 from tidemark.kafka.admin import Record
 from tidemark.output.deadletters import dead_letters
 from tidemark.planning.plan import Plan
@@ -249,7 +250,7 @@ class MaskedAvroEnv(AvroEnv):
     }
 
 
-def test_an_avro_feed_the_read_tasks_would_stage_is_masked_by_spark_and_its_reader_schema_checks_the_paths(
+def test_an_avro_feed_the_read_tasks_would_stage_is_masked_by_spark_and_its_paths_are_checked_when_planned(
     kafka: KafkaTestCluster, registry: str, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     env = env_of(MaskedAvroEnv, kafka, registry, tmp_path, spark, monkeypatch)
@@ -275,10 +276,14 @@ def test_an_avro_feed_the_read_tasks_would_stage_is_masked_by_spark_and_its_read
     leaked = sorted(str(p.relative_to(tmp_path)) for p, t in file_texts(tmp_path) if marker in t)
     assert leaked == [], f"the marker leaked into {leaked}"
 
-    # A path the registry's reader schema lacks fails the job before anything is staged, naming it.
+    # A path the registry's reader schema lacks is refused when the run is planned, naming it: no run, no read.
     env.feed_options = {**MaskedAvroEnv.feed_options, "masking": {"fields": {"phone": "hash"}}}
     env.write_feed()
-    env.kafka.produce(env.topic, [Record(value=serialize({"id": 1, "email": "a", "tier": "b"}),
-                                         partition=1)])  # fmt: skip
-    with pytest.raises(Exception, match=r"masking.fields.phone: the decoded value has no field 'phone'"):
+    env.kafka.produce(env.topic, [Record(value=serialize({"id": 1, "email": "a", "tier": "b"}), partition=1)])
+    runs = len(list(env.root.glob("runs/orders/*")))
+    refusal = (
+        r"masking.fields.phone: the declared schema has no field 'phone' \(its fields: email, id, tier\), in the reader"
+    )
+    with pytest.raises(ConfigError, match=refusal):
         env.run()
+    assert len(list(env.root.glob("runs/orders/*"))) == runs

@@ -3,12 +3,13 @@ the file and the path."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from tests.support.feed_files import assert_refused_naming
-from tidemark.config.masking import Truncate, ddl_fields
+from tidemark.config.masking import Masking, Truncate, avro_fields, ddl_fields, masking_problems
 from tidemark.config.models import load_feed_file
 
 DDL = (
@@ -100,3 +101,26 @@ def test_the_ddl_reader_sees_nested_records_and_arrays_of_records() -> None:
     assert fields["customer"].fields is not None and set(fields["customer"].fields) == {"email", "name", "age"}
     assert fields["items"].type == "array" and set(fields["items"].fields or {}) == {"sku", "note"}
     assert fields["tags"].fields is None and fields["amount"].type == "decimal"
+
+
+def test_avro_reader_schemas_give_nested_records_arrays_unions_and_named_types() -> None:
+    schema = {
+        "type": "record", "name": "Order", "namespace": "shop",
+        "fields": [
+            {"name": "id", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+            {"name": "customer", "type": ["null", {"type": "record", "name": "Customer", "fields": [
+                {"name": "email", "type": "string"}, {"name": "tier", "type": {"type": "enum", "name": "T",
+                                                                               "symbols": ["A"]}}]}]},
+            {"name": "items", "type": {"type": "array", "items": {"type": "record", "name": "Item", "fields": [
+                {"name": "note", "type": ["null", "string"]}, {"name": "raw", "type": "bytes"}]}}},
+            {"name": "previous", "type": ["null", "shop.Customer"]},
+        ],
+    }  # fmt: skip
+    fields = avro_fields(json.dumps(schema))
+    masking = Masking(fields={"customer.email": {"truncate": 2}, "items.note": "hash", "items.raw": {"truncate": 1},
+                              "previous.tier": "redact", "customer.tier": {"truncate": 1}})  # fmt: skip
+    assert masking_problems(masking, fields) == []
+    assert masking_problems(Masking(fields={"id": {"truncate": 1}, "customer.phone": "drop"}), fields) == [
+        "masking.fields.id: truncate needs a string or binary field; 'id' is of type timestamp-millis",
+        "masking.fields.customer.phone: 'customer' has no field 'phone' (its fields: email, tier)",
+    ]
