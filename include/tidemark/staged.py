@@ -25,6 +25,8 @@ REASON_COLUMN: Final = "_reason"  # a quarantined record's full reason, as data
 REASON_CODES_COLUMN: Final = "_reason_codes"  # its reasons as codes: decode_error, or each broken rule's label
 RAW_VALUE_COLUMN: Final = "_raw_value"  # a bad record's value bytes, for the quarantine
 RAW_KEY_COLUMN: Final = "_raw_key"  # a registry-format key's bytes, for the range statistics and the quarantine
+# A bad record's headers as Kafka held them, staged only for a masked feed's ``keep_raw`` location.
+RAW_HEADERS_COLUMN: Final = "_raw_headers"
 # The wire-format header (first five bytes) of an Avro key or value: the job checks the schema ids records
 # carry on these instead of the raw bytes.
 RAW_HEAD_COLUMNS: Final[dict[Literal["key", "value"], str]] = {"value": "_value_head", "key": "_key_head"}
@@ -34,7 +36,13 @@ ROW_HASH_COLUMN: Final = "_row_hash"
 ROW_BYTES_COLUMN: Final = "_row_bytes"
 DIGEST_COLUMNS: Final = (ROW_HASH_COLUMN, ROW_BYTES_COLUMN)
 # Everything above that a staged file may carry beside the record's own columns and publication drops.
-UNPUBLISHED_COLUMNS: Final = (RAW_VALUE_COLUMN, RAW_KEY_COLUMN, *DIGEST_COLUMNS, *RAW_HEAD_COLUMNS.values())
+UNPUBLISHED_COLUMNS: Final = (
+    RAW_VALUE_COLUMN,
+    RAW_KEY_COLUMN,
+    RAW_HEADERS_COLUMN,
+    *DIGEST_COLUMNS,
+    *RAW_HEAD_COLUMNS.values(),
+)
 
 # -- partitions ---------------------------------------------------------------------------
 
@@ -52,8 +60,8 @@ PARQUET_TIMESTAMPS: Final = "TIMESTAMP_MICROS"
 # Names a declared field (a feed's JSON fields, a registry reader's top-level fields) may not take: the
 # record's columns and the job's own.
 RESERVED_COLUMNS: Final = frozenset({
-    *METADATA_COLUMNS, "value", ERROR_COLUMN, RAW_VALUE_COLUMN, RAW_KEY_COLUMN, *RAW_HEAD_COLUMNS.values(),
-    *DIGEST_COLUMNS, OUTCOME_COLUMN, DATE_COLUMN,
+    *METADATA_COLUMNS, "value", ERROR_COLUMN, RAW_VALUE_COLUMN, RAW_KEY_COLUMN, RAW_HEADERS_COLUMN,
+    *RAW_HEAD_COLUMNS.values(), *DIGEST_COLUMNS, OUTCOME_COLUMN, DATE_COLUMN,
 })  # fmt: skip
 
 DECODE_REASON: Final = "decode_error"  # the reason code of a record that did not decode

@@ -128,6 +128,27 @@ def test_schema_registry_from_an_http_connection(monkeypatch: pytest.MonkeyPatch
         registry_env("tidemark_sr_no_host")
 
 
+def test_the_masking_key_from_a_connection_travels_in_the_secrets_file_and_is_kept_out_of_reports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tidemark.config.masking import MASKING_KEY_ENV
+    from tidemark.errors import ConfigError
+    from tidemark.orchestration.dags import masking_env
+    from tidemark.runs.report import secret_values
+    from tidemark.spark.secrets import split_env
+
+    key = "a-long-masking-key-0123456789"
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_MASK_TEST", json.dumps({"conn_type": "generic", "password": key}))
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_MASK_EMPTY", json.dumps({"conn_type": "generic", "login": "x"}))
+    env = masking_env("tidemark_mask_test")
+    assert env == {MASKING_KEY_ENV: key}
+    assert split_env(env) == ({}, env)  # never in spark-submit's environment or its --conf arguments
+    assert key in secret_values(environ=env)  # reports and the view redact it
+    assert masking_env("tidemark_mask_missing") == {}
+    with pytest.raises(ConfigError, match="no password"):
+        masking_env("tidemark_mask_empty")
+
+
 def test_a_connection_naming_a_library_to_load_is_refused_before_any_client_loads_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -722,6 +722,46 @@ MUTANTS = (
             "test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once[parquet]",
         ),
     ),
+    Mutant(
+        "masking-keeps-raw-bytes",
+        "without keep_raw, a masked feed's quarantine holds no raw bytes of its records",
+        (
+            Edit(
+                "include/tidemark/spark/masking.py",
+                "(F.when(bad, F.col(c)) if kept else F.lit(None))",
+                "F.when(bad, F.col(c))",
+            ),
+        ),
+        (
+            "tests/integration/job/test_masking.py::"
+            "test_a_sensitive_marker_is_found_in_no_artefact_but_the_keep_raw_location[iceberg-False]",
+        ),
+    ),
+    Mutant(
+        "masking-skips-headers",
+        "a feed's sensitive headers are masked before anything is staged, validated or published",
+        (
+            Edit(
+                "include/tidemark/spark/masking.py",
+                '    if masking.headers and "headers" in df.columns:\n',
+                '    if False and masking.headers and "headers" in df.columns:\n',
+            ),
+        ),
+        (
+            "tests/unit/spark/test_masking.py::test_headers_by_name_and_the_key",
+            "tests/integration/job/test_masking.py::"
+            "test_a_sensitive_marker_is_found_in_no_artefact_but_the_keep_raw_location[iceberg-False]",
+        ),
+    ),
+    Mutant(
+        "masking-staged-by-read-tasks",
+        "a masked feed's records are masked on every staging path (the read tasks leave such a feed to Spark)",
+        (Edit("include/tidemark/job/stage.py", "    if feed.masking is not None:\n", "    if False:\n"),),
+        (
+            "tests/integration/job/test_masking.py::test_an_avro_feed_the_read_tasks_would_stage_is_masked_by_spark_"
+            "and_its_paths_are_checked_when_planned",
+        ),
+    ),
 )
 
 

@@ -31,7 +31,9 @@ from pydantic import (
 )
 
 from tidemark._types import Isolation
+from tidemark.config.declared import DeclaredField, FieldKind, ddl_fields, field_kind
 from tidemark.config.durations import parse_skew, schedule_interval
+from tidemark.config.masking import Masking, path_problem
 from tidemark.errors import ConfigError
 from tidemark.storage import Location
 
@@ -340,7 +342,6 @@ IcebergPartitioning = KafkaPartitioning  # the name the Iceberg output's code kn
 KAFKA_PARTITIONINGS: tuple[str, ...] = ("date", "hour", "day", "month", "none")
 Granularity = Literal["hour", "day", "month", "year"]
 # What a value field's type lets it be partitioned by, from its kind (:func:`partition_refusal`).
-FieldKind = Literal["timestamp", "date", "integer", "string", "decimal", "scalar", "nested"]
 
 
 class FieldPartitioning(_Model):
@@ -420,53 +421,6 @@ def partition_refusal(
     if choice.truncate is not None and kind not in ("string", "integer", "decimal"):
         return f"{name}; truncate takes a string, integer or decimal field"
     return None
-
-
-_DDL_KINDS: tuple[tuple[str, FieldKind], ...] = (
-    ("struct", "nested"), ("array", "nested"), ("map", "nested"), ("timestamp", "timestamp"), ("date", "date"),
-    ("bigint", "integer"), ("long", "integer"), ("integer", "integer"), ("int", "integer"), ("smallint", "integer"),
-    ("short", "integer"), ("tinyint", "integer"), ("byte", "integer"), ("string", "string"), ("varchar", "string"),
-    ("char", "string"), ("decimal", "decimal"), ("dec", "decimal"), ("numeric", "decimal"),
-)  # fmt: skip
-_JSON_KINDS: dict[str, FieldKind] = {"string": "string", "integer": "integer", "number": "scalar", "boolean": "scalar"}
-
-
-def field_kind(type_text: str) -> FieldKind:
-    """A Spark DDL type's kind (``timestamp_ntz`` is a timestamp, ``decimal(10,2)`` a decimal, ``double`` a scalar)."""
-    text = type_text.strip().lower()
-    for prefix, kind in _DDL_KINDS:
-        if re.match(rf"{prefix}\b", text) or text.startswith(f"{prefix}_") or text.startswith(f"{prefix}<"):
-            return kind
-    return "scalar"
-
-
-def ddl_fields(ddl: str) -> dict[str, str]:
-    """The top-level fields of a Spark DDL schema (``id long NOT NULL, c struct<a: int>``): name → type text.
-
-    A light reading for config checks only (Spark itself parses the schema when a run decodes):
-    commas inside ``<...>`` and ``(...)`` do not split fields; ``NOT NULL`` and ``COMMENT`` are dropped.
-    """
-    parts: list[str] = []
-    depth, current = 0, ""
-    for char in ddl:
-        if char in "<(":
-            depth += 1
-        elif char in ">)":
-            depth -= 1
-        if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    parts.append(current)
-    found: dict[str, str] = {}
-    for part in (p.strip() for p in parts):
-        match = re.match(r"^(`[^`]+`|[^\s:]+)\s*:?\s*(.*)$", part, re.DOTALL)
-        if match is None or not match.group(2):
-            continue
-        kind = re.split(r"(?i)\s+(not\s+null|comment)\b", match.group(2))[0]
-        found[match.group(1).strip("`")] = kind.strip()
-    return found
 
 
 def _output_option(value: Any, info: ValidationInfo, section: str) -> Any:
@@ -661,6 +615,8 @@ class Feed(_Model):
     alerts: Alerts | None = None
     trigger: Trigger | None = None
     maintenance: Maintenance | None = None
+    # Sensitive fields, masked in the job right after decoding (tidemark.config.masking, tidemark.spark.masking).
+    masking: Masking | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -773,6 +729,8 @@ class Feed(_Model):
                 "deserialization.key_subject: a feed of several topics names the subject of its key's reader schema "
                 "(a topic pattern too: it may match several)"
             )
+        if self.masking is not None:
+            self._check_masking(self.masking)
         return self
 
     def _partition_refusal(self) -> str | None:
@@ -793,17 +751,16 @@ class Feed(_Model):
                 f"{option}: field {choice.field!r}: a value of format: {deser.format} has no fields; partition by "
                 "the Kafka timestamp (date, hour, day, month) or decode the value (format: json, avro, ...)"
             )
-        if deser.schema_ddl is not None:
-            declared = {name: (text, field_kind(text)) for name, text in ddl_fields(deser.schema_ddl).items()}
-        else:
-            declared = {f.name: (f.type, _JSON_KINDS[f.type]) for f in deser.fields}
+        declared = self._declared_fields()
+        if declared is None:  # a DDL this check cannot read: the run checks the decoded schema
+            return None
         if choice.field not in declared:
             return (
                 f"{option}: {choice.field!r} is not a declared field of the value (declared: "
                 f"{', '.join(declared) or 'none'}); name a top-level field of deserialization's schema"
             )
-        type_text, kind = declared[choice.field]
-        return partition_refusal(choice, kind, type_text, self.output_format, option)
+        type_name = declared[choice.field].type
+        return partition_refusal(choice, field_kind(type_name), type_name, self.output_format, option)
 
     @property
     def partitioning(self) -> PartitionChoice:
@@ -835,6 +792,52 @@ class Feed(_Model):
         have = list(validation.get("expectations") or ())
         validation["expectations"] = [*have, *(r for r in rules if r not in have)]
         return {**data, "validation": validation}
+
+    def _check_masking(self, masking: Masking) -> None:
+        """Masked paths exist in the declared schema (a registry schema's: checked by the job), no expectation
+        names a dropped field, and raw bytes are kept outside the output."""
+        deser = self.deserialization
+        if masking.fields and deser.format in ("bytes", "string"):
+            raise ValueError(
+                f"masking.fields: a value of format {deser.format} has no fields to mask; declare its schema "
+                "(format: json, avro, json_schema or protobuf) or mask the key and headers only"
+            )
+        declared = self._declared_fields()
+        for path, treatment in masking.fields.items() if declared is not None else ():
+            problem = path_problem(path, treatment, declared or {})
+            if problem is not None:
+                raise ValueError(f"masking.fields.{path}: {problem}")
+        for expectation in self.validation.expectations:
+            column = str(expectation.kwargs.get("column", ""))
+            hit = [p for p in masking.dropped if column == p or column.startswith(p + ".")]
+            if hit:
+                raise ValueError(
+                    f"validation.expectations: {expectation.type} names column '{column}', which masking.fields "
+                    f"drops ('{hit[0]}: drop'); expectations see the masked record: drop the expectation or mask "
+                    "the field another way (hash, redact, truncate)"
+                )
+        if masking.keep_raw is not None:
+            kept, out = Location.of(masking.keep_raw).url, self.output_location().url
+            inside = [o for o in (out, f"{out}.quarantine", f"{out}.backfills", f"{out}.replays")
+                      if kept == o or kept.startswith(o + "/")]  # fmt: skip
+            if inside:
+                raise ValueError(
+                    f"masking.keep_raw: {masking.keep_raw} lies inside the feed's output ({inside[0]}), which its "
+                    "readers see; keep raw bytes in a separately secured location"
+                )
+
+    def _declared_fields(self) -> dict[str, DeclaredField] | None:
+        """The declared JSON schema's fields, or None when only the job knows them (a registry format, or DDL
+        this check cannot read: Spark's parser then has the last word)."""
+        deser = self.deserialization
+        if deser.format != "json":
+            return None
+        if deser.schema_ddl is None:
+            return {f.name: DeclaredField(f.type) for f in deser.fields}
+        try:
+            return ddl_fields(deser.schema_ddl)
+        except ValueError:
+            return None
 
     def with_topics(self, topics: tuple[str, ...]) -> Feed:
         """This feed reading ``topics``: a pattern feed as one run resolved it (the pattern is kept)."""

@@ -70,7 +70,16 @@ class Recheck:
         return tuple(v for v in self.verdicts if v.passes)
 
 
-def refuse_registry_formats(feed: Feed) -> None:
+def refuse_unsupported(feed: Feed) -> None:
+    """Refuse a re-drive of a feed whose dead letters it cannot decode again: a registry format's (it decodes
+    without a registry), or a masked feed's (its dead letters keep no raw bytes, and what it published would not
+    be masked)."""
+    if feed.masking is not None:
+        raise ConfigError(
+            f"feed '{feed.name}' masks sensitive fields (masking:): its dead letters keep masked columns and no raw "
+            "bytes to decode again, so a re-drive of it is not supported; fix the producer and replay the window "
+            "instead (tidemark replay)"
+        )
     parts = feed.deserialization.registry_parts
     if parts:
         raise ConfigError(
@@ -81,7 +90,7 @@ def refuse_registry_formats(feed: Feed) -> None:
 
 def recheck(spark: SparkSession, feed: Feed, letters: Sequence[DeadLetter]) -> Recheck:
     """``letters`` through ``feed``'s current decoding and row rules, as a run decodes and codes a plan's records."""
-    refuse_registry_formats(feed)
+    refuse_unsupported(feed)
     if not letters:
         return Recheck((), None, None)
     rows = [(d.topic, d.partition, d.offset, d.timestamp, d.timestamp_type, d.key, d.value,
@@ -112,7 +121,7 @@ def redrive_dry_run(
 ) -> list[Verdict]:
     """Every dead letter of ``feed`` (filtered as :func:`dead_letters` filters) with its verdict now."""
     chosen = feed if isinstance(feed, Feed) else load_feed(feed)
-    refuse_registry_formats(chosen)
+    refuse_unsupported(chosen)
     return list(recheck(spark, chosen, dead_letters(chosen, since=since, reason=reason)).verdicts)
 
 

@@ -28,6 +28,7 @@ from tidemark.output.staging import Staging, parquet_writer, spark_path, stages_
 from tidemark.planning.plan import Plan
 from tidemark.spark import arrow_avro
 from tidemark.spark.avro import AvroSchemas
+from tidemark.spark.masking import split_raw
 from tidemark.spark.session import configure_s3a
 from tidemark.spark.stats import row_digest
 from tidemark.spark.wire import HEADER_BYTES
@@ -137,6 +138,10 @@ def stage_in_read_tasks(
         and RAW_VALUE_COLUMN in staged_df.columns
     ):  # fmt: skip
         return None
+    if feed.masking is not None:
+        print("tidemark job: staging with Spark: the feed masks sensitive fields (Spark's column functions)",
+              file=sys.stderr)  # fmt: skip
+        return None
     columns = StructType([f for f in staged_df.schema.fields if f.name not in DIGEST_COLUMNS])
     stage = read_task_stage_plan(value, columns)
     if isinstance(stage, str):
@@ -188,6 +193,8 @@ def quarantine_writer(
     schema: StructType,
     reason: Callable[[str], str],
     codes: Callable[[str], Sequence[str]] | None = None,
+    *,
+    keep_raw: str | None = None,
 ) -> Callable[[Sequence[str], str], None]:
     """Writes staged bad-outcome folders (``<outcome>=<code>/topic=*/date=*``, ``schema``) under a
     target folder, partitioned by topic and date, with ``reason(code)`` as the ``_reason`` column
@@ -197,6 +204,10 @@ def quarantine_writer(
 
     The staging folders are named by short codes (a name built from every broken rule can
     exceed a file name's length); the quarantine carries the full reason as data.
+
+    ``keep_raw`` (a masked feed's, for this plan): the bad records' raw key, value and headers
+    go there (replacing what an earlier attempt wrote), and the quarantine keeps none of them
+    (:func:`tidemark.spark.masking.split_raw`).
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, StringType
@@ -212,6 +223,11 @@ def quarantine_writer(
             rows = spark.read.schema(schema).parquet(spark_path(folder))
             frames.append(rows.withColumn(REASON_COLUMN, F.lit(reason(code))).withColumn(REASON_CODES_COLUMN, labels))
         bad = functools.reduce(lambda a, b: a.unionByName(b), frames)
+        if keep_raw is not None:
+            if not Location.of(keep_raw).is_local:  # Spark writes it: s3a pointed at the store as for staging
+                configure_s3a(spark)
+            bad, raw = split_raw(bad)
+            parquet_writer(raw, "overwrite").partitionBy(*PARTITION_COLUMNS).parquet(spark_path(keep_raw))
         parquet_writer(bad, "errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(spark_path(target))
         for marker in ("_SUCCESS", "._SUCCESS.crc"):  # not Parquet: readers of the folder would trip on it
             (Location.of(target) / marker).remove_file()

@@ -74,6 +74,7 @@ from tidemark.output.base import Manifest, Publisher, StagedRecords
 from tidemark.output.staging import Staging, parquet_writer, spark_path, utc_date
 from tidemark.planning.plan import Plan
 from tidemark.spark.decode import annotate, raw_key_kept, raw_value_kept
+from tidemark.spark.masking import mask_records, masking_key, raw_columns, with_raw
 from tidemark.staged import (
     DATE_COLUMN,
     DECODE_CODE,
@@ -95,7 +96,7 @@ from tidemark.staged import (
     Reader,
     StagedBy,
 )
-from tidemark.storage import Where
+from tidemark.storage import Location, Where
 from tidemark.validation.rules import OutcomeCodes, ValidationOutcome, column_paths, validate
 
 if TYPE_CHECKING:
@@ -343,6 +344,10 @@ def _decode(job: Job, source: Source, schemas: Schemas) -> tuple[DataFrame, Outc
 
     feed, time_filter = job.feed, job.plan.time_filter
     decoded = annotate(source.records, feed.deserialization, schemas.parts.get("value"), schemas.parts.get("key"))
+    masking = feed.masking
+    if masking is not None:  # right after decoding: rules, staging, validation and publication see masked values
+        decoded = with_raw(decoded) if masking.keep_raw is not None else decoded
+        decoded = mask_records(decoded, masking, masking_key(masking, feed.name), feed.name)
     record_columns = [c for c in column_paths(decoded.schema) if c not in (*UNPUBLISHED_COLUMNS, "plan_id")]
     codes = OutcomeCodes.of(record_columns, feed, schemas.parts)
     outcome = codes.column()
@@ -353,6 +358,8 @@ def _decode(job: Job, source: Source, schemas: Schemas) -> tuple[DataFrame, Outc
     if job.digested:
         deser = feed.deserialization
         frame = raw_kept_aside(frame, raw_value_kept(deser), raw_key_kept(deser), avro_parts(feed))
+    if masking is not None:  # after the digests: the raw bytes go, or stay for keep_raw's bad records only
+        frame = raw_columns(frame, masking)
     return frame, codes
 
 
@@ -489,9 +496,17 @@ def _publish(job: Job, staging: Staging, staged: Staged, checked: ValidationOutc
         staged=StagedRecords(OUTCOME_COLUMN, OK_OUTCOME, published_schema, read_good,
                              unpublished=tuple(c for c in UNPUBLISHED_COLUMNS if c in staged.files.columns),
                              write_quarantine=quarantine_writer(spark, quarantined_schema, staged.codes.reason,
-                                                                    staged.codes.labels)),
+                                                                    staged.codes.labels, keep_raw=_kept_raw(job))),
         stats=checked.range_stats or [], extra={"validator": VALIDATOR},
         expect_records=int(checked.summary["good_records"]),
         expect_quarantined=int(checked.summary["quarantined_records"]),
         run_id=job.run_id,
     )  # fmt: skip
+
+
+def _kept_raw(job: Job) -> str | None:
+    """Where a masked feed keeps its quarantined records' raw bytes for this plan (``keep_raw``), or None."""
+    masking = job.feed.masking
+    if masking is None or masking.keep_raw is None:
+        return None
+    return (Location.of(masking.keep_raw) / f"plan_id={job.plan.plan_id}").url

@@ -44,6 +44,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tidemark.checkpoints.store import CheckpointStore
 from tidemark.config.durations import schedule_interval
+from tidemark.config.masking import MASKING_KEY_ENV
 from tidemark.config.models import Feed, dag_id, load_feed, package_root, scan_feeds
 from tidemark.errors import ConfigError, OffsetsMovedError, PlanningError, ValidationFailedError
 from tidemark.kafka.connection import is_secret
@@ -68,6 +69,7 @@ CHECKPOINT_CONN_ID = os.environ.get("TIDEMARK_CHECKPOINT_CONN_ID", "tidemark_che
 STORAGE_CONN_ID = os.environ.get("TIDEMARK_STORAGE_CONN_ID", "tidemark_storage")
 ICEBERG_CONN_ID = os.environ.get("TIDEMARK_ICEBERG_CONN_ID", "tidemark_iceberg")
 REGISTRY_CONN_ID = os.environ.get("TIDEMARK_SCHEMA_REGISTRY_CONN_ID", "tidemark_schema_registry")
+MASKING_CONN_ID = os.environ.get("TIDEMARK_MASKING_CONN_ID", "tidemark_masking")
 START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
 WATCHDOG_SCHEDULE = os.environ.get("TIDEMARK_WATCHDOG_SCHEDULE", "*/10 * * * *")
 DEFAULT_ARGS: dict[str, Any] = {
@@ -143,6 +145,22 @@ def registry_env(conn_id: str = REGISTRY_CONN_ID) -> dict[str, str]:
         url = f"{conn.schema or 'http'}://{url}" + (f":{conn.port}" if conn.port else "")
     _mask_url(url)  # credentials written into the host field
     return RegistryConnection(url.rstrip("/"), conn.login or None, conn.password or None).to_env()
+
+
+def masking_env(conn_id: str = MASKING_CONN_ID) -> dict[str, str]:
+    """The HMAC key of masked feeds' ``hash`` treatments from an Airflow connection (its password), as
+    ``TIDEMARK_MASKING_KEY`` (:mod:`tidemark.spark.masking`); registered with the secrets masker. Empty when no
+    such connection exists (the environment then applies)."""
+    from airflow.sdk.log import mask_secret
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # noqa: BLE001 - any lookup failure means "not configured in Airflow"
+        return {}
+    if not conn.password:
+        raise ConfigError(f"Airflow connection '{conn_id}' has no password: give the masking key there")
+    mask_secret(conn.password)
+    return {MASKING_KEY_ENV: conn.password}
 
 
 def storage_env(conn_id: str = STORAGE_CONN_ID) -> dict[str, str]:
@@ -361,7 +379,7 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
         inherited = split_env(os.environ)[1]
         own_env, own_connections = split_env(dict(getattr(self, "env_vars", None) or {}))
         secrets_env = {**inherited, **own_connections, **kafka_connection(self.kafka_conn_id).to_env(),
-                       **storage_env(), **iceberg_env(), **registry_env()}  # fmt: skip
+                       **storage_env(), **iceberg_env(), **registry_env(), **masking_env()}  # fmt: skip
         self.env_vars = own_env  # the DAG's other variables, which the provider passes on as it does
         self._hook = None  # rebuilt with the conf below
         with (

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
+from tidemark.config.declared import FieldKind
 from tidemark.config.models import (
     EPOCH_MS_TRUNCATE,
-    FieldKind,
     FieldPartitioning,
     PartitionChoice,
     partition_refusal,

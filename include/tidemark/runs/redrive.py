@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from tidemark.checkpoints.store import CheckpointStore, RunState
 from tidemark.config.models import Feed, load_feed
 from tidemark.faults import fault_point
-from tidemark.job.redrive import Recheck, Verdict, recheck, refuse_registry_formats, stage_passing
+from tidemark.job.redrive import Recheck, Verdict, recheck, refuse_unsupported, stage_passing
 from tidemark.job.result import JobResult
 from tidemark.output import publisher_for
 from tidemark.output.base import Manifest, Publisher
@@ -118,7 +118,7 @@ def redrive_feed(
     ``dry_run``: only the verdicts; nothing is written, no run recorded.
     """
     feed = load_feed(feed_name)
-    refuse_registry_formats(feed)
+    refuse_unsupported(feed)
     store = open_checkpoints(root, checkpoints)
     publisher = publisher_for(feed)
     settled_first = () if dry_run else settle_open_redrives(feed, publisher, store, progress=progress)

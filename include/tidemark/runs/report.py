@@ -26,6 +26,7 @@ from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tidemark.config.masking import MASKING_KEY_ENV
 from tidemark.errors import ConfigError, OffsetsMovedError, TidemarkError
 from tidemark.job.result import JobResult, read_result
 from tidemark.kafka.connection import ENV_PREFIX, KafkaConnection, is_secret
@@ -239,6 +240,7 @@ def secret_values(connection: KafkaConnection | None = None, environ: Mapping[st
     # Object-store and checkpoint-store credentials (tidemark.storage, tidemark.checkpoints.store).
     values |= {env[k] for k in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN") if env.get(k)}
     values |= {env[k] for k in (REGISTRY_PASSWORD_ENV,) if env.get(k)}  # tidemark.kafka.registry
+    values |= {env[k] for k in (MASKING_KEY_ENV,) if env.get(k)}  # the HMAC key of masked fields (spark.masking)
     # Passwords written into connection URLs, as written (percent-encoded) and decoded: the checkpoint store's,
     # the Iceberg catalog's, the registry's.
     for name in ("TIDEMARK_CHECKPOINT_URL", "TIDEMARK_ICEBERG_CATALOG_URI", "TIDEMARK_SCHEMA_REGISTRY_URL"):

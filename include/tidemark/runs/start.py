@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 from functools import partial
 
 from tidemark.checkpoints.store import CheckpointStore
+from tidemark.config.declared import avro_fields
+from tidemark.config.masking import masking_problems
 from tidemark.config.models import Feed, load_feeds
 from tidemark.errors import ConfigError
 from tidemark.kafka.adapter import KafkaAdapter
@@ -31,7 +33,7 @@ from tidemark.planning.requests import RunRequest, confine_output, output_roots
 from tidemark.runs.gather import plan_feed
 from tidemark.runs.protocol import settle_before_planning
 from tidemark.runs.run import Progress, Root, Run, RunHandle, open_checkpoints, silent, write_status
-from tidemark.spark.wire import planned_readers
+from tidemark.spark.wire import pin_planned, planned_readers, reader_version
 from tidemark.storage import Location
 
 
@@ -113,9 +115,24 @@ def start_run(
         # The latest version of each registry subject the feed does not pin, asked now.
         schemas = RegistryClient(require(registry if registry is not None else registry_from_env(), feed.name))
         plan = replace(plan, readers=planned_readers(feed, schemas))
+        _refuse_masked_paths(feed, plan, schemas)
     run = Run(RunHandle.new(plan, request, root, resumed), feed, plan, request)
     _save(run, checkpoints, progress)
     return run
+
+
+def _refuse_masked_paths(feed: Feed, plan: Plan, schemas: RegistryClient) -> None:
+    """An Avro feed's masked paths checked against the reader schema the plan decodes with, before anything runs
+    (the job checks every format's again against the decoded records)."""
+    if feed.masking is None or not feed.masking.fields or feed.deserialization.format != "avro":
+        return
+    reader = reader_version(pin_planned(feed, plan.readers), schemas, part="value")
+    problems = masking_problems(feed.masking, avro_fields(reader.schema))
+    if problems:
+        raise ConfigError(
+            f"feed '{feed.name}': {'; '.join(problems)}, in the reader schema (subject '{reader.subject}' version "
+            f"{reader.version}); fix the feed's masking or the subject; nothing was read"
+        )
 
 
 def _save(run: Run, checkpoints: CheckpointStore, progress: Progress) -> None:

@@ -5,7 +5,7 @@ task's ``env_vars`` into ``--conf spark.yarn.appMasterEnv.K=V`` (YARN) or
 ``--conf spark.kubernetes.driverEnv.K=V`` (Kubernetes) arguments, which the process list,
 the task log (the provider masks only names with ``secret`` or ``password``) and the driver
 pod's spec show. So the submitting side writes every connection variable (the Kafka
-settings, the schema registry's, object-store keys, the Iceberg catalog's URL) into one JSON
+settings, the schema registry's, object-store keys, the Iceberg catalog's URL, the masking key) into one JSON
 file, readable by its user only (0600, in a 0700 folder of its own), and passes only the
 file's path, :data:`SECRETS_FILE_ENV`, in the environment; the file is removed once
 ``spark-submit`` is done (:func:`secrets_file`). The driver, in client deploy mode a child of
@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from tidemark.config.masking import MASKING_KEY_ENV
 from tidemark.errors import ConfigError
 from tidemark.kafka.connection import ENV_BOOTSTRAP, ENV_PREFIX, NOT_CLIENT_SETTINGS
 
@@ -36,7 +37,7 @@ SECRETS_FILE_ENV = "TIDEMARK_SECRETS_FILE"
 CONNECTION_VARIABLES = frozenset({
     ENV_BOOTSTRAP, "TIDEMARK_SCHEMA_REGISTRY_URL", "TIDEMARK_SCHEMA_REGISTRY_USERNAME",
     "TIDEMARK_SCHEMA_REGISTRY_PASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-    "TIDEMARK_ICEBERG_CATALOG_URI", "TIDEMARK_CHECKPOINT_URL",
+    "TIDEMARK_ICEBERG_CATALOG_URI", "TIDEMARK_CHECKPOINT_URL", MASKING_KEY_ENV,
 })  # fmt: skip
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -1,0 +1,216 @@
+"""Masking a feed's sensitive fields in Spark: the decoded records as everything after decoding sees them.
+
+:func:`mask_records` takes the decoded records (:func:`tidemark.spark.decode.annotate`'s
+columns) and applies the feed's ``masking:`` (:mod:`tidemark.config.masking`) with Spark's
+own column functions (no Python worker): value fields by path (``withField`` /
+``dropFields`` into structs, ``transform`` through arrays of structs), the ``key`` column
+and the ``headers`` entries by name. ``hash`` is Spark's ``hmac`` (HMAC-SHA256) under the key
+:func:`masking_key` reads from ``TIDEMARK_MASKING_KEY`` (in DAGs, the ``tidemark_masking``
+Airflow connection's password; it reaches the driver in the private secrets file, as the
+other connections do), shown as lower-case hex; texts are hashed as their UTF-8 bytes,
+binary values as they are, other types as their text (complex ones as JSON). Null stays null.
+
+The job masks right after decoding (:mod:`tidemark.job.steps`), so the staged files,
+validation's counts, samples and GX's unexpected-value lists and Data Docs, the
+publication and the quarantine all hold masked values only. The raw bytes decoding keeps
+aside (``_raw_value``, ``_raw_key``) would undo that: :func:`raw_columns` nulls them, or,
+with ``keep_raw``, keeps a bad record's raw key, value and headers for
+:func:`split_raw`, which writes them to the ``keep_raw`` location and nothing else. The key
+enters Spark's query plan as a literal of ``hmac``: Tidemark neither logs plans nor
+enables Spark's UI; a deployment that turns on Spark's event log should treat it as secret.
+
+Anyone publishing records of a masked feed outside the job (a re-drive) masks them with
+:func:`mask_records` first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from tidemark.config.masking import MASKED, MASKING_KEY_ENV, Masking, Treatment, Truncate
+from tidemark.errors import ConfigError
+from tidemark.staged import (
+    ERROR_COLUMN,
+    METADATA_COLUMNS,
+    OK_OUTCOME,
+    OUTCOME_COLUMN,
+    RAW_HEADERS_COLUMN,
+    RAW_KEY_COLUMN,
+    RAW_VALUE_COLUMN,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import DataType
+
+_NOT_FIELDS = frozenset({*METADATA_COLUMNS, ERROR_COLUMN})  # the decoded record's columns that are not its value's
+# Columns of a kept raw record, as the ``keep_raw`` location holds them.
+KEPT_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
+
+
+def masking_key(masking: Masking, feed: str, environ: Mapping[str, str] | None = None) -> bytes | None:
+    """The HMAC key of ``hash`` treatments (None when the feed hashes nothing); refused when missing."""
+    if not masking.hashes:
+        return None
+    value = (os.environ if environ is None else environ).get(MASKING_KEY_ENV, "")
+    if len(value) < 16:
+        raise ConfigError(
+            f"feed '{feed}': masking hashes with a key, and {MASKING_KEY_ENV} is "
+            f"{'unset' if not value else 'shorter than 16 characters'}; set it (in Airflow: the password of the "
+            "'tidemark_masking' connection) to a long random secret, the same for every run of the feed"
+        )
+    return value.encode()
+
+
+def mask_records(df: DataFrame, masking: Masking, key: bytes | None, feed: str = "?") -> DataFrame:
+    """``df`` (decoded records: ``key``, value columns, ``headers``) with the feed's sensitive fields masked.
+
+    ``key``: the HMAC key (:func:`masking_key`), needed when a treatment is ``hash``. A path
+    that is not in ``df``'s schema (a registry reader that lacks it) is refused, naming the
+    feed, the path and the fields there are. Raw columns are left to :func:`raw_columns`.
+    """
+    from pyspark.sql import functions as F
+
+    if masking.hashes and key is None:
+        raise ConfigError(f"feed '{feed}': masking hashes, and no masking key was given")
+    for path, treatment in masking.fields.items():
+        top, *rest = path.split(".")
+        if top not in df.columns:
+            raise ConfigError(
+                f"feed '{feed}': masking.fields.{path}: the decoded value has no field '{top}' "
+                f"(its fields: {', '.join(c for c in df.columns if c not in _NOT_FIELDS and not c.startswith('_'))})"
+            )
+        if not rest and treatment == "drop":
+            df = df.drop(top)
+            continue
+        column = _masked(F.col(top), df.schema[top].dataType, rest, treatment, key, f"{feed}", path)
+        df = df.withColumn(top, column)
+    if masking.key is not None and "key" in df.columns:
+        key_type = df.schema["key"].dataType
+        dropped = F.lit(None).cast(key_type)
+        masked = dropped if masking.key == "drop" else _leaf(F.col("key"), key_type, masking.key, key, feed, "key")
+        df = df.withColumn("key", masked)
+    if masking.headers and "headers" in df.columns:
+        df = df.withColumn("headers", _headers(F.col("headers"), masking, key, feed))
+    return df
+
+
+def _masked(
+    col: Column, dtype: DataType, rest: list[str], treatment: Treatment, key: bytes | None, feed: str, path: str
+) -> Column:
+    """``col`` (of ``dtype``) with the field at ``rest`` under it treated; arrays of structs are walked item by item."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, StructType
+
+    if not rest:
+        return _leaf(col, dtype, treatment, key, feed, path)
+    if isinstance(dtype, ArrayType):
+        element = dtype.elementType
+        return F.transform(col, lambda item: _masked(item, element, rest, treatment, key, feed, path))
+    if not isinstance(dtype, StructType) or rest[0] not in dtype.names:
+        fields = ", ".join(dtype.names) if isinstance(dtype, StructType) else f"none: it is a {dtype.simpleString()}"
+        raise ConfigError(f"feed '{feed}': masking.fields.{path}: no field '{rest[0]}' there (its fields: {fields})")
+    name = rest[0]
+    if len(rest) == 1 and treatment == "drop":
+        return col.dropFields(name)
+    child = _masked(col.getField(name), dtype[name].dataType, rest[1:], treatment, key, feed, path)
+    return F.when(col.isNull(), col).otherwise(col.withField(name, child))
+
+
+def _leaf(col: Column, dtype: DataType, treatment: Treatment, key: bytes | None, feed: str, path: str) -> Column:
+    """One value treated: null stays null; a binary value stays binary, anything else becomes a string."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import AtomicType, BinaryType, StringType
+
+    binary = isinstance(dtype, BinaryType)
+    if isinstance(treatment, Truncate):
+        if not (binary or isinstance(dtype, StringType)):
+            raise ConfigError(
+                f"feed '{feed}': masking.{path}: truncate needs a string or binary field, not {dtype.simpleString()}"
+            )
+        return F.substring(col, 1, treatment.truncate)
+    if treatment == "drop":  # a leaf kept in place (the key): null
+        return F.lit(None).cast(dtype)
+    if treatment == "redact":
+        marker = F.lit(MASKED)
+        out = marker.cast("binary") if binary else marker
+        return F.when(col.isNotNull(), out)
+    if binary:
+        message = col
+    elif isinstance(dtype, AtomicType):  # a text's UTF-8 bytes; a number, a date...: those of its text
+        message = col.cast("string").cast("binary")
+    else:  # structs, arrays, maps: hashed as their JSON text
+        message = F.to_json(col).cast("binary")
+    assert key is not None  # mask_records refuses hashing without a key
+    digest = F.lower(F.hex(F.hmac(F.lit(key), message)))
+    return F.when(col.isNotNull(), digest.cast("binary") if binary else digest)
+
+
+def _headers(headers: Column, masking: Masking, key: bytes | None, feed: str) -> Column:
+    """The ``headers`` array with each named header's value treated (``drop``: the entry removed)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType
+
+    dropped = [name for name, t in masking.headers.items() if t == "drop"]
+    kept = {name: t for name, t in masking.headers.items() if t != "drop"}
+    out = F.filter(headers, lambda h: ~h.getField("key").isin(dropped)) if dropped else headers
+
+    def treat(h: Column) -> Column:
+        value = h.getField("value")
+        for name, t in kept.items():
+            treated = _leaf(h.getField("value"), BinaryType(), t, key, feed, f"headers.{name}")
+            value = F.when(h.getField("key") == F.lit(name), treated).otherwise(value)
+        return h.withField("value", value)
+
+    return F.transform(out, treat) if kept else out
+
+
+def raw_columns(frame: DataFrame, masking: Masking) -> DataFrame:
+    """``frame`` (staged records with their outcome) without raw bytes that would bypass masking.
+
+    Without ``keep_raw``: ``_raw_value`` and ``_raw_key`` are null on every row (their digests
+    were taken before). With it: a bad record keeps them, and ``_raw_headers``, for
+    :func:`split_raw`; a good one keeps none.
+    """
+    from pyspark.sql import functions as F
+
+    bad = F.col(OUTCOME_COLUMN) != F.lit(OK_OUTCOME)
+    kept = masking.keep_raw is not None
+    present = [c for c in (RAW_VALUE_COLUMN, RAW_KEY_COLUMN, RAW_HEADERS_COLUMN) if c in frame.columns]
+    blank: Callable[[str], Column] = lambda c: (F.when(bad, F.col(c)) if kept else F.lit(None)).cast(  # noqa: E731
+        frame.schema[c].dataType
+    )
+    return frame.select(*[blank(c).alias(c) if c in present else F.col(c) for c in frame.columns])
+
+
+def with_raw(decoded: DataFrame) -> DataFrame:
+    """``decoded`` with every record's raw key, value and headers beside it (for ``keep_raw``), taken before
+    masking: ``_raw_value`` / ``_raw_key`` as decoding kept them, else the ``value`` / ``key`` bytes."""
+    from pyspark.sql import functions as F
+
+    extra: list[Column] = []
+    if RAW_VALUE_COLUMN not in decoded.columns:
+        extra.append(F.col("value").cast("binary").alias(RAW_VALUE_COLUMN))
+    if RAW_KEY_COLUMN not in decoded.columns:
+        extra.append(F.col("key").cast("binary").alias(RAW_KEY_COLUMN))
+    extra.append(F.col("headers").alias(RAW_HEADERS_COLUMN))
+    return decoded.select("*", *extra)
+
+
+def split_raw(bad: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """Quarantined rows (with ``_raw_*`` columns) as (what the quarantine keeps: raw bytes null, no raw headers;
+    the raw records for the ``keep_raw`` location: :data:`KEPT_COLUMNS` and the reason columns)."""
+    from pyspark.sql import functions as F
+
+    reasons = [c for c in bad.columns if c in ("_reason", "_reason_codes", "plan_id", "date")]
+    raw = bad.select("topic", "partition", "offset", "timestamp", F.col(RAW_KEY_COLUMN).alias("key"),
+                     F.col(RAW_VALUE_COLUMN).alias("value"), F.col(RAW_HEADERS_COLUMN).alias("headers"),
+                     *reasons)  # fmt: skip
+    masked = bad.drop(RAW_HEADERS_COLUMN)
+    masked = masked.select(
+        *[F.lit(None).cast(masked.schema[c].dataType).alias(c) if c in (RAW_VALUE_COLUMN, RAW_KEY_COLUMN)
+          else F.col(c) for c in masked.columns]
+    )  # fmt: skip
+    return masked, raw

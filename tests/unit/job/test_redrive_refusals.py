@@ -1,0 +1,26 @@
+"""A re-drive refuses, naming the feed, the feeds whose dead letters it cannot decode again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tidemark.config.models import load_feed_file
+from tidemark.errors import ConfigError
+from tidemark.job.redrive import refuse_unsupported
+
+BASE = (
+    "topics: [orders]\ngroup: orders-batch\ndeserialization:\n  format: json\n  fields: [{name: email, type: string}]\n"
+)
+
+
+def test_a_masked_feed_is_refused_naming_the_feed_and_why(tmp_path: Path) -> None:
+    (tmp_path / "orders.yaml").write_text(BASE + "masking:\n  fields: {email: redact}\n")
+    with pytest.raises(ConfigError, match=r"feed 'orders' masks sensitive fields .*no raw bytes"):
+        refuse_unsupported(load_feed_file(tmp_path / "orders.yaml"))
+
+
+def test_an_unmasked_json_feed_may_be_redriven(tmp_path: Path) -> None:
+    (tmp_path / "orders.yaml").write_text(BASE)
+    refuse_unsupported(load_feed_file(tmp_path / "orders.yaml"))
