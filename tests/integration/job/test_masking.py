@@ -128,14 +128,15 @@ def reader_token(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], str]]
 
 def view_texts(env: FaultEnv, run_dirs: list[Path], token: Callable[[], str]) -> Iterator[tuple[str, str]]:
     """The view's pages for the feed, as its reader sees them through Airflow's auth: the index, the feed's page
-    and API, and every run's Data Docs files served through the view."""
+    and API, its dead letters' page and API, and every run's Data Docs files served through the view."""
     from tidemark.orchestration.access import AirflowFeedAccess
     from tidemark.orchestration.dags import airflow_auth
 
     app = create_app(connection=lambda: env.kafka.connection, dependencies=airflow_auth(), access=AirflowFeedAccess())
     client = TestClient(app, headers={"Authorization": f"Bearer {token()}"})
     assert TestClient(app).get(f"/feeds/{env.feed}").status_code in (401, 403)  # the pages below need the user
-    pages = ["/", "/api/feeds", f"/api/feeds/{env.feed}", f"/feeds/{env.feed}"]
+    pages = ["/", "/api/feeds", f"/api/feeds/{env.feed}", f"/feeds/{env.feed}", f"/feeds/{env.feed}/deadletters",
+             f"/api/feeds/{env.feed}/deadletters"]  # fmt: skip
     for run_dir in run_dirs:
         if (run_dir / "gx").is_dir():
             pages.append(f"/runs/{env.feed}/{run_dir.name}/docs")
