@@ -71,14 +71,20 @@ class Recheck:
 
 
 def refuse_unsupported(feed: Feed) -> None:
-    """Refuse a re-drive of a feed whose dead letters it cannot decode again: a registry format's (it decodes
-    without a registry), or a masked feed's (its dead letters keep no raw bytes, and what it published would not
-    be masked)."""
+    """Refuse a re-drive of a feed whose dead letters it cannot decode again or publish as they are: a registry
+    format's (it decodes without a registry), a masked feed's (its dead letters keep no raw bytes, and what it
+    published would not be masked), a keyed table's (its late changes would be stale)."""
     if feed.masking is not None:
         raise ConfigError(
             f"feed '{feed.name}' masks sensitive fields (masking:): its dead letters keep masked columns and no raw "
             "bytes to decode again, so a re-drive of it is not supported; fix the producer and replay the window "
             "instead (tidemark replay)"
+        )
+    if feed.iceberg is not None and feed.iceberg.mode == "upsert":
+        raise ConfigError(
+            f"feed '{feed.name}' writes a keyed table (iceberg.mode: upsert), whose changes apply in offset order: "
+            "a re-drive's changes lie behind the table ledger's ends and would all be skipped as stale, so a "
+            "re-drive of it is not supported; fix the producer and send the changes again"
         )
     parts = feed.deserialization.registry_parts
     if parts:

@@ -24,3 +24,12 @@ def test_a_masked_feed_is_refused_naming_the_feed_and_why(tmp_path: Path) -> Non
 def test_an_unmasked_json_feed_may_be_redriven(tmp_path: Path) -> None:
     (tmp_path / "orders.yaml").write_text(BASE)
     refuse_unsupported(load_feed_file(tmp_path / "orders.yaml"))
+
+
+def test_a_keyed_table_feed_is_refused_naming_the_feed_and_why(tmp_path: Path) -> None:
+    (tmp_path / "orders.yaml").write_text(
+        BASE.replace("type: string}", "type: string, required: false}")
+        + "output_format: iceberg\niceberg: {mode: upsert, key: email, change_format: state}\n"
+    )
+    with pytest.raises(ConfigError, match=r"feed 'orders' writes a keyed table .*skipped as stale"):
+        refuse_unsupported(load_feed_file(tmp_path / "orders.yaml"))
