@@ -796,6 +796,7 @@ class Feed(_Model):
     def _check_masking(self, masking: Masking) -> None:
         """Masked paths exist in the declared schema (a registry schema's: checked by the job), no expectation
         names a dropped field, and raw bytes are kept outside the output."""
+        self._check_masked_columns(masking)
         deser = self.deserialization
         if masking.fields and deser.format in ("bytes", "string"):
             raise ValueError(
@@ -825,6 +826,24 @@ class Feed(_Model):
                     f"masking.keep_raw: {masking.keep_raw} lies inside the feed's output ({inside[0]}), which its "
                     "readers see; keep raw bytes in a separately secured location"
                 )
+
+    def _check_masked_columns(self, masking: Masking) -> None:
+        """A column the output is built on (a keyed table's key, the partitioning's field) is not dropped."""
+        iceberg = self.iceberg
+        if iceberg is not None and iceberg.mode == "upsert":
+            in_value = "after." if iceberg.change_format == "debezium" else ""
+            for name in iceberg.key:
+                if (masking.key == "drop") if name == KAFKA_KEY else f"{in_value}{name}" in masking.dropped:
+                    raise ValueError(
+                        f"masking drops '{name}', the keyed table's key (iceberg.key): its changes would have no key "
+                        "to apply by; hash it instead (masked keys still match) or key the table by another column"
+                    )
+        choice = self.partitioning
+        if isinstance(choice, FieldPartitioning) and choice.field in masking.dropped:
+            raise ValueError(
+                f"masking drops '{choice.field}', the field {self.output_format}.partition_by partitions by; "
+                "partition by another field, or mask it another way (hash, redact, truncate)"
+            )
 
     def _declared_fields(self) -> dict[str, DeclaredField] | None:
         """The declared JSON schema's fields, or None when only the job knows them (a registry format, or DDL

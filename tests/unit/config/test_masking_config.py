@@ -125,3 +125,20 @@ def test_avro_reader_schemas_give_nested_records_arrays_unions_and_named_types()
         "masking.fields.id: truncate needs a string or binary field; 'id' is of type timestamp-millis",
         "masking.fields.customer.phone: 'customer' has no field 'phone' (its fields: email, tier)",
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("output_format: iceberg\niceberg: {mode: upsert, key: order_id, change_format: state}\n"
+         "masking: {fields: {order_id: drop}}\n", "the keyed table's key"),
+        ("output_format: iceberg\niceberg: {mode: upsert, key: key, change_format: state}\nmasking: {key: drop}\n",
+         "the keyed table's key"),
+        ("parquet: {partition_by: {field: amount}}\nmasking: {fields: {amount: drop}}\n",
+         "parquet.partition_by partitions by"),
+    ],
+)  # fmt: skip
+def test_a_column_the_output_is_built_on_may_not_be_dropped(tmp_path: Path, text: str, named: str) -> None:
+    base = BASE.replace("order_id long NOT NULL", "order_id long")  # a keyed table's fields may be null (tombstones)
+    with pytest.raises(Exception, match=named):
+        load_feed_file(feed_file(tmp_path, text, base=base))
