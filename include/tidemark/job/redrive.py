@@ -11,9 +11,13 @@ the job publishes) and hands them to the feed's publisher *pending* under the re
 run id: the commit protocol's stage step. Showing them, exactly once, and recording the
 re-drive as a run is :mod:`tidemark.runs.redrive`'s.
 
-Registry formats (Avro, JSON Schema, Protobuf) need the run's registry schemas and are
-refused here; expectations that are not row rules (a table's row count, say) are not
-re-checked.
+Avro keys and values are decoded with the feed's reader schema *now* (its pinned version,
+else the subject's latest: a re-drive is for a producer's or a schema's fix), their writers
+the schema ids the dead letters' raw bytes carry (:func:`redrive_schemas`, asked of the
+registry once, on the driver, as a run's are); a writer that does not resolve to that
+reader leaves its dead letters failing, with their new reason. JSON Schema and Protobuf
+feeds are refused for now; expectations that are not row rules (a table's row count, say)
+are not re-checked.
 """
 
 from __future__ import annotations
@@ -23,15 +27,19 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
-from tidemark.config.models import REGISTRY_FORMATS, Feed, load_feed
+from tidemark.config.models import Feed, load_feed
 from tidemark.errors import ConfigError, PublishError
 from tidemark.job.stage import quarantine_writer, raw_kept_aside
+from tidemark.kafka.registry import RegistryClient, RegistryConnection, require
+from tidemark.kafka.registry import from_env as registry_from_env
 from tidemark.output.base import Manifest, Publisher, StagedRecords
 from tidemark.output.deadletters import DeadLetter, Key, dead_letters
 from tidemark.output.staging import parquet_writer, spark_path, utc_date
 from tidemark.planning.plan import Plan
+from tidemark.spark import avro
 from tidemark.spark.decode import annotate, raw_key_kept, raw_value_kept
 from tidemark.spark.source import SCHEMA
+from tidemark.spark.wire import HEADER_BYTES, MAGIC
 from tidemark.staged import (
     DATE_COLUMN,
     DIGEST_COLUMNS,
@@ -46,6 +54,8 @@ from tidemark.validation.rules import OutcomeCodes, column_paths
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from tidemark.spark.decode import RunSchemas
 
 
 @dataclass(frozen=True)
@@ -71,9 +81,9 @@ class Recheck:
 
 
 def refuse_unsupported(feed: Feed) -> None:
-    """Refuse a re-drive of a feed whose dead letters it cannot decode again or publish as they are: a registry
-    format's (it decodes without a registry), a masked feed's (its dead letters keep no raw bytes, and what it
-    published would not be masked), a keyed table's (its late changes would be stale)."""
+    """Refuse a re-drive of a feed whose dead letters it cannot decode again or publish as they are: a JSON Schema
+    or Protobuf feed's (only Avro's writers are resolved for a re-drive yet), a masked feed's (its dead letters keep
+    no raw bytes, and what it published would not be masked), a keyed table's (its late changes would be stale)."""
     if feed.masking is not None:
         raise ConfigError(
             f"feed '{feed.name}' masks sensitive fields (masking:): its dead letters keep masked columns and no raw "
@@ -86,22 +96,54 @@ def refuse_unsupported(feed: Feed) -> None:
             "a re-drive's changes lie behind the table ledger's ends and would all be skipped as stale, so a "
             "re-drive of it is not supported; fix the producer and send the changes again"
         )
-    parts = feed.deserialization.registry_parts
-    if parts:
+    deser = feed.deserialization
+    others = [f"{p} ({deser.part_format(p)})" for p in deser.registry_parts if deser.part_format(p) != "avro"]
+    if others:
         raise ConfigError(
-            f"feed '{feed.name}': a re-drive decodes without a schema registry, and the feed's "
-            f"{', '.join(parts)} use {'/'.join(sorted(REGISTRY_FORMATS))}; not supported yet"
+            f"feed '{feed.name}': a re-drive resolves only Avro writer schemas yet, and the feed's "
+            f"{', '.join(others)} use another registry format; not supported yet. Fix the producer and replay the "
+            "window instead (tidemark replay)"
         )
 
 
-def recheck(spark: SparkSession, feed: Feed, letters: Sequence[DeadLetter]) -> Recheck:
-    """``letters`` through ``feed``'s current decoding and row rules, as a run decodes and codes a plan's records."""
+def schema_id_of(raw: bytes | None) -> int | None:
+    """The schema id in ``raw``'s wire-format header, or None when it is not framed so (null, short, another magic)."""
+    if raw is None or len(raw) < HEADER_BYTES or raw[:1] != MAGIC:
+        return None
+    return int.from_bytes(raw[1:HEADER_BYTES], "big")
+
+
+def redrive_schemas(
+    spark: SparkSession, feed: Feed, letters: Sequence[DeadLetter], registry: RegistryConnection | None = None
+) -> dict[str, RunSchemas]:
+    """The schemas of each Avro part (``key``, ``value``) of ``feed`` a re-drive of ``letters`` decodes with
+    (:func:`tidemark.spark.avro.current_schemas`): the reader schema now, and the writers of the schema ids their
+    raw bytes carry that resolve to it; asked of the feed's registry (``registry``, else the environment's) here,
+    on the driver, once. Empty for a feed without a registry format."""
+    parts = feed.deserialization.registry_parts
+    if not parts:
+        return {}
+    client = RegistryClient(require(registry if registry is not None else registry_from_env(), feed.name))
+    found: dict[str, RunSchemas] = {}
+    for part in parts:
+        ids = {schema_id_of(d.value if part == "value" else d.key) for d in letters}
+        found[part] = avro.current_schemas(spark, (i for i in ids if i is not None), feed, client, part=part)
+    return found
+
+
+def recheck(
+    spark: SparkSession, feed: Feed, letters: Sequence[DeadLetter], registry: RegistryConnection | None = None
+) -> Recheck:
+    """``letters`` through ``feed``'s current decoding and row rules, as a run decodes and codes a plan's records
+    (a registry format's with :func:`redrive_schemas`, from ``registry`` or the environment's)."""
     refuse_unsupported(feed)
     if not letters:
         return Recheck((), None, None)
+    schemas = redrive_schemas(spark, feed, letters, registry)
     rows = [(d.topic, d.partition, d.offset, d.timestamp, d.timestamp_type, d.key, d.value,
              [{"key": k, "value": v} for k, v in d.headers], d.plan_id) for d in letters]  # fmt: skip
-    decoded = annotate(spark.createDataFrame(rows, schema=SCHEMA), feed.deserialization)
+    source = spark.createDataFrame(rows, schema=SCHEMA)
+    decoded = annotate(source, feed.deserialization, schemas.get("value"), schemas.get("key"))
     record_columns = [c for c in column_paths(decoded.schema) if c not in (*UNPUBLISHED_COLUMNS, "plan_id")]
     codes = OutcomeCodes.of(record_columns, feed)
     # As the job's decode step: the plan id stays, here, to tell the letters of two plans apart (a recreated

@@ -36,12 +36,12 @@ from __future__ import annotations
 import functools
 import json
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tidemark.config.models import Feed, RecordPart
-from tidemark.errors import SchemaError
+from tidemark.errors import SchemaError, SchemaNotFoundError
 from tidemark.kafka.registry import RegistryClient, SubjectVersion
 from tidemark.spark.formats import PartDecoding, RegistryFormat
 from tidemark.spark.wire import (
@@ -173,6 +173,30 @@ def settle(
     events = tuple(schema_changed_events(uses, candidates.reader_id, part))
     settled = replace(candidates, writer_ids=tuple(writers), writers=writers, seen=tuple(uses), events=events)
     return settled, False
+
+
+def current_schemas(
+    spark: SparkSession, ids: Iterable[int], feed: Feed, client: RegistryClient, *, part: RecordPart = "value"
+) -> AvroSchemas:
+    """What a re-drive decodes ``part`` of dead letters with: the feed's reader schema *now* (its pinned version of
+    the subject, else the latest), and as writers those of ``ids`` (the schema ids the dead letters' raw bytes carry)
+    that resolve to it.
+
+    Unlike a run's (:func:`resolve_schemas`), nothing here fails: an id the registry does not know, of another schema
+    type, or whose schema does not resolve to the reader is left out, so its records do not decode again and stay
+    dead letters with that as their new reason (a re-drive is for records a fix now lets through, not a verdict on
+    all of them).
+    """
+    reader = _reader(feed, client, part)
+    writers: dict[int, str] = {}
+    for sid in sorted(set(ids)):
+        try:
+            schema_type, schema, _ = client.typed_schema(sid)
+        except SchemaNotFoundError:
+            continue
+        if schema_type == "AVRO" and _incompatibility(spark, reader.schema, schema) is None:
+            writers[sid] = schema
+    return _schemas(reader, writers, [], part)
 
 
 def _schemas(reader: SubjectVersion, writers: dict[int, str], uses: list[SchemaUse], part: RecordPart) -> AvroSchemas:
