@@ -46,11 +46,11 @@ def _deadletters(args: argparse.Namespace) -> int:
 
 def _redrive(args: argparse.Namespace) -> int:
     # Heavy (pyspark, through the decoder): only this command needs it, not the CLI's start.
-    from pyspark.sql import SparkSession
-
     from tidemark.runs.redrive import redrive_feed
+    from tidemark.runs.submit import decodes_avro
+    from tidemark.spark.session import local_session
 
-    spark = SparkSession.builder.master("local[1]").appName("tidemark-redrive").getOrCreate()
+    spark = local_session("tidemark-redrive", "local[1]", avro=decodes_avro(args.feed))  # from_avro for Avro feeds
     outcome = redrive_feed(spark, args.feed, since=args.since, reason=args.reason, dry_run=args.dry_run,
                            progress=silent if args.json else progress)  # fmt: skip
     verdicts = outcome.verdicts

@@ -852,6 +852,7 @@ def redrive_step() -> dict[str, Any]:
     """
     from tidemark.orchestration.access import refuse_unless_allowed
     from tidemark.runs.redrive import redrive_feed
+    from tidemark.runs.submit import decodes_avro
     from tidemark.spark.session import local_session
 
     ctx = get_current_context()
@@ -861,10 +862,11 @@ def redrive_step() -> dict[str, Any]:
     _no_retry_for_refusals(lambda: refuse_unless_allowed(feed_name, "redrive", {"commit": True}, user))
     since = datetime.fromisoformat(str(params["since"])) if params.get("since") else None
     with _storage_settings():
-        spark = local_session("tidemark-redrive")
+        spark = local_session("tidemark-redrive", avro=decodes_avro(feed_name))  # from_avro for Avro feeds
         outcome = _no_retry_for_refusals(lambda: redrive_feed(
             spark, feed_name, since=since, reason=params.get("reason") or None,
-            dry_run=params.get("dry_run", True) is not False, checkpoints=checkpoint_store(), progress=log.info,
+            dry_run=params.get("dry_run", True) is not False, checkpoints=checkpoint_store(),
+            registry=registry_from_env(registry_env()), progress=log.info,
         ))  # fmt: skip
     for v in outcome.verdicts:
         log.info("%s[%d]@%d (plan %s): %s", v.letter.topic, v.letter.partition, v.letter.offset, v.letter.plan_id,

@@ -42,6 +42,7 @@ from tidemark.config.models import Feed, load_feed
 from tidemark.faults import fault_point
 from tidemark.job.redrive import Recheck, Verdict, recheck, refuse_unsupported, stage_passing
 from tidemark.job.result import JobResult
+from tidemark.kafka.registry import RegistryConnection
 from tidemark.output import publisher_for
 from tidemark.output.base import Manifest, Publisher
 from tidemark.output.deadletters import (
@@ -111,11 +112,13 @@ def redrive_feed(
     dry_run: bool = False,
     root: Root | None = None,
     checkpoints: CheckpointStore | None = None,
+    registry: RegistryConnection | None = None,
     progress: Progress = silent,
 ) -> RedriveOutcome:
     """Re-drive ``feed_name``'s dead letters (filtered as :func:`dead_letters` filters); see the module docstring.
 
-    ``dry_run``: only the verdicts; nothing is written, no run recorded.
+    ``dry_run``: only the verdicts; nothing is written, no run recorded. ``registry``: the schema registry an Avro
+    feed's dead letters are decoded with (else the environment's, ``TIDEMARK_SCHEMA_REGISTRY_*``).
     """
     feed = load_feed(feed_name)
     refuse_unsupported(feed)
@@ -123,7 +126,7 @@ def redrive_feed(
     publisher = publisher_for(feed)
     settled_first = () if dry_run else settle_open_redrives(feed, publisher, store, progress=progress)
     letters = dead_letters(feed, since=since, reason=reason, store=store)
-    checked = recheck(spark, feed, letters)
+    checked = recheck(spark, feed, letters, registry)
     if dry_run:
         return RedriveOutcome(feed.name, None, None, None, 0, checked.verdicts)
     taken = tuple(sorted(v.letter.key_of for v in checked.passing))

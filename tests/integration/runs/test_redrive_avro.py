@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import KafkaTestCluster
 from tests.integration.job.test_avro import (
+    ORDER_BAD,
     ORDER_V1,
     ORDER_V2,
     AvroEnv,
@@ -103,3 +104,31 @@ def test_an_avro_feeds_dead_letters_are_redriven_with_the_current_reader_schema_
     second = redrive_feed(env.spark, "orders", root=env.root)
     assert (second.state, second.published, second.passing) == ("shown", 0, 0)
     assert {k: _published_value(r, names) for k, r in redriven_output(env).items()} == want
+
+
+def test_dead_letters_whose_writer_does_not_resolve_to_the_current_reader_stay_with_their_new_reason(
+    env: AvroEnv,
+) -> None:
+    """The reader now adds a field without a default: version 1's records cannot be read with it. The re-drive does
+    not fail; it publishes nothing and the dead letters stay, re-checked, with a decode error as their reason."""
+    env.write_feed(expectations=[RULE])
+    ser = env.serializer(ORDER_V1)
+    env.produce([ser(order(i)) for i in (1, 2, 501, 502)], 0)
+    env.run()
+    assert {d.offset for d in dead_letters(load_feed("orders"))} == {2, 3}
+
+    env.sr.register_schema(f"{env.topic}-value", _schema(ORDER_BAD))
+    env.write_feed(expectations=[FIXED])
+    dry = redrive_feed(env.spark, "orders", root=env.root, dry_run=True)
+    assert [(v.letter.offset, v.passes, v.reason_codes) for v in dry.verdicts] == [
+        (2, False, ("decode_error",)),
+        (3, False, ("decode_error",)),
+    ]
+    done = redrive_feed(env.spark, "orders", root=env.root)
+    assert (done.state, done.published, done.passing) == ("shown", 0, 0)
+    assert len(published_keys(env)) == 2 and redriven_output(env) == {}
+    left = dead_letters(load_feed("orders"))
+    assert [(d.offset, d.reason_codes, d.rechecked_by) for d in left] == [
+        (2, ("decode_error",), done.run_id),
+        (3, ("decode_error",), done.run_id),
+    ]
