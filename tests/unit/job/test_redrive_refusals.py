@@ -8,7 +8,7 @@ import pytest
 
 from tidemark.config.models import load_feed_file
 from tidemark.errors import ConfigError
-from tidemark.job.redrive import refuse_unsupported
+from tidemark.job.redrive import refuse_unsupported, schema_id_of
 
 BASE = (
     "topics: [orders]\ngroup: orders-batch\ndeserialization:\n  format: json\n  fields: [{name: email, type: string}]\n"
@@ -33,3 +33,25 @@ def test_a_keyed_table_feed_is_refused_naming_the_feed_and_why(tmp_path: Path) -
     )
     with pytest.raises(ConfigError, match=r"feed 'orders' writes a keyed table .*skipped as stale"):
         refuse_unsupported(load_feed_file(tmp_path / "orders.yaml"))
+
+
+@pytest.mark.parametrize("fmt", ["avro", "protobuf", "json_schema"])
+def test_only_avro_of_the_registry_formats_may_be_redriven(tmp_path: Path, fmt: str) -> None:
+    (tmp_path / "orders.yaml").write_text(f"topics: [orders]\ngroup: orders-batch\ndeserialization:\n  format: {fmt}\n")
+    feed = load_feed_file(tmp_path / "orders.yaml")
+    if fmt == "avro":
+        refuse_unsupported(feed)
+        return
+    with pytest.raises(ConfigError, match=rf"feed 'orders': .*only Avro .*value \({fmt}\).*tidemark replay"):
+        refuse_unsupported(feed)
+
+
+@pytest.mark.parametrize(
+    ("raw", "schema_id"),
+    [(b"\x00\x00\x00\x01\x2c\x02", 300), (b"\x00\x00\x00\x00\x07", 7), (b"\x00\x00\x00\x07", None),
+     (b"\x01\x00\x00\x00\x07\x02", None), (b"", None), (None, None)],
+)  # fmt: skip
+def test_the_schema_id_of_a_dead_letters_raw_bytes_is_their_wire_format_headers(
+    raw: bytes | None, schema_id: int | None
+) -> None:
+    assert schema_id_of(raw) == schema_id
