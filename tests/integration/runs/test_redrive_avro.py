@@ -14,6 +14,9 @@ re-drive must publish nothing.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +126,15 @@ def test_dead_letters_whose_writer_does_not_resolve_to_the_current_reader_stay_w
     assert [(v.letter.offset, v.passes, v.reason_codes) for v in dry.verdicts] == [
         (2, False, ("decode_error",)),
         (3, False, ("decode_error",)),
+    ]
+    # The CLI's own Spark session (another process) has from_avro too, and the same verdicts.
+    proc = subprocess.run([sys.executable, "-m", "tidemark.cli", "redrive", "orders", "--dry-run", "--json"],
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shown = json.loads(proc.stdout)
+    assert [(r["offset"], r["passes"], r["reason_codes_now"]) for r in shown["records"]] == [
+        (2, False, ["decode_error"]),
+        (3, False, ["decode_error"]),
     ]
     done = redrive_feed(env.spark, "orders", root=env.root)
     assert (done.state, done.published, done.passing) == ("shown", 0, 0)
