@@ -534,10 +534,29 @@ def _booleans_as_bytes(avro_type: Any, count: list[int]) -> Any:
     return avro_type
 
 
-def _defines_names(avro_type: Any) -> bool:
+_PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+
+
+def _short_names(avro_type: Any, *, defined: bool) -> set[str]:
+    """The short names of the named types ``avro_type`` defines (``defined``) or refers to by name, at any depth."""
     if isinstance(avro_type, list):
-        return any(_defines_names(b) for b in avro_type)
-    return isinstance(avro_type, dict) and ("name" in avro_type or any(_defines_names(v) for v in avro_type.values()))
+        return set().union(*(_short_names(b, defined=defined) for b in avro_type))
+    if isinstance(avro_type, str):
+        return set() if defined or avro_type in _PRIMITIVES else {avro_type.rpartition(".")[2]}
+    if not isinstance(avro_type, dict):
+        return set()
+    kind = avro_type.get("type")
+    found = (
+        {str(avro_type["name"]).rpartition(".")[2]}
+        if defined and kind in ("record", "error", "enum", "fixed")
+        else set()
+    )
+    inner = [f["type"] for f in avro_type.get("fields", [])] + [
+        avro_type[k] for k in ("items", "values") if k in avro_type
+    ]
+    if isinstance(kind, (str, list, dict)) and kind not in ("record", "error", "enum", "fixed", "array", "map"):
+        inner.append(kind)
+    return found.union(*(_short_names(t, defined=defined) for t in inner))
 
 
 @dataclass(frozen=True)
@@ -545,7 +564,7 @@ class _BooleanCheck:
     """How :func:`bad_boolean` checks one writer's booleans: the schemas it decodes with, each boolean's path."""
 
     writer: str  # the writer schema, each boolean a fixed of one byte
-    reader: str  # the same, without the top-level fields that hold no boolean (and define no named type)
+    reader: str  # the same, without the top-level fields that hold no boolean (nor define a type those refer to)
     paths: tuple[tuple[str, tuple[tuple[Step, ...], ...]], ...]  # per path, the steps to each boolean there
 
 
@@ -561,10 +580,14 @@ def _boolean_check(writer: str) -> _BooleanCheck | None:
     as_bytes = _booleans_as_bytes(doc, [0])
     reader = as_bytes
     if isinstance(doc, dict) and doc.get("type") in ("record", "error"):
-        holding = {steps[0][1] for _, steps in found}
-        kept = [b for f, b in zip(doc["fields"], as_bytes["fields"], strict=True)
-                if f["name"] in holding or _defines_names(f["type"])]  # fmt: skip
-        reader = {**as_bytes, "fields": kept}
+        keep = {steps[0][1] for _, steps in found}
+        while True:  # and every field defining a named type a kept field refers to (an over-estimate by short name)
+            wanted = set().union(*(_short_names(f["type"], defined=False) for f in doc["fields"] if f["name"] in keep))
+            more = {f["name"] for f in doc["fields"] if _short_names(f["type"], defined=True) & wanted} - keep
+            if not more:
+                break
+            keep |= more
+        reader = {**as_bytes, "fields": [f for f in as_bytes["fields"] if f["name"] in keep]}
     paths: dict[str, list[tuple[Step, ...]]] = {}
     for path, steps in found:  # one path may be reached twice (two branches of a union)
         paths.setdefault(path, []).append(steps)

@@ -336,3 +336,26 @@ def test_a_boolean_byte_other_than_0_or_1_in_a_field_the_reader_drops_is_refused
     assert (failed, left, flagged) == (False, False, "gone")
     staged = _read_task_path(reader, writer, [bad])
     assert isinstance(staged, str) and "field 'gone'" in staged, staged
+
+
+def test_a_boolean_of_a_named_type_is_checked_wherever_the_type_is_used(spark: Any) -> None:
+    """A record type holding a boolean, defined in one field and used by name in another (its namespace inherited):
+    each use is its own path, and the fields holding no boolean (an enum, a string) are skipped over by the check."""
+    inner = {
+        "type": "record",
+        "name": "In",
+        "fields": [{"name": "n", "type": "long"}, {"name": "flag", "type": "boolean"}],
+    }
+    writer = {"type": "record", "name": "Row", "namespace": "diff", "fields": [
+        {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}}, {"name": "x", "type": inner},
+        {"name": "s", "type": "string"}, {"name": "y", "type": ["null", "In"]}, {"name": "z", "type": ["null", "E"]},
+    ]}  # fmt: skip
+    record = {"e": "B", "x": {"n": 1, "flag": False}, "s": "t", "y": {"n": 2, "flag": True}, "z": "A"}
+    good = _encoded(writer, record)
+    assert good.endswith(b"\x02\x04\x01\x02\x00")  # y: its branch (2), n 2 (4), flag 1; z: its branch (2), A (0)
+    bad = good[:-3] + b"\x07" + good[-2:]
+
+    assert boolean_fields(_schemas(writer, writer)) == ["x.flag", "y.flag"]
+    good_row, bad_row = _spark_path(spark, [(_schemas(writer, writer), [good, bad])])[0]
+    assert good_row[:3] == (False, False, None) and _comparable(writer, good_row[3]) == _comparable(writer, record)
+    assert bad_row[:3] == (False, False, "y.flag")
