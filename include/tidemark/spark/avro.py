@@ -618,24 +618,51 @@ def boolean_fields(schemas: AvroSchemas) -> list[str]:
     return paths
 
 
-def bad_boolean(schemas: AvroSchemas, column: str = "value") -> Column:
+def _nullable(avro_type: Any) -> list[Any]:
+    """``avro_type`` as the one type it is: itself, or the branch of a union with null (else no type)."""
+    if not isinstance(avro_type, list):
+        return [avro_type]
+    branches = [t for t in avro_type if t != "null"]
+    return branches if len(branches) == 1 else []
+
+
+def _reader_booleans(schemas: AvroSchemas) -> set[str]:
+    """The top-level fields of the reader record that are booleans (alone or in a union with null)."""
+    doc = json.loads(schemas.reader)
+    if not (isinstance(doc, dict) and doc.get("type") == "record"):
+        return set()
+    return {str(f["name"]) for f in doc["fields"] if any(_is_boolean(t) for t in _nullable(f["type"]))}
+
+
+def bad_boolean(schemas: AvroSchemas, column: str = "value", decoded: Column | None = None) -> Column:
     """The path (:func:`boolean_fields`) of the first boolean of ``column``'s body whose byte is neither 0 nor 1, at
-    any depth, else null (and null where the body does not decode)."""
+    any depth, else null (and null where the body does not decode).
+
+    With ``decoded``, the value :func:`decoded_value` gave (its :data:`VALUE_FIELD`), a writer
+    whose booleans are all top-level fields the reader reads as booleans is decoded again only
+    where one of them was read as false: Java's reader reads any byte but 1 as false, so a
+    record whose booleans all read true holds no other byte, and half the second decodes of
+    such a feed are saved.
+    """
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
     framing = F.substring(F.col(column), 1, HEADER_BYTES)
+    readable = _reader_booleans(schemas) if decoded is not None else set()
     out: Column | None = None
     for writer_id, writer in sorted(schemas.writers.items()):
         check = _boolean_check(writer)
         if check is None:
             continue
         options = {"mode": "PERMISSIVE"} | ({"avroSchema": check.reader} if check.reader != check.writer else {})
-        decoded = from_avro(body(column), check.writer, options)
+        again = from_avro(body(column), check.writer, options)
         first = F.coalesce(*[
-            F.when(functools.reduce(operator.or_, [_not_0_or_1(decoded, s) for s in steps]), F.lit(path))
+            F.when(functools.reduce(operator.or_, [_not_0_or_1(again, s) for s in steps]), F.lit(path))
             for path, steps in check.paths
         ])  # fmt: skip
+        if decoded is not None and all(p in readable and s == ((("field", p),),) for p, s in check.paths):
+            read_false = functools.reduce(operator.or_, [decoded.getField(p) == F.lit(False) for p, _ in check.paths])
+            first = F.when(read_false, first)
         framed = framing == F.lit(header(writer_id))
         out = F.when(framed, first) if out is None else out.when(framed, first)
     return out if out is not None else F.lit(None).cast("string")
@@ -692,7 +719,8 @@ class _Avro:
         paths = boolean_fields(schemas)
         boolean_name = f"{parsed_name}_bad_boolean"
         if paths:  # asked of every record that decoded: nothing else tells such a body from a good one
-            work = work.withColumn(boolean_name, F.when(present & ~failed, bad_boolean(schemas, column)))
+            check = bad_boolean(schemas, column, whole.getField(VALUE_FIELD))
+            work = work.withColumn(boolean_name, F.when(present & ~failed, check))
         bad_byte = [F.col(boolean_name) == F.lit(path) for path in paths]
         parsed = whole.getField(VALUE_FIELD)
         return PartDecoding(work, parsed, parsed, [undecoded, left_over, *overflowed, *bad_byte])

@@ -202,7 +202,7 @@ def _spark_path(
         columns += [
             F.when(mine, decode_failed(decoded, schemas)).alias(f"failed{c}"),
             F.when(mine, bytes_left_over(decoded)).alias(f"left{c}"),
-            F.when(mine, bad_boolean(schemas)).alias(f"bool{c}"),
+            F.when(mine, bad_boolean(schemas, decoded=decoded.getField(VALUE_FIELD))).alias(f"bool{c}"),
             F.when(mine, decoded.getField(VALUE_FIELD)).alias(f"v{c}"),
         ]
     table = df.select("c", "i", *columns).toArrow()  # sorted here: orderBy would add a shuffle
