@@ -44,12 +44,14 @@ def report_counts(request: pytest.FixtureRequest, title: str, examples: int, cou
         print(f"\n{line}")
 
 
-# fastavro reads any boolean byte but 0 as true ("many languages will cast anything other than 0 to True"); the spec
-# allows only 0 and 1. Its pure-Python reader and writer take the decoder and encoder as arguments (private modules,
-# but fastavro's own walk of the schema), so the tests read and write Avro booleans as the spec says them.
+# fastavro reads any boolean byte but 0 as true ("many languages will cast anything other than 0 to True"), and a
+# negative union index as a branch counted from the end (Python's list[-1]); the spec allows a boolean only 0 and 1,
+# and a union index only one of its branches (Java's reader refuses -1). Its pure-Python reader and writer take the
+# decoder and encoder as arguments (private modules, but fastavro's own walk of the schema), so the tests read and
+# write Avro as the spec says it.
 
 
-class _NotABoolean(Exception):
+class _NotSpec(Exception):
     pass
 
 
@@ -59,8 +61,14 @@ class _SpecBooleans(BinaryDecoder):  # type: ignore[misc]
         if not data:
             raise EOFError
         if data[0] > 1:
-            raise _NotABoolean(f"a boolean byte {data[0]}: Avro allows only 0 and 1")
+            raise _NotSpec(f"a boolean byte {data[0]}: Avro allows only 0 and 1")
         return bool(data[0])
+
+    def read_index(self) -> int:
+        index = int(self.read_long())  # type: ignore[no-untyped-call]
+        if index < 0:
+            raise _NotSpec(f"a union index {index}")
+        return index
 
 
 class _BooleansAs(BinaryEncoder):  # type: ignore[misc]
@@ -72,15 +80,16 @@ class _BooleansAs(BinaryEncoder):  # type: ignore[misc]
         self._fo.write(bytes([self.byte]))
 
 
-def avro_booleans_are_0_or_1(writer: Any, body: bytes) -> bool:
-    """Whether ``body`` decodes with ``writer`` (schema JSON) with every boolean, at any depth, the byte 0 or 1: read
-    by fastavro's pure-Python reader with a decoder that refuses any other byte."""
+def avro_within_spec(writer: Any, body: bytes) -> bool:
+    """Whether ``body`` decodes with ``writer`` (schema JSON) with every boolean, at any depth, the byte 0 or 1 and
+    every union index not negative: read by fastavro's pure-Python reader with a decoder that refuses the others
+    (fastavro's own reads them; the other checks of a body are the callers')."""
     named = _read_py._default_named_schemas()
     parsed = fastavro.parse_schema(writer, named["writer"])
     decoder = _SpecBooleans(io.BytesIO(body))  # type: ignore[no-untyped-call]
     try:
         _read_py.read_data(decoder, parsed, named, None, {})  # type: ignore[no-untyped-call]
-    except _NotABoolean:
+    except _NotSpec:
         return False
     except Exception:  # noqa: BLE001 - another failure is the other checks' to find: only booleans are judged here
         return True

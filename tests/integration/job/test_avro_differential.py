@@ -17,9 +17,10 @@ adds a third feed over the same topic with Spark's path alone.
 
 The oracle never runs Tidemark's code: a ``read_committed`` scan of the topic, each body's
 writer schema fetched by id with confluent-kafka's registry client, decoded by fastavro and
-resolved to the subject's latest version, read to its last byte, and every boolean the byte
-0 or 1 (the spec's rule, which fastavro does not apply: it reads any byte but 0 as true;
-:func:`tests.support.differential.avro_booleans_are_0_or_1`). A record is published with
+resolved to the subject's latest version, read to its last byte, every boolean the byte 0
+or 1 and every union index one of the union's (the spec's rules, which fastavro does not
+apply: it reads any boolean byte but 0 as true, and a union index -1 as the last branch;
+:func:`tests.support.differential.avro_within_spec`). A record is published with
 fastavro's values exactly when fastavro decodes it so; every other record is quarantined.
 
 ``make test`` runs :data:`EXAMPLES` (1, the simplest schema Hypothesis draws, shaped so
@@ -51,8 +52,8 @@ from tests.conftest import KafkaTestCluster
 from tests.integration.job.test_avro import env_of
 from tests.integration.job.test_registry_formats import RegistryEnv
 from tests.support.differential import (
-    avro_booleans_are_0_or_1,
     avro_with_boolean_bytes,
+    avro_within_spec,
     comparable,
     report_counts,
 )
@@ -195,7 +196,7 @@ def _decodes(writer: dict[str, Any], reader: dict[str, Any], value: bytes) -> An
         doc = fastavro.schemaless_reader(body, fastavro.parse_schema(writer), fastavro.parse_schema(reader))
     except Exception:  # noqa: BLE001 - any failure of the reference decoder: a body that does not decode
         return None
-    return doc if body.tell() == len(value) - 5 and avro_booleans_are_0_or_1(writer, value[5:]) else None
+    return doc if body.tell() == len(value) - 5 and avro_within_spec(writer, value[5:]) else None
 
 
 def _corrupted(writer: dict[str, Any], good: bytes, rng: random.Random) -> list[bytes]:
@@ -273,7 +274,7 @@ class DiffEnv(RegistryEnv):
             except Exception:  # noqa: BLE001 - any failure of the reference decoder: a body that does not decode
                 return None
             whole = body.tell() == len(value) - 5
-            return doc if whole and avro_booleans_are_0_or_1(writers[sid][0], value[5:]) else None
+            return doc if whole and avro_within_spec(writers[sid][0], value[5:]) else None
 
         return self.scan_with(decode)
 
@@ -452,6 +453,19 @@ def test_the_oracle_and_the_generator_take_booleans_as_the_spec_says() -> None:
     bad = header(1) + avro_with_boolean_bytes(writer, record, 2)
     assert bad != good and fastavro.schemaless_reader(io.BytesIO(bad[5:]), fastavro.parse_schema(writer)) == record
     assert _decodes(writer, writer, bad) is None
+
+
+def test_the_oracle_refuses_a_negative_union_index() -> None:
+    """Without Kafka: fastavro reads a union index -1 (the byte 1) as the union's last branch, Python's list[-1]; the
+    spec allows only the union's indexes, and Java's reader refuses it. Found by the end-to-end differential: a union
+    branch flipped in the first field shifted a byte 1 onto the next field's union index."""
+    import fastavro
+
+    writer = {"type": "record", "name": "U", "fields": [{"name": "u", "type": ["null", "long"]}]}
+    bad = header(1) + b"\x01\x02"  # index -1, then the long 1
+    assert fastavro.schemaless_reader(io.BytesIO(bad[5:]), fastavro.parse_schema(writer)) == {"u": 1}
+    assert _decodes(writer, writer, bad) is None
+    assert _decodes(writer, writer, header(1) + b"\x02\x02") == {"u": 1}
 
 
 TEXT_WRITER = {"type": "record", "name": "Text", "namespace": "diff",
