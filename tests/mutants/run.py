@@ -517,6 +517,28 @@ MUTANTS = (
         ("tests/integration/spark/test_avro_decode.py::test_only_records_that_do_not_decode_are_failed",),
     ),
     Mutant(
+        "avro-boolean-byte-unchecked-spark",
+        "an Avro boolean byte other than 0 or 1 is a bad record on Spark's path, its reason naming the field",
+        (
+            Edit(
+                AVRO,
+                '        return (column != F.lit(b"\\x00")) & (column != F.lit(b"\\x01"))',
+                "        return column != column",
+            ),
+        ),
+        (
+            "tests/integration/spark/test_differential.py::test_a_boolean_byte_other_than_0_or_1_is_refused_on_both_paths_naming_the_field",
+        ),
+    ),
+    Mutant(
+        "avro-boolean-byte-unchecked-read-tasks",
+        "the read tasks give way on an Avro boolean byte other than 0 or 1, naming the field",
+        (Edit(ARROW_AVRO, "        if wrong.any():", "        if False:"),),
+        (
+            "tests/integration/spark/test_differential.py::test_a_boolean_byte_other_than_0_or_1_is_refused_on_both_paths_naming_the_field",
+        ),
+    ),
+    Mutant(
         "avro-logical-types-unchecked",
         "a decimal resolves only at equal precision and scale, a logical type only to itself",
         (

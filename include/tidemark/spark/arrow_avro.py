@@ -16,7 +16,8 @@ each record, from which validation computes the range statistics as it does for
 Nothing is taken on trust from the decoder: a record counts as decoded only when the
 length of its Avro encoding, computed from its decoded fields, equals the length of its
 body, so every record's bytes were read by exactly its own fields (a body with a byte too
-many or too few would shift every record after it). A task that cannot show that, or that
+many or too few would shift every record after it), and a boolean's byte, which those
+lengths place, must be 0 or 1 (polars reads any other as false). A task that cannot show that, or that
 meets anything else it does not handle (a null value, a header other than the run's
 candidate writers', a key that is not UTF-8, a record without a timestamp), stops and says
 why, and the job stages with Spark instead (a second read of Kafka, by the path that
@@ -460,14 +461,31 @@ def _decode(values: pa.Array, writer: WriterPlan, where: str) -> pa.Table:
     if decoded.num_rows != len(bodies):
         raise CannotStage(f"{where}: {decoded.num_rows} records decoded from {len(bodies)} values")
     sizes = np.zeros(len(bodies), dtype=np.int64)
+    booleans = []  # per boolean field: where its byte is in data (past a union's branch index), where it is not null
     for name, kind in writer.fields:
-        sizes += _encoded_sizes(decoded.column(name).combine_chunks(), kind)
+        column = decoded.column(name).combine_chunks()
+        if kind.name == "boolean":
+            present = column.is_valid().to_numpy(zero_copy_only=False) if kind.nullable else None
+            booleans.append((name, offsets[:-1] + sizes + kind.nullable, present))
+        sizes += _encoded_sizes(column, kind)
     if not np.array_equal(sizes, np.diff(offsets)):
         first = int(np.argmax(sizes != np.diff(offsets)))
         raise CannotStage(
             f"{where}: a value of schema id {writer.schema_id} ({first + 1}. of {len(bodies)}) is "
             f"{int(np.diff(offsets)[first])} bytes long, its decoded fields encode to {int(sizes[first])}"
         )
+    # The spec's booleans are the byte 0 or 1; polars reads any other as false (and fastavro as true): such a body
+    # is refused, as on Spark's path. The fields' sizes, now checked, place each boolean's byte.
+    raw = np.frombuffer(data, dtype=np.uint8)
+    for name, at, present in booleans:
+        wrong = raw[at] > 1 if present is None else np.where(present, raw[np.where(present, at, 0)] > 1, False)
+        if wrong.any():
+            first = int(np.argmax(wrong))
+            raise CannotStage(
+                f"{where}: a value of schema id {writer.schema_id} ({first + 1}. of {len(bodies)}): field '{name}' "
+                f"holds a boolean byte other than 0 or 1 ({int(raw[at[first]])}; Avro's booleans are the byte 0 or 1 "
+                "only)"
+            )
     for name, kind in writer.fields:  # decoded as their indexes (_container): now their symbols
         if kind.name == "enum":
             index = decoded.column(name).combine_chunks()

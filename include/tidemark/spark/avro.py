@@ -27,8 +27,9 @@ date, timestamp) and enums onto Spark types itself. It needs the ``spark-avro`` 
 Large plans of flat records skip it: their read tasks decode and stage them with polars and
 pyarrow (:mod:`tidemark.spark.arrow_avro`), resolved by the same rules. :data:`FORMAT` is
 how :mod:`tidemark.spark.decode` decodes Avro (:class:`~tidemark.spark.formats.RegistryFormat`):
-a record fails on its body, or on a ``timestamp-millis`` field whose microseconds overflow a
-long (:func:`millis_fields`).
+a record fails on its body, on a ``timestamp-millis`` field whose microseconds overflow a
+long (:func:`millis_fields`), or on a boolean, at any depth, whose byte is neither 0 nor 1
+(:func:`boolean_fields`, :func:`bad_boolean`).
 """
 
 from __future__ import annotations
@@ -449,6 +450,254 @@ def millis_overflow(schemas: AvroSchemas, column: str = "value") -> Column:
     return out if out is not None else F.lit(None).cast("string")
 
 
+# Booleans as the spec says them: one byte, 0 or 1. Java's reader (from_avro) reads any byte but 1 as false, and the
+# body still reads to its last byte, so nothing else tells such a body from a good one; fastavro reads any byte but 0
+# as true. Such a body is a bad record, its reason naming the field (:func:`boolean_fields`). :func:`bad_boolean`
+# decodes the body a second time with the writer schema, each boolean declared a fixed of one byte (the same
+# encoding: one byte), and compares those bytes with 0 and 1; its reader keeps only the top-level fields that hold a
+# boolean, the others being skipped over (no Spark value built for them).
+BOOLEAN_BYTE = "_tidemark.boolean_byte_"  # the fixed types' full names, numbered: a namespace no schema of a feed uses
+
+
+# One step from a decoded column to a boolean below it: a record's field, a union's member (a union of several types is
+# a struct of members in Spark, one per branch but null), an array's items, a map's values.
+Step = tuple[str, str]
+
+
+def _is_boolean(avro_type: Any) -> bool:
+    return avro_type == "boolean" or (isinstance(avro_type, dict) and avro_type.get("type") == "boolean")
+
+
+def _full_name(avro_type: Mapping[str, Any], namespace: str) -> tuple[str, str]:
+    """A named type's full name and the namespace its own named types inherit (Avro's rules)."""
+    name = str(avro_type["name"])
+    if "." in name:
+        return name, name.rpartition(".")[0]
+    space = str(avro_type.get("namespace", namespace) or "")
+    return (f"{space}.{name}" if space else name), space
+
+
+def _named_types(avro_type: Any, namespace: str, named: dict[str, tuple[Any, str]]) -> None:
+    """Every named type defined in ``avro_type``, into ``named``: full name → (definition, its namespace)."""
+    if isinstance(avro_type, list):
+        for branch in avro_type:
+            _named_types(branch, namespace, named)
+        return
+    if not isinstance(avro_type, dict):
+        return
+    kind = avro_type.get("type")
+    if kind in ("record", "error", "enum", "fixed"):
+        full, namespace = _full_name(avro_type, namespace)
+        named[full] = (avro_type, namespace)
+    for f in avro_type.get("fields", []) if kind in ("record", "error") else []:
+        _named_types(f["type"], namespace, named)
+    inner = {"array": "items", "map": "values"}.get(str(kind))
+    if inner is not None:
+        _named_types(avro_type[inner], namespace, named)
+
+
+def _boolean_paths(
+    avro_type: Any, namespace: str, path: str, named: dict[str, tuple[Any, str]], expanding: frozenset[str]
+) -> list[tuple[str, tuple[Step, ...]]]:
+    """Each boolean under ``avro_type``, at any depth: its path (``a.b``; ``a[]``, an array's items; ``a{}``, a
+    map's values) and the steps to it from the value decoded there. A recursive type is followed once (Spark's
+    ``from_avro`` reads none)."""
+    if _is_boolean(avro_type):
+        return [(path, ())]
+    if isinstance(avro_type, list):
+        branches = [b for b in avro_type if b != "null"]
+        if len(branches) == 1:  # a union with null is the value itself, nullable
+            return _boolean_paths(branches[0], namespace, path, named, expanding)
+        return [
+            (at, (("member", f"member{i}"), *steps))
+            for i, branch in enumerate(branches)
+            for at, steps in _boolean_paths(branch, namespace, path, named, expanding)
+        ]
+    if isinstance(avro_type, str):  # a named type's reference (a primitive other than boolean holds none)
+        full = next((n for n in (f"{namespace}.{avro_type}", avro_type) if n in named), None)
+        if full is None or full in expanding:
+            return []
+        definition, space = named[full]
+        return _boolean_paths(definition, space, path, named, expanding)
+    if not isinstance(avro_type, dict):
+        return []
+    kind = avro_type.get("type")
+    if kind in ("record", "error"):
+        full, namespace = _full_name(avro_type, namespace)
+        return [
+            (at, (("field", str(f["name"])), *steps))
+            for f in avro_type["fields"]
+            for at, steps in _boolean_paths(
+                f["type"], namespace, f"{path}.{f['name']}" if path else str(f["name"]), named, expanding | {full}
+            )
+        ]
+    if kind in ("array", "map"):
+        inner, mark = ("items", "[]") if kind == "array" else ("values", "{}")
+        found = _boolean_paths(avro_type[inner], namespace, path + mark, named, expanding)
+        return [(at, ((inner, ""), *steps)) for at, steps in found]
+    return []
+
+
+def _booleans_as_bytes(avro_type: Any, count: list[int]) -> Any:
+    """``avro_type`` with each boolean a fixed of one byte (named :data:`BOOLEAN_BYTE` and a number) and its fields
+    without defaults, aliases or docs (a boolean's default is no fixed's, and a writer needs none)."""
+    if _is_boolean(avro_type):
+        count[0] += 1
+        return {"type": "fixed", "name": f"{BOOLEAN_BYTE}{count[0]}", "size": 1}
+    if isinstance(avro_type, list):
+        return [_booleans_as_bytes(b, count) for b in avro_type]
+    if not isinstance(avro_type, dict):
+        return avro_type
+    kind = avro_type.get("type")
+    if kind in ("record", "error"):
+        fields = [{"name": f["name"], "type": _booleans_as_bytes(f["type"], count)} for f in avro_type["fields"]]
+        return {**avro_type, "fields": fields}
+    if kind in ("array", "map"):
+        inner = "items" if kind == "array" else "values"
+        return {**avro_type, inner: _booleans_as_bytes(avro_type[inner], count)}
+    return avro_type
+
+
+_PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+
+
+def _short_names(avro_type: Any, *, defined: bool) -> set[str]:
+    """The short names of the named types ``avro_type`` defines (``defined``) or refers to by name, at any depth."""
+    if isinstance(avro_type, list):
+        return set().union(*(_short_names(b, defined=defined) for b in avro_type))
+    if isinstance(avro_type, str):
+        return set() if defined or avro_type in _PRIMITIVES else {avro_type.rpartition(".")[2]}
+    if not isinstance(avro_type, dict):
+        return set()
+    kind = avro_type.get("type")
+    found = (
+        {str(avro_type["name"]).rpartition(".")[2]}
+        if defined and kind in ("record", "error", "enum", "fixed")
+        else set()
+    )
+    inner = [f["type"] for f in avro_type.get("fields", [])] + [
+        avro_type[k] for k in ("items", "values") if k in avro_type
+    ]
+    if isinstance(kind, (str, list, dict)) and kind not in ("record", "error", "enum", "fixed", "array", "map"):
+        inner.append(kind)
+    return found.union(*(_short_names(t, defined=defined) for t in inner))
+
+
+@dataclass(frozen=True)
+class _BooleanCheck:
+    """How :func:`bad_boolean` checks one writer's booleans: the schemas it decodes with, each boolean's path."""
+
+    writer: str  # the writer schema, each boolean a fixed of one byte
+    reader: str  # the same, without the top-level fields that hold no boolean (nor define a type those refer to)
+    paths: tuple[tuple[str, tuple[tuple[Step, ...], ...]], ...]  # per path, the steps to each boolean there
+
+
+@functools.lru_cache(maxsize=256)
+def _boolean_check(writer: str) -> _BooleanCheck | None:
+    """The check of ``writer``'s booleans (schema JSON), None when it has none."""
+    doc = json.loads(writer)
+    named: dict[str, tuple[Any, str]] = {}
+    _named_types(doc, "", named)
+    found = _boolean_paths(doc, "", "", named, frozenset())
+    if not found:
+        return None
+    as_bytes = _booleans_as_bytes(doc, [0])
+    reader = as_bytes
+    if isinstance(doc, dict) and doc.get("type") in ("record", "error"):
+        keep = {steps[0][1] for _, steps in found}
+        while True:  # and every field defining a named type a kept field refers to (an over-estimate by short name)
+            wanted = set().union(*(_short_names(f["type"], defined=False) for f in doc["fields"] if f["name"] in keep))
+            more = {f["name"] for f in doc["fields"] if _short_names(f["type"], defined=True) & wanted} - keep
+            if not more:
+                break
+            keep |= more
+        reader = {**as_bytes, "fields": [f for f in as_bytes["fields"] if f["name"] in keep]}
+    paths: dict[str, list[tuple[Step, ...]]] = {}
+    for path, steps in found:  # one path may be reached twice (two branches of a union)
+        paths.setdefault(path, []).append(steps)
+    return _BooleanCheck(json.dumps(as_bytes), json.dumps(reader), tuple((p, tuple(s)) for p, s in paths.items()))
+
+
+def _not_0_or_1(column: Column, steps: tuple[Step, ...]) -> Column:
+    """Whether a boolean at ``steps`` below ``column`` (decoded by :func:`bad_boolean`) is a byte neither 0 nor 1."""
+    from pyspark.sql import functions as F
+
+    if not steps:
+        return (column != F.lit(b"\x00")) & (column != F.lit(b"\x01"))
+    (kind, name), rest = steps[0], steps[1:]
+    if kind == "items":
+        return F.exists(column, lambda x: _not_0_or_1(x, rest))
+    if kind == "values":
+        return F.exists(F.map_values(column), lambda v: _not_0_or_1(v, rest))
+    return _not_0_or_1(column.getField(name), rest)
+
+
+def boolean_fields(schemas: AvroSchemas) -> list[str]:
+    """The paths of the booleans of the run's writers (``b``, ``lines[].shipped``, ``tags{}``; ``''`` for a part
+    that is itself a boolean), in writer id order: each a reason of its own (:func:`bad_boolean`)."""
+    paths: list[str] = []
+    for _, writer in sorted(schemas.writers.items()):
+        check = _boolean_check(writer)
+        paths += [p for p, _ in (check.paths if check else ()) if p not in paths]
+    return paths
+
+
+def _nullable(avro_type: Any) -> list[Any]:
+    """``avro_type`` as the one type it is: itself, or the branch of a union with null (else no type)."""
+    if not isinstance(avro_type, list):
+        return [avro_type]
+    branches = [t for t in avro_type if t != "null"]
+    return branches if len(branches) == 1 else []
+
+
+def _reader_booleans(schemas: AvroSchemas) -> set[str]:
+    """The top-level fields of the reader record that are booleans (alone or in a union with null)."""
+    doc = json.loads(schemas.reader)
+    if not (isinstance(doc, dict) and doc.get("type") == "record"):
+        return set()
+    return {str(f["name"]) for f in doc["fields"] if any(_is_boolean(t) for t in _nullable(f["type"]))}
+
+
+def bad_boolean(schemas: AvroSchemas, column: str = "value", decoded: Column | None = None) -> Column:
+    """The path (:func:`boolean_fields`) of the first boolean of ``column``'s body whose byte is neither 0 nor 1, at
+    any depth, else null (and null where the body does not decode).
+
+    With ``decoded``, the value :func:`decoded_value` gave (its :data:`VALUE_FIELD`), a writer
+    whose booleans are all top-level fields the reader reads as booleans is decoded again only
+    where one of them was read as false: Java's reader reads any byte but 1 as false, so a
+    record whose booleans all read true holds no other byte, and half the second decodes of
+    such a feed are saved.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    framing = F.substring(F.col(column), 1, HEADER_BYTES)
+    readable = _reader_booleans(schemas) if decoded is not None else set()
+    out: Column | None = None
+    for writer_id, writer in sorted(schemas.writers.items()):
+        check = _boolean_check(writer)
+        if check is None:
+            continue
+        options = {"mode": "PERMISSIVE"} | ({"avroSchema": check.reader} if check.reader != check.writer else {})
+        again = from_avro(body(column), check.writer, options)
+        first = F.coalesce(*[
+            F.when(functools.reduce(operator.or_, [_not_0_or_1(again, s) for s in steps]), F.lit(path))
+            for path, steps in check.paths
+        ])  # fmt: skip
+        if decoded is not None and all(p in readable and s == ((("field", p),),) for p, s in check.paths):
+            read_false = functools.reduce(operator.or_, [decoded.getField(p) == F.lit(False) for p, _ in check.paths])
+            first = F.when(read_false, first)
+        framed = framing == F.lit(header(writer_id))
+        out = F.when(framed, first) if out is None else out.when(framed, first)
+    return out if out is not None else F.lit(None).cast("string")
+
+
+def boolean_reason(part: RecordPart, path: str) -> str:
+    """The reason of a ``part`` whose boolean at ``path`` (``''``: the part itself) is a byte other than 0 or 1."""
+    where = f"{part} field '{path}'" if path else part
+    return f"{where} holds a boolean byte other than 0 or 1 (Avro's booleans are the byte 0 or 1 only)"
+
+
 def bytes_left_over(decoded: Column) -> Column:
     """Whether the body behind the result of :func:`decoded_value` decoded with bytes left after its fields."""
     end = decoded.getField(END_FIELD)
@@ -457,20 +706,24 @@ def bytes_left_over(decoded: Column) -> Column:
 
 class _Avro:
     """Avro's :class:`~tidemark.spark.formats.RegistryFormat`: decoded by Spark's ``from_avro`` per writer id, a
-    record failing on its body (not read to its last byte and no further) or on a ``timestamp-millis`` field whose
-    microseconds overflow a long."""
+    record failing on its body (not read to its last byte and no further), on a ``timestamp-millis`` field whose
+    microseconds overflow a long, or on a boolean byte other than 0 or 1."""
 
     name = "avro"
 
     def reasons(self, part: RecordPart, schemas: AvroSchemas | None) -> list[str]:
-        return [
-            f"{part} does not decode against its Avro writer schema",
-            f"{part} has bytes left over after the fields of its Avro writer schema",
-        ] + [
-            f"{part} field '{name}' is a timestamp-millis whose microseconds overflow a long (epoch nanoseconds or "
-            "microseconds in a millis field?)"
-            for name in (millis_fields(schemas) if schemas is not None else [])
-        ]
+        return (
+            [
+                f"{part} does not decode against its Avro writer schema",
+                f"{part} has bytes left over after the fields of its Avro writer schema",
+            ]
+            + [
+                f"{part} field '{name}' is a timestamp-millis whose microseconds overflow a long (epoch nanoseconds or "
+                "microseconds in a millis field?)"
+                for name in (millis_fields(schemas) if schemas is not None else [])
+            ]
+            + [boolean_reason(part, path) for path in (boolean_fields(schemas) if schemas is not None else [])]
+        )
 
     def decoding(self, work: DataFrame, schemas: AvroSchemas, column: str, parsed_name: str) -> PartDecoding:
         from pyspark.sql import functions as F
@@ -487,8 +740,14 @@ class _Avro:
         overflowed = [failed & (overflow == F.lit(name)) for name in names]
         undecoded = failed & overflow.isNull() if names else failed
         left_over = present & ~failed & bytes_left_over(whole)
+        paths = boolean_fields(schemas)
+        boolean_name = f"{parsed_name}_bad_boolean"
+        if paths:  # asked of every record that decoded: nothing else tells such a body from a good one
+            check = bad_boolean(schemas, column, whole.getField(VALUE_FIELD))
+            work = work.withColumn(boolean_name, F.when(present & ~failed, check))
+        bad_byte = [F.col(boolean_name) == F.lit(path) for path in paths]
         parsed = whole.getField(VALUE_FIELD)
-        return PartDecoding(work, parsed, parsed, [undecoded, left_over, *overflowed])
+        return PartDecoding(work, parsed, parsed, [undecoded, left_over, *overflowed, *bad_byte])
 
 
 FORMAT: RegistryFormat[AvroSchemas] = _Avro()

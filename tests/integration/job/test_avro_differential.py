@@ -10,14 +10,18 @@ fastavro in the Schema Registry wire format and produced to the real cluster. Th
 runs twice with the read tasks allowed (:mod:`tidemark.spark.arrow_avro`): the first run
 reads only bodies fastavro decodes, so a flat schema must be staged by the read tasks;
 the second reads corrupted bodies too (a byte left over, a byte missing, the first union
-branch flipped, garbage, ``timestamp-millis`` values whose microseconds overflow a long),
-on which the read tasks give way to Spark's path (``from_avro``). ``make test-differential``
+branch flipped, garbage, every boolean of a record written as a byte other than 0 or 1,
+``timestamp-millis`` values whose microseconds overflow a long), on which the read tasks
+give way to Spark's path (``from_avro``). ``make test-differential``
 adds a third feed over the same topic with Spark's path alone.
 
 The oracle never runs Tidemark's code: a ``read_committed`` scan of the topic, each body's
 writer schema fetched by id with confluent-kafka's registry client, decoded by fastavro and
-resolved to the subject's latest version, read to its last byte. A record is published with
-fastavro's values exactly when fastavro decodes it; every other record is quarantined.
+resolved to the subject's latest version, read to its last byte, every boolean the byte 0
+or 1 and every union index one of the union's (the spec's rules, which fastavro does not
+apply: it reads any boolean byte but 0 as true, and a union index -1 as the last branch;
+:func:`tests.support.differential.avro_within_spec`). A record is published with
+fastavro's values exactly when fastavro decodes it so; every other record is quarantined.
 
 ``make test`` runs :data:`EXAMPLES` (1, the simplest schema Hypothesis draws, shaped so
 that it is every flat kind, nullable and not, each promotion and an added field);
@@ -47,7 +51,12 @@ from hypothesis import strategies as st
 from tests.conftest import KafkaTestCluster
 from tests.integration.job.test_avro import env_of
 from tests.integration.job.test_registry_formats import RegistryEnv
-from tests.support.differential import comparable, report_counts
+from tests.support.differential import (
+    avro_with_boolean_bytes,
+    avro_within_spec,
+    comparable,
+    report_counts,
+)
 from tidemark.spark.arrow_avro import SWITCH_ENV
 from tidemark.spark.wire import header
 from tidemark.staged import STAGED_BY_READ_TASKS
@@ -86,7 +95,8 @@ def _avro(kind: str, n: int) -> Any:
         "decimal": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 3},
         "record": {"type": "record", "name": f"R{n}", "fields": [
             {"name": "a", "type": "long"}, {"name": "b", "type": ["null", "string"]},
-            {"name": "c", "type": {"type": "array", "items": {"type": "long", "logicalType": "timestamp-micros"}}}]},
+            {"name": "c", "type": {"type": "array", "items": {"type": "long", "logicalType": "timestamp-micros"}}},
+            {"name": "d", "type": ["null", "boolean"]}]},
         "array": {"type": "array", "items": "double"},
         "map": {"type": "map", "values": ["null", "long"]},
     }  # fmt: skip
@@ -177,7 +187,8 @@ def _encoded(schema_id: int, schema: dict[str, Any], record: dict[str, Any]) -> 
 
 
 def _decodes(writer: dict[str, Any], reader: dict[str, Any], value: bytes) -> Any:
-    """fastavro's record for ``value``'s body resolved to ``reader``, or None (it fails, or leaves bytes over)."""
+    """fastavro's record for ``value``'s body resolved to ``reader``, or None (it fails, leaves bytes over, or a
+    boolean is a byte other than 0 or 1)."""
     import fastavro
 
     body = io.BytesIO(value[5:])
@@ -185,7 +196,7 @@ def _decodes(writer: dict[str, Any], reader: dict[str, Any], value: bytes) -> An
         doc = fastavro.schemaless_reader(body, fastavro.parse_schema(writer), fastavro.parse_schema(reader))
     except Exception:  # noqa: BLE001 - any failure of the reference decoder: a body that does not decode
         return None
-    return doc if body.tell() == len(value) - 5 else None
+    return doc if body.tell() == len(value) - 5 and avro_within_spec(writer, value[5:]) else None
 
 
 def _corrupted(writer: dict[str, Any], good: bytes, rng: random.Random) -> list[bytes]:
@@ -243,25 +254,27 @@ class DiffEnv(RegistryEnv):
     }
 
     def oracle(self) -> dict[tuple[int, int], dict[str, Any] | None]:
-        """Every record of the topic, read_committed: fastavro's record, resolved to the subject's latest version and
-        read to the body's last byte, or None."""
+        """Every record of the topic, read_committed: fastavro's record, resolved to the subject's latest version,
+        read to the body's last byte and every boolean the byte 0 or 1, or None."""
         import fastavro
 
         reader = fastavro.parse_schema(json.loads(self.sr.get_latest_version(f"{self.topic}-value").schema.schema_str))
-        writers: dict[int, Any] = {}
+        writers: dict[int, tuple[Any, Any]] = {}  # schema id -> (its JSON, parsed)
 
         def decode(value: bytes) -> dict[str, Any] | None:
             if len(value) < 5 or value[0] != 0:
                 return None
             sid = int.from_bytes(value[1:5], "big")
             if sid not in writers:
-                writers[sid] = fastavro.parse_schema(json.loads(self.sr.get_schema(sid).schema_str))
+                doc = json.loads(self.sr.get_schema(sid).schema_str)
+                writers[sid] = (doc, fastavro.parse_schema(doc))
             body = io.BytesIO(value[5:])
             try:
-                doc = fastavro.schemaless_reader(body, writers[sid], reader)
+                doc = fastavro.schemaless_reader(body, writers[sid][1], reader)
             except Exception:  # noqa: BLE001 - any failure of the reference decoder: a body that does not decode
                 return None
-            return doc if body.tell() == len(value) - 5 else None
+            whole = body.tell() == len(value) - 5
+            return doc if whole and avro_within_spec(writers[sid][0], value[5:]) else None
 
         return self.scan_with(decode)
 
@@ -368,6 +381,12 @@ def test_differential_avro_generated_schemas_end_to_end_on_both_paths_publish_wh
         bad = [b for r in records[:4] for b in _corrupted(writer, _encoded(writer_id, writer, r), rng)]
         overflowing = [o for r in records[4:8] if (o := _overflowing(writer, r, rng)) is not None]
         bad += [_encoded(writer_id, writer, r) for r in overflowing]
+        booleans = [  # every boolean of a record (any depth) written as a byte other than 0 or 1, where it has one
+            header(writer_id) + avro_with_boolean_bytes(writer, r, rng.randint(2, 255))
+            for r in records[8:12]
+            if avro_with_boolean_bytes(writer, r, 0) != avro_with_boolean_bytes(writer, r, 1)
+        ]
+        bad += booleans
         values = good(RECORDS // 2) + bad + refused
         rng.shuffle(values)
         produce(values)
@@ -377,7 +396,8 @@ def test_differential_avro_generated_schemas_end_to_end_on_both_paths_publish_wh
         published, quarantined = _check_run_outcome(env, reader)
         COUNTS["records published as fastavro decodes them (read-task feed)"] += published
         COUNTS["records quarantined as fastavro refuses them (read-task feed)"] += quarantined
-        COUNTS["corrupted bodies"] += len(bad) - len(overflowing)
+        COUNTS["corrupted bodies"] += len(bad) - len(overflowing) - len(booleans)
+        COUNTS["bodies with a boolean byte other than 0 or 1"] += len(booleans)
         COUNTS["generated values fastavro refuses (bytes read as string)"] += len(refused)
         COUNTS["overflowing timestamp-millis records"] += len(overflowing)
 
@@ -417,6 +437,35 @@ def test_the_oracle_refuses_what_it_should() -> None:
     left_over, missing, *_ = _corrupted(writer, good, random.Random(0))
     assert not reads(left_over) and not reads(missing)
     assert not reads(_encoded(1, writer, {"at": OVERFLOWING_MILLIS[0], "s": None}))
+
+
+def test_the_oracle_and_the_generator_take_booleans_as_the_spec_says() -> None:
+    """Without Kafka: the generator writes a boolean as the byte asked for, at any depth (the byte 1 as fastavro
+    writes true), and the oracle refuses a byte other than 0 or 1 that fastavro reads as true."""
+    import fastavro
+
+    writer = {"type": "record", "name": "W", "fields": [{"name": "r", "type": _avro("record", 0)},
+                                                         {"name": "b", "type": "boolean"}]}  # fmt: skip
+    record = {"r": {"a": 1, "b": None, "c": [], "d": True}, "b": True}
+    good = _encoded(1, writer, record)
+    assert good == header(1) + avro_with_boolean_bytes(writer, record, 1)
+    assert _decodes(writer, writer, good) == record
+    bad = header(1) + avro_with_boolean_bytes(writer, record, 2)
+    assert bad != good and fastavro.schemaless_reader(io.BytesIO(bad[5:]), fastavro.parse_schema(writer)) == record
+    assert _decodes(writer, writer, bad) is None
+
+
+def test_the_oracle_refuses_a_negative_union_index() -> None:
+    """Without Kafka: fastavro reads a union index -1 (the byte 1) as the union's last branch, Python's list[-1]; the
+    spec allows only the union's indexes, and Java's reader refuses it. Found by the end-to-end differential: a union
+    branch flipped in the first field shifted a byte 1 onto the next field's union index."""
+    import fastavro
+
+    writer = {"type": "record", "name": "U", "fields": [{"name": "u", "type": ["null", "long"]}]}
+    bad = header(1) + b"\x01\x02"  # index -1, then the long 1
+    assert fastavro.schemaless_reader(io.BytesIO(bad[5:]), fastavro.parse_schema(writer)) == {"u": 1}
+    assert _decodes(writer, writer, bad) is None
+    assert _decodes(writer, writer, header(1) + b"\x02\x02") == {"u": 1}
 
 
 TEXT_WRITER = {"type": "record", "name": "Text", "namespace": "diff",

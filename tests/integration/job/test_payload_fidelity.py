@@ -27,6 +27,7 @@ from tests.integration.job.test_registry_formats import (
     _utc,
     proto_order,
 )
+from tests.support.differential import avro_within_spec
 from tidemark.spark.arrow_avro import SWITCH_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -169,6 +170,63 @@ def test_an_avro_body_with_bytes_left_over_is_quarantined_on_both_paths(
     quarantined = {(q["partition"], q["offset"]): q for q in env.quarantined()}
     assert {k: q["_raw_value"] for k, q in quarantined.items()} == bad
     assert {q["_reason"] for q in quarantined.values()} == {LEFT_OVER}
+
+
+FLAGS = {"type": "record", "name": "Parcel", "namespace": "plant", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "paid", "type": "boolean"},
+    {"name": "checked", "type": ["null", "boolean"]},
+]}  # fmt: skip
+NESTED_FLAGS = {"type": "record", "name": "Order", "namespace": "plant", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "lines", "type": {"type": "array", "items": {"type": "record", "name": "Line", "fields": [
+        {"name": "sku", "type": "string"}, {"name": "shipped", "type": ["null", "boolean"]}]}}},
+]}  # fmt: skip
+
+
+def _boolean_reason(field: str) -> str:
+    return (
+        f"decode_error: value field '{field}' holds a boolean byte other than 0 or 1 (Avro's booleans are the byte 0 "
+        "or 1 only)"
+    )
+
+
+@pytest.mark.parametrize("path", ["read_tasks", "spark", "nested"])
+def test_a_boolean_byte_other_than_0_or_1_is_quarantined_on_both_paths_naming_the_field(
+    staging_env: StagingEnv, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    # The spec allows a boolean only the byte 0 or 1; Java's reader and polars' read any other as false and published
+    # it, fastavro reads it as true. Neither is the writer's value: the record is a bad record, its field named.
+    env = staging_env
+    if path == "spark":
+        monkeypatch.setenv(SWITCH_ENV, "0")
+    schema = NESTED_FLAGS if path == "nested" else FLAGS
+    write = env.serializer(schema)
+    if path == "nested":
+        values = [write({"id": i, "lines": [{"sku": "a", "shipped": i % 3 == 0 or None}]}) for i in range(20)]
+        good = write({"id": 100, "lines": [{"sku": "a", "shipped": None}, {"sku": "b", "shipped": True}]})
+        assert good.endswith(b"\x02b\x02\x01\x00")  # the second line's shipped: its branch (2), true (1); the end
+        bad = {(0, 20): good[:-2] + b"\x02\x00"}
+        fields = {(0, 20): "lines[].shipped"}
+    else:
+        values = [write({"id": i, "paid": i % 2 == 0, "checked": [None, True, False][i % 3]}) for i in range(20)]
+        good = write({"id": 100, "paid": True, "checked": True})
+        assert good.endswith(b"\x01\x02\x01")  # paid: 1; checked: the boolean branch (2), 1
+        bad = {(0, 20): good[:-3] + b"\x02\x02\x01", (0, 21): good[:-3] + b"\x00\x02\xff"}
+        fields = {(0, 20): "paid", (0, 21): "checked"}
+    assert all(not avro_within_spec(schema, v[5:]) for v in bad.values())  # the spec's verdict
+    assert all(_whole_body_fastavro(schema, v) is not None for v in bad.values())  # fastavro reads them as true
+    env.produce([*values, *bad.values()], 0)
+
+    env.run()
+
+    assert env.job()["staged_by"] == "spark"  # the read tasks give way on such a body (or never take nested ones)
+    scanned = env.scan(schema, undecodable=list(bad))
+    assert {k: scanned.pop(k) for k in bad} == bad
+    assert {k: _comparable(r, schema) for k, r in env.published().items()} == scanned
+    quarantined = {(q["partition"], q["offset"]): q for q in env.quarantined()}
+    assert {k: q["_raw_value"] for k, q in quarantined.items()} == bad
+    assert {k: q["_reason"] for k, q in quarantined.items()} == {k: _boolean_reason(f) for k, f in fields.items()}
 
 
 MILLIS_ONLY = {"type": "record", "name": "Tick", "namespace": "plant", "fields": [
