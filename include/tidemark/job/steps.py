@@ -342,7 +342,8 @@ def _decode(job: Job, source: Source, schemas: Schemas) -> tuple[DataFrame, Outc
     from pyspark.sql import functions as F
 
     feed, time_filter = job.feed, job.plan.time_filter
-    decoded = annotate(source.records, feed.deserialization, schemas.parts.get("value"), schemas.parts.get("key"))
+    decoded = annotate(source.records, feed.deserialization, schemas.parts.get("value"), schemas.parts.get("key"),
+                       tombstones=feed.tombstones_are_changes)  # fmt: skip
     record_columns = [c for c in column_paths(decoded.schema) if c not in (*UNPUBLISHED_COLUMNS, "plan_id")]
     codes = OutcomeCodes.of(record_columns, feed, schemas.parts)
     outcome = codes.column()
