@@ -515,3 +515,42 @@ def test_a_debezium_avro_tombstone_after_its_delete_is_no_dead_letter(
     assert table_rows(fenv, ["id", "name", "qty"]) == {0: row[0], 2: row[2]}
     [event] = fenv.report_events("changes_applied")
     assert event["details"]["ignored_tombstones"] == 2, event
+
+
+def test_a_debezium_change_without_its_keys_value_is_a_dead_letter_naming_the_key(fenv: FaultEnv) -> None:
+    """A c/u/r change whose 'after' lacks the key's value (or is null), and a d whose 'before' does, cannot be
+    applied: each is quarantined with a reason code naming the key, and reaches the feed's dead letters."""
+    use_debezium(fenv, AFTER)
+    cdc = Changes(fenv)
+    good = [cdc.change("c", k, name=f"n{k}", qty=k) for k in range(4)]
+
+    def envelope(key: int, op: str, before: Any, after: Any) -> Record:
+        return cdc._record(key, {"before": before, "after": after, "op": op, "source": {"ts_ms": T0}, "ts_ms": T0})
+
+    unkeyed = [
+        envelope(5, "c", None, {"id": None, "name": "no id", "qty": 1}),
+        envelope(6, "u", None, None),
+        envelope(1, "d", None, None),
+        envelope(2, "d", {"id": None, "name": "n2", "qty": 2}, None),
+    ]
+    cdc.produce([*good, *unkeyed, cdc.change("u", 3, name="n3-2", qty=33)])
+    _, job, outcome = fenv.run()
+    assert outcome.committed and job["records_quarantined"] == 4, job
+    letters = dead_letters(fenv.feed)
+    assert sorted((d.partition, d.offset) for d in letters) == sorted(
+        (r.partition, offset) for r, offset in _offsets_of(fenv, unkeyed)
+    )
+    assert {d.reason_codes for d in letters} == {("change_without_key(id)",)}, letters
+    assert {d.reason for d in letters} == {"change_without_key(id)"}
+    assert table_rows(fenv, ["id", "name", "qty"]) == {
+        0: {"id": 0, "name": "n0", "qty": 0}, 1: {"id": 1, "name": "n1", "qty": 1},
+        2: {"id": 2, "name": "n2", "qty": 2}, 3: {"id": 3, "name": "n3-2", "qty": 33},
+    }  # fmt: skip
+    [event] = fenv.report_events("changes_applied")
+    assert event["details"]["no_key"] == 0 and event["details"]["changes"] == 5, event
+
+
+def _offsets_of(fenv: FaultEnv, records: list[Record]) -> list[tuple[Record, int]]:
+    """Where each of ``records`` (values unique) landed in the topic, from the scan."""
+    where = {value: offset for _, offset, _, value in keyed_scan(fenv)}
+    return [(r, where[r.value]) for r in records]
