@@ -784,6 +784,33 @@ MUTANTS = (
             "and_its_paths_are_checked_when_planned",
         ),
     ),
+    Mutant(
+        "changes-key-rule-dropped",
+        "a Debezium change without its key's value is quarantined with a reason naming the key",
+        (
+            Edit(
+                "include/tidemark/validation/rules.py",
+                "    return rules + change_rules(feed, cols), untranslatable",
+                "    return rules, untranslatable",
+            ),
+        ),
+        (f"{CHANGES_TEST}::test_a_debezium_change_without_its_keys_value_breaks_the_feeds_change_rule_naming_the_key",),
+    ),
+    Mutant(
+        "changes-tombstones-quarantined",
+        "a keyed table's tombstone in a registry format deletes its key (decoded, not quarantined)",
+        (
+            Edit(
+                "include/tidemark/spark/decode.py",
+                '    tombstone = F.col("value").isNull() & F.lit(not tombstones)',
+                '    tombstone = F.col("value").isNull()',
+            ),
+        ),
+        (
+            "tests/integration/output/test_change_streams.py::"
+            "test_an_avro_state_feed_through_the_registry_deletes_by_its_tombstones[spark]",
+        ),
+    ),
 )
 
 

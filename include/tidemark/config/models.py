@@ -763,6 +763,12 @@ class Feed(_Model):
         return partition_refusal(choice, field_kind(type_name), type_name, self.output_format, option)
 
     @property
+    def tombstones_are_changes(self) -> bool:
+        """Whether a null value (a tombstone) is a change, the delete of its key (``iceberg.mode: upsert``): decoded
+        as a record whose value columns are null, not quarantined as a bad record."""
+        return self.iceberg is not None and self.iceberg.mode == "upsert"
+
+    @property
     def partitioning(self) -> PartitionChoice:
         """How the output is partitioned: ``iceberg.partition_by`` or ``parquet.partition_by`` (default ``date``)."""
         section = self.iceberg if self.output_format == "iceberg" else self.parquet

@@ -143,7 +143,7 @@ def stage_in_read_tasks(
               file=sys.stderr)  # fmt: skip
         return None
     columns = StructType([f for f in staged_df.schema.fields if f.name not in DIGEST_COLUMNS])
-    stage = read_task_stage_plan(value, columns)
+    stage = read_task_stage_plan(value, columns, tombstones=feed.tombstones_are_changes)
     if isinstance(stage, str):
         print(f"tidemark job: staging with Spark: {stage}", file=sys.stderr)
         return None
@@ -154,13 +154,16 @@ def stage_in_read_tasks(
     return columns
 
 
-def read_task_stage_plan(value: AvroSchemas, columns: StructType) -> arrow_avro.StagePlan | str:
+def read_task_stage_plan(
+    value: AvroSchemas, columns: StructType, *, tombstones: bool = False
+) -> arrow_avro.StagePlan | str:
     """How the read tasks stage records as ``columns`` (the job's staged columns, raw value in place of digests)
-    from ``value``'s schemas, or why they cannot."""
+    from ``value``'s schemas, or why they cannot; ``tombstones``: a null value is a change, staged (else the tasks
+    give way to Spark, which quarantines it)."""
     head = RAW_HEAD_COLUMNS["value"]
     return arrow_avro.StagePlan.of(
         value, columns, partition_columns=STAGED_PARTITION_COLUMNS, ok=OK_OUTCOME, raw_value=RAW_VALUE_COLUMN,
-        head=head if head in columns.fieldNames() else None, plain=(RAW_VALUE_COLUMN,),
+        head=head if head in columns.fieldNames() else None, plain=(RAW_VALUE_COLUMN,), tombstones=tombstones,
     )  # fmt: skip
 
 

@@ -343,7 +343,8 @@ def _decode(job: Job, source: Source, schemas: Schemas) -> tuple[DataFrame, Outc
     from pyspark.sql import functions as F
 
     feed, time_filter = job.feed, job.plan.time_filter
-    decoded = annotate(source.records, feed.deserialization, schemas.parts.get("value"), schemas.parts.get("key"))
+    decoded = annotate(source.records, feed.deserialization, schemas.parts.get("value"), schemas.parts.get("key"),
+                       tombstones=feed.tombstones_are_changes)  # fmt: skip
     masking = feed.masking
     if masking is not None:  # right after decoding: rules, staging, validation and publication see masked values
         decoded = with_raw(decoded) if masking.keep_raw is not None else decoded

@@ -4,7 +4,8 @@ An Iceberg feed with ``iceberg.mode: upsert`` (:class:`~tidemark.config.models.I
 holds the current row per ``key`` instead of every record. The job stages and validates the
 plan's records exactly as for an append (the records that cannot be applied, an unknown
 Debezium ``op`` or a state record without its key, are quarantined by rules the feed's
-model adds to its expectations); the staged change files are uploaded and kept pending, in
+model adds to its expectations, a Debezium change whose image lacks the key's value by
+:func:`tidemark.validation.rules.change_rules`); the staged change files are uploaded and kept pending, in
 no snapshot. :meth:`ChangesPublisher.commit`, called where an append's ``add_files`` would be
 (the commit step, after the group's commit), then
 
@@ -114,7 +115,7 @@ class Counts:
     upserts: int = 0
     deletes: int = 0
     ignored_tombstones: int = 0  # a Debezium tombstone without a Kafka key to delete (it follows a 'd')
-    no_key: int = 0  # no key to apply by (not quarantined: a Debezium image without the key column's value)
+    no_key: int = 0  # no key to apply by: the feed's rules quarantine these, so only one that slipped past them
 
     def to_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -412,7 +413,7 @@ class ChangesPublisher(IcebergPublisher):
             f"{counts.superseded} superseded by a later change of their key in the plan, {counts.stale} skipped as "
             f"stale (the table already held their key's state or a newer one)"
         )
-        if counts.no_key:  # not quarantined (the feed's rules cannot see a Debezium image's key): said here
+        if counts.no_key:  # the feed's rules quarantine them (validation.rules.change_rules): never silent here
             message += (
                 f"; {counts.no_key} changes were NOT applied: their image has no value for the key "
                 f"{list(self.spec.key)} (see the plan's records in Kafka)"

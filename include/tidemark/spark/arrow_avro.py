@@ -18,7 +18,8 @@ length of its Avro encoding, computed from its decoded fields, equals the length
 body, so every record's bytes were read by exactly its own fields (a body with a byte too
 many or too few would shift every record after it), and a boolean's byte, which those
 lengths place, must be 0 or 1 (polars reads any other as false). A task that cannot show that, or that
-meets anything else it does not handle (a null value, a header other than the run's
+meets anything else it does not handle (a null value, unless it is a keyed table's
+tombstone, staged with every field null; a header other than the run's
 candidate writers', a key that is not UTF-8, a record without a timestamp), stops and says
 why, and the job stages with Spark instead (a second read of Kafka, by the path that
 decodes, quarantines and names every bad record).
@@ -147,6 +148,7 @@ class StagePlan:
     raw_value: str  # the column holding each record's raw value
     head: str | None  # the column holding each value's wire-format header, when staged
     plain: tuple[str, ...]  # columns written without dictionary and statistics (payloads)
+    tombstones: bool = False  # a null value is a change (a keyed table's): staged with every reader field null
 
     @classmethod
     def of(
@@ -159,6 +161,7 @@ class StagePlan:
         raw_value: str,
         head: str | None,
         plain: Sequence[str],
+        tombstones: bool = False,
     ) -> StagePlan | str:
         """The plan for staging ``staged``'s columns (the Spark write's) from ``schemas``' writers; else why not."""
         from pyspark.sql.types import BinaryType, StringType, StructType
@@ -206,7 +209,7 @@ class StagePlan:
             return "the key is not staged as text or bytes"
         return cls(
             tuple(writers), tuple(readers), file_schema.json(), partition_columns, ok,
-            isinstance(key.dataType, StringType), raw_value, head, tuple(plain),
+            isinstance(key.dataType, StringType), raw_value, head, tuple(plain), tombstones,
         )  # fmt: skip
 
 
@@ -397,10 +400,17 @@ def _staged_tables(batch: pa.RecordBatch, plan: StagePlan, schema: pa.Schema) ->
 
     values = batch.column("value")
     where = _where(batch)
-    if values.null_count:
+    if values.null_count and not plan.tombstones:
         raise CannotStage(f"{where}: a record without a value (a tombstone)")
     if batch.column("timestamp").null_count:
         raise CannotStage(f"{where}: a record without a timestamp")
+    tables, topics = [], []
+    if values.null_count:  # a keyed table's tombstones: every reader field null, as Spark's decoder gives them
+        nulls = batch.filter(pc.is_null(values))
+        tables.append(_laid_out(nulls, pa.nulls(nulls.num_rows), None, plan.readers[0][1], plan, schema))
+        topics.append(nulls.column("topic"))
+        batch = batch.filter(pc.is_valid(values))
+        values = batch.column("value")
     if batch.num_rows and pc.min(pc.binary_length(values)).as_py() < HEADER_BYTES:
         raise CannotStage(f"{where}: a value shorter than the wire format's five-byte header")
     heads = pc.binary_slice(values, 0, HEADER_BYTES)
@@ -410,7 +420,6 @@ def _staged_tables(batch: pa.RecordBatch, plan: StagePlan, schema: pa.Schema) ->
         if head not in writers:
             raise CannotStage(f"{where}: a value framed with header {head.hex()}, not one of the run's writers'")
     readers = dict(plan.readers)
-    tables, topics = [], []
     for head in found:  # usually one writer per batch: then the batch is used as it is, not filtered
         mask = pc.equal(heads, pa.scalar(head, pa.binary())) if len(found) > 1 else None
         part, part_heads = (batch, heads) if mask is None else (batch.filter(mask), heads.filter(mask))
@@ -545,12 +554,13 @@ def _encoded_sizes(column: pa.Array, kind: Kind) -> np.ndarray:
 def _laid_out(
     part: pa.RecordBatch,
     heads: pa.Array,
-    decoded: pa.Table,
+    decoded: pa.Table | None,
     fields: Sequence[ReaderField],
     plan: StagePlan,
     schema: pa.Schema,
 ) -> pa.Table:
-    """The staged columns of ``part``'s records (``schema``): Kafka's, the reader's fields, the raw value."""
+    """The staged columns of ``part``'s records (``schema``): Kafka's, the reader's fields (null without
+    ``decoded``: tombstones), the raw value."""
     import pyarrow as pa
 
     n = part.num_rows
@@ -567,6 +577,9 @@ def _laid_out(
     if plan.head is not None:
         columns[plan.head] = heads
     for f in fields:
+        if decoded is None:
+            columns[f.name] = pa.nulls(n)  # cast to the field's type below
+            continue
         columns[f.name] = decoded.column(f.source).combine_chunks() if f.source else _default(f, n)
     arrays = []
     for target in schema:

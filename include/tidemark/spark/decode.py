@@ -26,8 +26,10 @@ field of the wrong type (strings accept any scalar, as Spark's JSON reader does)
 required field that is missing or null; a null value (tombstone) when the declared schema
 has required fields; a registry-format key or value that does not decode against its
 schema (:func:`registry_reasons`; JSON Schema's name the field and the rule), and a null
-registry-format value. The record columns (:data:`ERROR_COLUMN`, :data:`RAW_VALUE_COLUMN`,
-...) are named in :mod:`tidemark.staged`.
+registry-format value. A feed whose tombstones are changes (a keyed table's, ``annotate(...,
+tombstones=True)``) decodes a null value as a record whose value columns are null. The
+record columns (:data:`ERROR_COLUMN`, :data:`RAW_VALUE_COLUMN`, ...) are named in
+:mod:`tidemark.staged`.
 """
 
 from __future__ import annotations
@@ -188,12 +190,19 @@ def _run_schemas(fmt: str, schemas: RunSchemas | None, column: str) -> RunSchema
 
 
 def _decoding(
-    df: DataFrame, deser: Deserialization, schemas: RunSchemas | None = None, key_schemas: RunSchemas | None = None
+    df: DataFrame,
+    deser: Deserialization,
+    schemas: RunSchemas | None = None,
+    key_schemas: RunSchemas | None = None,
+    tombstones: bool = False,
 ) -> _Decoding:
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
     check_fields(deser)
+    # A keyed table's tombstone is a change: it decodes as a record whose value columns are null. Its reason stays in
+    # decode_reasons (never met), so a reason's index, the staged code, is the same for every feed of a format.
+    tombstone = F.col("value").isNull() & F.lit(not tombstones)
     failed: list[Failure] = []  # one condition per decode_reasons(deser) entry, in its order
     work = df
     key_col: Column = F.col("key")
@@ -217,7 +226,7 @@ def _decoding(
         run_values = _run_schemas(deser.format, schemas, "value")
         value = registry_format(deser.format).decoding(work, run_values, "value", _PARSED)
         work = value.work
-        failed.append(F.col("value").isNull())
+        failed.append(tombstone)
         failed += value.failures
         value_cols = [value.parsed.getField(name).alias(name) for name in run_values.field_names]
     else:
@@ -229,7 +238,7 @@ def _decoding(
         work = work.withColumn(_PARSED, F.from_json(text, with_corrupt, options))
         parsed = F.col(_PARSED)
         if required:
-            failed.append(F.col("value").isNull())
+            failed.append(tombstone)
         failed.append(~F.is_valid_utf8(text))
         failed.append(parsed.getField(_CORRUPT).isNotNull())
         failed += [F.col("value").isNotNull() & parsed.getField(name).isNull() for name in required]
@@ -259,7 +268,12 @@ def raw_key_kept(deser: Deserialization) -> bool:
 
 
 def annotate(
-    df: DataFrame, deser: Deserialization, schemas: RunSchemas | None = None, key_schemas: RunSchemas | None = None
+    df: DataFrame,
+    deser: Deserialization,
+    schemas: RunSchemas | None = None,
+    key_schemas: RunSchemas | None = None,
+    *,
+    tombstones: bool = False,
 ) -> DataFrame:
     """Every record of ``df`` decoded, in one projection: no row is dropped or split off.
 
@@ -270,9 +284,11 @@ def annotate(
     the binary, JSON and registry-format values (whose fields cannot hold them) get the raw
     value as :data:`RAW_VALUE_COLUMN` (see :func:`raw_value_kept`), and registry-format keys
     the raw key as :data:`RAW_KEY_COLUMN`. ``schemas`` and ``key_schemas``: the run's
-    registry schemas of the value and the key, when their format needs them.
+    registry schemas of the value and the key, when their format needs them. ``tombstones``: a null value is a
+    change (a keyed table's tombstone, :attr:`tidemark.config.models.Feed.tombstones_are_changes`), decoded as a
+    record whose value columns are null, not a failure.
     """
-    d = _decoding(df, deser, schemas, key_schemas)
+    d = _decoding(df, deser, schemas, key_schemas, tombstones)
     raw = [d.work["value"].alias(RAW_VALUE_COLUMN)] if raw_value_kept(deser) else []
     if raw_key_kept(deser):
         raw.append(d.work["key"].alias(RAW_KEY_COLUMN))

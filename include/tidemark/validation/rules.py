@@ -23,10 +23,11 @@ a row violates them) so bad rows can be split off: ``not_be_null``, ``be_null``,
 ``be_between``, ``be_in_set``, ``not_be_in_set``, ``match_regex``, ``not_match_regex``,
 ``value_lengths_to_be_between`` and ``value_lengths_to_equal`` on an existing column,
 without ``row_condition``. Like GX, they ignore nulls except the null checks. Rows with
-a ``_decode_error`` are bad too. Under ``on_bad_records: fail`` any failing expectation
-or decode error fails the run. Under ``quarantine`` bad rows go to the quarantine output
-with a ``_reason`` and the run fails only if their share exceeds
-``quarantine_max_ratio``; expectations that are not row-translatable (uniqueness,
+a ``_decode_error`` are bad too, and so are a keyed table's Debezium changes without their
+key's value (:func:`change_rules`: Tidemark's rule, not in the GX suite). Under
+``on_bad_records: fail`` any failing expectation, rule or decode error fails the run.
+Under ``quarantine`` bad rows go to the quarantine output with a ``_reason`` and the run
+fails only if their share exceeds ``quarantine_max_ratio``; expectations that are not row-translatable (uniqueness,
 aggregates, table-level, conditional) cannot be quarantined row by row, so when one of
 them fails the run fails. ``mostly`` only changes GX's verdict; a row that violates a
 translated rule is quarantined whatever ``mostly`` allows.
@@ -48,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidemark._types import TopicPartition as TP
-from tidemark.config.models import Expectation, Feed
+from tidemark.config.models import KAFKA_KEY, Expectation, Feed
 from tidemark.errors import ConfigError, ValidationFailedError
 from tidemark.planning.plan import PartitionPlan, Plan
 from tidemark.settings import cache_root
@@ -244,6 +245,46 @@ def split_rules(expectations: Sequence[Expectation], columns: Iterable[str]) -> 
     return rules, untranslatable
 
 
+CHANGE_KEY_LABEL = "change_without_key"
+
+
+def change_rules(feed: Feed, columns: Iterable[str]) -> list[RowRule]:
+    """A keyed table's changes that cannot be applied for want of their key's value, as one row rule (none for a
+    feed that is not one, or whose key is only the Kafka key).
+
+    A Debezium ``c``/``u``/``r`` whose ``after`` (or a ``d`` whose ``before``) is null or lacks the value of a key
+    column: labelled ``change_without_key(<key columns>)``, it is quarantined as any broken rule is (or fails the
+    run under ``on_bad_records: fail``). No GX expectation says "not null when op is c, u or r" without a
+    conditional expectation, whose string conditions GX deprecates, so it is Tidemark's own rule, beside the suite.
+    A ``state`` feed's key columns have the feed's own not-null expectations
+    (:meth:`tidemark.config.models.Feed._change_rules`), and so has the Kafka key when it is the key.
+    """
+    iceberg = feed.iceberg
+    if iceberg is None or iceberg.mode != "upsert" or iceberg.change_format != "debezium":
+        return []
+    keys = [k for k in iceberg.key if k != KAFKA_KEY]
+    names = set(columns)
+    if not keys or "op" not in names:
+        return []
+
+    def missing(image: str) -> str:  # an image or key field the records lack is a value they lack
+        if image not in names:
+            return "TRUE"
+        fields = [f"{quote_ident(image)}.{quote_ident(k)} IS NULL" if f"{image}.{k}" in names else "TRUE" for k in keys]
+        return " OR ".join([f"{quote_ident(image)} IS NULL", *fields])
+
+    op = quote_ident("op")
+    sql = f"({op} IN ('c', 'u', 'r') AND ({missing('after')})) OR ({op} = 'd' AND ({missing('before')}))"
+    return [RowRule(f"{CHANGE_KEY_LABEL}({', '.join(keys)})", CHANGE_KEY_LABEL, sql, None)]
+
+
+def feed_rules(feed: Feed, columns: Iterable[str]) -> tuple[list[RowRule], dict[int, str]]:
+    """:func:`split_rules` of the feed's expectations, then its :func:`change_rules`: every row rule of the feed."""
+    cols = list(columns)
+    rules, untranslatable = split_rules(feed.validation.expectations, cols)
+    return rules + change_rules(feed, cols), untranslatable
+
+
 def reason_sql(rules: Sequence[RowRule]) -> str:
     """A Spark SQL string expression naming every rule a row violates, ``; ``-separated."""
     parts = []
@@ -278,7 +319,7 @@ class OutcomeCodes:
     def of(cls, columns: Iterable[str], feed: Feed, schemas: Mapping[str, Any] | None = None) -> OutcomeCodes:
         """The codes of ``feed``'s records; ``columns`` are the decoded record's, ``schemas`` the run's registry
         schemas per part (``value``, ``key``), whose decode reasons may name their fields."""
-        rules, _ = split_rules(feed.validation.expectations, [c for c in columns if c not in DECODE_ERROR_COLUMNS])
+        rules, _ = feed_rules(feed, [c for c in columns if c not in DECODE_ERROR_COLUMNS])
         found = schemas or {}
         return cls(tuple(rules), tuple(decode_reasons(feed.deserialization, found.get("value"), found.get("key"))))
 
@@ -918,7 +959,7 @@ def validate(
 
     run_dir.mkdir(parents=True, exist_ok=True)
     policy = feed.validation
-    rules, untranslatable = split_rules(policy.expectations, column_paths(df.schema))
+    rules, untranslatable = feed_rules(feed, column_paths(df.schema))
     flags = [F.coalesce(F.expr(r.sql), F.lit(False)) for r in rules]
     bad = _or(flags)
     marks = _marked(df, decode_failed, flags, raw_value_column, raw_key_column, digested)
@@ -948,6 +989,9 @@ def validate(
         shutil.rmtree(run_dir / "gx", ignore_errors=True)
         gx_out = run_gx(df, feed, plan, run_dir, list_unexpected=True)
     judged = _judged(feed, gx_out, rules, counts.by_rule, untranslatable, samples, sample_size)
+    # Tidemark's own rules (change_rules) are no expectation of the suite: their bad rows fail as one would.
+    judged.failing += [r.label for r, n in zip(rules, counts.by_rule, strict=True)
+                       if n and r.index is None and r.label != DECODE_LABEL]  # fmt: skip
 
     decode_errors = counts.undecoded + (counts.by_rule[0] if rules and rules[0].label == DECODE_LABEL else 0)
     failure = _failure(feed, plan, counts, judged, decode_errors)

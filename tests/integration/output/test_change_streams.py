@@ -28,6 +28,7 @@ from tidemark.errors import PlanningError
 from tidemark.faults import InjectedFault
 from tidemark.kafka.admin import Record
 from tidemark.kafka.registry import ENV_URL as REGISTRY_ENV_URL
+from tidemark.output.deadletters import dead_letters
 from tidemark.runs.pipeline import commit_run, plan_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -410,3 +411,146 @@ def test_a_debezium_avro_stream_through_the_registry_folds_into_the_table_and_ta
     fenv.run()
     columns = ["id", "name", "qty", "email"]
     assert table_rows(fenv, columns) == fold_avro(columns)
+
+
+STATE_V1 = [{"name": "name", "type": "string"}, {"name": "qty", "type": ["null", "long"], "default": None}]
+
+
+@pytest.mark.parametrize("staged_by", ["read_tasks", "spark"])
+def test_an_avro_state_feed_through_the_registry_deletes_by_its_tombstones(
+    fenv: FaultEnv, registry: str, monkeypatch: pytest.MonkeyPatch, staged_by: str
+) -> None:
+    """``change_format: state`` with Avro values keyed by the Kafka key: a null value (a tombstone) deletes its key,
+    staged by the read tasks themselves or by Spark's ``from_avro``; the table equals a fold of the scan."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    fenv.iceberg = "tidemark.states_avro"
+    fenv.write_feed(
+        deserialization={"format": "avro"}, output_format="iceberg",
+        # 0: the data source reads every plan, so the read tasks may stage it (a small plan is read by the driver)
+        driver_read_max_records=0 if staged_by == "read_tasks" else 250_000,
+        iceberg={"table": "tidemark.states_avro", "mode": "upsert", "key": "key", "change_format": "state"},
+        validation={"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5},
+    )  # fmt: skip
+    monkeypatch.setenv(REGISTRY_ENV_URL, registry)
+    client = SchemaRegistryClient({"url": registry})
+    schema = {"type": "record", "name": "State", "namespace": "tidemark.test", "fields": STATE_V1}
+    serializer = AvroSerializer(client, json.dumps(schema), conf={"auto.register.schemas": True})
+    context = SerializationContext(fenv.topic, MessageField.VALUE)
+    seq = iter(range(1, 1000))
+
+    def state(key: str, value: Mapping[str, Any] | None) -> Record:
+        body = None if value is None else bytes(serializer(dict(value), context))
+        return Record(value=body, key=key.encode(), partition=int(key[1:]) % 3, timestamp_ms=T0 + next(seq) * 1000)
+
+    def avro_fold() -> dict[str, dict[str, Any]]:
+        """The last value per Kafka key of the scan, decoded with fastavro; a tombstone deletes."""
+        import io
+
+        import fastavro
+
+        parsed = fastavro.parse_schema(schema)
+        last: dict[str, dict[str, Any] | None] = {}
+        for _, _, key, value in keyed_scan(fenv):
+            assert key is not None
+            doc = None if value is None else fastavro.schemaless_reader(io.BytesIO(value[5:]), parsed)
+            last[key.decode()] = None if doc is None else dict(doc)  # type: ignore[arg-type]
+        return {k: {c: v.get(c) for c in ("name", "qty")} for k, v in last.items() if v is not None}
+
+    fenv.kafka.produce(fenv.topic, [
+        *(state(f"k{i}", {"name": f"s{i}", "qty": i}) for i in range(8)),
+        state("k1", {"name": "s1-2", "qty": 11}), state("k2", None), state("k3", {"name": "s3-2", "qty": None}),
+        state("k6", None),
+    ])  # fmt: skip
+    _, job, _ = fenv.run()
+    assert job["records_quarantined"] == 0 and job["staged_by"] == staged_by, job
+    assert table_rows(fenv, ["name", "qty"], key="key") == avro_fold()
+    assert set(avro_fold()) == {"k0", "k1", "k3", "k4", "k5", "k7"}
+    fenv.kafka.produce(fenv.topic, [
+        state("k2", {"name": "back", "qty": 2}), state("k1", None), state("k5", {"name": "s5-2", "qty": 5}),
+        state("k9", {"name": "s9", "qty": 9}), state("k4", None),
+    ])  # fmt: skip
+    _, job, _ = fenv.run()
+    assert job["records_quarantined"] == 0 and job["staged_by"] == staged_by, job
+    assert table_rows(fenv, ["name", "qty"], key="key") == avro_fold()
+    assert dead_letters(fenv.feed) == []
+
+
+def test_a_debezium_avro_tombstone_after_its_delete_is_no_dead_letter(
+    fenv: FaultEnv, registry: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Debezium writes a tombstone (a null value) after each delete, for compaction: in an Avro feed keyed by a
+    column of 'after' it changes nothing and is not quarantined."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    fenv.iceberg = "tidemark.cdc_avro_tombstones"
+    fenv.write_feed(
+        deserialization={"format": "avro"}, output_format="iceberg",
+        iceberg={"table": "tidemark.cdc_avro_tombstones", "mode": "upsert", "key": "id", "change_format": "debezium"},
+        validation={"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5},
+    )  # fmt: skip
+    monkeypatch.setenv(REGISTRY_ENV_URL, registry)
+    client = SchemaRegistryClient({"url": registry})
+    serializer = AvroSerializer(client, json.dumps(_envelope(VALUE_V1)), conf={"auto.register.schemas": True})
+    context = SerializationContext(fenv.topic, MessageField.VALUE)
+    seq = iter(range(1, 1000))
+
+    def change(op: str | None, key: int, before: Any = None, after: Any = None) -> Record:
+        doc = {"before": before, "after": after, "op": op, "source": {"ts_ms": T0, "lsn": None}, "ts_ms": T0}
+        body = None if op is None else bytes(serializer(doc, context))
+        return Record(value=body, key=str(key).encode(), partition=key % 3, timestamp_ms=T0 + next(seq) * 1000)
+
+    row = {k: {"id": k, "name": f"n{k}", "qty": k} for k in range(4)}
+    fenv.kafka.produce(fenv.topic, [
+        *(change("c", k, after=row[k]) for k in range(4)),
+        change("d", 1, before=row[1]), change(None, 1), change("d", 3, before=row[3]), change(None, 3),
+    ])  # fmt: skip
+    _, job, _ = fenv.run()
+    assert job["records_quarantined"] == 0, job
+    assert dead_letters(fenv.feed) == []
+    assert table_rows(fenv, ["id", "name", "qty"]) == {0: row[0], 2: row[2]}
+    [event] = fenv.report_events("changes_applied")
+    assert event["details"]["ignored_tombstones"] == 2, event
+
+
+def test_a_debezium_change_without_its_keys_value_is_a_dead_letter_naming_the_key(fenv: FaultEnv) -> None:
+    """A c/u/r change whose 'after' lacks the key's value (or is null), and a d whose 'before' does, cannot be
+    applied: each is quarantined with a reason code naming the key, and reaches the feed's dead letters."""
+    use_debezium(fenv, AFTER)
+    cdc = Changes(fenv)
+    good = [cdc.change("c", k, name=f"n{k}", qty=k) for k in range(4)]
+
+    def envelope(key: int, op: str, before: Any, after: Any) -> Record:
+        return cdc._record(key, {"before": before, "after": after, "op": op, "source": {"ts_ms": T0}, "ts_ms": T0})
+
+    unkeyed = [
+        envelope(5, "c", None, {"id": None, "name": "no id", "qty": 1}),
+        envelope(6, "u", None, None),
+        envelope(1, "d", None, None),
+        envelope(2, "d", {"id": None, "name": "n2", "qty": 2}, None),
+    ]
+    cdc.produce([*good, *unkeyed, cdc.change("u", 3, name="n3-2", qty=33)])
+    _, job, outcome = fenv.run()
+    assert outcome.committed and job["records_quarantined"] == 4, job
+    letters = dead_letters(fenv.feed)
+    assert sorted((d.partition, d.offset) for d in letters) == sorted(
+        (r.partition, offset) for r, offset in _offsets_of(fenv, unkeyed)
+    )
+    assert {d.reason_codes for d in letters} == {("change_without_key(id)",)}, letters
+    assert {d.reason for d in letters} == {"change_without_key(id)"}
+    assert table_rows(fenv, ["id", "name", "qty"]) == {
+        0: {"id": 0, "name": "n0", "qty": 0}, 1: {"id": 1, "name": "n1", "qty": 1},
+        2: {"id": 2, "name": "n2", "qty": 2}, 3: {"id": 3, "name": "n3-2", "qty": 33},
+    }  # fmt: skip
+    [event] = fenv.report_events("changes_applied")
+    assert event["details"]["no_key"] == 0 and event["details"]["changes"] == 5, event
+
+
+def _offsets_of(fenv: FaultEnv, records: list[Record]) -> list[tuple[Record, int]]:
+    """Where each of ``records`` (values unique) landed in the topic, from the scan."""
+    where = {value: offset for _, offset, _, value in keyed_scan(fenv)}
+    return [(r, where[r.value]) for r in records]

@@ -25,6 +25,7 @@ from tidemark.output.changes import (
     newer,
 )
 from tidemark.output.iceberg import FEED_KEY, GROUP_KEY, PLAN_KEY, RANGES_KEY, RECORDS_KEY
+from tidemark.staged import ERROR_COLUMN
 
 SPEC = ChangeSpec("states", ("key",), "state", ())
 RECORDS = pa.schema([
@@ -214,3 +215,45 @@ def test_a_debezium_tombstone_deletes_only_by_the_kafka_key_and_an_image_without
     assert (kinds, by_column.ignored_tombstones, by_column.no_key) == (["upsert"], 1, 1)  # 'after' without its id
     kinds = [c.kind for c in changes_of(ChangeSpec("f", ("key",), "debezium", ("op",)), recs, by_kafka_key)]
     assert (kinds, by_kafka_key.ignored_tombstones, by_kafka_key.no_key) == (["upsert", "delete", "upsert"], 0, 0)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    ("ddl", "flagged"),
+    [
+        # c/u/r without 'after' or without a key column's value in it; d without 'before' or its value: flagged.
+        ("before struct<region: string, id: long>, after struct<region: string, id: long>, op string",
+         [False, True, True, True, False, True, True, False, False, False]),
+        # 'before' not in the envelope: no delete has its key (as the merge reads it: counted, never applied).
+        ("after struct<region: string, id: long>, op string",
+         [False, True, True, True, True, True, True, False, False, False]),
+    ],
+)  # fmt: skip
+def test_a_debezium_change_without_its_keys_value_breaks_the_feeds_change_rule_naming_the_key(
+    spark: Any, ddl: str, flagged: list[bool]
+) -> None:
+    from pyspark.sql import functions as F
+
+    from tidemark.validation.rules import OutcomeCodes, column_paths
+
+    doc = {**BASE, "deserialization": {"format": "json", "schema_ddl": ddl},
+           "iceberg": {"mode": "upsert", "key": ["region", "id"], "change_format": "debezium"}}  # fmt: skip
+    feed = parse_feed("cdc", doc, "feeds/cdc.yaml")
+    full, half = {"region": "eu", "id": 1}, {"region": "eu", "id": None}
+    rows = [
+        ("c", None, full), ("c", None, half), ("u", None, {"region": None, "id": 1}), ("r", None, None),
+        ("d", full, None), ("d", half, None), ("d", None, None),
+        (None, None, None),  # a tombstone: no change to apply, nothing to quarantine
+        ("t", None, None),  # an unknown op: the feed's op rule quarantines it, not this one
+        ("u", full, full),
+    ]  # fmt: skip
+    data = [{"op": op, "before": before, "after": after} for op, before, after in rows]
+    if "before" not in ddl:
+        data = [{k: v for k, v in d.items() if k != "before"} for d in data]
+    df = spark.createDataFrame(data, schema=ddl)
+    codes = OutcomeCodes.of(column_paths(df.schema), feed)
+    decoded = df.withColumn(ERROR_COLUMN, F.lit(None).cast("string"))  # every record decoded
+    got = [r["code"] for r in decoded.select(codes.column().alias("code")).collect()]
+    labels = [codes.labels(code) if code != "ok" else () for code in got]
+    assert [("change_without_key(region, id)" in found) for found in labels] == flagged, labels
+    assert labels[8] == ("expect_column_values_to_be_in_set(op)",)  # the unknown op: the op rule's alone
