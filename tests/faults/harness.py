@@ -322,6 +322,27 @@ class FaultEnv:
         """The group's committed offsets as Kafka answers a plain client (not through Tidemark's adapter)."""
         return {p: o for (_, p), o in group_offsets(self.kafka.connection, self.group, self.tps()).items()}
 
+    def crash_after_table_commit(self, monkeypatch: pytest.MonkeyPatch) -> RunHandle:
+        """Plan and stage a run of this Iceberg feed, then commit it crashing right after its table commit, before
+        the run ledger records it shown: the run it leaves behind for the next one to settle."""
+        from tidemark.faults import InjectedFault
+        from tidemark.output.iceberg import IcebergPublisher
+        from tidemark.runs.pipeline import commit_run, plan_run
+
+        crashed = plan_run(self.feed, self.kafka.connection, root=self.root)
+        self.in_process(crashed, self.kafka.connection)
+        promote = IcebergPublisher.promote
+
+        def promote_then_crash(publisher: IcebergPublisher, plan_id: str, run_id: str) -> Any:
+            promote(publisher, plan_id, run_id)
+            raise InjectedFault("after the table commit")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(IcebergPublisher, "promote", promote_then_crash)
+            with pytest.raises(InjectedFault):
+                commit_run(crashed, self.kafka.connection, root=self.root)
+        return crashed
+
     def in_process(self, handle: RunHandle, connection: KafkaConnection) -> dict[str, Any]:
         """The Spark job in this session: the same code ``spark-submit`` runs."""
         from tidemark.config.models import load_feed

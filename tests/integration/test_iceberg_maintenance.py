@@ -24,7 +24,6 @@ import pytest
 
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv, oracle
-from tidemark.faults import InjectedFault
 from tidemark.runs.pipeline import RunHandle, commit_run, plan_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -78,18 +77,7 @@ def test_guarantees_survive_pyiceberg_compaction_and_snapshot_expiry(
         handles.append(handle)
     # A crash right after a plan's table commit, before the run ledger records it shown.
     fenv.produce(6)
-    crashed = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
-    fenv.in_process(crashed, fenv.kafka.connection)
-    promote = IcebergPublisher.promote
-
-    def promote_then_crash(self: IcebergPublisher, plan_id: str, run_id: str) -> Any:
-        promote(self, plan_id, run_id)
-        raise InjectedFault("after the table commit")
-
-    monkeypatch.setattr(IcebergPublisher, "promote", promote_then_crash)
-    with pytest.raises(InjectedFault):
-        commit_run(crashed, fenv.kafka.connection, root=fenv.root)
-    monkeypatch.setattr(IcebergPublisher, "promote", promote)
+    crashed = fenv.crash_after_table_commit(monkeypatch)
     assert open_store(root=fenv.root).run(fenv.group, crashed.run_id).state == "committed"  # type: ignore[union-attr]
     assert fenv.committed() == {0: 12, 1: 12, 2: 12}
     assert_table_matches_kafka(fenv)

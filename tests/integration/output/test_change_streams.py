@@ -178,8 +178,6 @@ def job_outside_any_run(fenv: FaultEnv, handle: Any) -> dict[str, Any]:
 def test_a_debezium_stream_folds_into_the_table_through_crashes_reruns_and_replays(
     fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tidemark.output.iceberg import IcebergPublisher
-
     use_debezium(fenv, AFTER)
     columns = ["id", "name", "qty"]
     cdc = Changes(fenv)
@@ -213,18 +211,7 @@ def test_a_debezium_stream_folds_into_the_table_through_crashes_reruns_and_repla
 
     # Plan 4 crashes right after its table commit, before the run ledger records it shown.
     cdc.produce([cdc.change("u", 5, name="n5-3", qty=5), cdc.change("d", 6), cdc.change("u", 7, name="n7-2", qty=7)])
-    crashed = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
-    fenv.in_process(crashed, fenv.kafka.connection)
-    promote = IcebergPublisher.promote
-
-    def promote_then_crash(self: IcebergPublisher, plan_id: str, run_id: str) -> Any:
-        promote(self, plan_id, run_id)
-        raise InjectedFault("after the table commit")
-
-    monkeypatch.setattr(IcebergPublisher, "promote", promote_then_crash)
-    with pytest.raises(InjectedFault):
-        commit_run(crashed, fenv.kafka.connection, root=fenv.root)
-    monkeypatch.setattr(IcebergPublisher, "promote", promote)
+    crashed = fenv.crash_after_table_commit(monkeypatch)
     assert_table_is_the_fold(fenv, columns)
     before = table_rows(fenv, columns)
     # The next run finishes the crashed one (found in the ledger: not applied again), then reads nothing new.

@@ -24,15 +24,14 @@ import pytest
 
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import QUARANTINED, FaultEnv, Row, digest, scan
+from tests.support.poison import produce_with_poison
 from tidemark.faults import FAULTS_ENV, InjectedFault
-from tidemark.kafka.admin import Record
 from tidemark.output.deadletters import DeadLetter, dead_letters, summarize
 from tidemark.runs.pipeline import commit_run, plan_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 RULE = "expect_column_values_to_match_regex(value)"
-UNDECODABLE = b"\xff\xfe-not-utf8"
 
 
 @pytest.fixture
@@ -42,24 +41,6 @@ def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytes
     env.install(monkeypatch)
     monkeypatch.delenv(FAULTS_ENV, raising=False)
     return env
-
-
-def produce_with_poison(env: FaultEnv, count: int) -> None:
-    """``count`` records numbered on from the last: every fifth does not decode, every seventh breaks the rule
-    (``x-<i>``), every eleventh is a tombstone (null passes every rule), the rest are good."""
-    records = []
-    for i in range(env.sent, env.sent + count):
-        value: bytes | None = f"v-{i}".encode()
-        if i % 5 == 1:
-            value = UNDECODABLE + str(i).encode()
-        elif i % 7 == 2:
-            value = f"x-{i}".encode()
-        elif i % 11 == 3:
-            value = None
-        records.append(Record(value=value, key=f"k{i}".encode(), partition=i % env.partitions,
-                              headers=(("origin", f"h{i}".encode()),)))  # fmt: skip
-    env.sent += count
-    env.kafka.produce(env.topic, records)
 
 
 def oracle_bad(env: FaultEnv) -> dict[Row, bytes | None]:

@@ -21,15 +21,14 @@ import pytest
 
 from tests.conftest import S3_BUCKET, KafkaTestCluster
 from tests.faults.harness import GOOD, QUARANTINED, FaultEnv, Row, digest, scan
+from tests.support.poison import produce_with_poison
 from tidemark.faults import FAULTS_ENV, InjectedFault
-from tidemark.kafka.admin import Record
 from tidemark.output.deadletters import dead_letters
 from tidemark.runs.redrive import redrive_feed
 from tidemark.runs.report import load_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-UNDECODABLE = b"\xff\xfe-not-utf8"
 FIXED_RULE = {
     "on_bad_records": "quarantine", "quarantine_max_ratio": 0.5,
     "expectations": [{"type": "expect_column_values_to_match_regex", "kwargs": {"column": "value", "regex": "^[vx]-"}}],
@@ -42,23 +41,6 @@ def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytes
     env = FaultEnv(kafka, spark, tmp_path, request.node.name)
     env.install(monkeypatch)
     return env
-
-
-def produce_with_poison(env: FaultEnv, count: int) -> None:
-    """Every fifth record does not decode, every seventh breaks the first rule (``x-<i>``), every eleventh is a
-    tombstone, the rest are good (``v-<i>``)."""
-    records = []
-    for i in range(env.sent, env.sent + count):
-        value: bytes | None = f"v-{i}".encode()
-        if i % 5 == 1:
-            value = UNDECODABLE + str(i).encode()
-        elif i % 7 == 2:
-            value = f"x-{i}".encode()
-        elif i % 11 == 3:
-            value = None
-        records.append(Record(value=value, key=f"k{i}".encode(), partition=i % env.partitions))
-    env.sent += count
-    env.kafka.produce(env.topic, records)
 
 
 def oracle(env: FaultEnv) -> dict[str, Counter[Row]]:
