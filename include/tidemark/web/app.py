@@ -440,7 +440,8 @@ def example(letter: DeadLetter, scrub: Callable[[Any], Any]) -> dict[str, Any]:
     """One dead letter as a page or the JSON shows it: the one place its values (key, value, headers) are rendered.
 
     ``scrub`` is the view's redaction (:meth:`ViewDeps.unclipped`: secret values and broker
-    addresses); a masking of sensitive fields hooks in here.
+    addresses). A masked feed's dead letters hold masked values only: the job masks before it
+    quarantines (:mod:`tidemark.spark.masking`).
     """
     doc: dict[str, Any] = scrub(letter.to_dict())
     for name in ("key", "value", "reason"):  # a record's value may be megabytes: a page shows its start
