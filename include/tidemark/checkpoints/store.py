@@ -255,13 +255,7 @@ class SqliteCheckpointStore:
         return None if row is None else LedgerRun(*row)
 
     def open_runs(self, feed: str) -> list[LedgerRun]:
-        marks = ", ".join("?" for _ in OPEN_STATES)
-        with closing(self._connect()) as conn:
-            rows = conn.execute(
-                f"SELECT {_RUN_COLUMNS} FROM runs WHERE feed = ? AND state IN ({marks}) ORDER BY run_id",
-                (feed, *OPEN_STATES),
-            ).fetchall()
-        return [LedgerRun(*row) for row in rows]
+        return self.feed_runs(feed, OPEN_STATES)
 
     def feed_has_runs(self, feed: str) -> bool:
         with closing(self._connect()) as conn:
