@@ -40,7 +40,9 @@ test: lint browser
 	$(BIN)/pytest -v --durations=25 -m "not extended" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
 
 # The slow variants `make test` leaves out (pytest marker `extended`): the benchmark harness's
-# own tests and the fault scenarios on the S3 + PostgreSQL shape with local staging.
+# own tests, the fault scenarios on the S3 + PostgreSQL shape with local staging (and, for those
+# the shapes share, on every shape but the embedded default), an Iceberg feed on a Spark cluster
+# without a shared disk, the dev tool's retry of a taken Airflow port.
 test-extended: install
 	$(BIN)/pytest -v --durations=10 -m extended $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
 

@@ -63,8 +63,17 @@ S3_POSTGRES = "s3+postgres"
 # output on S3 with checkpoints in PostgreSQL; and that with Spark staging on S3 too, as on a
 # cluster without a shared disk (the fixture ``fenv`` reads the parameter). The middle shape is
 # the third one's publish path with local staging: `make test` leaves it to `make test-extended`.
+# ``ON_BOTH_SHAPES`` runs the third shape in `make test` too: the scenarios whose fault lands
+# where that shape differs (staging and publishing on the object store, the PostgreSQL
+# ledger's races). ``ON_EVERY_SHAPE`` leaves both deployment shapes to `make test-extended`:
+# scenarios about Kafka, the registry and topic identity, which the shapes share.
 ON_BOTH_SHAPES = pytest.mark.parametrize(
     "fenv", [LOCAL, pytest.param(S3_POSTGRES, marks=pytest.mark.extended), S3_STAGING], indirect=True
+)
+ON_EVERY_SHAPE = pytest.mark.parametrize(
+    "fenv",
+    [LOCAL, *(pytest.param(shape, marks=pytest.mark.extended) for shape in (S3_POSTGRES, S3_STAGING))],
+    indirect=True,
 )
 Row = tuple[str, int, int, str]  # topic, partition, offset, sha256 of the value (hex)
 F = TypeVar("F", bound=Callable[..., Any])

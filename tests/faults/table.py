@@ -44,7 +44,9 @@ state and output, SQLite checkpoints), on the deployment shape (state and output
 S3 server, s3proxy, with checkpoints in a real PostgreSQL), and on that shape with Spark
 staging on S3 as well (through s3a, as on a cluster without a shared disk), all started by
 the suite. `make test` runs the first and the third; the second (the third's publish path with
-local staging) runs in `make faults` and `make test-extended`.
+local staging) runs in `make faults` and `make test-extended`. The scenarios about Kafka, the
+registry and topic identity, which the shapes share (25a–c, 24a–b, 23d), run only on the first
+in `make test`, on all three in the others.
 
 """
 

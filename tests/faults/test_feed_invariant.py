@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.faults.harness import ON_BOTH_SHAPES, FaultEnv, assert_names, scenario
+from tests.faults.harness import ON_BOTH_SHAPES, ON_EVERY_SHAPE, FaultEnv, assert_names, scenario
 from tidemark.errors import OffsetsMovedError, PlanningError, TidemarkError
 from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.runs.pipeline import commit_run, plan_run
@@ -103,7 +103,7 @@ def test_cleared_old_run_does_not_publish(fenv: FaultEnv) -> None:
           asserted="the gap and the rewind are refused naming topic, partition and offsets; with allow_gap the "
                    "skipped range is an offsets_skipped event and the only records missing from the output; the "
                    "committing replay publishes into the feed's output; I1–I4")  # fmt: skip
-@ON_BOTH_SHAPES
+@ON_EVERY_SHAPE
 def test_committing_replays_skip_and_rewind(fenv: FaultEnv) -> None:
     fenv.produce(9)
     fenv.run()

@@ -30,6 +30,7 @@ from tests.conftest import KafkaTestCluster
 from tests.faults.conftest import FaultRegistry
 from tests.faults.harness import (
     ON_BOTH_SHAPES,
+    ON_EVERY_SHAPE,
     QUARANTINED,
     UNKNOWN_SCHEMA_ID,
     FaultEnv,
@@ -1268,7 +1269,7 @@ def test_all_brokers_down_at_plan_time(spark: Any, tmp_path: Path, monkeypatch: 
                    "started again (same URL, same schemas) before the rerun",
           asserted="the run fails naming the registry, the subject and what to do; nothing published, offsets "
                    "unchanged; the rerun publishes exactly the scan and commits; I1–I4")  # fmt: skip
-@ON_BOTH_SHAPES
+@ON_EVERY_SHAPE
 def test_registry_down_at_read_time(fenv: FaultEnv, avro_registry: FaultRegistry) -> None:
     fenv.use_avro(avro_registry.url)
     fenv.produce_avro(9)
@@ -1296,7 +1297,7 @@ def test_registry_down_at_read_time(fenv: FaultEnv, avro_registry: FaultRegistry
           asserted="the poison record is quarantined with its reason and raw bytes, the good ones published as "
                    "typed columns, offsets committed past both; the oracle decodes every value with fastavro; "
                    "I1–I3")  # fmt: skip
-@ON_BOTH_SHAPES
+@ON_EVERY_SHAPE
 def test_poison_avro_record_is_quarantined(fenv: FaultEnv, avro_registry: FaultRegistry) -> None:
     fenv.use_avro(avro_registry.url)
     fenv.produce_avro(12, poison={7})
@@ -1316,7 +1317,7 @@ def test_poison_avro_record_is_quarantined(fenv: FaultEnv, avro_registry: FaultR
           asserted="the run fails naming topic, partition, offset and the id and what to check; nothing published "
                    "or committed; the skip is an offsets_skipped event naming the one record; later runs proceed; "
                    "I1–I4")  # fmt: skip
-@ON_BOTH_SHAPES
+@ON_EVERY_SHAPE
 def test_unknown_schema_id_fails_the_run_until_skipped(fenv: FaultEnv, avro_registry: FaultRegistry) -> None:
     fenv.use_avro(avro_registry.url)
     fenv.produce_avro(6)

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from tests.faults.harness import ON_BOTH_SHAPES, SCOREBOARD, FaultEnv, Row, scenario
+from tests.faults.harness import ON_EVERY_SHAPE, SCOREBOARD, FaultEnv, Row, scenario
 from tests.integration.runs.test_topic_identity import recreate
 from tidemark.faults import FAULTS_ENV, InjectedFault
 
@@ -44,7 +44,7 @@ def assert_whole_output(
                    "more than the checkpoint's 10); a cap of 6 records a partition per run",
           asserted="a topic_recreated event; the new topic read from offset 0 (on_missing earliest), its "
                    "capped first run not taken for the old topic's; output = old + new scan")  # fmt: skip
-@ON_BOTH_SHAPES
+@ON_EVERY_SHAPE
 def test_topic_recreated_longer_than_the_checkpoint(fenv: FaultEnv, request: pytest.FixtureRequest) -> None:
     fenv.write_feed(max_records_per_partition=6)
     fenv.produce(30)
@@ -69,7 +69,7 @@ def test_topic_recreated_longer_than_the_checkpoint(fenv: FaultEnv, request: pyt
           asserted="the staged run is never shown: its commit is refused (the topic's id changed since its plan) "
                    "and it is discarded; the next run reads the new topic from 0; output = old committed + new "
                    "scan, nothing twice")  # fmt: skip
-@ON_BOTH_SHAPES
+@ON_EVERY_SHAPE
 def test_crash_before_commit_then_topic_recreated(
     fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:

@@ -23,6 +23,7 @@ def test_a_port_in_use_fails_naming_it_and_leaves_nothing_running(tmp_path: Path
     assert airflow.running() == {}
 
 
+@pytest.mark.extended  # starts a whole Airflow to test a retry of the dev tool's own port choice
 def test_any_port_is_chosen_again_when_the_first_is_taken(
     tmp_path: Path, held_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

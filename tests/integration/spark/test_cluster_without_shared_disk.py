@@ -59,7 +59,9 @@ def apart_s3(s3a_store: LocalS3, s3a_jars: Path, monkeypatch: pytest.MonkeyPatch
     return s3a_store
 
 
-@pytest.mark.parametrize("kind", ["parquet", "iceberg"])
+# Iceberg on a cluster with S3 and PostgreSQL runs in `make test` too (tests/integration/test_iceberg_runs.py);
+# its variant here, without a shared disk, is left to `make test-extended`.
+@pytest.mark.parametrize("kind", ["parquet", pytest.param("iceberg", marks=pytest.mark.extended)])
 def test_a_cluster_without_a_shared_disk_publishes_each_record_once(
     kind: str, apart_cluster: LocalSpark, apart_s3: LocalS3, kafka: KafkaTestCluster, postgres: str,
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
