@@ -5,7 +5,8 @@ A key or value is magic byte ``0``, a 4-byte schema id, then a JSON document (wh
 confluent-kafka's ``JSONSerializer`` writes). The run's records are all read with one
 reader schema, a JSON Schema: the feed's pinned ``schema_version`` of its subject, else
 the subject's latest. Writer schemas are fetched for each id seen (an unknown id fails the
-run, :mod:`tidemark.spark.wire`). JSON has no resolution rules, so a record that does not
+run, :mod:`tidemark.spark.wire`; in a re-drive, :func:`current_schemas`, it fails only its
+own records, with a reason naming it). JSON has no resolution rules, so a record that does not
 fit is a bad record, not a failed run; a reader schema that has no Spark type fails the
 run at planning, naming the subject, the version and the field.
 
@@ -54,6 +55,7 @@ from tidemark.kafka.registry import MAX_JSON_DEPTH, RegistryClient, SubjectVersi
 from tidemark.spark.formats import PartDecoding, Reasons, RegistryFormat
 from tidemark.spark.wire import (
     HEADER_BYTES,
+    MAGIC,
     RegistrySchemas,
     SchemaUse,
     check_columns,
@@ -91,6 +93,8 @@ class JsonSchemas(RegistrySchemas):
     part: RecordPart = "value"
     # A re-drive's writer ids that do not resolve, each with the reason its records fail (current_schemas).
     unresolved: tuple[tuple[int, str], ...] = ()
+    # A re-drive's reason for a record not in the wire format (a run refuses such records before decoding).
+    unframed: str | None = None
 
     @property
     def document(self) -> dict[str, Any]:
@@ -114,6 +118,7 @@ class JsonSchemas(RegistrySchemas):
             whose = _writer(sid)
             out += [_invalid_reason(self.part, whose), *_rule_reasons(written, self.part, whose, names)]
         out += [why for _, why in self.unresolved]
+        out += [self.unframed] if self.unframed is not None else []
         return list(dict.fromkeys(out))
 
 
@@ -152,7 +157,8 @@ def current_schemas(
     dead letters' raw bytes carry).
 
     Unlike a run's (:func:`resolve_schemas`), no writer fails it: an id the registry does not have, of another
-    schema type, or not a valid JSON Schema is kept in ``unresolved`` with its reason, which its records get.
+    schema type, or not a valid JSON Schema is kept in ``unresolved`` with its reason, which its records get; a
+    record not in the wire format gets ``unframed``'s.
     """
     reader = _reader(feed, client, part)
     writers, unresolved = current_writers(ids, feed, lambda sid: client.typed_schema(sid)[:2], part)
@@ -165,6 +171,7 @@ def current_schemas(
         format="json_schema", subject=reader.subject, version=reader.version, reader_id=reader.schema_id,
         writer_ids=tuple(writers), reader=reader.schema, writers=tuple(sorted(writers.items())), part=part,
         unresolved=tuple(sorted(unresolved.items())),
+        unframed=f"{part} is not in the Schema Registry wire format (magic byte 0, a 4-byte schema id)",
     )  # fmt: skip
 
 
@@ -734,6 +741,7 @@ class RecordChecker:
         self.reader = _validator(doc)
         self.writers = {sid: _validator(json.loads(text)) for sid, text in schemas.writers if sid != schemas.reader_id}
         self.unresolved = dict(schemas.unresolved)
+        self.unframed = schemas.unframed
         self.values = _converter(spark_type(doc), "")
         self.known = frozenset(schemas.reasons())
         self.not_text, self.not_json, _ = base_reasons(self.part)
@@ -765,8 +773,11 @@ class RecordChecker:
         """The decoded record of a framed key or value: its values and :data:`REASON` None, or only the reason."""
         from jsonschema.exceptions import best_match
 
+        # Only a re-drive's schemas have these: a run refuses unframed records and unknown writers before decoding.
+        if self.unframed is not None and (len(framed) < HEADER_BYTES or framed[:1] != MAGIC):
+            return {REASON: self.unframed}
         sid = int.from_bytes(framed[1:HEADER_BYTES], "big")
-        if sid in self.unresolved:  # only a re-drive's schemas have any
+        if sid in self.unresolved:
             return {REASON: self.unresolved[sid]}
         try:
             doc = json.loads(framed[HEADER_BYTES:].decode("utf-8"))

@@ -7,7 +7,10 @@ per run, :func:`resolve_schemas` fetches the reader schema (the feed's pinned ve
 its subject, else the latest) and every writer schema seen, each as the registry's
 serialized ``FileDescriptorProto`` with its references, so no ``protoc`` is needed: the
 message class is built at run time from the descriptors. The reader's message is the
-first message of the reader's file (the one a serializer's index ``[0]`` names).
+first message of the reader's file (the one a serializer's index ``[0]`` names). A
+re-drive's :func:`current_schemas` fetches the same for the writer ids its dead letters
+carry, but a writer that does not resolve (unknown, another type, a field number retyped)
+fails only its own records, with a reason naming its id.
 
 Every record is parsed with the reader's message class: reading a writer's bytes with
 the reader's class is Protobuf's own resolution rule (fields match by number; fields the

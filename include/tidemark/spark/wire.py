@@ -256,7 +256,7 @@ def current_writers(
             unresolved[sid] = unresolved_reason(part, sid, f"which does not resolve ({str(exc)[:200]})")
             continue
         if schema_type != expected:
-            unresolved[sid] = unresolved_reason(part, sid, f"a {schema_type} schema, not {expected}")
+            unresolved[sid] = unresolved_reason(part, sid, f"registered as {schema_type}, not {expected}")
         else:
             writers[sid] = found
     return writers, unresolved

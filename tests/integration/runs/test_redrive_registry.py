@@ -190,23 +190,57 @@ def _letter(env: RegistryEnv, offset: int, value: bytes) -> DeadLetter:
                       reason="decode_error: earlier")  # fmt: skip
 
 
-@pytest.mark.parametrize("fmt", ["json_schema", "protobuf"])
-def test_a_dead_letter_whose_writer_the_registry_lacks_stays_naming_it_beside_one_that_passes(
-    env: RegistryEnv, registry: str, fmt: str
-) -> None:
-    if fmt == "json_schema":
-        sid = _register_json(env, ORDER_V2)
-        body = json.dumps({"id": 1, "amount": 5, "note": None}).encode()
-    else:
-        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
-        from confluent_kafka.serialization import MessageField, SerializationContext
+def _protobuf_framed(env: RegistryEnv, cls: Any, message: Any) -> bytes:
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
 
+    ser = ProtobufSerializer(cls, env.sr, {"auto.register.schemas": True, "use.deprecated.format": False})
+    return bytes(ser(message, SerializationContext(env.topic, MessageField.VALUE)))
+
+
+def _retyped_class() -> Any:
+    """``shop.Order`` with field 2 (``amount``) a string: a reader of an int64 there cannot read it."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="shop/order.proto", package="shop", syntax="proto3")
+    o = proto.message_type.add(name="Order")
+    o.field.add(name="id", number=1, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+    o.field.add(name="amount", number=2, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "writer", "says"),
+    [("json_schema", "unknown", "which the schema registry does not have"),
+     ("json_schema", "avro", "registered as AVRO, not JSON"),
+     ("protobuf", "unknown", "which the schema registry does not have"),
+     ("protobuf", "retyped", "cannot read: field 'Order.amount' (number 2) is string")],
+)  # fmt: skip
+def test_a_dead_letter_whose_writer_does_not_resolve_stays_naming_it_beside_one_that_passes(
+    env: RegistryEnv, registry: str, fmt: str, writer: str, says: str
+) -> None:
+    """A writer the registry lacks, of another schema type, or whose message retypes a field number of the reader:
+    its dead letter keeps a decode error naming the schema id; the other dead letter passes, in the same re-drive."""
+    from confluent_kafka.schema_registry import Schema
+
+    if fmt == "json_schema":
+        framed = _framed(_register_json(env, ORDER_V2), json.dumps({"id": 1, "amount": 5, "note": None}).encode())
+    else:
         _, cls = _order_classes()
-        ser = ProtobufSerializer(cls, env.sr, {"auto.register.schemas": True, "use.deprecated.format": False})
-        framed = ser(cls(id=1, amount=5, note="n"), SerializationContext(env.topic, MessageField.VALUE))
-        sid, body = int.from_bytes(framed[1:5], "big"), framed[5:]
-    env.write_feed(format=fmt)
-    letters = [_letter(env, 0, _framed(sid, body)), _letter(env, 1, _framed(UNKNOWN_ID, body))]
+        framed = _protobuf_framed(env, cls, cls(id=1, amount=5, note="n"))
+    if writer == "unknown":
+        sid = UNKNOWN_ID
+    elif writer == "avro":
+        avro = Schema(json.dumps({"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]}), "AVRO")
+        sid = int(env.sr.register_schema(f"{env.topic}-other", avro))
+    else:
+        retyped = _retyped_class()
+        sid = int.from_bytes(_protobuf_framed(env, retyped, retyped(id=1, amount="five"))[1:5], "big")
+    env.write_feed(format=fmt, schema_version=1)
+    letters = [_letter(env, 0, framed), _letter(env, 1, _framed(sid, framed[5:]))]
 
     checked = recheck(env.spark, load_feed("orders"), letters, RegistryConnection(url=registry))
 
@@ -214,4 +248,5 @@ def test_a_dead_letter_whose_writer_the_registry_lacks_stays_naming_it_beside_on
         (0, True, ()),
         (1, False, ("decode_error",)),
     ]
-    assert f"schema id {UNKNOWN_ID}" in checked.verdicts[1].reason, checked.verdicts[1].reason
+    why = checked.verdicts[1].reason
+    assert f"schema id {sid}, " in why and says in why, why
