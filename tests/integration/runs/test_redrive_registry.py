@@ -218,6 +218,7 @@ def _retyped_class() -> Any:
      ("json_schema", "avro", "registered as AVRO, not JSON"),
      ("protobuf", "unknown", "which the schema registry does not have"),
      ("protobuf", "retyped", "cannot read: field 'Order.amount' (number 2) is string")],
+    ids=["json_schema-unknown", "json_schema-avro", "protobuf-unknown", "protobuf-retyped"],
 )  # fmt: skip
 def test_a_dead_letter_whose_writer_does_not_resolve_stays_naming_it_beside_one_that_passes(
     env: RegistryEnv, registry: str, fmt: str, writer: str, says: str

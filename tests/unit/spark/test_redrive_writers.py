@@ -25,6 +25,7 @@ def redrive_checker() -> RecordChecker:
      (b"\x00\x00\x00\x00\x09" + b'{"id": 1}', GONE),
      (b"\x01\x00\x00\x00\x07" + b'{"id": 1}', UNFRAMED),
      (b'{"id"', UNFRAMED)],
+    ids=["known-writer", "unresolved-writer", "another-magic", "short"],
 )  # fmt: skip
 def test_a_redrives_record_of_an_unresolved_writer_or_not_framed_fails_with_its_own_reason(
     raw: bytes, reason: str | None
