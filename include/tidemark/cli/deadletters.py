@@ -59,7 +59,8 @@ def _redrive(args: argparse.Namespace) -> int:
                     "redrive_id": outcome.redrive_id, "state": outcome.state, "published": outcome.published,
                     "settled_first": list(outcome.settled_first), "report": outcome.report_path,
                     "dead_letters": len(verdicts), "would_pass": outcome.passing,
-                    "records": [{**v.letter.to_dict(), "passes": v.passes, "reason_codes_now": list(v.reason_codes)}
+                    "records": [{**v.letter.to_dict(), "passes": v.passes, "reason_codes_now": list(v.reason_codes),
+                                 "reason_now": v.reason}
                                 for v in verdicts]})  # fmt: skip
         return 1 if outcome.error else 0
     rows = [(f"{v.letter.topic}[{v.letter.partition}]@{v.letter.offset}", "; ".join(v.letter.reason_codes),

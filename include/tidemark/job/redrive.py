@@ -11,13 +11,15 @@ the job publishes) and hands them to the feed's publisher *pending* under the re
 run id: the commit protocol's stage step. Showing them, exactly once, and recording the
 re-drive as a run is :mod:`tidemark.runs.redrive`'s.
 
-Avro keys and values are decoded with the feed's reader schema *now* (its pinned version,
-else the subject's latest: a re-drive is for a producer's or a schema's fix), their writers
-the schema ids the dead letters' raw bytes carry (:func:`redrive_schemas`, asked of the
-registry once, on the driver, as a run's are); a writer that does not resolve to that
-reader leaves its dead letters failing, with their new reason. JSON Schema and Protobuf
-feeds are refused for now; expectations that are not row rules (a table's row count, say)
-are not re-checked.
+Registry-format keys and values (Avro, JSON Schema, Protobuf) are decoded with the feed's
+reader schema *now* (its pinned version, else the subject's latest: a re-drive is for a
+producer's or a schema's fix), their writers the schema ids the dead letters' raw bytes
+carry (:func:`redrive_schemas`, asked of the registry once, on the driver, as a run's are;
+Protobuf's message indexes are read as a run reads them). A writer that does not resolve
+(an id the registry no longer has, another schema type, an Avro writer the reader cannot
+resolve, a Protobuf message retyping a field number) leaves its dead letters failing with
+a decode error naming it, and the others go on. Expectations that are not row rules (a
+table's row count, say) are not re-checked.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
-from tidemark.config.models import Feed, load_feed
+from tidemark.config.models import Feed, RecordPart, load_feed
 from tidemark.errors import ConfigError, PublishError
 from tidemark.job.stage import quarantine_writer, raw_kept_aside
 from tidemark.kafka.registry import RegistryClient, RegistryConnection, require
@@ -36,7 +38,7 @@ from tidemark.output.base import Manifest, Publisher, StagedRecords
 from tidemark.output.deadletters import DeadLetter, Key, dead_letters
 from tidemark.output.staging import parquet_writer, spark_path, utc_date
 from tidemark.planning.plan import Plan
-from tidemark.spark import avro
+from tidemark.spark import avro, json_schema, protobuf
 from tidemark.spark.decode import annotate, raw_key_kept, raw_value_kept
 from tidemark.spark.source import SCHEMA
 from tidemark.spark.wire import HEADER_BYTES, MAGIC
@@ -65,6 +67,7 @@ class Verdict:
     letter: DeadLetter
     passes: bool
     reason_codes: tuple[str, ...]  # the new reasons; empty when it passes
+    reason: str = ""  # the new reason's text (``decode_error: <why>``, or the broken rules); empty when it passes
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,9 @@ class Recheck:
 
 
 def refuse_unsupported(feed: Feed) -> None:
-    """Refuse a re-drive of a feed whose dead letters it cannot decode again or publish as they are: a JSON Schema
-    or Protobuf feed's (only Avro's writers are resolved for a re-drive yet), a masked feed's (its dead letters keep
-    no raw bytes, and what it published would not be masked), a keyed table's (its late changes would be stale)."""
+    """Refuse a re-drive of a feed whose dead letters it cannot decode again or publish as they are: a masked feed's
+    (its dead letters keep no raw bytes, and what it published would not be masked), a keyed table's (its late
+    changes would be stale)."""
     if feed.masking is not None:
         raise ConfigError(
             f"feed '{feed.name}' masks sensitive fields (masking:): its dead letters keep masked columns and no raw "
@@ -95,14 +98,6 @@ def refuse_unsupported(feed: Feed) -> None:
             f"feed '{feed.name}' writes a keyed table (iceberg.mode: upsert), whose changes apply in offset order: "
             "a re-drive's changes lie behind the table ledger's ends and would all be skipped as stale, so a "
             "re-drive of it is not supported; fix the producer and send the changes again"
-        )
-    deser = feed.deserialization
-    others = [f"{p} ({deser.part_format(p)})" for p in deser.registry_parts if deser.part_format(p) != "avro"]
-    if others:
-        raise ConfigError(
-            f"feed '{feed.name}': a re-drive resolves only Avro writer schemas yet, and the feed's "
-            f"{', '.join(others)} use another registry format; not supported yet. Fix the producer and replay the "
-            "window instead (tidemark replay)"
         )
 
 
@@ -116,10 +111,10 @@ def schema_id_of(raw: bytes | None) -> int | None:
 def redrive_schemas(
     spark: SparkSession, feed: Feed, letters: Sequence[DeadLetter], registry: RegistryConnection | None = None
 ) -> dict[str, RunSchemas]:
-    """The schemas of each Avro part (``key``, ``value``) of ``feed`` a re-drive of ``letters`` decodes with
-    (:func:`tidemark.spark.avro.current_schemas`): the reader schema now, and the writers of the schema ids their
-    raw bytes carry that resolve to it; asked of the feed's registry (``registry``, else the environment's) here,
-    on the driver, once. Empty for a feed without a registry format."""
+    """The schemas of each registry-format part (``key``, ``value``) of ``feed`` a re-drive of ``letters`` decodes
+    with (:func:`current_schemas`): the reader schema now, and the writers of the schema ids their raw bytes carry;
+    asked of the feed's registry (``registry``, else the environment's) here, on the driver, once. Empty for a feed
+    without a registry format."""
     parts = feed.deserialization.registry_parts
     if not parts:
         return {}
@@ -127,8 +122,21 @@ def redrive_schemas(
     found: dict[str, RunSchemas] = {}
     for part in parts:
         ids = {schema_id_of(d.value if part == "value" else d.key) for d in letters}
-        found[part] = avro.current_schemas(spark, (i for i in ids if i is not None), feed, client, part=part)
+        found[part] = current_schemas(spark, feed, client, part, [i for i in ids if i is not None])
     return found
+
+
+def current_schemas(
+    spark: SparkSession, feed: Feed, client: RegistryClient, part: RecordPart, ids: Sequence[int]
+) -> RunSchemas:
+    """``part``'s reader schema now and the writers of ``ids``, by the part's format; a writer that does not resolve
+    leaves its dead letters failing with a reason naming it, never the re-drive (each format's ``current_schemas``)."""
+    fmt = feed.deserialization.part_format(part)
+    if fmt == "json_schema":
+        return json_schema.current_schemas(ids, feed, client, part=part)
+    if fmt == "protobuf":
+        return protobuf.current_schemas(ids, feed, client, part=part)
+    return avro.current_schemas(spark, ids, feed, client, part=part)
 
 
 def recheck(
@@ -145,7 +153,7 @@ def recheck(
     source = spark.createDataFrame(rows, schema=SCHEMA)
     decoded = annotate(source, feed.deserialization, schemas.get("value"), schemas.get("key"))
     record_columns = [c for c in column_paths(decoded.schema) if c not in (*UNPUBLISHED_COLUMNS, "plan_id")]
-    codes = OutcomeCodes.of(record_columns, feed)
+    codes = OutcomeCodes.of(record_columns, feed, schemas)  # the reasons that name the schemas' fields and writers
     # As the job's decode step: the plan id stays, here, to tell the letters of two plans apart (a recreated
     # topic's offsets repeat); it is dropped before staging.
     columns = [c for c in decoded.columns if c != ERROR_COLUMN]
@@ -160,7 +168,10 @@ def recheck(
     verdicts = []
     for d in letters:
         outcome = outcomes[d.key_of]
-        verdicts.append(Verdict(d, outcome == OK_OUTCOME, () if outcome == OK_OUTCOME else codes.labels(outcome)))
+        passes = outcome == OK_OUTCOME
+        verdicts.append(
+            Verdict(d, passes, () if passes else codes.labels(outcome), "" if passes else codes.reason(outcome))
+        )
     return Recheck(tuple(verdicts), frame, codes)
 
 

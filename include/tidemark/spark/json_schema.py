@@ -5,7 +5,8 @@ A key or value is magic byte ``0``, a 4-byte schema id, then a JSON document (wh
 confluent-kafka's ``JSONSerializer`` writes). The run's records are all read with one
 reader schema, a JSON Schema: the feed's pinned ``schema_version`` of its subject, else
 the subject's latest. Writer schemas are fetched for each id seen (an unknown id fails the
-run, :mod:`tidemark.spark.wire`). JSON has no resolution rules, so a record that does not
+run, :mod:`tidemark.spark.wire`; in a re-drive, :func:`current_schemas`, it fails only its
+own records, with a reason naming it). JSON has no resolution rules, so a record that does not
 fit is a bad record, not a failed run; a reader schema that has no Spark type fails the
 run at planning, naming the subject, the version and the field.
 
@@ -44,23 +45,26 @@ import datetime as dt
 import json
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError
-from tidemark.kafka.registry import MAX_JSON_DEPTH, RegistryClient, json_depth
+from tidemark.kafka.registry import MAX_JSON_DEPTH, RegistryClient, SubjectVersion, json_depth
 from tidemark.spark.formats import PartDecoding, Reasons, RegistryFormat
 from tidemark.spark.wire import (
     HEADER_BYTES,
+    MAGIC,
     RegistrySchemas,
     SchemaUse,
     check_columns,
+    current_writers,
     reader_name,
     reader_version,
     refuse_unframed,
     schema_changed_events,
+    unresolved_reason,
     where,
     writer_schemas,
 )
@@ -87,6 +91,10 @@ class JsonSchemas(RegistrySchemas):
     reader: str = "{}"
     writers: tuple[tuple[int, str], ...] = ()
     part: RecordPart = "value"
+    # A re-drive's writer ids that do not resolve, each with the reason its records fail (current_schemas).
+    unresolved: tuple[tuple[int, str], ...] = ()
+    # A re-drive's reason for a record not in the wire format (a run refuses such records before decoding).
+    unframed: str | None = None
 
     @property
     def document(self) -> dict[str, Any]:
@@ -109,6 +117,8 @@ class JsonSchemas(RegistrySchemas):
         for sid, written in writers:
             whose = _writer(sid)
             out += [_invalid_reason(self.part, whose), *_rule_reasons(written, self.part, whose, names)]
+        out += [why for _, why in self.unresolved]
+        out += [self.unframed] if self.unframed is not None else []
         return list(dict.fromkeys(out))
 
 
@@ -123,9 +133,68 @@ def resolve_schemas(
 ) -> JsonSchemas:
     """The reader JSON Schema of ``part`` (checked to map onto Spark types) and every writer id of ``uses`` checked
     to exist and to be a valid JSON Schema."""
+    refuse_unframed(uses, "the JSON document", part)
+    reader = _reader(feed, client, part)
+    writers, first_use = writer_schemas(uses, feed, client, lambda sid: client.typed_schema(sid)[:2], part)
+    for sid, text in writers.items():
+        problem = _writer_problem(text)
+        if problem is not None:
+            raise SchemaError(f"{where(first_use[sid])}: schema id {sid}, the {part}s' writer schema, {problem[0]}; "
+                              f"{problem[1]}")  # fmt: skip
+    return JsonSchemas(
+        format="json_schema", subject=reader.subject, version=reader.version, reader_id=reader.schema_id,
+        writer_ids=tuple(writers), seen=tuple(uses),
+        events=tuple(schema_changed_events(uses, reader.schema_id, part)), reader=reader.schema,
+        writers=tuple(sorted(writers.items())), part=part,
+    )  # fmt: skip
+
+
+def current_schemas(
+    ids: Iterable[int], feed: Feed, client: RegistryClient, *, part: RecordPart = "value"
+) -> JsonSchemas:
+    """What a re-drive decodes ``part`` of dead letters with: the feed's reader JSON Schema *now* (its pinned
+    version, else the subject's latest), checked as a run's, and as writers those of ``ids`` (the schema ids the
+    dead letters' raw bytes carry).
+
+    Unlike a run's (:func:`resolve_schemas`), no writer fails it: an id the registry does not have, of another
+    schema type, or not a valid JSON Schema is kept in ``unresolved`` with its reason, which its records get; a
+    record not in the wire format gets ``unframed``'s.
+    """
+    reader = _reader(feed, client, part)
+    writers, unresolved = current_writers(ids, feed, lambda sid: client.typed_schema(sid)[:2], part)
+    for sid, text in list(writers.items()):
+        problem = _writer_problem(text)
+        if problem is not None:
+            del writers[sid]
+            unresolved[sid] = unresolved_reason(part, sid, f"which {problem[0]}")
+    return JsonSchemas(
+        format="json_schema", subject=reader.subject, version=reader.version, reader_id=reader.schema_id,
+        writer_ids=tuple(writers), reader=reader.schema, writers=tuple(sorted(writers.items())), part=part,
+        unresolved=tuple(sorted(unresolved.items())),
+        unframed=f"{part} is not in the Schema Registry wire format (magic byte 0, a 4-byte schema id)",
+    )  # fmt: skip
+
+
+def _writer_problem(text: str) -> tuple[str, str] | None:
+    """Why a writer schema's text cannot check records (``is not a valid JSON Schema (...)``) and the remedy, else
+    None."""
     from jsonschema.exceptions import SchemaError as InvalidSchema
 
-    refuse_unframed(uses, "the JSON document", part)
+    try:
+        written = json.loads(text)
+        _validator_class(written).check_schema(written)
+    except (ValueError, InvalidSchema) as exc:
+        return (f"is not a valid JSON Schema ({getattr(exc, 'message', exc)})",
+                "move the group past these records; nothing was published or committed")  # fmt: skip
+    if outside := _outside_refs(written):
+        return f"has references it cannot resolve ({', '.join(outside)})", _NO_REFERENCES
+    return None
+
+
+def _reader(feed: Feed, client: RegistryClient, part: RecordPart) -> SubjectVersion:
+    """The reader JSON Schema of ``part``, checked to be an object with properties that map onto Spark types."""
+    from jsonschema.exceptions import SchemaError as InvalidSchema
+
     reader = reader_version(feed, client, part=part)
     where_ = f"feed '{feed.name}': {reader_name(part)} (subject '{reader.subject}' version {reader.version})"
     if json_depth(reader.schema.encode()) > MAX_JSON_DEPTH:  # json.loads would raise RecursionError
@@ -149,28 +218,7 @@ def resolve_schemas(
         ) from None
     if part == "value":
         check_columns(feed, reader, _deref(doc, doc)["properties"])
-    writers, first_use = writer_schemas(uses, feed, client, lambda sid: client.typed_schema(sid)[:2], part)
-    for sid, text in writers.items():
-        try:
-            written = json.loads(text)
-            _validator_class(written).check_schema(written)
-        except (ValueError, InvalidSchema) as exc:
-            raise SchemaError(
-                f"{where(first_use[sid])}: schema id {sid}, the {part}s' writer schema, is not a valid JSON Schema "
-                f"({getattr(exc, 'message', exc)}); move the group past these records; nothing was published or "
-                "committed"
-            ) from None
-        if outside := _outside_refs(written):
-            raise SchemaError(
-                f"{where(first_use[sid])}: schema id {sid}, the {part}s' writer schema, has references it cannot "
-                f"resolve ({', '.join(outside)}); {_NO_REFERENCES}"
-            )
-    return JsonSchemas(
-        format="json_schema", subject=reader.subject, version=reader.version, reader_id=reader.schema_id,
-        writer_ids=tuple(writers), seen=tuple(uses),
-        events=tuple(schema_changed_events(uses, reader.schema_id, part)), reader=reader.schema,
-        writers=tuple(sorted(writers.items())), part=part,
-    )  # fmt: skip
+    return reader
 
 
 _NO_REFERENCES = (
@@ -692,6 +740,8 @@ class RecordChecker:
         self.reader_id = schemas.reader_id
         self.reader = _validator(doc)
         self.writers = {sid: _validator(json.loads(text)) for sid, text in schemas.writers if sid != schemas.reader_id}
+        self.unresolved = dict(schemas.unresolved)
+        self.unframed = schemas.unframed
         self.values = _converter(spark_type(doc), "")
         self.known = frozenset(schemas.reasons())
         self.not_text, self.not_json, _ = base_reasons(self.part)
@@ -723,13 +773,18 @@ class RecordChecker:
         """The decoded record of a framed key or value: its values and :data:`REASON` None, or only the reason."""
         from jsonschema.exceptions import best_match
 
+        # Only a re-drive's schemas have these: a run refuses unframed records and unknown writers before decoding.
+        if self.unframed is not None and (len(framed) < HEADER_BYTES or framed[:1] != MAGIC):
+            return {REASON: self.unframed}
+        sid = int.from_bytes(framed[1:HEADER_BYTES], "big")
+        if sid in self.unresolved:
+            return {REASON: self.unresolved[sid]}
         try:
             doc = json.loads(framed[HEADER_BYTES:].decode("utf-8"))
         except UnicodeDecodeError:
             return {REASON: self.not_text}
         except (ValueError, RecursionError):
             return {REASON: self.not_json}
-        sid = int.from_bytes(framed[1:HEADER_BYTES], "big")
         for validator, whose in ((self.reader, READER), (self.writers.get(sid), _writer(sid))):
             if validator is None:
                 continue

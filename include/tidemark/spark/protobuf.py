@@ -7,7 +7,10 @@ per run, :func:`resolve_schemas` fetches the reader schema (the feed's pinned ve
 its subject, else the latest) and every writer schema seen, each as the registry's
 serialized ``FileDescriptorProto`` with its references, so no ``protoc`` is needed: the
 message class is built at run time from the descriptors. The reader's message is the
-first message of the reader's file (the one a serializer's index ``[0]`` names).
+first message of the reader's file (the one a serializer's index ``[0]`` names). A
+re-drive's :func:`current_schemas` fetches the same for the writer ids its dead letters
+carry, but a writer that does not resolve (unknown, another type, a field number retyped)
+fails only its own records, with a reason naming its id.
 
 Every record is parsed with the reader's message class: reading a writer's bytes with
 the reader's class is Protobuf's own resolution rule (fields match by number; fields the
@@ -34,25 +37,30 @@ import base64
 import binascii
 import datetime as dt
 import importlib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import ReadError, SchemaError
-from tidemark.kafka.registry import RegistryClient, SchemaReference
+from tidemark.kafka.registry import RegistryClient, SchemaReference, SubjectVersion
 from tidemark.spark.formats import PartDecoding, RegistryFormat
 from tidemark.spark.wire import (
     HEADER_BYTES,
     RegistrySchemas,
     SchemaUse,
     check_columns,
+    current_writers,
+    header,
     option,
     reader_name,
     reader_version,
     refuse_unframed,
     schema_changed_events,
+    unresolved_reason,
     version_of,
     where,
     writer_schemas,
@@ -79,6 +87,8 @@ class ProtobufSchemas(RegistrySchemas):
     message: str = ""  # the reader message's full name
     # Per writer id: each message index path of its file → that message's full name.
     index_names: Mapping[int, Mapping[tuple[int, ...], str]] = field(default_factory=dict)
+    # A re-drive's writer ids that do not resolve, each with the reason its records fail (current_schemas).
+    unresolved: tuple[tuple[int, str], ...] = ()
 
     @property
     def field_names(self) -> list[str]:
@@ -177,6 +187,53 @@ def resolve_schemas(
     """The reader's message of ``part`` (its files, checked to map onto Spark types) and each writer id's message
     names."""
     refuse_unframed(uses, "the message indexes and the Protobuf body", part)
+    reader, schemas = _reader(feed, client, part)
+    writers, first_use = writer_schemas(uses, feed, client, _fetcher(client), part)
+    for sid, (_, writer_files) in writers.items():
+        problem = _writer_incompatibility(schemas, writer_files)
+        if problem is not None:
+            use = first_use[sid]
+            raise SchemaError(
+                f"{where(use)}: {part}s written with schema id {sid}{version_of(client, reader.subject, sid)} cannot "
+                f"be read with {reader_name(part)} id {reader.schema_id} (subject '{reader.subject}' version "
+                f"{reader.version}): {problem}. Pin a "
+                f"deserialization.{option(part, 'schema_version')} whose field numbers keep their types, or give the "
+                "changed field a new number; nothing was published or committed"
+            )
+    return replace(
+        schemas, writer_ids=tuple(writers), seen=tuple(uses),
+        events=tuple(schema_changed_events(uses, reader.schema_id, part)),
+        index_names={sid: names for sid, (names, _) in writers.items()},
+    )  # fmt: skip
+
+
+def current_schemas(
+    ids: Iterable[int], feed: Feed, client: RegistryClient, *, part: RecordPart = "value"
+) -> ProtobufSchemas:
+    """What a re-drive decodes ``part`` of dead letters with: the feed's reader message *now* (its pinned version,
+    else the subject's latest), checked as a run's, and as writers those of ``ids`` (the schema ids the dead
+    letters' raw bytes carry).
+
+    Unlike a run's (:func:`resolve_schemas`), no writer fails it: an id the registry does not have, of another
+    schema type, whose files do not resolve, or whose message retypes one of the reader's field numbers is kept in
+    ``unresolved`` with its reason, which its records get.
+    """
+    reader, schemas = _reader(feed, client, part)
+    writers, unresolved = current_writers(ids, feed, _fetcher(client), part)
+    for sid, (_, writer_files) in list(writers.items()):
+        problem = _writer_incompatibility(schemas, writer_files)
+        if problem is not None:
+            del writers[sid]
+            unresolved[sid] = unresolved_reason(part, sid, f"which reader id {reader.schema_id} cannot read: {problem}")
+    return replace(
+        schemas, writer_ids=tuple(writers), index_names={sid: names for sid, (names, _) in writers.items()},
+        unresolved=tuple(sorted(unresolved.items())),
+    )  # fmt: skip
+
+
+def _reader(feed: Feed, client: RegistryClient, part: RecordPart) -> tuple[SubjectVersion, ProtobufSchemas]:
+    """The reader version of ``part`` and its message (the schemas without writers), checked to map onto Spark
+    types."""
     reader = reader_version(feed, client, "serialized", part)
     what = f"feed '{feed.name}': {reader_name(part)} (subject '{reader.subject}' version {reader.version})"
     files = _file_set(client, reader.schema, reader.references, what)
@@ -196,37 +253,33 @@ def resolve_schemas(
         raise SchemaError(f"{what} does not map onto Spark types: {exc}") from None
     if part == "value":
         check_columns(feed, reader, {n: None for n in schemas.field_names})
+    return reader, schemas
 
-    def fetch(sid: int) -> tuple[str, tuple[dict[tuple[int, ...], str], list[bytes]]]:
+
+_Writer = tuple[dict[tuple[int, ...], str], list[bytes]]  # a writer's message names by index path, and its files
+
+
+def _fetcher(client: RegistryClient) -> Callable[[int], tuple[str, _Writer]]:
+    """A writer id's schema type and, for a Protobuf schema, its message names and files."""
+
+    def fetch(sid: int) -> tuple[str, _Writer]:
         schema_type, text, refs = client.typed_schema(sid, "serialized")
         if schema_type != "PROTOBUF":
             return schema_type, ({}, [])
         what = f"schema id {sid}"
         return schema_type, (_index_names(_file_proto(text, what)), _file_set(client, text, refs, what))
 
-    writers, first_use = writer_schemas(uses, feed, client, fetch, part)
-    reader_message = schemas.descriptor()
-    for sid, (_, writer_files) in writers.items():
-        writer_message = ProtobufSchemas("protobuf", "", 0, 0, (), files=tuple(writer_files), message=message)
-        try:
-            problem = _incompatibility(reader_message, writer_message.descriptor(), reader_message.name)
-        except KeyError:
-            problem = None  # the writer's file lacks the reader's message: its records are bad records, by index
-        if problem is not None:
-            use = first_use[sid]
-            raise SchemaError(
-                f"{where(use)}: {part}s written with schema id {sid}{version_of(client, reader.subject, sid)} cannot "
-                f"be read with {reader_name(part)} id {reader.schema_id} (subject '{reader.subject}' version "
-                f"{reader.version}): {problem}. Pin a "
-                f"deserialization.{option(part, 'schema_version')} whose field numbers keep their types, or give the "
-                "changed field a new number; nothing was published or committed"
-            )
-    return ProtobufSchemas(
-        format="protobuf", subject=reader.subject, version=reader.version, reader_id=reader.schema_id,
-        writer_ids=tuple(writers), seen=tuple(uses),
-        events=tuple(schema_changed_events(uses, reader.schema_id, part)), files=tuple(files), message=message,
-        index_names={sid: names for sid, (names, _) in writers.items()},
-    )  # fmt: skip
+    return fetch
+
+
+def _writer_incompatibility(reader: ProtobufSchemas, writer_files: list[bytes]) -> str | None:
+    """Why the reader's message cannot read the writer's same-named message, else None."""
+    reader_message = reader.descriptor()
+    writer = ProtobufSchemas("protobuf", "", 0, 0, (), files=tuple(writer_files), message=reader.message)
+    try:
+        return _incompatibility(reader_message, writer.descriptor(), reader_message.name)
+    except KeyError:
+        return None  # the writer's file lacks the reader's message: its records are bad records, by index
 
 
 def _wire_kind(f: FieldDescriptor) -> str:
@@ -528,11 +581,15 @@ class _Protobuf:
     name = "protobuf"
 
     def reasons(self, part: RecordPart, schemas: ProtobufSchemas | None) -> list[str]:
-        return [f"{part} does not decode as the Protobuf message of its writer schema"] + [
+        if schemas is None:
+            return [f"{part} does not decode as the Protobuf message of its writer schema"]
+        timestamps = [
             f"{part} field '{path}' is a google.protobuf.Timestamp outside years 1 to 9999, which Spark's timestamps "
             "cannot hold"
-            for path in (timestamp_paths(schemas.descriptor()) if schemas is not None else [])
+            for path in timestamp_paths(schemas.descriptor())
         ]
+        unresolved = [why for _, why in schemas.unresolved]  # a re-drive's writers that do not resolve
+        return [*self.reasons(part, None), *timestamps, *unresolved]
 
     def decoding(self, work: DataFrame, schemas: ProtobufSchemas, column: str, parsed_name: str) -> PartDecoding:
         from pyspark.sql import functions as F
@@ -541,7 +598,12 @@ class _Protobuf:
         work = decoded_frame(work, schemas, parsed_name, column)
         parsed, why = F.col(parsed_name), F.col(out_of_range_column(parsed_name))
         out_of_range = [present & (why == F.lit(path)) for path in timestamp_paths(schemas.descriptor())]
-        return PartDecoding(work, parsed, parsed, [present & parsed.isNull() & why.isNull(), *out_of_range])
+        # A re-drive's writer that does not resolve: its records' reason names it, not the body's.
+        unresolved = [F.substring(column, 1, HEADER_BYTES) == F.lit(header(sid)) for sid, _ in schemas.unresolved]
+        body = present & parsed.isNull() & why.isNull()
+        if unresolved:
+            body = body & ~F.coalesce(reduce(operator.or_, unresolved), F.lit(False))
+        return PartDecoding(work, parsed, parsed, [body, *out_of_range, *(present & u for u in unresolved)])
 
 
 FORMAT: RegistryFormat[ProtobufSchemas] = _Protobuf()

@@ -24,7 +24,7 @@ to plan, where no Spark runs, so ``pyspark`` is imported inside the functions th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -231,6 +231,40 @@ def writer_schemas(
                 "these records; nothing was published or committed"
             )
     return writers, first_use
+
+
+def current_writers(
+    ids: Iterable[int],
+    feed: Feed,
+    fetch: Callable[[int], tuple[str, W]],
+    part: RecordPart = "value",
+) -> tuple[dict[int, W], dict[int, str]]:
+    """A re-drive's :func:`writer_schemas`: each of ``ids`` through ``fetch``, where nothing fails. An id the
+    registry does not have, one of another schema type, or one ``fetch`` refuses (a :class:`SchemaError`: a file
+    that does not resolve, say) is returned apart with the reason its records fail (:func:`unresolved_reason`):
+    its dead letters stay, they do not fail the re-drive of the others."""
+    expected = SCHEMA_TYPES[feed.deserialization.part_format(part)]
+    writers: dict[int, W] = {}
+    unresolved: dict[int, str] = {}
+    for sid in sorted(set(ids)):
+        try:
+            schema_type, found = fetch(sid)
+        except SchemaNotFoundError:
+            unresolved[sid] = unresolved_reason(part, sid, "which the schema registry does not have")
+            continue
+        except SchemaError as exc:
+            unresolved[sid] = unresolved_reason(part, sid, f"which does not resolve ({str(exc)[:200]})")
+            continue
+        if schema_type != expected:
+            unresolved[sid] = unresolved_reason(part, sid, f"registered as {schema_type}, not {expected}")
+        else:
+            writers[sid] = found
+    return writers, unresolved
+
+
+def unresolved_reason(part: RecordPart, schema_id: int, why: str) -> str:
+    """Why a re-drive's record of ``part`` written with ``schema_id`` does not decode: its writer does not resolve."""
+    return f"{part} was written with schema id {schema_id}, {why}"
 
 
 def version_of(client: RegistryClient, subject: str, schema_id: int) -> str:
