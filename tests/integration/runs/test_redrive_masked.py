@@ -1,0 +1,179 @@
+"""A re-drive of a masked feed (``masking:`` with ``keep_raw``) against the real cluster.
+
+A JSON feed hashes ``customer.email`` and the Kafka key and redacts ``customer.name`` and the
+``x-user`` header, all of which carry a marker string; ``keep_raw`` keeps its quarantined
+records' raw bytes apart. Poison records of two kinds (JSON cut short after the marker and
+tombstones, which do not decode; ``tier: x-…``, which the rule refuses) are quarantined; then
+the rule is fixed. The expectation comes from an independent ``read_committed`` scan of the
+committed offsets, classified under the *fixed* rule here (not by Tidemark), its values
+masked here with Python's ``hmac``: after the re-drive the feed's published rows must be
+exactly that good set, each once and masked as a run masks, and the marker must be found in
+no file outside ``keep_raw`` (output, run dirs, reports, staging, state), nor in the
+dead-letter listing or the re-drive's verdicts. A dead letter whose raw bytes someone deleted
+from ``keep_raw`` stays a dead letter, its reason naming where they should be.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import shutil
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import KafkaTestCluster
+from tests.faults.harness import FaultEnv, scan
+from tests.integration.job.test_masking import file_texts
+from tests.support.poison import JSON_DDL, produce_json_with_poison
+from tidemark.config.masking import MASKED, MASKING_KEY_ENV
+from tidemark.output.deadletters import dead_letters, summarize
+from tidemark.runs.redrive import redrive_feed
+from tidemark.runs.report import load_report
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+KEY = "masking-key-" + uuid.uuid4().hex
+STRICT, FIXED = "^v-", "^[vx]-"
+Masked = tuple[Any, ...]  # a published record's masked fields: id, email, name, tier, key, headers
+Row = tuple[str, int, int, Masked]
+
+
+def mac(text: str) -> str:
+    return hmac.new(KEY.encode(), text.encode(), hashlib.sha256).hexdigest()
+
+
+def feed_doc(keep_raw: Path, regex: str) -> dict[str, Any]:
+    return {
+        "deserialization": {"format": "json", "schema_ddl": JSON_DDL},
+        "validation": {
+            "on_bad_records": "quarantine", "quarantine_max_ratio": 0.9,
+            "expectations": [{"type": "expect_column_values_to_match_regex",
+                              "kwargs": {"column": "tier", "regex": regex}}],
+        },
+        "masking": {
+            "fields": {"customer.email": "hash", "customer.name": "redact"},
+            "key": "hash", "headers": {"x-user": "redact"}, "keep_raw": str(keep_raw),
+        },
+    }  # fmt: skip
+
+
+def masked_as_expected(doc: dict[str, Any], marker: str) -> Masked:
+    """What a run publishes for ``doc``, computed here: the email and key HMAC'd, the name and header redacted."""
+    i = doc["id"]
+    return (i, mac(doc["customer"]["email"]), MASKED, doc["tier"], mac(f"{marker}-key-{i}"),
+            (("x-user", MASKED), ("origin", f"h{i}")))  # fmt: skip
+
+
+def oracle_good(env: FaultEnv, regex: str, marker: str) -> Counter[Row]:
+    """The committed records that decode and pass ``regex`` on ``tier``, from a read_committed scan, masked here."""
+    ranges = {(env.topic, p): (0, c or 0) for p, c in env.committed().items()}
+    good: Counter[Row] = Counter()
+    for (topic, partition, offset, _), value in scan(env.kafka.connection, ranges):
+        try:
+            doc = json.loads(value) if value is not None else None
+        except ValueError:  # cut short, or not UTF-8
+            continue
+        if doc is None or doc.get("id") is None:  # a tombstone: the required id is missing
+            continue
+        if re.search(regex, doc["tier"]):
+            good[(topic, partition, offset, masked_as_expected(doc, marker))] += 1
+    return good
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def published(env: FaultEnv) -> Counter[Row]:
+    """The good records every shown publication of the feed's Parquet output holds (not its quarantine)."""
+    rows: Counter[Row] = Counter()
+    for path in sorted(Path(env.output).glob("plan_id=*/topic=*/**/*.parquet")):
+        topic = next(p[len("topic=") :] for p in path.parts if p.startswith("topic="))
+        for r in pq.read_table(path).to_pylist():
+            headers = tuple((h["key"], _text(h["value"])) for h in r["headers"])
+            fields = (r["id"], r["customer"]["email"], r["customer"]["name"], r["tier"], _text(r["key"]), headers)
+            rows[(topic, r["partition"], r["offset"], fields)] += 1
+    return rows
+
+
+def leaks(root: Path, secured: Path, marker: str) -> list[str]:
+    """Every file under ``root`` outside ``secured`` whose bytes or Parquet rows hold ``marker``."""
+    return sorted(
+        {str(p.relative_to(root)) for p, t in file_texts(root) if marker in t and not p.is_relative_to(secured)}
+    )
+
+
+def test_a_masked_feed_with_keep_raw_redrives_from_the_raw_bytes_and_publishes_them_masked_once(
+    kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> None:  # fmt: skip
+    env = FaultEnv(kafka, spark, tmp_path, request.node.name)
+    env.install(monkeypatch)
+    monkeypatch.setenv(MASKING_KEY_ENV, KEY)
+    monkeypatch.setenv("TIDEMARK_STAGING_DIR", str(tmp_path / "staging"))
+    secured = tmp_path / "secured"
+    marker = "ZQXMARK" + uuid.uuid4().hex[:12]
+    env.write_feed(**feed_doc(secured, STRICT))
+    produce_json_with_poison(env, 30, marker)
+    _, job, outcome = env.run()
+    assert outcome.committed
+    before = dead_letters(env.feed)
+    assert len(before) == job["records_quarantined"] == 12  # 6 cut short, 3 tombstones, 3 refused by the rule
+    assert published(env) == oracle_good(env, STRICT, marker)  # the run published them masked, as computed here
+    good_before = published(env)
+
+    env.write_feed(**feed_doc(secured, FIXED))
+    first = redrive_feed(env.spark, env.feed, root=env.root)
+    assert (first.state, first.published, first.passing) == ("shown", 3, 3)
+    want = oracle_good(env, FIXED, marker)
+    got = published(env)
+    assert [r for r, n in got.items() if n > 1] == [], "a record is in the feed's output twice"
+    assert got == want  # the oracle's good set under the fixed rule, masked as a run masks
+    assert len(got - good_before) == 3
+    left = dead_letters(env.feed)
+    assert len(left) == 9 and all(d.reason_codes == ("decode_error",) and d.rechecked_by == first.run_id
+                                  for d in left)  # fmt: skip
+    report = load_report(str(first.run_id), env.feed, root=env.root)
+    assert report.status == "succeeded" and report.counts["published"] == 3
+
+    second = redrive_feed(env.spark, env.feed, root=env.root)
+    assert (second.state, second.published, second.passing) == ("shown", 0, 0)
+    assert published(env) == want
+
+    # Someone deletes a plan's raw bytes: its dead letters stay, each reason naming the plan, the record and where
+    # its bytes should be; nothing of them is published (the masked columns are never published in their place).
+    env.write_feed(**feed_doc(secured, STRICT))
+    produce_json_with_poison(env, 15, marker)
+    handle, _, outcome = env.run()
+    assert outcome.committed
+    kept = secured / f"plan_id={handle.plan_id}"
+    assert kept.is_dir()
+    shutil.rmtree(kept)
+    env.write_feed(**feed_doc(secured, FIXED))
+    shown = published(env)
+    third = redrive_feed(env.spark, env.feed, root=env.root)
+    assert (third.state, third.published, third.passing) == ("shown", 0, 0)
+    assert published(env) == shown
+    gone = [d for d in dead_letters(env.feed) if d.plan_id == handle.plan_id]
+    assert gone and len(gone) == sum(1 for v in third.verdicts if v.letter.plan_id == handle.plan_id)
+    for d in gone:
+        [code] = d.reason_codes
+        assert code.startswith("raw_bytes_missing(")
+        for part in (handle.plan_id, f"{d.topic}[{d.partition}]", f"offset {d.offset}", str(kept)):
+            assert part in code, (part, code)
+
+    # The marker: in no file but keep_raw's, nor in the listing, its summary or the re-drives' verdicts.
+    assert leaks(tmp_path, secured, marker) == []
+    listing = dead_letters(env.feed, redriven_too=True)
+    outputs = repr(listing) + json.dumps([g.to_dict() for g in summarize(listing)])
+    outputs += json.dumps([v.letter.to_dict() for o in (first, second, third) for v in o.verdicts])
+    assert marker not in outputs
+    kept_rows = [row for p in secured.rglob("*.parquet") for row in pq.read_table(p).to_pylist()]
+    assert any(row["value"] is not None and marker.encode() in row["value"] for row in kept_rows)
