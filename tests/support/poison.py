@@ -56,9 +56,10 @@ def produce_json_with_poison(env: FaultEnv, count: int, marker: str) -> None:
         kind = kind_of(i)
         doc = {"id": i, "customer": {"email": f"{marker}.{i}@example.com", "name": f"{marker}-n{i}"},
                "tier": f"x-{i}" if kind == "refused" else f"v-{i}"}  # fmt: skip
-        value: bytes | None = json.dumps(doc).encode()
+        whole = json.dumps(doc).encode()
+        value: bytes | None = whole
         if kind == "undecodable":
-            value = value[: value.index(b"@")]  # the marker, then no end
+            value = whole[: whole.index(b"@")]  # the marker, then no end
         elif kind == "tombstone":
             value = None
         headers = (("x-user", f"{marker}-h{i}".encode()), ("origin", f"h{i}".encode()))

@@ -18,6 +18,16 @@ registry once, on the driver, as a run's are); a writer that does not resolve to
 reader leaves its dead letters failing, with their new reason. JSON Schema and Protobuf
 feeds are refused for now; expectations that are not row rules (a table's row count, say)
 are not re-checked.
+
+A masked feed's dead letters hold masked columns, not the bytes Kafka held: its re-drive
+needs ``masking.keep_raw`` (:func:`refuse_masked_without_raw`), joins each dead letter to the
+raw key, value and headers the job kept for it in ``<keep_raw>/plan_id=<id>/`` (:func:`kept_raw`),
+decodes those, and masks the decoded records with the job's own :func:`mask_records` and key
+before the rules code them (:func:`masked_records`), so what it stages is masked as the run
+would have published it and its new reasons name rules, never values. A dead letter whose raw
+bytes are gone stays one (:data:`RAW_MISSING`, naming the plan, the record and the folder);
+nothing is ever decoded or published from masked columns. The verdicts carry the letters as
+listed (masked).
 """
 
 from __future__ import annotations
