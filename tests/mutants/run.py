@@ -796,7 +796,7 @@ MUTANTS = (
         ),
         (
             "tests/integration/runs/test_redrive_masked.py::"
-            "test_a_masked_feed_with_keep_raw_redrives_from_the_raw_bytes_and_publishes_them_masked_once",
+            "test_a_masked_feed_with_keep_raw_redrives_from_the_raw_bytes_and_publishes_them_masked_once[parquet]",
         ),
     ),
     Mutant(
@@ -814,7 +814,7 @@ MUTANTS = (
         ),
         (
             "tests/integration/runs/test_redrive_masked.py::"
-            "test_a_masked_feed_with_keep_raw_redrives_from_the_raw_bytes_and_publishes_them_masked_once",
+            "test_a_masked_feed_with_keep_raw_redrives_from_the_raw_bytes_and_publishes_them_masked_once[parquet]",
         ),
     ),
     Mutant(

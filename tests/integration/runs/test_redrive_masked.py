@@ -6,10 +6,11 @@ records' raw bytes apart. Poison records of two kinds (JSON cut short after the 
 tombstones, which do not decode; ``tier: x-…``, which the rule refuses) are quarantined; then
 the rule is fixed. The expectation comes from an independent ``read_committed`` scan of the
 committed offsets, classified under the *fixed* rule here (not by Tidemark), its values
-masked here with Python's ``hmac``: after the re-drive the feed's published rows must be
-exactly that good set, each once and masked as a run masks, and the marker must be found in
-no file outside ``keep_raw`` (output, run dirs, reports, staging, state), nor in the
-dead-letter listing or the re-drive's verdicts. A dead letter whose raw bytes someone deleted
+masked here with Python's ``hmac``: after the re-drive the feed's published rows (its
+Parquet publications, or its Iceberg table's rows) must be exactly that good set, each once
+and masked as a run masks, and the marker must be found in no file outside ``keep_raw``
+(output, run dirs, reports, staging, state), nor in the dead-letter listing or the
+re-drive's verdicts. A dead letter whose raw bytes someone deleted
 from ``keep_raw`` stays a dead letter, its reason naming where they should be.
 """
 
@@ -92,14 +93,20 @@ def _text(value: Any) -> Any:
 
 
 def published(env: FaultEnv) -> Counter[Row]:
-    """The good records every shown publication of the feed's Parquet output holds (not its quarantine)."""
-    rows: Counter[Row] = Counter()
-    for path in sorted(Path(env.output).glob("plan_id=*/topic=*/**/*.parquet")):
+    """The good records the feed's output shows: every shown publication of its Parquet output (not the
+    quarantine), or its Iceberg table's rows."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    if env.iceberg is not None:
+        table = env.iceberg_table()
+        found += [(r["topic"], r) for r in (table.scan().to_arrow().to_pylist() if table is not None else [])]
+    for path in sorted(Path(env.output).glob("plan_id=*/topic=*/**/*.parquet")) if env.iceberg is None else ():
         topic = next(p[len("topic=") :] for p in path.parts if p.startswith("topic="))
-        for r in pq.read_table(path).to_pylist():
-            headers = tuple((h["key"], _text(h["value"])) for h in r["headers"])
-            fields = (r["id"], r["customer"]["email"], r["customer"]["name"], r["tier"], _text(r["key"]), headers)
-            rows[(topic, r["partition"], r["offset"], fields)] += 1
+        found += [(topic, r) for r in pq.read_table(path).to_pylist()]
+    rows: Counter[Row] = Counter()
+    for topic, r in found:
+        headers = tuple((h["key"], _text(h["value"])) for h in r["headers"])
+        fields = (r["id"], r["customer"]["email"], r["customer"]["name"], r["tier"], _text(r["key"]), headers)
+        rows[(topic, r["partition"], r["offset"], fields)] += 1
     return rows
 
 
@@ -110,12 +117,15 @@ def leaks(root: Path, secured: Path, marker: str) -> list[str]:
     )
 
 
+@pytest.mark.parametrize("output", ["parquet", "iceberg"])
 def test_a_masked_feed_with_keep_raw_redrives_from_the_raw_bytes_and_publishes_them_masked_once(
     kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    request: pytest.FixtureRequest,
+    request: pytest.FixtureRequest, output: str,
 ) -> None:  # fmt: skip
     env = FaultEnv(kafka, spark, tmp_path, request.node.name)
     env.install(monkeypatch)
+    if output == "iceberg":
+        env.use_iceberg(f"rm.t_{env.topic.replace('-', '_')}")
     monkeypatch.setenv(MASKING_KEY_ENV, KEY)
     monkeypatch.setenv("TIDEMARK_STAGING_DIR", str(tmp_path / "staging"))
     secured = tmp_path / "secured"
