@@ -271,6 +271,7 @@ def recheck_masked(
 def _recheck(
     spark: SparkSession, feed: Feed, letters: Sequence[DeadLetter], registry: RegistryConnection | None
 ) -> Recheck:
+    """:func:`recheck` of ``letters`` holding the bytes Kafka held (a masked feed's: their kept raw bytes)."""
     if not letters:
         return Recheck((), None, None)
     schemas = redrive_schemas(spark, feed, letters, registry)
