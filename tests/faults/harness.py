@@ -522,13 +522,11 @@ class FaultEnv:
                 reasons |= {(r["partition"], r["offset"]): r[REASON_COLUMN] for r in table.to_pylist()}
         return reasons
 
-    def _iceberg_rows(self) -> dict[str, Counter[Row]]:
-        """The table's rows through pyiceberg's own catalog (not Tidemark's publisher); its quarantine folders
-        of the plans some snapshot of the table's history names."""
+    def iceberg_table(self) -> Any:
+        """The feed's Iceberg table through pyiceberg's own catalog (not Tidemark's publisher), or None."""
         from pyiceberg.catalog import load_catalog
         from pyiceberg.exceptions import NoSuchTableError
 
-        rows: dict[str, Counter[Row]] = {GOOD: Counter(), QUARANTINED: Counter()}
         assert self.iceberg is not None
         uri = os.environ.get("TIDEMARK_ICEBERG_CATALOG_URI") or f"sqlite:///{self.root / 'iceberg_catalog.sqlite'}"
         properties = {"uri": uri.replace("postgresql://", "postgresql+psycopg://"),
@@ -536,8 +534,16 @@ class FaultEnv:
         if os.environ.get("TIDEMARK_S3_ENDPOINT"):
             properties["s3.endpoint"] = os.environ["TIDEMARK_S3_ENDPOINT"]
         try:
-            table = load_catalog("tidemark", **properties).load_table(self.iceberg)  # the name is the catalog's key
+            return load_catalog("tidemark", **properties).load_table(self.iceberg)  # the name is the catalog's key
         except NoSuchTableError:
+            return None
+
+    def _iceberg_rows(self) -> dict[str, Counter[Row]]:
+        """The table's rows (:meth:`iceberg_table`); its quarantine folders of the plans some snapshot of the
+        table's history names."""
+        rows: dict[str, Counter[Row]] = {GOOD: Counter(), QUARANTINED: Counter()}
+        table = self.iceberg_table()
+        if table is None:
             return rows
         data = table.scan(selected_fields=("topic", "partition", "offset", "value")).to_arrow()
         columns = [data.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")]

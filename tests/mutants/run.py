@@ -785,6 +785,39 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "redrive-publishes-unmasked",
+        "a masked feed's re-driven records are masked as a run masks them before they are staged",
+        (
+            Edit(
+                "include/tidemark/job/redrive.py",
+                "    return mask_records(decoded, masking, masking_key(masking, feed.name), feed.name)",
+                "    return decoded",
+            ),
+        ),
+        (
+            "tests/integration/runs/test_redrive_masked.py::"
+            "test_a_masked_feed_with_keep_raw_redrives_from_the_raw_bytes_and_publishes_them_masked_once[parquet]",
+        ),
+    ),
+    Mutant(
+        "redrive-decodes-masked-columns",
+        "a masked feed's dead letter whose kept raw bytes are gone stays a dead letter (never decoded from its masked "
+        "columns)",
+        (
+            Edit("include/tidemark/job/redrive.py", "        if raw is None:\n", "        if raw is None and False:\n"),
+            Edit(
+                "include/tidemark/job/redrive.py",
+                "            found.append(replace(d, key=raw.key, value=raw.value, headers=raw.headers))",
+                "            found.append(d if raw is None else\n"
+                "                         replace(d, key=raw.key, value=raw.value, headers=raw.headers))",
+            ),
+        ),
+        (
+            "tests/integration/runs/test_redrive_masked.py::"
+            "test_a_masked_feed_with_keep_raw_redrives_from_the_raw_bytes_and_publishes_them_masked_once[parquet]",
+        ),
+    ),
+    Mutant(
         "changes-key-rule-dropped",
         "a Debezium change without its key's value is quarantined with a reason naming the key",
         (

@@ -7,8 +7,10 @@ record of its own in place of a plan:
    (:func:`settle_open_redrives`), so what it took is known before anything is chosen;
 2. **choose**: the feed's dead letters (those no re-drive took:
    :func:`tidemark.output.deadletters.dead_letters`) through the current decoding and row
-   rules (:func:`tidemark.job.redrive.recheck`); the :class:`RedriveRecord` names those that
-   pass (``taken``) and the new reasons of the rest; its id is a hash of ``taken``, so the
+   rules (:func:`tidemark.job.redrive.recheck`; a masked feed's from the raw bytes its
+   ``keep_raw`` location holds, masked before the rules as a run masks); the
+   :class:`RedriveRecord` names those that pass (``taken``) and the new reasons of the
+   rest; its id is a hash of ``taken``, so the
    same dead letters are the same publication (``plan_id=redrive-…``), which the output
    publishes at most once. The record goes into the run dir (``redrive.json``) *before*
    the run-ledger row (state ``planned``, under :func:`redrive_ledger_feed`);

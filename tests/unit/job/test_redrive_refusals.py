@@ -15,10 +15,21 @@ BASE = (
 )
 
 
-def test_a_masked_feed_is_refused_naming_the_feed_and_why(tmp_path: Path) -> None:
+def test_a_masked_feed_without_keep_raw_is_refused_naming_the_feed_and_what_to_set(tmp_path: Path) -> None:
     (tmp_path / "orders.yaml").write_text(BASE + "masking:\n  fields: {email: redact}\n")
-    with pytest.raises(ConfigError, match=r"feed 'orders' masks sensitive fields .*no raw bytes"):
+    with pytest.raises(ConfigError) as refused:
         refuse_unsupported(load_feed_file(tmp_path / "orders.yaml"))
+    message = str(refused.value)
+    assert "feed 'orders'" in message and "no raw bytes" in message
+    assert "set masking.keep_raw" in message
+    assert "only dead letters quarantined after" in message
+
+
+def test_a_masked_feed_with_keep_raw_may_be_redriven(tmp_path: Path) -> None:
+    (tmp_path / "orders.yaml").write_text(
+        BASE + f"masking:\n  fields: {{email: redact}}\n  keep_raw: {tmp_path / 'raw'}\n"
+    )
+    refuse_unsupported(load_feed_file(tmp_path / "orders.yaml"))
 
 
 def test_an_unmasked_json_feed_may_be_redriven(tmp_path: Path) -> None:
