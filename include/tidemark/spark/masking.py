@@ -2,22 +2,25 @@
 
 :func:`mask_records` takes the decoded records (:func:`tidemark.spark.decode.annotate`'s
 columns) and applies the feed's ``masking:`` (:mod:`tidemark.config.masking`) with Spark's
-own column functions (no Python worker): value fields by path (``withField`` /
-``dropFields`` into structs, ``transform`` through arrays of structs), the ``key`` column
-and the ``headers`` entries by name. ``hash`` is Spark's ``hmac`` (HMAC-SHA256) under the key
-:func:`masking_key` reads from ``TIDEMARK_MASKING_KEY`` (in DAGs, the ``tidemark_masking``
-Airflow connection's password; it reaches the driver in the private secrets file, as the
-other connections do), shown as lower-case hex; texts are hashed as their UTF-8 bytes,
-binary values as they are, other types as their text (complex ones as JSON). Null stays null.
+own column functions: value fields by path (``withField`` / ``dropFields`` into structs,
+``transform`` through arrays of structs), the ``key`` column and the ``headers`` entries by
+name. ``hash`` is HMAC-SHA256 under the key :func:`masking_key` reads from
+``TIDEMARK_MASKING_KEY`` (in DAGs, the ``tidemark_masking`` Airflow connection's password; it
+reaches the driver in the private secrets file, as the other connections do), shown as
+lower-case hex; texts are hashed as their UTF-8 bytes, binary values as they are, other types
+as their text (complex ones as JSON). Null stays null. Spark builds each message (the casts,
+``to_json``); a Python UDF computes the HMAC, the key inside its pickled closure, so the key
+is in no query plan: not in ``explain``, the UI's SQL tab or an event log (Spark's own
+``hmac`` would carry it there as a literal). A field under an array is hashed by one UDF
+over the whole array (Spark refuses Python UDFs inside ``transform``'s lambda): the lambda
+puts each message in the field's place, the UDF walks the array and hashes them.
 
 The job masks right after decoding (:mod:`tidemark.job.steps`), so the staged files,
 validation's counts, samples and GX's unexpected-value lists and Data Docs, the
 publication and the quarantine all hold masked values only. The raw bytes decoding keeps
 aside (``_raw_value``, ``_raw_key``) would undo that: :func:`raw_columns` nulls them, or,
 with ``keep_raw``, keeps a bad record's raw key, value and headers for
-:func:`split_raw`, which writes them to the ``keep_raw`` location and nothing else. The key
-enters Spark's query plan as a literal of ``hmac``: Tidemark neither logs plans nor
-enables Spark's UI; a deployment that turns on Spark's event log should treat it as secret.
+:func:`split_raw`, which writes them to the ``keep_raw`` location and nothing else.
 
 Anyone publishing records of a masked feed outside the job (a re-drive) masks them with
 :func:`mask_records` first.
@@ -25,9 +28,11 @@ Anyone publishing records of a masked feed outside the job (a re-drive) masks th
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tidemark.config.masking import MASKED, MASKING_KEY_ENV, Masking, Treatment, Truncate
 from tidemark.errors import ConfigError
@@ -93,34 +98,47 @@ def mask_records(df: DataFrame, masking: Masking, key: bytes | None, feed: str =
         masked = dropped if masking.key == "drop" else _leaf(F.col("key"), key_type, masking.key, key, feed, "key")
         df = df.withColumn("key", masked)
     if masking.headers and "headers" in df.columns:
-        df = df.withColumn("headers", _headers(F.col("headers"), masking, key, feed))
+        df = df.withColumn("headers", _headers(F.col("headers"), df.schema["headers"].dataType, masking, key, feed))
     return df
 
 
-def _masked(
-    col: Column, dtype: DataType, rest: list[str], treatment: Treatment, key: bytes | None, feed: str, path: str
-) -> Column:
-    """``col`` (of ``dtype``) with the field at ``rest`` under it treated; arrays of structs are walked item by item."""
+def _masked(col: Column, dtype: DataType, rest: list[str], treatment: Treatment, key: bytes | None, feed: str,
+            path: str, *, in_lambda: bool = False) -> Column:  # fmt: skip
+    """``col`` (of ``dtype``) with the field at ``rest`` under it treated; arrays of structs are walked item by item.
+
+    ``in_lambda``: ``col`` is a ``transform`` lambda's item, where a hashed leaf becomes its message only (the
+    outermost array's :func:`_hash_walk` hashes it).
+    """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, StructType
+    from pyspark.sql.types import ArrayType, BinaryType, StructType
 
     if not rest:
-        return _leaf(col, dtype, treatment, key, feed, path)
+        return _leaf(col, dtype, treatment, key, feed, path, in_lambda=in_lambda)
     if isinstance(dtype, ArrayType):
         element = dtype.elementType
-        return F.transform(col, lambda item: _masked(item, element, rest, treatment, key, feed, path))
+        items = F.transform(col, lambda item: _masked(item, element, rest, treatment, key, feed, path, in_lambda=True))
+        if treatment != "hash" or in_lambda:
+            return items
+        assert key is not None  # mask_records refuses hashing without a key
+        leaf_binary = isinstance(_leaf_at(dtype, rest), BinaryType)
+        return _hash_walk(key, rest, _hashed_type(dtype, rest), leaf_binary)(items)
     if not isinstance(dtype, StructType) or rest[0] not in dtype.names:
         fields = ", ".join(dtype.names) if isinstance(dtype, StructType) else f"none: it is a {dtype.simpleString()}"
         raise ConfigError(f"feed '{feed}': masking.fields.{path}: no field '{rest[0]}' there (its fields: {fields})")
     name = rest[0]
     if len(rest) == 1 and treatment == "drop":
         return col.dropFields(name)
-    child = _masked(col.getField(name), dtype[name].dataType, rest[1:], treatment, key, feed, path)
-    return F.when(col.isNull(), col).otherwise(col.withField(name, child))
+    child = _masked(col.getField(name), dtype[name].dataType, rest[1:], treatment, key, feed, path,
+                    in_lambda=in_lambda)  # fmt: skip
+    return F.when(col.isNotNull(), col.withField(name, child))  # null otherwise, of the changed struct's type
 
 
-def _leaf(col: Column, dtype: DataType, treatment: Treatment, key: bytes | None, feed: str, path: str) -> Column:
-    """One value treated: null stays null; a binary value stays binary, anything else becomes a string."""
+def _leaf(col: Column, dtype: DataType, treatment: Treatment, key: bytes | None, feed: str, path: str, *,
+          in_lambda: bool = False) -> Column:  # fmt: skip
+    """One value treated: null stays null; a binary value stays binary, anything else becomes a string.
+
+    ``in_lambda``: a hashed value becomes its message (binary), for the enclosing array's :func:`_hash_walk`.
+    """
     from pyspark.sql import functions as F
     from pyspark.sql.types import AtomicType, BinaryType, StringType
 
@@ -143,18 +161,115 @@ def _leaf(col: Column, dtype: DataType, treatment: Treatment, key: bytes | None,
         message = col.cast("string").cast("binary")
     else:  # structs, arrays, maps: hashed as their JSON text
         message = F.to_json(col).cast("binary")
+    if in_lambda:
+        return message
     assert key is not None  # mask_records refuses hashing without a key
-    digest = F.lower(F.hex(F.hmac(F.lit(key), message)))
+    digest = _hash_udf(key)(message)
     return F.when(col.isNotNull(), digest.cast("binary") if binary else digest)
 
 
-def _headers(headers: Column, masking: Masking, key: bytes | None, feed: str) -> Column:
-    """The ``headers`` array with each named header's value treated (``drop``: the entry removed)."""
+def _hex_hmac(key: bytes) -> Callable[[bytes | None], str | None]:
+    """HMAC-SHA256 of a message under ``key``, as lower-case hex (None for None), as ``hmac.new(...).hexdigest()``.
+
+    The keyed state is made once per worker process, on first use (an HMAC object is not picklable; the key is).
+    """
+    keyed: list[hmac.HMAC] = []
+
+    def digest(message: bytes | None) -> str | None:
+        if message is None:
+            return None
+        if not keyed:
+            keyed.append(hmac.new(key, digestmod=hashlib.sha256))
+        h = keyed[0].copy()
+        h.update(message)
+        return h.hexdigest()
+
+    return digest
+
+
+def _hash_udf(key: bytes) -> Callable[[Column], Column]:
+    """A vectorised (Arrow) UDF: binary messages to their keyed hashes (text); the key travels in its closure only."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    digest = _hex_hmac(key)
+
+    def masking_hash(messages: pa.Array) -> pa.Array:
+        return pa.array([digest(m) for m in messages.to_pylist()], pa.string())
+
+    masking_hash.__annotations__ = {"messages": pa.Array, "return": pa.Array}  # what arrow_udf reads its kind from
+    udf: Callable[[Column], Column] = F.arrow_udf(masking_hash, StringType())
+    return udf
+
+
+def _hashed_type(dtype: DataType, rest: Sequence[str]) -> DataType:
+    """``dtype`` once the leaf at ``rest`` (under any arrays) is hashed: text, or binary for a binary leaf."""
+    from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, StructType
+
+    if isinstance(dtype, ArrayType):
+        return ArrayType(_hashed_type(dtype.elementType, rest), True)
+    if not rest:
+        return BinaryType() if isinstance(dtype, BinaryType) else StringType()
+    assert isinstance(dtype, StructType)  # _masked checked the path
+    return StructType([StructField(f.name, _hashed_type(f.dataType, rest[1:]), True) if f.name == rest[0] else f
+                       for f in dtype.fields])  # fmt: skip
+
+
+def _hash_walk(key: bytes, rest: Sequence[str], hashed_type: DataType, binary: bool) -> Callable[[Column], Column]:
+    """A UDF over an array whose items hold, at ``rest``, a message (binary) in place of the value: each hashed.
+
+    The messages are Spark's, built inside the ``transform`` lambda (:func:`_leaf` with ``in_lambda``), so the
+    bytes hashed are the same as at a top-level field's; ``hashed_type`` is the array's type afterwards;
+    ``binary``: the leaf was binary, and its hash stays so (the hex text's bytes).
+    """
+    from pyspark.sql import functions as F
+
+    digest = _hex_hmac(key)
+
+    def walk(value: Any, path: Sequence[str]) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, list):
+            return [walk(item, path) for item in value]
+        if not path:
+            text = digest(bytes(value))
+            return text.encode() if binary and text is not None else text
+        fields = value.asDict()
+        fields[path[0]] = walk(fields[path[0]], path[1:])
+        return tuple(fields.values())
+
+    def masking_walk(items: Any) -> Any:
+        return walk(items, rest)
+
+    udf: Callable[[Column], Column] = F.udf(masking_walk, hashed_type, useArrow=True)
+    return udf
+
+
+def _leaf_at(dtype: DataType, rest: Sequence[str]) -> DataType:
+    """The type of the leaf at ``rest`` under ``dtype`` (through any arrays)."""
+    from pyspark.sql.types import ArrayType, StructType
+
+    while isinstance(dtype, ArrayType):
+        dtype = dtype.elementType
+    if not rest:
+        return dtype
+    assert isinstance(dtype, StructType)  # _masked checked the path
+    return _leaf_at(dtype[rest[0]].dataType, rest[1:])
+
+
+def _headers(headers: Column, dtype: DataType, masking: Masking, key: bytes | None, feed: str) -> Column:
+    """The ``headers`` array (of ``dtype``) with each named header's value treated (``drop``: the entry removed).
+
+    Hashed headers keep their raw value through the ``transform`` and are hashed after it, by one UDF over the
+    array (:func:`_hash_headers`).
+    """
     from pyspark.sql import functions as F
     from pyspark.sql.types import BinaryType
 
     dropped = [name for name, t in masking.headers.items() if t == "drop"]
-    kept = {name: t for name, t in masking.headers.items() if t != "drop"}
+    kept = {name: t for name, t in masking.headers.items() if t not in ("drop", "hash")}
+    hashed = sorted(name for name, t in masking.headers.items() if t == "hash")
     out = F.filter(headers, lambda h: ~h.getField("key").isin(dropped)) if dropped else headers
 
     def treat(h: Column) -> Column:
@@ -164,7 +279,31 @@ def _headers(headers: Column, masking: Masking, key: bytes | None, feed: str) ->
             value = F.when(h.getField("key") == F.lit(name), treated).otherwise(value)
         return h.withField("value", value)
 
-    return F.transform(out, treat) if kept else out
+    out = F.transform(out, treat) if kept else out
+    if hashed:
+        assert key is not None  # mask_records refuses hashing without a key
+        out = _hash_headers(key, hashed, dtype)(out)
+    return out
+
+
+def _hash_headers(key: bytes, names: Sequence[str], dtype: DataType) -> Callable[[Column], Column]:
+    """A UDF over the ``headers`` array: the value of each header named in ``names`` hashed (the hex text's bytes)."""
+    from pyspark.sql import functions as F
+
+    digest = _hex_hmac(key)
+    chosen = frozenset(names)
+
+    def masking_headers(entries: list[Any] | None) -> list[tuple[str, bytes | None]] | None:
+        if entries is None:
+            return None
+        out = []
+        for h in entries:
+            text = digest(bytes(h.value)) if h.key in chosen and h.value is not None else None
+            out.append((h.key, text.encode() if text is not None else h.value))
+        return out
+
+    udf: Callable[[Column], Column] = F.udf(masking_headers, dtype, useArrow=True)
+    return udf
 
 
 def raw_columns(frame: DataFrame, masking: Masking) -> DataFrame:
