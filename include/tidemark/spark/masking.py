@@ -9,11 +9,12 @@ name. ``hash`` is HMAC-SHA256 under the key :func:`masking_key` reads from
 reaches the driver in the private secrets file, as the other connections do), shown as
 lower-case hex; texts are hashed as their UTF-8 bytes, binary values as they are, other types
 as their text (complex ones as JSON). Null stays null. Spark builds each message (the casts,
-``to_json``); a Python UDF computes the HMAC, the key inside its pickled closure, so the key
-is in no query plan: not in ``explain``, the UI's SQL tab or an event log (Spark's own
-``hmac`` would carry it there as a literal). A field under an array is hashed by one UDF
-over the whole array (Spark refuses Python UDFs inside ``transform``'s lambda): the lambda
-puts each message in the field's place, the UDF walks the array and hashes them.
+``to_json``); a vectorised (Arrow) Python UDF computes the HMAC, the key inside its pickled
+closure, so the key is in no query plan: not in ``explain``, the UI's SQL tab or an event
+log (Spark's own ``hmac`` would carry it there as a literal). Spark refuses a Python UDF
+inside ``transform``'s lambda, so a field under arrays is hashed in three steps: its
+messages, nested in the arrays only, into a transient column; the UDF hashes them there;
+a ``transform`` with item indexes puts each hash in its field's place.
 
 The job masks right after decoding (:mod:`tidemark.job.steps`), so the staged files,
 validation's counts, samples and GX's unexpected-value lists and Data Docs, the
@@ -32,7 +33,7 @@ import hashlib
 import hmac
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tidemark.config.masking import MASKED, MASKING_KEY_ENV, Masking, Treatment, Truncate
 from tidemark.errors import ConfigError
@@ -90,57 +91,112 @@ def mask_records(df: DataFrame, masking: Masking, key: bytes | None, feed: str =
         if not rest and treatment == "drop":
             df = df.drop(top)
             continue
-        column = _masked(F.col(top), df.schema[top].dataType, rest, treatment, key, f"{feed}", path)
-        df = df.withColumn(top, column)
+        dtype = df.schema[top].dataType
+        if treatment == "hash" and _arrays_on(dtype, rest, feed, path):
+            assert key is not None
+            # The hashes beside the records first: a lambda may read a column, never hold a Python UDF.
+            df = df.withColumn(_HASHES, _hash_udf(key, _arrays_on(dtype, rest, feed, path))(
+                _messages(F.col(top), dtype, rest)))  # fmt: skip
+            df = df.withColumn(top, _hashed(F.col(top), dtype, rest, F.col(_HASHES))).drop(_HASHES)
+            continue
+        df = df.withColumn(top, _masked(F.col(top), dtype, rest, treatment, key, f"{feed}", path))
     if masking.key is not None and "key" in df.columns:
         key_type = df.schema["key"].dataType
         dropped = F.lit(None).cast(key_type)
         masked = dropped if masking.key == "drop" else _leaf(F.col("key"), key_type, masking.key, key, feed, "key")
         df = df.withColumn("key", masked)
     if masking.headers and "headers" in df.columns:
-        df = df.withColumn("headers", _headers(F.col("headers"), df.schema["headers"].dataType, masking, key, feed))
+        df = _headers(df, masking, key, feed)
     return df
 
 
-def _masked(col: Column, dtype: DataType, rest: list[str], treatment: Treatment, key: bytes | None, feed: str,
-            path: str, *, in_lambda: bool = False) -> Column:  # fmt: skip
-    """``col`` (of ``dtype``) with the field at ``rest`` under it treated; arrays of structs are walked item by item.
+_HASHES = "_masking_hashes"  # a transient column: the hashes of the messages under arrays, in their places
 
-    ``in_lambda``: ``col`` is a ``transform`` lambda's item, where a hashed leaf becomes its message only (the
-    outermost array's :func:`_hash_walk` hashes it).
-    """
+
+def _masked(col: Column, dtype: DataType, rest: list[str], treatment: Treatment, key: bytes | None, feed: str,
+            path: str) -> Column:  # fmt: skip
+    """``col`` (of ``dtype``) with the field at ``rest`` under it treated; arrays of structs are walked item by item
+    (a hash under an array is :func:`_messages` and :func:`_hashed`'s)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, BinaryType, StructType
+    from pyspark.sql.types import ArrayType, StructType
 
     if not rest:
-        return _leaf(col, dtype, treatment, key, feed, path, in_lambda=in_lambda)
+        return _leaf(col, dtype, treatment, key, feed, path)
     if isinstance(dtype, ArrayType):
         element = dtype.elementType
-        items = F.transform(col, lambda item: _masked(item, element, rest, treatment, key, feed, path, in_lambda=True))
-        if treatment != "hash" or in_lambda:
-            return items
-        assert key is not None  # mask_records refuses hashing without a key
-        leaf_binary = isinstance(_leaf_at(dtype, rest), BinaryType)
-        return _hash_walk(key, rest, _hashed_type(dtype, rest), leaf_binary)(items)
+        return F.transform(col, lambda item: _masked(item, element, rest, treatment, key, feed, path))
     if not isinstance(dtype, StructType) or rest[0] not in dtype.names:
         fields = ", ".join(dtype.names) if isinstance(dtype, StructType) else f"none: it is a {dtype.simpleString()}"
         raise ConfigError(f"feed '{feed}': masking.fields.{path}: no field '{rest[0]}' there (its fields: {fields})")
     name = rest[0]
     if len(rest) == 1 and treatment == "drop":
         return col.dropFields(name)
-    child = _masked(col.getField(name), dtype[name].dataType, rest[1:], treatment, key, feed, path,
-                    in_lambda=in_lambda)  # fmt: skip
+    child = _masked(col.getField(name), dtype[name].dataType, rest[1:], treatment, key, feed, path)
     return F.when(col.isNotNull(), col.withField(name, child))  # null otherwise, of the changed struct's type
 
 
-def _leaf(col: Column, dtype: DataType, treatment: Treatment, key: bytes | None, feed: str, path: str, *,
-          in_lambda: bool = False) -> Column:  # fmt: skip
-    """One value treated: null stays null; a binary value stays binary, anything else becomes a string.
+def _arrays_on(dtype: DataType, rest: Sequence[str], feed: str, path: str) -> int:
+    """How many arrays the path ``rest`` under ``dtype`` goes through before its leaf (refused when it is not there)."""
+    from pyspark.sql.types import ArrayType, StructType
 
-    ``in_lambda``: a hashed value becomes its message (binary), for the enclosing array's :func:`_hash_walk`.
-    """
+    if not rest:
+        return 0
+    if isinstance(dtype, ArrayType):
+        return 1 + _arrays_on(dtype.elementType, rest, feed, path)
+    if not isinstance(dtype, StructType) or rest[0] not in dtype.names:
+        fields = ", ".join(dtype.names) if isinstance(dtype, StructType) else f"none: it is a {dtype.simpleString()}"
+        raise ConfigError(f"feed '{feed}': masking.fields.{path}: no field '{rest[0]}' there (its fields: {fields})")
+    return _arrays_on(dtype[rest[0]].dataType, rest[1:], feed, path)
+
+
+def _messages(col: Column, dtype: DataType, rest: Sequence[str]) -> Column:
+    """The messages of the leaves at ``rest`` under ``col``, nested in its arrays only (structs are stepped through)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import AtomicType, BinaryType, StringType
+    from pyspark.sql.types import ArrayType, StructType
+
+    if not rest:
+        return _message(col, dtype)
+    if isinstance(dtype, ArrayType):
+        element = dtype.elementType
+        return F.transform(col, lambda item: _messages(item, element, rest))
+    assert isinstance(dtype, StructType)  # _arrays_on checked the path
+    return _messages(col.getField(rest[0]), dtype[rest[0]].dataType, rest[1:])
+
+
+def _hashed(col: Column, dtype: DataType, rest: Sequence[str], hashes: Column) -> Column:
+    """``col`` with each leaf at ``rest`` replaced by its hash, the item of ``hashes`` (:func:`_messages`'s nesting)
+    at the same array positions."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, BinaryType, StructType
+
+    if not rest:
+        return F.when(col.isNotNull(), hashes.cast("binary") if isinstance(dtype, BinaryType) else hashes)
+    if isinstance(dtype, ArrayType):
+        element = dtype.elementType
+        return F.transform(col, lambda item, i: _hashed(item, element, rest, hashes[i]))
+    assert isinstance(dtype, StructType)  # _arrays_on checked the path
+    name = rest[0]
+    child = _hashed(col.getField(name), dtype[name].dataType, rest[1:], hashes)
+    return F.when(col.isNotNull(), col.withField(name, child))
+
+
+def _message(col: Column, dtype: DataType) -> Column:
+    """The bytes a value's hash is of: a binary value's own, a text's UTF-8, a number's (a date's...) text's, a
+    complex value's JSON text's."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import AtomicType, BinaryType
+
+    if isinstance(dtype, BinaryType):
+        return col
+    if isinstance(dtype, AtomicType):
+        return col.cast("string").cast("binary")
+    return F.to_json(col).cast("binary")
+
+
+def _leaf(col: Column, dtype: DataType, treatment: Treatment, key: bytes | None, feed: str, path: str) -> Column:
+    """One value treated: null stays null; a binary value stays binary, anything else becomes a string."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, StringType
 
     binary = isinstance(dtype, BinaryType)
     if isinstance(treatment, Truncate):
@@ -155,16 +211,8 @@ def _leaf(col: Column, dtype: DataType, treatment: Treatment, key: bytes | None,
         marker = F.lit(MASKED)
         out = marker.cast("binary") if binary else marker
         return F.when(col.isNotNull(), out)
-    if binary:
-        message = col
-    elif isinstance(dtype, AtomicType):  # a text's UTF-8 bytes; a number, a date...: those of its text
-        message = col.cast("string").cast("binary")
-    else:  # structs, arrays, maps: hashed as their JSON text
-        message = F.to_json(col).cast("binary")
-    if in_lambda:
-        return message
     assert key is not None  # mask_records refuses hashing without a key
-    digest = _hash_udf(key)(message)
+    digest = _hash_udf(key)(_message(col, dtype))
     return F.when(col.isNotNull(), digest.cast("binary") if binary else digest)
 
 
@@ -187,90 +235,41 @@ def _hex_hmac(key: bytes) -> Callable[[bytes | None], str | None]:
     return digest
 
 
-def _hash_udf(key: bytes) -> Callable[[Column], Column]:
-    """A vectorised (Arrow) UDF: binary messages to their keyed hashes (text); the key travels in its closure only."""
+def _hash_udf(key: bytes, arrays: int = 0) -> Callable[[Column], Column]:
+    """A vectorised (Arrow) UDF: binary messages, nested in ``arrays`` arrays, to their keyed hashes (text) in the
+    same places. The key travels in its closure only: pickled with the UDF, never rendered in a plan."""
     import pyarrow as pa
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType
+    from pyspark.sql.types import ArrayType, StringType
 
     digest = _hex_hmac(key)
 
-    def masking_hash(messages: pa.Array) -> pa.Array:
+    def hashed(messages: pa.Array) -> pa.Array:
+        if isinstance(messages, pa.ListArray | pa.LargeListArray):  # the same offsets and nulls, the values hashed
+            return type(messages).from_arrays(messages.offsets, hashed(messages.values), mask=messages.is_null())
         return pa.array([digest(m) for m in messages.to_pylist()], pa.string())
 
+    def masking_hash(messages: pa.Array) -> pa.Array:
+        return hashed(messages)
+
     masking_hash.__annotations__ = {"messages": pa.Array, "return": pa.Array}  # what arrow_udf reads its kind from
-    udf: Callable[[Column], Column] = F.arrow_udf(masking_hash, StringType())
+    out: DataType = StringType()
+    for _ in range(arrays):
+        out = ArrayType(out, True)
+    udf: Callable[[Column], Column] = F.arrow_udf(masking_hash, out)
     return udf
 
 
-def _hashed_type(dtype: DataType, rest: Sequence[str]) -> DataType:
-    """``dtype`` once the leaf at ``rest`` (under any arrays) is hashed: text, or binary for a binary leaf."""
-    from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, StructType
-
-    if isinstance(dtype, ArrayType):
-        return ArrayType(_hashed_type(dtype.elementType, rest), True)
-    if not rest:
-        return BinaryType() if isinstance(dtype, BinaryType) else StringType()
-    assert isinstance(dtype, StructType)  # _masked checked the path
-    return StructType([StructField(f.name, _hashed_type(f.dataType, rest[1:]), True) if f.name == rest[0] else f
-                       for f in dtype.fields])  # fmt: skip
-
-
-def _hash_walk(key: bytes, rest: Sequence[str], hashed_type: DataType, binary: bool) -> Callable[[Column], Column]:
-    """A UDF over an array whose items hold, at ``rest``, a message (binary) in place of the value: each hashed.
-
-    The messages are Spark's, built inside the ``transform`` lambda (:func:`_leaf` with ``in_lambda``), so the
-    bytes hashed are the same as at a top-level field's; ``hashed_type`` is the array's type afterwards;
-    ``binary``: the leaf was binary, and its hash stays so (the hex text's bytes).
-    """
-    from pyspark.sql import functions as F
-
-    digest = _hex_hmac(key)
-
-    def walk(value: Any, path: Sequence[str]) -> Any:
-        if value is None:
-            return None
-        if isinstance(value, list):
-            return [walk(item, path) for item in value]
-        if not path:
-            text = digest(bytes(value))
-            return text.encode() if binary and text is not None else text
-        fields = value.asDict()
-        fields[path[0]] = walk(fields[path[0]], path[1:])
-        return tuple(fields.values())
-
-    def masking_walk(items: Any) -> Any:
-        return walk(items, rest)
-
-    udf: Callable[[Column], Column] = F.udf(masking_walk, hashed_type, useArrow=True)
-    return udf
-
-
-def _leaf_at(dtype: DataType, rest: Sequence[str]) -> DataType:
-    """The type of the leaf at ``rest`` under ``dtype`` (through any arrays)."""
-    from pyspark.sql.types import ArrayType, StructType
-
-    while isinstance(dtype, ArrayType):
-        dtype = dtype.elementType
-    if not rest:
-        return dtype
-    assert isinstance(dtype, StructType)  # _masked checked the path
-    return _leaf_at(dtype[rest[0]].dataType, rest[1:])
-
-
-def _headers(headers: Column, dtype: DataType, masking: Masking, key: bytes | None, feed: str) -> Column:
-    """The ``headers`` array (of ``dtype``) with each named header's value treated (``drop``: the entry removed).
-
-    Hashed headers keep their raw value through the ``transform`` and are hashed after it, by one UDF over the
-    array (:func:`_hash_headers`).
-    """
+def _headers(df: DataFrame, masking: Masking, key: bytes | None, feed: str) -> DataFrame:
+    """``df`` with each named header's value treated (``drop``: the entry removed); hashed ones by
+    :func:`_hash_udf` over the array of their messages, beside the records, then put in their places."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import BinaryType
 
     dropped = [name for name, t in masking.headers.items() if t == "drop"]
     kept = {name: t for name, t in masking.headers.items() if t not in ("drop", "hash")}
     hashed = sorted(name for name, t in masking.headers.items() if t == "hash")
-    out = F.filter(headers, lambda h: ~h.getField("key").isin(dropped)) if dropped else headers
+    out = F.filter("headers", lambda h: ~h.getField("key").isin(dropped)) if dropped else F.col("headers")
 
     def treat(h: Column) -> Column:
         value = h.getField("value")
@@ -279,31 +278,18 @@ def _headers(headers: Column, dtype: DataType, masking: Masking, key: bytes | No
             value = F.when(h.getField("key") == F.lit(name), treated).otherwise(value)
         return h.withField("value", value)
 
-    out = F.transform(out, treat) if kept else out
-    if hashed:
-        assert key is not None  # mask_records refuses hashing without a key
-        out = _hash_headers(key, hashed, dtype)(out)
-    return out
+    df = df.withColumn("headers", F.transform(out, treat) if kept else out)
+    if not hashed:
+        return df
+    assert key is not None  # mask_records refuses hashing without a key
+    chosen = F.transform("headers", lambda h: F.when(h.getField("key").isin(hashed), h.getField("value")))
+    df = df.withColumn(_HASHES, _hash_udf(key, 1)(chosen))
 
+    def put(h: Column, i: Column) -> Column:
+        mine = h.getField("key").isin(hashed) & h.getField("value").isNotNull()
+        return h.withField("value", F.when(mine, F.col(_HASHES)[i].cast("binary")).otherwise(h.getField("value")))
 
-def _hash_headers(key: bytes, names: Sequence[str], dtype: DataType) -> Callable[[Column], Column]:
-    """A UDF over the ``headers`` array: the value of each header named in ``names`` hashed (the hex text's bytes)."""
-    from pyspark.sql import functions as F
-
-    digest = _hex_hmac(key)
-    chosen = frozenset(names)
-
-    def masking_headers(entries: list[Any] | None) -> list[tuple[str, bytes | None]] | None:
-        if entries is None:
-            return None
-        out = []
-        for h in entries:
-            text = digest(bytes(h.value)) if h.key in chosen and h.value is not None else None
-            out.append((h.key, text.encode() if text is not None else h.value))
-        return out
-
-    udf: Callable[[Column], Column] = F.udf(masking_headers, dtype, useArrow=True)
-    return udf
+    return df.withColumn("headers", F.transform("headers", put)).drop(_HASHES)
 
 
 def raw_columns(frame: DataFrame, masking: Masking) -> DataFrame:
