@@ -16,11 +16,10 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidemark.config.models import Feed, load_feed, package_root
 from tidemark.errors import ConfigError, TidemarkError, ValidationFailedError
-from tidemark.job.redrive_job import LOG_FILE, SubmitJob
 from tidemark.job.result import read_result, run_without_spark, write_result
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.runs.report import record_failure
@@ -35,6 +34,9 @@ from tidemark.spark.session import (
     s3a_jars,
     small_run_conf,
 )
+
+if TYPE_CHECKING:
+    from tidemark.job.redrive_job import SubmitJob
 
 
 def decodes_avro(feed: str) -> bool:
@@ -100,6 +102,9 @@ def redrive_submitter(feed: Feed, *, master: str | None, progress: Progress = si
     As :func:`submit`: the connection variables of this process's environment reach the driver in the
     private secrets file, never on the command line; the job's log goes into its folder.
     """
+
+    # Heavy (pyspark, through the re-check): only a re-drive needs it, not a run's CLI.
+    from tidemark.job.redrive_job import LOG_FILE
 
     def run(folder: Path, records: int) -> None:
         env, connections = split_env({**os.environ, "PYSPARK_PYTHON": sys.executable})
