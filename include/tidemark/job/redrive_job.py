@@ -1,13 +1,13 @@
 """Re-drive's Spark work as a ``spark-submit`` job: the re-check, and the staging of the passing dead letters.
 
-A run's job reads a plan; a re-drive's reads dead letters the driver side chose
+A run's job reads a plan; a re-drive's reads dead letters the submitting side chose
 (:mod:`tidemark.runs.redrive`). The two sides talk through a private folder (0700, on the
 submitting host, as the secrets file: the driver in client deploy mode reads it), holding
-:data:`REQUEST_FILE` (which phase, the feed, and for ``stage`` the re-drive's plan, run id
-and the dead letters it took) and :data:`LETTERS_FILE` (the dead letters, raw bytes as
-base64); the job writes :data:`ANSWER_FILE` (each dead letter's verdict, or the error) in
+:data:`REQUEST_FILE` (which phase, the feed, and for ``stage`` the re-drive's plan and run
+id) and :data:`LETTERS_FILE` (the dead letters, for ``stage`` those the re-drive took, raw
+bytes as base64); the job writes :data:`ANSWER_FILE` (each dead letter's verdict, or the error) in
 every case and exits non-zero on any failure. Two phases, each a job of its own, because the
-re-drive's record and ledger row are written between them, on the driver side:
+re-drive's record and ledger row are written between them, on the submitting side:
 
 1. ``recheck``: the dead letters through :func:`tidemark.job.redrive.recheck`; the answer is
    their verdicts;
@@ -15,7 +15,7 @@ re-drive's record and ledger row are written between them, on the driver side:
    between may change a verdict: then the job fails and stages nothing) and staged pending
    under the re-drive's run id (:func:`tidemark.job.redrive.stage_passing`).
 
-:class:`RedriveJob` is the driver side's handle on it: it writes the folder, has the job
+:class:`RedriveJob` is the submitting side's handle on it: it writes the folder, has the job
 submitted (the CLI's ``spark-submit``, or the Spark provider's hook in the DAG) and reads the
 answer. A failed ``stage`` job raises :class:`RedriveJobError` and leaves the re-drive's row
 and whatever it staged as a crash after staging leaves them, for the next re-drive to settle.
@@ -28,6 +28,7 @@ import argparse
 import base64
 import json
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -67,7 +68,7 @@ class RedriveJob:
     """The re-drive's Spark work through ``submit`` (a ``spark-submit`` of ``spark_jobs/tidemark_redrive.py``)."""
 
     submit: SubmitJob
-    where: str = ""  # how the job is submitted, for the progress line and errors (a master, a connection)
+    where: str = ""  # where the job is submitted (a master, a connection), for its errors
 
     def recheck(self, feed: Feed, letters: Sequence[DeadLetter]) -> tuple[Verdict, ...]:
         """``letters``' verdicts, as :func:`tidemark.job.redrive.recheck` gives them, from a job."""
@@ -82,8 +83,7 @@ class RedriveJob:
 
         ``log``: where the job's log goes when the submitter keeps one (the re-drive's run dir).
         """
-        request = {"phase": "stage", "feed": feed.name, "plan": plan.to_dict(), "run_id": run_id,
-                   "extra": dict(extra), "taken": [list(d.key_of) for d in letters]}  # fmt: skip
+        request = {"phase": "stage", "feed": feed.name, "plan": plan.to_dict(), "run_id": run_id, "extra": dict(extra)}
         self._run(request, letters, log)
 
     def _run(self, request: Mapping[str, Any], letters: Sequence[DeadLetter],
@@ -119,9 +119,7 @@ def job_folder() -> Iterator[Path]:
     try:
         yield folder
     finally:
-        for path in sorted(folder.rglob("*"), reverse=True):
-            path.unlink() if path.is_file() else path.rmdir()
-        folder.rmdir()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _encode(value: Any) -> Any:
@@ -177,7 +175,7 @@ def verdicts_of(letters: Sequence[DeadLetter], answer: Mapping[str, Any]) -> tup
 
 
 def redrive_plan_of(doc: Mapping[str, Any]) -> Plan:
-    """The re-drive's plan as the driver side sent it: no ranges, and an id that is no content hash (so not checked
+    """The re-drive's plan as the submitting side sent it: no ranges, and an id that is no content hash (so not checked
     as one, as :meth:`Plan.from_dict` checks a run's)."""
     if doc.get("partitions") or doc.get("tasks"):
         raise ConfigError(f"plan {doc.get('plan_id')} has ranges: it is not a re-drive's")

@@ -246,10 +246,11 @@ def test_a_redrive_whose_staging_fails_is_given_up_and_the_next_one_publishes_it
 
 
 def test_a_redrive_submitted_to_a_spark_cluster_publishes_the_passing_records_once(
-    fenv: FaultEnv, spark_cluster: Any
+    fenv: FaultEnv, spark_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The re-check and the staging as ``spark-submit`` jobs on a standalone cluster, as ``tidemark redrive --master``
-    and the DAG submit them: exactly the records the fixed rule passes, once; the staging job's log in the run dir."""
+    and the DAG submit them: exactly the records the fixed rule passes, once; the staging job's log in the run dir,
+    and a connection's secret only in the private file, never on the command line or in the log."""
     from tidemark.config.models import load_feed
     from tidemark.job.redrive_job import RedriveJob
     from tidemark.runs.submit import redrive_submitter
@@ -259,6 +260,8 @@ def test_a_redrive_submitted_to_a_spark_cluster_publishes_the_passing_records_on
     good_before = good_output(fenv)
     passing = x_rows(fenv, dead_letters(fenv.feed))
     fenv.write_feed(validation=FIXED_RULE)
+    secret = f"tm-{uuid.uuid4().hex}"
+    monkeypatch.setenv("TIDEMARK_SCHEMA_REGISTRY_PASSWORD", secret)  # a string feed's job never uses it: it travels
     job = RedriveJob(redrive_submitter(load_feed(fenv.feed), master=spark_cluster.master_url))
     first = redrive_feed(job, fenv.feed, root=fenv.root)
     assert (first.state, first.published, first.passing) == ("shown", 3, 3)
@@ -269,7 +272,7 @@ def test_a_redrive_submitted_to_a_spark_cluster_publishes_the_passing_records_on
     assert f"--master {spark_cluster.master_url}" in command
     job, flag, _folder = command.split()[-3:]
     assert job.endswith("spark_jobs/tidemark_redrive.py") and flag == "--work"
-    assert "tidemark re-drive job failed" not in "\n".join(logged)
+    assert "tidemark re-drive job failed" not in "\n".join(logged) and secret not in log
     again = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
     assert (again.published, again.passing) == (0, 0)
     assert good_output(fenv) == good_before + Counter(passing)
