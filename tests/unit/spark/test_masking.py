@@ -54,11 +54,12 @@ def masked(spark: Any, masking: Masking, key: bytes | None = KEY, **kw: Any) -> 
 
 
 def test_hash_is_keyed_hmac_sha256_and_stable(spark: Any) -> None:
-    masking = Masking(fields={"customer.email": "hash"}, key="hash")
+    masking = Masking(fields={"customer.email": "hash", "customer.age": "hash"}, key="hash")
     first, second = masked(spark, masking), masked(spark, masking)
     assert first[0].customer.email == mac("ann@example.com") == second[0].customer.email  # stable across runs
     assert first[0].key == mac("key-0")
-    assert first[0].customer.name == "Annabel" and first[0].customer.age == 41  # the rest untouched
+    assert first[0].customer.age == mac("41")  # a number inside a record: its text's hash, the field now a string
+    assert first[0].customer.name == "Annabel"  # the rest untouched
     other = masked(spark, masking, key=b"another-key-of-some-length")
     assert other[0].customer.email == mac("ann@example.com", b"another-key-of-some-length") != first[0].customer.email
     assert first[1].customer is None  # a null record stays null
