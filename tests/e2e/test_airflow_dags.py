@@ -226,6 +226,9 @@ def test_redrive_dag_publishes_the_dead_letters_a_fixed_rule_passes_once(
     first, second = _run_dags(env, "tidemark_redrive", [{"feed": "afrd", "dry_run": False}] * 2)
     for run in (first, second):
         assert "DAGRUN_STATE=success" in run.stdout, run.stdout[-4000:] + run.stderr[-4000:]
+    # The re-check and the staging went to spark-submit on the tidemark_spark connection, not into the task.
+    submitted = [ln for ln in (first.stdout + first.stderr).splitlines() if "spark_jobs/tidemark_redrive.py" in ln]
+    assert submitted and "spark-submit" in submitted[0], (first.stdout + first.stderr)[-4000:]
 
     def values() -> list[str]:
         files = [p for p in output.glob("plan_id=*/topic=*/**/*.parquet")]

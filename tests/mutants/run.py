@@ -776,6 +776,18 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "masking-key-in-the-plan",
+        "the masking key is in no Spark query plan or event log (the HMAC is a UDF's, the key in its closure)",
+        (
+            Edit(
+                "include/tidemark/spark/masking.py",
+                "    digest = _hash_udf(key)(_message(col, dtype))\n",
+                "    digest = F.lower(F.hex(F.hmac(F.lit(key), _message(col, dtype))))\n",
+            ),
+        ),
+        ("tests/unit/spark/test_masking.py::test_the_masking_key_reaches_no_plan_and_no_event_log",),
+    ),
+    Mutant(
         "masking-staged-by-read-tasks",
         "a masked feed's records are masked on every staging path (the read tasks leave such a feed to Spark)",
         (Edit("include/tidemark/job/stage.py", "    if feed.masking is not None:\n", "    if False:\n"),),

@@ -3,16 +3,21 @@
 ``deadletters`` lists them by reason and day, with counts and examples, from the feed's
 output only (its shown plans' quarantines, :mod:`tidemark.output.deadletters`): no Kafka,
 no Spark. ``redrive`` publishes those the feed's current schema and rules let pass into
-its output, exactly once, recorded as a run (:mod:`tidemark.runs.redrive`, in a local Spark
-session); ``--dry-run`` only says which would pass. ``--json`` prints documents instead of tables.
+its output, exactly once, recorded as a run (:mod:`tidemark.runs.redrive`): its Spark work
+goes to ``spark-submit`` with ``--master`` or ``TIDEMARK_SPARK_MASTER`` when one is set, as
+``tidemark run``'s job does, else into a local session of this process; ``--dry-run`` only
+says which would pass. ``--json`` prints documents instead of tables.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from datetime import UTC, datetime
+from typing import Any
 
 from tidemark.cli.output import error, print_json, progress, table
+from tidemark.config.models import load_feed
 from tidemark.output.deadletters import dead_letters, summarize
 from tidemark.runs.run import silent
 
@@ -46,13 +51,19 @@ def _deadletters(args: argparse.Namespace) -> int:
 
 def _redrive(args: argparse.Namespace) -> int:
     # Heavy (pyspark, through the decoder): only this command needs it, not the CLI's start.
+    from tidemark.job.redrive_job import RedriveJob
     from tidemark.runs.redrive import redrive_feed
-    from tidemark.runs.submit import decodes_avro
+    from tidemark.runs.submit import decodes_avro, redrive_submitter
     from tidemark.spark.session import local_session
 
-    spark = local_session("tidemark-redrive", "local[1]", avro=decodes_avro(args.feed))  # from_avro for Avro feeds
+    master = args.master or os.environ.get("TIDEMARK_SPARK_MASTER")
+    say = silent if args.json else progress
+    if master:  # the feed's Spark, as `tidemark run` submits its job
+        spark: Any = RedriveJob(redrive_submitter(load_feed(args.feed), master=master, progress=say), master)
+    else:
+        spark = local_session("tidemark-redrive", "local[1]", avro=decodes_avro(args.feed))  # from_avro for Avro
     outcome = redrive_feed(spark, args.feed, since=args.since, reason=args.reason, dry_run=args.dry_run,
-                           progress=silent if args.json else progress)  # fmt: skip
+                           progress=say)  # fmt: skip
     verdicts = outcome.verdicts
     if args.json:
         print_json({"feed": args.feed, "dry_run": args.dry_run, "run_id": outcome.run_id,
@@ -100,4 +111,6 @@ def add_deadletters(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _filters(redrive)
     redrive.add_argument("--dry-run", action="store_true", help="list them with their verdicts, publish nothing")
+    redrive.add_argument("--master", help="submit the Spark work to this master (default: TIDEMARK_SPARK_MASTER; "
+                         "neither: a local session in this process)")  # fmt: skip
     redrive.set_defaults(func=_redrive)

@@ -302,6 +302,26 @@ def output_uri(feed: Feed) -> str:
     return where.local_path().resolve().as_uri() if where.is_local else where.url
 
 
+@contextmanager
+def job_secrets(own: Mapping[str, str]) -> Iterator[None]:
+    """For a ``spark-submit`` in this block: the connections its driver needs, ``own`` and the Airflow connections'.
+
+    Read at execution, so the values never reach the rendered-fields table. They reach the driver
+    through a private file whose path alone is in spark-submit's environment: never as env_vars,
+    which the provider turns into --conf arguments (and logs) on YARN and Kubernetes. Connection
+    variables of the worker's own environment go the same way, out of spark-submit's for the while.
+    """
+    from tidemark.spark.secrets import SECRETS_FILE_ENV, secrets_file, split_env
+
+    inherited = split_env(os.environ)[1]
+    secrets_env = {**inherited, **own, **storage_env(), **iceberg_env(), **registry_env(), **masking_env()}
+    with (
+        secrets_file(secrets_env) as path,
+        _environ({**dict.fromkeys(inherited), **({SECRETS_FILE_ENV: path} if path else {})}),
+    ):
+        yield
+
+
 class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
     """SparkSubmitOperator that hands the Kafka connection to the job at execution time."""
 
@@ -369,23 +389,15 @@ class TidemarkSparkSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
                 f"plan {handle.plan_id} has no records to read: Spark was not started; "
                 "the commit task re-commits the group's offsets"
             )
-        from tidemark.spark.secrets import SECRETS_FILE_ENV, secrets_file, split_env
+        from tidemark.spark.secrets import split_env
         from tidemark.spark.session import driver_class_archive, merge_conf
 
-        # Read at execution, so the values never reach the rendered-fields table. They reach the driver
-        # through a private file whose path alone is in spark-submit's environment: never as env_vars,
-        # which the provider turns into --conf arguments (and logs) on YARN and Kubernetes. Connection
-        # variables of the worker's own environment go the same way, out of spark-submit's for the while.
-        inherited = split_env(os.environ)[1]
         own_env, own_connections = split_env(dict(getattr(self, "env_vars", None) or {}))
-        secrets_env = {**inherited, **own_connections, **kafka_connection(self.kafka_conn_id).to_env(),
-                       **storage_env(), **iceberg_env(), **registry_env(), **masking_env()}  # fmt: skip
         self.env_vars = own_env  # the DAG's other variables, which the provider passes on as it does
         self._hook = None  # rebuilt with the conf below
         with (
             driver_class_archive() as class_archive,
-            secrets_file(secrets_env) as path,
-            _environ({**dict.fromkeys(inherited), **({SECRETS_FILE_ENV: path} if path else {})}),
+            job_secrets({**own_connections, **kafka_connection(self.kafka_conn_id).to_env()}),
         ):
             run_conf = self.conf_for_run(handle.records, class_archive.option)
             self.conf = merge_conf(self.conf_for_feed(handle.feed), run_conf)
@@ -847,13 +859,13 @@ def redrive_step() -> dict[str, Any]:
     """Re-drive the feed the form names (:func:`tidemark.runs.redrive.redrive_feed`), after checking that the
     triggering user may run that feed's DAG: a re-drive publishes into the feed's output, as its own runs do.
 
-    The re-check runs in a local Spark session in this task (a feed's dead letters are few: the records its
-    runs refused), not through ``spark-submit``; a retry settles what a crashed attempt left first.
+    The re-check and the staging are ``spark-submit`` jobs on the ``tidemark_spark`` connection
+    (:func:`redrive_submitter`), as a run's job; settling, choosing, showing and the report run in this task. A
+    retry settles what a crashed or failed attempt left first.
     """
+    from tidemark.job.redrive_job import RedriveJob
     from tidemark.orchestration.access import refuse_unless_allowed
     from tidemark.runs.redrive import redrive_feed
-    from tidemark.runs.submit import decodes_avro
-    from tidemark.spark.session import local_session
 
     ctx = get_current_context()
     params = dict(ctx["params"])
@@ -862,9 +874,10 @@ def redrive_step() -> dict[str, Any]:
     _no_retry_for_refusals(lambda: refuse_unless_allowed(feed_name, "redrive", {"commit": True}, user))
     since = datetime.fromisoformat(str(params["since"])) if params.get("since") else None
     with _storage_settings():
-        spark = local_session("tidemark-redrive", avro=decodes_avro(feed_name))  # from_avro for Avro feeds
+        job = RedriveJob(redrive_submitter(_no_retry_for_refusals(lambda: load_feed(feed_name))),
+                         f"connection {SPARK_CONN_ID}")  # fmt: skip
         outcome = _no_retry_for_refusals(lambda: redrive_feed(
-            spark, feed_name, since=since, reason=params.get("reason") or None,
+            job, feed_name, since=since, reason=params.get("reason") or None,
             dry_run=params.get("dry_run", True) is not False, checkpoints=checkpoint_store(),
             registry=registry_from_env(registry_env()), progress=log.info,
         ))  # fmt: skip
@@ -876,6 +889,39 @@ def redrive_step() -> dict[str, Any]:
     return {"run_id": outcome.run_id, "redrive_id": outcome.redrive_id, "state": outcome.state,
             "dead_letters": len(outcome.verdicts), "passing": outcome.passing,
             "published": outcome.published}  # fmt: skip
+
+
+def redrive_submitter(feed: Feed, conn_id: str = SPARK_CONN_ID) -> Callable[[Path, int], None]:
+    """A re-drive job's submission (:mod:`tidemark.job.redrive_job`) through the Spark provider's hook on
+    ``conn_id``, with a run's job's settings: :data:`~tidemark.spark.session.SUBMIT_CONF`, ``from_avro`` for an Avro
+    feed, a small run's driver options, and the connections in the private secrets file (:func:`job_secrets`)."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    from airflow.sdk.log import mask_secret
+
+    from tidemark.runs.submit import redrive_job_path
+    from tidemark.spark.session import (
+        SUBMIT_CONF,
+        avro_conf,
+        driver_class_archive,
+        merge_conf,
+        openlineage_conf,
+        small_run_conf,
+    )
+
+    def submit(folder: Path, records: int) -> None:
+        with driver_class_archive() as class_archive, job_secrets({}):
+            run_conf = {**small_run_conf(records, class_archive=class_archive.option), **SUBMIT_CONF}
+            feed_conf = merge_conf(avro_conf() if feed.deserialization.decodes_avro else {}, openlineage_conf())
+            conf = merge_conf(feed_conf, run_conf)
+            for key, value in conf.items():  # the hook logs its command: such values show masked
+                if value and is_secret(str(key)):
+                    mask_secret(str(value))
+            hook = SparkSubmitHook(conf=conf, conn_id=conn_id, name=f"tidemark-redrive-{feed.name}",
+                                   application_args=["--work", str(folder)])  # fmt: skip
+            hook.submit(redrive_job_path())  # raises when spark-submit fails
+            class_archive.succeeded = True
+
+    return submit
 
 
 def redrive_dag(feeds: Mapping[str, Feed]) -> DAG:

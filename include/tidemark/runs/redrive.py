@@ -22,6 +22,11 @@ record of its own in place of a plan:
 5. **report**: ``report.json`` and ``run.json`` in ``runs/<feed>/<run id>/`` as any run
    (:func:`tidemark.runs.report.record_end`, mode ``redrive``, no group commit).
 
+The Spark work (2's re-check and 3's staging) runs in the caller's session, or, given a
+:class:`~tidemark.job.redrive_job.RedriveJob`, in ``spark-submit`` jobs on the feed's Spark
+(the DAG, and the CLI with a master), each step in between on this side. A staging job that
+fails leaves the row ``planned`` and what it staged as a crash after staging does.
+
 A crash after 4's promotion and before its ``shown`` leaves an open row whose publication the
 output shows: the listing already leaves its dead letters out (``redriven`` asks the
 output), and the next re-drive records it ``shown``; a crash after staging leaves a pending
@@ -43,6 +48,7 @@ from tidemark.checkpoints.store import CheckpointStore, RunState
 from tidemark.config.models import Feed, load_feed
 from tidemark.faults import fault_point
 from tidemark.job.redrive import Recheck, Verdict, recheck, refuse_unsupported, stage_passing
+from tidemark.job.redrive_job import RedriveJob, RedriveJobError
 from tidemark.job.result import JobResult
 from tidemark.kafka.registry import RegistryConnection
 from tidemark.output import publisher_for
@@ -106,7 +112,7 @@ def redrive_plan(record: RedriveRecord, feed: Feed, created_at: str) -> Plan:
 
 
 def redrive_feed(
-    spark: SparkSession,
+    spark: SparkSession | RedriveJob,
     feed_name: str,
     *,
     since: datetime | date | None = None,
@@ -120,7 +126,9 @@ def redrive_feed(
     """Re-drive ``feed_name``'s dead letters (filtered as :func:`dead_letters` filters); see the module docstring.
 
     ``dry_run``: only the verdicts; nothing is written, no run recorded. ``registry``: the schema registry an Avro
-    feed's dead letters are decoded with (else the environment's, ``TIDEMARK_SCHEMA_REGISTRY_*``).
+    feed's dead letters are decoded with (else the environment's, ``TIDEMARK_SCHEMA_REGISTRY_*``). ``spark``: a session
+    to re-check and stage in, or a :class:`RedriveJob` that submits both to the feed's Spark (its driver's
+    environment, or the secrets file, then names the registry).
     """
     feed = load_feed(feed_name)
     refuse_unsupported(feed)
@@ -128,11 +136,16 @@ def redrive_feed(
     publisher = publisher_for(feed)
     settled_first = () if dry_run else settle_open_redrives(feed, publisher, store, progress=progress)
     letters = dead_letters(feed, since=since, reason=reason, store=store)
-    checked = recheck(spark, feed, letters, registry)
+    checked: Recheck | None = None
+    if isinstance(spark, RedriveJob):
+        verdicts = spark.recheck(feed, letters)
+    else:
+        checked = recheck(spark, feed, letters, registry)
+        verdicts = checked.verdicts
     if dry_run:
-        return RedriveOutcome(feed.name, None, None, None, 0, checked.verdicts)
-    taken = tuple(sorted(v.letter.key_of for v in checked.passing))
-    failing = tuple((v.letter.key_of, v.reason_codes) for v in checked.verdicts if not v.passes)
+        return RedriveOutcome(feed.name, None, None, None, 0, verdicts)
+    taken = tuple(sorted(v.letter.key_of for v in verdicts if v.passes))
+    failing = tuple((v.letter.key_of, v.reason_codes) for v in verdicts if not v.passes)
     now = datetime.now(UTC)
     redrive_id = redrive_id_of(feed.name, taken)
     run_id = f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{redrive_id[len(REDRIVE_PREFIX) :][:8]}"
@@ -146,9 +159,17 @@ def redrive_feed(
     plan = redrive_plan(record, feed, now.isoformat())
     progress(f"re-drive {run_id}: {len(taken)} of {len(letters)} dead letters pass the feed's rules now")
     if taken:
+        extra = {"redrive": {"run_id": run_id, "records": len(taken)}}
         try:
-            stage_passing(checked, plan, feed, publisher, run_id=run_id,
-                          extra={"redrive": {"run_id": run_id, "records": len(taken)}})  # fmt: skip
+            if isinstance(spark, RedriveJob):
+                spark.stage(feed, [v.letter for v in verdicts if v.passes], plan, run_id=run_id, extra=extra,
+                            log=run_dir / "spark-submit.log")  # fmt: skip
+            else:
+                assert checked is not None
+                stage_passing(checked, plan, feed, publisher, run_id=run_id, extra=extra)
+        except RedriveJobError as exc:  # as a crash after staging: the row stays planned, the next re-drive settles
+            write_status(run_dir, failed_at=datetime.now(UTC).isoformat(), error=f"re-drive {run_id}: {exc}")
+            raise
         except Exception as exc:  # nothing shown: given up, its report says why (a crash leaves it to settle)
             with store.commit_lock(feed.group):
                 store.set_run(feed.group, run_id, feed=redrive_ledger_feed(feed.name), plan_id=redrive_id,
@@ -162,7 +183,7 @@ def redrive_feed(
     path = _report(record, run_dir, feed, plan, settled, checked)
     published = 0 if settled.manifest is None or settled.manifest.reused else settled.manifest.records
     error = settled.events[-1].message if settled.state == "abandoned" and settled.events else None
-    return RedriveOutcome(feed.name, run_id, redrive_id, settled.state, published, checked.verdicts, str(path),
+    return RedriveOutcome(feed.name, run_id, redrive_id, settled.state, published, verdicts, str(path),
                           settled_first, error)  # fmt: skip
 
 

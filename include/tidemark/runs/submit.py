@@ -10,13 +10,15 @@ that fails is recorded as a failed run (status and report) before the error is r
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tidemark.config.models import load_feed, package_root
+from tidemark.config.models import Feed, load_feed, package_root
 from tidemark.errors import ConfigError, TidemarkError, ValidationFailedError
 from tidemark.job.result import read_result, run_without_spark, write_result
 from tidemark.kafka.connection import KafkaConnection
@@ -32,6 +34,9 @@ from tidemark.spark.session import (
     s3a_jars,
     small_run_conf,
 )
+
+if TYPE_CHECKING:
+    from tidemark.job.redrive_job import SubmitJob
 
 
 def decodes_avro(feed: str) -> bool:
@@ -58,9 +63,22 @@ def spark_submit_command(
     ``avro``: the feed decodes Avro (``from_avro``'s package is added).
     """
     job = os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
+    return job_command(job, ["--plan", handle.plan_path, "--run-dir", handle.run_dir], name=f"tidemark-{handle.feed}",
+                       records=handle.records, master=master, class_archive=class_archive, avro=avro)  # fmt: skip
+
+
+def redrive_job_path() -> str:
+    """``spark_jobs/tidemark_redrive.py``, beside the run's job (``TIDEMARK_SPARK_JOB`` moves both)."""
+    job = os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
+    return str(Path(job).with_name("tidemark_redrive.py"))
+
+
+def job_command(job: str, args: Sequence[str], *, name: str, records: int, master: str | None,
+                class_archive: str = "", avro: bool = False) -> list[str]:  # fmt: skip
+    """``spark-submit`` of ``job`` with ``args``: the settings of :func:`spark_submit_command`, for any Tidemark job."""
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
     conf = {"spark.ui.enabled": "false", "spark.pyspark.python": sys.executable, **SUBMIT_CONF}
-    conf.update(small_run_conf(handle.records, class_archive=class_archive))
+    conf.update(small_run_conf(records, class_archive=class_archive))
     jars = s3a_jars()
     extra = merge_conf(avro_conf() if avro else {}, openlineage_conf())
     jars += [jar for jar in extra.pop("spark.jars", "").split(",") if jar]  # --jars would replace them otherwise
@@ -70,15 +88,42 @@ def spark_submit_command(
         "--master",
         master or os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]"),
         "--name",
-        f"tidemark-{handle.feed}",
+        name,
         *(["--jars", ",".join(jars)] if jars else []),
         *(arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")),
         job,
-        "--plan",
-        handle.plan_path,
-        "--run-dir",
-        handle.run_dir,
+        *args,
     ]
+
+
+def redrive_submitter(feed: Feed, *, master: str | None, progress: Progress = silent) -> SubmitJob:
+    """The CLI's way to run a re-drive's job (:mod:`tidemark.job.redrive_job`): ``spark-submit`` with ``master``.
+
+    As :func:`submit`: the connection variables of this process's environment reach the driver in the
+    private secrets file, never on the command line; the job's log goes into its folder.
+    """
+
+    # Heavy (pyspark, through the re-check): only a re-drive needs it, not a run's CLI.
+    from tidemark.job.redrive_job import LOG_FILE
+
+    def run(folder: Path, records: int) -> None:
+        env, connections = split_env({**os.environ, "PYSPARK_PYTHON": sys.executable})
+        with driver_class_archive() as class_archive, secrets_file(connections) as path:
+            if path:
+                env[SECRETS_FILE_ENV] = path
+            cmd = job_command(redrive_job_path(), ["--work", str(folder)], name=f"tidemark-redrive-{feed.name}",
+                              records=records, master=master, class_archive=class_archive.option,
+                              avro=feed.deserialization.decodes_avro)  # fmt: skip
+            if cmd[2].startswith("local"):
+                env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # keep a local job on loopback
+            progress(f"re-checking {records} dead letters with Spark ({cmd[2]})")
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+            class_archive.succeeded = proc.returncode == 0
+        (folder / LOG_FILE).write_text(shlex.join(cmd) + "\n" + proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            raise TidemarkError(f"spark-submit exited {proc.returncode}: {_last_error_line(proc.stderr)}")
+
+    return run
 
 
 def submit(run: Run, connection: KafkaConnection, *, master: str | None, progress: Progress = silent) -> dict[str, Any]:

@@ -2,22 +2,26 @@
 
 :func:`mask_records` takes the decoded records (:func:`tidemark.spark.decode.annotate`'s
 columns) and applies the feed's ``masking:`` (:mod:`tidemark.config.masking`) with Spark's
-own column functions (no Python worker): value fields by path (``withField`` /
-``dropFields`` into structs, ``transform`` through arrays of structs), the ``key`` column
-and the ``headers`` entries by name. ``hash`` is Spark's ``hmac`` (HMAC-SHA256) under the key
-:func:`masking_key` reads from ``TIDEMARK_MASKING_KEY`` (in DAGs, the ``tidemark_masking``
-Airflow connection's password; it reaches the driver in the private secrets file, as the
-other connections do), shown as lower-case hex; texts are hashed as their UTF-8 bytes,
-binary values as they are, other types as their text (complex ones as JSON). Null stays null.
+own column functions: value fields by path (``withField`` / ``dropFields`` into structs,
+``transform`` through arrays of structs), the ``key`` column and the ``headers`` entries by
+name. ``hash`` is HMAC-SHA256 under the key :func:`masking_key` reads from
+``TIDEMARK_MASKING_KEY`` (in DAGs, the ``tidemark_masking`` Airflow connection's password; it
+reaches the driver in the private secrets file, as the other connections do), shown as
+lower-case hex; texts are hashed as their UTF-8 bytes, binary values as they are, other types
+as their text (complex ones as JSON). Null stays null. Spark builds each message (the casts,
+``to_json``); a vectorised (Arrow) Python UDF computes the HMAC, the key inside its pickled
+closure, so the key is in no query plan: not in ``explain``, the UI's SQL tab or an event
+log (Spark's own ``hmac`` would carry it there as a literal). Spark refuses a Python UDF
+inside ``transform``'s lambda, so a field under arrays is hashed in three steps: its
+messages, nested in the arrays only, into a transient column; the UDF hashes them there;
+a ``transform`` with item indexes puts each hash in its field's place.
 
 The job masks right after decoding (:mod:`tidemark.job.steps`), so the staged files,
 validation's counts, samples and GX's unexpected-value lists and Data Docs, the
 publication and the quarantine all hold masked values only. The raw bytes decoding keeps
 aside (``_raw_value``, ``_raw_key``) would undo that: :func:`raw_columns` nulls them, or,
 with ``keep_raw``, keeps a bad record's raw key, value and headers for
-:func:`split_raw`, which writes them to the ``keep_raw`` location and nothing else. The key
-enters Spark's query plan as a literal of ``hmac``: Tidemark neither logs plans nor
-enables Spark's UI; a deployment that turns on Spark's event log should treat it as secret.
+:func:`split_raw`, which writes them to the ``keep_raw`` location and nothing else.
 
 Anyone publishing records of a masked feed outside the job (a re-drive) masks them with
 :func:`mask_records` first.
@@ -25,8 +29,10 @@ Anyone publishing records of a masked feed outside the job (a re-drive) masks th
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from tidemark.config.masking import MASKED, MASKING_KEY_ENV, Masking, Treatment, Truncate
@@ -85,22 +91,32 @@ def mask_records(df: DataFrame, masking: Masking, key: bytes | None, feed: str =
         if not rest and treatment == "drop":
             df = df.drop(top)
             continue
-        column = _masked(F.col(top), df.schema[top].dataType, rest, treatment, key, f"{feed}", path)
-        df = df.withColumn(top, column)
+        dtype = df.schema[top].dataType
+        if treatment == "hash" and _arrays_on(dtype, rest, feed, path):
+            assert key is not None
+            # The hashes beside the records first: a lambda may read a column, never hold a Python UDF.
+            df = df.withColumn(_HASHES, _hash_udf(key, _arrays_on(dtype, rest, feed, path))(
+                _messages(F.col(top), dtype, rest)))  # fmt: skip
+            df = df.withColumn(top, _hashed(F.col(top), dtype, rest, F.col(_HASHES))).drop(_HASHES)
+            continue
+        df = df.withColumn(top, _masked(F.col(top), dtype, rest, treatment, key, f"{feed}", path))
     if masking.key is not None and "key" in df.columns:
         key_type = df.schema["key"].dataType
         dropped = F.lit(None).cast(key_type)
         masked = dropped if masking.key == "drop" else _leaf(F.col("key"), key_type, masking.key, key, feed, "key")
         df = df.withColumn("key", masked)
     if masking.headers and "headers" in df.columns:
-        df = df.withColumn("headers", _headers(F.col("headers"), masking, key, feed))
+        df = _headers(df, masking, key, feed)
     return df
 
 
-def _masked(
-    col: Column, dtype: DataType, rest: list[str], treatment: Treatment, key: bytes | None, feed: str, path: str
-) -> Column:
-    """``col`` (of ``dtype``) with the field at ``rest`` under it treated; arrays of structs are walked item by item."""
+_HASHES = "_masking_hashes"  # a transient column: the hashes of the messages under arrays, in their places
+
+
+def _masked(col: Column, dtype: DataType, rest: list[str], treatment: Treatment, key: bytes | None, feed: str,
+            path: str) -> Column:  # fmt: skip
+    """``col`` (of ``dtype``) with the field at ``rest`` under it treated; arrays of structs are walked item by item
+    (a hash under an array is :func:`_messages` and :func:`_hashed`'s)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, StructType
 
@@ -116,13 +132,71 @@ def _masked(
     if len(rest) == 1 and treatment == "drop":
         return col.dropFields(name)
     child = _masked(col.getField(name), dtype[name].dataType, rest[1:], treatment, key, feed, path)
-    return F.when(col.isNull(), col).otherwise(col.withField(name, child))
+    return F.when(col.isNotNull(), col.withField(name, child))  # null otherwise, of the changed struct's type
+
+
+def _arrays_on(dtype: DataType, rest: Sequence[str], feed: str, path: str) -> int:
+    """How many arrays the path ``rest`` under ``dtype`` goes through before its leaf (refused when it is not there)."""
+    from pyspark.sql.types import ArrayType, StructType
+
+    if not rest:
+        return 0
+    if isinstance(dtype, ArrayType):
+        return 1 + _arrays_on(dtype.elementType, rest, feed, path)
+    if not isinstance(dtype, StructType) or rest[0] not in dtype.names:
+        fields = ", ".join(dtype.names) if isinstance(dtype, StructType) else f"none: it is a {dtype.simpleString()}"
+        raise ConfigError(f"feed '{feed}': masking.fields.{path}: no field '{rest[0]}' there (its fields: {fields})")
+    return _arrays_on(dtype[rest[0]].dataType, rest[1:], feed, path)
+
+
+def _messages(col: Column, dtype: DataType, rest: Sequence[str]) -> Column:
+    """The messages of the leaves at ``rest`` under ``col``, nested in its arrays only (structs are stepped through)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, StructType
+
+    if not rest:
+        return _message(col, dtype)
+    if isinstance(dtype, ArrayType):
+        element = dtype.elementType
+        return F.transform(col, lambda item: _messages(item, element, rest))
+    assert isinstance(dtype, StructType)  # _arrays_on checked the path
+    return _messages(col.getField(rest[0]), dtype[rest[0]].dataType, rest[1:])
+
+
+def _hashed(col: Column, dtype: DataType, rest: Sequence[str], hashes: Column) -> Column:
+    """``col`` with each leaf at ``rest`` replaced by its hash, the item of ``hashes`` (:func:`_messages`'s nesting)
+    at the same array positions."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, BinaryType, StructType
+
+    if not rest:
+        return F.when(col.isNotNull(), hashes.cast("binary") if isinstance(dtype, BinaryType) else hashes)
+    if isinstance(dtype, ArrayType):
+        element = dtype.elementType
+        return F.transform(col, lambda item, i: _hashed(item, element, rest, hashes[i]))
+    assert isinstance(dtype, StructType)  # _arrays_on checked the path
+    name = rest[0]
+    child = _hashed(col.getField(name), dtype[name].dataType, rest[1:], hashes)
+    return F.when(col.isNotNull(), col.withField(name, child))
+
+
+def _message(col: Column, dtype: DataType) -> Column:
+    """The bytes a value's hash is of: a binary value's own, a text's UTF-8, a number's (a date's...) text's, a
+    complex value's JSON text's."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import AtomicType, BinaryType
+
+    if isinstance(dtype, BinaryType):
+        return col
+    if isinstance(dtype, AtomicType):
+        return col.cast("string").cast("binary")
+    return F.to_json(col).cast("binary")
 
 
 def _leaf(col: Column, dtype: DataType, treatment: Treatment, key: bytes | None, feed: str, path: str) -> Column:
     """One value treated: null stays null; a binary value stays binary, anything else becomes a string."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import AtomicType, BinaryType, StringType
+    from pyspark.sql.types import BinaryType, StringType
 
     binary = isinstance(dtype, BinaryType)
     if isinstance(treatment, Truncate):
@@ -137,25 +211,65 @@ def _leaf(col: Column, dtype: DataType, treatment: Treatment, key: bytes | None,
         marker = F.lit(MASKED)
         out = marker.cast("binary") if binary else marker
         return F.when(col.isNotNull(), out)
-    if binary:
-        message = col
-    elif isinstance(dtype, AtomicType):  # a text's UTF-8 bytes; a number, a date...: those of its text
-        message = col.cast("string").cast("binary")
-    else:  # structs, arrays, maps: hashed as their JSON text
-        message = F.to_json(col).cast("binary")
     assert key is not None  # mask_records refuses hashing without a key
-    digest = F.lower(F.hex(F.hmac(F.lit(key), message)))
+    digest = _hash_udf(key)(_message(col, dtype))
     return F.when(col.isNotNull(), digest.cast("binary") if binary else digest)
 
 
-def _headers(headers: Column, masking: Masking, key: bytes | None, feed: str) -> Column:
-    """The ``headers`` array with each named header's value treated (``drop``: the entry removed)."""
+def _hex_hmac(key: bytes) -> Callable[[bytes | None], str | None]:
+    """HMAC-SHA256 of a message under ``key``, as lower-case hex (None for None), as ``hmac.new(...).hexdigest()``.
+
+    The keyed state is made once per worker process, on first use (an HMAC object is not picklable; the key is).
+    """
+    keyed: list[hmac.HMAC] = []
+
+    def digest(message: bytes | None) -> str | None:
+        if message is None:
+            return None
+        if not keyed:
+            keyed.append(hmac.new(key, digestmod=hashlib.sha256))
+        h = keyed[0].copy()
+        h.update(message)
+        return h.hexdigest()
+
+    return digest
+
+
+def _hash_udf(key: bytes, arrays: int = 0) -> Callable[[Column], Column]:
+    """A vectorised (Arrow) UDF: binary messages, nested in ``arrays`` arrays, to their keyed hashes (text) in the
+    same places. The key travels in its closure only: pickled with the UDF, never rendered in a plan."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, StringType
+
+    digest = _hex_hmac(key)
+
+    def hashed(messages: pa.Array) -> pa.Array:
+        if isinstance(messages, pa.ListArray | pa.LargeListArray):  # the same offsets and nulls, the values hashed
+            return type(messages).from_arrays(messages.offsets, hashed(messages.values), mask=messages.is_null())
+        return pa.array([digest(m) for m in messages.to_pylist()], pa.string())
+
+    def masking_hash(messages: pa.Array) -> pa.Array:
+        return hashed(messages)
+
+    masking_hash.__annotations__ = {"messages": pa.Array, "return": pa.Array}  # what arrow_udf reads its kind from
+    out: DataType = StringType()
+    for _ in range(arrays):
+        out = ArrayType(out, True)
+    udf: Callable[[Column], Column] = F.arrow_udf(masking_hash, out)
+    return udf
+
+
+def _headers(df: DataFrame, masking: Masking, key: bytes | None, feed: str) -> DataFrame:
+    """``df`` with each named header's value treated (``drop``: the entry removed); hashed ones by
+    :func:`_hash_udf` over the array of their messages, beside the records, then put in their places."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import BinaryType
 
     dropped = [name for name, t in masking.headers.items() if t == "drop"]
-    kept = {name: t for name, t in masking.headers.items() if t != "drop"}
-    out = F.filter(headers, lambda h: ~h.getField("key").isin(dropped)) if dropped else headers
+    kept = {name: t for name, t in masking.headers.items() if t not in ("drop", "hash")}
+    hashed = sorted(name for name, t in masking.headers.items() if t == "hash")
+    out = F.filter("headers", lambda h: ~h.getField("key").isin(dropped)) if dropped else F.col("headers")
 
     def treat(h: Column) -> Column:
         value = h.getField("value")
@@ -164,7 +278,18 @@ def _headers(headers: Column, masking: Masking, key: bytes | None, feed: str) ->
             value = F.when(h.getField("key") == F.lit(name), treated).otherwise(value)
         return h.withField("value", value)
 
-    return F.transform(out, treat) if kept else out
+    df = df.withColumn("headers", F.transform(out, treat) if kept else out)
+    if not hashed:
+        return df
+    assert key is not None  # mask_records refuses hashing without a key
+    chosen = F.transform("headers", lambda h: F.when(h.getField("key").isin(hashed), h.getField("value")))
+    df = df.withColumn(_HASHES, _hash_udf(key, 1)(chosen))
+
+    def put(h: Column, i: Column) -> Column:
+        mine = h.getField("key").isin(hashed) & h.getField("value").isNotNull()
+        return h.withField("value", F.when(mine, F.col(_HASHES)[i].cast("binary")).otherwise(h.getField("value")))
+
+    return df.withColumn("headers", F.transform("headers", put)).drop(_HASHES)
 
 
 def raw_columns(frame: DataFrame, masking: Masking) -> DataFrame:

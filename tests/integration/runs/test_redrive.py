@@ -243,3 +243,73 @@ def test_a_redrive_whose_staging_fails_is_given_up_and_the_next_one_publishes_it
     again = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
     assert (again.settled_first, again.published) == ((), 3)  # the failed one was given up, not left open
     assert good_output(fenv) == good_before + Counter(passing)
+
+
+def test_a_redrive_submitted_to_a_spark_cluster_publishes_the_passing_records_once(
+    fenv: FaultEnv, spark_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The re-check and the staging as ``spark-submit`` jobs on a standalone cluster, as ``tidemark redrive --master``
+    and the DAG submit them: exactly the records the fixed rule passes, once; the staging job's log in the run dir,
+    and a connection's secret only in the private file, never on the command line or in the log."""
+    from tidemark.config.models import load_feed
+    from tidemark.job.redrive_job import RedriveJob
+    from tidemark.runs.submit import redrive_submitter
+
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    good_before = good_output(fenv)
+    passing = x_rows(fenv, dead_letters(fenv.feed))
+    fenv.write_feed(validation=FIXED_RULE)
+    secret = f"tm-{uuid.uuid4().hex}"
+    monkeypatch.setenv("TIDEMARK_SCHEMA_REGISTRY_PASSWORD", secret)  # a string feed's job never uses it: it travels
+    job = RedriveJob(redrive_submitter(load_feed(fenv.feed), master=spark_cluster.master_url))
+    first = redrive_feed(job, fenv.feed, root=fenv.root)
+    assert (first.state, first.published, first.passing) == ("shown", 3, 3)
+    assert good_output(fenv) == good_before + Counter(passing)
+    assert_output_is_the_oracles_good_set(fenv)
+    log = (fenv.root / "runs" / fenv.feed / str(first.run_id) / "spark-submit.log").read_text()
+    command, *logged = log.split("\n")
+    assert f"--master {spark_cluster.master_url}" in command
+    job, flag, _folder = command.split()[-3:]
+    assert job.endswith("spark_jobs/tidemark_redrive.py") and flag == "--work"
+    assert "tidemark re-drive job failed" not in "\n".join(logged) and secret not in log
+    again = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert (again.published, again.passing) == (0, 0)
+    assert good_output(fenv) == good_before + Counter(passing)
+
+
+def test_a_redrive_job_that_fails_after_staging_is_settled_by_the_next_redrive_once(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The staging job staged, then its ``spark-submit`` failed: the re-drive's row stays ``planned`` with its
+    publication pending (as after a crash there); the next re-drive shows it, once."""
+    from tidemark.config.models import load_feed
+    from tidemark.job import redrive_job
+    from tidemark.job.redrive_job import REQUEST_FILE, RedriveJob, RedriveJobError
+    from tidemark.output import publisher_for
+    from tidemark.output.deadletters import redrive_ledger_feed
+    from tidemark.runs.run import open_checkpoints
+
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    good_before = good_output(fenv)
+    passing = x_rows(fenv, dead_letters(fenv.feed))
+    fenv.write_feed(validation=FIXED_RULE)
+
+    def dies_after_staging(folder: Path, records: int) -> None:  # the job in this process, on the tests' session
+        assert redrive_job.main(["--work", str(folder)]) == 0
+        if '"stage"' in (folder / REQUEST_FILE).read_text():
+            raise RuntimeError("spark-submit was killed")
+
+    with pytest.raises(RedriveJobError, match="spark-submit was killed"):
+        redrive_feed(RedriveJob(dies_after_staging), fenv.feed, root=fenv.root)
+    [row] = open_checkpoints(fenv.root).open_runs(redrive_ledger_feed(fenv.feed))
+    assert row.state == "planned"
+    publisher = publisher_for(load_feed(fenv.feed))
+    assert publisher.staged(row.plan_id, row.run_id) is not None  # staged, not shown
+    assert good_output(fenv) == good_before
+
+    again = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert again.settled_first == (row.run_id,) and (again.published, again.passing) == (0, 0)
+    assert good_output(fenv) == good_before + Counter(passing)
+    assert_output_is_the_oracles_good_set(fenv)

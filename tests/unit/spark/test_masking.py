@@ -7,6 +7,11 @@ import datetime as dt
 import hashlib
 import hmac
 import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,11 +54,12 @@ def masked(spark: Any, masking: Masking, key: bytes | None = KEY, **kw: Any) -> 
 
 
 def test_hash_is_keyed_hmac_sha256_and_stable(spark: Any) -> None:
-    masking = Masking(fields={"customer.email": "hash"}, key="hash")
+    masking = Masking(fields={"customer.email": "hash", "customer.age": "hash"}, key="hash")
     first, second = masked(spark, masking), masked(spark, masking)
     assert first[0].customer.email == mac("ann@example.com") == second[0].customer.email  # stable across runs
     assert first[0].key == mac("key-0")
-    assert first[0].customer.name == "Annabel" and first[0].customer.age == 41  # the rest untouched
+    assert first[0].customer.age == mac("41")  # a number inside a record: its text's hash, the field now a string
+    assert first[0].customer.name == "Annabel"  # the rest untouched
     other = masked(spark, masking, key=b"another-key-of-some-length")
     assert other[0].customer.email == mac("ann@example.com", b"another-key-of-some-length") != first[0].customer.email
     assert first[1].customer is None  # a null record stays null
@@ -117,3 +123,57 @@ def test_raw_bytes_are_nulled_or_kept_for_bad_records_only(spark: Any) -> None:
     assert q.customer.email == MASKED and bytes(q.headers[0].value) == MASKED.encode()
     (r,) = raw.collect()
     assert b"ann@example.com" in bytes(r.value) and bytes(r.headers[0].value) == b"ann@example.com"
+
+
+# Run in its own Python: an event log is a setting of a new application, and the tests' shared session has none.
+LEAK_SCRIPT = """
+import json, sys
+from pyspark.sql import functions as F
+from tests.unit.spark.test_masking import RECORD, _records
+from tidemark.config.masking import Masking
+from tidemark.spark.masking import mask_records
+from tidemark.spark.session import local_session
+
+spark = local_session("tidemark-masking-key", "local[1]")
+masking = Masking(fields={"customer.email": "hash", "items.note": "hash", "id": "hash"}, key="hash",
+                  headers={"x-email": "hash"})
+frame = mask_records(_records(spark, [RECORD, None], headers=[("x-email", b"ann@example.com")]), masking,
+                     sys.argv[1].encode(), "orders")
+frame = frame.where(F.col("offset") >= 0).orderBy("offset")
+rows = frame.collect()
+qe = frame._jdf.queryExecution()
+plans = [qe.toString(), qe.logical().toString(), qe.analyzed().toString(), qe.optimizedPlan().toString(),
+         qe.executedPlan().toString()]
+row = rows[0]
+print(json.dumps({"plans": plans, "email": row.customer.email, "id": row.id, "key": row.key,
+                  "notes": [i.note for i in row["items"]], "header": bytes(row.headers[0].value).decode()}))
+spark.stop()
+"""
+
+
+def test_the_masking_key_reaches_no_plan_and_no_event_log(tmp_path: Path) -> None:
+    """The key hashes every kind of path (nested, in an array of records, the key, a header) without entering a
+    query plan: Spark's own strings (explain, the UI's SQL tab) and an enabled event log never hold it."""
+    key = f"masking-key-{uuid.uuid4().hex}"
+    conf_dir, events = tmp_path / "spark-conf", tmp_path / "spark-events"
+    conf_dir.mkdir()
+    events.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        f"spark.eventLog.enabled true\nspark.eventLog.dir {events}\n"
+        "spark.eventLog.compress false\nspark.eventLog.rolling.enabled false\n"  # plain text, to search
+    )
+    env = {**os.environ, "SPARK_CONF_DIR": str(conf_dir), "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", LEAK_SCRIPT, key], env=env, capture_output=True, text=True,
+                          check=False, cwd=Path(__file__).parents[3])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (out["email"], out["id"], out["key"]) == (mac("ann@example.com", key.encode()), mac("1", key.encode()),
+                                                      mac("key-0", key.encode()))  # fmt: skip
+    assert out["notes"] == [mac("call ann", key.encode()), None]
+    assert out["header"] == mac("ann@example.com", key.encode())
+    forms = {key, key.encode().hex(), key.encode().hex().upper()}  # as text, or as a binary literal's hex
+    assert "Project" in out["plans"][0] and not [f for f in forms for p in out["plans"] if f in p]
+    logs = [p for p in events.rglob("*") if p.is_file()]
+    assert logs and any(b"SparkListenerSQLExecutionStart" in p.read_bytes() for p in logs)
+    assert [p.name for p in logs for f in forms if f.encode() in p.read_bytes()] == []
+    assert key not in proc.stdout + proc.stderr
