@@ -199,25 +199,36 @@ def test_feed_dag_resumes_after_the_group_offsets_expired(
     assert {e["partition"] for e in newest["events"] if e["kind"] == "group_offsets_expired"} == {0, 1}
 
 
-def test_redrive_dag_publishes_the_dead_letters_a_fixed_rule_passes_once(
+def test_redrive_dag_publishes_the_dead_letters_a_fixed_rule_passes_once_masked_and_no_task_log_holds_the_marker(
     kafka: KafkaTestCluster, airflow_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """The feed DAG quarantines ``x-`` values; the rule is fixed in the feed file; ``tidemark_redrive`` (as the
-    view's form triggers it) publishes exactly them into the feed's output, and a second run publishes nothing."""
+    """A masked feed (its ``email`` hashed under the ``tidemark_masking`` connection's key, raw bytes kept apart) runs
+    through its DAG and quarantines the ``x`` records; the rule is fixed in the feed file; ``tidemark_redrive`` (as the
+    view's form triggers it) publishes exactly them, masked, into the feed's output, and a second run publishes
+    nothing. A marker in every email is then searched for in the tasks' logs (each DAG run's output), Airflow's home,
+    the state dir and the output, Parquet decoded row by row: found only in ``keep_raw``; the key found nowhere."""
+    import hashlib
+    import hmac
+
     import pyarrow.parquet as pq
 
+    marker, key = f"mark-{uuid.uuid4().hex[:10]}", f"masking-key-{uuid.uuid4().hex}"
     topic = kafka.new_topic(partitions=1, prefix="af-rd")
-    feeds, state, output = tmp_path / "feeds", tmp_path / "state", tmp_path / "out"
+    feeds, state, output, raw = tmp_path / "feeds", tmp_path / "state", tmp_path / "out", tmp_path / "raw"
     feeds.mkdir()
     doc: dict[str, Any] = {
-        "topics": [topic], "group": f"g-af-rd-{uuid.uuid4().hex[:8]}", "schedule": "@daily",
-        "deserialization": {"format": "string"}, "output": str(output),
+        "topics": [topic], "group": f"g-af-rd-{uuid.uuid4().hex[:8]}", "schedule": "@daily", "output": str(output),
+        "deserialization": {"format": "json", "schema_ddl": "id long NOT NULL, tag string, email string"},
+        "masking": {"fields": {"email": "hash"}, "keep_raw": str(raw)},
         "validation": {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5, "expectations": [
-            {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "value", "regex": "^v"}}]},
+            {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "tag", "regex": "^v"}}]},
     }  # fmt: skip
     (feeds / "afrd.yaml").write_text(yaml.safe_dump(doc))
-    kafka.produce(topic, [Record(value=(f"x{i}" if i % 4 == 0 else f"v{i}").encode(), partition=0) for i in range(12)])
-    env = {**airflow_env, "TIDEMARK_FEEDS_DIR": str(feeds), "TIDEMARK_STATE_DIR": str(state)}
+    emails = {i: f"{marker}-{i}@example.com" for i in range(12)}
+    kafka.produce(topic, [Record(value=json.dumps({"id": i, "tag": "x" if i % 4 == 0 else "v", "email": emails[i]})
+                                 .encode(), partition=0) for i in range(12)])  # fmt: skip
+    env = {**airflow_env, "TIDEMARK_FEEDS_DIR": str(feeds), "TIDEMARK_STATE_DIR": str(state),
+           "AIRFLOW_CONN_TIDEMARK_MASKING": json.dumps({"conn_type": "generic", "password": key})}  # fmt: skip
     scheduled = _run_dag(env, "tidemark_afrd")
     assert "DAGRUN_STATE=success" in scheduled.stdout, scheduled.stdout[-4000:] + scheduled.stderr[-4000:]
 
@@ -230,11 +241,27 @@ def test_redrive_dag_publishes_the_dead_letters_a_fixed_rule_passes_once(
     submitted = [ln for ln in (first.stdout + first.stderr).splitlines() if "spark_jobs/tidemark_redrive.py" in ln]
     assert submitted and "spark-submit" in submitted[0], (first.stdout + first.stderr)[-4000:]
 
-    def values() -> list[str]:
-        files = [p for p in output.glob("plan_id=*/topic=*/**/*.parquet")]
-        return sorted(v for f in files for v in pq.read_table(f, columns=["value"]).column("value").to_pylist())
-
-    assert values() == sorted(f"x{i}" if i % 4 == 0 else f"v{i}" for i in range(12))  # each record once
+    published = [row for f in output.glob("plan_id=*/topic=*/**/*.parquet")
+                 for row in pq.read_table(f, columns=["id", "email"]).to_pylist()]  # fmt: skip
+    digest = {i: hmac.new(key.encode(), e.encode(), hashlib.sha256).hexdigest() for i, e in emails.items()}
+    assert sorted((r["id"], r["email"]) for r in published) == sorted(digest.items())  # each record once, masked
     assert len(list(output.glob("plan_id=redrive-*/_manifest.json"))) == 1
     reports = [json.loads(p.read_text()) for p in sorted(state.glob("runs/afrd/*/report.json"))]
     assert [(r["mode"], r["counts"].get("published")) for r in reports][-2:] == [("redrive", 3), ("redrive", 0)]
+
+    def text_of(folder: Path) -> dict[Path, str]:
+        found = {}
+        for path in (p for p in folder.rglob("*") if p.is_file()):
+            text = path.read_bytes().decode("latin-1")
+            if path.suffix == ".parquet":
+                text += repr(pq.read_table(path).to_pylist())
+            found[path] = text
+        return found
+
+    logs = {"task logs": "".join(r.stdout + r.stderr for r in (scheduled, first, second))}
+    artefacts = {str(p): t for folder in (Path(env["AIRFLOW_HOME"]), state, output) for p, t in text_of(folder).items()}
+    for where, text in {**logs, **artefacts}.items():
+        assert marker not in text, where
+        assert key not in text, where
+    kept = "".join(text_of(raw).values())
+    assert all(emails[i] in kept for i in range(0, 12, 4))  # the quarantined records' raw bytes, only there
