@@ -9,12 +9,16 @@ the output, and so does what makes them visible:
   listed by the plan's manifest. The publication is shown by one rename (or, on an object
   store, one PUT of the manifest) after the group's commit, so a plan's dead letters appear
   with its good records, never before; the reader takes only files a shown manifest lists.
-- **Iceberg output**: a Parquet folder beside the table, ``<output>.quarantine/plan_id=<id>/``
-  (or the feed's ``iceberg.quarantine``), written before the catalog commit; the reader takes
-  the folders of the plans the run ledger records ``shown`` for the feed (the checkpoint
-  store's ``runs`` table: its rows outlive every snapshot expiry), and of the plans the
+- **Iceberg output**: the feed's dead-letter table (:mod:`tidemark.output.dead_letter_table`),
+  to which :meth:`~tidemark.output.iceberg.IcebergPublisher.promote` appends a plan's
+  quarantine folder (``<output>.quarantine/plan_id=<id>/``, or the feed's
+  ``iceberg.quarantine``) once, after the plan's catalog commit. The reader takes its rows,
+  then the folders of shown plans it holds no row of: plans published before the table
+  existed, and one whose promotion crashed between its two commits until the next settle
+  appends them. Shown: the plans the run ledger records ``shown`` for the feed (the
+  checkpoint store's ``runs`` table: its rows outlive every snapshot expiry), and those the
   table's main-branch history still shows (jobs outside any run commit at once and have no
-  ledger row), and none other.
+  ledger row).
 
 Every ``(topic, partition, offset)`` of a feed's output is in at most one shown plan (the
 commit protocol, ``docs/ARCHITECTURE.md``), so a dead letter is listed once: a retry or

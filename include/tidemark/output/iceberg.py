@@ -32,6 +32,11 @@ Iceberg here. The job stages and validates exactly as for a Parquet folder; then
    metadata it loaded: if anyone committed to the table since, the catalog refuses it
    (retries off: pyiceberg does not rebase it) and ``promote`` looks at the new ledger
    again, so a plan is never committed twice. A job outside any run commits at once.
+5. after the data's commit (or on finding the plan committed: a promotion entered again
+   after a crash, a job outside any run rerun), appends the plan's quarantine folder to the
+   feed's dead-letter table once (:meth:`IcebergPublisher.append_dead_letters`,
+   :mod:`tidemark.output.dead_letter_table`); ``fault_point("iceberg.before_dead_letters")``
+   sits between the two commits.
 
 The group's position for recovery (:meth:`IcebergPublisher.positions`) is the ledger's ends
 too; tables written before the ledger are read from their history, and their first commit

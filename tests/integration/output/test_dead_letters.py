@@ -18,7 +18,6 @@ data's commit and the dead-letters' append, a crash after both before the run le
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -30,7 +29,7 @@ import pytest
 
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import QUARANTINED, FaultEnv, Row, digest, scan
-from tests.support.poison import produce_with_poison
+from tests.support.poison import produce_with_poison, table_rows
 from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.output.deadletters import DeadLetter, dead_letters, summarize
 from tidemark.runs.pipeline import commit_run, plan_run
@@ -58,23 +57,6 @@ def oracle_bad(env: FaultEnv) -> dict[Row, bytes | None]:
 
 def as_rows(letters: list[DeadLetter]) -> Counter[Row]:
     return Counter((d.topic, d.partition, d.offset, digest(d.value)) for d in letters)
-
-
-def table_rows(env: FaultEnv) -> Counter[Row]:
-    """The feed's dead-letter table as pyiceberg's own catalog reads it: each row's record and value digest."""
-    from pyiceberg.catalog import load_catalog
-    from pyiceberg.exceptions import NoSuchTableError
-
-    assert env.iceberg is not None
-    uri = os.environ.get("TIDEMARK_ICEBERG_CATALOG_URI") or f"sqlite:///{env.root / 'iceberg_catalog.sqlite'}"
-    catalog = load_catalog("tidemark", uri=uri, **{"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO"})
-    try:
-        table = catalog.load_table(f"{env.iceberg}_dead_letters")  # the default name: <table>_dead_letters
-    except NoSuchTableError:
-        return Counter()
-    rows = table.scan().to_arrow().to_pylist()
-    assert all(r["plan_id"] and r["run_id"] and r["reason_codes"] and r["reason"] for r in rows)
-    return Counter((r["topic"], r["partition"], r["offset"], digest(r["value"])) for r in rows)
 
 
 def assert_the_table_is_the_oracle(env: FaultEnv) -> Counter[Row]:
