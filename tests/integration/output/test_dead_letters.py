@@ -21,7 +21,7 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -201,11 +201,13 @@ def test_redrive_dry_run_lists_the_dead_letters_a_fixed_rule_now_lets_pass(
 
 
 def test_an_iceberg_feeds_dead_letters_survive_snapshot_expiry(fenv: FaultEnv) -> None:
-    """Every snapshot but the current one of the table and of its dead-letter table expired (as maintenance or any
-    engine may): the dead letters are the same set, each once, in the listing and in the dead-letter table, and a
-    plan promoted again appends nothing (its rows, not the expired snapshots, say it was appended)."""
+    """Every snapshot but the current one of the table (by pyiceberg, as any engine may) and of its dead-letter
+    table (by ``tidemark maintain``, with the files they left) expired: the dead letters are the same set, each
+    once, in the listing and in the dead-letter table, and a plan promoted again appends nothing (its rows, not
+    the expired snapshots, say it was appended)."""
     from tidemark.config.models import load_feed
     from tidemark.output.iceberg import IcebergPublisher
+    from tidemark.output.maintenance import maintain
 
     fenv.use_iceberg(f"dl.x_{fenv.topic.replace('-', '_')}")
     for _ in range(3):
@@ -224,9 +226,10 @@ def test_an_iceberg_feeds_dead_letters_survive_snapshot_expiry(fenv: FaultEnv) -
     dead = IcebergPublisher(load_feed(fenv.feed)).dead_letter_table()
     assert dead is not None and dead.current_snapshot() is not None and len(dead.snapshots()) == 3
     kept = dead.current_snapshot().snapshot_id
-    dead.maintenance.expire_snapshots().by_ids(
-        [s.snapshot_id for s in dead.snapshots() if s.snapshot_id != kept]
-    ).commit()
+    # Tidemark's maintenance expires the dead-letter table's old snapshots too, and removes the files they left.
+    fenv.write_feed(maintenance={"keep_snapshots": 1, "snapshot_max_age": "1h", "orphan_min_age": "1h"})
+    report = maintain(load_feed(fenv.feed), now=datetime.now(UTC) + timedelta(hours=2))
+    assert (report.dead_letter_snapshots_expired, report.dead_letter_orphans_removed > 0) == (2, True), report
     dead = IcebergPublisher(load_feed(fenv.feed)).dead_letter_table()
     assert dead is not None and [s.snapshot_id for s in dead.snapshots()] == [kept]
     after = assert_exactly_the_oracle(fenv)
