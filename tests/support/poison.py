@@ -45,5 +45,6 @@ def table_rows(env: FaultEnv) -> Counter[Row]:
     except NoSuchTableError:
         return Counter()
     rows = table.scan().to_arrow().to_pylist()
-    assert all(r["plan_id"] and r["run_id"] and r["reason_codes"] and r["reason"] for r in rows)
+    assert all(r["feed"] == env.feed and r["plan_id"] and r["run_id"] and r["reason_codes"] and r["reason"]
+               for r in rows)  # fmt: skip
     return Counter((r["topic"], r["partition"], r["offset"], digest(r["value"])) for r in rows)

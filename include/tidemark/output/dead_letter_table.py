@@ -10,8 +10,8 @@ already holds a row of the plan (:func:`holds_plan`: a scan filtered on ``plan_i
 rows are the check, not the snapshot history: expiry and compaction drop snapshots, never
 rows. The table's columns (:func:`schema`) are the record as the quarantine kept it
 (:func:`file_rows`: the raw key and value where the job kept them aside, else the record's
-own bytes; a masked feed's masked columns as the job masked them), the plan and run, the
-reason codes and text, ``dead_lettered_at`` (the data commit's time) and ``day``, the record
+own bytes; a masked feed's masked columns as the job masked them), the feed, plan and run,
+the reason codes and text, ``dead_lettered_at`` (the data commit's time) and ``day``, the record
 timestamp's UTC date, by which the table is partitioned (identity: pyiceberg writes Iceberg's
 ``day`` transform only with its optional Rust extension), so a listing ``--since`` a time
 prunes the days before it (:func:`scan_rows`).
@@ -53,6 +53,7 @@ def schema() -> pa.Schema:
         pa.field("key", pa.binary()),
         pa.field("value", pa.binary()),
         pa.field("headers", pa.list_(pa.field("element", header))),
+        pa.field("feed", pa.string()),  # a table two feeds name (iceberg.dead_letters) is read per feed
         pa.field("plan_id", pa.string()),
         pa.field("run_id", pa.string()),
         pa.field("reason_codes", pa.list_(pa.field("element", pa.string()))),
@@ -63,7 +64,7 @@ def schema() -> pa.Schema:
 
 
 def file_rows(
-    file: Location, path: str, plan_id: str, run_id: str | None, dead_lettered_at: datetime | None
+    file: Location, path: str, *, feed: str, plan_id: str, run_id: str | None, dead_lettered_at: datetime | None
 ) -> list[dict[str, Any]]:
     """The rows of one quarantine file (``path``: relative to the plan's folder; its ``topic=<t>/`` names the topic
     where the file has no ``topic`` column), as :func:`schema` holds them."""
@@ -89,6 +90,7 @@ def file_rows(
             "key": _bytes(row[RAW_KEY_COLUMN] if row.get(RAW_KEY_COLUMN) is not None else row.get("key")),
             "value": _bytes(row[RAW_VALUE_COLUMN] if row.get(RAW_VALUE_COLUMN) is not None else row.get("value")),
             "headers": [{"key": k, "value": v} for k, v in _headers(row.get("headers"))],
+            "feed": feed,
             "plan_id": plan_id,
             "run_id": run_id,
             "reason_codes": list(codes) if codes else list(reason_codes(text)),
@@ -147,6 +149,7 @@ def append_plan(
     location: Location,
     folder: Location,
     *,
+    feed: str,
     plan_id: str,
     run_id: str | None,
     dead_lettered_at: datetime,
@@ -166,7 +169,9 @@ def append_plan(
     files = quarantine_files(folder)
     if not files:
         return 0
-    rows = [r for file, path in files for r in file_rows(file, path, plan_id, run_id, dead_lettered_at)]
+    rows = []
+    for file, path in files:
+        rows += file_rows(file, path, feed=feed, plan_id=plan_id, run_id=run_id, dead_lettered_at=dead_lettered_at)
     if not rows:
         return 0
     data = pa.Table.from_pylist(rows, schema=schema())
@@ -186,21 +191,29 @@ def append_plan(
     )
 
 
-def scan_rows(table: Table, since: datetime | None = None) -> list[dict[str, Any]]:
-    """The table's rows (``since``: stamped at or after it; the day partitions before its day are pruned)."""
+def scan_rows(table: Table, feed: str, since: datetime | None = None) -> list[dict[str, Any]]:
+    """The table's rows of ``feed`` (``since``: stamped at or after it; the day partitions before its day are
+    pruned)."""
     from pyiceberg import expressions
 
-    at_or_after: Any = expressions.GreaterThanOrEqual  # typed by pydantic as its fields, as EqualTo above
-    where: Any = expressions.AlwaysTrue()
+    equal: Any = expressions.EqualTo  # typed by pydantic as its fields, as in holds_plan
+    at_or_after: Any = expressions.GreaterThanOrEqual
+    where: Any = equal("feed", feed)
     if since is not None:
         when = since.astimezone(UTC)
-        where = expressions.And(at_or_after(DAY, when.date().isoformat()), at_or_after("timestamp", when.isoformat()))
+        where = expressions.And(
+            where, at_or_after(DAY, when.date().isoformat()), at_or_after("timestamp", when.isoformat())
+        )
     return list(table.scan(row_filter=where).to_arrow().to_pylist())
 
 
-def plans_in(table: Table) -> set[str]:
-    """The plan ids the table holds rows of."""
-    return {str(p) for p in table.scan(selected_fields=("plan_id",)).to_arrow().column("plan_id").to_pylist()}
+def plans_in(table: Table, feed: str) -> set[str]:
+    """The plan ids of ``feed`` the table holds rows of."""
+    from pyiceberg import expressions
+
+    equal: Any = expressions.EqualTo  # typed by pydantic as its fields, as in holds_plan
+    scan = table.scan(row_filter=equal("feed", feed), selected_fields=("plan_id",))
+    return {str(p) for p in scan.to_arrow().column("plan_id").to_pylist()}
 
 
 def aware(value: Any) -> datetime | None:

@@ -263,7 +263,7 @@ def _letters(feed: Feed, store: CheckpointStore, floor: datetime | None) -> list
     publisher = publisher_for(feed)
     if isinstance(publisher, IcebergPublisher):
         return _iceberg_letters(publisher, store, floor)
-    return [d for source in _parquet_sources(publisher) for d in _read(source)]
+    return [d for source in _parquet_sources(publisher) for d in _read(source, feed.name)]
 
 
 def _parquet_sources(publisher: Publisher) -> list[_Source]:
@@ -286,9 +286,10 @@ def _iceberg_letters(publisher: IcebergPublisher, store: CheckpointStore, floor:
     """The rows of the feed's dead-letter table (``floor``: its day partitions before it pruned), and the quarantine
     folders of shown plans the table holds no row of (:func:`_iceberg_sources`)."""
     dead = publisher.dead_letter_table()
-    letters = [] if dead is None else [_letter(row) for row in scan_rows(dead, floor)]
-    appended = set() if dead is None else plans_in(dead)
-    return letters + [d for source in _iceberg_sources(publisher, store, appended) for d in _read(source)]
+    name = publisher.feed.name
+    letters = [] if dead is None else [_letter(row) for row in scan_rows(dead, name, floor)]
+    appended = set() if dead is None else plans_in(dead, name)
+    return letters + [d for source in _iceberg_sources(publisher, store, appended) for d in _read(source, name)]
 
 
 def _iceberg_sources(publisher: IcebergPublisher, store: CheckpointStore, appended: set[str]) -> list[_Source]:
@@ -330,8 +331,10 @@ def _iceberg_sources(publisher: IcebergPublisher, store: CheckpointStore, append
     return found
 
 
-def _read(source: _Source) -> list[DeadLetter]:
-    return [_letter(row) for row in file_rows(source.file, source.path, source.plan_id, source.run_id, None)]
+def _read(source: _Source, feed: str) -> list[DeadLetter]:
+    rows = file_rows(source.file, source.path, feed=feed, plan_id=source.plan_id, run_id=source.run_id,
+                     dead_lettered_at=None)  # fmt: skip
+    return [_letter(row) for row in rows]
 
 
 def _letter(row: Mapping[str, Any]) -> DeadLetter:

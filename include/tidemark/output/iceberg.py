@@ -741,7 +741,7 @@ class IcebergPublisher:
         properties = {PLAN_KEY: plan_id, FEED_KEY: self.feed.name, **({RUN_KEY: run_id} if run_id else {})}
         return append_plan(
             open_catalog(), self.dead_letters_name, self.dead_letters_location, self.quarantine / f"plan_id={plan_id}",
-            plan_id=plan_id, run_id=run_id, dead_lettered_at=at, snapshot_properties=properties,
+            feed=self.feed.name, plan_id=plan_id, run_id=run_id, dead_lettered_at=at, snapshot_properties=properties,
             table_properties=NO_RETRY,
         )  # fmt: skip
 
