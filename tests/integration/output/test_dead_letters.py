@@ -248,7 +248,8 @@ def test_an_iceberg_feeds_dead_letter_table_is_appended_once_through_a_crash_bet
     """A crash after the plan's data commit, before its dead letters' append (``iceberg.before_dead_letters``): the
     table holds none of the plan's rows, the listing reads them from the plan's quarantine folder meanwhile, and
     the next run's settle appends them once. A crash after both commits, before the run ledger says ``shown``:
-    the next settle enters the promotion again, which appends nothing."""
+    the next settle enters the promotion again, which appends nothing. Plans published before the feed had a
+    dead-letter table are listed from their folders."""
     from tidemark.config.models import load_feed
     from tidemark.output.iceberg import IcebergPublisher
 
@@ -285,4 +286,16 @@ def test_an_iceberg_feeds_dead_letter_table_is_appended_once_through_a_crash_bet
     assert dead is not None
     appends = sorted(str(s.summary.get("tidemark.plan-id")) for s in dead.snapshots() if s.summary is not None)
     assert appends == sorted([crashed.plan_id, again.plan_id])  # one append per plan, naming it
+
+    # Plans published before the feed had a dead-letter table: the listing reads their folders, once each.
+    from tidemark.output.iceberg import open_catalog
+
+    open_catalog().drop_table(publisher.dead_letters_name)
+    assert table_rows(fenv) == Counter()
+    assert as_rows(assert_exactly_the_oracle(fenv)) == rows
+    produce_with_poison(fenv, 15)
+    newest, _, _ = fenv.run()
+    assert {r[:3] for r in table_rows(fenv)} == {(d.topic, d.partition, d.offset) for d in dead_letters(fenv.feed)
+                                                 if d.plan_id == newest.plan_id}  # fmt: skip
+    assert sum(as_rows(assert_exactly_the_oracle(fenv)).values()) == 15 + sum(table_rows(fenv).values())
     fenv.check("dead-letter table through a crash between its two commits")
