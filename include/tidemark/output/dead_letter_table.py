@@ -117,7 +117,7 @@ def open_table(catalog: Catalog, name: str, location: Location, properties: Mapp
     from pyiceberg.transforms import IdentityTransform
 
     try:
-        return catalog.load_table(name)
+        return _with(catalog.load_table(name), properties)
     except NoSuchTableError:
         pass
     catalog.create_namespace_if_not_exists(name.split(".", 1)[0])
@@ -131,7 +131,17 @@ def open_table(catalog: Catalog, name: str, location: Location, properties: Mapp
             spec.add_field(DAY, IdentityTransform(), DAY)
     except TableAlreadyExistsError:
         pass  # created meanwhile by another run: use it
-    return catalog.load_table(name)
+    return _with(catalog.load_table(name), properties)
+
+
+def _with(table: Table, properties: Mapping[str, str]) -> Table:
+    """``table`` with ``properties`` set back where someone changed them (a rebased retry would append past the
+    run-once check)."""
+    if all(table.properties.get(k) == v for k, v in properties.items()):
+        return table
+    with table.transaction() as tx:
+        tx.set_properties(dict(properties))
+    return table.refresh()
 
 
 def holds_plan(table: Table, plan_id: str) -> bool:

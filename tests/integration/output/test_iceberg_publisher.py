@@ -286,5 +286,6 @@ def test_a_job_outside_any_run_appends_its_dead_letters_once_through_a_crash_bet
         setup.first.plan_id, plan.plan_id,
     ]  # fmt: skip
     assert [(f.name, str(f.transform)) for f in dead.spec().fields] == [("day", "identity")]
+    assert dead.properties["commit.retry.num-retries"] == "0"  # a refused append is decided again, never rebased
     assert [(d.topic, d.offset, d.plan_id) for d in dead_letters(feed)] == [(t, o, p) for t, o, p, _ in expected]
     assert [(d.topic, d.offset) for d in dead_letters(setup.feed)] == theirs  # neither lists the other's
