@@ -6,9 +6,10 @@ A fault point does nothing unless ``TIDEMARK_FAULTS`` names it, as ``point`` or
 tidies up after it, as after a crash; ``exit`` ends the process at once with exit code
 137 (``os._exit``: no ``finally`` block, no flush), as ``kill -9`` would. The points sit
 where a crash is most dangerous for the promise "nothing lost, nothing duplicated":
-after publishing and before committing, and between the Kafka commit and the
-checkpoint; a re-drive's after it staged, and after it showed its records but before its
-ledger says so. Reading one environment variable costs nothing on the normal path.
+after publishing and before committing, between the Kafka commit and the checkpoint,
+between an Iceberg plan's data commit and its dead-letter append; a re-drive's after it
+staged, and after it showed its records but before its ledger says so. Reading one
+environment variable costs nothing on the normal path.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ FAULTS_ENV = "TIDEMARK_FAULTS"
 FaultPoint = Literal[
     "job.after_publish",
     "iceberg.before_commit",
+    "iceberg.before_dead_letters",
     "commit.before",
     "commit.after_kafka",
     "commit.before_show",

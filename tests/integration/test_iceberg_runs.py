@@ -143,6 +143,9 @@ def test_an_iceberg_feed_on_cluster_s3_and_postgres_publishes_once_survives_a_cr
     assert sum(_table_rows(publisher).values()) == 7
     quarantine = Location.of(f"{output.url}.quarantine") / f"plan_id={handle.plan_id}"
     assert [name for name, _ in quarantine.files()]  # the undecodable record, beside the table
+    dead = publisher.dead_letter_table()  # and appended to the dead-letter table, on S3, in the PostgreSQL catalog
+    assert dead is not None and dead.location() == f"{output.url}.dead_letters"
+    assert [(r["partition"], r["plan_id"]) for r in dead.scan().to_arrow().to_pylist()] == [(BAD % 2, handle.plan_id)]
 
     # 2. The same plan once more (a retried Spark task): nothing is read or added.
     again = run(spark, handle.plan(), feed, kafka.connection, tmp_path / "rerun")

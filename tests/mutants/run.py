@@ -638,6 +638,22 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "dead-letters-appended-twice",
+        "an Iceberg feed's dead-letter table holds each dead letter once: a plan's rows are appended once, however "
+        "often its promotion is entered",
+        (
+            Edit(
+                "include/tidemark/output/dead_letter_table.py",
+                "        if holds_plan(table, plan_id):\n",
+                "        if False:\n",
+            ),
+        ),
+        (
+            "tests/integration/output/test_dead_letters.py::"
+            "test_an_iceberg_feeds_dead_letter_table_is_appended_once_through_a_crash_between_its_two_commits",
+        ),
+    ),
+    Mutant(
         "dead-letters-of-pending-plans",
         "a dead letter is visible only once its plan is shown (a Parquet feed's: once its manifest is in place)",
         (
@@ -735,8 +751,8 @@ MUTANTS = (
         (
             Edit(
                 "include/tidemark/output/deadletters.py",
-                "            if by is not None:\n                if not redriven_too:\n",
-                "            if by is not None:\n                if False:\n",
+                "        if by is not None:\n            if not redriven_too:\n",
+                "        if by is not None:\n            if False:\n",
             ),
         ),
         (

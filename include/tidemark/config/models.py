@@ -439,7 +439,9 @@ class IcebergOutput(_Model):
 
     The catalog itself (its URL and credentials) is never part of a feed: see
     :mod:`tidemark.output.iceberg`. ``quarantine`` is where records kept aside go (default
-    ``<output>.quarantine``, a Parquet folder beside the table's location).
+    ``<output>.quarantine``, a Parquet folder beside the table's location). ``dead_letters``
+    (``namespace.name``) is the feed's dead-letter table in the same catalog (default
+    ``<table's name>_dead_letters`` in the table's namespace: :mod:`tidemark.output.dead_letter_table`).
     ``partition_by``: ``date`` (default: the ``date`` column, the record timestamp's UTC
     date, then ``topic``), ``hour`` / ``day`` / ``month`` (Iceberg's transform of the
     record's Kafka ``timestamp``, then ``topic``), ``none``, or a value field
@@ -457,13 +459,14 @@ class IcebergOutput(_Model):
 
     table: str | None = None
     quarantine: str | None = None
+    dead_letters: str | None = None
     partition_by: PartitionChoice = "date"
     mode: IcebergMode = "append"
     key: tuple[str, ...] = ()
     change_format: ChangeFormat | None = None
     change_columns: tuple[ChangeColumn, ...] = ()
 
-    @field_validator("table")
+    @field_validator("table", "dead_letters")
     @classmethod
     def _table_ok(cls, v: str | None) -> str | None:
         if v is not None and not ICEBERG_TABLE.match(v):
@@ -697,6 +700,11 @@ class Feed(_Model):
                     "replace or delete a key's row)"
                 )
             raise ValueError("'iceberg' settings need output_format: iceberg")
+        if self.output_format == "iceberg" and self.iceberg_dead_letters == self.iceberg_table:
+            raise ValueError(
+                f"iceberg.dead_letters names the feed's own table {self.iceberg_table}; the dead letters go to a "
+                "table of their own (leave it out for <table>_dead_letters)"
+            )
         if self.parquet is not None and self.output_format != "parquet":
             raise ValueError(
                 "'parquet' settings need output_format: parquet (an Iceberg feed sets iceberg.partition_by)"
@@ -878,6 +886,12 @@ class Feed(_Model):
         """The Iceberg table of an ``output_format: iceberg`` feed (default ``tidemark.<feed name>``)."""
         chosen = self.iceberg.table if self.iceberg is not None else None
         return chosen or "tidemark." + re.sub(r"[^A-Za-z0-9_]", "_", self.name)
+
+    @property
+    def iceberg_dead_letters(self) -> str:
+        """An Iceberg feed's dead-letter table: ``iceberg.dead_letters``, else ``<table>_dead_letters`` beside it."""
+        chosen = self.iceberg.dead_letters if self.iceberg is not None else None
+        return chosen or f"{self.iceberg_table}_dead_letters"
 
     @property
     def reset_timestamp_ms(self) -> int | None:

@@ -9,12 +9,16 @@ the output, and so does what makes them visible:
   listed by the plan's manifest. The publication is shown by one rename (or, on an object
   store, one PUT of the manifest) after the group's commit, so a plan's dead letters appear
   with its good records, never before; the reader takes only files a shown manifest lists.
-- **Iceberg output**: a Parquet folder beside the table, ``<output>.quarantine/plan_id=<id>/``
-  (or the feed's ``iceberg.quarantine``), written before the catalog commit; the reader takes
-  the folders of the plans the run ledger records ``shown`` for the feed (the checkpoint
-  store's ``runs`` table: its rows outlive every snapshot expiry), and of the plans the
+- **Iceberg output**: the feed's dead-letter table (:mod:`tidemark.output.dead_letter_table`),
+  to which :meth:`~tidemark.output.iceberg.IcebergPublisher.promote` appends a plan's
+  quarantine folder (``<output>.quarantine/plan_id=<id>/``, or the feed's
+  ``iceberg.quarantine``) once, after the plan's catalog commit. The reader takes its rows,
+  then the folders of shown plans it holds no row of: plans published before the table
+  existed, and one whose promotion crashed between its two commits until the next settle
+  appends them. Shown: the plans the run ledger records ``shown`` for the feed (the
+  checkpoint store's ``runs`` table: its rows outlive every snapshot expiry), and those the
   table's main-branch history still shows (jobs outside any run commit at once and have no
-  ledger row), and none other.
+  ledger row).
 
 Every ``(topic, partition, offset)`` of a feed's output is in at most one shown plan (the
 commit protocol, ``docs/ARCHITECTURE.md``), so a dead letter is listed once: a retry or
@@ -41,15 +45,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time
 from typing import Any
-from urllib.parse import unquote
 
 from tidemark.checkpoints.store import CheckpointStore, LedgerRun, default_store
 from tidemark.config.models import Feed, load_feed
 from tidemark.output import publisher_for
 from tidemark.output.base import QUARANTINE_DIR, Publisher
+from tidemark.output.dead_letter_table import aware, file_rows, plans_in, quarantine_files, scan_rows
 from tidemark.output.iceberg import PLAN_KEY, RETRACTED_KEY, RUN_KEY, IcebergPublisher, plan_history
 from tidemark.output.parquet import load_manifest
-from tidemark.staged import RAW_KEY_COLUMN, RAW_VALUE_COLUMN, REASON_CODES_COLUMN, REASON_COLUMN, reason_codes
 from tidemark.storage import Location
 
 EXAMPLES = 3  # per reason and day in a summary
@@ -217,22 +220,21 @@ def dead_letters(
     floor = _utc(since)
     done = redriven(chosen, ledger)
     found = []
-    for source in _sources(chosen, ledger):
-        for d in _read(source):
-            by = done.taken.get(d.key_of)
-            if by is not None:
-                if not redriven_too:
-                    continue
-                d = replace(d, redriven_by=by)
-            elif (again := done.rechecked.get(d.key_of)) is not None:
-                run_id, codes = again
-                text = f"re-checked by re-drive {run_id}: {'; '.join(codes)} (first: {d.reason})"
-                d = replace(d, reason_codes=codes, rechecked_by=run_id, reason=text)
-            if floor is not None and (d.timestamp is None or d.timestamp < floor):
+    for d in _letters(chosen, ledger, floor):
+        by = done.taken.get(d.key_of)
+        if by is not None:
+            if not redriven_too:
                 continue
-            if reason is not None and not any(c == reason or c.startswith(f"{reason}(") for c in d.reason_codes):
-                continue
-            found.append(d)
+            d = replace(d, redriven_by=by)
+        elif (again := done.rechecked.get(d.key_of)) is not None:
+            run_id, codes = again
+            text = f"re-checked by re-drive {run_id}: {'; '.join(codes)} (first: {d.reason})"
+            d = replace(d, reason_codes=codes, rechecked_by=run_id, reason=text)
+        if floor is not None and (d.timestamp is None or d.timestamp < floor):
+            continue
+        if reason is not None and not any(c == reason or c.startswith(f"{reason}(") for c in d.reason_codes):
+            continue
+        found.append(d)
     return sorted(found, key=lambda d: (d.topic, d.partition, d.offset))
 
 
@@ -257,10 +259,14 @@ def _utc(since: datetime | date | None) -> datetime | None:
     return since if since.tzinfo is not None else since.replace(tzinfo=UTC)
 
 
-def _sources(feed: Feed, store: CheckpointStore) -> list[_Source]:
+def _letters(feed: Feed, store: CheckpointStore, floor: datetime | None) -> list[DeadLetter]:
     publisher = publisher_for(feed)
     if isinstance(publisher, IcebergPublisher):
-        return _iceberg_sources(publisher, store)
+        return _iceberg_letters(publisher, store, floor)
+    return [d for source in _parquet_sources(publisher) for d in _read(source, feed.name)]
+
+
+def _parquet_sources(publisher: Publisher) -> list[_Source]:
     root = publisher.location
     found = []
     for folder in root.children(folders_only=True) if root.exists() else []:
@@ -276,15 +282,28 @@ def _sources(feed: Feed, store: CheckpointStore) -> list[_Source]:
     return found
 
 
-def _iceberg_sources(publisher: IcebergPublisher, store: CheckpointStore) -> list[_Source]:
-    """The quarantine folders of the plans the table shows.
+def _iceberg_letters(publisher: IcebergPublisher, store: CheckpointStore, floor: datetime | None) -> list[DeadLetter]:
+    """The rows of the feed's dead-letter table (``floor``: its day partitions before it pruned), and the quarantine
+    folders of shown plans the table holds no row of (:func:`_iceberg_sources`)."""
+    dead = publisher.dead_letter_table()
+    name = publisher.feed.name
+    letters = [] if dead is None else [_letter(row) for row in scan_rows(dead, name, floor)]
+    appended = set() if dead is None else plans_in(dead, name)
+    return letters + [d for source in _iceberg_sources(publisher, store, appended) for d in _read(source, name)]
 
-    The run ledger's ``shown`` rows of the feed first: the commit protocol records a run
-    ``shown`` only after its catalog commit, and the rows outlive snapshot expiry (the table
-    ledger keeps the last 200 plans, the history what expiry leaves). Then the main
-    branch's history, newest snapshot first (a retraction hides older ones), for plans
-    published outside any run. A run shown in a backfill's or replay's own output has no
-    folder here: its quarantine is beside that output.
+
+def _iceberg_sources(publisher: IcebergPublisher, store: CheckpointStore, appended: set[str]) -> list[_Source]:
+    """The quarantine folders of the plans the table shows and the dead-letter table holds no row of.
+
+    Every plan committed since the dead-letter table exists appends its rows in its promotion
+    (:meth:`IcebergPublisher.promote`), so this finds the plans published before it, and a plan
+    whose promotion crashed between its two commits until the next settle appends them; a plan
+    that quarantined nothing has no folder. Which plans the table shows: the run ledger's
+    ``shown`` rows of the feed first (the commit protocol records a run ``shown`` only after its
+    catalog commit, and the rows outlive snapshot expiry), then the main branch's history,
+    newest snapshot first (a retraction hides older ones), for plans published outside any run.
+    A run shown in a backfill's or replay's own output has no folder here: its quarantine is
+    beside that output.
     """
     table = publisher.load()
     if table is None:
@@ -305,62 +324,35 @@ def _iceberg_sources(publisher: IcebergPublisher, store: CheckpointStore) -> lis
     plans = {**by_ledger, **{p: r for p, r in reversed(shown.items()) if p not in by_ledger}}  # oldest first
     found = []
     for plan_id, run_id in plans.items():
-        folder = publisher.quarantine / f"plan_id={plan_id}"
-        if not folder.exists():  # the plan quarantined nothing
+        if plan_id in appended:
             continue
-        found += [_Source(folder / name, name, plan_id, run_id) for name, _ in folder.files()
-                  if name.endswith(".parquet") and not any(p[:1] in "._" for p in name.split("/"))]  # fmt: skip
+        folder = publisher.quarantine / f"plan_id={plan_id}"
+        found += [_Source(file, name, plan_id, run_id) for file, name in quarantine_files(folder)]
     return found
 
 
-def _read(source: _Source) -> list[DeadLetter]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(source.file.fs_path, filesystem=source.file.fs)
-    for name in ("key", "value"):  # a string column may hold bytes that are not UTF-8 (the records that did not decode)
-        if name in table.column_names and pa.types.is_string(table.schema.field(name).type):
-            table = table.set_column(table.column_names.index(name), name, table.column(name).cast(pa.binary()))
-    folder_topic = next((unquote(p[len("topic=") :]) for p in source.path.split("/") if p.startswith("topic=")), None)
-    letters = []
-    for row in table.to_pylist():
-        text = str(row.get(REASON_COLUMN) or "")
-        codes = row.get(REASON_CODES_COLUMN)
-        letters.append(DeadLetter(
-            topic=str(row.get("topic") or folder_topic),
-            partition=int(row["partition"]),
-            offset=int(row["offset"]),
-            timestamp=_aware(row.get("timestamp")),
-            key=_bytes(row[RAW_KEY_COLUMN] if row.get(RAW_KEY_COLUMN) is not None else row.get("key")),
-            value=_bytes(row[RAW_VALUE_COLUMN] if row.get(RAW_VALUE_COLUMN) is not None else row.get("value")),
-            headers=_headers(row.get("headers")),
-            plan_id=source.plan_id,
-            run_id=source.run_id,
-            reason_codes=tuple(codes) if codes else reason_codes(text),
-            reason=text,
-            timestamp_type=int(row.get("timestamp_type") or 0),
-        ))  # fmt: skip
-    return letters
+def _read(source: _Source, feed: str) -> list[DeadLetter]:
+    rows = file_rows(source.file, source.path, feed=feed, plan_id=source.plan_id, run_id=source.run_id,
+                     dead_lettered_at=None)  # fmt: skip
+    return [_letter(row) for row in rows]
 
 
-def _aware(value: Any) -> datetime | None:
-    if not isinstance(value, datetime):
-        return None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-def _bytes(value: Any) -> bytes | None:
-    if value is None:
-        return None
-    return value.encode() if isinstance(value, str) else bytes(value)
-
-
-def _headers(value: Sequence[Any] | None) -> tuple[tuple[str, bytes | None], ...]:
-    pairs = []
-    for h in value or ():
-        k, v = (h.get("key"), h.get("value")) if isinstance(h, dict) else h
-        pairs.append((str(k), _bytes(v)))
-    return tuple(pairs)
+def _letter(row: Mapping[str, Any]) -> DeadLetter:
+    """A row as the dead-letter table holds it (:func:`tidemark.output.dead_letter_table.schema`)."""
+    return DeadLetter(
+        topic=str(row["topic"]),
+        partition=int(row["partition"]),
+        offset=int(row["offset"]),
+        timestamp=aware(row.get("timestamp")),
+        key=row.get("key"),
+        value=row.get("value"),
+        headers=tuple((str(h["key"]), h.get("value")) for h in row.get("headers") or ()),
+        plan_id=str(row["plan_id"]),
+        run_id=row.get("run_id"),
+        reason_codes=tuple(row.get("reason_codes") or ()),
+        reason=str(row.get("reason") or ""),
+        timestamp_type=int(row.get("timestamp_type") or 0),
+    )
 
 
 def _text(value: bytes | None) -> str | None:

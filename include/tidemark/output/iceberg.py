@@ -32,6 +32,11 @@ Iceberg here. The job stages and validates exactly as for a Parquet folder; then
    metadata it loaded: if anyone committed to the table since, the catalog refuses it
    (retries off: pyiceberg does not rebase it) and ``promote`` looks at the new ledger
    again, so a plan is never committed twice. A job outside any run commits at once.
+5. after the data's commit (or on finding the plan committed: a promotion entered again
+   after a crash, a job outside any run rerun), appends the plan's quarantine folder to the
+   feed's dead-letter table once (:meth:`IcebergPublisher.append_dead_letters`,
+   :mod:`tidemark.output.dead_letter_table`); ``fault_point("iceberg.before_dead_letters")``
+   sits between the two commits.
 
 The group's position for recovery (:meth:`IcebergPublisher.positions`) is the ledger's ends
 too; tables written before the ledger are read from their history, and their first commit
@@ -72,6 +77,7 @@ from tidemark.config.models import Feed, state_location
 from tidemark.errors import ConfigError, PublishError, SchemaError, StateStoreError
 from tidemark.faults import fault_point
 from tidemark.output.base import QUARANTINE_DIR, STAGING_DIR, FileEntry, Manifest, StagedRecords
+from tidemark.output.dead_letter_table import append_plan
 from tidemark.output.ledger import Ledger, LedgerPlan, ledger_key, overlap
 from tidemark.output.partitioning import (
     PartitionField,
@@ -415,6 +421,8 @@ class IcebergPublisher:
         self.location = feed.output_location()
         chosen = feed.iceberg.quarantine if feed.iceberg is not None else None
         self.quarantine = Location.of(chosen) if chosen else self.location.with_name(f"{self.location.name}.quarantine")
+        self.dead_letters_name = feed.iceberg_dead_letters
+        self.dead_letters_location = self.location.with_name(f"{self.location.name}.dead_letters")
         self.partitioning = feed.partitioning
 
     def describe(self) -> str:
@@ -611,6 +619,8 @@ class IcebergPublisher:
         done = self._find(table, plan.plan_id)
         if done is not None:  # published by an earlier attempt: write nothing
             staging.discard()
+            if run_id is None:  # that attempt committed at once, and may have crashed before its dead letters
+                self.append_dead_letters(plan.plan_id, done.extra.get("run_id"), done.published_at)
             return done
         # Checked again on the table the commit is based on: it may have changed since check_schema.
         decoded = self.table_arrow(staged.schema)
@@ -659,6 +669,8 @@ class IcebergPublisher:
         done_extra = self.commit(table, paths, properties, decoded if changes else None, fields)
         snapshot = table.current_snapshot()
         staging.discard()
+        fault_point("iceberg.before_dead_letters")  # data committed, its dead letters not yet appended
+        self.append_dead_letters(plan.plan_id, None, _committed_at(snapshot))
         return replace(
             manifest,
             extra={**manifest.extra, **done_extra, "snapshot_id": None if snapshot is None else snapshot.snapshot_id},
@@ -688,7 +700,8 @@ class IcebergPublisher:
         for _ in range(5):
             table = self.load()
             found = None if table is None else self._find(table, plan_id)
-            if found is not None:
+            if found is not None:  # committed by an earlier promotion, which may have crashed before its dead letters
+                self.append_dead_letters(plan_id, found.extra.get("run_id") or run_id, found.published_at)
                 self._pending(plan_id, run_id).remove_file() if doc is not None else None
                 return found
             if doc is None or table is None:
@@ -705,6 +718,8 @@ class IcebergPublisher:
             except TableChangedError:
                 continue  # the table changed meanwhile: look at its ledger again
             snapshot = table.current_snapshot()
+            fault_point("iceberg.before_dead_letters")  # data committed, its dead letters not yet appended
+            self.append_dead_letters(plan_id, run_id, _committed_at(snapshot))
             self._pending(plan_id, run_id).remove_file()
             manifest = Manifest.from_dict(doc["manifest"])
             extra = {**manifest.extra, **done_extra, "snapshot_id": None if snapshot is None else snapshot.snapshot_id}
@@ -714,6 +729,30 @@ class IcebergPublisher:
             "the table kept changing; the group's offsets are committed and the plan stays pending: the feed's next "
             "run commits it to the table before planning"
         )
+
+    def append_dead_letters(self, plan_id: str, run_id: str | None, committed_at: datetime | str) -> int:
+        """Append committed plan ``plan_id``'s quarantine folder to the feed's dead-letter table, unless the table
+        holds the plan's rows already; the rows appended (:func:`tidemark.output.dead_letter_table.append_plan`).
+
+        Called after the plan's catalog commit, by the promotion and by every later promotion of
+        the same plan (promote is re-entered after a crash), and by a job outside any run.
+        """
+        at = committed_at if isinstance(committed_at, datetime) else datetime.fromisoformat(committed_at)
+        properties = {PLAN_KEY: plan_id, FEED_KEY: self.feed.name, **({RUN_KEY: run_id} if run_id else {})}
+        return append_plan(
+            open_catalog(), self.dead_letters_name, self.dead_letters_location, self.quarantine / f"plan_id={plan_id}",
+            feed=self.feed.name, plan_id=plan_id, run_id=run_id, dead_lettered_at=at, snapshot_properties=properties,
+            table_properties=NO_RETRY,
+        )  # fmt: skip
+
+    def dead_letter_table(self) -> Table | None:
+        """The feed's dead-letter table, or ``None`` before its first dead letter."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return open_catalog().load_table(self.dead_letters_name)
+        except NoSuchTableError:
+            return None
 
     def discard(self, plan_id: str, run_id: str) -> Manifest | None:
         """Delete run ``run_id``'s staged files (in no snapshot: its commit of the group was refused)."""
@@ -847,6 +886,11 @@ class IcebergPublisher:
                 },
             )
         return None
+
+
+def _committed_at(snapshot: Snapshot | None) -> datetime:
+    """When a plan's data was committed: its snapshot's time (the dead letters' ``dead_lettered_at``)."""
+    return datetime.now(UTC) if snapshot is None else datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC)
 
 
 def _pending_spec(doc: Mapping[str, Any]) -> PartitionSpecArg | None:

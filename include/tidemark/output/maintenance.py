@@ -21,6 +21,11 @@
    commit), older than ``orphan_min_age``. The pending records are read *before* the table,
    so a plan promoted meanwhile is in one or the other.
 
+The feed's dead-letter table (:mod:`tidemark.output.dead_letter_table`) gets steps 2 and 3
+with the same settings: its rows are appended once per plan with dead letters, one small
+file each, and are never rewritten here. Its run-once check reads rows, not snapshots, so
+expiring every old snapshot of it appends nothing twice.
+
 Nothing here touches the feed's ledger (:mod:`tidemark.output.ledger`): it is a table
 property, and every commit below is built on the table as loaded, properties included.
 Every commit is a compare-and-set (``commit.retry.num-retries=0`` on Tidemark's tables):
@@ -85,6 +90,8 @@ class MaintenanceReport:
     orphans_removed: int = 0
     orphan_bytes: int = 0
     commit_retries: int = 0
+    dead_letter_snapshots_expired: int = 0  # the dead-letter table's (steps 2 and 3 only)
+    dead_letter_orphans_removed: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,6 +156,12 @@ def maintain(feed: Feed, *, dry_run: bool = False, now: datetime | None = None, 
     table = compact(table, settings, tally, dry_run=dry_run)
     table = expire(table, settings, tally, now=now, dry_run=dry_run)
     remove_orphans(table, publisher.location, settings, tally, now=now, dry_run=dry_run)
+    dead, dead_tally = publisher.dead_letter_table(), _Tally()
+    if dead is not None:
+        dead = expire(dead, settings, dead_tally, now=now, dry_run=dry_run)
+        remove_orphans(dead, publisher.dead_letters_location, settings, dead_tally, now=now, dry_run=dry_run)
+        tally.retries += dead_tally.retries
+        tally.notes += [f"dead-letter table {publisher.dead_letters_name}: {n}" for n in dead_tally.notes]
     files_after, bytes_after = _live_totals(table) if not dry_run else (files_before, bytes_before)
     report = MaintenanceReport(
         feed=feed.name, table=publisher.table_name, started_at=started, finished_at=datetime.now(UTC).isoformat(),
@@ -156,6 +169,7 @@ def maintain(feed: Feed, *, dry_run: bool = False, now: datetime | None = None, 
         bytes_after=bytes_after, partitions_compacted=tally.partitions, files_rewritten=tally.rewritten,
         files_written=tally.written, snapshots_before=tally.snapshots_before, snapshots_expired=tally.expired,
         orphans_removed=tally.orphans, orphan_bytes=tally.orphan_bytes, commit_retries=tally.retries,
+        dead_letter_snapshots_expired=dead_tally.expired, dead_letter_orphans_removed=dead_tally.orphans,
         notes=tuple(tally.notes),
     )  # fmt: skip
     if not dry_run:

@@ -206,10 +206,14 @@ def overlapping(plan: Plan, already: Manifest | None, *, store: CheckpointStore)
 def show(
     plan: Plan, run_id: str, already: Manifest | None, *, publisher: Publisher, store: CheckpointStore
 ) -> Manifest | None:
-    """Promote run ``run_id``'s pending publication unless the output ``already`` shows the plan, then advance the
-    feed output's shown positions."""
+    """Promote run ``run_id``'s pending publication, then advance the feed output's shown positions.
+
+    A plan the output ``already`` shows is promoted too: promotion is idempotent, and an output
+    whose promotion is two commits (an Iceberg feed's data, then its dead letters) finishes
+    there what a crash between them left.
+    """
     manifest = already
-    if manifest is None and plan.total_records:
+    if plan.total_records:
         manifest = publisher.promote(plan.plan_id, run_id)
     if shows_in_feed_output(plan):
         store.advance_shown(plan.feed, run_id, plan.ends(), plan_topic_ids(plan))

@@ -8,7 +8,11 @@ offsets, classified from the raw bytes by the fault suite's oracle
 the reader returns, each ``(topic, partition, offset)`` once, on a Parquet feed and on an
 Iceberg feed, through a crash of the job after it staged the plan (the next run finishes
 that plan), a job run twice for one plan (a retried task), a crash between the group's
-commit and the plan being shown, and a run with nothing new.
+commit and the plan being shown, and a run with nothing new. An Iceberg feed's
+dead-letter table is read apart, through pyiceberg's own catalog (not Tidemark's reader):
+its rows equal the same oracle's, each once, through the same crashes, a crash between the
+data's commit and the dead-letters' append, a crash after both before the run ledger says
+``shown`` (the promotion is then entered again), and snapshot expiry of both tables.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +29,7 @@ import pytest
 
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import QUARANTINED, FaultEnv, Row, digest, scan
-from tests.support.poison import produce_with_poison
+from tests.support.poison import produce_with_poison, table_rows
 from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.output.deadletters import DeadLetter, dead_letters, summarize
 from tidemark.runs.pipeline import commit_run, plan_run
@@ -52,6 +57,14 @@ def oracle_bad(env: FaultEnv) -> dict[Row, bytes | None]:
 
 def as_rows(letters: list[DeadLetter]) -> Counter[Row]:
     return Counter((d.topic, d.partition, d.offset, digest(d.value)) for d in letters)
+
+
+def assert_the_table_is_the_oracle(env: FaultEnv) -> Counter[Row]:
+    """The dead-letter table holds each record the oracle classifies as bad, once, and nothing else."""
+    got = table_rows(env)
+    assert [r for r, n in got.items() if n > 1] == [], "a dead letter is in the table more than once"
+    assert set(got) == set(oracle_bad(env))
+    return got
 
 
 def assert_exactly_the_oracle(env: FaultEnv) -> list[DeadLetter]:
@@ -83,6 +96,8 @@ def test_dead_letters_equal_the_oracles_bad_records_once_through_crashes_and_rer
         fenv.in_process(crashed, fenv.kafka.connection)
     monkeypatch.delenv(FAULTS_ENV)
     assert dead_letters(fenv.feed) == []
+    if output == "iceberg":
+        assert table_rows(fenv) == Counter()
 
     # The next run finds the crashed run's staged plan, commits and shows it once, then reads nothing new.
     rerun, _, _ = fenv.run()
@@ -90,6 +105,8 @@ def test_dead_letters_equal_the_oracles_bad_records_once_through_crashes_and_rer
     assert fenv.committed() == {0: 10, 1: 10, 2: 10}
     first = assert_exactly_the_oracle(fenv)
     assert len(first) == 9  # 6 undecodable, 3 refused by the rule, of 30
+    if output == "iceberg":
+        assert assert_the_table_is_the_oracle(fenv) == as_rows(first)
 
     # The next plan's job runs twice (a retried task: the same plan staged again, its dead letters replaced),
     # then the group commits it and the run dies before the plan is shown.
@@ -104,6 +121,8 @@ def test_dead_letters_equal_the_oracles_bad_records_once_through_crashes_and_rer
     monkeypatch.delenv(FAULTS_ENV)
     assert fenv.committed() == {0: 15, 1: 15, 2: 15}
     assert as_rows(dead_letters(fenv.feed)) == as_rows(first)  # committed, not shown: not yet dead letters
+    if output == "iceberg":
+        assert table_rows(fenv) == as_rows(first)
 
     handle, _, _ = fenv.run()  # finishes the committed plan first, then reads nothing new
     assert handle.resumed == retried.plan_id and handle.records == 0
@@ -111,6 +130,8 @@ def test_dead_letters_equal_the_oracles_bad_records_once_through_crashes_and_rer
     assert len(letters) == 15
     fenv.run()  # nothing new
     assert as_rows(dead_letters(fenv.feed)) == as_rows(letters)
+    if output == "iceberg":
+        assert assert_the_table_is_the_oracle(fenv) == as_rows(letters)
     fenv.check(f"dead letters ({output})")
 
     # Filters and the summary by reason and day.
@@ -180,10 +201,13 @@ def test_redrive_dry_run_lists_the_dead_letters_a_fixed_rule_now_lets_pass(
 
 
 def test_an_iceberg_feeds_dead_letters_survive_snapshot_expiry(fenv: FaultEnv) -> None:
-    """Every snapshot but the table's current one expired (as maintenance or any engine may): the dead letters are
-    the same set, each once, since the run ledger records which plans are shown, not the table's history."""
+    """Every snapshot but the current one of the table (by pyiceberg, as any engine may) and of its dead-letter
+    table (by ``tidemark maintain``, with the files they left) expired: the dead letters are the same set, each
+    once, in the listing and in the dead-letter table, and a plan promoted again appends nothing (its rows, not
+    the expired snapshots, say it was appended)."""
     from tidemark.config.models import load_feed
     from tidemark.output.iceberg import IcebergPublisher
+    from tidemark.output.maintenance import maintain
 
     fenv.use_iceberg(f"dl.x_{fenv.topic.replace('-', '_')}")
     for _ in range(3):
@@ -199,5 +223,79 @@ def test_an_iceberg_feeds_dead_letters_survive_snapshot_expiry(fenv: FaultEnv) -
     table.maintenance.expire_snapshots().by_ids(older).commit()
     table = IcebergPublisher(load_feed(fenv.feed)).load()
     assert table is not None and [s.snapshot_id for s in table.snapshots()] == [current]
+    dead = IcebergPublisher(load_feed(fenv.feed)).dead_letter_table()
+    assert dead is not None and dead.current_snapshot() is not None and len(dead.snapshots()) == 3
+    kept = dead.current_snapshot().snapshot_id
+    # Tidemark's maintenance expires the dead-letter table's old snapshots too, and removes the files they left.
+    fenv.write_feed(maintenance={"keep_snapshots": 1, "snapshot_max_age": "1h", "orphan_min_age": "1h"})
+    report = maintain(load_feed(fenv.feed), now=datetime.now(UTC) + timedelta(hours=2))
+    assert (report.dead_letter_snapshots_expired, report.dead_letter_orphans_removed > 0) == (2, True), report
+    dead = IcebergPublisher(load_feed(fenv.feed)).dead_letter_table()
+    assert dead is not None and [s.snapshot_id for s in dead.snapshots()] == [kept]
     after = assert_exactly_the_oracle(fenv)
     assert as_rows(after) == as_rows(before)
+    assert assert_the_table_is_the_oracle(fenv) == as_rows(before)
+    publisher = IcebergPublisher(load_feed(fenv.feed))
+    for plan_id, run_id in {(d.plan_id, d.run_id) for d in before}:
+        assert run_id is not None
+        assert publisher.append_dead_letters(plan_id, run_id, datetime.now(UTC)) == 0
+    assert assert_the_table_is_the_oracle(fenv) == as_rows(before)
+
+
+def test_an_iceberg_feeds_dead_letter_table_is_appended_once_through_a_crash_between_its_two_commits(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash after the plan's data commit, before its dead letters' append (``iceberg.before_dead_letters``): the
+    table holds none of the plan's rows, the listing reads them from the plan's quarantine folder meanwhile, and
+    the next run's settle appends them once. A crash after both commits, before the run ledger says ``shown``:
+    the next settle enters the promotion again, which appends nothing. Plans published before the feed had a
+    dead-letter table are listed from their folders."""
+    from tidemark.config.models import load_feed
+    from tidemark.output.iceberg import IcebergPublisher
+
+    fenv.use_iceberg(f"dl.c_{fenv.topic.replace('-', '_')}")
+    produce_with_poison(fenv, 30)
+    crashed = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(crashed, fenv.kafka.connection)
+    monkeypatch.setenv(FAULTS_ENV, "iceberg.before_dead_letters")
+    with pytest.raises(InjectedFault):
+        commit_run(crashed, fenv.kafka.connection, root=fenv.root)
+    monkeypatch.delenv(FAULTS_ENV)
+    publisher = IcebergPublisher(load_feed(fenv.feed))
+    assert publisher.published(crashed.plan_id) is not None  # the data's commit landed
+    assert table_rows(fenv) == Counter()
+    first = as_rows(assert_exactly_the_oracle(fenv))  # read from the plan's quarantine folder meanwhile
+    assert sum(first.values()) == 9
+
+    handle, _, _ = fenv.run()  # settles the crashed run first: its promotion appends the dead letters
+    assert handle.resumed == crashed.plan_id and handle.records == 0
+    assert assert_the_table_is_the_oracle(fenv) == first
+    assert as_rows(assert_exactly_the_oracle(fenv)) == first
+
+    produce_with_poison(fenv, 15)
+    again = fenv.crash_after_table_commit(monkeypatch)  # data and dead letters committed, not yet `shown`
+    assert sum(table_rows(fenv).values()) == 15
+    handle, _, _ = fenv.run()
+    assert handle.resumed == again.plan_id and handle.records == 0
+    rows = assert_the_table_is_the_oracle(fenv)
+    assert sum(rows.values()) == 15
+    assert as_rows(assert_exactly_the_oracle(fenv)) == rows
+    fenv.run()  # nothing new
+    assert table_rows(fenv) == rows
+    dead = publisher.dead_letter_table()
+    assert dead is not None
+    appends = sorted(str(s.summary.get("tidemark.plan-id")) for s in dead.snapshots() if s.summary is not None)
+    assert appends == sorted([crashed.plan_id, again.plan_id])  # one append per plan, naming it
+
+    # Plans published before the feed had a dead-letter table: the listing reads their folders, once each.
+    from tidemark.output.iceberg import open_catalog
+
+    open_catalog().drop_table(publisher.dead_letters_name)
+    assert table_rows(fenv) == Counter()
+    assert as_rows(assert_exactly_the_oracle(fenv)) == rows
+    produce_with_poison(fenv, 15)
+    newest, _, _ = fenv.run()
+    assert {r[:3] for r in table_rows(fenv)} == {(d.topic, d.partition, d.offset) for d in dead_letters(fenv.feed)
+                                                 if d.plan_id == newest.plan_id}  # fmt: skip
+    assert sum(as_rows(assert_exactly_the_oracle(fenv)).values()) == 15 + sum(table_rows(fenv).values())
+    fenv.check("dead-letter table through a crash between its two commits")

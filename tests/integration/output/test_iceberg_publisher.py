@@ -3,7 +3,9 @@
 One module-scoped setup stages records the way the job does (Parquet partitioned by
 outcome, topic and date) for two consecutive plans and publishes the first; the tests
 then read the real table back with pyiceberg (catalog in the state dir's SQLite file,
-table under the feed's output folder).
+table under the feed's output folder). A job outside any run commits at once and appends
+its dead letters to the feed's dead-letter table right after, once, whatever crash between
+the two commits and reruns come.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 
 from tidemark.config.models import Feed, parse_feed
 from tidemark.errors import PublishError
+from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.job.stage import quarantine_writer
 from tidemark.output import publisher_for
 from tidemark.output.base import Manifest, StagedRecords
@@ -101,8 +104,9 @@ class Setup:
         assert self.publisher.staged(plan.plan_id, run_id) is None  # the pending record went with the commit
         return shown
 
-    def stage(self, plan: Plan, bad: set[tuple[str, int]], run_id: str) -> Manifest:
-        """Stage ``plan``'s records as the job does, then publish them pending for ``run_id`` through the publisher."""
+    def stage(self, plan: Plan, bad: set[tuple[str, int]], run_id: str | None) -> Manifest:
+        """Stage ``plan``'s records as the job does, then publish them pending for ``run_id`` through the publisher
+        (``None``: a job outside any run, which commits at once)."""
         from pyspark.sql.types import DateType, StringType, StructField, StructType
 
         publisher = publisher_for(self.feed, plan)
@@ -236,3 +240,52 @@ def test_backfills_of_an_iceberg_feed_publish_parquet_beside_it(setup: Setup) ->
     backfill = replace(setup.first, output=str(setup.feed.output_for("backfill")))
     chosen = publisher_for(setup.feed, backfill)
     assert isinstance(chosen, ParquetPublisher) and chosen.location == setup.feed.output_for("backfill")
+
+
+def test_a_job_outside_any_run_appends_its_dead_letters_once_through_a_crash_between_its_two_commits(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job commits the data at once, then dies before the dead letters' append; its rerun finds the plan in
+    the table, writes no data, and appends the dead letters; a further rerun appends nothing. The feed names the
+    module feed's dead-letter table as its own (``iceberg.dead_letters``): each feed lists only its rows."""
+    from tidemark.output.deadletters import dead_letters
+
+    feed = parse_feed("ice_dl", {"topics": ["t1", "t2"], "group": "g-ice-dl", "output": str(setup.tmp / "lake" / "dl"),
+                                 "output_format": "iceberg",
+                                 "iceberg": {"table": "lake.ice_dl", "dead_letters": "lake.ice_dead_letters"}},
+                      "test")  # fmt: skip
+    publisher = publisher_for(feed)
+    assert isinstance(publisher, IcebergPublisher) and publisher.dead_letters_name == "lake.ice_dead_letters"
+    assert setup.publisher.dead_letters_name == "lake.ice_dead_letters"  # the default, <table>_dead_letters
+    plan = _plan(feed, {("t1", 0): 0, ("t2", 0): 0}, {("t1", 0): 4, ("t2", 0): 3})
+    job = Setup(setup.spark, feed, publisher, plan, plan, None, setup.tmp)  # type: ignore[arg-type]
+    bad = {("t1", 2), ("t2", 1)}
+
+    def dead_rows() -> list[tuple[str, int, str | None, tuple[str, ...]]]:
+        table = publisher.dead_letter_table()
+        rows = [] if table is None else table.scan().to_arrow().to_pylist()
+        return sorted((r["topic"], r["offset"], r["plan_id"], tuple(r["reason_codes"])) for r in rows
+                      if r["feed"] == feed.name)  # fmt: skip
+
+    theirs = [(d.topic, d.offset) for d in dead_letters(setup.feed)]
+    assert theirs == [("t2", 1)]  # the module feed's own dead letter, appended by its promotion
+
+    monkeypatch.setenv(FAULTS_ENV, "iceberg.before_dead_letters")
+    with pytest.raises(InjectedFault):
+        job.stage(plan, bad, None)
+    monkeypatch.delenv(FAULTS_ENV)
+    assert publisher.published(plan.plan_id) is not None and dead_rows() == []
+    expected = [("t1", 2, plan.plan_id, (BAD_REASON,)), ("t2", 1, plan.plan_id, (BAD_REASON,))]
+    for _ in range(2):
+        again = job.stage(plan, bad, None)
+        assert again.reused and dead_rows() == expected
+    table = publisher.load()
+    dead = publisher.dead_letter_table()
+    assert table is not None and len(table.snapshots()) == 1 and table.scan().to_arrow().num_rows == 5
+    assert dead is not None and [(s.summary or {}).get(PLAN_KEY) for s in dead.snapshots()] == [
+        setup.first.plan_id, plan.plan_id,
+    ]  # fmt: skip
+    assert [(f.name, str(f.transform)) for f in dead.spec().fields] == [("day", "identity")]
+    assert dead.properties["commit.retry.num-retries"] == "0"  # a refused append is decided again, never rebased
+    assert [(d.topic, d.offset, d.plan_id) for d in dead_letters(feed)] == [(t, o, p) for t, o, p, _ in expected]
+    assert [(d.topic, d.offset) for d in dead_letters(setup.feed)] == theirs  # neither lists the other's

@@ -7,7 +7,10 @@ independent ``read_committed`` scan of the committed offsets classified under th
 rule by the fault suite's oracle (:meth:`tests.faults.harness.FaultEnv.classifier`), not by
 Tidemark: after a re-drive the feed's good output must be exactly that good set, each
 record once (the first runs' good records plus the re-driven ones), whatever crashes,
-second re-drives and normal runs come between.
+second re-drives and normal runs come between. An Iceberg feed's dead-letter table, read
+through pyiceberg's own catalog, holds every record the oracle classified as bad when it
+was read, once: a re-drive appends nothing to it and takes nothing out (the listing leaves
+out what a re-drive published).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import pytest
 
 from tests.conftest import S3_BUCKET, KafkaTestCluster
 from tests.faults.harness import GOOD, QUARANTINED, FaultEnv, Row, digest, scan
-from tests.support.poison import produce_with_poison
+from tests.support.poison import produce_with_poison, table_rows
 from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.output.deadletters import dead_letters
 from tidemark.runs.redrive import redrive_feed
@@ -92,6 +95,9 @@ def test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once(
     assert len(passing) == 3
     good_before = good_output(fenv)
     assert set(good_before) == set(oracle(fenv)[GOOD])
+    table = table_rows(fenv) if output == "iceberg" else Counter()
+    if output == "iceberg":
+        assert table == Counter(set(oracle(fenv)[QUARANTINED]))  # each once
 
     fenv.write_feed(validation=FIXED_RULE)
     first = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
@@ -124,6 +130,8 @@ def test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once(
     second = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
     assert (second.state, second.published, second.passing) == ("shown", 0, 0)
     assert good_output(fenv) == good_before + Counter(passing)
+    if output == "iceberg":
+        assert table_rows(fenv) == table  # the re-drives appended nothing to the dead-letter table
 
     # A normal run beside: new records under the fixed rule, the output still the oracle's good set once.
     produce_with_poison(fenv, 15)
@@ -132,6 +140,8 @@ def test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once(
     assert {(d.topic, d.partition, d.offset) for d in dead_letters(fenv.feed)} == {
         r[:3] for r in oracle(fenv)[QUARANTINED]
     }
+    if output == "iceberg":  # the re-driven rows stay in the table, each once; the listing leaves them out
+        assert table_rows(fenv) == Counter(set(oracle(fenv)[QUARANTINED]) | passing)
 
 
 @pytest.mark.parametrize(
@@ -172,6 +182,8 @@ def test_a_crash_during_a_redrive_leaves_nothing_twice(
     third = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
     assert (third.settled_first, third.published) == ((), 0)
     assert_output_is_the_oracles_good_set(fenv)
+    if output == "iceberg":  # each dead letter once, the re-driven ones kept; the crashed re-drive appended nothing
+        assert table_rows(fenv) == Counter(set(oracle(fenv)[QUARANTINED]) | passing)
 
 
 def test_two_redrives_staged_at_once_over_overlapping_dead_letters_show_each_letter_once(fenv: FaultEnv) -> None:

@@ -128,6 +128,18 @@ INVALID = [
         "namespace.name",
     ),
     (
+        "iceberg-dead-letters-without-namespace",
+        "output_format: iceberg\niceberg: {table: lake.orders, dead_letters: orders_bad}\n",
+        "iceberg.dead_letters",
+        "namespace.name",
+    ),
+    (
+        "iceberg-dead-letters-are-the-table",
+        "output_format: iceberg\niceberg: {table: lake.orders, dead_letters: lake.orders}\n",
+        "(file)",
+        "a table of their own",
+    ),
+    (
         "iceberg-catalog-in-feed",
         "output_format: iceberg\niceberg: {uri: 'postgresql://u:p@h/db'}\n",
         "iceberg.uri",
@@ -229,6 +241,12 @@ def test_iceberg_table_defaults_to_the_feed_name(tmp_path: Path) -> None:
     assert feed.iceberg_table == "tidemark.orders_eu_v1"
     chosen = load_feed_file(write(tmp_path, MINIMAL + "output_format: iceberg\niceberg: {table: lake.orders}\n"))
     assert chosen.iceberg_table == "lake.orders" and chosen.output_format == "iceberg"
+    assert (feed.iceberg_dead_letters, chosen.iceberg_dead_letters) == (
+        "tidemark.orders_eu_v1_dead_letters",
+        "lake.orders_dead_letters",
+    )  # beside the table, in its namespace
+    named = load_feed_file(write(tmp_path, MINIMAL + "output_format: iceberg\niceberg: {dead_letters: ops.bad}\n"))
+    assert named.iceberg_dead_letters == "ops.bad"
     assert load_feed_file(write(tmp_path, MINIMAL)).output_format == "parquet"
 
 
