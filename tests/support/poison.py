@@ -14,6 +14,11 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from pathlib import Path
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from tests.faults.harness import FaultEnv, Row, digest
 from tidemark.kafka.admin import Record
@@ -73,12 +78,17 @@ def produce_json_with_poison(env: FaultEnv, count: int, marker: str) -> None:
 
 
 def table_rows(env: FaultEnv) -> Counter[Row]:
-    """The Iceberg feed's dead-letter table (its default name, ``<table>_dead_letters``) as pyiceberg's own catalog
-    reads it: each row's record and value digest; every row names its plan, run and reasons."""
+    """The feed's dead-letter table read by other tools than Tidemark's: each row's record and value digest.
+
+    An Iceberg feed's: its table (default name ``<table>_dead_letters``) as pyiceberg's own catalog reads it, every
+    row naming its plan, run and reasons. A Parquet feed's (local output): the quarantine files each published
+    plan's ``_manifest.json`` lists, read with pyarrow, the raw value where decoding kept it aside (``_raw_value``),
+    else the value column; every row with its reason."""
+    if env.iceberg is None:
+        return _parquet_rows(Path(env.output))
     from pyiceberg.catalog import load_catalog
     from pyiceberg.exceptions import NoSuchTableError
 
-    assert env.iceberg is not None
     uri = os.environ.get("TIDEMARK_ICEBERG_CATALOG_URI") or f"sqlite:///{env.root / 'iceberg_catalog.sqlite'}"
     catalog = load_catalog("tidemark", uri=uri, **{"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO"})
     try:
@@ -89,3 +99,23 @@ def table_rows(env: FaultEnv) -> Counter[Row]:
     assert all(r["feed"] == env.feed and r["plan_id"] and r["run_id"] and r["reason_codes"] and r["reason"]
                for r in rows)  # fmt: skip
     return Counter((r["topic"], r["partition"], r["offset"], digest(r["value"])) for r in rows)
+
+
+def _parquet_rows(output: Path) -> Counter[Row]:
+    rows: Counter[Row] = Counter()
+    for manifest in output.glob("plan_id=*/_manifest.json"):
+        for entry in json.loads(manifest.read_text())["files"]:
+            if not entry["path"].startswith("_quarantine/"):
+                continue
+            table = pq.read_table(manifest.parent / entry["path"])
+            # As bytes: a value kept as the string column may hold what does not decode as UTF-8.
+            values = table.column("value").cast(pa.binary()).to_pylist()
+            kept = "_raw_value" in table.column_names
+            raws = table.column("_raw_value").to_pylist() if kept else [None] * len(values)
+            # The topic is a Hive folder (``_quarantine/topic=<t>/date=<d>/``), not a column of the file.
+            topic = unquote(next(p for p in entry["path"].split("/") if p.startswith("topic="))[len("topic=") :])
+            where = table.select(["partition", "offset", "_reason"]).to_pylist()
+            for r, value, raw in zip(where, values, raws, strict=True):
+                assert r["_reason"], r
+                rows[(topic, r["partition"], r["offset"], digest(raw if raw is not None else value))] += 1
+    return rows
