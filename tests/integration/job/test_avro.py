@@ -26,6 +26,7 @@ import yaml
 
 from tests.conftest import KafkaTestCluster
 from tests.integration.read_helpers import consume_independently, plan_for, run_job_in_process
+from tests.support.eventlog import event_log_conf
 from tidemark.kafka.admin import Record
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.runs.pipeline import RunHandle, run_feed
@@ -453,13 +454,7 @@ def test_registry_password_reaches_no_artefact(env: AvroEnv, tmp_path: Path) -> 
     env.produce([ser(order(i)) for i in range(4)], 0)
     password = f"pw-{uuid.uuid4().hex}"
     # The Spark UI's environment page shows what the event log records: the application's properties.
-    conf_dir, events = tmp_path / "spark-conf", tmp_path / "spark-events"
-    conf_dir.mkdir()
-    events.mkdir()
-    (conf_dir / "spark-defaults.conf").write_text(
-        f"spark.eventLog.enabled true\nspark.eventLog.dir {events}\n"
-        "spark.eventLog.compress false\nspark.eventLog.rolling.enabled false\n"  # plain text, to search
-    )
+    conf_dir, events = event_log_conf(tmp_path)
     cli_env = {
         **os.environ, **env.kafka.connection.to_env(), "SPARK_CONF_DIR": str(conf_dir),
         "TIDEMARK_SCHEMA_REGISTRY_USERNAME": "tidemark", "TIDEMARK_SCHEMA_REGISTRY_PASSWORD": password,

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.eventlog import event_log_conf
 from tidemark.config.masking import MASKED, MASKING_KEY_ENV, Masking, Truncate
 from tidemark.config.models import Deserialization
 from tidemark.errors import ConfigError
@@ -155,13 +156,7 @@ def test_the_masking_key_reaches_no_plan_and_no_event_log(tmp_path: Path) -> Non
     """The key hashes every kind of path (nested, in an array of records, the key, a header) without entering a
     query plan: Spark's own strings (explain, the UI's SQL tab) and an enabled event log never hold it."""
     key = f"masking-key-{uuid.uuid4().hex}"
-    conf_dir, events = tmp_path / "spark-conf", tmp_path / "spark-events"
-    conf_dir.mkdir()
-    events.mkdir()
-    (conf_dir / "spark-defaults.conf").write_text(
-        f"spark.eventLog.enabled true\nspark.eventLog.dir {events}\n"
-        "spark.eventLog.compress false\nspark.eventLog.rolling.enabled false\n"  # plain text, to search
-    )
+    conf_dir, events = event_log_conf(tmp_path)
     env = {**os.environ, "SPARK_CONF_DIR": str(conf_dir), "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, "-c", LEAK_SCRIPT, key], env=env, capture_output=True, text=True,
                           check=False, cwd=Path(__file__).parents[3])  # fmt: skip
