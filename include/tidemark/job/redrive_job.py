@@ -84,7 +84,13 @@ class RedriveJob:
         ``log``: where the job's log goes when the submitter keeps one (the re-drive's run dir).
         """
         request = {"phase": "stage", "feed": feed.name, "plan": plan.to_dict(), "run_id": run_id, "extra": dict(extra)}
-        self._run(request, letters, log)
+        answer = self._run(request, letters, log)
+        if "staged" not in answer:  # it exited 0 and wrote nothing here: its driver never saw this folder
+            raise RedriveJobError(
+                f"the re-drive's Spark job (stage, {len(letters)} dead letters of feed '{feed.name}') gave no answer "
+                "in its folder on this machine: its driver must run here (client deploy mode); the re-drive stays "
+                "open and the next `tidemark redrive` settles it"
+            )
 
     def _run(self, request: Mapping[str, Any], letters: Sequence[DeadLetter],
              log: Location | None = None) -> dict[str, Any]:  # fmt: skip
@@ -162,9 +168,9 @@ def read_answer(folder: Path) -> dict[str, Any]:
 
 def verdicts_of(letters: Sequence[DeadLetter], answer: Mapping[str, Any]) -> tuple[Verdict, ...]:
     """``letters``' verdicts as the job's answer gives them (by the dead letter's key)."""
-    found: dict[Key, tuple[bool, tuple[str, ...]]] = {
-        (str(k[0]), str(k[1]), int(k[2]), int(k[3])): (bool(passes), tuple(codes))
-        for k, passes, codes in answer.get("verdicts", [])
+    found: dict[Key, tuple[bool, tuple[str, ...], str]] = {
+        (str(k[0]), str(k[1]), int(k[2]), int(k[3])): (bool(passes), tuple(codes), str(reason))
+        for k, passes, codes, reason in answer.get("verdicts", [])
     }
     missing = [d.key_of for d in letters if d.key_of not in found]
     if missing:
@@ -210,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if should_ship(spark.sparkContext.master, args.ship_package):
             ship_package(spark)
         checked = recheck(spark, feed, letters)
-        answer["verdicts"] = [[list(v.letter.key_of), v.passes, list(v.reason_codes)] for v in checked.verdicts]
+        answer["verdicts"] = [[list(v.letter.key_of), v.passes, list(v.reason_codes), v.reason]
+                              for v in checked.verdicts]  # fmt: skip
         if request["phase"] == "stage":
             refused = [v for v in checked.verdicts if not v.passes]
             if refused:

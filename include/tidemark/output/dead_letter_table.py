@@ -21,12 +21,15 @@ The catalog and the table properties are passed in: this module sits below the p
 
 from __future__ import annotations
 
+import json
+import random
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from tidemark.errors import PublishError
+from tidemark.errors import ConfigError, PublishError
 from tidemark.staged import RAW_KEY_COLUMN, RAW_VALUE_COLUMN, REASON_CODES_COLUMN, REASON_COLUMN, reason_codes
 from tidemark.storage import Location
 
@@ -117,7 +120,7 @@ def open_table(catalog: Catalog, name: str, location: Location, properties: Mapp
     from pyiceberg.transforms import IdentityTransform
 
     try:
-        return _with(catalog.load_table(name), properties)
+        return _with(_evolved(catalog.load_table(name), name), properties)
     except NoSuchTableError:
         pass
     catalog.create_namespace_if_not_exists(name.split(".", 1)[0])
@@ -132,6 +135,23 @@ def open_table(catalog: Catalog, name: str, location: Location, properties: Mapp
     except TableAlreadyExistsError:
         pass  # created meanwhile by another run: use it
     return _with(catalog.load_table(name), properties)
+
+
+def _evolved(table: Table, name: str) -> Table:
+    """``table`` with every column of :func:`schema` (one a later Tidemark added is added, null in the rows before);
+    refused, naming it, when it is no dead-letter table (another table named by ``iceberg.dead_letters``)."""
+    have = {f.name for f in table.schema().fields}
+    if not {"plan_id", "reason", "offset"} <= have:
+        raise ConfigError(
+            f"Iceberg table {name}, named as the feed's dead-letter table (iceberg.dead_letters), is not one: it has "
+            f"no plan_id, offset and reason columns (its columns: {', '.join(sorted(have))}). Name a table of its "
+            "own (the default is <table>_dead_letters)"
+        )
+    if {f.name for f in schema()} <= have:
+        return table
+    with table.update_schema() as update:
+        update.union_by_name(schema())
+    return table.refresh()
 
 
 def _with(table: Table, properties: Mapping[str, str]) -> Table:
@@ -165,34 +185,42 @@ def append_plan(
     dead_lettered_at: datetime,
     snapshot_properties: Mapping[str, str],
     table_properties: Mapping[str, str],
+    expected: int,
 ) -> int:
     """Append plan ``plan_id``'s quarantine ``folder`` to the dead-letter table ``name`` once; the rows appended.
 
-    Nothing when the folder is empty or absent (the plan quarantined nothing: no table is
-    created for it) or the table already holds the plan's rows. The check and the append
-    are one compare-and-set on the metadata the table was loaded with: an append refused
-    because the table changed meanwhile is decided again on the new metadata.
+    Nothing when the plan quarantined nothing (``expected``: the quarantined records its
+    commit recorded; no table is created for it) or the table already holds the plan's rows.
+    A folder that holds another number of rows than ``expected`` (removed or cut after the
+    data's commit) is refused, naming it: its dead letters would be lost without a word. The
+    check and the append are one compare-and-set on the metadata the table was loaded with:
+    an append refused because the table changed meanwhile (another plan's append, a feed
+    sharing the table, maintenance) is decided again on the new metadata, after a pause.
     """
     import pyarrow as pa
     from pyiceberg.exceptions import CommitFailedException
 
-    files = quarantine_files(folder)
-    if not files:
-        return 0
     rows = []
-    for file, path in files:
+    for file, path in quarantine_files(folder):
         rows += file_rows(file, path, feed=feed, plan_id=plan_id, run_id=run_id, dead_lettered_at=dead_lettered_at)
+    if len(rows) != expected:
+        raise PublishError(
+            f"plan {plan_id} of feed '{feed}' is committed with {expected} quarantined records, but its quarantine "
+            f"folder {folder} holds {len(rows)}: restore the folder (its dead letters are appended to {name} from "
+            "it). The records are in Kafka at the plan's ranges while retention keeps them"
+        )
     if not rows:
         return 0
     data = pa.Table.from_pylist(rows, schema=schema())
-    for _ in range(ATTEMPTS):
-        table = open_table(catalog, name, location, table_properties)
-        if holds_plan(table, plan_id):
-            return 0
+    for attempt in range(ATTEMPTS):
         try:
+            table = open_table(catalog, name, location, table_properties)
+            if holds_plan(table, plan_id):
+                return 0
             table.append(data, snapshot_properties=dict(snapshot_properties))
-        except CommitFailedException:
-            continue  # another append or maintenance committed first: look at the rows again
+        except CommitFailedException:  # another writer committed first: look at the rows again
+            time.sleep(random.uniform(0, 0.2 * 2**attempt))  # spread the retries of writers racing
+            continue
         return int(data.num_rows)
     raise PublishError(
         f"Iceberg dead-letter table {name}: the append of plan {plan_id}'s dead letters was refused {ATTEMPTS} "
@@ -234,9 +262,15 @@ def aware(value: Any) -> datetime | None:
 
 
 def _bytes(value: Any) -> bytes | None:
+    """A key, value or header as bytes: raw bytes as they are, text as UTF-8, and a decoded record (a masked feed's
+    registry-format key or value, whose raw bytes the job nulled) as its JSON text."""
     if value is None:
         return None
-    return value.encode() if isinstance(value, str) else bytes(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    return json.dumps(value, sort_keys=True, default=str).encode()
 
 
 def _headers(value: Sequence[Any] | Iterable[Any] | None) -> list[tuple[str, bytes | None]]:

@@ -620,7 +620,8 @@ class IcebergPublisher:
         if done is not None:  # published by an earlier attempt: write nothing
             staging.discard()
             if run_id is None:  # that attempt committed at once, and may have crashed before its dead letters
-                self.append_dead_letters(plan.plan_id, done.extra.get("run_id"), done.published_at)
+                run = done.extra.get("run_id")
+                self.append_dead_letters(plan.plan_id, run, done.published_at, done.quarantined)
             return done
         # Checked again on the table the commit is based on: it may have changed since check_schema.
         decoded = self.table_arrow(staged.schema)
@@ -670,7 +671,7 @@ class IcebergPublisher:
         snapshot = table.current_snapshot()
         staging.discard()
         fault_point("iceberg.before_dead_letters")  # data committed, its dead letters not yet appended
-        self.append_dead_letters(plan.plan_id, None, _committed_at(snapshot))
+        self.append_dead_letters(plan.plan_id, None, _committed_at(snapshot), quarantined)
         return replace(
             manifest,
             extra={**manifest.extra, **done_extra, "snapshot_id": None if snapshot is None else snapshot.snapshot_id},
@@ -701,7 +702,8 @@ class IcebergPublisher:
             table = self.load()
             found = None if table is None else self._find(table, plan_id)
             if found is not None:  # committed by an earlier promotion, which may have crashed before its dead letters
-                self.append_dead_letters(plan_id, found.extra.get("run_id") or run_id, found.published_at)
+                run = found.extra.get("run_id") or run_id
+                self.append_dead_letters(plan_id, run, found.published_at, found.quarantined)
                 self._pending(plan_id, run_id).remove_file() if doc is not None else None
                 return found
             if doc is None or table is None:
@@ -719,9 +721,9 @@ class IcebergPublisher:
                 continue  # the table changed meanwhile: look at its ledger again
             snapshot = table.current_snapshot()
             fault_point("iceberg.before_dead_letters")  # data committed, its dead letters not yet appended
-            self.append_dead_letters(plan_id, run_id, _committed_at(snapshot))
-            self._pending(plan_id, run_id).remove_file()
             manifest = Manifest.from_dict(doc["manifest"])
+            self.append_dead_letters(plan_id, run_id, _committed_at(snapshot), manifest.quarantined)
+            self._pending(plan_id, run_id).remove_file()
             extra = {**manifest.extra, **done_extra, "snapshot_id": None if snapshot is None else snapshot.snapshot_id}
             return replace(manifest, extra=extra)
         raise PublishError(
@@ -730,9 +732,12 @@ class IcebergPublisher:
             "run commits it to the table before planning"
         )
 
-    def append_dead_letters(self, plan_id: str, run_id: str | None, committed_at: datetime | str) -> int:
-        """Append committed plan ``plan_id``'s quarantine folder to the feed's dead-letter table, unless the table
-        holds the plan's rows already; the rows appended (:func:`tidemark.output.dead_letter_table.append_plan`).
+    def append_dead_letters(
+        self, plan_id: str, run_id: str | None, committed_at: datetime | str, quarantined: int
+    ) -> int:
+        """Append committed plan ``plan_id``'s quarantine folder (``quarantined`` records, as its commit recorded) to
+        the feed's dead-letter table, unless the table holds the plan's rows already; the rows appended
+        (:func:`tidemark.output.dead_letter_table.append_plan`).
 
         Called after the plan's catalog commit, by the promotion and by every later promotion of
         the same plan (promote is re-entered after a crash), and by a job outside any run.
@@ -742,7 +747,7 @@ class IcebergPublisher:
         return append_plan(
             open_catalog(), self.dead_letters_name, self.dead_letters_location, self.quarantine / f"plan_id={plan_id}",
             feed=self.feed.name, plan_id=plan_id, run_id=run_id, dead_lettered_at=at, snapshot_properties=properties,
-            table_properties=NO_RETRY,
+            table_properties=NO_RETRY, expected=quarantined,
         )  # fmt: skip
 
     def dead_letter_table(self) -> Table | None:

@@ -32,6 +32,7 @@ import pytest
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import QUARANTINED, FaultEnv, Row, digest, scan
 from tests.support.poison import produce_with_poison, table_rows
+from tidemark.errors import PublishError
 from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.output.deadletters import DeadLetter, dead_letters, summarize
 from tidemark.runs.pipeline import commit_run, plan_run
@@ -236,7 +237,8 @@ def test_an_iceberg_feeds_dead_letters_survive_snapshot_expiry(fenv: FaultEnv) -
     publisher = IcebergPublisher(load_feed(fenv.feed))
     for plan_id, run_id in {(d.plan_id, d.run_id) for d in before}:
         assert run_id is not None
-        assert publisher.append_dead_letters(plan_id, run_id, datetime.now(UTC)) == 0
+        count = sum(1 for d in before if d.plan_id == plan_id)
+        assert publisher.append_dead_letters(plan_id, run_id, datetime.now(UTC), count) == 0
     assert assert_the_table_is_the_oracle(fenv) == as_rows(before)
 
 
@@ -264,6 +266,16 @@ def test_an_iceberg_feeds_dead_letter_table_is_appended_once_through_a_crash_bet
     assert table_rows(fenv) == Counter()
     first = as_rows(assert_exactly_the_oracle(fenv))  # read from the plan's quarantine folder meanwhile
     assert sum(first.values()) == 9
+
+    # The folder moved away meanwhile: the settle refuses, naming it, rather than append nothing and lose them.
+    folder = (publisher.quarantine / f"plan_id={crashed.plan_id}").local_path()
+    aside = folder.with_name(folder.name + ".aside")
+    folder.rename(aside)
+    refused = rf"plan {crashed.plan_id} .* 9 quarantined records, but its .*plan_id={crashed.plan_id} holds 0: restore"
+    with pytest.raises(PublishError, match=refused):
+        fenv.run()
+    assert table_rows(fenv) == Counter()
+    aside.rename(folder)
 
     handle, _, _ = fenv.run()  # settles the crashed run first: its promotion appends the dead letters
     assert handle.resumed == crashed.plan_id and handle.records == 0

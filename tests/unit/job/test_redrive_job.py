@@ -40,12 +40,20 @@ def test_dead_letters_round_trip_through_the_folder_byte_for_byte(tmp_path: Path
 def test_verdicts_come_back_by_key_and_a_failed_job_names_its_reason() -> None:
     def answers(folder: Path, records: int) -> None:
         assert records == 2 and len(read_letters(folder)) == 2
-        verdicts = [[list(LETTERS[1].key_of), False, ["rule(value)"]], [list(LETTERS[0].key_of), True, []]]
+        verdicts = [[list(LETTERS[1].key_of), False, ["rule(value)"], "rule(value): 'y' is refused"],
+                    [list(LETTERS[0].key_of), True, [], ""]]  # fmt: skip
         (folder / ANSWER_FILE).write_text(json.dumps({"verdicts": verdicts}))
 
     first, second = RedriveJob(answers).recheck(_feed(), LETTERS)
     assert (first.letter, first.passes, second.passes, second.reason_codes) == (LETTERS[0], True, False,
                                                                                 ("rule(value)",))  # fmt: skip
+    assert second.reason == "rule(value): 'y' is refused"  # the reason's text, as a local re-check gives it
+
+    def silent(folder: Path, records: int) -> None:
+        """A submitter whose driver ran elsewhere (cluster deploy mode): exit 0, nothing in this folder."""
+
+    with pytest.raises(RedriveJobError, match=r"gave no answer in its folder on this machine"):
+        RedriveJob(silent).stage(_feed(), LETTERS, SimpleNamespace(to_dict=dict), run_id="r", extra={})
 
     def fails(folder: Path, records: int) -> None:
         (folder / ANSWER_FILE).write_text(json.dumps({"error": "the registry cannot be reached"}))
