@@ -14,7 +14,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,15 +62,19 @@ def spark_submit_command(
     :data:`~tidemark.spark.session.SUBMIT_CONF` widens Spark's redaction to Tidemark's secret names.
     ``avro``: the feed decodes Avro (``from_avro``'s package is added).
     """
-    job = os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
-    return job_command(job, ["--plan", handle.plan_path, "--run-dir", handle.run_dir], name=f"tidemark-{handle.feed}",
-                       records=handle.records, master=master, class_archive=class_archive, avro=avro)  # fmt: skip
+    return job_command(_run_job_path(), ["--plan", handle.plan_path, "--run-dir", handle.run_dir],
+                       name=f"tidemark-{handle.feed}", records=handle.records, master=master,
+                       class_archive=class_archive, avro=avro)  # fmt: skip
+
+
+def _run_job_path() -> str:
+    """``spark_jobs/tidemark_job.py``, or the job ``TIDEMARK_SPARK_JOB`` names."""
+    return os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
 
 
 def redrive_job_path() -> str:
     """``spark_jobs/tidemark_redrive.py``, beside the run's job (``TIDEMARK_SPARK_JOB`` moves both)."""
-    job = os.environ.get("TIDEMARK_SPARK_JOB", str(package_root().parent / "spark_jobs" / "tidemark_job.py"))
-    return str(Path(job).with_name("tidemark_redrive.py"))
+    return str(Path(_run_job_path()).with_name("tidemark_redrive.py"))
 
 
 def job_command(job: str, args: Sequence[str], *, name: str, records: int, master: str | None,
@@ -107,18 +111,12 @@ def redrive_submitter(feed: Feed, *, master: str | None, progress: Progress = si
     from tidemark.job.redrive_job import LOG_FILE
 
     def run(folder: Path, records: int) -> None:
-        env, connections = split_env({**os.environ, "PYSPARK_PYTHON": sys.executable})
-        with driver_class_archive() as class_archive, secrets_file(connections) as path:
-            if path:
-                env[SECRETS_FILE_ENV] = path
-            cmd = job_command(redrive_job_path(), ["--work", str(folder)], name=f"tidemark-redrive-{feed.name}",
-                              records=records, master=master, class_archive=class_archive.option,
-                              avro=feed.deserialization.decodes_avro)  # fmt: skip
-            if cmd[2].startswith("local"):
-                env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # keep a local job on loopback
-            progress(f"re-checking {records} dead letters with Spark ({cmd[2]})")
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-            class_archive.succeeded = proc.returncode == 0
+        def command(class_archive: str) -> list[str]:
+            return job_command(redrive_job_path(), ["--work", str(folder)], name=f"tidemark-redrive-{feed.name}",
+                               records=records, master=master, class_archive=class_archive,
+                               avro=feed.deserialization.decodes_avro)  # fmt: skip
+
+        cmd, proc = _spark_submit(os.environ, command, f"re-checking {records} dead letters", progress)
         (folder / LOG_FILE).write_text(shlex.join(cmd) + "\n" + proc.stdout + proc.stderr)
         if proc.returncode != 0:
             raise TidemarkError(f"spark-submit exited {proc.returncode}: {_last_error_line(proc.stderr)}")
@@ -134,18 +132,14 @@ def submit(run: Run, connection: KafkaConnection, *, master: str | None, progres
     environment hold only its path.
     """
     handle = run.handle
-    env, connections = split_env({**os.environ, **connection.to_env(), "PYSPARK_PYTHON": sys.executable})
     started = time.monotonic()
-    with driver_class_archive() as class_archive, secrets_file(connections) as path:
-        if path:
-            env[SECRETS_FILE_ENV] = path
-        cmd = spark_submit_command(handle, master, class_archive=class_archive.option,
-                                   avro=run.feed.deserialization.decodes_avro)  # fmt: skip
-        if cmd[2].startswith("local"):
-            env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # keep a local job on loopback
-        progress(f"reading {handle.records} records with Spark ({cmd[2]})")
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-        class_archive.succeeded = proc.returncode == 0
+
+    def command(class_archive: str) -> list[str]:
+        return spark_submit_command(handle, master, class_archive=class_archive,
+                                    avro=run.feed.deserialization.decodes_avro)  # fmt: skip
+
+    _, proc = _spark_submit({**os.environ, **connection.to_env()}, command, f"reading {handle.records} records",
+                            progress)  # fmt: skip
     log = run.dir / "spark-submit.log"
     log.write_text(proc.stdout + proc.stderr)
     job = read_result(run.dir)
@@ -175,6 +169,28 @@ def run_empty(run: Run, connection: KafkaConnection, progress: Progress = silent
         raise ValidationFailedError(result.error)
     progress(f"nothing to read in plan {run.plan.plan_id}: no Spark application started")
     return result.to_dict()
+
+
+def _spark_submit(
+    environ: Mapping[str, str], command: Callable[[str], list[str]], doing: str, progress: Progress
+) -> tuple[list[str], subprocess.CompletedProcess[str]]:
+    """Run the ``spark-submit`` that ``command`` builds (given the driver's class archive option) and wait for it.
+
+    The connection variables of ``environ`` reach the driver in the private secrets file
+    (:mod:`tidemark.spark.secrets`): spark-submit's command line and environment hold only its
+    path. A local master stays on loopback. ``doing`` says what the job does, for ``progress``.
+    """
+    env, connections = split_env({**environ, "PYSPARK_PYTHON": sys.executable})
+    with driver_class_archive() as class_archive, secrets_file(connections) as path:
+        if path:
+            env[SECRETS_FILE_ENV] = path
+        cmd = command(class_archive.option)
+        if cmd[2].startswith("local"):
+            env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # keep a local job on loopback
+        progress(f"{doing} with Spark ({cmd[2]})")
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        class_archive.succeeded = proc.returncode == 0
+    return cmd, proc
 
 
 def _last_error_line(stderr: str) -> str:
