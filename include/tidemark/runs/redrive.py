@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tidemark.checkpoints.store import CheckpointStore, RunState
 from tidemark.config.models import Feed, load_feed
@@ -55,6 +55,7 @@ from tidemark.output import publisher_for
 from tidemark.output.base import Manifest, Publisher
 from tidemark.output.deadletters import (
     REDRIVE_FILE,
+    DeadLetter,
     Key,
     RedriveRecord,
     dead_letters,
@@ -111,6 +112,27 @@ def redrive_plan(record: RedriveRecord, feed: Feed, created_at: str) -> Plan:
                 isolation=feed.isolation, created_at=created_at, partitions=(), tasks=())  # fmt: skip
 
 
+@dataclass
+class _InSession:
+    """The re-drive's Spark work in ``spark``, this process's session, with :class:`RedriveJob`'s two steps: the
+    re-check keeps its frame, from which the staging writes the letters that passed."""
+
+    spark: SparkSession
+    publisher: Publisher
+    registry: RegistryConnection | None = None
+    checked: Recheck | None = None  # the last re-check's
+
+    def recheck(self, feed: Feed, letters: Sequence[DeadLetter]) -> tuple[Verdict, ...]:
+        self.checked = recheck(self.spark, feed, letters, self.registry)
+        return self.checked.verdicts
+
+    def stage(self, feed: Feed, letters: Sequence[DeadLetter], plan: Plan, *, run_id: str, extra: Mapping[str, Any],
+              log: Location | None = None) -> None:  # fmt: skip
+        """Stage ``letters``, the re-check's passing ones (its frame holds them decoded), pending for ``run_id``."""
+        assert self.checked is not None  # staged right after its re-check
+        stage_passing(self.checked, plan, feed, self.publisher, run_id=run_id, extra=extra)
+
+
 def redrive_feed(
     spark: SparkSession | RedriveJob,
     feed_name: str,
@@ -136,12 +158,8 @@ def redrive_feed(
     publisher = publisher_for(feed)
     settled_first = () if dry_run else settle_open_redrives(feed, publisher, store, progress=progress)
     letters = dead_letters(feed, since=since, reason=reason, store=store)
-    checked: Recheck | None = None
-    if isinstance(spark, RedriveJob):
-        verdicts = spark.recheck(feed, letters)
-    else:
-        checked = recheck(spark, feed, letters, registry)
-        verdicts = checked.verdicts
+    work = spark if isinstance(spark, RedriveJob) else _InSession(spark, publisher, registry)
+    verdicts = work.recheck(feed, letters)
     if dry_run:
         return RedriveOutcome(feed.name, None, None, None, 0, verdicts)
     taken = tuple(sorted(v.letter.key_of for v in verdicts if v.passes))
@@ -161,12 +179,8 @@ def redrive_feed(
     if taken:
         extra = {"redrive": {"run_id": run_id, "records": len(taken)}}
         try:
-            if isinstance(spark, RedriveJob):
-                spark.stage(feed, [v.letter for v in verdicts if v.passes], plan, run_id=run_id, extra=extra,
-                            log=run_dir / "spark-submit.log")  # fmt: skip
-            else:
-                assert checked is not None
-                stage_passing(checked, plan, feed, publisher, run_id=run_id, extra=extra)
+            work.stage(feed, [v.letter for v in verdicts if v.passes], plan, run_id=run_id, extra=extra,
+                       log=run_dir / "spark-submit.log")  # fmt: skip
         except RedriveJobError as exc:  # as a crash after staging: the row stays planned, the next re-drive settles
             write_status(run_dir, failed_at=datetime.now(UTC).isoformat(), error=f"re-drive {run_id}: {exc}")
             raise
@@ -180,7 +194,7 @@ def redrive_feed(
         fault_point("redrive.after_stage")  # staged pending, not shown, not recorded
     with store.commit_lock(feed.group):
         settled = settle_redrive(record, str(run_dir), feed, publisher=publisher, store=store)
-    path = _report(record, run_dir, feed, plan, settled, checked)
+    path = _report(record, run_dir, feed, plan, settled)
     published = 0 if settled.manifest is None or settled.manifest.reused else settled.manifest.records
     error = settled.events[-1].message if settled.state == "abandoned" and settled.events else None
     return RedriveOutcome(feed.name, run_id, redrive_id, settled.state, published, verdicts, str(path),
@@ -255,7 +269,7 @@ def settle_open_redrives(
             progress(f"settling re-drive {row.run_id} ({row.state}) first")
             settled = settle_redrive(record, row.run_dir, feed, publisher=publisher, store=store)
             plan = redrive_plan(record, feed, datetime.now(UTC).isoformat())
-            _report(record, Location.of(row.run_dir), feed, plan, settled, None)
+            _report(record, Location.of(row.run_dir), feed, plan, settled)
             done.append(row.run_id)
     return tuple(done)
 
@@ -265,9 +279,7 @@ def _handle(record: RedriveRecord, run_dir: Location) -> RunHandle:
                      run_dir=str(run_dir), mode=REDRIVE_MODE, commit=False, records=len(record.taken))  # fmt: skip
 
 
-def _report(
-    record: RedriveRecord, run_dir: Location, feed: Feed, plan: Plan, settled: Settled, checked: Recheck | None
-) -> Path | Location:
+def _report(record: RedriveRecord, run_dir: Location, feed: Feed, plan: Plan, settled: Settled) -> Path | Location:
     """The re-drive's report and ``run.json``, as :func:`record_end` writes any run's (events: what it took)."""
     shown = settled.manifest
     published = 0 if shown is None or shown.reused else shown.records
@@ -282,7 +294,7 @@ def _report(
     job = JobResult(
         record.redrive_id, feed.name, published=shown is not None, reused=bool(shown is not None and shown.reused),
         manifest=shown.to_dict() if shown is not None else None,
-        records_read=len(record.taken) + len(record.failing) if checked is None else len(checked.verdicts),
+        records_read=len(record.taken) + len(record.failing),  # every dead letter re-checked: it passes or fails
         records_published=published, records_quarantined=len(record.failing), events=[event],
     )  # fmt: skip
     return record_end(_handle(record, run_dir), plan, job, settled=settled).report_path
