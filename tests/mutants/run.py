@@ -540,7 +540,7 @@ MUTANTS = (
     ),
     Mutant(
         "avro-logical-types-unchecked",
-        "a decimal resolves only at equal precision and scale, a logical type only to itself",
+        "a decimal resolves only at its own scale with at least its precision, a logical type only to itself",
         (
             Edit(
                 AVRO,
@@ -548,7 +548,21 @@ MUTANTS = (
                 "None and _logical_incompatibility(parsed_reader, parsed_writer",
             ),
         ),
-        ("tests/integration/spark/test_avro_resolution.py::test_a_decimal_resolves_only_at_equal_precision_and_scale",),
+        (
+            "tests/integration/spark/test_avro_resolution.py::test_a_decimal_resolves_at_its_scale_with_at_least_its_precision",
+        ),
+    ),
+    Mutant(
+        "avro-decimal-narrowed-accepted",
+        "a decimal read with a lower precision than it was written with is refused (a value may not fit)",
+        (
+            Edit(
+                AVRO, "mine.getPrecision() >= theirs.getPrecision()", "mine.getPrecision() >= theirs.getPrecision() - 1"
+            ),
+        ),
+        (
+            "tests/integration/spark/test_avro_resolution.py::test_a_decimal_resolves_at_its_scale_with_at_least_its_precision",
+        ),
     ),
     Mutant(
         "protobuf-map-values-unchecked",

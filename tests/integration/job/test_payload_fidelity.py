@@ -85,6 +85,39 @@ def test_avro_decimal_read_at_another_scale_is_refused_naming_subject_versions_a
     )  # fmt: skip
 
 
+@pytest.mark.parametrize(("writer", "reader"), [((12, 3), (14, 3)), ((12, 3), (12, 3))])
+def test_avro_decimal_widened_at_the_same_scale_publishes_every_value_exactly(
+    env: RegistryEnv, writer: tuple[int, int], reader: tuple[int, int]
+) -> None:
+    # decimal(12,3) read as decimal(14,3): the unscaled bytes mean the same number at the same scale, and every
+    # value of the writer fits the reader; Avro's own compatibility check accepts it and producers make the change.
+    v1, v2 = env.serializer(_decimal_order(*writer)), env.serializer(_decimal_order(*reader))
+    amounts = [Decimal("123456789.123"), Decimal("-999999999.999"), Decimal("0.001"), Decimal("0.000")]
+    env.produce([v1({"id": i, "amount": a}) for i, a in enumerate(amounts)], 0)
+    widest = Decimal("12345678901.234") if reader[0] >= 14 else Decimal("987654321.234")  # the reader's digits
+    env.produce([v2({"id": 10, "amount": widest})], 1)
+
+    env.run()
+
+    published = {k: (r["id"], r["amount"]) for k, r in env.published().items()}
+    scanned = {k: (v["id"], v["amount"]) for k, v in env.scan(_decimal_order(*reader)).items()}
+    assert published == scanned and len(published) == 5
+    assert published[(0, 1)] == (1, Decimal("-999999999.999"))
+    assert published[(1, 0)] == (10, widest)
+
+
+def test_avro_decimal_narrowed_at_the_same_scale_is_refused_naming_the_field(env: RegistryEnv) -> None:
+    # decimal(14,3) read as decimal(12,3): a written value may not fit the reader, so the change is refused.
+    v1, v2 = env.serializer(_decimal_order(14, 3)), env.serializer(_decimal_order(12, 3))
+    env.produce([v1({"id": 1, "amount": Decimal("12345678901.234")})], 0)
+    env.produce([v2({"id": 2, "amount": Decimal("1.000")})], 1)
+
+    with pytest.raises(Exception, match="cannot be read with the reader schema") as info:
+        env.run()
+
+    env.assert_refused(info, "field 'Order.amount': written as decimal(14,3), read as decimal(12,3)")
+
+
 def _line_order_classes(qty: str) -> Any:
     """``shop.Order`` with ``map<string, Line> lines`` whose ``Line.qty`` has type ``qty``."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory

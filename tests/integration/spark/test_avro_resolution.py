@@ -31,11 +31,37 @@ def _record(amount: Any, *, wrap: str = "plain") -> str:
 
 
 @pytest.mark.parametrize("wrap", ["plain", "nullable", "nested", "array", "map"])
-def test_a_decimal_resolves_only_at_equal_precision_and_scale(spark: Any, wrap: str) -> None:
-    assert _incompatibility(spark, _record(_decimal(10, 2), wrap=wrap), _record(_decimal(10, 2), wrap=wrap)) is None
-    problem = _incompatibility(spark, _record(_decimal(12, 4), wrap=wrap), _record(_decimal(10, 2), wrap=wrap))
-    assert problem is not None and "Order.amount" in problem, problem
-    assert "written as decimal(10,2), read as decimal(12,4)" in problem
+def test_a_decimal_resolves_at_its_scale_with_at_least_its_precision(spark: Any, wrap: str) -> None:
+    def problem(reader: tuple[int, int], writer: tuple[int, int]) -> str | None:
+        return _incompatibility(spark, _record(_decimal(*reader), wrap=wrap), _record(_decimal(*writer), wrap=wrap))
+
+    assert problem((10, 2), (10, 2)) is None
+    assert problem((11, 2), (10, 2)) is None  # one digit wider at the same scale: every value fits
+    assert problem((14, 3), (12, 3)) is None
+    narrowed = problem((9, 2), (10, 2))  # one digit narrower: a written value may not fit
+    assert narrowed is not None and "written as decimal(10,2), read as decimal(9,2)" in narrowed, narrowed
+    rescaled = problem((12, 4), (10, 2))  # another scale: the unscaled bytes would mean another number
+    assert rescaled is not None and "Order.amount" in rescaled, rescaled
+    assert "written as decimal(10,2), read as decimal(12,4)" in rescaled
+
+
+def _fixed_decimal(size: int, precision: int, scale: int) -> dict[str, Any]:
+    return {"type": "fixed", "name": f"D{size}", "size": size, "logicalType": "decimal", "precision": precision,
+            "scale": scale}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("reader", "writer", "refused"),
+    [
+        (_fixed_decimal(8, 14, 3), _fixed_decimal(8, 12, 3), False),  # fixed of one size: widened as bytes are
+        (_fixed_decimal(8, 12, 3), _fixed_decimal(8, 14, 3), True),
+        (_fixed_decimal(8, 12, 3), _decimal(12, 3), True),  # bytes and fixed do not resolve to each other in Avro
+        (_decimal(12, 3), _fixed_decimal(8, 12, 3), True),
+    ],
+)
+def test_fixed_and_bytes_decimals_resolve_as_the_spec_says(spark: Any, reader: Any, writer: Any, refused: bool) -> None:
+    problem = _incompatibility(spark, _record(reader), _record(writer))
+    assert (problem is not None) == refused, problem
 
 
 MILLIS = {"type": "long", "logicalType": "timestamp-millis"}
