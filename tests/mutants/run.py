@@ -700,6 +700,21 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "partition-empty-string-in-the-null-folder",
+        "no Iceberg data file holds both an empty string and null in its partition field (IsNull finds every null)",
+        (
+            Edit(
+                "include/tidemark/output/partitioning.py",
+                'return F.when(value == F.lit(""), F.lit(EMPTY_FOLDER)).otherwise(value)',
+                "return value",
+            ),
+        ),
+        (
+            "tests/integration/output/test_value_partitioning.py::"
+            "test_iceberg_never_mixes_an_empty_string_and_null_in_one_file_so_every_filter_finds_its_rows",
+        ),
+    ),
+    Mutant(
         "partition-folders-by-session-zone",
         "each record is in the partition its field says, in UTC (a folder per UTC day, whatever the session's zone)",
         (

@@ -19,8 +19,10 @@ value:
   (``order_ts_day=2026-11-27/``).
 
 A record whose field is null goes to the null partition (Spark's ``__HIVE_DEFAULT_PARTITION__``
-folder; no Iceberg partition value). The folder values are computed from the records alone, in
-UTC, so a rerun of a plan puts each record in the same partition. A registry format's fields
+folder; no Iceberg partition value); an empty string to its own folder, :data:`EMPTY_FOLDER`
+(Spark would put it in the null one), so no file holds both and an Iceberg file's partition
+value, which ``add_files`` takes from its column statistics, is that of every row in it. The
+folder values are computed from the records alone, in UTC, so a rerun of a plan puts each record in the same partition. A registry format's fields
 are known only from the run's reader schema: :func:`partition_fields` checks them then, with
 the same rule the feed file's check uses (:func:`tidemark.config.models.partition_refusal`).
 """
@@ -46,6 +48,9 @@ if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
 
 TIMESTAMP_COLUMN = "timestamp"  # the record's Kafka timestamp
+# The folder of an empty string: Spark puts "" in the null folder (__HIVE_DEFAULT_PARTITION__), so a file would hold
+# both and Iceberg would give it the partition value "" (its column statistics): a null filter would miss its nulls.
+EMPTY_FOLDER = "__TIDEMARK_EMPTY_STRING__"
 # How a time partition's folder is named (in UTC): one folder, one partition value.
 TIME_FOLDERS = {"hour": "yyyy-MM-dd-HH", "day": "yyyy-MM-dd", "month": "yyyy-MM", "year": "yyyy"}
 
@@ -146,7 +151,15 @@ def partition_fields(
 
 
 def folder_value(part: PartitionField, schema: StructType) -> Column:
-    """The Spark expression of ``part``'s folder value: one value per partition (run in a UTC session)."""
+    """The Spark expression of ``part``'s folder value: one value per partition (run in a UTC session); an empty
+    string's folder is :data:`EMPTY_FOLDER`, never null's."""
+    from pyspark.sql import functions as F
+
+    value = _partition_value(part, schema)
+    return F.when(value == F.lit(""), F.lit(EMPTY_FOLDER)).otherwise(value)
+
+
+def _partition_value(part: PartitionField, schema: StructType) -> Column:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 

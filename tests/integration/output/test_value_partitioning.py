@@ -316,3 +316,47 @@ def test_an_avro_feed_partitions_by_its_reader_schemas_field_and_a_missing_one_i
     rows = folder_rows(plan)
     assert sorted(r["id"] for _, r in rows.values()) == list(range(6))
     assert all(folders == {"id_trunc": str(r["id"] - r["id"] % 2)} for folders, r in rows.values())
+
+
+def test_iceberg_never_mixes_an_empty_string_and_null_in_one_file_so_every_filter_finds_its_rows(
+    fenv: FaultEnv,
+) -> None:
+    """``""`` and null are two partition values: Spark's folders used to put both in one file, whose partition value
+    (from its column statistics) was ``""``, so ``IsNull`` missed the nulls. Each filter is checked with pyiceberg's
+    own scan against the scan of the topic, on both sides of the empty string (``""`` against ``" "`` and null)."""
+    from pyiceberg.expressions import EqualTo, GreaterThanOrEqual, IsNull, LessThan, NotNull
+
+    fenv.use_iceberg("tidemark.empty_or_null")
+    write_feed(fenv, "iceberg", {"field": "country"}, table="tidemark.empty_or_null")
+    countries = ("DE", "", None, " ", "", None, "FR", None)
+    records = [
+        Record(json.dumps({"id": i, "country": countries[i % len(countries)], "order_ts": None, "order_ms": None})
+               .encode(), key=f"k{i}".encode(), partition=i % fenv.partitions)
+        for i in range(24)
+    ]  # fmt: skip
+    fenv.kafka.produce(fenv.topic, records)
+    _, _, outcome = fenv.run()
+    assert outcome.committed
+    expected = assert_table_is_the_scan(fenv)
+    table = table_of(fenv)
+
+    for path_partition in table_partitions(table).values():  # every data file holds one partition value
+        assert path_partition[1]["country"] in {"DE", "", None, " ", "FR"}
+    files = table.inspect.files().to_pylist()
+    for f in files:
+        values = set(pq.read_table(f["file_path"].removeprefix("file://"), columns=["country"]).column(0).to_pylist())
+        assert values == {f["partition"]["country"]}, (f["file_path"], values, f["partition"])
+
+    def found(row_filter: Any) -> set[Key]:
+        rows = table.scan(row_filter=row_filter, selected_fields=("partition", "offset")).to_arrow().to_pylist()
+        return {(r["partition"], r["offset"]) for r in rows}
+
+    def where(test: Any) -> set[Key]:
+        return {k for k, d in expected.items() if test(d["country"])}
+
+    assert found(IsNull("country")) == where(lambda c: c is None) and len(where(lambda c: c is None)) == 9
+    assert found(NotNull("country")) == where(lambda c: c is not None)
+    assert found(EqualTo("country", "")) == where(lambda c: c == "") and len(where(lambda c: c == "")) == 6
+    assert found(EqualTo("country", " ")) == where(lambda c: c == " ")
+    assert found(LessThan("country", " ")) == where(lambda c: c is not None and c < " ")  # "" only
+    assert found(GreaterThanOrEqual("country", " ")) == where(lambda c: c is not None and c >= " ")
