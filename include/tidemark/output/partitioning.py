@@ -19,12 +19,13 @@ value:
   (``order_ts_day=2026-11-27/``).
 
 A record whose field is null goes to the null partition (Spark's ``__HIVE_DEFAULT_PARTITION__``
-folder; no Iceberg partition value); an empty string to its own folder, :data:`EMPTY_FOLDER`
-(Spark would put it in the null one), so no file holds both and an Iceberg file's partition
-value, which ``add_files`` takes from its column statistics, is that of every row in it. The
-folder values are computed from the records alone, in UTC, so a rerun of a plan puts each record in the same partition. A registry format's fields
-are known only from the run's reader schema: :func:`partition_fields` checks them then, with
-the same rule the feed file's check uses (:func:`tidemark.config.models.partition_refusal`).
+folder; no Iceberg partition value); an empty string to its own folder, :data:`EMPTY_FOLDER` (Spark
+would put it in the null one), so no file holds both and an Iceberg file's partition value, which
+``add_files`` takes from its column statistics, is that of every row in it. The folder values are
+computed from the records alone, in UTC, so a rerun of a plan puts each record in the same
+partition. A registry format's fields are known only from the run's reader schema:
+:func:`partition_fields` checks them then, with the same rule the feed file's check uses
+(:func:`tidemark.config.models.partition_refusal`).
 """
 
 from __future__ import annotations
