@@ -19,6 +19,7 @@ from typing import Literal
 
 FAULTS_ENV = "TIDEMARK_FAULTS"
 FaultPoint = Literal[
+    "job.after_stage",
     "job.after_publish",
     "iceberg.before_commit",
     "iceberg.before_dead_letters",
@@ -27,6 +28,7 @@ FaultPoint = Literal[
     "commit.before_show",
     "redrive.after_stage",
     "redrive.before_record",
+    "discard.before_pending",
 ]
 
 

@@ -163,20 +163,44 @@ def local_staging_base(output: Location) -> Path:
     return base / hashlib.sha256(output.url.encode()).hexdigest()[:16]
 
 
-def prepare_staging_base(base: Path, plan_id: str) -> Path:
-    """``base``, created, without what crashed attempts of ``plan_id`` left there."""
-    for leftover in base.glob(f"{plan_id}.*"):
+def staging_name(plan_id: str, run_id: str | None, nonce: str) -> str:
+    """A staging folder's name: ``<run id>.<nonce>`` for a run's job (its own, whatever other run shares the plan
+    id), ``<plan id>.<nonce>`` for a job outside any run."""
+    return f"{run_id or plan_id}.{nonce}"
+
+
+def prepare_staging_base(base: Path, plan_id: str, run_id: str | None = None) -> Path:
+    """``base``, created, without what crashed attempts of run ``run_id`` (else of a job of ``plan_id`` outside any
+    run) left there; never another run's folder."""
+    for leftover in base.glob(f"{run_id or plan_id}.*"):
         shutil.rmtree(leftover, ignore_errors=True)
     base.mkdir(parents=True, exist_ok=True)
     return base
 
 
-def prepare_remote_staging(base: Location, plan_id: str) -> Location:
-    """``base`` without what crashed attempts of ``plan_id`` left there on the object store."""
+def prepare_remote_staging(base: Location, plan_id: str, run_id: str | None = None) -> Location:
+    """``base`` without what crashed attempts of run ``run_id`` (else of ``plan_id`` outside any run) left there on
+    the object store."""
     for leftover in base.children(folders_only=True):
-        if leftover.name.startswith(f"{plan_id}."):
+        if leftover.name.startswith(f"{run_id or plan_id}."):
             leftover.remove_tree()
     return base
+
+
+def remove_run_staging(local: Path, remote: Location | None, run_id: str) -> None:
+    """Delete every staging folder of run ``run_id`` under ``local`` (the driver's base) and ``remote`` (the object
+    store's ``<output>/_staging/``): named by the run (:func:`staging_name`), so only its own. Best effort: what an
+    unreachable store keeps is removed by the next promotion or discard of the run."""
+    for leftover in local.glob(f"{run_id}.*") if local.exists() else []:
+        shutil.rmtree(leftover, ignore_errors=True)
+    if remote is None:
+        return
+    try:
+        for leftover in remote.children(folders_only=True):
+            if leftover.name.startswith(f"{run_id}."):
+                leftover.remove_tree()
+    except (StateStoreError, FileNotFoundError):
+        pass
 
 
 def name_by_place(staging: Path, attempt: str | None = None) -> None:

@@ -32,6 +32,7 @@ import pytest
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import QUARANTINED, FaultEnv, Row, digest, scan
 from tests.support.poison import produce_with_poison, table_rows
+from tidemark.checkpoints.store import open_store
 from tidemark.errors import StuckRunError
 from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.output.deadletters import DeadLetter, dead_letters, summarize
@@ -268,7 +269,8 @@ def test_an_iceberg_feeds_dead_letter_table_is_appended_once_through_a_crash_bet
     assert sum(first.values()) == 9
 
     # The folder moved away meanwhile: the settle refuses, naming it, rather than append nothing and lose them.
-    folder = (publisher.quarantine / f"plan_id={crashed.plan_id}").local_path()
+    folder = publisher.quarantine_folder(crashed.plan_id, crashed.run_id).local_path()
+    assert folder.parent.name == f"run_id={crashed.run_id}"  # the run's own folder
     aside = folder.with_name(folder.name + ".aside")
     folder.rename(aside)
     refused = rf"plan {crashed.plan_id} .* 9 quarantined records, but its .*plan_id={crashed.plan_id} holds 0: restore"
@@ -309,3 +311,39 @@ def test_an_iceberg_feeds_dead_letter_table_is_appended_once_through_a_crash_bet
                                                  if d.plan_id == newest.plan_id}  # fmt: skip
     assert sum(as_rows(assert_exactly_the_oracle(fenv)).values()) == 15 + sum(table_rows(fenv).values())
     fenv.check("dead-letter table through a crash between its two commits")
+
+
+@pytest.mark.parametrize("output", ["parquet", "iceberg"])
+def test_two_runs_of_one_plan_keep_their_own_quarantine_through_a_refusal(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch, output: str
+) -> None:
+    """Two runs plan the same ranges (one plan id). Run A stages and dies before its commit; run B stages, commits
+    the group and dies before the show. The next run settles A first: its commit is refused and its discard drops
+    what A staged, and only that; then B is shown with every one of its dead letters, appended once."""
+    from tidemark.config.models import load_feed
+    from tidemark.output import publisher_for
+
+    if output == "iceberg":
+        fenv.use_iceberg(f"dl.s_{fenv.topic.replace('-', '_')}")
+    produce_with_poison(fenv, 30)
+    a = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    b = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    assert a.plan_id == b.plan_id and a.run_id != b.run_id
+    fenv.in_process(a, fenv.kafka.connection)  # A staged, then its process died before the commit
+    fenv.in_process(b, fenv.kafka.connection)
+    monkeypatch.setenv(FAULTS_ENV, "commit.before_show")
+    with pytest.raises(InjectedFault):
+        commit_run(b, fenv.kafka.connection, root=fenv.root)
+    monkeypatch.delenv(FAULTS_ENV)
+    assert fenv.committed() == {0: 10, 1: 10, 2: 10}
+
+    handle, _, outcome = fenv.run()  # settles A (refused, discarded), then shows B
+    assert handle.resumed == b.plan_id and handle.records == 0 and outcome.committed
+    store = open_store(root=fenv.root)
+    assert [store.run(fenv.group, r).state for r in (a.run_id, b.run_id)] == ["abandoned", "shown"]  # type: ignore[union-attr]
+    publisher = publisher_for(load_feed(fenv.feed), b.plan())
+    assert publisher.staged(a.plan_id, a.run_id) is None and publisher.staged(b.plan_id, b.run_id) is None
+    letters = assert_exactly_the_oracle(fenv)
+    assert len(letters) == 9 and {d.run_id for d in letters} == {b.run_id}
+    assert assert_the_table_is_the_oracle(fenv) == as_rows(letters)
+    fenv.check(f"two runs of one plan ({output})")
