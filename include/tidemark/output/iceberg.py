@@ -731,7 +731,7 @@ class IcebergPublisher:
                 run = found.extra.get("run_id") or run_id
                 folder = self._pending_quarantine(doc, plan_id, run_id) if doc is not None and run == run_id else None
                 self.append_dead_letters(plan_id, run, found.published_at, found.quarantined, folder)
-                self._pending(plan_id, run_id).remove_file() if doc is not None else None
+                self._remove_pending(plan_id, run_id) if doc is not None else None
                 return found
             if doc is None or table is None:
                 raise PublishError(
@@ -751,7 +751,7 @@ class IcebergPublisher:
             manifest = Manifest.from_dict(doc["manifest"])
             self.append_dead_letters(plan_id, run_id, _committed_at(snapshot), manifest.quarantined,
                                      self._pending_quarantine(doc, plan_id, run_id))  # fmt: skip
-            self._pending(plan_id, run_id).remove_file()
+            self._remove_pending(plan_id, run_id)
             extra = {**manifest.extra, **done_extra, "snapshot_id": None if snapshot is None else snapshot.snapshot_id}
             return replace(manifest, extra=extra)
         raise PublishError(
@@ -814,7 +814,7 @@ class IcebergPublisher:
         if found is not None and found.extra.get("run_id") == run_id:  # its files and dead letters are the table's
             if doc is None:
                 return None
-            self._pending(plan_id, run_id).remove_file()
+            self._remove_pending(plan_id, run_id)
             return Manifest.from_dict(doc["manifest"])
         for path in doc["paths"] if doc is not None else ():
             with contextlib.suppress(FileNotFoundError, StateStoreError):
@@ -825,8 +825,16 @@ class IcebergPublisher:
         if doc is None:
             return None
         fault_point("discard.before_pending")  # the run's own files removed, its pending record not yet
-        self._pending(plan_id, run_id).remove_file()
+        self._remove_pending(plan_id, run_id)
         return Manifest.from_dict(doc["manifest"])
+
+    def _remove_pending(self, plan_id: str, run_id: str) -> None:
+        """Delete run ``run_id``'s pending record of ``plan_id``, and its folder once empty (locally)."""
+        record = self._pending(plan_id, run_id)
+        record.remove_file()
+        if record.is_local:
+            with contextlib.suppress(OSError):
+                record.local_path().parent.rmdir()
 
     def _pending_quarantine(self, doc: Mapping[str, Any], plan_id: str, run_id: str) -> Location:
         """The quarantine folder a pending record names (the run's own, or where an older Tidemark put it)."""

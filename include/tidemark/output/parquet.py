@@ -661,6 +661,8 @@ def discard(output: Where, plan_id: str, key: str) -> Manifest | None:
     if root.is_local:
         fault_point("discard.before_pending")  # the run's staging removed, its pending publication not yet
         shutil.rmtree(pending.local_path(), ignore_errors=True)
+        with contextlib.suppress(OSError):  # the run's pending folder, now empty (another plan's keeps it)
+            pending.local_path().parent.rmdir()
         return staged
     if staged is not None:
         shown = load_manifest(root, plan_id)

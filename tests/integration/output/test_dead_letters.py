@@ -347,3 +347,49 @@ def test_two_runs_of_one_plan_keep_their_own_quarantine_through_a_refusal(
     assert len(letters) == 9 and {d.run_id for d in letters} == {b.run_id}
     assert assert_the_table_is_the_oracle(fenv) == as_rows(letters)
     fenv.check(f"two runs of one plan ({output})")
+
+
+def test_abandoning_a_run_stuck_after_its_table_commit_keeps_its_records_and_leaves_nothing_pending(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run crashed between its catalog commit and its dead letters' append, and its quarantine folder is lost: the
+    feed is stuck. ``tidemark abandon`` gives it up without an error: its records stay in the table (what is shown
+    is never taken back), the run is recorded shown, no pending record is left, and the feed goes on."""
+    import shutil
+
+    from tests.faults.harness import GOOD
+    from tidemark.cli import main
+    from tidemark.config.models import load_feed
+    from tidemark.output.iceberg import IcebergPublisher
+    from tidemark.storage import Location
+
+    fenv.use_iceberg(f"dl.a_{fenv.topic.replace('-', '_')}")
+    produce_with_poison(fenv, 30)
+    stuck = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(stuck, fenv.kafka.connection)
+    monkeypatch.setenv(FAULTS_ENV, "iceberg.before_dead_letters")
+    with pytest.raises(InjectedFault):
+        commit_run(stuck, fenv.kafka.connection, root=fenv.root)
+    monkeypatch.delenv(FAULTS_ENV)
+    for folder in Path(f"{fenv.output}.quarantine").rglob(f"plan_id={stuck.plan_id}"):
+        shutil.rmtree(folder)  # the run's dead letters are lost
+    with pytest.raises(StuckRunError, match=f"tidemark abandon {fenv.feed} {stuck.run_id}"):
+        fenv.run()
+
+    capsys.readouterr()
+    assert main(["abandon", fenv.feed, stuck.run_id, "--reason", "quarantine folder lost"]) == 0
+    said = capsys.readouterr().out
+    assert f"run {stuck.run_id}" in said and "they stay there" in said and "9 quarantined records" in said
+    publisher = IcebergPublisher(load_feed(fenv.feed))
+    assert publisher.staged(stuck.plan_id, stuck.run_id) is None
+    assert not [n for n, _ in Location.of(f"{fenv.output}.pending").files()]  # no pending record left behind
+    assert open_store(root=fenv.root).run(fenv.group, stuck.run_id).state == "shown"  # type: ignore[union-attr]
+
+    produce_with_poison(fenv, 15)
+    handle, _, outcome = fenv.run()  # not stuck: the feed goes on from the group
+    assert outcome.committed and handle.records == 15 and fenv.committed() == {0: 15, 1: 15, 2: 15}
+    expected, kinds = fenv.expect({tp: (0, 15) for tp in fenv.tps()})
+    good = fenv.published_by_kind()[GOOD]
+    assert good == Counter({r: n for r, n in expected.items() if kinds[r] == GOOD})  # every good record once
+    newer = {(d.topic, d.partition, d.offset) for d in dead_letters(fenv.feed)}
+    assert newer == {r[:3] for r in oracle_bad(fenv) if r[2] >= 10}  # the lost folder's letters alone are missing
