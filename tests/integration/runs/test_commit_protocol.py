@@ -114,14 +114,17 @@ def test_a_refused_run_whose_discard_fails_does_not_wedge_the_feed(
         commit_run(loser, fenv.kafka.connection, root=fenv.root)
     monkeypatch.undo()
     fenv.install(monkeypatch)
-    assert open_store(root=fenv.root).run(fenv.group, loser.run_id).state == "abandoned"  # type: ignore[union-attr]
-    for _ in range(2):  # the later runs are not stuck on the refused one
+    store = open_store(root=fenv.root)
+    assert store.run(fenv.group, loser.run_id).state == "discarding"  # type: ignore[union-attr]  # owed
+    for _ in range(2):  # the later runs are not stuck on the refused one: the first finishes its discard
         fenv.produce(3)
         _, _, outcome = fenv.run()
         assert outcome.committed
+        assert store.run(fenv.group, loser.run_id).state == "abandoned"  # type: ignore[union-attr]
+        assert not list(Path(fenv.output, "_pending").glob(f"{loser.run_id}/plan_id=*"))
     assert fenv.committed() == {0: 6, 1: 6, 2: 6}
     assert_output_is_the_scan(fenv)
-    # The refused run's own retry finishes the discard it owes; its records were never shown.
+    # The refused run's own retry finds it given up; its records were never shown.
     with pytest.raises(TidemarkError):
         commit_run(loser, fenv.kafka.connection, root=fenv.root)
     assert not list(Path(fenv.output, "_pending").glob(f"{loser.run_id}/plan_id=*"))
