@@ -166,8 +166,9 @@ class Publisher(Protocol):
         own files; what was dropped, or ``None``. Idempotent: a discard cut short is finished by calling it again."""
         ...
 
-    def clear_staging(self, run_id: str) -> None:
-        """Remove what run ``run_id``'s jobs left in staging (a job that died), and nothing of another run."""
+    def clear_staging(self, run_id: str, *, dead_only: bool = False) -> None:
+        """Remove what run ``run_id``'s jobs left in staging, and nothing of another run; ``dead_only`` (the run is
+        still open): only folders no live job holds."""
         ...
 
 

@@ -91,6 +91,7 @@ from tidemark.output.partitioning import (
 from tidemark.output.staging import (
     Staging,
     local_staging_base,
+    make_root,
     name_by_place,
     parquet_writer,
     prepare_remote_staging,
@@ -570,14 +571,13 @@ class IcebergPublisher:
         # On the store Spark stages under <location>/_staging/, which no snapshot references:
         # orphan-file removal may take it only once it is older than the run.
         name = staging_name(plan_id, run_id, uuid.uuid4().hex[:12])
-        root = prepare_staging_base(local_staging_base(self.location), plan_id, run_id) / name
-        root.mkdir()
+        root = make_root(prepare_staging_base(local_staging_base(self.location), plan_id, run_id), name)
         remote = prepare_remote_staging(self.location / STAGING_DIR, plan_id, run_id) / name if on_store else None
         return Staging(self.location, plan_id, root, remote)
 
-    def clear_staging(self, run_id: str) -> None:
-        remove_run_staging(local_staging_base(self.location),
-                           None if self.location.is_local else self.location / STAGING_DIR, run_id)  # fmt: skip
+    def clear_staging(self, run_id: str, *, dead_only: bool = False) -> None:
+        remove_run_staging(local_staging_base(self.location), None if self.location.is_local
+                           else self.location / STAGING_DIR, run_id, dead_only=dead_only)  # fmt: skip
 
     # -- the quarantine: one folder per run, beside the table ---------------------------------
 

@@ -69,6 +69,7 @@ from tidemark.output.partitioning import PartitionField, folder_value, partition
 from tidemark.output.staging import (
     Staging,
     local_staging_base,
+    make_root,
     name_by_place,
     parquet_writer,
     prepare_remote_staging,
@@ -213,15 +214,16 @@ def new_staging(output: Where, plan_id: str, on_store: bool = False, run_id: str
     remote = prepare_remote_staging(output / STAGING_DIR, plan_id, run_id) / name if on_store else None
     base = (prepare_staging_base(local_staging_base(output), plan_id, run_id) if on_store
             else _staging_root(output, plan_id, run_id))  # fmt: skip
-    (base / name).mkdir()
-    return Staging(output, plan_id, base / name, remote)
+    return Staging(output, plan_id, make_root(base, name), remote)
 
 
-def clear_staging(output: Where, run_id: str) -> None:
+def clear_staging(output: Where, run_id: str, *, dead_only: bool = False) -> None:
     """Remove what run ``run_id``'s jobs left in ``output``'s staging: the driver's folders (``<output>/_staging/``
-    locally, else the local staging base) and, on an object store, ``<output>/_staging/``."""
+    locally, else the local staging base) and, on an object store, ``<output>/_staging/``; ``dead_only``: only
+    what no live job holds (:func:`tidemark.output.staging.remove_run_staging`)."""
     output = Location.of(output)
-    remove_run_staging(staging_base(output), None if output.is_local else output / STAGING_DIR, run_id)
+    remove_run_staging(staging_base(output), None if output.is_local else output / STAGING_DIR, run_id,
+                       dead_only=dead_only)  # fmt: skip
 
 
 def publish_staged(
@@ -735,5 +737,5 @@ class ParquetPublisher:
     def discard(self, plan_id: str, run_id: str) -> Manifest | None:
         return discard(self.location, plan_id, run_id)
 
-    def clear_staging(self, run_id: str) -> None:
-        clear_staging(self.location, run_id)
+    def clear_staging(self, run_id: str, *, dead_only: bool = False) -> None:
+        clear_staging(self.location, run_id, dead_only=dead_only)

@@ -253,14 +253,19 @@ def settle_before_planning(
 
 
 def from_run_dirs(publisher_of: Callable[[Plan], Publisher]) -> Callable[[LedgerRun], tuple[Plan, Publisher] | None]:
-    """For :func:`settle_open_runs`: a ledger row's plan (its run dir's copy; ``None`` when gone) and publisher."""
+    """For :func:`settle_open_runs`: a ledger row's plan (its run dir's copy; ``None`` when gone) and publisher.
+
+    Loading an open run removes what its dead jobs left in staging (a job killed mid-write: raw bytes included),
+    never a folder a live job holds (:func:`tidemark.output.staging.remove_run_staging`)."""
 
     def load(row: LedgerRun) -> tuple[Plan, Publisher] | None:
         path = Location.of(row.run_dir) / PLAN_FILE
         if not path.exists():
             return None
         plan = read_plan(path)
-        return plan, publisher_of(plan)
+        publisher = publisher_of(plan)
+        publisher.clear_staging(row.run_id, dead_only=True)  # what a job of the run that died left in staging
+        return plan, publisher
 
     return load
 
@@ -292,10 +297,11 @@ def settle_open_runs(
                 # then what its jobs left in staging is discarded like any given-up run's.
                 why = "its plan is gone" if loaded is None else _moved_before_staging(row, loaded[0], kafka)
                 if why is not None:
-                    for state in ("discarding", "abandoned") if loaded is not None else ("abandoned",):
-                        store.set_run(row.group, row.run_id, feed=row.feed, plan_id=row.plan_id, state=state,
+                    steps: tuple[RunState, ...] = ("discarding", "abandoned") if loaded is not None else ("abandoned",)
+                    for step in steps:
+                        store.set_run(row.group, row.run_id, feed=row.feed, plan_id=row.plan_id, state=step,
                                       run_dir=row.run_dir, detail=why)  # fmt: skip
-                        if state == "discarding" and loaded is not None:
+                        if step == "discarding" and loaded is not None:
                             loaded[1].discard(row.plan_id, row.run_id)
                 continue
             plan, publisher = loaded
