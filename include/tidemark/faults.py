@@ -8,8 +8,10 @@ tidies up after it, as after a crash; ``exit`` ends the process at once with exi
 where a crash is most dangerous for the promise "nothing lost, nothing duplicated":
 after publishing and before committing, between the Kafka commit and the checkpoint,
 between an Iceberg plan's data commit and its dead-letter append; a re-drive's after it
-staged, and after it showed its records but before its ledger says so. Reading one
-environment variable costs nothing on the normal path.
+staged, and after it showed its records but before its ledger says so; a job after its
+records reached staging (raw bytes of bad records there, nothing published); a discard after
+it removed the run's files, before its pending record. Reading one environment variable
+costs nothing on the normal path.
 """
 
 from __future__ import annotations
