@@ -306,6 +306,13 @@ def settle_open_runs(
                 continue
             plan, publisher = loaded
             progress(f"settling run {row.run_id} ({row.state}) of plan {plan.plan_id} first")
+            if row.state == "discarding":  # given up: nothing of it can show, so a failing discard stops nothing
+                try:
+                    done.append(settle(plan, row.run_id, row.run_dir, publisher=publisher, store=store, kafka=kafka,
+                                       connection=connection, progress=progress))  # fmt: skip
+                except (TidemarkError, OSError) as exc:
+                    progress(f"run {row.run_id} was given up; its discard failed and stays owed to the next run: {exc}")
+                continue
             try:
                 done.append(settle(plan, row.run_id, row.run_dir, publisher=publisher, store=store, kafka=kafka,
                                    connection=connection, progress=progress))  # fmt: skip
