@@ -19,9 +19,15 @@ state                 what holds                                       a crash h
                       recorded); the publication is still pending
 ``shown``             promoted: readers see it; the ledger's shown     final
                       positions advanced to the plan's ends
-``abandoned``         refused before anything landed (or kept out so   final; its pending publication is discarded,
-                      nothing shows twice): never visible              which no commit covered
+``discarding``        refused before anything landed (or kept out so   its discard was cut short: the next run
+                      nothing shows twice, or given up): never         discards again (idempotent), then records
+                      visible; its discard is under way                it ``abandoned``
+``abandoned``         discarded: nothing of the run is left            final
 ====================  ===============================================  ==========================================
+
+A discard deletes only the run's own files: its pending publication, its staging folders
+(named by its run id) and, on Iceberg, its own quarantine folder; never a file of a plan the
+output holds as this run committed it.
 
 Two rules make the output right whatever the order of runs, retries, replays and other
 writers: a publication is promoted only after its run's commit (or, for a run that does
