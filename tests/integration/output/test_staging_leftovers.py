@@ -1,12 +1,15 @@
-"""Staging holds no raw bytes after any run: what a run stages is its own, and goes when the run is done with it.
+"""Staging is left by no run: what a run stages is its own, and goes when the run is done with it.
 
-A masked feed (:func:`tests.integration.job.test_masking.feed_doc`) keeps the raw bytes of its bad records in
-staging while the job works (the quarantine needs them). Whatever happens, the folders a run stages in
-(``<output>/_staging/<run id>.<nonce>/`` and, on an object store where Spark stages there, the same name under
-``<output>/_staging/`` on the store) are removed: by the job when it publishes or fails, by the commit protocol
-when the run is promoted or given up, and, after a driver killed mid-write (``job.after_stage:exit``, as
-``kill -9``), by the next settle, which proves the job dead by the folder's lock and never touches a folder
-another live job holds or another run's. The marker is searched in the files themselves (bytes and Parquet rows).
+A staging folder holds the plan's records as read (for a masked feed,
+:func:`tests.integration.job.test_masking.feed_doc`, masked, with what the quarantine needs
+of its bad records). Whatever happens, the folders a run stages in
+(``<output>/_staging/<run id>.<nonce>/`` and, on an object store where Spark stages there,
+the same name under ``<output>/_staging/`` on the store) are removed: by the job as soon as
+it has staged its pending publication or failed, by the commit protocol when the run is
+promoted or given up, and, after a driver killed mid-write (``job.after_stage:exit``, as
+``kill -9``), by the next settle, which proves the job dead by the folder's lock and never
+touches a folder another live job holds or another run's. The marker is searched in the
+files themselves (bytes and Parquet rows).
 """
 
 from __future__ import annotations
