@@ -8,8 +8,10 @@ tidies up after it, as after a crash; ``exit`` ends the process at once with exi
 where a crash is most dangerous for the promise "nothing lost, nothing duplicated":
 after publishing and before committing, between the Kafka commit and the checkpoint,
 between an Iceberg plan's data commit and its dead-letter append; a re-drive's after it
-staged, and after it showed its records but before its ledger says so. Reading one
-environment variable costs nothing on the normal path.
+staged, and after it showed its records but before its ledger says so; a job after its
+records reached staging (raw bytes of bad records there, nothing published); a discard after
+it removed the run's files, before its pending record. Reading one environment variable
+costs nothing on the normal path.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Literal
 
 FAULTS_ENV = "TIDEMARK_FAULTS"
 FaultPoint = Literal[
+    "job.after_stage",
     "job.after_publish",
     "iceberg.before_commit",
     "iceberg.before_dead_letters",
@@ -27,6 +30,7 @@ FaultPoint = Literal[
     "commit.before_show",
     "redrive.after_stage",
     "redrive.before_record",
+    "discard.before_pending",
 ]
 
 

@@ -548,13 +548,16 @@ class FaultEnv:
         data = table.scan(selected_fields=("topic", "partition", "offset", "value")).to_arrow()
         columns = [data.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")]
         rows[GOOD].update((str(t), int(p), int(o), digest(v)) for t, p, o, v in zip(*columns, strict=True))
-        plans = {s.summary.get("tidemark.plan-id") for s in table.snapshots() if s.summary is not None} - {None}
+        plans = {(s.summary.get("tidemark.plan-id"), s.summary.get("tidemark.run-id")) for s in table.snapshots()
+                 if s.summary is not None and s.summary.get("tidemark.plan-id")}  # fmt: skip
         quarantine = Location.of(f"{self.output}.quarantine")
-        for folder in quarantine.children(folders_only=True) if quarantine.exists() else []:
-            if folder.name.startswith("plan_id=") and folder.name[len("plan_id=") :] in plans:
-                for name, _ in folder.files():
-                    if name.endswith(".parquet"):
-                        _read_rows(name, folder / name, rows[QUARANTINED])
+        for plan_id, run_id in sorted(plans, key=str):
+            # A run's own folder (run_id=<run>/plan_id=<id>/), else one published outside any run or before
+            own = quarantine / f"run_id={run_id}" / f"plan_id={plan_id}"
+            folder = own if run_id and own.exists() else quarantine / f"plan_id={plan_id}"
+            for name, _ in folder.files() if folder.exists() else []:
+                if name.endswith(".parquet"):
+                    _read_rows(name, folder / name, rows[QUARANTINED])
         return rows
 
     def expect(self, ranges: Mapping[tuple[str, int], tuple[int, int]]) -> tuple[Counter[Row], dict[Row, str]]:

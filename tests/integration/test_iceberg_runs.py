@@ -141,7 +141,7 @@ def test_an_iceberg_feed_on_cluster_s3_and_postgres_publishes_once_survives_a_cr
     ]  # fmt: skip
     assert _table_rows(publisher) == _expected(kafka, topic, {0: 4, 1: 4})
     assert sum(_table_rows(publisher).values()) == 7
-    quarantine = Location.of(f"{output.url}.quarantine") / f"plan_id={handle.plan_id}"
+    quarantine = Location.of(f"{output.url}.quarantine") / f"run_id={handle.run_id}" / f"plan_id={handle.plan_id}"
     assert [name for name, _ in quarantine.files()]  # the undecodable record, beside the table
     dead = publisher.dead_letter_table()  # and appended to the dead-letter table, on S3, in the PostgreSQL catalog
     assert dead is not None and dead.location() == f"{output.url}.dead_letters"

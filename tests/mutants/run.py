@@ -901,6 +901,90 @@ MUTANTS = (
             "test_an_avro_state_feed_through_the_registry_deletes_by_its_tombstones[spark]",
         ),
     ),
+    Mutant(
+        "quarantine-shared-by-runs",
+        "what a run stages is its own: two runs of one plan never share an Iceberg quarantine folder",
+        (
+            Edit(
+                "include/tidemark/output/iceberg.py",
+                '        return self.quarantine / f"run_id={run_id}" / f"plan_id={plan_id}"',
+                '        return self.quarantine / f"plan_id={plan_id}"',
+            ),
+        ),
+        (
+            "tests/integration/output/test_dead_letters.py::"
+            "test_two_runs_of_one_plan_keep_their_own_quarantine_through_a_refusal[iceberg]",
+        ),
+    ),
+    Mutant(
+        "discard-not-owed",
+        "a discard is owed until done: one cut short is finished by the next settle",
+        (
+            Edit(
+                "include/tidemark/runs/protocol.py",
+                '        mark("discarding", detail)',
+                '        mark("abandoned", detail)',
+            ),
+        ),
+        (
+            "tests/integration/runs/test_commit_protocol.py::"
+            "test_a_refused_runs_discard_cut_short_is_finished_by_the_next_settle[parquet]",
+        ),
+    ),
+    Mutant(
+        "abandon-takes-back-a-shown-run",
+        "tidemark abandon of a run the output already shows keeps it shown and leaves nothing pending",
+        (
+            Edit(
+                "include/tidemark/runs/protocol.py",
+                '    if already is not None and already.extra.get("run_id") == run_id:',
+                "    if False:",
+            ),
+        ),
+        (
+            "tests/integration/output/test_dead_letters.py::"
+            "test_abandoning_a_run_stuck_after_its_table_commit_keeps_its_records_and_leaves_nothing_pending",
+        ),
+    ),
+    Mutant(
+        "staging-of-a-live-job-removed",
+        "a settle removes only staging folders no live job holds",
+        (
+            Edit(
+                "include/tidemark/output/staging.py",
+                "        if dead_only and not _dead(leftover):",
+                "        if dead_only and False:",
+            ),
+        ),
+        ("tests/unit/output/test_staging.py::test_a_staging_lock_outlives_no_process",),
+    ),
+    Mutant(
+        "dead-jobs-staging-kept",
+        "staging holds no raw bytes after a run: a killed job's folder is removed by the next settle",
+        (
+            Edit(
+                "include/tidemark/runs/protocol.py",
+                "        publisher.clear_staging(row.run_id, dead_only=True)",
+                "        pass",
+            ),
+        ),
+        (
+            "tests/integration/output/test_staging_leftovers.py::"
+            "test_a_driver_killed_mid_staging_leaves_raw_bytes_only_until_the_next_settle",
+        ),
+    ),
+    Mutant(
+        "staging-on-the-store-kept",
+        "staging on the object store is removed once the publication holds its files",
+        (
+            Edit(
+                "include/tidemark/output/parquet.py",
+                "        staging.discard()  # the raw bytes staged (on the store too) go as soon as the publication",
+                "        pass  # the raw bytes staged (on the store too) go as soon as the publication",
+            ),
+        ),
+        ("tests/integration/output/test_staging_leftovers.py::test_staging_on_the_store_is_removed_after_the_run",),
+    ),
 )
 
 

@@ -52,9 +52,10 @@ class Checkpoint:
     topic_id: str | None = None  # None: recorded before topic ids were, or the id was unknown
 
 
-RunState = Literal["planned", "committing", "committed", "shown", "abandoned"]
-# States a run can still leave: the next run of the feed settles them before planning.
-OPEN_STATES: tuple[RunState, ...] = ("planned", "committing", "committed")
+RunState = Literal["planned", "committing", "committed", "shown", "discarding", "abandoned"]
+# States a run can still leave: the next run of the feed settles them before planning. ``discarding``: given up,
+# its discard owed until done (then ``abandoned``).
+OPEN_STATES: tuple[RunState, ...] = ("planned", "committing", "committed", "discarding")
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class CheckpointStore(Protocol):
         ...
 
     def open_runs(self, feed: str) -> list[LedgerRun]:
-        """The runs of ``feed`` in an open state (planned, committing, committed), oldest first."""
+        """The runs of ``feed`` in an open state (planned, committing, committed, discarding), oldest first."""
         ...
 
     def feed_has_runs(self, feed: str) -> bool:

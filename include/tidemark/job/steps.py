@@ -242,7 +242,7 @@ def run(
     preload_great_expectations()
     source = _read(job)
     res.reader = source.reader
-    staging = job.publisher.new_staging(plan.plan_id, on_store=stage_on_store(spark, job.publisher))
+    staging = job.publisher.new_staging(plan.plan_id, on_store=stage_on_store(spark, job.publisher), run_id=run_id)
     try:
         manifest = _stage_validate_publish(job, source, staging, res)
     except BaseException:
@@ -278,6 +278,7 @@ def _stage_validate_publish(job: Job, source: Source, staging: Staging, res: Job
     schemas = timer.step("schemas", lambda: _schemas(job, source)) if feed.deserialization.registry_parts \
         else Schemas({})  # fmt: skip
     staged = _stage(job, source, staging, schemas, res, step="write", check_schema=True)
+    fault_point("job.after_stage")  # the records are in staging (raw bytes of bad ones too), nothing published
     staged = _settle_schemas(job, source, staging, staged, res)
     if staged.schemas.parts:
         res.schemas = schemas_report(staged.schemas.parts)

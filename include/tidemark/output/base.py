@@ -122,8 +122,9 @@ class Publisher(Protocol):
         """The record of ``plan_id``'s publication (``reused=True``), or ``None`` when it was never published."""
         ...
 
-    def new_staging(self, plan_id: str, on_store: bool = False) -> Staging:
-        """A fresh staging for ``plan_id``; ``on_store``: Spark stages on the output's object store."""
+    def new_staging(self, plan_id: str, on_store: bool = False, run_id: str | None = None) -> Staging:
+        """A fresh staging for ``plan_id``, named by ``run_id`` (a run's job: its own folder, whatever other run
+        shares the plan); ``on_store``: Spark stages on the output's object store."""
         ...
 
     def publish_staged(
@@ -155,11 +156,19 @@ class Publisher(Protocol):
         ...
 
     def promote(self, plan_id: str, run_id: str) -> Manifest:
-        """Show run ``run_id``'s pending publication; a plan already shown stays as it is (``reused``). Idempotent."""
+        """Show run ``run_id``'s pending publication; a plan already shown stays as it is (``reused``). Idempotent.
+
+        What the run's jobs left in staging is removed too."""
         ...
 
     def discard(self, plan_id: str, run_id: str) -> Manifest | None:
-        """Drop run ``run_id``'s pending publication (never shown); what was dropped, or ``None``."""
+        """Drop run ``run_id``'s pending publication (never shown) and what its jobs left in staging, only the run's
+        own files; what was dropped, or ``None``. Idempotent: a discard cut short is finished by calling it again."""
+        ...
+
+    def clear_staging(self, run_id: str, *, dead_only: bool = False) -> None:
+        """Remove what run ``run_id``'s jobs left in staging, and nothing of another run; ``dead_only`` (the run is
+        still open): only folders no live job holds."""
         ...
 
 

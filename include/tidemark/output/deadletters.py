@@ -11,8 +11,9 @@ the output, and so does what makes them visible:
   with its good records, never before; the reader takes only files a shown manifest lists.
 - **Iceberg output**: the feed's dead-letter table (:mod:`tidemark.output.dead_letter_table`),
   to which :meth:`~tidemark.output.iceberg.IcebergPublisher.promote` appends a plan's
-  quarantine folder (``<output>.quarantine/plan_id=<id>/``, or the feed's
-  ``iceberg.quarantine``) once, after the plan's catalog commit. The reader takes its rows,
+  quarantine folder (the run's own ``<output>.quarantine/run_id=<run>/plan_id=<id>/``, or the
+  feed's ``iceberg.quarantine``; ``plan_id=<id>/`` directly under it for a job outside any run
+  and for plans published before) once, after the plan's catalog commit. The reader takes its rows,
   then the folders of shown plans it holds no row of: plans published before the table
   existed, and one whose promotion crashed between its two commits until the next settle
   appends them. Shown: the plans the run ledger records ``shown`` for the feed (the
@@ -326,7 +327,7 @@ def _iceberg_sources(publisher: IcebergPublisher, store: CheckpointStore, append
     for plan_id, run_id in plans.items():
         if plan_id in appended:
             continue
-        folder = publisher.quarantine / f"plan_id={plan_id}"
+        folder = publisher.quarantine_folder(plan_id, run_id)
         found += [_Source(file, name, plan_id, run_id) for file, name in quarantine_files(folder)]
     return found
 

@@ -16,8 +16,10 @@ Iceberg here. The job stages and validates exactly as for a Parquet folder; then
    expiry and compaction leave alone), then in the snapshot history still kept: found, the
    plan is published and nothing is written; then checks the decoded schema against the
    table's (:func:`schema_changes`: columns to add, types to promote, or a refusal);
-3. uploads quarantined records to a sibling Parquet folder (``<output>.quarantine/plan_id=<id>/``,
-   replaced whole by a rerun of the plan, removed when the run is discarded) and the data
+3. uploads quarantined records to a sibling Parquet folder of the run's own
+   (``<output>.quarantine/run_id=<run>/plan_id=<id>/``; a job outside any run:
+   ``<output>.quarantine/plan_id=<id>/``, where plans published before are read too), replaced
+   whole by a rerun of the run's job, removed when the run is discarded) and the data
    files under the table's location (``data/<partition folders>/<plan id>-<attempt>-<n>.parquet``;
    a file no snapshot references is invisible to readers);
 4. for a run's job (the commit protocol, ``docs/ARCHITECTURE.md``): writes a *pending*
@@ -89,11 +91,14 @@ from tidemark.output.partitioning import (
 from tidemark.output.staging import (
     Staging,
     local_staging_base,
+    make_root,
     name_by_place,
     parquet_writer,
     prepare_remote_staging,
     prepare_staging_base,
+    remove_run_staging,
     spark_path,
+    staging_name,
 )
 from tidemark.planning.plan import Plan, RecoveredPosition
 from tidemark.redaction import redact, redact_url
@@ -560,16 +565,36 @@ class IcebergPublisher:
                 )
         return None
 
-    def new_staging(self, plan_id: str, on_store: bool = False) -> Staging:
+    def new_staging(self, plan_id: str, on_store: bool = False, run_id: str | None = None) -> Staging:
         # The driver's folder is local and outside the table's location (a local table's
         # location would otherwise hold it, and orphan-file cleanup would race with it).
         # On the store Spark stages under <location>/_staging/, which no snapshot references:
         # orphan-file removal may take it only once it is older than the run.
-        name = f"{plan_id}.{uuid.uuid4().hex[:12]}"
-        root = prepare_staging_base(local_staging_base(self.location), plan_id) / name
-        root.mkdir()
-        remote = prepare_remote_staging(self.location / STAGING_DIR, plan_id) / name if on_store else None
+        name = staging_name(plan_id, run_id, uuid.uuid4().hex[:12])
+        root = make_root(prepare_staging_base(local_staging_base(self.location), plan_id, run_id), name)
+        remote = prepare_remote_staging(self.location / STAGING_DIR, plan_id, run_id) / name if on_store else None
         return Staging(self.location, plan_id, root, remote)
+
+    def clear_staging(self, run_id: str, *, dead_only: bool = False) -> None:
+        remove_run_staging(local_staging_base(self.location), None if self.location.is_local
+                           else self.location / STAGING_DIR, run_id, dead_only=dead_only)  # fmt: skip
+
+    # -- the quarantine: one folder per run, beside the table ---------------------------------
+
+    def run_quarantine(self, plan_id: str, run_id: str | None) -> Location:
+        """Where run ``run_id``'s job writes ``plan_id``'s quarantine: ``<quarantine>/run_id=<run>/plan_id=<id>/``,
+        the run's own (two runs of one plan never share it); a job outside any run:
+        ``<quarantine>/plan_id=<id>/``."""
+        if run_id is None:
+            return self.quarantine / f"plan_id={plan_id}"
+        return self.quarantine / f"run_id={run_id}" / f"plan_id={plan_id}"
+
+    def quarantine_folder(self, plan_id: str, run_id: str | None) -> Location:
+        """The quarantine folder of ``plan_id`` as run ``run_id`` published it: the run's own folder, else (a plan
+        published before quarantines were kept per run, or by a job outside any run) ``<quarantine>/plan_id=<id>/``.
+        """
+        own = self.run_quarantine(plan_id, run_id)
+        return own if run_id is None or own.exists() else self.run_quarantine(plan_id, None)
 
     def publish_staged(
         self,
@@ -627,7 +652,7 @@ class IcebergPublisher:
         decoded = self.table_arrow(staged.schema)
         changes = schema_changes(table.schema(), decoded, self.table_name, _records_of(plan))
 
-        quarantine = self._replace_quarantine(staging, plan, staged, bad)
+        quarantine = self._replace_quarantine(staging, plan, staged, bad, run_id)
         names, entries = self._upload_data(staging, plan, data)
 
         ends = {(p.topic, p.partition): p for p in plan.partitions}
@@ -698,13 +723,15 @@ class IcebergPublisher:
         again on the new metadata, so a plan is never committed twice.
         """
         doc = self._load_pending(plan_id, run_id)
+        self.clear_staging(run_id)
         for _ in range(5):
             table = self.load()
             found = None if table is None else self._find(table, plan_id)
             if found is not None:  # committed by an earlier promotion, which may have crashed before its dead letters
                 run = found.extra.get("run_id") or run_id
-                self.append_dead_letters(plan_id, run, found.published_at, found.quarantined)
-                self._pending(plan_id, run_id).remove_file() if doc is not None else None
+                folder = self._pending_quarantine(doc, plan_id, run_id) if doc is not None and run == run_id else None
+                self.append_dead_letters(plan_id, run, found.published_at, found.quarantined, folder)
+                self._remove_pending(plan_id, run_id) if doc is not None else None
                 return found
             if doc is None or table is None:
                 raise PublishError(
@@ -722,8 +749,9 @@ class IcebergPublisher:
             snapshot = table.current_snapshot()
             fault_point("iceberg.before_dead_letters")  # data committed, its dead letters not yet appended
             manifest = Manifest.from_dict(doc["manifest"])
-            self.append_dead_letters(plan_id, run_id, _committed_at(snapshot), manifest.quarantined)
-            self._pending(plan_id, run_id).remove_file()
+            self.append_dead_letters(plan_id, run_id, _committed_at(snapshot), manifest.quarantined,
+                                     self._pending_quarantine(doc, plan_id, run_id))  # fmt: skip
+            self._remove_pending(plan_id, run_id)
             extra = {**manifest.extra, **done_extra, "snapshot_id": None if snapshot is None else snapshot.snapshot_id}
             return replace(manifest, extra=extra)
         raise PublishError(
@@ -733,19 +761,28 @@ class IcebergPublisher:
         )
 
     def append_dead_letters(
-        self, plan_id: str, run_id: str | None, committed_at: datetime | str, quarantined: int
+        self,
+        plan_id: str,
+        run_id: str | None,
+        committed_at: datetime | str,
+        quarantined: int,
+        folder: Location | None = None,
     ) -> int:
         """Append committed plan ``plan_id``'s quarantine folder (``quarantined`` records, as its commit recorded) to
         the feed's dead-letter table, unless the table holds the plan's rows already; the rows appended
-        (:func:`tidemark.output.dead_letter_table.append_plan`).
+        (:func:`tidemark.output.dead_letter_table.append_plan`). ``folder``: the one the run's pending record names,
+        else :meth:`quarantine_folder` of the run that committed the plan.
 
         Called after the plan's catalog commit, by the promotion and by every later promotion of
         the same plan (promote is re-entered after a crash), and by a job outside any run.
         """
+        if not quarantined:  # nothing to append, whatever another run left in a folder of the same plan
+            return 0
         at = committed_at if isinstance(committed_at, datetime) else datetime.fromisoformat(committed_at)
         properties = {PLAN_KEY: plan_id, FEED_KEY: self.feed.name, **({RUN_KEY: run_id} if run_id else {})}
         return append_plan(
-            open_catalog(), self.dead_letters_name, self.dead_letters_location, self.quarantine / f"plan_id={plan_id}",
+            open_catalog(), self.dead_letters_name, self.dead_letters_location,
+            folder if folder is not None else self.quarantine_folder(plan_id, run_id),
             feed=self.feed.name, plan_id=plan_id, run_id=run_id, dead_lettered_at=at, snapshot_properties=properties,
             table_properties=NO_RETRY, expected=quarantined,
         )  # fmt: skip
@@ -760,22 +797,49 @@ class IcebergPublisher:
             return None
 
     def discard(self, plan_id: str, run_id: str) -> Manifest | None:
-        """Delete run ``run_id``'s staged files (in no snapshot: its commit of the group was refused)."""
+        """Delete run ``run_id``'s own staged files: its data files (in no snapshot: its commit of the group was
+        refused), its quarantine folder (:meth:`run_quarantine`, never another run's), what its jobs left in
+        staging, then its pending record. Idempotent, so a discard cut short is finished by the next call.
+
+        When the table holds the plan as this run committed it (the run is given up after its catalog commit, e.g.
+        by ``tidemark abandon`` of a run stuck on its dead letters), the snapshot references the files: only the
+        pending record goes.
+        """
         doc = self._load_pending(plan_id, run_id)
-        if doc is None:
-            return None
-        table = self.load()
+        self.clear_staging(run_id)
+        quarantine = self.run_quarantine(plan_id, run_id)
+        kept = quarantine.exists()
+        table = self.load() if doc is not None or kept else None
         found = None if table is None else self._find(table, plan_id)
-        if found is not None and found.extra.get("run_id") == run_id:
-            raise PublishError(f"plan {plan_id} of run {run_id} is already in Iceberg table {self.table_name}")
-        for path in doc["paths"]:
+        if found is not None and found.extra.get("run_id") == run_id:  # its files and dead letters are the table's
+            if doc is None:
+                return None
+            self._remove_pending(plan_id, run_id)
+            return Manifest.from_dict(doc["manifest"])
+        for path in doc["paths"] if doc is not None else ():
             with contextlib.suppress(FileNotFoundError, StateStoreError):
                 Location.of(path).remove_file()
-        if found is None:  # the plan's quarantine beside the table: no snapshot holds the plan, so no reader's
+        if kept:  # the run's own folder, which no commit of the plan by this run references
             with contextlib.suppress(FileNotFoundError, StateStoreError):
-                remove_objects(self.quarantine / f"plan_id={plan_id}")
-        self._pending(plan_id, run_id).remove_file()
+                remove_objects(quarantine)
+        if doc is None:
+            return None
+        fault_point("discard.before_pending")  # the run's own files removed, its pending record not yet
+        self._remove_pending(plan_id, run_id)
         return Manifest.from_dict(doc["manifest"])
+
+    def _remove_pending(self, plan_id: str, run_id: str) -> None:
+        """Delete run ``run_id``'s pending record of ``plan_id``, and its folder once empty (locally)."""
+        record = self._pending(plan_id, run_id)
+        record.remove_file()
+        if record.is_local:
+            with contextlib.suppress(OSError):
+                record.local_path().parent.rmdir()
+
+    def _pending_quarantine(self, doc: Mapping[str, Any], plan_id: str, run_id: str) -> Location:
+        """The quarantine folder a pending record names (the run's own, or where an older Tidemark put it)."""
+        named = doc["manifest"].get("extra", {}).get("quarantine")
+        return Location.of(named) if named else self.run_quarantine(plan_id, run_id)
 
     def _staged_files(
         self,
@@ -808,9 +872,12 @@ class IcebergPublisher:
                 )
         return data, bad, records, quarantined
 
-    def _replace_quarantine(self, staging: Staging, plan: Plan, staged: StagedRecords, bad: list[str]) -> Location:
-        """Quarantine first: a sibling Parquet folder, replaced whole by any rerun of this plan."""
-        quarantine = self.quarantine / f"plan_id={plan.plan_id}"
+    def _replace_quarantine(
+        self, staging: Staging, plan: Plan, staged: StagedRecords, bad: list[str], run_id: str | None
+    ) -> Location:
+        """Quarantine first: the run's own Parquet folder beside the table (:meth:`run_quarantine`), replaced whole
+        by any rerun of this run's job."""
+        quarantine = self.run_quarantine(plan.plan_id, run_id)
         quarantine.remove_tree()
         if bad:
             local = staging.root / QUARANTINE_DIR

@@ -63,16 +63,20 @@ from typing import TYPE_CHECKING, Any, overload
 
 from tidemark.config.models import Feed, PartitionChoice
 from tidemark.errors import PublishError, StateStoreError
+from tidemark.faults import fault_point
 from tidemark.output.base import QUARANTINE_DIR, STAGING_DIR, FileEntry, Manifest, StagedRecords
 from tidemark.output.partitioning import PartitionField, folder_value, partition_fields
 from tidemark.output.staging import (
     Staging,
     local_staging_base,
+    make_root,
     name_by_place,
     parquet_writer,
     prepare_remote_staging,
     prepare_staging_base,
+    remove_run_staging,
     spark_path,
+    staging_name,
     utc_date,
 )
 from tidemark.planning.plan import Plan, RecoveredPosition
@@ -196,8 +200,9 @@ def publish(
 # -- staged publication: the job writes once, then validation decides ----------------------
 
 
-def new_staging(output: Where, plan_id: str, on_store: bool = False) -> Staging:
-    """A new, empty staging folder for ``plan_id`` (leftovers of crashed attempts are removed).
+def new_staging(output: Where, plan_id: str, on_store: bool = False, run_id: str | None = None) -> Staging:
+    """A new, empty staging folder for ``plan_id``, named by run ``run_id`` (leftovers of its crashed attempts are
+    removed, never another run's: :func:`tidemark.output.staging.staging_name`).
 
     ``on_store`` (an object-store output): Spark stages under ``<output>/_staging/`` (readers
     of the output skip ``_``-prefixed folders); the driver assembles the publication locally.
@@ -205,11 +210,20 @@ def new_staging(output: Where, plan_id: str, on_store: bool = False) -> Staging:
     output = Location.of(output)
     if load_manifest(output, plan_id) is not None:
         raise PublishError(f"plan {plan_id} is already published under {output}; there is nothing to stage")
-    name = f"{plan_id}.{uuid.uuid4().hex[:12]}"
-    remote = prepare_remote_staging(output / STAGING_DIR, plan_id) / name if on_store else None
-    base = prepare_staging_base(local_staging_base(output), plan_id) if on_store else _staging_root(output, plan_id)
-    (base / name).mkdir()
-    return Staging(output, plan_id, base / name, remote)
+    name = staging_name(plan_id, run_id, uuid.uuid4().hex[:12])
+    remote = prepare_remote_staging(output / STAGING_DIR, plan_id, run_id) / name if on_store else None
+    base = (prepare_staging_base(local_staging_base(output), plan_id, run_id) if on_store
+            else _staging_root(output, plan_id, run_id))  # fmt: skip
+    return Staging(output, plan_id, make_root(base, name), remote)
+
+
+def clear_staging(output: Where, run_id: str, *, dead_only: bool = False) -> None:
+    """Remove what run ``run_id``'s jobs left in ``output``'s staging: the driver's folders (``<output>/_staging/``
+    locally, else the local staging base) and, on an object store, ``<output>/_staging/``; ``dead_only``: only
+    what no live job holds (:func:`tidemark.output.staging.remove_run_staging`)."""
+    output = Location.of(output)
+    remove_run_staging(staging_base(output), None if output.is_local else output / STAGING_DIR, run_id,
+                       dead_only=dead_only)  # fmt: skip
 
 
 def publish_staged(
@@ -285,7 +299,10 @@ def publish_staged(
                         f"{want}; nothing was published"
                     )
 
-        return _seal(staging.root, staging.output, plan, feed, stats=stats, extra=extra, check=check, pending=pending)
+        manifest = _seal(staging.root, staging.output, plan, feed, stats=stats, extra=extra, check=check,
+                         pending=pending)  # fmt: skip
+        staging.discard()  # the raw bytes staged (on the store too) go as soon as the publication holds its files
+        return manifest
     except PublishError:
         staging.discard()
         raise
@@ -438,8 +455,8 @@ def staging_base(output: Location) -> Path:
     return local_staging_base(output)
 
 
-def _staging_root(output: Location, plan_id: str) -> Path:
-    return prepare_staging_base(staging_base(output), plan_id)
+def _staging_root(output: Location, plan_id: str, run_id: str | None = None) -> Path:
+    return prepare_staging_base(staging_base(output), plan_id, run_id)
 
 
 def _seal(
@@ -606,6 +623,7 @@ def promote(output: Where, plan_id: str, key: str) -> Manifest:
     """
     root = Location.of(output)
     pending = pending_dir(root, plan_id, key)
+    clear_staging(root, key)
     shown = load_manifest(root, plan_id)
     if shown is not None:
         if root.is_local:
@@ -641,13 +659,18 @@ def discard(output: Where, plan_id: str, key: str) -> Manifest | None:
     root = Location.of(output)
     staged = load_pending(root, plan_id, key)
     pending = pending_dir(root, plan_id, key)
+    clear_staging(root, key)
     if root.is_local:
+        fault_point("discard.before_pending")  # the run's staging removed, its pending publication not yet
         shutil.rmtree(pending.local_path(), ignore_errors=True)
+        with contextlib.suppress(OSError):  # the run's pending folder, now empty (another plan's keeps it)
+            pending.local_path().parent.rmdir()
         return staged
     if staged is not None:
         shown = load_manifest(root, plan_id)
         listed = {f.path for f in shown.files} if shown is not None else set()
         _remove_own(published_dir(root, plan_id), [f.path for f in staged.files if f.path not in listed])
+        fault_point("discard.before_pending")  # the run's own files removed, its pending manifest not yet
         (pending / MANIFEST_NAME).remove_file()
     return staged
 
@@ -672,8 +695,8 @@ class ParquetPublisher:
         found = load_manifest(self.location, plan_id)
         return None if found is None else replace(found, reused=True)
 
-    def new_staging(self, plan_id: str, on_store: bool = False) -> Staging:
-        return new_staging(self.location, plan_id, on_store)
+    def new_staging(self, plan_id: str, on_store: bool = False, run_id: str | None = None) -> Staging:
+        return new_staging(self.location, plan_id, on_store, run_id)
 
     def publish_staged(
         self,
@@ -713,3 +736,6 @@ class ParquetPublisher:
 
     def discard(self, plan_id: str, run_id: str) -> Manifest | None:
         return discard(self.location, plan_id, run_id)
+
+    def clear_staging(self, run_id: str, *, dead_only: bool = False) -> None:
+        clear_staging(self.location, run_id, dead_only=dead_only)

@@ -13,6 +13,7 @@ names by place.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -150,6 +151,7 @@ class Staging:
 
     def discard(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+        release(self.root)
         if self.remote is not None:
             try:
                 self.remote.remove_tree()
@@ -163,20 +165,107 @@ def local_staging_base(output: Location) -> Path:
     return base / hashlib.sha256(output.url.encode()).hexdigest()[:16]
 
 
-def prepare_staging_base(base: Path, plan_id: str) -> Path:
-    """``base``, created, without what crashed attempts of ``plan_id`` left there."""
-    for leftover in base.glob(f"{plan_id}.*"):
+def staging_name(plan_id: str, run_id: str | None, nonce: str) -> str:
+    """A staging folder's name: ``<run id>.<nonce>`` for a run's job (its own, whatever other run shares the plan
+    id), ``<plan id>.<nonce>`` for a job outside any run."""
+    return f"{run_id or plan_id}.{nonce}"
+
+
+LOCK_SUFFIX = ".lock"  # beside a staging folder: held by the process staging there, for as long as it does
+_HELD: dict[str, int] = {}  # this process's locks, by folder
+
+
+def make_root(base: Path, name: str) -> Path:
+    """Create the staging folder ``base/name`` with its lock ``base/name.lock`` held by this process.
+
+    The lock (``flock``) proves the folder live: the kernel releases it when the process ends, however it ends
+    (SIGKILL included), so a later settle can tell a dead job's leftovers (:func:`remove_run_staging`) from the
+    folder of a job still running.
+    """
+    root = base / name
+    fd = os.open(f"{root}{LOCK_SUFFIX}", os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a fresh name: nobody else holds it
+    _HELD[str(root)] = fd
+    root.mkdir()
+    return root
+
+
+def release(root: Path) -> None:
+    """Drop this process's lock of staging folder ``root`` (it is gone, or no longer staged in)."""
+    Path(f"{root}{LOCK_SUFFIX}").unlink(missing_ok=True)
+    fd = _HELD.pop(str(root), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _dead(root: Path) -> bool:
+    """Whether no process stages in ``root``: its lock is free (or it has none: a folder of an older Tidemark)."""
+    try:
+        fd = os.open(f"{root}{LOCK_SUFFIX}", os.O_RDWR)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # and with it the probe's lock
+    return True
+
+
+def _remove_local(base: Path, prefix: str, *, dead_only: bool) -> set[str]:
+    """Delete the staging folders under ``base`` named ``<prefix>.*`` (with ``dead_only``, those no live process
+    holds) and their locks; the names removed."""
+    removed = set()
+    for leftover in sorted(base.glob(f"{prefix}.*")) if base.exists() else []:
+        if leftover.name.endswith(LOCK_SUFFIX):
+            continue
+        if dead_only and not _dead(leftover):
+            continue
         shutil.rmtree(leftover, ignore_errors=True)
+        release(leftover)
+        removed.add(leftover.name)
+    for lock in sorted(base.glob(f"{prefix}.*{LOCK_SUFFIX}")) if base.exists() else []:
+        folder = lock.with_name(lock.name[: -len(LOCK_SUFFIX)])
+        if not folder.exists() and (not dead_only or _dead(folder)):
+            release(folder)
+    return removed
+
+
+def prepare_staging_base(base: Path, plan_id: str, run_id: str | None = None) -> Path:
+    """``base``, created, without what crashed attempts of run ``run_id`` (else of a job of ``plan_id`` outside any
+    run) left there; never another run's folder, nor one a live process stages in."""
+    _remove_local(base, run_id or plan_id, dead_only=True)
     base.mkdir(parents=True, exist_ok=True)
     return base
 
 
-def prepare_remote_staging(base: Location, plan_id: str) -> Location:
-    """``base`` without what crashed attempts of ``plan_id`` left there on the object store."""
+def prepare_remote_staging(base: Location, plan_id: str, run_id: str | None = None) -> Location:
+    """``base`` without what crashed attempts of run ``run_id`` (else of ``plan_id`` outside any run) left there on
+    the object store."""
     for leftover in base.children(folders_only=True):
-        if leftover.name.startswith(f"{plan_id}."):
+        if leftover.name.startswith(f"{run_id or plan_id}."):
             leftover.remove_tree()
     return base
+
+
+def remove_run_staging(local: Path, remote: Location | None, run_id: str, *, dead_only: bool = False) -> None:
+    """Delete the staging folders of run ``run_id`` under ``local`` (the driver's base) and ``remote`` (the object
+    store's ``<output>/_staging/``): named by the run (:func:`staging_name`), so only its own.
+
+    ``dead_only`` (the run is still open, its job may be running): only folders whose lock no live process holds,
+    and a folder on the store only when its local twin (same name) was one of them. Else (the run is promoted or
+    given up) every one. Best effort: what an unreachable store keeps, the next promotion or discard removes.
+    """
+    removed = _remove_local(local, run_id, dead_only=dead_only)
+    if remote is None:
+        return
+    try:
+        for leftover in remote.children(folders_only=True):
+            if leftover.name.startswith(f"{run_id}.") and (not dead_only or leftover.name in removed):
+                leftover.remove_tree()
+    except (StateStoreError, FileNotFoundError):
+        pass
 
 
 def name_by_place(staging: Path, attempt: str | None = None) -> None:

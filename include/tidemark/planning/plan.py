@@ -66,6 +66,7 @@ EventKind = Literal[
     "schema_changed",  # the job: a partition's records were written with more than one registry schema id
     "table_schema_evolved",  # the job: the Iceberg table's schema changed in the snapshot adding the plan
     "changes_applied",  # a keyed table's commit: changes written, deleted, superseded and skipped as stale
+    "promotion_given_up",  # `tidemark abandon` of a run the output already shows: what its promotion left undone
 ]
 # Where a run report found an event: the plan, the Spark job's result, or the commit step.
 EventSource = Literal["plan", "job", "commit"]

@@ -136,5 +136,6 @@ def abandon_run(
     with checkpoints.commit_lock(plan.group):
         settled = abandon(plan, run_id, str(run_dir), publisher=publisher_for(feed, plan), store=checkpoints,
                           reason=reason)  # fmt: skip
-    write_status(run_dir, abandoned=settled.events[0].message)
+    # A run the output already shows stays shown: only what its promotion left undone was given up.
+    write_status(run_dir, **{"abandoned" if settled.state == "abandoned" else "given_up": settled.events[0].message})
     return settled

@@ -19,9 +19,15 @@ state                 what holds                                       a crash h
                       recorded); the publication is still pending
 ``shown``             promoted: readers see it; the ledger's shown     final
                       positions advanced to the plan's ends
-``abandoned``         refused before anything landed (or kept out so   final; its pending publication is discarded,
-                      nothing shows twice): never visible              which no commit covered
+``discarding``        refused before anything landed (or kept out so   its discard was cut short: the next run
+                      nothing shows twice, or given up): never         discards again (idempotent), then records
+                      visible; its discard is under way                it ``abandoned``
+``abandoned``         discarded: nothing of the run is left            final
 ====================  ===============================================  ==========================================
+
+A discard deletes only the run's own files: its pending publication, its staging folders
+(named by its run id) and, on Iceberg, its own quarantine folder; never a file of a plan the
+output holds as this run committed it.
 
 Two rules make the output right whatever the order of runs, retries, replays and other
 writers: a publication is promoted only after its run's commit (or, for a run that does
@@ -112,15 +118,25 @@ def settle(
     """
     row = store.run(plan.group, run_id)
     state: RunState = row.state if row is not None else "planned"
-    if state == "abandoned":
-        publisher.discard(plan.plan_id, run_id)  # owed if the process died right after recording the state
-        return Settled(run_id, plan.plan_id, state)
-    if state == "shown":
-        return Settled(run_id, plan.plan_id, state)
 
     def mark(new: RunState, detail: str | None = None) -> None:
         store.set_run(plan.group, run_id, feed=plan.feed, plan_id=plan.plan_id, state=new, run_dir=run_dir,
                       detail=detail)  # fmt: skip
+
+    def give_up(detail: str | None) -> None:
+        """``discarding`` first, so a crash or an interrupt in the discard leaves it owed; ``abandoned`` once done."""
+        mark("discarding", detail)
+        publisher.discard(plan.plan_id, run_id)
+        mark("abandoned", detail)
+
+    if state == "discarding":  # a discard cut short: finished now
+        give_up(row.detail if row is not None else None)
+        return Settled(run_id, plan.plan_id, "abandoned")
+    if state == "abandoned":
+        publisher.discard(plan.plan_id, run_id)  # idempotent; a row recorded before discards were recorded done
+        return Settled(run_id, plan.plan_id, state)
+    if state == "shown":
+        return Settled(run_id, plan.plan_id, state)
 
     events: list[Event] = []
     result = None
@@ -150,8 +166,7 @@ def settle(
                     f"commit; it is past every range of plan {plan.plan_id}, so the plan is shown: {exc}",
                     ranges=_ranges(plan)))  # fmt: skip
             else:
-                mark("abandoned", str(exc)[:1000])  # first: a crash before the discard leaves it owed, not lost
-                publisher.discard(plan.plan_id, run_id)
+                give_up(str(exc)[:1000])
                 progress(f"run {run_id} was refused: its staged plan {plan.plan_id} was discarded, never shown")
                 raise
         else:
@@ -160,8 +175,7 @@ def settle(
     already = publisher.published(plan.plan_id) if plan.total_records else None  # asked once: a table load on Iceberg
     overlap = overlapping(plan, already, store=store)
     if overlap is not None:
-        mark("abandoned", overlap.message[:1000])
-        publisher.discard(plan.plan_id, run_id)
+        give_up(overlap.message[:1000])
         return Settled(run_id, plan.plan_id, "abandoned", result, None, (*events, overlap))
     manifest = show(plan, run_id, already, publisher=publisher, store=store)
     if manifest is not None and not manifest.reused:  # what the output's commit reports (a keyed table's counts)
@@ -245,14 +259,19 @@ def settle_before_planning(
 
 
 def from_run_dirs(publisher_of: Callable[[Plan], Publisher]) -> Callable[[LedgerRun], tuple[Plan, Publisher] | None]:
-    """For :func:`settle_open_runs`: a ledger row's plan (its run dir's copy; ``None`` when gone) and publisher."""
+    """For :func:`settle_open_runs`: a ledger row's plan (its run dir's copy; ``None`` when gone) and publisher.
+
+    Loading an open run removes what its dead jobs left in staging (a job killed mid-write: raw bytes included),
+    never a folder a live job holds (:func:`tidemark.output.staging.remove_run_staging`)."""
 
     def load(row: LedgerRun) -> tuple[Plan, Publisher] | None:
         path = Location.of(row.run_dir) / PLAN_FILE
         if not path.exists():
             return None
         plan = read_plan(path)
-        return plan, publisher_of(plan)
+        publisher = publisher_of(plan)
+        publisher.clear_staging(row.run_id, dead_only=True)  # what a job of the run that died left in staging
+        return plan, publisher
 
     return load
 
@@ -280,14 +299,26 @@ def settle_open_runs(
         for row in store.open_runs(feed):
             loaded = load(row)
             if loaded is None or _staged_nothing(row, *loaded):
-                # A run that staged nothing is left alone (its job may be running now) unless it never can commit.
+                # A run that staged nothing is left alone (its job may be running now) unless it never can commit;
+                # then what its jobs left in staging is discarded like any given-up run's.
                 why = "its plan is gone" if loaded is None else _moved_before_staging(row, loaded[0], kafka)
                 if why is not None:
-                    store.set_run(row.group, row.run_id, feed=row.feed, plan_id=row.plan_id, state="abandoned",
-                                  run_dir=row.run_dir, detail=why)  # fmt: skip
+                    steps: tuple[RunState, ...] = ("discarding", "abandoned") if loaded is not None else ("abandoned",)
+                    for step in steps:
+                        store.set_run(row.group, row.run_id, feed=row.feed, plan_id=row.plan_id, state=step,
+                                      run_dir=row.run_dir, detail=why)  # fmt: skip
+                        if step == "discarding" and loaded is not None:
+                            loaded[1].discard(row.plan_id, row.run_id)
                 continue
             plan, publisher = loaded
             progress(f"settling run {row.run_id} ({row.state}) of plan {plan.plan_id} first")
+            if row.state == "discarding":  # given up: nothing of it can show, so a failing discard stops nothing
+                try:
+                    done.append(settle(plan, row.run_id, row.run_dir, publisher=publisher, store=store, kafka=kafka,
+                                       connection=connection, progress=progress))  # fmt: skip
+                except (TidemarkError, OSError) as exc:
+                    progress(f"run {row.run_id} was given up; its discard failed and stays owed to the next run: {exc}")
+                continue
             try:
                 done.append(settle(plan, row.run_id, row.run_dir, publisher=publisher, store=store, kafka=kafka,
                                    connection=connection, progress=progress))  # fmt: skip
@@ -334,9 +365,46 @@ def abandon(
     row = store.run(plan.group, run_id)
     if row is not None and row.state == "shown":
         raise TidemarkError(f"run {run_id} of feed '{plan.feed}' is shown; a shown run is never taken back")
-    store.set_run(plan.group, run_id, feed=plan.feed, plan_id=plan.plan_id, state="abandoned", run_dir=run_dir,
-                  detail=f"abandoned by an operator: {reason}"[:1000])  # fmt: skip
+    already = publisher.published(plan.plan_id) if plan.total_records else None
+    if already is not None and already.extra.get("run_id") == run_id:
+        return _give_up_shown(plan, run_id, run_dir, already, publisher=publisher, store=store, reason=reason)
+
+    def mark(state: RunState) -> None:
+        store.set_run(plan.group, run_id, feed=plan.feed, plan_id=plan.plan_id, state=state, run_dir=run_dir,
+                      detail=f"abandoned by an operator: {reason}"[:1000])  # fmt: skip
+
+    mark("discarding")  # first: an interrupted discard stays owed, and the next settle finishes it
     publisher.discard(plan.plan_id, run_id)
+    mark("abandoned")
     event = _event("not_shown", f"run {run_id} (plan {plan.plan_id}) was abandoned by an operator ({reason}); its "
                    "ranges are in no output", ranges=_ranges(plan))  # fmt: skip
     return Settled(run_id, plan.plan_id, "abandoned", events=(event,))
+
+
+def _give_up_shown(
+    plan: Plan,
+    run_id: str,
+    run_dir: str,
+    already: Manifest,
+    *,
+    publisher: Publisher,
+    store: CheckpointStore,
+    reason: str,
+) -> Settled:
+    """An operator gives up run ``run_id`` whose own publication the output already shows (an Iceberg run stuck
+    after its catalog commit, on its dead letters): what is shown is never taken back, so the run is recorded
+    ``shown`` with the output's shown positions at its ends, and only its pending record goes (the output
+    references its files). A ``promotion_given_up`` event names what its promotion had not finished."""
+    publisher.discard(plan.plan_id, run_id)
+    if shows_in_feed_output(plan):
+        store.advance_shown(plan.feed, run_id, plan.ends(), plan_topic_ids(plan))
+    message = (
+        f"run {run_id} (plan {plan.plan_id}) was given up by an operator ({reason}) after its records were shown in "
+        f"{publisher.describe()}: they stay there. What its promotion had not finished is given up: its "
+        f"{already.quarantined} quarantined records are in the dead letters only if its quarantine folder holds them "
+        f"(`tidemark deadletters {plan.feed}` reads the folders of shown plans)"
+    )
+    store.set_run(plan.group, run_id, feed=plan.feed, plan_id=plan.plan_id, state="shown", run_dir=run_dir,
+                  detail=message[:1000])  # fmt: skip
+    event = _event("promotion_given_up", message, quarantined=already.quarantined, ranges=_ranges(plan))
+    return Settled(run_id, plan.plan_id, "shown", manifest=already, events=(event,))

@@ -244,3 +244,19 @@ def test_feed_runs_lists_a_feeds_runs_in_the_states_asked_oldest_first(checkpoin
     assert [r.plan_id for r in checkpoint_store.feed_runs(feed, ("planned", "shown"))] == ["p-r1", "p-r2", "p-r3"]
     assert [r.plan_id for r in checkpoint_store.feed_runs(f"{feed}:redrive", ("shown",))] == ["p-r4"]
     assert [r.plan_id for r in checkpoint_store.open_runs(feed)] == ["p-r3"]
+
+
+def test_a_discard_is_owed_in_the_ledger_until_it_is_done(checkpoint_store: CheckpointStore) -> None:
+    """``discarding`` (a given-up run whose discard is under way or was cut short) is open: the next settle finds it;
+    ``abandoned`` (discarded) is not."""
+    feed = f"f-{uuid.uuid4().hex[:8]}"
+    for run_id, state in (("r1", "discarding"), ("r2", "abandoned"), ("r3", "committed")):
+        checkpoint_store.set_run("g", f"{feed}-{run_id}", feed=feed, plan_id=f"p-{run_id}", state=state,  # type: ignore[arg-type]
+                                 run_dir=f"/runs/{run_id}", detail="refused")  # fmt: skip
+    assert [(r.plan_id, r.state) for r in checkpoint_store.open_runs(feed)] == [("p-r1", "discarding"),
+                                                                                ("p-r3", "committed")]  # fmt: skip
+    checkpoint_store.set_run("g", f"{feed}-r1", feed=feed, plan_id="p-r1", state="abandoned", run_dir="/runs/r1",
+                             detail="refused")  # fmt: skip
+    assert [r.plan_id for r in checkpoint_store.open_runs(feed)] == ["p-r3"]
+    row = checkpoint_store.run("g", f"{feed}-r1")
+    assert row is not None and (row.state, row.detail) == ("abandoned", "refused")

@@ -32,6 +32,7 @@ import pytest
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import QUARANTINED, FaultEnv, Row, digest, scan
 from tests.support.poison import produce_with_poison, table_rows
+from tidemark.checkpoints.store import open_store
 from tidemark.errors import StuckRunError
 from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.output.deadletters import DeadLetter, dead_letters, summarize
@@ -268,7 +269,8 @@ def test_an_iceberg_feeds_dead_letter_table_is_appended_once_through_a_crash_bet
     assert sum(first.values()) == 9
 
     # The folder moved away meanwhile: the settle refuses, naming it, rather than append nothing and lose them.
-    folder = (publisher.quarantine / f"plan_id={crashed.plan_id}").local_path()
+    folder = publisher.quarantine_folder(crashed.plan_id, crashed.run_id).local_path()
+    assert folder.parent.name == f"run_id={crashed.run_id}"  # the run's own folder
     aside = folder.with_name(folder.name + ".aside")
     folder.rename(aside)
     refused = rf"plan {crashed.plan_id} .* 9 quarantined records, but its .*plan_id={crashed.plan_id} holds 0: restore"
@@ -309,3 +311,85 @@ def test_an_iceberg_feeds_dead_letter_table_is_appended_once_through_a_crash_bet
                                                  if d.plan_id == newest.plan_id}  # fmt: skip
     assert sum(as_rows(assert_exactly_the_oracle(fenv)).values()) == 15 + sum(table_rows(fenv).values())
     fenv.check("dead-letter table through a crash between its two commits")
+
+
+@pytest.mark.parametrize("output", ["parquet", "iceberg"])
+def test_two_runs_of_one_plan_keep_their_own_quarantine_through_a_refusal(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch, output: str
+) -> None:
+    """Two runs plan the same ranges (one plan id). Run A stages and dies before its commit; run B stages, commits
+    the group and dies before the show. The next run settles A first: its commit is refused and its discard drops
+    what A staged, and only that; then B is shown with every one of its dead letters, appended once."""
+    from tidemark.config.models import load_feed
+    from tidemark.output import publisher_for
+
+    if output == "iceberg":
+        fenv.use_iceberg(f"dl.s_{fenv.topic.replace('-', '_')}")
+    produce_with_poison(fenv, 30)
+    a = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    b = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    assert a.plan_id == b.plan_id and a.run_id != b.run_id
+    fenv.in_process(a, fenv.kafka.connection)  # A staged, then its process died before the commit
+    fenv.in_process(b, fenv.kafka.connection)
+    monkeypatch.setenv(FAULTS_ENV, "commit.before_show")
+    with pytest.raises(InjectedFault):
+        commit_run(b, fenv.kafka.connection, root=fenv.root)
+    monkeypatch.delenv(FAULTS_ENV)
+    assert fenv.committed() == {0: 10, 1: 10, 2: 10}
+
+    handle, _, outcome = fenv.run()  # settles A (refused, discarded), then shows B
+    assert handle.resumed == b.plan_id and handle.records == 0 and outcome.committed
+    store = open_store(root=fenv.root)
+    assert [store.run(fenv.group, r).state for r in (a.run_id, b.run_id)] == ["abandoned", "shown"]  # type: ignore[union-attr]
+    publisher = publisher_for(load_feed(fenv.feed), b.plan())
+    assert publisher.staged(a.plan_id, a.run_id) is None and publisher.staged(b.plan_id, b.run_id) is None
+    letters = assert_exactly_the_oracle(fenv)
+    assert len(letters) == 9 and {d.run_id for d in letters} == {b.run_id}
+    assert assert_the_table_is_the_oracle(fenv) == as_rows(letters)
+    fenv.check(f"two runs of one plan ({output})")
+
+
+def test_abandoning_a_run_stuck_after_its_table_commit_keeps_its_records_and_leaves_nothing_pending(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run crashed between its catalog commit and its dead letters' append, and its quarantine folder is lost: the
+    feed is stuck. ``tidemark abandon`` gives it up without an error: its records stay in the table (what is shown
+    is never taken back), the run is recorded shown, no pending record is left, and the feed goes on."""
+    import shutil
+
+    from tests.faults.harness import GOOD
+    from tidemark.cli import main
+    from tidemark.config.models import load_feed
+    from tidemark.output.iceberg import IcebergPublisher
+    from tidemark.storage import Location
+
+    fenv.use_iceberg(f"dl.a_{fenv.topic.replace('-', '_')}")
+    produce_with_poison(fenv, 30)
+    stuck = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(stuck, fenv.kafka.connection)
+    monkeypatch.setenv(FAULTS_ENV, "iceberg.before_dead_letters")
+    with pytest.raises(InjectedFault):
+        commit_run(stuck, fenv.kafka.connection, root=fenv.root)
+    monkeypatch.delenv(FAULTS_ENV)
+    for folder in Path(f"{fenv.output}.quarantine").rglob(f"plan_id={stuck.plan_id}"):
+        shutil.rmtree(folder)  # the run's dead letters are lost
+    with pytest.raises(StuckRunError, match=f"tidemark abandon {fenv.feed} {stuck.run_id}"):
+        fenv.run()
+
+    capsys.readouterr()
+    assert main(["abandon", fenv.feed, stuck.run_id, "--reason", "quarantine folder lost"]) == 0
+    said = capsys.readouterr().out
+    assert f"run {stuck.run_id}" in said and "they stay there" in said and "9 quarantined records" in said
+    publisher = IcebergPublisher(load_feed(fenv.feed))
+    assert publisher.staged(stuck.plan_id, stuck.run_id) is None
+    assert not [n for n, _ in Location.of(f"{fenv.output}.pending").files()]  # no pending record left behind
+    assert open_store(root=fenv.root).run(fenv.group, stuck.run_id).state == "shown"  # type: ignore[union-attr]
+
+    produce_with_poison(fenv, 15)
+    handle, _, outcome = fenv.run()  # not stuck: the feed goes on from the group
+    assert outcome.committed and handle.records == 15 and fenv.committed() == {0: 15, 1: 15, 2: 15}
+    expected, kinds = fenv.expect({tp: (0, 15) for tp in fenv.tps()})
+    good = fenv.published_by_kind()[GOOD]
+    assert good == Counter({r: n for r, n in expected.items() if kinds[r] == GOOD})  # every good record once
+    newer = {(d.topic, d.partition, d.offset) for d in dead_letters(fenv.feed)}
+    assert newer == {r[:3] for r in oracle_bad(fenv) if r[2] >= 10}  # the lost folder's letters alone are missing

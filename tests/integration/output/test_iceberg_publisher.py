@@ -192,7 +192,7 @@ def test_one_snapshot_holds_exactly_the_good_records_and_names_the_plan(setup: S
     assert all(r["value"] == f"{r['topic']}-{r['offset']}".encode() for r in rows)
     assert {r["date"] for r in rows} == {date(2026, 11, 22), date(2026, 11, 23)}
     # The quarantined record: in the sibling Parquet folder, not in the table.
-    quarantine = setup.tmp / "lake" / "ice.quarantine" / f"plan_id={setup.first.plan_id}"
+    quarantine = setup.tmp / "lake" / "ice.quarantine" / "run_id=run-1" / f"plan_id={setup.first.plan_id}"
     bad = [pq.read_table(p).to_pylist() for p in sorted(quarantine.rglob("*.parquet"))]
     assert [(r["offset"], r["_reason"]) for rows_ in bad for r in rows_] == [(1, BAD_REASON)]
     assert setup.manifest.records == 6 and setup.manifest.quarantined == 1 and not setup.manifest.reused

@@ -208,11 +208,23 @@ def test_new_staging_clears_a_crashed_attempt_and_refuses_a_published_plan(spark
 
     plan = _plan()
     feed = Feed(name=plan.feed, topics=("orders",), group="g", output=str(tmp_path / "out"))
+    from tidemark.output.staging import release
+
     crashed = new_staging(tmp_path / "out", plan.plan_id)
     _stage(crashed.written, "ok", 1)
+    live = new_staging(tmp_path / "out", plan.plan_id, run_id="run-b")  # another run's job, staging now
+    release(crashed.root)  # the crashed attempt's process is gone: its lock is free (the kernel's doing)
+    assert crashed.root.exists()
     fresh = new_staging(tmp_path / "out", plan.plan_id)
-    assert not crashed.root.exists() and fresh.root.exists()
-    assert [p.name for p in (tmp_path / "out" / STAGING_DIR).iterdir()] == [fresh.root.name]
+    assert not crashed.root.exists() and fresh.root.exists() and live.root.exists()
+    assert sorted(p.name for p in (tmp_path / "out" / STAGING_DIR).iterdir() if p.is_dir()) == sorted(
+        [fresh.root.name, live.root.name]
+    )
+    again = new_staging(tmp_path / "out", plan.plan_id, run_id="run-b")  # a second attempt of the live run
+    assert live.root.exists() and again.root.name.startswith("run-b.")  # a live attempt's folder is never taken
+    for staging in (fresh, live, again):
+        staging.discard()
+    assert list((tmp_path / "out" / STAGING_DIR).iterdir()) == []
     publish(_df(spark, plan), plan, feed, output_dir=tmp_path / "out")
     with pytest.raises(PublishError, match="already published"):
         new_staging(tmp_path / "out", plan.plan_id)

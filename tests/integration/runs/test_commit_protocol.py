@@ -114,14 +114,17 @@ def test_a_refused_run_whose_discard_fails_does_not_wedge_the_feed(
         commit_run(loser, fenv.kafka.connection, root=fenv.root)
     monkeypatch.undo()
     fenv.install(monkeypatch)
-    assert open_store(root=fenv.root).run(fenv.group, loser.run_id).state == "abandoned"  # type: ignore[union-attr]
-    for _ in range(2):  # the later runs are not stuck on the refused one
+    store = open_store(root=fenv.root)
+    assert store.run(fenv.group, loser.run_id).state == "discarding"  # type: ignore[union-attr]  # owed
+    for _ in range(2):  # the later runs are not stuck on the refused one: the first finishes its discard
         fenv.produce(3)
         _, _, outcome = fenv.run()
         assert outcome.committed
+        assert store.run(fenv.group, loser.run_id).state == "abandoned"  # type: ignore[union-attr]
+        assert not list(Path(fenv.output, "_pending").glob(f"{loser.run_id}/plan_id=*"))
     assert fenv.committed() == {0: 6, 1: 6, 2: 6}
     assert_output_is_the_scan(fenv)
-    # The refused run's own retry finishes the discard it owes; its records were never shown.
+    # The refused run's own retry finds it given up; its records were never shown.
     with pytest.raises(TidemarkError):
         commit_run(loser, fenv.kafka.connection, root=fenv.root)
     assert not list(Path(fenv.output, "_pending").glob(f"{loser.run_id}/plan_id=*"))
@@ -383,3 +386,43 @@ def test_a_topic_recreated_between_planning_and_the_read_is_refused(fenv: FaultE
         fenv.in_process(handle, fenv.kafka.connection)
     assert f"'{fenv.topic}' was {handle.plan().partitions[0].topic_id} at planning" in str(refused.value)
     assert fenv.published() == Counter() and fenv.committed() == {0: None, 1: None, 2: None}
+
+
+@pytest.mark.parametrize("output", ["parquet", "iceberg"])
+def test_a_refused_runs_discard_cut_short_is_finished_by_the_next_settle(
+    fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch, output: str
+) -> None:
+    """A refused run's discard crashes after deleting its own files, before its pending record
+    (``discard.before_pending``): the ledger keeps the discard owed (``discarding``), and the next run's settle
+    finishes it: no pending publication is left to pin the run's files, nothing of it is shown."""
+    from tidemark.config.models import load_feed
+    from tidemark.output import publisher_for
+
+    if output == "iceberg":
+        fenv.use_iceberg(f"cp.d_{fenv.topic.replace('-', '_')}")
+    fenv.produce(9)
+    loser = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.produce(3)
+    winner = plan_run(fenv.feed, fenv.kafka.connection, root=fenv.root)
+    fenv.in_process(loser, fenv.kafka.connection)
+    fenv.in_process(winner, fenv.kafka.connection)
+    commit_run(winner, fenv.kafka.connection, root=fenv.root)
+    publisher = publisher_for(load_feed(fenv.feed), loser.plan())
+    assert publisher.staged(loser.plan_id, loser.run_id) is not None
+    monkeypatch.setenv(FAULTS_ENV, "discard.before_pending")
+    with pytest.raises(InjectedFault):
+        commit_run(loser, fenv.kafka.connection, root=fenv.root)  # refused: the group moved; its discard crashes
+    monkeypatch.delenv(FAULTS_ENV)
+    store = open_store(root=fenv.root)
+    assert store.run(fenv.group, loser.run_id).state == "discarding"  # type: ignore[union-attr]
+    assert publisher.staged(loser.plan_id, loser.run_id) is not None  # cut short: its pending record is still there
+
+    fenv.produce(3)
+    _, _, outcome = fenv.run()
+    assert outcome.committed
+    assert store.run(fenv.group, loser.run_id).state == "abandoned"  # type: ignore[union-attr]
+    assert publisher.staged(loser.plan_id, loser.run_id) is None
+    pending = Path(f"{fenv.output}.pending") if output == "iceberg" else Path(fenv.output, "_pending")
+    assert not [p for p in pending.rglob("*") if loser.run_id in str(p)]
+    assert fenv.committed() == {0: 5, 1: 5, 2: 5}
+    assert_output_is_the_scan(fenv)
