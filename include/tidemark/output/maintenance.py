@@ -15,11 +15,20 @@
 2. **expires** snapshots older than ``snapshot_max_age``, keeping the newest
    ``keep_snapshots`` of the main branch and every branch's or tag's head (pyiceberg's
    ``expire_snapshots``, which removes them from the metadata only);
-3. **removes orphans**: files under the table's location that no remaining snapshot
-   (manifest list, manifests, data files), metadata file or statistics file names, and
+3. **removes orphans**: files under the table's own location (the one its metadata names),
+   in ``data/``, ``metadata/`` and ``_staging/`` only (:data:`OWN_FOLDERS`), that no remaining
+   snapshot (manifest list, manifests, data files), metadata file or statistics file names,
    that no pending run names (``<location>.pending/``, staged files waiting for their run's
-   commit), older than ``orphan_min_age``. The pending records are read *before* the table,
-   so a plan promoted meanwhile is in one or the other.
+   commit) and no run the run ledger holds open names by its plan id, older than
+   ``orphan_min_age``. The pending records are read *before* the table, so a plan promoted
+   meanwhile is in one or the other. A subtree that is another table's or a Parquet
+   publication's is never judged, and a location another table's metadata shares is left
+   alone (:func:`orphan_candidates`).
+
+No step deletes a file a committed snapshot names, whatever signal arrives when: compaction
+deletes the files it wrote only when no commit was sent with them, or when every commit was
+refused and the reloaded table names none of them; an interrupt after a commit was sent leaves
+them to orphan removal. Fault points ``maintenance.*`` sit between the steps.
 
 The feed's dead-letter table (:mod:`tidemark.output.dead_letter_table`) gets steps 2 and 3
 with the same settings: its rows are appended once per plan with dead letters, one small
