@@ -20,12 +20,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tidemark.errors import ConfigError
-from tidemark.output.ledger import LEDGER_PREFIX
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
 OWNER_KEY = "tidemark.owner"
+# tidemark.output.ledger's property prefix, spelled here because the dead-letter table (beside the ledger, not above
+# it) imports this module; tests/integration/output/test_table_owner.py checks the two agree.
+LEDGER_PREFIX = "tidemark.ledger."
 ForeignData = Callable[["Table", str], list[str]]  # a table and the feed opening it: the other feeds it shows
 
 

@@ -155,3 +155,9 @@ def test_a_new_dead_letter_table_is_created_owned(lake: Path) -> None:
     table = dl.open_table(open_catalog(), "lake.orders_dead_letters", dl.Location.of(lake / "d"),
                           {**NO_RETRY, OWNER_KEY: "orders"})  # fmt: skip
     assert table.properties[OWNER_KEY] == "orders"
+
+
+def test_the_owner_rule_reads_the_ledgers_own_property_prefix() -> None:
+    from tidemark.output import ledger, owner
+
+    assert owner.LEDGER_PREFIX == ledger.LEDGER_PREFIX
