@@ -146,6 +146,8 @@ def other_feeds(table: Table, feed: str) -> list[str]:
     """The feeds other than ``feed`` with a row in dead-letter table ``table`` (one row is enough to say so)."""
     from pyiceberg import expressions
 
+    if "feed" not in {f.name for f in table.schema().fields}:
+        return []  # written before rows named their feed: nothing in it names another feed
     differ: Any = expressions.NotEqualTo  # typed by pydantic as its fields, as in holds_plan
     scan = table.scan(row_filter=differ("feed", feed), selected_fields=("feed",), limit=1)
     return sorted({str(f) for f in scan.to_arrow().column("feed").to_pylist()})
