@@ -183,7 +183,7 @@ def maintain(
     table = compact(table, settings, tally, dry_run=dry_run)
     table = expire(table, settings, tally, now=now, dry_run=dry_run)
     plans = open_plans(feed, store)
-    remove_orphans(table, settings, tally, now=now, dry_run=dry_run, open_plans=plans)
+    remove_orphans(table, settings, tally, now=now, dry_run=dry_run, open_plans=plans, outputs=[publisher.location])
     dead, dead_tally = publisher.dead_letter_table(), _Tally()
     if dead is not None:
         dead = expire(dead, settings, dead_tally, now=now, dry_run=dry_run)
@@ -467,12 +467,16 @@ def remove_orphans(
     now: datetime,
     dry_run: bool = False,
     open_plans: Iterable[str] = (),
+    outputs: Iterable[Location] = (),
 ) -> None:
     """Delete the files of the table's own location that nothing names (see the module docstring), older than the
-    minimum age: none that a kept snapshot, a pending publication or an open run of the run ledger (``open_plans``:
-    their plan ids, which name their data files and staging folders) names, none that is someone else's."""
+    minimum age: none that a kept snapshot, a pending publication (``<location>.pending/``, and beside each of
+    ``outputs``) or an open run of the run ledger (``open_plans``: their plan ids, which name their data files and
+    staging folders) names, none that is someone else's."""
     location = table_location(table)
     keep = pending_files(location)  # first: a plan promoted after this is in the table loaded below
+    for output in outputs:  # the feed's output, where its runs record pending publications, if it is elsewhere
+        keep |= pending_files(output) if output != location else set()
     plans = tuple(open_plans)
     table = table.refresh()
     keep |= referenced(table)
