@@ -4,7 +4,9 @@ A fault point does nothing unless ``TIDEMARK_FAULTS`` names it, as ``point`` or
 ``point:action`` in a comma-separated list. ``raise`` (the default) raises
 :class:`InjectedFault`, a ``BaseException`` so that no ``except Exception`` handler
 tidies up after it, as after a crash; ``exit`` ends the process at once with exit code
-137 (``os._exit``: no ``finally`` block, no flush), as ``kill -9`` would. The points sit
+137 (``os._exit``: no ``finally`` block, no flush), as ``kill -9`` would; ``sigint`` sends the
+process a real SIGINT (Ctrl-C, an orchestrator's interrupt), which Python raises as
+``KeyboardInterrupt`` there, so every handler runs as it would for an operator's interrupt. The points sit
 where a crash is most dangerous for the promise "nothing lost, nothing duplicated":
 after publishing and before committing, between the Kafka commit and the checkpoint,
 between an Iceberg plan's data commit and its dead-letter append; a re-drive's after it
@@ -17,6 +19,8 @@ costs nothing on the normal path.
 from __future__ import annotations
 
 import os
+import signal
+import time
 from typing import Literal
 
 FAULTS_ENV = "TIDEMARK_FAULTS"
@@ -31,6 +35,11 @@ FaultPoint = Literal[
     "redrive.after_stage",
     "redrive.before_record",
     "discard.before_pending",
+    "maintenance.after_rewrite",
+    "maintenance.after_compaction",
+    "maintenance.after_expiry",
+    "maintenance.before_orphans",
+    "maintenance.after_orphan",
 ]
 
 
@@ -49,4 +58,8 @@ def fault_point(name: FaultPoint) -> None:
             continue
         if action == "exit":
             os._exit(137)
+        if action == "sigint":
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler raises here at the latest (a thread may have taken the signal)
+            return
         raise InjectedFault(f"injected fault at {name}")

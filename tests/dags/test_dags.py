@@ -169,6 +169,30 @@ def test_feeds_with_colliding_dag_ids_leave_the_others_loading_and_give_an_impor
     assert str(tmp_path / "replay.yaml") in error and "'tidemark_replay'" in error
 
 
+def test_feeds_whose_paths_overlap_load_no_dag_and_give_an_import_error_naming_both_files(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A feed whose output lies inside another feed's Iceberg table: maintenance of one would delete the other's
+    files. Neither loads (nothing says which one owns the place); the others do."""
+    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(tmp_path / "state"))
+    lake = tmp_path / "lake"
+    (tmp_path / "orders.yaml").write_text(f"topics: [orders]\ngroup: g-orders\noutput: {lake / 'orders'}\n"
+                                          "output_format: iceberg\n")  # fmt: skip
+    (tmp_path / "eu.yaml").write_text(f"topics: [orders]\ngroup: g-eu\noutput: {lake / 'orders' / 'eu'}\n")
+    (tmp_path / "good.yaml").write_text(f"topics: [orders]\ngroup: g-good\noutput: {lake / 'orders2'}\n")
+
+    dagbag = feed_folder_dagbag(tmp_path, tmp_path_factory, monkeypatch)
+
+    assert set(dagbag.dag_ids) == {"tidemark_good", "tidemark_backfill", "tidemark_replay", "tidemark_redrive"}
+    [(path, error)] = dagbag.import_errors.items()
+    assert path.endswith("tidemark_feed_errors.py")
+    assert f"feed file {tmp_path / 'eu.yaml'} and feed file {tmp_path / 'orders.yaml'} overlap" in error
+    assert (
+        f"output {lake / 'orders'} of 'orders'" in error and "'tidemark_eu'" in error and "'tidemark_orders'" in error
+    )
+    assert str(tmp_path / "good.yaml") not in error
+
+
 def test_a_folder_of_good_feed_files_has_no_import_error(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -985,6 +985,107 @@ MUTANTS = (
         ),
         ("tests/integration/output/test_staging_leftovers.py::test_staging_on_the_store_is_removed_after_the_run",),
     ),
+    Mutant(
+        "feeds-overlapping-paths-load",
+        "feeds whose paths overlap (equal, inside, or on another feed's .pending/.quarantine/.dead_letters siblings) "
+        "are refused at load, naming both files",
+        (
+            Edit(
+                "include/tidemark/config/ownership.py",
+                "    how = path_relation(a.value, b.value)\n",
+                "    how = None if a.value != b.value else path_relation(a.value, b.value)\n",
+            ),
+        ),
+        (
+            "tests/unit/config/test_ownership_config.py::"
+            "test_feeds_that_overlap_are_refused_at_load_naming_both_files_and_the_fields[output-inside-output]",
+        ),
+    ),
+    Mutant(
+        "feeds-sharing-a-group-load",
+        "two feeds with one consumer group are refused at load",
+        (
+            Edit(
+                "include/tidemark/config/ownership.py",
+                'return Clash(a, b, "is") if a.value == b.value else None\n    if a.kind == "table"',
+                'return None\n    if a.kind == "table"',
+            ),
+        ),
+        (
+            "tests/unit/config/test_ownership_config.py::"
+            "test_feeds_that_overlap_are_refused_at_load_naming_both_files_and_the_fields[same-group]",
+        ),
+    ),
+    Mutant(
+        "feed-own-quarantine-in-its-table",
+        "a feed's iceberg.quarantine inside its own table location is refused at load",
+        (
+            Edit(
+                "include/tidemark/config/models.py", "        own = own_clashes(self.claims())\n", "        own = []\n"
+            ),
+        ),
+        (
+            "tests/unit/config/test_ownership_config.py::"
+            "test_a_feed_whose_own_paths_overlap_is_refused_naming_its_file_and_fields[quarantine-in-own-table]",
+        ),
+    ),
+    Mutant(
+        "maintenance-lists-the-whole-location",
+        "maintenance deletes nothing another table or publication holds inside its table's location",
+        (
+            Edit(
+                "include/tidemark/output/maintenance.py",
+                '    mine = [(rel, info) for rel, info in found if not _foreign(rel.split("/"), roots)]',
+                "    mine = list(found)",
+            ),
+        ),
+        (
+            "tests/integration/output/test_maintenance_ownership.py::"
+            "test_maintenance_deletes_only_its_own_tables_files[table-in-data]",
+            "tests/integration/output/test_maintenance_ownership.py::"
+            "test_maintenance_deletes_only_its_own_tables_files[parquet-output-in-data]",
+        ),
+    ),
+    Mutant(
+        "maintenance-ignores-open-runs",
+        "maintenance keeps the files of runs the run ledger holds open",
+        (Edit("include/tidemark/output/maintenance.py", "    plans = tuple(open_plans)\n", "    plans = ()\n"),),
+        (
+            "tests/integration/output/test_maintenance_ownership.py::"
+            "test_maintenance_deletes_only_its_own_tables_files[quarantine]",
+        ),
+    ),
+    Mutant(
+        "maintenance-interrupt-deletes-compacted-files",
+        "an interrupted compaction never deletes a file a committed snapshot names",
+        (
+            Edit(
+                "include/tidemark/output/maintenance.py",
+                "        if not sent:\n            _delete_files(table, new)",
+                "        _delete_files(table, new)",
+            ),
+        ),
+        (
+            "tests/integration/output/test_maintenance_ownership.py::"
+            "test_a_sigint_at_each_maintenance_step_never_deletes_a_file_a_kept_snapshot_names"
+            "[maintenance.after_compaction]",
+        ),
+    ),
+    Mutant(
+        "table-owner-unchecked",
+        "a feed opening another feed's table is refused",
+        (
+            Edit(
+                "include/tidemark/output/owner.py",
+                "    if owner is not None:\n        raise ConfigError(",
+                "    if owner is not None and False:\n        raise ConfigError(",
+            ),
+        ),
+        (
+            "tests/integration/output/test_table_owner.py::"
+            "test_a_table_is_created_owned_and_refused_to_another_feed_naming_both",
+        ),
+    ),
 )
 
 

@@ -10,6 +10,7 @@ Connection settings (brokers, credentials) are never part of a feed: see
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from tidemark._types import Isolation
 from tidemark.config.declared import DeclaredField, FieldKind, ddl_fields, field_kind
 from tidemark.config.durations import parse_skew, schedule_interval
 from tidemark.config.masking import Masking, path_problem
+from tidemark.config.ownership import SIBLINGS, Claim, Clash, clashes, own_clashes, state_clashes
 from tidemark.errors import ConfigError
 from tidemark.storage import Location
 
@@ -739,7 +741,29 @@ class Feed(_Model):
             )
         if self.masking is not None:
             self._check_masking(self.masking)
+        own = own_clashes(self.claims())
+        if own:
+            raise ValueError(own[0].describe())
         return self
+
+    def claims(self) -> list[Claim]:
+        """Everything this feed owns (:mod:`tidemark.config.ownership`): its paths, its tables and its group."""
+        out = self.output_location().url
+        label = "output" if self.output else "output (default)"
+        found = [Claim(self.name, label, "path", out, explicit=False)]
+        found += [Claim(self.name, f"the {label}'s sibling", "path", out + s, explicit=False) for s in SIBLINGS]
+        if self.iceberg is not None and self.iceberg.quarantine:
+            found.append(Claim(self.name, "iceberg.quarantine", "path", Location.of(self.iceberg.quarantine).url))
+        if self.masking is not None and self.masking.keep_raw is not None:
+            found.append(Claim(self.name, "masking.keep_raw", "path", Location.of(self.masking.keep_raw).url))
+        if self.output_format == "iceberg":
+            table, dead = (self.iceberg.table, self.iceberg.dead_letters) if self.iceberg else (None, None)
+            found.append(Claim(self.name, "iceberg.table" + ("" if table else " (default)"), "table",
+                               self.iceberg_table))  # fmt: skip
+            found.append(Claim(self.name, "iceberg.dead_letters" + ("" if dead else " (default)"), "table",
+                               self.iceberg_dead_letters))  # fmt: skip
+        found.append(Claim(self.name, "group", "group", self.group))
+        return found
 
     def _partition_refusal(self) -> str | None:
         """Why the feed's value-field partitioning does not fit the value's declared fields (``None``: it does).
@@ -984,17 +1008,61 @@ def load_feed_file(path: Path) -> Feed:
 
 
 def load_feed(name_or_path: str, directory: Path | None = None) -> Feed:
-    """A feed by name (looked up in the feeds folder) or by path to its YAML file."""
+    """A feed by name (looked up in the feeds folder) or by path to its YAML file; refused when it claims what
+    another feed file of its folder claims (:func:`ownership_problems`)."""
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml") and candidate.exists():
-        return load_feed_file(candidate)
+        return _owning(load_feed_file(candidate), candidate)
     folder = directory or feeds_dir()
     for suffix in (".yaml", ".yml"):
         path = folder / f"{name_or_path}{suffix}"
         if path.exists():
-            return load_feed_file(path)
+            return _owning(load_feed_file(path), path)
     known = ", ".join(sorted(f.stem for f in folder.glob("*.y*ml"))) or "none"
     raise ConfigError(f"no feed named '{name_or_path}' in {folder} (known feeds: {known})")
+
+
+def _owning(feed: Feed, path: Path) -> Feed:
+    """``feed`` (from ``path``), unless it clashes with another loadable feed file of its folder."""
+    loaded = {feed.name: (feed, path)}
+    for other in _feed_files(path.parent):
+        if other.stem not in loaded:
+            with contextlib.suppress(ConfigError):  # a file that does not load is reported on its own
+                loaded[other.stem] = (load_feed_file(other), other)
+    problem = ownership_problems(loaded).get(feed.name)
+    if problem is not None:
+        raise ConfigError(problem.error)
+    return feed
+
+
+def _feed_files(folder: Path) -> list[Path]:
+    return sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])
+
+
+def ownership_problems(loaded: dict[str, tuple[Feed, Path]]) -> dict[str, FeedProblem]:
+    """The feeds of ``loaded`` (name: feed and its file) whose claims clash (:mod:`tidemark.config.ownership`):
+    with another feed's (both are refused, naming both files) or with the state dir."""
+    files = {name: f"feed file {path}" for name, (_, path) in loaded.items()}
+    claims = [c for feed, _ in loaded.values() for c in feed.claims()]
+    errors: dict[str, list[str]] = {}
+    involved: dict[str, list[str]] = {}
+    found: list[Clash] = clashes(claims)
+    for c in found:
+        text = c.describe(files)
+        for name, other in ((c.first.feed, c.second.feed), (c.second.feed, c.first.feed)):
+            errors.setdefault(name, []).append(text)
+            involved.setdefault(name, [str(loaded[name][1])]).append(str(loaded[other][1]))
+    state = state_location().url
+    for name, (feed, path) in loaded.items():
+        for text in state_clashes(feed.claims(), state):
+            errors.setdefault(name, []).append(
+                f"{files[name]}: {text}, which Tidemark alone writes; choose a place outside it"
+            )
+            involved.setdefault(name, [str(path)])
+    return {
+        name: FeedProblem(name, tuple(dict.fromkeys(involved[name])), "; ".join(dict.fromkeys(texts)))
+        for name, texts in errors.items()
+    }
 
 
 # Tidemark's own DAGs, tidemark_<name>: no feed may take their ids.
@@ -1041,14 +1109,17 @@ def scan_feeds(directory: Path | None = None) -> FeedScan:
     A file that is not valid YAML or not a valid feed, two files that map to one DAG id
     (``orders.v1`` and ``orders_v1``, or ``orders.yaml`` beside ``orders.yml``: neither is
     loaded, as nothing says which one is meant), or a feed named after a built-in DAG
-    (``replay``, ``backfill``) is a :class:`FeedProblem` naming the file(s) and the field.
+    (``replay``, ``backfill``) is a :class:`FeedProblem` naming the file(s) and the field. So are
+    two feeds that claim one path, table or group (:func:`ownership_problems`): both files are
+    named and neither feed loads, as nothing says which one owns it.
     """
     folder = directory or feeds_dir()
-    paths = sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])
+    paths = _feed_files(folder)
     by_dag: dict[str, list[Path]] = {}
     for path in paths:
         by_dag.setdefault(dag_id(path.stem), []).append(path)
     feeds: dict[str, Feed] = {}
+    source: dict[str, Path] = {}
     problems: list[FeedProblem] = []
     for dag, files in by_dag.items():
         builtin = [b for b in BUILTIN_DAGS if dag_id(b) == dag]
@@ -1067,8 +1138,12 @@ def scan_feeds(directory: Path | None = None) -> FeedScan:
         else:
             try:
                 feeds[files[0].stem] = load_feed_file(files[0])
+                source[files[0].stem] = files[0]
             except ConfigError as exc:
                 problems.append(FeedProblem(files[0].stem, (str(files[0]),), str(exc)))
+    owned = ownership_problems({name: (feed, source[name]) for name, feed in feeds.items()})
+    problems += owned.values()
+    feeds = {name: feed for name, feed in feeds.items() if name not in owned}
     return FeedScan(dict(sorted(feeds.items())), tuple(problems))
 
 

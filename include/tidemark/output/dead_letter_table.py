@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from tidemark.errors import ConfigError, PublishError
+from tidemark.output.owner import OWNER_KEY, adopt
 from tidemark.staged import RAW_KEY_COLUMN, RAW_VALUE_COLUMN, REASON_CODES_COLUMN, REASON_COLUMN, reason_codes
 from tidemark.storage import Location
 
@@ -115,12 +116,16 @@ def quarantine_files(folder: Location) -> list[tuple[Location, str]]:
 
 def open_table(catalog: Catalog, name: str, location: Location, properties: Mapping[str, str]) -> Table:
     """The dead-letter table ``name``, created on first use at ``location`` with ``properties`` (the publisher's:
-    no commit retries, so a refused append is decided again, never rebased past :func:`holds_plan`)."""
+    no commit retries, so a refused append is decided again, never rebased past :func:`holds_plan`; the owning feed,
+    ``tidemark.owner``: a table another feed owns is refused, one without an owner adopted unless it holds another
+    feed's rows, :mod:`tidemark.output.owner`)."""
     from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
     from pyiceberg.transforms import IdentityTransform
 
+    owner = properties.get(OWNER_KEY)
     try:
-        return _with(_evolved(catalog.load_table(name), name), properties)
+        found = _evolved(catalog.load_table(name), name)
+        return _with(found if owner is None else adopt(found, name, owner, other_feeds), properties)
     except NoSuchTableError:
         pass
     catalog.create_namespace_if_not_exists(name.split(".", 1)[0])
@@ -135,6 +140,17 @@ def open_table(catalog: Catalog, name: str, location: Location, properties: Mapp
     except TableAlreadyExistsError:
         pass  # created meanwhile by another run: use it
     return _with(catalog.load_table(name), properties)
+
+
+def other_feeds(table: Table, feed: str) -> list[str]:
+    """The feeds other than ``feed`` with a row in dead-letter table ``table`` (one row is enough to say so)."""
+    from pyiceberg import expressions
+
+    if "feed" not in {f.name for f in table.schema().fields}:
+        return []  # written before rows named their feed: nothing in it names another feed
+    differ: Any = expressions.NotEqualTo  # typed by pydantic as its fields, as in holds_plan
+    scan = table.scan(row_filter=differ("feed", feed), selected_fields=("feed",), limit=1)
+    return sorted({str(f) for f in scan.to_arrow().column("feed").to_pylist()})
 
 
 def _evolved(table: Table, name: str) -> Table:

@@ -79,8 +79,9 @@ from tidemark.config.models import Feed, state_location
 from tidemark.errors import ConfigError, PublishError, SchemaError, StateStoreError
 from tidemark.faults import fault_point
 from tidemark.output.base import QUARANTINE_DIR, STAGING_DIR, FileEntry, Manifest, StagedRecords
-from tidemark.output.dead_letter_table import append_plan
+from tidemark.output.dead_letter_table import append_plan, other_feeds
 from tidemark.output.ledger import Ledger, LedgerPlan, ledger_key, overlap
+from tidemark.output.owner import OWNER_KEY, adopt, check_owner
 from tidemark.output.partitioning import (
     PartitionField,
     folder_value,
@@ -436,12 +437,16 @@ class IcebergPublisher:
     # -- the table -----------------------------------------------------------------------
 
     def load(self) -> Table | None:
+        """The feed's table, or ``None`` before its first commit; refused when another feed owns it
+        (:func:`tidemark.output.owner.check_owner`)."""
         from pyiceberg.exceptions import NoSuchTableError
 
         try:
-            return open_catalog().load_table(self.table_name)
+            table = open_catalog().load_table(self.table_name)
         except NoSuchTableError:
             return None
+        check_owner(table, self.table_name, self.feed.name)
+        return table
 
     def partition_fields(self, schema: StructType) -> tuple[PartitionField, ...]:
         """The feed's partitioning of records of ``schema`` (:func:`tidemark.output.partitioning.partition_fields`)."""
@@ -463,7 +468,7 @@ class IcebergPublisher:
                         self.table_name,
                         schema=self.table_arrow(schema),
                         location=self.location.url,
-                        properties=NO_RETRY,
+                        properties={**NO_RETRY, OWNER_KEY: self.feed.name},
                     ) as create,
                     create.update_spec() as spec,
                 ):
@@ -472,6 +477,7 @@ class IcebergPublisher:
             except TableAlreadyExistsError:
                 pass  # created meanwhile by another run: use it
             table = catalog.load_table(self.table_name)
+        table = adopt(table, self.table_name, self.feed.name)
         if table.properties.get("commit.retry.num-retries") != "0":
             # A rebased retry would commit past the history check below: never allow one.
             with table.transaction() as tx:
@@ -784,7 +790,7 @@ class IcebergPublisher:
             open_catalog(), self.dead_letters_name, self.dead_letters_location,
             folder if folder is not None else self.quarantine_folder(plan_id, run_id),
             feed=self.feed.name, plan_id=plan_id, run_id=run_id, dead_lettered_at=at, snapshot_properties=properties,
-            table_properties=NO_RETRY, expected=quarantined,
+            table_properties={**NO_RETRY, OWNER_KEY: self.feed.name}, expected=quarantined,
         )  # fmt: skip
 
     def dead_letter_table(self) -> Table | None:
@@ -792,9 +798,11 @@ class IcebergPublisher:
         from pyiceberg.exceptions import NoSuchTableError
 
         try:
-            return open_catalog().load_table(self.dead_letters_name)
+            table = open_catalog().load_table(self.dead_letters_name)
         except NoSuchTableError:
             return None
+        check_owner(table, self.dead_letters_name, self.feed.name, other_feeds)
+        return table
 
     def discard(self, plan_id: str, run_id: str) -> Manifest | None:
         """Delete run ``run_id``'s own staged files: its data files (in no snapshot: its commit of the group was

@@ -15,11 +15,20 @@
 2. **expires** snapshots older than ``snapshot_max_age``, keeping the newest
    ``keep_snapshots`` of the main branch and every branch's or tag's head (pyiceberg's
    ``expire_snapshots``, which removes them from the metadata only);
-3. **removes orphans**: files under the table's location that no remaining snapshot
-   (manifest list, manifests, data files), metadata file or statistics file names, and
+3. **removes orphans**: files under the table's own location (the one its metadata names),
+   in ``data/``, ``metadata/`` and ``_staging/`` only (:data:`OWN_FOLDERS`), that no remaining
+   snapshot (manifest list, manifests, data files), metadata file or statistics file names,
    that no pending run names (``<location>.pending/``, staged files waiting for their run's
-   commit), older than ``orphan_min_age``. The pending records are read *before* the table,
-   so a plan promoted meanwhile is in one or the other.
+   commit) and no run the run ledger holds open names by its plan id, older than
+   ``orphan_min_age``. The pending records are read *before* the table, so a plan promoted
+   meanwhile is in one or the other. A subtree that is another table's or a Parquet
+   publication's is never judged, and a location another table's metadata shares is left
+   alone (:func:`orphan_candidates`).
+
+No step deletes a file a committed snapshot names, whatever signal arrives when: compaction
+deletes the files it wrote only when no commit was sent with them, or when every commit was
+refused and the reloaded table names none of them; an interrupt after a commit was sent leaves
+them to orphan removal. Fault points ``maintenance.*`` sit between the steps.
 
 The feed's dead-letter table (:mod:`tidemark.output.dead_letter_table`) gets steps 2 and 3
 with the same settings: its rows are appended once per plan with dead letters, one small
@@ -53,8 +62,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from tidemark.checkpoints.store import CheckpointStore, default_store
 from tidemark.config.models import Feed, Maintenance, state_location
-from tidemark.errors import ConfigError, PublishError
+from tidemark.errors import ConfigError, PublishError, StateStoreError
+from tidemark.faults import fault_point
+from tidemark.output.base import STAGING_DIR
 from tidemark.output.iceberg import IcebergPublisher, plan_history
 from tidemark.storage import Location
 
@@ -67,6 +79,8 @@ SMALL = 0.75  # of the target size: a file below it is small
 MAINTENANCE_KEY = "tidemark.maintenance"
 RECORDS_DIR = "maintenance"
 DEFAULT = Maintenance()
+# What an Iceberg table and Tidemark write under a table's location; orphan removal lists only these.
+OWN_FOLDERS = ("data", "metadata", STAGING_DIR)
 
 
 @dataclass(frozen=True)
@@ -136,7 +150,20 @@ class _Tally:
     notes: list[str] = field(default_factory=list)
 
 
-def maintain(feed: Feed, *, dry_run: bool = False, now: datetime | None = None, root: Any = None) -> MaintenanceReport:
+def open_plans(feed: Feed, store: CheckpointStore | None = None) -> list[str]:
+    """The plan ids of the feed's runs and re-drives the run ledger holds open (planned, committing, committed)."""
+    ledger = store if store is not None else default_store()
+    return [r.plan_id for name in (feed.name, f"{feed.name}:redrive") for r in ledger.open_runs(name)]
+
+
+def maintain(
+    feed: Feed,
+    *,
+    dry_run: bool = False,
+    now: datetime | None = None,
+    root: Any = None,
+    store: CheckpointStore | None = None,
+) -> MaintenanceReport:
     """Compact, expire and remove orphans of ``feed``'s table (see the module docstring); the report, saved."""
     if feed.output_format != "iceberg":
         raise ConfigError(
@@ -155,11 +182,12 @@ def maintain(feed: Feed, *, dry_run: bool = False, now: datetime | None = None, 
     tally = _Tally()
     table = compact(table, settings, tally, dry_run=dry_run)
     table = expire(table, settings, tally, now=now, dry_run=dry_run)
-    remove_orphans(table, publisher.location, settings, tally, now=now, dry_run=dry_run)
+    plans = open_plans(feed, store)
+    remove_orphans(table, settings, tally, now=now, dry_run=dry_run, open_plans=plans, outputs=[publisher.location])
     dead, dead_tally = publisher.dead_letter_table(), _Tally()
     if dead is not None:
         dead = expire(dead, settings, dead_tally, now=now, dry_run=dry_run)
-        remove_orphans(dead, publisher.dead_letters_location, settings, dead_tally, now=now, dry_run=dry_run)
+        remove_orphans(dead, settings, dead_tally, now=now, dry_run=dry_run, open_plans=plans)
         tally.retries += dead_tally.retries
         tally.notes += [f"dead-letter table {publisher.dead_letters_name}: {n}" for n in dead_tally.notes]
     files_after, bytes_after = _live_totals(table) if not dry_run else (files_before, bytes_before)
@@ -215,7 +243,7 @@ def compaction_groups(table: Table, settings: Maintenance) -> list[list[DataFile
 
 def compact(table: Table, settings: Maintenance, tally: _Tally, *, dry_run: bool = False) -> Table:
     """Rewrite the small files of :func:`compaction_groups` in one snapshot, retried on a refused commit."""
-    from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException, ValidationException
+    from pyiceberg.exceptions import CommitFailedException, ValidationException
 
     groups = compaction_groups(table, settings)
     if not groups:
@@ -228,13 +256,17 @@ def compact(table: Table, settings: Maintenance, tally: _Tally, *, dry_run: bool
         return table
     old = [f for g in groups for f in g]
     new: list[DataFile] = []
+    sent = False  # once a commit was sent, only the catalog's answer says whether a snapshot names the new files
     try:
         for group in groups:
             new += _rewrite(table, group, settings.target_file_bytes)
         tally.written = len(new)
+        fault_point("maintenance.after_rewrite")  # the new files written, no commit sent
         for _ in range(ATTEMPTS):
             try:
+                sent = True
                 _replace_files(table, old, new)
+                fault_point("maintenance.after_compaction")  # committed: the current snapshot names the new files
                 return table.refresh()
             except CommitFailedException:  # a feed (or anyone) committed meanwhile: build on the new table
                 tally.retries += 1
@@ -249,12 +281,14 @@ def compact(table: Table, settings: Maintenance, tally: _Tally, *, dry_run: bool
                 break
         else:
             tally.notes.append(f"compaction refused {ATTEMPTS} times (the table kept changing); nothing replaced")
-    except CommitStateUnknownException:
-        raise  # the commit may have landed with the new files: they are not this run's to delete
     except BaseException:
-        _delete_files(table, new)
+        # An interrupt (SIGINT, a task timeout), a crash or a commit in an unknown state: after a commit was sent the
+        # new files may be the current snapshot's, so they stay for orphan removal, which judges them by the
+        # metadata it loads. Only files no commit ever named are this run's to delete.
+        if not sent:
+            _delete_files(table, new)
         raise
-    _delete_files(table, new)  # never committed: no snapshot names them
+    _delete_unreferenced(table, new)  # every commit refused; deleted only if the reloaded table names none of them
     tally.rewritten = tally.written = tally.partitions = 0
     return table
 
@@ -303,6 +337,12 @@ def _delete_files(table: Table, files: Iterable[DataFile]) -> None:
         table.io.delete(f.file_path)
 
 
+def _delete_unreferenced(table: Table, files: Iterable[DataFile]) -> None:
+    """Delete ``files`` that no snapshot of the table, loaded again now, names."""
+    named = referenced(table.refresh())
+    _delete_files(table, [f for f in files if _plain(f.file_path) not in named])
+
+
 # -- 2. snapshot expiry -------------------------------------------------------------------
 
 
@@ -327,6 +367,7 @@ def expire(table: Table, settings: Maintenance, tally: _Tally, *, now: datetime,
         try:
             table.maintenance.expire_snapshots().by_ids(chosen).commit()
             tally.expired = len(chosen)
+            fault_point("maintenance.after_expiry")  # expired in the metadata; expiry deletes no file
             return table.refresh()
         except CommitFailedException:
             tally.retries += 1
@@ -373,28 +414,101 @@ def pending_files(location: Location) -> set[str]:
     return found
 
 
-def remove_orphans(
-    table: Table, location: Location, settings: Maintenance, tally: _Tally, *, now: datetime, dry_run: bool = False
-) -> None:
-    """Delete files under ``location`` that nothing names (see the module docstring), older than the minimum age."""
+def table_location(table: Table) -> Location:
+    """The table's own location, as its metadata names it (not the feed file's output: the table is what it is)."""
+    return Location.of(_plain(table.location()).rstrip("/"))
+
+
+def _foreign(parts: list[str], foreign_roots: set[str]) -> bool:
+    """Whether a file (its path's parts below the table location) belongs to someone else: a Parquet publication
+    (a ``plan_id=`` folder or a ``_manifest.json``) or another table whose root lies inside this one."""
+    if parts[-1] == "_manifest.json" or any(p.startswith("plan_id=") for p in parts[:-1]):
+        return True
+    return any(parts[: len(root)] == root for root in (r.split("/") for r in foreign_roots))
+
+
+def orphan_candidates(location: Location) -> tuple[list[tuple[str, Any]], int]:
+    """The files maintenance may judge under ``location`` (a table's own), and how many it leaves as someone else's.
+
+    Only the folders an Iceberg table and Tidemark write there (:data:`OWN_FOLDERS`: ``data/``,
+    ``metadata/``, the staging folder ``_staging/``) are listed; inside them, a subtree that is
+    another table's (it holds ``metadata/*.metadata.json``) or a Parquet publication's is left alone.
+    """
     import pyarrow.fs as pafs
 
+    base = location.fs_path.rstrip("/") + "/"
+    found: list[tuple[str, Any]] = []
+    for folder in OWN_FOLDERS:
+        selector = pafs.FileSelector((location / folder).fs_path, allow_not_found=True, recursive=True)
+        found += [(i.path[len(base) :], i) for i in location.fs.get_file_info(selector) if i.type == pafs.FileType.File]
+    roots = set()
+    for rel, _ in found:
+        parts = rel.split("/")
+        if len(parts) > 2 and parts[-2] == "metadata" and parts[-1].endswith(".metadata.json"):
+            roots.add("/".join(parts[:-2]))
+    mine = [(rel, info) for rel, info in found if not _foreign(rel.split("/"), roots)]
+    return mine, len(found) - len(mine)
+
+
+def _another_table(location: Location, rel: str, table: Table) -> str | None:
+    """The table uuid of metadata file ``rel`` when it is not ``table``'s: another table shares the location."""
+    try:
+        uuid_text = str(json.loads((location / rel).read_text()).get("table-uuid", ""))
+    except (OSError, ValueError, StateStoreError):
+        return None
+    return uuid_text if uuid_text and uuid_text != str(table.metadata.table_uuid) else None
+
+
+def remove_orphans(
+    table: Table,
+    settings: Maintenance,
+    tally: _Tally,
+    *,
+    now: datetime,
+    dry_run: bool = False,
+    open_plans: Iterable[str] = (),
+    outputs: Iterable[Location] = (),
+) -> None:
+    """Delete the files of the table's own location that nothing names (see the module docstring), older than the
+    minimum age: none that a kept snapshot, a pending publication (``<location>.pending/``, and beside each of
+    ``outputs``) or an open run of the run ledger (``open_plans``: their plan ids, which name their data files and
+    staging folders) names, none that is someone else's."""
+    location = table_location(table)
     keep = pending_files(location)  # first: a plan promoted after this is in the table loaded below
-    keep |= referenced(table.refresh())
+    for output in outputs:  # the feed's output, where its runs record pending publications, if it is elsewhere
+        keep |= pending_files(output) if output != location else set()
+    plans = tuple(open_plans)
+    table = table.refresh()
+    keep |= referenced(table)
     cutoff = now - settings.orphan_min_age_td
-    selector = pafs.FileSelector(location.fs_path, allow_not_found=True, recursive=True)
-    for info in location.fs.get_file_info(selector):
-        if info.type != pafs.FileType.File:
-            continue
+    candidates, foreign = orphan_candidates(location)
+    if foreign:
+        tally.notes.append(f"{foreign} files under {location} belong to another table or publication; left alone")
+    chosen = []
+    for rel, info in candidates:
         path = info.path if location.is_local else f"{location.url.split('://', 1)[0]}://{info.path}"
         if path in keep or info.mtime is None or info.mtime.astimezone(UTC) >= cutoff:
             continue
+        name = rel.rsplit("/", 1)[-1]
+        if any(name.startswith(f"{p}-") or f"/{p}." in f"/{rel}" for p in plans):
+            continue  # an open run's files: its pending record may not be written yet
+        chosen.append((rel, path, info))
+    uuids = (_another_table(location, rel, table) for rel, _, _ in chosen if rel.endswith(".metadata.json"))
+    others = {u for u in uuids if u is not None}
+    if others:
+        tally.notes.append(
+            f"metadata of another table ({', '.join(sorted(others))}) lies in {location}: no orphan removed there"
+        )
+        return
+    fault_point("maintenance.before_orphans")  # chosen, none deleted
+    for _, path, info in chosen:
         if not dry_run:
             try:
                 location.fs.delete_file(info.path)
             except OSError as exc:
                 tally.notes.append(f"could not remove orphan {path}: {exc}")
                 continue
+            fault_point("maintenance.after_orphan")  # one orphan deleted, the others not yet
         tally.orphans += 1
         tally.orphan_bytes += int(info.size or 0)
 

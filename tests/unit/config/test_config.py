@@ -202,7 +202,7 @@ def test_bad_feed_file_name_is_refused(tmp_path: Path) -> None:
 
 def test_unknown_feed_lists_known_ones(tmp_path: Path) -> None:
     write(tmp_path, MINIMAL, name="orders")
-    write(tmp_path, MINIMAL, name="payments")
+    write(tmp_path, MINIMAL.replace("orders-batch", "payments-batch"), name="payments")
     with pytest.raises(ConfigError, match=r"no feed named 'refunds' .*known feeds: orders, payments"):
         load_feed("refunds", tmp_path)
     assert sorted(load_feeds(tmp_path)) == ["orders", "payments"]
