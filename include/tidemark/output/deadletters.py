@@ -162,8 +162,12 @@ def redrive_ledger_feed(feed: str) -> str:
     return f"{feed}:redrive"
 
 
-def read_redrive(row: LedgerRun) -> RedriveRecord | None:
-    """The record in a re-drive row's run dir (``None``: gone)."""
+def read_redrive(row: LedgerRun, kept: Mapping[str, str] | None = None) -> RedriveRecord | None:
+    """A re-drive row's record: the run ledger's (``kept``: :meth:`CheckpointStore.redrive_records`), else, for a
+    re-drive recorded before the ledger kept records, the one in its run dir; ``None``: recorded nowhere."""
+    text = (kept or {}).get(row.run_id)
+    if text is not None:
+        return RedriveRecord.from_json(text)
     path = Location.of(row.run_dir) / REDRIVE_FILE
     return RedriveRecord.from_json(path.read_text()) if path.exists() else None
 
@@ -175,27 +179,33 @@ class Redriven:
     taken: Mapping[Key, str]  # dead letter -> the re-drive run that published it
     rechecked: Mapping[Key, tuple[str, tuple[str, ...]]]  # dead letter -> (re-drive run, its reasons then)
     records: tuple[RedriveRecord, ...] = ()
+    unknown: tuple[str, ...] = ()  # re-drives that published, their record in neither the ledger nor their run dir
 
 
 def redriven(feed: Feed, store: CheckpointStore, publisher: Publisher | None = None) -> Redriven:
     """What ``feed``'s re-drives published: those the ledger records ``shown``, and any open one whose publication
-    the output already shows (a re-drive that crashed after publishing, before its ledger said so)."""
-    rows = store.feed_runs(redrive_ledger_feed(feed.name), ("shown", "planned", "committing", "committed"))
+    the output already shows (a re-drive that crashed after publishing, before its ledger said so). Each one's
+    letters come from the run ledger (:func:`read_redrive`), so removing run dirs changes nothing."""
+    ledger_feed = redrive_ledger_feed(feed.name)
+    rows = store.feed_runs(ledger_feed, ("shown", "planned", "committing", "committed"))
+    kept = store.redrive_records(feed.group, ledger_feed) if rows else {}
     taken: dict[Key, str] = {}
     rechecked: dict[Key, tuple[str, tuple[str, ...]]] = {}
     records = []
+    unknown = []
     for row in rows:  # oldest first: a later re-check replaces an earlier one
         if row.state != "shown":
             publisher = publisher or publisher_for(feed)
             if publisher.published(row.plan_id) is None:
                 continue
-        record = read_redrive(row)
+        record = read_redrive(row, kept)
         if record is None:
+            unknown.append(row.run_id)
             continue
         records.append(record)
         taken.update((k, record.run_id) for k in record.taken)
         rechecked.update((k, (record.run_id, codes)) for k, codes in record.failing)
-    return Redriven(taken, rechecked, tuple(records))
+    return Redriven(taken, rechecked, tuple(records), tuple(unknown))
 
 
 def dead_letters(

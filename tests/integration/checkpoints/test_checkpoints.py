@@ -244,3 +244,26 @@ def test_feed_runs_lists_a_feeds_runs_in_the_states_asked_oldest_first(checkpoin
     assert [r.plan_id for r in checkpoint_store.feed_runs(feed, ("planned", "shown"))] == ["p-r1", "p-r2", "p-r3"]
     assert [r.plan_id for r in checkpoint_store.feed_runs(f"{feed}:redrive", ("shown",))] == ["p-r4"]
     assert [r.plan_id for r in checkpoint_store.open_runs(feed)] == ["p-r3"]
+
+
+def test_a_redrive_record_is_kept_with_its_row_and_never_replaced(checkpoint_store: CheckpointStore) -> None:
+    """``plan_redrive`` writes the record and the ``planned`` row together; ``adopt_redrive`` (a re-drive recorded
+    before the ledger kept records) adds a missing record only; ``redrive_records`` reads one feed's, by run id."""
+    group, feed = f"g-{uuid.uuid4().hex[:8]}", f"f{uuid.uuid4().hex[:8]}"
+    checkpoint_store.plan_redrive(group, "r1", feed=f"{feed}:redrive", plan_id="redrive-a", run_dir="/d/r1",
+                                  record='{"taken": 1}')  # fmt: skip
+    row = checkpoint_store.run(group, "r1")
+    assert row is not None and (row.state, row.plan_id, row.feed) == ("planned", "redrive-a", f"{feed}:redrive")
+    checkpoint_store.set_run(group, "r1", feed=f"{feed}:redrive", plan_id="redrive-a", state="shown", run_dir="/d/r1")
+    checkpoint_store.plan_redrive(group, "r1", feed=f"{feed}:redrive", plan_id="redrive-a", run_dir="/d/r1",
+                                  record='{"taken": 2}')  # fmt: skip
+    again = checkpoint_store.run(group, "r1")
+    assert again is not None and again.state == "shown"  # a repeated call moves nothing back
+    checkpoint_store.set_run(group, "r2", feed=f"{feed}:redrive", plan_id="redrive-b", state="shown", run_dir="/d/r2")
+    checkpoint_store.set_run(group, "r3", feed=feed, plan_id="p", state="shown", run_dir="/d/r3")
+    assert checkpoint_store.redrive_records(group, f"{feed}:redrive") == {"r1": '{"taken": 1}'}
+    checkpoint_store.adopt_redrive(group, "r2", '{"taken": 3}')
+    checkpoint_store.adopt_redrive(group, "r1", '{"taken": 4}')
+    checkpoint_store.adopt_redrive(group, "r3", '{"taken": 5}')  # a run's row: not a re-drive of this feed
+    assert checkpoint_store.redrive_records(group, f"{feed}:redrive") == {"r1": '{"taken": 1}', "r2": '{"taken": 3}'}
+    assert checkpoint_store.redrive_records(f"{group}-other", f"{feed}:redrive") == {}
