@@ -51,7 +51,7 @@ from tidemark.config.models import Feed, load_feed
 from tidemark.output import publisher_for
 from tidemark.output.base import QUARANTINE_DIR, Publisher
 from tidemark.output.dead_letter_table import aware, file_rows, plans_in, quarantine_files, scan_rows
-from tidemark.output.iceberg import PLAN_KEY, RETRACTED_KEY, RUN_KEY, IcebergPublisher, plan_history
+from tidemark.output.iceberg import FEED_KEY, PLAN_KEY, RETRACTED_KEY, RUN_KEY, IcebergPublisher, plan_history
 from tidemark.output.parquet import load_manifest
 from tidemark.storage import Location
 
@@ -273,10 +273,12 @@ def _letters(feed: Feed, store: CheckpointStore, floor: datetime | None) -> list
     publisher = publisher_for(feed)
     if isinstance(publisher, IcebergPublisher):
         return _iceberg_letters(publisher, store, floor)
-    return [d for source in _parquet_sources(publisher) for d in _read(source, feed.name)]
+    return [d for source in _parquet_sources(publisher, feed.name) for d in _read(source, feed.name)]
 
 
-def _parquet_sources(publisher: Publisher) -> list[_Source]:
+def _parquet_sources(publisher: Publisher, feed: str) -> list[_Source]:
+    """The quarantine files the shown manifests of ``feed``'s plans list; a plan another feed wrote into the same
+    folder (its manifest names that feed) is not this feed's."""
     root = publisher.location
     found = []
     for folder in root.children(folders_only=True) if root.exists() else []:
@@ -284,7 +286,7 @@ def _parquet_sources(publisher: Publisher) -> list[_Source]:
             continue
         plan_id = folder.name[len("plan_id=") :]
         manifest = load_manifest(root, plan_id)  # the commit point: a folder without one is not shown
-        if manifest is None:
+        if manifest is None or manifest.feed != feed:
             continue
         run_id = manifest.extra.get("run_id")
         found += [_Source(folder / f.path, f.path[len(QUARANTINE_DIR) + 1 :], plan_id, run_id)
@@ -311,7 +313,9 @@ def _iceberg_sources(publisher: IcebergPublisher, store: CheckpointStore, append
     that quarantined nothing has no folder. Which plans the table shows: the run ledger's
     ``shown`` rows of the feed first (the commit protocol records a run ``shown`` only after its
     catalog commit, and the rows outlive snapshot expiry), then the main branch's history,
-    newest snapshot first (a retraction hides older ones), for plans published outside any run.
+    newest snapshot first (a retraction hides older ones), for plans published outside any run:
+    only snapshots whose summary names this feed (``tidemark.feed``), never another feed's plan in a
+    shared table.
     A run shown in a backfill's or replay's own output has no folder here: its quarantine is
     beside that output.
     """
@@ -329,6 +333,8 @@ def _iceberg_sources(publisher: IcebergPublisher, store: CheckpointStore, append
         if retracted and retracted not in shown:
             hidden.add(retracted)
         plan_id = summary.get(PLAN_KEY)
+        if summary.get(FEED_KEY) != publisher.feed.name:  # another feed's plan in a shared table: not ours
+            continue
         if plan_id and plan_id not in hidden and plan_id not in shown:
             shown[plan_id] = summary.get(RUN_KEY)
     plans = {**by_ledger, **{p: r for p, r in reversed(shown.items()) if p not in by_ledger}}  # oldest first
