@@ -29,9 +29,12 @@ code and day with counts and examples (``tidemark deadletters FEED``). Nothing h
 value: the rows hold the bytes Kafka held.
 
 A re-drive (:mod:`tidemark.runs.redrive`) publishes the dead letters that now pass into
-the feed's output and keeps its record, :class:`RedriveRecord`, in its run dir
-(``redrive.json``: the ``(plan, topic, partition, offset)`` it took, and the new reasons of
-those that still fail), with a run-ledger row under :func:`redrive_ledger_feed`. A dead
+the feed's output and keeps its record, :class:`RedriveRecord` (the ``(plan, topic,
+partition, offset)`` it took, and the new reasons of those that still fail), in the run
+ledger beside its row under :func:`redrive_ledger_feed` (a copy in its run dir's
+``redrive.json``, which is read only for a re-drive recorded before the ledger kept records).
+Only plans the feed wrote are read: a Parquet manifest or an Iceberg snapshot summary that
+names another feed is not this feed's, wherever it lies. A dead
 letter a shown re-drive took is *re-driven*: left out of the listing (``redriven=True``
 lists them too), so no later re-drive takes it again; one that still failed carries the
 newest re-drive's reasons (``rechecked_by`` names that run).

@@ -29,6 +29,10 @@ a snapshot still kept) or must never be committed (:func:`overlap`: it would put
 the table twice, or behind its end). Sizes: about 130 bytes per recent plan plus 10 per
 partition; 200 plans and 100 partitions are 27 KB, rewritten into each commit's metadata
 file. A Hive metastore whose parameter values are capped at 4,000 characters cannot keep it.
+
+A property outlives a snapshot rollback too, so the ledger is read only through
+:func:`reconcile`, against the current snapshot's ancestry: a plan rolled back leaves it
+with the ends it moved, and what cannot be placed is said so, never assumed held.
 """
 
 from __future__ import annotations

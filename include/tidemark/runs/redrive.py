@@ -12,8 +12,12 @@ record of its own in place of a plan:
    :class:`RedriveRecord` names those that pass (``taken``) and the new reasons of the
    rest; its id is a hash of ``taken``, so the
    same dead letters are the same publication (``plan_id=redrive-…``), which the output
-   publishes at most once. The record goes into the run dir (``redrive.json``) *before*
-   the run-ledger row (state ``planned``, under :func:`redrive_ledger_feed`);
+   publishes at most once. The record goes into the run ledger with the re-drive's row
+   (state ``planned``, under :func:`redrive_ledger_feed`) in one transaction, before anything
+   is staged (a copy in the run dir's ``redrive.json`` is for people); re-drives recorded
+   before the ledger kept records are copied into it from their run dirs first
+   (:func:`adopt_folder_records`), and one recorded nowhere refuses the re-drive
+   (:func:`refuse_unknown_redrives`);
 3. **stage**: the passing records are staged pending under the run's id, as a plan's job
    stages (:func:`tidemark.job.redrive.stage_passing`), invisible to readers;
 4. **show, then record**: under the group's commit lock (:func:`settle_redrive`) the
