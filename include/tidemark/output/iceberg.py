@@ -40,8 +40,9 @@ Iceberg here. The job stages and validates exactly as for a Parquet folder; then
 
 The group's position for recovery (:meth:`IcebergPublisher.positions`) is the ledger's ends
 too, as the current snapshot's ancestry bears them out (:func:`checked_ledger`: a rolled-back
-plan is taken out and named in a ``table_ledger_mismatch`` event); tables written before the ledger are read from their history, and their first commit
-now writes a ledger rebuilt from it (:func:`ledger_from_history`).
+plan is taken out and named in a ``table_ledger_mismatch`` event); tables written before the
+ledger are read from their history, and their first commit now writes a ledger rebuilt from
+it (:func:`ledger_from_history`).
 
 The catalog is whatever pyiceberg opens as the catalog named ``tidemark``:
 ``TIDEMARK_ICEBERG_CATALOG_URI`` chooses it by scheme (a SQLAlchemy URL for the SQL
