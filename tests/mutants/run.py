@@ -1086,6 +1086,104 @@ MUTANTS = (
             "test_a_table_is_created_owned_and_refused_to_another_feed_naming_both",
         ),
     ),
+    Mutant(
+        "redrive-letters-only-in-run-folder",
+        "what a re-drive took is read from the run ledger, so removing run folders re-lists and re-drives nothing",
+        (
+            Edit(
+                "include/tidemark/output/deadletters.py",
+                "    text = (kept or {}).get(row.run_id)\n",
+                "    text = None\n",
+            ),
+        ),
+        (
+            "tests/integration/runs/test_redrive_ledger.py::"
+            "test_pruned_run_folders_change_nothing_a_redrive_took[parquet-sqlite]",
+        ),
+    ),
+    Mutant(
+        "redrive-record-never-adopted",
+        "a re-drive recorded only in its run folder is copied into the run ledger by the next re-drive",
+        (
+            Edit(
+                "include/tidemark/runs/redrive.py",
+                "            store.adopt_redrive(row.group, row.run_id, record.to_json())\n",
+                "            pass\n",
+            ),
+        ),
+        (
+            "tests/integration/runs/test_redrive_ledger.py::"
+            "test_a_redrive_recorded_only_in_its_run_folder_is_adopted_and_one_recorded_nowhere_refuses",
+        ),
+    ),
+    Mutant(
+        "redrive-with-unknown-letters-chooses-again",
+        "a re-drive refuses while a published re-drive's letters are recorded nowhere",
+        (
+            Edit(
+                "include/tidemark/runs/redrive.py",
+                "    if unknown:\n        folders =",
+                "    if False:\n        folders =",
+            ),
+        ),
+        (
+            "tests/integration/runs/test_redrive_ledger.py::"
+            "test_a_redrive_recorded_only_in_its_run_folder_is_adopted_and_one_recorded_nowhere_refuses",
+        ),
+    ),
+    Mutant(
+        "table-ledger-ignores-rollback",
+        "recovery from an Iceberg table uses only positions of plans in the current snapshot's ancestry",
+        (Edit("include/tidemark/output/ledger.py", "    if not rolled:\n", "    if True:\n"),),
+        (
+            "tests/unit/output/test_table_ledger.py::test_a_rolled_back_plan_whose_snapshot_is_kept_gives_its_starts_back",
+            "tests/integration/test_iceberg_rollback.py::"
+            "test_recovery_from_the_table_uses_only_the_current_ancestry[rolled-back]",
+        ),
+    ),
+    Mutant(
+        "table-ledger-rollback-unnamed",
+        "a rollback the table ledger finds is named in a table_ledger_mismatch event",
+        (
+            Edit(
+                "include/tidemark/output/iceberg.py",
+                "                events=mismatch_events(checked, self.table_name),\n",
+                "                events=(),\n",
+            ),
+        ),
+        (
+            "tests/integration/test_iceberg_rollback.py::"
+            "test_recovery_from_the_table_uses_only_the_current_ancestry[rolled-back]",
+        ),
+    ),
+    Mutant(
+        "dead-letters-of-another-feeds-parquet-plans",
+        "a feed lists and re-drives only the Parquet plans whose manifest names it",
+        (
+            Edit(
+                "include/tidemark/output/deadletters.py",
+                "        if manifest is None or manifest.feed != feed:\n",
+                "        if manifest is None:\n",
+            ),
+        ),
+        (
+            "tests/integration/output/test_dead_letters_owner.py::test_a_feed_lists_and_redrives_only_the_plans_it_wrote[parquet]",
+        ),
+    ),
+    Mutant(
+        "dead-letters-of-another-feeds-iceberg-plans",
+        "a feed's Iceberg folder fallback reads only snapshots whose summary names the feed",
+        (
+            Edit(
+                "include/tidemark/output/deadletters.py",
+                "        if summary.get(FEED_KEY) != publisher.feed.name:",
+                "        if False:",
+            ),
+        ),
+        (
+            "tests/integration/output/test_dead_letters_owner.py::test_a_feed_lists_and_redrives_only_the_plans_it_wrote[iceberg]",
+        ),
+    ),
 )
 
 

@@ -135,6 +135,18 @@ class CheckpointStore(Protocol):
         """Per partition, the end of what ``feed``'s output shows."""
         ...
 
+    def plan_redrive(self, group: str, run_id: str, *, feed: str, plan_id: str, run_dir: str, record: str) -> None:
+        """In one transaction: re-drive ``run_id``'s record (what it takes, as JSON) and its row, ``planned``."""
+        ...
+
+    def adopt_redrive(self, group: str, run_id: str, record: str) -> None:
+        """Keep the record of a re-drive whose row exists (written before records were kept here); never replaces."""
+        ...
+
+    def redrive_records(self, group: str, feed: str) -> dict[str, str]:
+        """The records of the re-drive rows of ``feed`` (its ledger name), by run id."""
+        ...
+
     def advance_shown(self, feed: str, run_id: str, ends: Mapping[TP, int], topic_ids: Mapping[str, str]) -> None:
         """Record that ``feed``'s output now shows up to ``ends`` (a position never moves back on one topic id)."""
         ...
@@ -159,6 +171,10 @@ CREATE TABLE IF NOT EXISTS shown (
     feed TEXT NOT NULL, topic TEXT NOT NULL, part INTEGER NOT NULL, position INTEGER NOT NULL, topic_id TEXT,
     run_id TEXT NOT NULL,
     PRIMARY KEY (feed, topic, part)
+);
+CREATE TABLE IF NOT EXISTS redrives (
+    grp TEXT NOT NULL, run_id TEXT NOT NULL, record TEXT NOT NULL,
+    PRIMARY KEY (grp, run_id)
 );
 """
 
@@ -287,6 +303,33 @@ class SqliteCheckpointStore:
                 [(feed, t, p, o, topic_ids.get(t) or None, run_id) for (t, p), o in ends.items()],
             )
 
+    def plan_redrive(self, group: str, run_id: str, *, feed: str, plan_id: str, run_dir: str, record: str) -> None:
+        now = datetime.now(UTC).isoformat()
+        with closing(self._connect()) as conn, conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO redrives (grp, run_id, record) VALUES (?, ?, ?)", (group, run_id, record)
+            )
+            conn.execute(
+                "INSERT INTO runs (grp, run_id, feed, plan_id, state, run_dir, updated_at, detail) "
+                "VALUES (?, ?, ?, ?, 'planned', ?, ?, NULL) ON CONFLICT (grp, run_id) DO NOTHING",
+                (group, run_id, feed, plan_id, run_dir, now),
+            )
+
+    def adopt_redrive(self, group: str, run_id: str, record: str) -> None:
+        with closing(self._connect()) as conn, conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO redrives (grp, run_id, record) VALUES (?, ?, ?)", (group, run_id, record)
+            )
+
+    def redrive_records(self, group: str, feed: str) -> dict[str, str]:
+        with closing(self._connect()) as conn:
+            rows = conn.execute(
+                "SELECT r.run_id, r.record FROM redrives r JOIN runs u ON u.grp = r.grp AND u.run_id = r.run_id "
+                "WHERE r.grp = ? AND u.feed = ?",
+                (group, feed),
+            ).fetchall()
+        return {str(run_id): str(record) for run_id, record in rows}
+
 
 @contextmanager
 def _file_lock(path: Path, timeout_s: float, what: str) -> Iterator[None]:
@@ -330,6 +373,9 @@ _PG_SCHEMA = (
         feed TEXT NOT NULL, topic TEXT NOT NULL, part INTEGER NOT NULL, position BIGINT NOT NULL, topic_id TEXT,
         run_id TEXT NOT NULL,
         PRIMARY KEY (feed, topic, part))""",
+    """CREATE TABLE IF NOT EXISTS tidemark_redrives (
+        grp TEXT NOT NULL, run_id TEXT NOT NULL, record TEXT NOT NULL,
+        PRIMARY KEY (grp, run_id))""",
 )
 # Advisory lock keys are one bigint space per database: a fixed key serialises schema
 # creation, and commit locks hash the group into it (see _lock_key).
@@ -517,6 +563,45 @@ class PostgresCheckpointStore:
                      "topic_id = excluded.topic_id, run_id = excluded.run_id"),
                 rows,
             )  # fmt: skip
+
+    def plan_redrive(self, group: str, run_id: str, *, feed: str, plan_id: str, run_dir: str, record: str) -> None:
+        from sqlalchemy import text
+
+        now = datetime.now(UTC).isoformat()
+        with self._begin("record a re-drive") as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO tidemark_redrives (grp, run_id, record) VALUES (:g, :r, :rec) ON CONFLICT DO NOTHING"
+                ),
+                {"g": group, "r": run_id, "rec": record},
+            )
+            conn.execute(
+                text("INSERT INTO tidemark_runs (grp, run_id, feed, plan_id, state, run_dir, updated_at, detail) "
+                     "VALUES (:g, :r, :f, :pid, 'planned', :d, :at, NULL) ON CONFLICT (grp, run_id) DO NOTHING"),
+                {"g": group, "r": run_id, "f": feed, "pid": plan_id, "d": run_dir, "at": now},
+            )  # fmt: skip
+
+    def adopt_redrive(self, group: str, run_id: str, record: str) -> None:
+        from sqlalchemy import text
+
+        with self._begin("record a re-drive") as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO tidemark_redrives (grp, run_id, record) VALUES (:g, :r, :rec) ON CONFLICT DO NOTHING"
+                ),
+                {"g": group, "r": run_id, "rec": record},
+            )
+
+    def redrive_records(self, group: str, feed: str) -> dict[str, str]:
+        from sqlalchemy import text
+
+        with self._begin("read the re-drive records") as conn:
+            rows = conn.execute(
+                text("SELECT r.run_id, r.record FROM tidemark_redrives r JOIN tidemark_runs u "
+                     "ON u.grp = r.grp AND u.run_id = r.run_id WHERE r.grp = :g AND u.feed = :f"),
+                {"g": group, "f": feed},
+            ).all()  # fmt: skip
+        return {str(run_id): str(record) for run_id, record in rows}
 
     def commit_lock(self, group: str, timeout_s: float = 120.0) -> AbstractContextManager[None]:
         """A session-level advisory lock per group, on a connection held for the lock's lifetime."""

@@ -30,9 +30,12 @@ code and day with counts and examples (``tidemark deadletters FEED``). Nothing h
 value: the rows hold the bytes Kafka held.
 
 A re-drive (:mod:`tidemark.runs.redrive`) publishes the dead letters that now pass into
-the feed's output and keeps its record, :class:`RedriveRecord`, in its run dir
-(``redrive.json``: the ``(plan, topic, partition, offset)`` it took, and the new reasons of
-those that still fail), with a run-ledger row under :func:`redrive_ledger_feed`. A dead
+the feed's output and keeps its record, :class:`RedriveRecord` (the ``(plan, topic,
+partition, offset)`` it took, and the new reasons of those that still fail), in the run
+ledger beside its row under :func:`redrive_ledger_feed` (a copy in its run dir's
+``redrive.json``, which is read only for a re-drive recorded before the ledger kept records).
+Only plans the feed wrote are read: a Parquet manifest or an Iceberg snapshot summary that
+names another feed is not this feed's, wherever it lies. A dead
 letter a shown re-drive took is *re-driven*: left out of the listing (``redriven=True``
 lists them too), so no later re-drive takes it again; one that still failed carries the
 newest re-drive's reasons (``rechecked_by`` names that run).
@@ -52,7 +55,7 @@ from tidemark.config.models import Feed, load_feed
 from tidemark.output import publisher_for
 from tidemark.output.base import QUARANTINE_DIR, Publisher
 from tidemark.output.dead_letter_table import aware, file_rows, plans_in, quarantine_files, scan_rows
-from tidemark.output.iceberg import PLAN_KEY, RETRACTED_KEY, RUN_KEY, IcebergPublisher, plan_history
+from tidemark.output.iceberg import FEED_KEY, PLAN_KEY, RETRACTED_KEY, RUN_KEY, IcebergPublisher, plan_history
 from tidemark.output.parquet import load_manifest
 from tidemark.storage import Location
 
@@ -163,8 +166,12 @@ def redrive_ledger_feed(feed: str) -> str:
     return f"{feed}:redrive"
 
 
-def read_redrive(row: LedgerRun) -> RedriveRecord | None:
-    """The record in a re-drive row's run dir (``None``: gone)."""
+def read_redrive(row: LedgerRun, kept: Mapping[str, str] | None = None) -> RedriveRecord | None:
+    """A re-drive row's record: the run ledger's (``kept``: :meth:`CheckpointStore.redrive_records`), else, for a
+    re-drive recorded before the ledger kept records, the one in its run dir; ``None``: recorded nowhere."""
+    text = (kept or {}).get(row.run_id)
+    if text is not None:
+        return RedriveRecord.from_json(text)
     path = Location.of(row.run_dir) / REDRIVE_FILE
     return RedriveRecord.from_json(path.read_text()) if path.exists() else None
 
@@ -176,27 +183,33 @@ class Redriven:
     taken: Mapping[Key, str]  # dead letter -> the re-drive run that published it
     rechecked: Mapping[Key, tuple[str, tuple[str, ...]]]  # dead letter -> (re-drive run, its reasons then)
     records: tuple[RedriveRecord, ...] = ()
+    unknown: tuple[str, ...] = ()  # re-drives that published, their record in neither the ledger nor their run dir
 
 
 def redriven(feed: Feed, store: CheckpointStore, publisher: Publisher | None = None) -> Redriven:
     """What ``feed``'s re-drives published: those the ledger records ``shown``, and any open one whose publication
-    the output already shows (a re-drive that crashed after publishing, before its ledger said so)."""
-    rows = store.feed_runs(redrive_ledger_feed(feed.name), ("shown", "planned", "committing", "committed"))
+    the output already shows (a re-drive that crashed after publishing, before its ledger said so). Each one's
+    letters come from the run ledger (:func:`read_redrive`), so removing run dirs changes nothing."""
+    ledger_feed = redrive_ledger_feed(feed.name)
+    rows = store.feed_runs(ledger_feed, ("shown", "planned", "committing", "committed"))
+    kept = store.redrive_records(feed.group, ledger_feed) if rows else {}
     taken: dict[Key, str] = {}
     rechecked: dict[Key, tuple[str, tuple[str, ...]]] = {}
     records = []
+    unknown = []
     for row in rows:  # oldest first: a later re-check replaces an earlier one
         if row.state != "shown":
             publisher = publisher or publisher_for(feed)
             if publisher.published(row.plan_id) is None:
                 continue
-        record = read_redrive(row)
+        record = read_redrive(row, kept)
         if record is None:
+            unknown.append(row.run_id)
             continue
         records.append(record)
         taken.update((k, record.run_id) for k in record.taken)
         rechecked.update((k, (record.run_id, codes)) for k, codes in record.failing)
-    return Redriven(taken, rechecked, tuple(records))
+    return Redriven(taken, rechecked, tuple(records), tuple(unknown))
 
 
 def dead_letters(
@@ -264,10 +277,12 @@ def _letters(feed: Feed, store: CheckpointStore, floor: datetime | None) -> list
     publisher = publisher_for(feed)
     if isinstance(publisher, IcebergPublisher):
         return _iceberg_letters(publisher, store, floor)
-    return [d for source in _parquet_sources(publisher) for d in _read(source, feed.name)]
+    return [d for source in _parquet_sources(publisher, feed.name) for d in _read(source, feed.name)]
 
 
-def _parquet_sources(publisher: Publisher) -> list[_Source]:
+def _parquet_sources(publisher: Publisher, feed: str) -> list[_Source]:
+    """The quarantine files the shown manifests of ``feed``'s plans list; a plan another feed wrote into the same
+    folder (its manifest names that feed) is not this feed's."""
     root = publisher.location
     found = []
     for folder in root.children(folders_only=True) if root.exists() else []:
@@ -275,7 +290,7 @@ def _parquet_sources(publisher: Publisher) -> list[_Source]:
             continue
         plan_id = folder.name[len("plan_id=") :]
         manifest = load_manifest(root, plan_id)  # the commit point: a folder without one is not shown
-        if manifest is None:
+        if manifest is None or manifest.feed != feed:
             continue
         run_id = manifest.extra.get("run_id")
         found += [_Source(folder / f.path, f.path[len(QUARANTINE_DIR) + 1 :], plan_id, run_id)
@@ -302,7 +317,9 @@ def _iceberg_sources(publisher: IcebergPublisher, store: CheckpointStore, append
     that quarantined nothing has no folder. Which plans the table shows: the run ledger's
     ``shown`` rows of the feed first (the commit protocol records a run ``shown`` only after its
     catalog commit, and the rows outlive snapshot expiry), then the main branch's history,
-    newest snapshot first (a retraction hides older ones), for plans published outside any run.
+    newest snapshot first (a retraction hides older ones), for plans published outside any run:
+    only snapshots whose summary names this feed (``tidemark.feed``), never another feed's plan in a
+    shared table.
     A run shown in a backfill's or replay's own output has no folder here: its quarantine is
     beside that output.
     """
@@ -320,6 +337,8 @@ def _iceberg_sources(publisher: IcebergPublisher, store: CheckpointStore, append
         if retracted and retracted not in shown:
             hidden.add(retracted)
         plan_id = summary.get(PLAN_KEY)
+        if summary.get(FEED_KEY) != publisher.feed.name:  # another feed's plan in a shared table: not ours
+            continue
         if plan_id and plan_id not in hidden and plan_id not in shown:
             shown[plan_id] = summary.get(RUN_KEY)
     plans = {**by_ledger, **{p: r for p, r in reversed(shown.items()) if p not in by_ledger}}  # oldest first

@@ -41,8 +41,10 @@ Iceberg here. The job stages and validates exactly as for a Parquet folder; then
    sits between the two commits.
 
 The group's position for recovery (:meth:`IcebergPublisher.positions`) is the ledger's ends
-too; tables written before the ledger are read from their history, and their first commit
-now writes a ledger rebuilt from it (:func:`ledger_from_history`).
+too, as the current snapshot's ancestry bears them out (:func:`checked_ledger`: a rolled-back
+plan is taken out and named in a ``table_ledger_mismatch`` event); tables written before the
+ledger are read from their history, and their first commit now writes a ledger rebuilt from
+it (:func:`ledger_from_history`).
 
 The catalog is whatever pyiceberg opens as the catalog named ``tidemark``:
 ``TIDEMARK_ICEBERG_CATALOG_URI`` chooses it by scheme (a SQLAlchemy URL for the SQL
@@ -80,7 +82,7 @@ from tidemark.errors import ConfigError, PublishError, SchemaError, StateStoreEr
 from tidemark.faults import fault_point
 from tidemark.output.base import QUARANTINE_DIR, STAGING_DIR, FileEntry, Manifest, StagedRecords
 from tidemark.output.dead_letter_table import append_plan, other_feeds
-from tidemark.output.ledger import Ledger, LedgerPlan, ledger_key, overlap
+from tidemark.output.ledger import Ledger, LedgerPlan, Reconciled, SnapshotFacts, ledger_key, overlap, reconcile
 from tidemark.output.owner import OWNER_KEY, adopt, check_owner
 from tidemark.output.partitioning import (
     PartitionField,
@@ -101,7 +103,7 @@ from tidemark.output.staging import (
     spark_path,
     staging_name,
 )
-from tidemark.planning.plan import Plan, RecoveredPosition
+from tidemark.planning.plan import Event, Plan, RecoveredPosition
 from tidemark.redaction import redact, redact_url
 from tidemark.spark.session import session_conf
 from tidemark.spark.stats import RangeStats
@@ -305,12 +307,78 @@ class TableChangedError(PublishError):
 
 
 def table_ledger(table: Table, feed: str) -> Ledger | None:
-    """What ``table`` holds of ``feed``: its ledger property, else (a table written by an older Tidemark) the ledger
-    rebuilt from the snapshot summaries still in its history; ``None`` when neither names the feed."""
-    text = table.properties.get(ledger_key(feed))
-    if text is not None:
-        return Ledger.from_json(text)
+    """What ``table`` holds of ``feed``: its ledger property as the current snapshot's ancestry bears it out
+    (:func:`checked_ledger`), else (a table written by an older Tidemark) the ledger rebuilt from the snapshot
+    summaries still in its history; ``None`` when neither names the feed."""
+    if ledger_key(feed) in table.properties:
+        return checked_ledger(table, feed).ledger
     return ledger_from_history(table, feed)
+
+
+def checked_ledger(table: Table, feed: str) -> Reconciled:
+    """``feed``'s ledger property checked against the table's current ancestry
+    (:func:`~tidemark.output.ledger.reconcile`): a plan of it that was rolled back is taken out, with the ends it
+    moved. Only for a table with the property."""
+    ancestry = plan_history(table)
+    ids = {s.snapshot_id for s in ancestry}
+    detached = {s.snapshot_id: _facts(s, feed) for s in table.snapshots() if s.snapshot_id not in ids}
+    return reconcile(Ledger.from_json(table.properties[ledger_key(feed)]), [_facts(s, feed) for s in ancestry],
+                     detached)  # fmt: skip
+
+
+def _facts(snapshot: Snapshot, feed: str) -> SnapshotFacts:
+    props: Mapping[str, str] = {} if snapshot.summary is None else snapshot.summary.additional_properties
+    ours = props.get(FEED_KEY) == feed and bool(props.get(PLAN_KEY))
+    return SnapshotFacts(
+        snapshot.snapshot_id, snapshot.timestamp_ms, plan_id=str(props[PLAN_KEY]) if ours else None,
+        ranges=tuple(json.loads(props.get(RANGES_KEY) or "[]")) if ours else (),
+        tidemark=any(k.startswith("tidemark.") for k in props), added_records=int(props.get("added-records") or 0),
+    )  # fmt: skip
+
+
+def mismatch_events(checked: Reconciled, table_name: str) -> tuple[Event, ...]:
+    """What disagreed between a table's ledger and its current ancestry, as ``table_ledger_mismatch`` events."""
+    events = []
+    ledger = checked.ledger
+    if checked.rolled_back:
+        plans = []
+        for p in checked.rolled_back:
+            ranges = checked.rolled_back_ranges.get(p.plan_id)
+            said = ("its snapshot is gone, its ranges unknown" if ranges is None else ", ".join(
+                f"{r['topic']}[{r['partition']}] [{r['start']}, {r['end']})" for r in ranges
+                if int(r["end"]) > int(r["start"])) or "no records")  # fmt: skip
+            plans.append(f"plan {p.plan_id} (run {p.run_id}, snapshot {p.snapshot_id}: {said})")
+        events.append(Event(
+            "table_ledger_mismatch",
+            f"Iceberg table {table_name}: the ledger of feed '{ledger.feed}' names {len(plans)} plan(s) that are not "
+            f"in the current snapshot's ancestry (rolled back): {'; '.join(plans[:10])}. Their records are not in the "
+            "table: the position is taken from the plans the ancestry holds, so those ranges are read again",
+            details={"table": table_name, "rolled_back": [p.plan_id for p in checked.rolled_back],
+                     "snapshots": [p.snapshot_id for p in checked.rolled_back]},
+        ))  # fmt: skip
+    for u in checked.unplaced:
+        events.append(Event(
+            "table_ledger_mismatch",
+            f"Iceberg table {table_name}: {u.topic}[{u.partition}] cannot be placed: the ledger of feed "
+            f"'{ledger.feed}' records the table holding up to offset {u.recorded}, counting a rolled-back plan whose "
+            "ranges are gone with its snapshot, and no plan in the current ancestry shows where the table ends. No "
+            "position is recovered for it (the feed's reset policy decides), and no plan starting below "
+            f"{u.recorded} is committed to the table. Reset the group to where the table ends (`tidemark` runs "
+            "then follow it)",
+            topic=u.topic, partition=u.partition,
+            details={"table": table_name, "unplaced": True, "recorded_end": u.recorded, "topic_id": u.topic_id},
+        ))  # fmt: skip
+    if checked.foreign:
+        named = ", ".join(f"{s.snapshot_id} ({s.added_records} records)" for s in checked.foreign[:10])
+        events.append(Event(
+            "table_ledger_mismatch",
+            f"Iceberg table {table_name}: snapshot(s) {named} of the current ancestry added records and were "
+            f"written by no Tidemark plan (another writer, or a compaction by another engine). The ledger of feed "
+            f"'{ledger.feed}' did not write them; its positions stand, and which offsets those records are is not "
+            "placed",
+            details={"table": table_name, "snapshots": [s.snapshot_id for s in checked.foreign]},
+        ))  # fmt: skip
+    return tuple(events)
 
 
 def ledger_from_history(table: Table, feed: str) -> Ledger | None:
@@ -520,8 +588,10 @@ class IcebergPublisher:
     def _find(self, table: Table, plan_id: str) -> Manifest | None:
         """``plan_id``'s publication: the feed's ledger first (it survives snapshot expiry and compaction), then
         the history still kept (a plan older than the ledger's recent plans, or a table without a ledger)."""
-        text = table.properties.get(ledger_key(self.feed.name))  # a table without one: the history below
-        ledger = None if text is None else Ledger.from_json(text)
+        # a table without one: the history below; a plan of it rolled back is not in the table
+        ledger = (
+            checked_ledger(table, self.feed.name).ledger if ledger_key(self.feed.name) in table.properties else None
+        )
         entry = None if ledger is None else ledger.find(plan_id)
         if ledger is not None and entry is not None:
             kept = None if entry.snapshot_id is None else table.metadata.snapshot_by_id(entry.snapshot_id)
@@ -926,22 +996,31 @@ class IcebergPublisher:
         table = self.load()
         if table is None:
             return None
-        text = table.properties.get(ledger_key(feed.name))
-        ledger = None if text is None else Ledger.from_json(text)
-        if ledger is not None and ledger.group == feed.group and ledger.recent:
-            last = ledger.recent[-1]
+        checked = checked_ledger(table, feed.name) if ledger_key(feed.name) in table.properties else None
+        ledger = None if checked is None else checked.ledger
+        if (
+            checked is not None
+            and ledger is not None
+            and ledger.group == feed.group
+            and (ledger.recent or checked.rolled_back)
+        ):
+            # Only positions of plans the current ancestry holds; an unplaced partition gets none (named instead).
+            unplaced = {(u.topic, u.partition) for u in checked.unplaced if ledger.current.get(u.topic) == u.topic_id}
+            last = ledger.recent[-1] if ledger.recent else None
             return RecoveredPosition(
-                ends=ledger.positions(),
+                ends={tp: end for tp, end in ledger.positions().items() if tp not in unplaced},
                 topic_ids={t: tid for t, tid in ledger.current.items() if tid},
-                source=f"Iceberg table {self.table_name}, its ledger (last plan {last.plan_id}, "
-                f"snapshot {last.snapshot_id})",
+                source=f"Iceberg table {self.table_name}, its ledger (last plan "
+                f"{last.plan_id if last else None}, snapshot {last.snapshot_id if last else None}"
+                f"{'' if checked.agrees else ', without the plans rolled back'})",
                 details={
                     "table": self.table_name,
-                    "snapshot_id": last.snapshot_id,
-                    "plan_id": last.plan_id,
-                    "run_id": last.run_id,
+                    "snapshot_id": last.snapshot_id if last else None,
+                    "plan_id": last.plan_id if last else None,
+                    "run_id": last.run_id if last else None,
                     "from": "ledger",
                 },
+                events=mismatch_events(checked, self.table_name),
             )
         retracted: set[str] = set()
         for snapshot in plan_history(table):

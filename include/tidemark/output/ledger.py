@@ -29,6 +29,10 @@ a snapshot still kept) or must never be committed (:func:`overlap`: it would put
 the table twice, or behind its end). Sizes: about 130 bytes per recent plan plus 10 per
 partition; 200 plans and 100 partitions are 27 KB, rewritten into each commit's metadata
 file. A Hive metastore whose parameter values are capped at 4,000 characters cannot keep it.
+
+A property outlives a snapshot rollback too, so the ledger is read only through
+:func:`reconcile`, against the current snapshot's ancestry: a plan rolled back leaves it
+with the ends it moved, and what cannot be placed is said so, never assumed held.
 """
 
 from __future__ import annotations
@@ -157,3 +161,107 @@ def overlap(ledger: Ledger, ranges: Iterable[Mapping[str, Any]]) -> list[str]:
         if end > start and held is not None and start < held:
             found.append(f"{r['topic']}[{r['partition']}] [{start}, {end}) with the table holding up to {held}")
     return found
+
+
+@dataclass(frozen=True)
+class SnapshotFacts:
+    """What the ledger's check needs of one snapshot: when, whose plan (of the ledger's feed), and what it added."""
+
+    snapshot_id: int
+    timestamp_ms: int
+    plan_id: str | None = None  # the ledger's feed's plan it committed (``tidemark.plan-id``, that feed's)
+    ranges: tuple[Mapping[str, Any], ...] = ()  # that plan's ranges (``tidemark.ranges``)
+    tidemark: bool = False  # written by Tidemark (any ``tidemark.*`` summary property: a plan, a maintenance pass)
+    added_records: int = 0
+
+
+@dataclass(frozen=True)
+class Unplaced:
+    """A partition whose end the ledger records but the table's current ancestry cannot confirm or place."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    recorded: int  # the ledger's end, which counted a rolled-back plan of unknown ranges
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """The ledger as the table's current snapshot's ancestry bears it out, and what disagreed (:func:`reconcile`)."""
+
+    ledger: Ledger
+    rolled_back: tuple[LedgerPlan, ...] = ()  # ledger plans whose snapshot is not in the current ancestry
+    rolled_back_ranges: Mapping[str, tuple[Mapping[str, Any], ...] | None] = field(default_factory=dict)  # None: gone
+    unplaced: tuple[Unplaced, ...] = ()
+    foreign: tuple[SnapshotFacts, ...] = ()  # ancestry snapshots that added records, written by no Tidemark plan
+
+    @property
+    def agrees(self) -> bool:
+        return not self.rolled_back
+
+
+def reconcile(ledger: Ledger, ancestry: Sequence[SnapshotFacts], detached: Mapping[int, SnapshotFacts]) -> Reconciled:
+    """``ledger`` with only what the current snapshot's ``ancestry`` (newest first, the snapshots still kept) holds.
+
+    A recent plan whose snapshot is not in the ancestry was rolled back when its snapshot is
+    still in the table's metadata (``detached``: kept snapshots off the ancestry), or when it
+    was committed at or after the oldest kept ancestor (ancestors are consecutive: a plan
+    committed since then on the current line would be one); one committed before that has
+    merely had its snapshot expired and stands. Without a rolled-back plan the ledger is
+    returned as it is. With one, each partition's end becomes what the placed plans hold: the
+    ancestry's own plans' maximum end where it has one (exact: every placed plan since the
+    oldest ancestor is in it, and older ones end below), else, when every rolled-back plan's
+    ranges are known, the ledger's end for a partition none of them touched and the lowest
+    start of theirs for one they did (plans are shown in order, so the table held up to
+    there). A partition left is **unplaced**: it keeps the ledger's end (nothing below it
+    can be committed again) and no recovery may start from it. Snapshots of the ancestry
+    that added records and carry no ``tidemark.*`` property are named too; they move no end.
+    """
+    ids = {s.snapshot_id for s in ancestry}
+    oldest = min((s.timestamp_ms for s in ancestry), default=None)
+    foreign = tuple(s for s in ancestry if s.added_records > 0 and not s.tidemark)
+    rolled = tuple(
+        p for p in ledger.recent
+        if p.snapshot_id is not None and p.snapshot_id not in ids
+        and (p.snapshot_id in detached or oldest is None or p.committed_ms >= oldest)
+    )  # fmt: skip
+    if not rolled:
+        return Reconciled(ledger, foreign=foreign)
+
+    def tid_of(r: Mapping[str, Any]) -> str:
+        return str(r.get("topic_id") or ledger.current.get(str(r["topic"]), ""))
+
+    held: dict[tuple[str, str, int], int] = {}
+    for s in ancestry:
+        for r in s.ranges if s.plan_id is not None else ():
+            k = (str(r["topic"]), tid_of(r), int(r["partition"]))
+            held[k] = max(int(r["end"]), held.get(k, int(r["end"])))
+    known: dict[str, tuple[Mapping[str, Any], ...] | None] = {}
+    touched: dict[tuple[str, str, int], int] = {}
+    for p in rolled:
+        facts = detached.get(p.snapshot_id) if p.snapshot_id is not None else None
+        known[p.plan_id] = None if facts is None else facts.ranges
+        for r in () if facts is None else facts.ranges:
+            if int(r["end"]) > int(r["start"]):
+                k = (str(r["topic"]), tid_of(r), int(r["partition"]))
+                touched[k] = min(int(r["start"]), touched.get(k, int(r["start"])))
+    all_known = all(v is not None for v in known.values())
+    ends: dict[str, dict[str, dict[int, int]]] = {}
+    unplaced = []
+    for topic, by_id in ledger.ends.items():
+        for tid, parts in by_id.items():
+            for part, end in parts.items():
+                k = (topic, tid, part)
+                if all_known and k not in touched:
+                    now = end
+                elif k in held:
+                    now = held[k]
+                elif all_known:
+                    now = touched[k]
+                else:
+                    unplaced.append(Unplaced(topic, tid, part, end))
+                    now = end
+                ends.setdefault(topic, {}).setdefault(tid, {})[part] = now
+    gone = {p.plan_id for p in rolled}
+    fixed = replace(ledger, ends=ends, recent=tuple(p for p in ledger.recent if p.plan_id not in gone))
+    return Reconciled(fixed, rolled, known, tuple(unplaced), foreign)

@@ -67,6 +67,8 @@ EventKind = Literal[
     "table_schema_evolved",  # the job: the Iceberg table's schema changed in the snapshot adding the plan
     "changes_applied",  # a keyed table's commit: changes written, deleted, superseded and skipped as stale
     "promotion_given_up",  # `tidemark abandon` of a run the output already shows: what its promotion left undone
+    "table_ledger_mismatch",  # recovery from a table: its ledger names plans its current ancestry lacks (a rollback),
+    # a partition's end cannot be placed, or a snapshot of the ancestry added records no plan wrote
 ]
 # Where a run report found an event: the plan, the Spark job's result, or the commit step.
 EventSource = Literal["plan", "job", "commit"]
@@ -317,3 +319,4 @@ class RecoveredPosition:
     source: str  # for the event: where it was found (table, snapshot, plan)
     details: Mapping[str, Any] = field(default_factory=dict)
     topic_ids: Mapping[str, str] = field(default_factory=dict)  # topic -> the id its ends were recorded on
+    events: tuple[Event, ...] = ()  # what the output found against its own records (the plan carries them)

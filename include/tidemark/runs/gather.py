@@ -140,9 +140,10 @@ def snapshot_feed(
         topic_retention_ms={t: _to_ms(found.topic_cfg.get(t, {}).get(RETENTION_MS)) for t in feed.topics},
     )
     log_append = tuple(t for t in feed.topics if found.topic_cfg.get(t, {}).get(TIMESTAMP_TYPE) == "LogAppendTime")
+    notices = (*found.notices, *(recovered.events if recovered is not None else ()))  # the output's own findings
     return FeedSnapshot(
         mark_new_partitions(snaps), retention, adapter.requests - before, log_append, recovered,
-        group_operations, found.notices, {tp: s.run_id for tp, s in shown.items()},
+        group_operations, notices, {tp: s.run_id for tp, s in shown.items()},
     )  # fmt: skip
 
 

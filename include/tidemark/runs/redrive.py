@@ -12,8 +12,12 @@ record of its own in place of a plan:
    :class:`RedriveRecord` names those that pass (``taken``) and the new reasons of the
    rest; its id is a hash of ``taken``, so the
    same dead letters are the same publication (``plan_id=redrive-…``), which the output
-   publishes at most once. The record goes into the run dir (``redrive.json``) *before*
-   the run-ledger row (state ``planned``, under :func:`redrive_ledger_feed`);
+   publishes at most once. The record goes into the run ledger with the re-drive's row
+   (state ``planned``, under :func:`redrive_ledger_feed`) in one transaction, before anything
+   is staged (a copy in the run dir's ``redrive.json`` is for people); re-drives recorded
+   before the ledger kept records are copied into it from their run dirs first
+   (:func:`adopt_folder_records`), and one recorded nowhere refuses the re-drive
+   (:func:`refuse_unknown_redrives`);
 3. **stage**: the passing records are staged pending under the run's id, as a plan's job
    stages (:func:`tidemark.job.redrive.stage_passing`), invisible to readers;
 4. **show, then record**: under the group's commit lock (:func:`settle_redrive`) the
@@ -46,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidemark.checkpoints.store import CheckpointStore, RunState
 from tidemark.config.models import Feed, load_feed
+from tidemark.errors import StuckRunError
 from tidemark.faults import fault_point
 from tidemark.job.redrive import Recheck, Verdict, recheck, refuse_unsupported, stage_passing
 from tidemark.job.redrive_job import RedriveJob, RedriveJobError
@@ -157,6 +162,8 @@ def redrive_feed(
     store = open_checkpoints(root, checkpoints)
     publisher = publisher_for(feed)
     settled_first = () if dry_run else settle_open_redrives(feed, publisher, store, progress=progress)
+    if not dry_run:
+        refuse_unknown_redrives(feed, store, publisher)
     letters = dead_letters(feed, since=since, reason=reason, store=store)
     work = spark if isinstance(spark, RedriveJob) else _InSession(spark, publisher, registry)
     verdicts = work.recheck(feed, letters)
@@ -170,10 +177,12 @@ def redrive_feed(
     run_dir = run_dir_for(feed.name, run_id, root)
     record = RedriveRecord(redrive_id, run_id, feed.name, taken, failing)
     run_dir.mkdir()
-    (run_dir / REDRIVE_FILE).write_text(record.to_json())  # before the ledger row: a row always has its record
     write_status(run_dir, planned_at=now.isoformat(), handle=_handle(record, run_dir).to_xcom())
-    store.set_run(feed.group, run_id, feed=redrive_ledger_feed(feed.name), plan_id=redrive_id, state="planned",
-                  run_dir=str(run_dir))  # fmt: skip
+    # The record and the row in one transaction of the run ledger, before anything is staged: what this re-drive
+    # takes is known from the ledger alone (its run dir may be pruned). The run dir's copy is for people.
+    store.plan_redrive(feed.group, run_id, feed=redrive_ledger_feed(feed.name), plan_id=redrive_id,
+                       run_dir=str(run_dir), record=record.to_json())  # fmt: skip
+    (run_dir / REDRIVE_FILE).write_text(record.to_json())
     plan = redrive_plan(record, feed, now.isoformat())
     progress(f"re-drive {run_id}: {len(taken)} of {len(letters)} dead letters pass the feed's rules now")
     if taken:
@@ -260,8 +269,10 @@ def settle_open_redrives(
     """
     done = []
     with store.commit_lock(feed.group):
+        adopt_folder_records(feed, store)
+        kept = store.redrive_records(feed.group, redrive_ledger_feed(feed.name))
         for row in store.open_runs(redrive_ledger_feed(feed.name)):
-            record = read_redrive(row)
+            record = read_redrive(row, kept)
             if record is None:
                 store.set_run(row.group, row.run_id, feed=row.feed, plan_id=row.plan_id, state="abandoned",
                               run_dir=row.run_dir, detail="its record (redrive.json) is gone")  # fmt: skip
@@ -272,6 +283,42 @@ def settle_open_redrives(
             _report(record, Location.of(row.run_dir), feed, plan, settled)
             done.append(row.run_id)
     return tuple(done)
+
+
+def adopt_folder_records(feed: Feed, store: CheckpointStore) -> tuple[str, ...]:
+    """Copy into the run ledger the record of every re-drive of ``feed`` recorded before the ledger kept them (only
+    in its run dir's ``redrive.json``); their run ids. Call with the group's commit lock held.
+
+    After this, pruning those run dirs changes nothing either. A record is never replaced:
+    the ledger's is the one the re-drive staged by.
+    """
+    ledger_feed = redrive_ledger_feed(feed.name)
+    rows = store.feed_runs(ledger_feed, ("shown", "planned", "committing", "committed"))
+    kept = store.redrive_records(feed.group, ledger_feed) if rows else {}
+    adopted = []
+    for row in rows:
+        if row.run_id in kept:
+            continue
+        record = read_redrive(row)
+        if record is not None:
+            store.adopt_redrive(row.group, row.run_id, record.to_json())
+            adopted.append(row.run_id)
+    return tuple(adopted)
+
+
+def refuse_unknown_redrives(feed: Feed, store: CheckpointStore, publisher: Publisher) -> None:
+    """Refuse to re-drive while a re-drive that published has its record nowhere: which dead letters it took is
+    unknown, so choosing now could publish them a second time."""
+    unknown = redriven(feed, store, publisher).unknown
+    if unknown:
+        folders = ", ".join(f"runs/{feed.name}/{r}/{REDRIVE_FILE}" for r in unknown[:5])
+        raise StuckRunError(
+            f"feed '{feed.name}': {len(unknown)} re-drive(s) published into its output ({', '.join(unknown[:5])}) "
+            f"but their record of the dead letters they took is in neither the run ledger nor their run dir (they "
+            f"ran before the ledger kept records, and the run dir was removed). Re-driving now could publish those "
+            f"dead letters twice, so nothing was chosen or staged. Restore {folders} in the state dir; the next "
+            "`tidemark redrive` copies them into the run ledger"
+        )
 
 
 def _handle(record: RedriveRecord, run_dir: Location) -> RunHandle:

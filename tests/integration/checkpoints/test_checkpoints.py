@@ -260,3 +260,26 @@ def test_a_discard_is_owed_in_the_ledger_until_it_is_done(checkpoint_store: Chec
     assert [r.plan_id for r in checkpoint_store.open_runs(feed)] == ["p-r3"]
     row = checkpoint_store.run("g", f"{feed}-r1")
     assert row is not None and (row.state, row.detail) == ("abandoned", "refused")
+
+
+def test_a_redrive_record_is_kept_with_its_row_and_never_replaced(checkpoint_store: CheckpointStore) -> None:
+    """``plan_redrive`` writes the record and the ``planned`` row together; ``adopt_redrive`` (a re-drive recorded
+    before the ledger kept records) adds a missing record only; ``redrive_records`` reads one feed's, by run id."""
+    group, feed = f"g-{uuid.uuid4().hex[:8]}", f"f{uuid.uuid4().hex[:8]}"
+    checkpoint_store.plan_redrive(group, "r1", feed=f"{feed}:redrive", plan_id="redrive-a", run_dir="/d/r1",
+                                  record='{"taken": 1}')  # fmt: skip
+    row = checkpoint_store.run(group, "r1")
+    assert row is not None and (row.state, row.plan_id, row.feed) == ("planned", "redrive-a", f"{feed}:redrive")
+    checkpoint_store.set_run(group, "r1", feed=f"{feed}:redrive", plan_id="redrive-a", state="shown", run_dir="/d/r1")
+    checkpoint_store.plan_redrive(group, "r1", feed=f"{feed}:redrive", plan_id="redrive-a", run_dir="/d/r1",
+                                  record='{"taken": 2}')  # fmt: skip
+    again = checkpoint_store.run(group, "r1")
+    assert again is not None and again.state == "shown"  # a repeated call moves nothing back
+    checkpoint_store.set_run(group, "r2", feed=f"{feed}:redrive", plan_id="redrive-b", state="shown", run_dir="/d/r2")
+    checkpoint_store.set_run(group, "r3", feed=feed, plan_id="p", state="shown", run_dir="/d/r3")
+    assert checkpoint_store.redrive_records(group, f"{feed}:redrive") == {"r1": '{"taken": 1}'}
+    checkpoint_store.adopt_redrive(group, "r2", '{"taken": 3}')
+    checkpoint_store.adopt_redrive(group, "r1", '{"taken": 4}')
+    checkpoint_store.adopt_redrive(group, "r3", '{"taken": 5}')  # a run's row: not a re-drive of this feed
+    assert checkpoint_store.redrive_records(group, f"{feed}:redrive") == {"r1": '{"taken": 1}', "r2": '{"taken": 3}'}
+    assert checkpoint_store.redrive_records(f"{group}-other", f"{feed}:redrive") == {}
