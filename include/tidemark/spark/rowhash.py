@@ -98,7 +98,9 @@ def hash_bytes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seeds:
         words = rest // 8
         for k in range(int(words.max()) if n else 0):
             act = np.nonzero(words > k)[0]
-            h[act] = _rotl(h[act] ^ _round(np.zeros(len(act), dtype=U64), _u64_at(data, pos[act] + 8 * k)), 27) * P1 + P4
+            h[act] = (
+                _rotl(h[act] ^ _round(np.zeros(len(act), dtype=U64), _u64_at(data, pos[act] + 8 * k)), 27) * P1 + P4
+            )
         pos = pos + words * 8
         rest = rest - words * 8
         four = np.nonzero(rest >= 4)[0]
@@ -162,8 +164,9 @@ def range_digest(topic: str, partition: int, offsets: np.ndarray, keys: pa.Array
     h1 = row_hashes(topic, partition, offsets, keys, values)
     # xxhash64(row_hash, "tidemark"): the long under seed 42, then the salt's 8 bytes under that.
     h2 = hash_long(np.full(len(h1), SECOND, dtype=U64), hash_long(h1, SEED))
-    size = _fold_column(np.zeros(len(offsets), dtype=U64), keys)[1] + _fold_column(np.zeros(len(offsets), U64), values)[1]
+    size = (
+        _fold_column(np.zeros(len(offsets), dtype=U64), keys)[1] + _fold_column(np.zeros(len(offsets), U64), values)[1]
+    )
     x1 = int(np.bitwise_xor.reduce(h1)) if len(h1) else 0
     x2 = int(np.bitwise_xor.reduce(h2)) if len(h2) else 0
     return RangeDigest(len(offsets), size, f"{x1:016x}{x2:016x}")
-
