@@ -203,19 +203,29 @@ def read_parquet_output(root: Location, content: bool, claims: Claims) -> Output
         view.publications.append(
             Publication(plan_id, manifest.extra.get("run_id"), where, _ranges(manifest.ranges, {}))
         )
-        for entry in manifest.files:
-            path = folder / entry.path
-            listed.add(str(path))
+        entries = {entry.path: entry for entry in manifest.files}
+        # A local folder is read whole by its readers (Spark, pyarrow): every Parquet file in it counts, listed or
+        # not. On an object store readers go by the manifest's list.
+        seen = sorted(
+            set(entries) | ({n for n, _ in folder.files() if n.endswith(".parquet")} if root.is_local else set())
+        )
+        for name in seen:
+            path = folder / name
+            entry = entries.get(name)
+            if entry is not None:
+                listed.add(str(path))
             try:
                 data = path.read_bytes()
             except (FileNotFoundError, StateStoreError) as exc:
-                view.problems.append(FileProblem("missing_file", str(path), f"{path}: listed by {where}, missing: {exc}"))
+                view.problems.append(
+                    FileProblem("missing_file", str(path), f"{path}: listed by {where}, missing: {exc}")
+                )
                 continue
-            if _sha256(data) != entry.sha256:
+            if entry is not None and _sha256(data) != entry.sha256:
                 view.problems.append(FileProblem("changed_file", str(path),
                                                  f"{path}: its sha256 differs from the one {where} lists"))  # fmt: skip
-            quarantine = entry.path.startswith(QUARANTINE_DIR)
-            view.rows.append(Rows(plan_id, str(path), _read_rows(data, entry.path, content and not quarantine),
+            quarantine = name.startswith(QUARANTINE_DIR)
+            view.rows.append(Rows(plan_id, str(path), _read_rows(data, name, content and not quarantine),
                                   quarantine=quarantine))  # fmt: skip
     claims = Claims(frozenset(listed), claims.open_runs, claims.open_plans, frozenset(shown), claims.pending_files)
     view.problems += unowned(root, claims)
