@@ -251,6 +251,15 @@ def _missing(paths: Iterable[str], what: str) -> list[FileProblem]:
     return problems
 
 
+def _scan_present(table: Any, columns: tuple[str, ...]) -> pa.Table:
+    """The current snapshot's rows of ``columns``, from the data files that exist (a missing one is named apart)."""
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    scan = table.scan(selected_fields=columns)
+    tasks = [t for t in scan.plan_files() if Location.of(plain(t.file.file_path)).exists()]
+    return ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter, scan.case_sensitive).to_table(tasks)
+
+
 def read_iceberg_output(
     feed: Feed, content: bool, claims: Claims, run_ranges: Mapping[str, tuple[Mapping[str, Any], ...]]
 ) -> OutputView:
@@ -280,7 +289,7 @@ def read_iceberg_output(
         )
     names = set(table.schema().column_names)
     wanted = [c for c in (*ROW_COLUMNS, *(CONTENT_COLUMNS if content else ())) if c in names]
-    view.rows.append(Rows("*", f"table {publisher.table_name}", table.scan(selected_fields=tuple(wanted)).to_arrow()))
+    view.rows.append(Rows("*", f"table {publisher.table_name}", _scan_present(table, tuple(wanted))))
     shown = {p.plan_id for p in view.publications}
     for plan_id in sorted(shown):
         folder = publisher.quarantine / f"plan_id={plan_id}"

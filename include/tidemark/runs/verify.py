@@ -46,7 +46,7 @@ from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, from_env, logged
 from tidemark.output.audit import Claims, OutputView, Rows, plain, read_iceberg_output, read_parquet_output
 from tidemark.output.deadletters import dead_letters, redrive_ledger_feed
-from tidemark.output.iceberg import IcebergPublisher
+from tidemark.output.iceberg import IcebergPublisher, table_ledger
 from tidemark.planning.plan import PLAN_FILE
 from tidemark.runs.run import Progress, Root, open_checkpoints, runs_root, silent
 from tidemark.spark.rowhash import SECOND, SEED, U64, hash_long, row_hashes
@@ -353,9 +353,13 @@ def verify_feed(
 def _check_ledger(feed: Feed, history: History, view: OutputView, report: VerifyReport) -> None:
     held = {p.plan_id for p in view.publications}
     if feed.output_format == "iceberg":
+        # The table ledger's plans whose snapshot expired count as held; one whose snapshot is still in the
+        # metadata but not in the current ancestry was rolled back: not held.
         table = IcebergPublisher(feed).load()
-        text = None if table is None else table.properties.get(f"tidemark.ledger.{feed.name}")
-        held |= {str(p.get("plan_id")) for p in (json.loads(text).get("plans", ()) if text else ())}
+        ledger = None if table is None else table_ledger(table, feed.name)
+        for plan in () if ledger is None or table is None else ledger.recent:
+            if plan.snapshot_id is None or table.metadata.snapshot_by_id(plan.snapshot_id) is None:
+                held.add(plan.plan_id)
     for row in history.runs:
         # A plan without records publishes nothing (an idle run): nothing to hold.
         if row.state == "shown" and row.plan_id not in held and history.plan_offsets.get(row.plan_id, 1) > 0:
