@@ -306,6 +306,14 @@ def _twice(offsets: np.ndarray) -> np.ndarray:
     return values[counts > 1]
 
 
+def held_twice(data: np.ndarray, quarantined: np.ndarray, redriven: np.ndarray) -> np.ndarray:
+    """Offsets the output holds more than once: twice among the published records, the quarantined or the
+    re-driven ones, or both published and quarantined, or published and re-driven. A quarantined record that a
+    re-drive published is held once (the re-drive took it)."""
+    return np.unique(np.concatenate([_twice(data), _twice(quarantined), _twice(redriven),
+                                     np.intersect1d(data, quarantined), np.intersect1d(data, redriven)]))  # fmt: skip
+
+
 def _named_mask(offsets: np.ndarray, named: Sequence[Span]) -> np.ndarray:
     mask = np.zeros(len(offsets), dtype=bool)
     for start, end in named:
@@ -420,8 +428,7 @@ def _check_offsets(
         report.partitions.append({"topic": t, "partition": n, "log_start": log_start.get(tp), "group": position[tp],
                                   "end": ends.get(tp), "kafka_records": len(s.offsets),
                                   "output_records": len(d_off) + len(r_off) + len(q_off)})  # fmt: skip
-        twice = np.concatenate([_twice(d_off), _twice(q_off), _twice(r_off), np.intersect1d(d_off, q_off),
-                                np.intersect1d(d_off, r_off)])  # fmt: skip
+        twice = held_twice(d_off, q_off, r_off)
         if len(twice):
             found = spans(twice)
             report.findings.append(Finding("duplicate", f"{t}[{n}]: offsets {show_spans(found)} are in the feed's "
