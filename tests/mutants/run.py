@@ -872,6 +872,28 @@ MUTANTS = (
             "test_an_avro_state_feed_through_the_registry_deletes_by_its_tombstones[spark]",
         ),
     ),
+    Mutant(
+        "verify-ignores-a-duplicate",
+        "tidemark verify names every offset the feed's output holds twice",
+        (
+            Edit(
+                "include/tidemark/runs/verify.py",
+                "    return np.unique(np.concatenate([_twice(data), _twice(quarantined),",
+                "    return np.unique(np.concatenate([_empty(), _twice(quarantined),",
+            ),
+        ),
+        (
+            "tests/unit/runs/test_verify.py::test_held_twice",
+            "tests/integration/runs/test_verify.py::"
+            "test_a_clean_parquet_feed_verifies_clean_and_each_planted_defect_is_named",
+        ),
+    ),
+    Mutant(
+        "verify-digest-skips-the-value",
+        "tidemark verify recomputes each range's digest from Kafka's bytes as the job does",
+        (Edit("include/tidemark/spark/rowhash.py", "    h, _ = _fold_column(h, values)\n", ""),),
+        ("tests/unit/spark/test_rowhash.py::test_the_digest_equals_sparks",),
+    ),
 )
 
 

@@ -13,7 +13,13 @@ import pyarrow as pa
 from tidemark.spark.rowhash import range_digest, row_hashes
 
 ROWS = [
-    ("orders", 3, 100 + o, None if o % 5 == 0 else f"k{o}".encode(), None if o % 7 == 3 else b"v" * (o * 3) + bytes([o]))
+    (
+        "orders",
+        3,
+        100 + o,
+        None if o % 5 == 0 else f"k{o}".encode(),
+        None if o % 7 == 3 else b"v" * (o * 3) + bytes([o]),
+    )
     for o in range(40)
 ]
 
@@ -35,7 +41,9 @@ def test_each_rows_hash_equals_sparks_xxhash64() -> None:
 
 def test_string_columns_hash_as_their_bytes_and_order_does_not_matter() -> None:
     offsets, keys, values = columns()
-    as_text = range_digest("orders", 3, offsets, keys, pa.array([r[4] for r in ROWS], pa.binary()).cast(pa.large_binary()))
+    as_text = range_digest(
+        "orders", 3, offsets, keys, pa.array([r[4] for r in ROWS], pa.binary()).cast(pa.large_binary())
+    )
     reversed_ = range_digest("orders", 3, offsets[::-1].copy(), pa.array([r[3] for r in ROWS][::-1], pa.binary()),
                              pa.array([r[4] for r in ROWS][::-1], pa.binary()))  # fmt: skip
     assert as_text == reversed_ == range_digest("orders", 3, offsets, keys, values)
