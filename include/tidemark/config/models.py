@@ -616,7 +616,7 @@ class Feed(_Model):
     validation: Validation = Validation()
     time_windows: TimeWindows = TimeWindows()
     alerts: Alerts | None = None
-    # Whether the feed's DAG ends with `tidemark verify` (docs/verify.md); TIDEMARK_DAG_VERIFY=0 turns it off everywhere.
+    # Whether the feed's DAG ends with `tidemark verify` (docs/verify.md); TIDEMARK_DAG_VERIFY=0: no DAG does.
     verify: bool = True
     trigger: Trigger | None = None
     maintenance: Maintenance | None = None

@@ -105,9 +105,9 @@ def owner(path: str, root: Location, claims: Claims) -> str | None:
     if path in claims.listed or path in claims.pending_files:
         return "referenced"
     folder, name = posixpath.split(path)
-    if name.startswith(".") and name.endswith(".crc"):  # Spark's checksum sidecar of a file beside it
-        if posixpath.join(folder, name[1 : -len(".crc")]) in claims.listed:
-            return "sidecar"
+    sidecar_of = posixpath.join(folder, name[1 : -len(".crc")])  # Spark's checksum sidecar of a file beside it
+    if name.startswith(".") and name.endswith(".crc") and sidecar_of in claims.listed:
+        return "sidecar"
     relative = path[len(str(root).rstrip("/")) + 1 :] if path.startswith(str(root).rstrip("/") + "/") else path
     parts = relative.split("/")
     base = root.name
@@ -167,7 +167,7 @@ def _ranges(docs: Iterable[Mapping[str, Any]], topic_ids: Mapping[tuple[str, int
             records=None if r.get("records") is None else int(r["records"]),
             bytes=None if r.get("bytes") is None else int(r["bytes"]),
             checksum=r.get("checksum"),
-        )  # fmt: skip
+        )
         for r in docs
     )
 

@@ -207,7 +207,9 @@ class Scanned:
     sizes: np.ndarray
 
 
-def _digested(tp: TP, offsets: np.ndarray, keys: pa.Array, values: pa.Array) -> tuple[np.ndarray, ...]:
+def _digested(
+    tp: TP, offsets: np.ndarray, keys: pa.Array, values: pa.Array
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One partition's records as offsets, both digests and sizes (key + value bytes)."""
     import pyarrow.compute as pc
 
@@ -341,7 +343,8 @@ def _empty() -> np.ndarray:
 
 def _twice(offsets: np.ndarray) -> np.ndarray:
     ordered = np.sort(offsets)
-    return ordered[1:][ordered[1:] == ordered[:-1]]
+    found: np.ndarray = ordered[1:][ordered[1:] == ordered[:-1]]
+    return found
 
 
 def _both(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -408,9 +411,10 @@ def _check_ledger(feed: Feed, history: History, view: OutputView, report: Verify
         # metadata but not in the current ancestry was rolled back: not held.
         table = IcebergPublisher(feed).load()
         ledger = None if table is None else table_ledger(table, feed.name)
-        for plan in () if ledger is None or table is None else ledger.recent:
-            if plan.snapshot_id is None or table.metadata.snapshot_by_id(plan.snapshot_id) is None:
-                held.add(plan.plan_id)
+        if table is not None and ledger is not None:
+            for plan in ledger.recent:
+                if plan.snapshot_id is None or table.metadata.snapshot_by_id(plan.snapshot_id) is None:
+                    held.add(plan.plan_id)
     for row in history.runs:
         # A plan without records publishes nothing (an idle run): nothing to hold.
         if row.state == "shown" and row.plan_id not in held and history.plan_offsets.get(row.plan_id, 1) > 0:

@@ -44,7 +44,8 @@ def _fmix(h: np.ndarray) -> np.ndarray:
     h = h * P2
     h = h ^ (h >> U64(29))
     h = h * P3
-    return h ^ (h >> U64(32))
+    out: np.ndarray = h ^ (h >> U64(32))
+    return out
 
 
 def _u64_at(data: np.ndarray, pos: np.ndarray) -> np.ndarray:

@@ -201,7 +201,7 @@ def test_a_clean_iceberg_feed_verifies_clean_and_each_planted_defect_is_named(fe
     assert verify(fenv).findings == []
 
     # One record deleted through pyiceberg (a new snapshot naming no plan): exactly its offset is missing.
-    table.delete(And(EqualTo("partition", partition), EqualTo("offset", offset)))
+    table.delete(And(EqualTo("partition", partition), EqualTo("offset", offset)))  # type: ignore[call-arg,arg-type]
     found = kinds(verify(fenv))
     assert found.pop("missing") == [(topic, partition, ((offset, offset + 1),))]
     assert found == {}
