@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -395,6 +395,12 @@ def verify_feed(
         view = read_iceberg_output(feed, content, claims, history.job_ranges)
     else:
         view = read_parquet_output(feed.output_location(), content, claims)
+    # A manifest's ranges carry no topic id: the plan's own copy in its run dir does.
+    view.publications = [
+        replace(p, ranges=tuple(r if r.topic_id else replace(r, topic_id=history.topic_ids.get(p.plan_id, {}).get(
+            (r.topic, r.partition))) for r in p.ranges))
+        for p in view.publications
+    ]  # fmt: skip
     report = VerifyReport(feed.name, str(feed.output_location()), notes=list(view.notes))
     report.findings += [Finding(p.kind, p.message, path=p.path) for p in view.problems]
     _check_ledger(feed, history, view, report)
