@@ -474,55 +474,64 @@ def _check_offsets(
     for tp in tps:
         t, n = tp
         s = scanned[tp]
-        named = history.named.get(tp, [])
         d_off, d_dig = data.get(tp, (_empty(), None))
         r_off, r_dig = redriven.get(tp, (_empty(), None))
         q_off, _ = quarantined.get(tp, (_empty(), None))
         report.partitions.append({"topic": t, "partition": n, "log_start": log_start.get(tp), "group": position[tp],
                                   "end": ends.get(tp), "kafka_records": len(s.offsets),
                                   "output_records": len(d_off) + len(r_off) + len(q_off)})  # fmt: skip
-        twice = held_twice(d_off, q_off, r_off)
-        if len(twice):
-            found = spans(twice)
-            report.findings.append(Finding("duplicate", f"{t}[{n}]: offsets {show_spans(found)} are in the feed's "
-                                           "output more than once", t, n, found))  # fmt: skip
-        group_at = position[tp]
-        if group_at is None:
-            report.notes.append(f"{t}[{n}]: the group has no committed offset and no checkpoint; missing offsets "
-                                "not checked")  # fmt: skip
-        else:
-            below = s.offsets[s.offsets < group_at]
-            held = np.concatenate([d_off, q_off, r_off])
-            gone = below[~np.isin(below, held, kind="table")] if len(held) else below
-            gone = gone[~_named_mask(gone, named)]
-            if len(gone):
-                found = spans(gone)
-                report.findings.append(Finding(
-                    "missing", f"{t}[{n}]: offsets {show_spans(found)} are below the group's position {group_at}, "
-                    "still in Kafka, and in no output of the feed; no event names them", t, n, found))  # fmt: skip
-            past = d_off[d_off >= group_at]
-            past = past[~_named_mask(past, named)]
-            if len(past):
-                found = spans(past)
-                report.findings.append(Finding(
-                    "past_group", f"{t}[{n}]: offsets {show_spans(found)} are shown at or past the group's position "
-                    f"{group_at} (readers see records the group has not committed)", t, n, found))  # fmt: skip
-        for offs, digests in ((d_off, d_dig), (r_off, r_dig)):
-            if digests is None or not len(offs):
-                continue
-            at = np.searchsorted(s.offsets, offs)
-            inside = (
-                (at < len(s.offsets)) & (s.offsets[np.minimum(at, len(s.offsets) - 1)] == offs)
-                if len(s.offsets)
-                else np.zeros(len(offs), bool)
-            )
-            differ = offs[inside][s.h1[at[inside]] != digests[inside]]
-            if len(differ):
-                found = spans(differ)
-                report.findings.append(Finding(
-                    "value_differs", f"{t}[{n}]: offsets {show_spans(found)}: the key or value the output holds "
-                    "differs from Kafka's bytes", t, n, found))  # fmt: skip
+        _check_partition(tp, s, history.named.get(tp, []), (d_off, d_dig), (r_off, r_dig), q_off, position[tp],
+                         report)  # fmt: skip
     _check_digests(view, scanned, log_start, wanted, current_id, stale, report)
+
+
+def _check_partition(
+    tp: TP, s: Scanned, named: Sequence[Span], data: tuple[np.ndarray, np.ndarray | None],
+    redriven: tuple[np.ndarray, np.ndarray | None], q_off: np.ndarray, group_at: int | None, report: VerifyReport,
+) -> None:  # fmt: skip
+    """One partition's offsets held twice, missing or past the group, and records whose bytes differ from Kafka's."""
+    t, n = tp
+    (d_off, d_dig), (r_off, r_dig) = data, redriven
+    twice = held_twice(d_off, q_off, r_off)
+    if len(twice):
+        found = spans(twice)
+        report.findings.append(Finding("duplicate", f"{t}[{n}]: offsets {show_spans(found)} are in the feed's "
+                                       "output more than once", t, n, found))  # fmt: skip
+    if group_at is None:
+        report.notes.append(f"{t}[{n}]: the group has no committed offset and no checkpoint; missing offsets "
+                            "not checked")  # fmt: skip
+    else:
+        below = s.offsets[s.offsets < group_at]
+        held = np.concatenate([d_off, q_off, r_off])
+        gone = below[~np.isin(below, held, kind="table")] if len(held) else below
+        gone = gone[~_named_mask(gone, named)]
+        if len(gone):
+            found = spans(gone)
+            report.findings.append(Finding(
+                "missing", f"{t}[{n}]: offsets {show_spans(found)} are below the group's position {group_at}, "
+                "still in Kafka, and in no output of the feed; no event names them", t, n, found))  # fmt: skip
+        past = d_off[d_off >= group_at]
+        past = past[~_named_mask(past, named)]
+        if len(past):
+            found = spans(past)
+            report.findings.append(Finding(
+                "past_group", f"{t}[{n}]: offsets {show_spans(found)} are shown at or past the group's position "
+                f"{group_at} (readers see records the group has not committed)", t, n, found))  # fmt: skip
+    for offs, digests in ((d_off, d_dig), (r_off, r_dig)):
+        if digests is None or not len(offs):
+            continue
+        at = np.searchsorted(s.offsets, offs)
+        inside = (
+            (at < len(s.offsets)) & (s.offsets[np.minimum(at, len(s.offsets) - 1)] == offs)
+            if len(s.offsets)
+            else np.zeros(len(offs), bool)
+        )
+        differ = offs[inside][s.h1[at[inside]] != digests[inside]]
+        if len(differ):
+            found = spans(differ)
+            report.findings.append(Finding(
+                "value_differs", f"{t}[{n}]: offsets {show_spans(found)}: the key or value the output holds "
+                "differs from Kafka's bytes", t, n, found))  # fmt: skip
 
 
 def _check_digests(
