@@ -200,6 +200,34 @@ def test_a_clean_iceberg_feed_verifies_clean_and_each_planted_defect_is_named(fe
     victim.write_bytes(saved)
     assert verify(fenv).findings == []
 
+    # The table rolled back past its last plan with records: the ledger's shown run is named, and its offsets.
+    from tidemark.output.iceberg import PLAN_KEY, RANGES_KEY, plan_history
+
+    def ranges_of(snapshot: Any) -> list[dict[str, Any]]:
+        return list(json.loads((snapshot.summary or {}).get(RANGES_KEY) or "[]"))
+
+    history = plan_history(table)
+    last = next(h for h in history if any(r["end"] > r["start"] for r in ranges_of(h)))
+    before = history[history.index(last) + 1]
+    head = table.current_snapshot()
+    assert head is not None and last.summary is not None
+    table.manage_snapshots().set_current_snapshot(before.snapshot_id).commit()
+    found = kinds(verify(fenv))
+    assert len(found.pop("missing_publication")) == 1
+    lost = {(t, p, s) for t, p, spans_ in found.pop("missing") for s in spans_}
+    ranges = ranges_of(last)
+    assert lost == {(r["topic"], r["partition"], (r["start"], r["end"])) for r in ranges if r["end"] > r["start"]}
+    # Its quarantine folder beside the table belongs to no plan the table shows now.
+    folder = f"{publisher.quarantine}/plan_id={last.summary[PLAN_KEY]}/"
+    assert all(str(path).startswith(folder) for path in found.pop("unowned_file", []))
+    assert found == {}
+    table = publisher.load()
+    assert table is not None
+    table.manage_snapshots().set_current_snapshot(head.snapshot_id).commit()
+    assert verify(fenv).findings == []
+    table = publisher.load()
+    assert table is not None
+
     # One record deleted through pyiceberg (a new snapshot naming no plan): exactly its offset is missing.
     table.delete(And(EqualTo("partition", partition), EqualTo("offset", offset)))  # type: ignore[call-arg,arg-type]
     found = kinds(verify(fenv))
