@@ -39,6 +39,7 @@ from tidemark.storage import Location
 if TYPE_CHECKING:
     import pyarrow as pa
 
+LEFTOVER = "leftover"  # owner() of an earlier attempt's upload, awaiting maintenance's orphan removal
 REDRIVE_PREFIX = "redrive-"  # a re-drive's publication id (tidemark.runs.redrive)
 ROW_COLUMNS = ("topic", "partition", "offset")
 CONTENT_COLUMNS = ("key", "value")
@@ -111,6 +112,10 @@ def owner(path: str, root: Location, claims: Claims) -> str | None:
     relative = path[len(str(root).rstrip("/")) + 1 :] if path.startswith(str(root).rstrip("/") + "/") else path
     parts = relative.split("/")
     base = root.name
+    if parts[0] == "data" and name.split("-", 1)[0] in claims.shown_plans | claims.open_plans:
+        # An Iceberg upload of a plan the table shows or an open run stages, in no snapshot: a crashed or losing
+        # attempt's (attempts are named apart), which the table's orphan removal deletes once old enough.
+        return LEFTOVER
     if base.endswith(".pending") and len(parts) >= 2:  # an Iceberg table's pending records: <run>/plan_id=<id>.json
         return "pending" if parts[0] in claims.open_runs else None
     if base.endswith(".quarantine") and parts[0].startswith("plan_id="):
@@ -232,12 +237,15 @@ def read_parquet_output(root: Location, content: bool, claims: Claims) -> Output
     return view
 
 
-def unowned(root: Location, claims: Claims) -> list[FileProblem]:
-    """Every file under ``root`` that :func:`owner` gives no owner."""
+def unowned(root: Location, claims: Claims, leftovers: list[str] | None = None) -> list[FileProblem]:
+    """Every file under ``root`` that :func:`owner` gives no owner (``leftovers``: gets the :data:`LEFTOVER` ones)."""
     found = []
     for name, _ in root.files():
         path = str(root / name)
-        if owner(path, root, claims) is None:
+        who = owner(path, root, claims)
+        if who == LEFTOVER and leftovers is not None:
+            leftovers.append(path)
+        if who is None:
             found.append(FileProblem("unowned_file", path, f"{path}: under the feed's output, owned by nothing "
                                      "(no manifest, snapshot, pending publication or open run names it)"))  # fmt: skip
     return found
@@ -305,7 +313,13 @@ def read_iceberg_output(
     claims = Claims(frozenset(listed | dead_listed), claims.open_runs, claims.open_plans, frozenset(shown),
                     claims.pending_files)  # fmt: skip
     location = publisher.location
+    leftovers: list[str] = []
     for root in (location, location.with_name(f"{location.name}.pending"), publisher.quarantine,
                  publisher.dead_letters_location):  # fmt: skip
-        view.problems += unowned(root, claims)
+        view.problems += unowned(root, claims, leftovers)
+    if leftovers:
+        view.notes.append(
+            f"{len(leftovers)} data files of earlier attempts of shown or open plans lie in no snapshot (e.g. "
+            f"{leftovers[0]}): the table's maintenance removes them as orphans once old enough"
+        )
     return view

@@ -63,6 +63,8 @@ def test_what_owns_a_file() -> None:
     assert owner("/data/out/_staging/p1.abc/x.parquet", out, claims) == "staging"
     assert owner("/data/out/_staging/p10.abc/x.parquet", out, claims) is None
     assert owner("/data/out/stray.txt", out, claims) is None
+    assert owner("/data/tbl/data/date=d/p1-0a1b2c3d-00000.parquet", Location.of("/data/tbl"), claims) == "leftover"
+    assert owner("/data/tbl/data/date=d/p10-0a1b2c3d-00000.parquet", Location.of("/data/tbl"), claims) is None
     pending = Location.of("/data/tbl.pending")
     assert owner("/data/tbl.pending/r1/plan_id=p1.json", pending, claims) == "pending"
     assert owner("/data/tbl.pending/r2/plan_id=p2.json", pending, claims) is None
