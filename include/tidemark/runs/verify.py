@@ -224,7 +224,8 @@ FLUSH = 200_000  # records of a partition digested at once: numpy's per-call cos
 
 
 def _batch(msgs: list[Any]) -> tuple[list[str], np.ndarray, np.ndarray, pa.Array, pa.Array]:
-    """A consumed batch's records as columns (comprehensions: measured twice as fast as one loop appending)."""
+    """A consumed batch's records as columns (one comprehension per column rather than one loop appending to
+    three lists, which the profile of a 300,000-record verify showed as the scan's largest own cost)."""
     topics = [m.topic() for m in msgs]
     partitions = np.fromiter((m.partition() for m in msgs), dtype=np.int64, count=len(msgs))
     offsets = np.fromiter((m.offset() for m in msgs), dtype=np.int64, count=len(msgs))
