@@ -131,6 +131,12 @@ bench-plan: install
 bench-maintain: install
 	$(BIN)/python -m tests.bench.maintain --out docs/benchmarks/bench-maintain.json $(BENCH_MAINTAIN_ARGS)
 
+# Verify benchmark: 10 million records produced to a fresh topic and published as a Parquet feed's output (no Spark),
+# then `tidemark verify`'s wall and CPU time (BENCH_VERIFY_ARGS='--records 1000000' for a smaller run). Needs the cluster.
+.PHONY: bench-verify
+bench-verify: install
+	$(BIN)/python -m tests.bench.verify --out docs/benchmarks/bench-verify.json $(BENCH_VERIFY_ARGS)
+
 # Keyed-table merge: a plan of N changes over a table of M keys, Tidemark's merge against pyiceberg's Table.upsert,
 # side by side (TIDEMARK_BENCH_CHANGES_N / _M / _ROUNDS; small by default). No Kafka, no Spark.
 .PHONY: bench-changes

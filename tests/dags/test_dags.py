@@ -50,9 +50,14 @@ def test_commit_is_the_last_task(dagbag) -> None:  # type: ignore[no-untyped-def
         if dag_id == "tidemark_redrive":  # publishes dead letters into the feed's output: no group to commit
             assert ids == {"redrive"}
             continue
-        assert ids == {"plan", "read_validate_publish", "commit"}, dag_id
         commit = dag.get_task("commit")
-        assert commit.downstream_task_ids == set(), dag_id
+        if "feed" in dag.tags:  # a feed's DAG ends with its read-only audit, after the commit
+            assert ids == {"plan", "read_validate_publish", "commit", "verify"}, dag_id
+            assert commit.downstream_task_ids == {"verify"}, dag_id
+            assert dag.get_task("verify").downstream_task_ids == set(), dag_id
+        else:
+            assert ids == {"plan", "read_validate_publish", "commit"}, dag_id
+            assert commit.downstream_task_ids == set(), dag_id
         assert "read_validate_publish" in commit.upstream_task_ids, dag_id
 
 
@@ -210,9 +215,29 @@ def test_a_feed_with_alerts_checks_them_after_the_commit(tmp_path: Path) -> None
 
     dag = feed_dag(Feed(name="al", topics=("t",), group="g", output=str(tmp_path), alerts=Alerts(max_lag="30m")))
 
-    assert {t.task_id for t in dag.tasks} == {"plan", "read_validate_publish", "commit", "check"}
-    assert dag.get_task("commit").downstream_task_ids == {"check"}  # the check never gates the commit
+    assert {t.task_id for t in dag.tasks} == {"plan", "read_validate_publish", "commit", "check", "verify"}
+    assert dag.get_task("commit").downstream_task_ids == {"check", "verify"}  # neither gates the commit
     assert dag.get_task("check").downstream_task_ids == set()
+
+
+@pytest.mark.parametrize(
+    ("key", "setting", "verified"),
+    [(True, None, True), (False, None, False), (True, "0", False), (True, "off", False), (True, "1", True)],
+)
+def test_the_verify_task_follows_the_feed_key_and_the_deployment_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: bool, setting: str | None, verified: bool
+) -> None:
+    from tidemark.config.models import Feed
+    from tidemark.orchestration.dags import VERIFY_ENV, feed_dag
+
+    if setting is None:
+        monkeypatch.delenv(VERIFY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(VERIFY_ENV, setting)
+    dag = feed_dag(Feed(name="v", topics=("t",), group="g", output=str(tmp_path), verify=key))
+
+    assert ("verify" in {t.task_id for t in dag.tasks}) is verified
+    assert dag.get_task("commit").downstream_task_ids == ({"verify"} if verified else set())
 
 
 def test_the_watchdog_dag_exists_when_a_feed_sets_stale_after(tmp_path: Path) -> None:

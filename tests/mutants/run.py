@@ -1184,6 +1184,28 @@ MUTANTS = (
             "tests/integration/output/test_dead_letters_owner.py::test_a_feed_lists_and_redrives_only_the_plans_it_wrote[iceberg]",
         ),
     ),
+    Mutant(
+        "verify-ignores-a-duplicate",
+        "tidemark verify names every offset the feed's output holds twice",
+        (
+            Edit(
+                "include/tidemark/runs/verify.py",
+                "    return np.unique(np.concatenate([_twice(data), _twice(quarantined),",
+                "    return np.unique(np.concatenate([_empty(), _twice(quarantined),",
+            ),
+        ),
+        (
+            "tests/unit/runs/test_verify.py::test_held_twice",
+            "tests/integration/runs/test_verify.py::"
+            "test_a_clean_parquet_feed_verifies_clean_and_each_planted_defect_is_named",
+        ),
+    ),
+    Mutant(
+        "verify-digest-skips-the-value",
+        "tidemark verify recomputes each range's digest from Kafka's bytes as the job does",
+        (Edit("include/tidemark/spark/rowhash.py", "    h, _ = _fold_column(h, values)\n", ""),),
+        ("tests/unit/spark/test_rowhash.py::test_the_digest_equals_sparks",),
+    ),
 )
 
 

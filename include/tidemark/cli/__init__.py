@@ -22,6 +22,7 @@ from tidemark.cli.output import error, table
 from tidemark.cli.plan import add_planning
 from tidemark.cli.run import add_run
 from tidemark.cli.runs import add_runs
+from tidemark.cli.verify import add_verify
 from tidemark.cli.watch import add_watch
 from tidemark.devtools.kafka.cluster import LocalCluster, fetch_jars
 from tidemark.errors import TidemarkError
@@ -104,6 +105,7 @@ REGISTRARS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     add_runs,
     add_deadletters,
     add_maintain,
+    add_verify,
     add_airflow,
     add_watch,
 ]

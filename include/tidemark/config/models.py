@@ -618,6 +618,8 @@ class Feed(_Model):
     validation: Validation = Validation()
     time_windows: TimeWindows = TimeWindows()
     alerts: Alerts | None = None
+    # Whether the feed's DAG ends with `tidemark verify` (docs/verify.md); TIDEMARK_DAG_VERIFY=0: no DAG does.
+    verify: bool = True
     trigger: Trigger | None = None
     maintenance: Maintenance | None = None
     # Sensitive fields, masked in the job right after decoding (tidemark.config.masking, tidemark.spark.masking).

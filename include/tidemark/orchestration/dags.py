@@ -568,6 +568,33 @@ def check_step(handle: dict[str, Any], outcome: dict[str, Any]) -> None:
         raise AirflowFailException("; ".join(found.failures))
 
 
+@task(task_id="verify")
+def verify_step(handle: dict[str, Any], outcome: dict[str, Any]) -> None:
+    """Audit the feed's output after the commit (``tidemark verify``, docs/verify.md): read-only.
+
+    Findings fail this task, not the commit: the run's data and offsets stand, nothing is
+    touched, and the deployment's failure callbacks fire. Each finding is logged with its
+    topic, partition and offsets or its file.
+    """
+    from tidemark.runs.verify import show_spans, verify_feed
+
+    with _storage_settings():
+        report = verify_feed(handle["feed"], connection=kafka_connection(), checkpoints=checkpoint_store(),
+                             progress=log.info)  # fmt: skip
+    for note in report.notes:
+        log.info("verify: %s", note)
+    for f in report.findings:
+        where = f.path if f.path else f"{f.topic}[{f.partition}] offsets {show_spans(f.offsets)}"
+        log.error("verify: %s: %s: %s", f.kind, where, f.message)
+    log.info("verify: %s records read from Kafka, %s in the output, %.1f s", report.kafka_records,
+             report.output_records, report.seconds)  # fmt: skip
+    if report.findings:
+        raise AirflowFailException(
+            f"tidemark verify found {len(report.findings)} findings in feed '{handle['feed']}' (see the log); the "
+            "run's commit and output are untouched"
+        )
+
+
 @task(task_id="stale_feeds")
 def stale_step() -> None:
     """Fail naming every feed whose last committed run is older than its ``alerts.stale_after``."""
@@ -665,7 +692,9 @@ def maintenance_dag(feed: Feed) -> DAG:
     return dag
 
 
-def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None, *, alerts: bool = False) -> None:
+def _pipeline(
+    feed_name: str, mode: str, outlets: list[Asset] | None = None, *, alerts: bool = False, verify: bool = False
+) -> None:
     # feed_name may be a template ("{{ params.feed }}"): TaskFlow arguments are rendered.
     planned = plan_step(feed_name, mode)
     job = TidemarkSparkSubmitOperator(
@@ -684,6 +713,16 @@ def _pipeline(feed_name: str, mode: str, outlets: list[Asset] | None = None, *, 
     planned >> job >> committed
     if alerts:  # feed DAGs whose feed sets alerts
         check_step(planned, committed)
+    if verify:  # feed DAGs, unless the feed or the deployment turns it off (verifies)
+        verify_step(planned, committed)
+
+
+VERIFY_ENV = "TIDEMARK_DAG_VERIFY"  # "0": no feed DAG ends with the verify task
+
+
+def verifies(feed: Feed) -> bool:
+    """Whether ``feed``'s DAG ends with ``verify``: the feed's ``verify`` key and the deployment's setting."""
+    return feed.verify and os.environ.get(VERIFY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _trigger_doc(feed: Feed) -> str:
@@ -715,7 +754,8 @@ def feed_dag(feed: Feed) -> DAG:
         default_args=DEFAULT_ARGS,
         tags=["tidemark", "feed", feed.name],
     ) as dag:
-        _pipeline(feed.name, "scheduled", outlets=[feed_asset(feed)], alerts=feed.alerts is not None)
+        _pipeline(feed.name, "scheduled", outlets=[feed_asset(feed)], alerts=feed.alerts is not None,
+                  verify=verifies(feed))  # fmt: skip
     return dag
 
 

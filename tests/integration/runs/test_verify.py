@@ -1,0 +1,245 @@
+"""``tidemark verify`` on the real cluster: a clean feed verifies clean; each defect planted from outside is named.
+
+A string feed with one regex rule (the fault suite's :class:`~tests.faults.harness.FaultEnv`:
+good ``v-…`` records and quarantined ``x-…`` ones) runs until idle, on a local Parquet folder
+and on an Iceberg table. Then each defect is planted with pyarrow, pyiceberg or the file
+system, never through Tidemark, and ``verify`` must exit non-zero naming exactly the topic,
+partition and offsets (or the file) of the defect: a record duplicated (one offset, by a file
+copied into a second plan folder), a data file deleted, a stray file, a record removed, a
+value tampered with, a recorded digest off by one byte. The clean runs before each plant are
+the other side of each boundary (no offset duplicated, none missing, every digest equal).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import KafkaTestCluster
+from tests.faults.harness import FaultEnv
+from tidemark.cli import main
+from tidemark.faults import FAULTS_ENV
+from tidemark.runs.verify import VerifyReport, verify_feed
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+@pytest.fixture
+def fenv(kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+         request: pytest.FixtureRequest) -> FaultEnv:  # fmt: skip
+    env = FaultEnv(kafka, spark, tmp_path, request.node.name[:40])
+    env.install(monkeypatch)
+    monkeypatch.delenv(FAULTS_ENV, raising=False)
+    monkeypatch.setenv("TIDEMARK_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)  # the CLI's connection
+    return env
+
+
+def run_feed(env: FaultEnv) -> None:
+    env.produce(30, bad={4, 11})
+    env.run_until_idle(3)
+    env.produce(24, bad={40})
+    env.run_until_idle(3)
+
+
+def verify(env: FaultEnv) -> VerifyReport:
+    return verify_feed(env.feed, connection=env.kafka.connection, root=env.root)
+
+
+def kinds(report: VerifyReport) -> dict[str, list[Any]]:
+    found: dict[str, list[Any]] = {}
+    for f in report.findings:
+        found.setdefault(f.kind, []).append((f.topic, f.partition, f.offsets) if f.path is None else f.path)
+    return found
+
+
+def plan_folders(env: FaultEnv) -> list[Path]:
+    """The published plan folders that hold good records, oldest plan first (by their manifest's time)."""
+    folders = [d for d in Path(env.output).iterdir() if d.name.startswith("plan_id=")]
+    with_rows = [d for d in folders if data_files(d)]
+    return sorted(with_rows, key=lambda d: json.loads((d / "_manifest.json").read_text())["published_at"])
+
+
+def data_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.parquet") if "_quarantine" not in p.parts)
+
+
+def first_row(path: Path) -> tuple[str, int, int]:
+    """(topic, partition, offset) of the file's first row (the topic from its ``topic=`` folder)."""
+    table = pq.read_table(path)
+    topic = next(p.split("=", 1)[1] for p in path.parts if p.startswith("topic="))
+    return topic, table.column("partition")[0].as_py(), table.column("offset")[0].as_py()
+
+
+def test_a_clean_parquet_feed_verifies_clean_and_each_planted_defect_is_named(
+    fenv: FaultEnv, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_feed(fenv)
+    report = verify(fenv)
+    assert report.findings == [], report.findings
+    assert report.kafka_records == 54 and report.output_records == 54
+    assert main(["verify", fenv.feed, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["clean"] is True and doc["findings"] == []
+
+    first, second = plan_folders(fenv)[:2]
+    victim = data_files(first)[0]
+    table = pq.read_table(victim)
+    topic, partition, offset = first_row(victim)
+
+    # One record duplicated: a file holding only it, copied into a second plan folder.
+    copy = second / victim.relative_to(first).parent / "part-copied.parquet"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.slice(0, 1), copy)
+    found = kinds(verify(fenv))
+    assert found.pop("duplicate") == [(topic, partition, ((offset, offset + 1),))]
+    assert found.pop("unowned_file") == [str(copy)]
+    assert found == {}
+    assert main(["verify", fenv.feed]) == 1
+    out = capsys.readouterr().out
+    assert f"duplicate: {topic}[{partition}] offsets {offset}" in out
+    copy.unlink()
+    assert verify(fenv).findings == []
+
+    # A record removed from its file (the rest kept): exactly that offset is missing, the file changed.
+    saved = victim.read_bytes()
+    pq.write_table(table.slice(1), victim)
+    found = kinds(verify(fenv))
+    assert found.pop("missing") == [(topic, partition, ((offset, offset + 1),))]
+    assert found.pop("changed_file") == [str(victim)]
+    assert found == {}
+
+    # A value tampered with: that offset's bytes differ from Kafka's.
+    values = table.column("value").to_pylist()
+    values[0] = values[0] + "!"
+    pq.write_table(table.set_column(table.column_names.index("value"), "value", pa.array(values)), victim)
+    found = kinds(verify(fenv))
+    assert found.pop("value_differs") == [(topic, partition, ((offset, offset + 1),))]
+    assert found.pop("changed_file") == [str(victim)]
+    assert found == {}
+    victim.write_bytes(saved)
+    assert verify(fenv).findings == []
+
+    # A data file deleted: the file is named, and every offset it held is missing.
+    held = sorted(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(), strict=True))
+    victim.unlink()
+    found = kinds(verify(fenv))
+    assert found.pop("missing_file") == [str(victim)]
+    missing = found.pop("missing")
+    assert {t for t, _, _ in missing} == {topic}
+    assert sorted((p, o) for _, p, spans in missing for s, e in spans for o in range(s, e)) == held
+    assert found == {}
+    victim.write_bytes(saved)
+
+    # Stray files: beside the plans, inside a plan folder, and a pending folder of a run the ledger never had.
+    strays = [Path(fenv.output) / "notes.txt", first / "extra.json", Path(fenv.output) / "_pending" / "r0" / "x.bin"]
+    for stray in strays:
+        stray.parent.mkdir(parents=True, exist_ok=True)
+        stray.write_text("stray")
+    found = kinds(verify(fenv))
+    assert sorted(found.pop("unowned_file")) == sorted(map(str, strays))
+    assert found == {}
+    for stray in strays:
+        stray.unlink()
+    shutil.rmtree(Path(fenv.output) / "_pending")
+
+    # A recorded digest one byte off (the manifest edited): that range is named, with both digests.
+    manifest = first / "_manifest.json"
+    doc = json.loads(manifest.read_text())
+    r = next(r for r in doc["ranges"] if r["records"])
+    r["bytes"] += 1
+    manifest.write_text(json.dumps(doc))
+    found = kinds(verify(fenv))
+    assert found.pop("digest_differs") == [(r["topic"], r["partition"], ((r["start"], r["end"]),))]
+    assert found == {}
+    r["bytes"] -= 1
+    manifest.write_text(json.dumps(doc))
+    assert verify(fenv).findings == []
+
+
+def test_a_clean_iceberg_feed_verifies_clean_and_each_planted_defect_is_named(fenv: FaultEnv) -> None:
+    from pyiceberg.expressions import And, EqualTo
+
+    from tidemark.output.iceberg import IcebergPublisher
+
+    fenv.use_iceberg(f"tidemark.verify_{fenv.topic.replace('-', '_').replace('.', '_')}")
+    run_feed(fenv)
+    assert verify(fenv).findings == []
+
+    publisher = IcebergPublisher(__import__("tidemark.config.models", fromlist=["load_feed"]).load_feed(fenv.feed))
+    table = publisher.load()
+    assert table is not None
+    files = [t.file.file_path for t in table.scan().plan_files()]
+    victim = Path(files[0].removeprefix("file:").removeprefix("//"))
+    rows = pq.read_table(victim)
+    topic, partition, offset = rows.column("topic")[0].as_py(), rows.column("partition")[0].as_py(), \
+        rows.column("offset")[0].as_py()  # fmt: skip
+
+    # A stray file inside the table's location: owned by nothing.
+    stray = victim.parent / "stray.parquet"
+    stray.write_bytes(b"stray")
+    found = kinds(verify(fenv))
+    assert found.pop("unowned_file") == [str(stray)]
+    assert found == {}
+    stray.unlink()
+
+    # A value tampered with in place.
+    saved = victim.read_bytes()
+    values = rows.column("value").to_pylist()
+    values[0] = values[0] + "!"
+    pq.write_table(rows.set_column(rows.column_names.index("value"), "value", pa.array(values)), victim)
+    found = kinds(verify(fenv))
+    assert found.pop("value_differs") == [(topic, partition, ((offset, offset + 1),))]
+    assert found == {}
+    victim.write_bytes(saved)
+    assert verify(fenv).findings == []
+
+    # The table rolled back past its last plan with records: the ledger's shown run is named, and its offsets.
+    from tidemark.output.iceberg import PLAN_KEY, RANGES_KEY, plan_history
+
+    def ranges_of(snapshot: Any) -> list[dict[str, Any]]:
+        return list(json.loads((snapshot.summary or {}).get(RANGES_KEY) or "[]"))
+
+    history = plan_history(table)
+    last = next(h for h in history if any(r["end"] > r["start"] for r in ranges_of(h)))
+    before = history[history.index(last) + 1]
+    head = table.current_snapshot()
+    assert head is not None and last.summary is not None
+    table.manage_snapshots().set_current_snapshot(before.snapshot_id).commit()
+    found = kinds(verify(fenv))
+    assert len(found.pop("missing_publication")) == 1
+    lost = {(t, p, s) for t, p, spans_ in found.pop("missing") for s in spans_}
+    ranges = ranges_of(last)
+    assert lost == {(r["topic"], r["partition"], (r["start"], r["end"])) for r in ranges if r["end"] > r["start"]}
+    # Its quarantine folder beside the table belongs to no plan the table shows now.
+    folder = f"{publisher.quarantine}/plan_id={last.summary[PLAN_KEY]}/"
+    assert all(str(path).startswith(folder) for path in found.pop("unowned_file", []))
+    assert found == {}
+    table = publisher.load()
+    assert table is not None
+    table.manage_snapshots().set_current_snapshot(head.snapshot_id).commit()
+    assert verify(fenv).findings == []
+    table = publisher.load()
+    assert table is not None
+
+    # One record deleted through pyiceberg (a new snapshot naming no plan): exactly its offset is missing.
+    table.delete(And(EqualTo("partition", partition), EqualTo("offset", offset)))  # type: ignore[call-arg,arg-type]
+    found = kinds(verify(fenv))
+    assert found.pop("missing") == [(topic, partition, ((offset, offset + 1),))]
+    assert found == {}
+
+    # A data file the current snapshot references, deleted: the file is named.
+    table = publisher.load()
+    assert table is not None
+    current = Path(next(t.file.file_path for t in table.scan().plan_files()).removeprefix("file:").removeprefix("//"))
+    held = pq.read_table(current).column("offset")
+    current.unlink()
+    found = kinds(verify(fenv))
+    assert str(current) in found.pop("missing_file")
+    assert pc.min(held).as_py() is not None
