@@ -921,6 +921,12 @@ class Feed(_Model):
 
 
 DEBEZIUM_OPS = ("c", "u", "r", "d")  # create, update, read (a snapshot's row), delete; a tombstone has none
+# The reasons a keyed table's change cannot be applied, beside the feed's own expectations: Tidemark's rules
+# (``validation.rules.change_rules``), the job's check of the staged changes and the merge's own
+# (``output.changes.change_problem``) say them alike.
+CHANGE_KEY_LABEL = "change_without_key"  # + "(<key columns>)": the image lacks a key column's value
+CHANGE_OP_LABEL = "change_without_op"  # a Debezium record with an image but a null op (a tombstone has neither)
+CHANGE_IMAGE_LABEL = "change_without_image"  # c/u/r without 'after' when the Kafka key is the only key
 
 
 def _check_change_feed(iceberg: IcebergOutput, deser: Deserialization) -> None:

@@ -37,15 +37,26 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from tidemark.config.models import KAFKA_KEY, ChangeColumn, ChangeFormat, Feed
+from tidemark.config.models import (
+    CHANGE_IMAGE_LABEL,
+    CHANGE_KEY_LABEL,
+    CHANGE_OP_LABEL,
+    DEBEZIUM_OPS,
+    KAFKA_KEY,
+    ChangeColumn,
+    ChangeFormat,
+    Feed,
+)
 from tidemark.errors import ConfigError, PublishError, StateStoreError
 from tidemark.output.iceberg import (
     FEED_KEY,
     GROUP_KEY,
     PLAN_KEY,
     RANGES_KEY,
+    RUN_KEY,
     IcebergPublisher,
     PartitionSpecArg,
     TableChangedError,
@@ -73,6 +84,10 @@ TOPIC_COL, PARTITION_COL, OFFSET_COL, TIMESTAMP_COL = (
 POSITION_COLUMNS = (TOPIC_COL, PARTITION_COL, OFFSET_COL, TIMESTAMP_COL)
 CHANGES_KEY = "tidemark.changes"  # snapshot summary: the plan's change counts (JSON)
 Kind = Literal["upsert", "delete"]
+
+
+class MergeRefusedError(PublishError):
+    """A staged change the merge cannot apply (:func:`change_problem`); raised before the merge's transaction."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +130,6 @@ class Counts:
     upserts: int = 0
     deletes: int = 0
     ignored_tombstones: int = 0  # a Debezium tombstone without a Kafka key to delete (it follows a 'd')
-    no_key: int = 0  # no key to apply by: the feed's rules quarantine these, so only one that slipped past them
 
     def to_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -176,11 +190,49 @@ def row_schema(spec: ChangeSpec, schema: StructType) -> pa.Schema:
 # -- changes, staleness and the fold ---------------------------------------------------
 
 
+def change_problem(spec: ChangeSpec, r: Mapping[str, Any]) -> str | None:
+    """Why the staged record ``r`` cannot be applied as a change, as the label of the rule that quarantines it in the
+    job (``None``: it can). The same reasons as :func:`tidemark.validation.rules.change_rules` and the feed's own
+    expectations (``op`` in c, u, r, d; a not-null key), so that nothing reaches the merge that it cannot apply."""
+    kafka_key_missing = KAFKA_KEY in spec.key and r.get(KAFKA_KEY) is None
+    if spec.format != "debezium":
+        missing = [k for k in spec.key if r.get(k) is None]
+        return f"expect_column_values_to_not_be_null({missing[0]})" if missing else None
+    op, keys = r.get("op"), [k for k in spec.key if k != KAFKA_KEY]
+    if op is None:
+        if r.get("after") is not None or r.get("before") is not None:
+            return CHANGE_OP_LABEL
+        return f"expect_column_values_to_not_be_null({KAFKA_KEY})" if kafka_key_missing else None  # a tombstone
+    if op not in DEBEZIUM_OPS:
+        return "expect_column_values_to_be_in_set(op)"
+    image = r.get("before" if op == "d" else "after")
+    if keys and (not isinstance(image, Mapping) or any(image.get(k) is None for k in keys)):
+        return f"{CHANGE_KEY_LABEL}({', '.join(keys)})"
+    if not keys and op != "d" and image is None:
+        return CHANGE_IMAGE_LABEL
+    return f"expect_column_values_to_not_be_null({KAFKA_KEY})" if kafka_key_missing else None
+
+
+def change_problems(spec: ChangeSpec, records: pa.Table) -> list[str]:
+    """Every record of ``records`` :func:`change_problem` refuses, as ``topic[partition] offset N: <reason>``."""
+    wanted = ["topic", "partition", "offset", "op", "before", "after", *spec.key]
+    rows = records.select([n for n in dict.fromkeys(wanted) if n in records.schema.names]).to_pylist()
+    found = ((r, change_problem(spec, r)) for r in rows)
+    return [f"{r['topic']}[{r['partition']}] offset {r['offset']}: {why}" for r, why in found if why is not None]
+
+
 def changes_of(spec: ChangeSpec, records: pa.Table, counts: Counts) -> list[Change]:
-    """The plan's staged records as changes, in the order they were read (see the module docstring, step 1)."""
+    """The plan's staged records as changes, in the order they were read (see the module docstring, step 1).
+
+    Raises :class:`MergeRefusedError` when a record is one :func:`change_problem` refuses: the job quarantines those
+    before the commit, so only changes staged without that check (a publication staged by an older Tidemark) get
+    here, and then nothing of the plan is applied."""
     value_names = [f.name for f in _value_fields(spec, records.schema)]
     found: list[Change] = []
     for r in records.to_pylist():
+        problem = change_problem(spec, r)
+        if problem is not None:
+            raise MergeRefusedError(f"{r['topic']}[{r['partition']}] offset {r['offset']}: {problem}")
         counts.changes += 1
         image: Mapping[str, Any] | None
         kind: Kind
@@ -190,25 +242,17 @@ def changes_of(spec: ChangeSpec, records: pa.Table, counts: Counts) -> list[Chan
                 kind, image, keyed = "upsert", r.get("after"), r.get("after")
             elif op == "d":
                 kind, image, keyed = "delete", None, r.get("before")
-            elif op is None and r.get("after") is None and r.get("before") is None:
+            else:  # a tombstone (change_problem refused every other record without an op)
                 if KAFKA_KEY not in spec.key:
                     counts.ignored_tombstones += 1
                     continue
                 kind, image, keyed = "delete", None, {}
-            else:  # quarantined by the feed's rule (expect op in c, u, r, d) unless the feed's validation fails
-                raise PublishError(
-                    f"feed '{spec.feed}': {r['topic']}[{r['partition']}] offset {r['offset']}: Debezium op {op!r} "
-                    "is not c, u, r or d; nothing was committed"
-                )
         else:
             image = {n: r.get(n) for n in value_names}
             tombstone = all(v is None for v in image.values())
             kind, image, keyed = ("delete", None, image) if tombstone else ("upsert", image, image)
         keyed = keyed or {}
         key = tuple(r.get(KAFKA_KEY) if k == KAFKA_KEY else keyed.get(k) for k in spec.key)
-        if any(k is None for k in key):
-            counts.no_key += 1
-            continue
         row = None
         if image is not None:
             row = {**({KAFKA_KEY: r.get(KAFKA_KEY)} if KAFKA_KEY in spec.key else {}), **image}
@@ -382,6 +426,25 @@ def read_changes(table: Table, paths: Sequence[str]) -> pa.Table:
     return pa.concat_tables(parts, promote_options="default") if parts else pa.table({})
 
 
+def refused_after_commit(table_name: str, feed: str, properties: Mapping[str, str], problem: str) -> str:
+    """What an error of the merge (the commit step, after the group's commit when a run shows the plan) says was
+    committed: the table is unchanged; the group's offsets are committed when the plan is a run's."""
+    plan, run = properties.get(PLAN_KEY, "?"), properties.get(RUN_KEY)
+    if run:
+        committed = (
+            f"the group's offsets of the plan ARE committed (run {run} commits the group before it shows the plan): "
+            f"the run stays committed and not shown, and the feed's next run stops at it until the change is fixed, "
+            f"or `tidemark abandon {feed} {run}` gives the plan up, naming its ranges in a not_shown event"
+        )
+    else:
+        committed = "no group commit goes with this plan (a job outside any run): nothing was committed anywhere"
+    return (
+        f"Iceberg table {table_name}: plan {plan} of feed '{feed}' cannot be applied: {problem}. The table is "
+        f"unchanged (the merge's transaction was not begun); {committed}. Such a change is quarantined by the job "
+        "before the commit: this plan was staged without that check"
+    )
+
+
 class ChangesPublisher(IcebergPublisher):
     """An Iceberg feed with ``iceberg.mode: upsert``: the table holds the current row per key (module docstring)."""
 
@@ -393,6 +456,19 @@ class ChangesPublisher(IcebergPublisher):
     def table_arrow(self, schema: StructType) -> pa.Schema:
         return row_schema(self.spec, schema)
 
+    def check_staged(self, plan_id: str, paths: Sequence[Path]) -> None:
+        """Before the commit, in the job: every staged change is one the merge can apply (:func:`change_problem`;
+        the feed's rules quarantined the others), else the run fails here, with nothing committed."""
+        import pyarrow.parquet as pq
+
+        problems = [p for path in paths for p in change_problems(self.spec, pq.read_table(path))]
+        if problems:
+            raise MergeRefusedError(
+                f"feed '{self.feed.name}': plan {plan_id}: {len(problems)} staged changes cannot be applied to "
+                f"Iceberg table {self.table_name} ({'; '.join(problems[:5])}); nothing was committed. The feed's rules "
+                "should have quarantined them: report this with the feed file"
+            )
+
     def commit(
         self,
         table: Table,
@@ -403,7 +479,10 @@ class ChangesPublisher(IcebergPublisher):
     ) -> dict[str, Any]:
         del partition_by  # a keyed table stays unpartitioned
         feed = properties.get(FEED_KEY, self.feed.name)
-        counts = apply_changes(table, self.spec, read_changes(table, paths), properties, self.table_name, evolve_to)
+        try:
+            counts = apply_changes(table, self.spec, read_changes(table, paths), properties, self.table_name, evolve_to)
+        except MergeRefusedError as exc:
+            raise MergeRefusedError(refused_after_commit(self.table_name, feed, properties, str(exc))) from exc
         for path in paths:  # in no snapshot: the merge wrote the table's own files
             with contextlib.suppress(FileNotFoundError, StateStoreError, OSError):
                 Location.of(path).remove_file()
@@ -413,11 +492,6 @@ class ChangesPublisher(IcebergPublisher):
             f"{counts.superseded} superseded by a later change of their key in the plan, {counts.stale} skipped as "
             f"stale (the table already held their key's state or a newer one)"
         )
-        if counts.no_key:  # the feed's rules quarantine them (validation.rules.change_rules): never silent here
-            message += (
-                f"; {counts.no_key} changes were NOT applied: their image has no value for the key "
-                f"{list(self.spec.key)} (see the plan's records in Kafka)"
-            )
         return {
             "changes": counts.to_dict(),
             "events": [

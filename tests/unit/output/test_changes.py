@@ -19,6 +19,7 @@ from tidemark.errors import ConfigError
 from tidemark.output.changes import (
     ChangeSpec,
     Counts,
+    MergeRefusedError,
     apply_changes,
     changes_of,
     fold,
@@ -198,23 +199,27 @@ def test_a_two_column_key_deletes_and_replaces_exactly_its_own_rows(tmp_path: Pa
     assert got == [("eu", 1, "a2"), ("eu", 2, "c"), ("us", 1, "b")]
 
 
-def test_a_debezium_tombstone_deletes_only_by_the_kafka_key_and_an_image_without_its_key_is_counted() -> None:
+def test_a_debezium_tombstone_deletes_only_by_the_kafka_key_and_an_image_without_its_key_is_refused() -> None:
     envelope = pa.struct([("id", pa.int64()), ("name", pa.string())])
     staged = pa.schema([*list(RECORDS)[:5], ("before", envelope), ("after", envelope), ("op", pa.string())])
     t = datetime.fromtimestamp(1, UTC)
-    recs = pa.Table.from_pylist([
+    good = [
         {"topic": "t", "partition": 0, "offset": 0, "timestamp": t, "key": "7", "before": None,
          "after": {"id": 7, "name": "x"}, "op": "c"},
         {"topic": "t", "partition": 0, "offset": 1, "timestamp": t, "key": "7", "before": None, "after": None,
          "op": None},
-        {"topic": "t", "partition": 0, "offset": 2, "timestamp": t, "key": "8", "before": None,
-         "after": {"id": None, "name": "no id"}, "op": "c"},
-    ], schema=staged)  # fmt: skip
+    ]  # fmt: skip
+    unkeyed = {"topic": "t", "partition": 0, "offset": 2, "timestamp": t, "key": "8", "before": None,
+               "after": {"id": None, "name": "no id"}, "op": "c"}  # fmt: skip
     by_column, by_kafka_key = Counts(), Counts()
-    kinds = [c.kind for c in changes_of(ChangeSpec("f", ("id",), "debezium", ()), recs, by_column)]
-    assert (kinds, by_column.ignored_tombstones, by_column.no_key) == (["upsert"], 1, 1)  # 'after' without its id
+    spec = ChangeSpec("f", ("id",), "debezium", ())
+    kinds = [c.kind for c in changes_of(spec, pa.Table.from_pylist(good, schema=staged), by_column)]
+    assert (kinds, by_column.ignored_tombstones) == (["upsert"], 1)
+    with pytest.raises(MergeRefusedError, match=r"t\[0\] offset 2: change_without_key\(id\)"):
+        changes_of(spec, pa.Table.from_pylist([*good, unkeyed], schema=staged), Counts())
+    recs = pa.Table.from_pylist([*good, unkeyed], schema=staged)
     kinds = [c.kind for c in changes_of(ChangeSpec("f", ("key",), "debezium", ("op",)), recs, by_kafka_key)]
-    assert (kinds, by_kafka_key.ignored_tombstones, by_kafka_key.no_key) == (["upsert", "delete", "upsert"], 0, 0)
+    assert (kinds, by_kafka_key.ignored_tombstones) == (["upsert", "delete", "upsert"], 0)
 
 
 @pytest.mark.spark
@@ -257,3 +262,36 @@ def test_a_debezium_change_without_its_keys_value_breaks_the_feeds_change_rule_n
     labels = [codes.labels(code) if code != "ok" else () for code in got]
     assert [("change_without_key(region, id)" in found) for found in labels] == flagged, labels
     assert labels[8] == ("expect_column_values_to_be_in_set(op)",)  # the unknown op: the op rule's alone
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("key", [["region", "id"], ["key"]])
+def test_the_jobs_rules_and_the_merges_own_check_refuse_the_same_changes(spark: Any, key: list[str]) -> None:
+    """Whatever the merge after the commit would refuse (:func:`change_problem`), the feed's rules quarantine in the
+    job before it, with the same reason: an op-less record with an image, an unknown op, a change without its key's
+    value, a c/u/r without 'after' keyed by the Kafka key alone, a tombstone without a Kafka key to delete."""
+    from pyspark.sql import functions as F
+
+    from tidemark.output.changes import change_problem
+    from tidemark.validation.rules import OutcomeCodes, column_paths
+
+    ddl = "key string, before struct<region: string, id: long>, after struct<region: string, id: long>, op string"
+    doc = {**BASE, "deserialization": {"format": "json", "schema_ddl": ddl},
+           "iceberg": {"mode": "upsert", "key": key, "change_format": "debezium"}}  # fmt: skip
+    feed = parse_feed("cdc", doc, "feeds/cdc.yaml")
+    full, half = {"region": "eu", "id": 1}, {"region": "eu", "id": None}
+    rows = [
+        ("k", "c", None, full), ("k", "c", None, half), ("k", "r", None, None), ("k", "d", full, None),
+        ("k", "d", None, None), ("k", None, None, None), (None, None, None, None), ("k", None, None, full),
+        ("k", None, full, None), (None, "u", full, full), ("k", "t", None, full), ("k", "u", half, full),
+    ]  # fmt: skip
+    data = [{"key": k, "op": op, "before": before, "after": after} for k, op, before, after in rows]
+    df = spark.createDataFrame(data, schema=ddl)
+    codes = OutcomeCodes.of(column_paths(df.schema), feed)
+    decoded = df.withColumn(ERROR_COLUMN, F.lit(None).cast("string"))
+    got = [r["code"] for r in decoded.select(codes.column().alias("code")).collect()]
+    by_rules = [set(codes.labels(code)) if code != "ok" else set() for code in got]
+    spec = ChangeSpec.of(feed)
+    by_merge = [{p} if (p := change_problem(spec, d)) is not None else set() for d in data]
+    assert by_rules == by_merge
+    assert {"change_without_op"} in by_rules and set() in by_rules
