@@ -720,8 +720,8 @@ MUTANTS = (
         (
             Edit(
                 CHANGES,
-                "        if held is not None and not newer(_position(c), held):",
-                "        if held is not None and False:",
+                "        elif held is not None and not newer(_position(c), held):",
+                "        elif held is not None and False:",
             ),
         ),
         (f"{CHANGES_TEST}::test_stale_changes_are_skipped_by_the_ledger_and_by_the_rows_position",),
@@ -870,6 +870,52 @@ MUTANTS = (
         (
             "tests/integration/output/test_change_streams.py::"
             "test_an_avro_state_feed_through_the_registry_deletes_by_its_tombstones[spark]",
+        ),
+    ),
+    Mutant(
+        "changes-op-rule-dropped",
+        "a Debezium record with an image but a null op is quarantined in the job (GX's be_in_set passes a null)",
+        (
+            Edit(
+                "include/tidemark/validation/rules.py",
+                "    if images:\n        rules.append(RowRule(CHANGE_OP_LABEL",
+                "    if False:\n        rules.append(RowRule(CHANGE_OP_LABEL",
+            ),
+        ),
+        (
+            f"{CHANGES_TEST}::test_the_jobs_rules_and_the_merges_own_check_refuse_the_same_changes",
+            "tests/integration/output/test_change_streams.py::"
+            "test_a_debezium_change_without_op_is_a_dead_letter_before_the_commit_not_a_stuck_merge",
+        ),
+    ),
+    Mutant(
+        "changes-staged-check-skipped",
+        "the job checks every staged change with the merge's own check before the commit",
+        (
+            Edit(
+                "include/tidemark/output/iceberg.py",
+                "        self.check_staged(plan.plan_id, [path for path, _ in data])\n",
+                "",
+            ),
+        ),
+        (
+            "tests/integration/output/test_change_streams.py::"
+            "test_a_debezium_change_without_op_is_a_dead_letter_before_the_commit_not_a_stuck_merge",
+        ),
+    ),
+    Mutant(
+        "changes-topic-id-ignored",
+        "a recreated topic's changes apply over the old topic's rows, whatever their offsets",
+        (
+            Edit(
+                CHANGES,
+                "    return held[0] == c.topic and held[4] is not None and c.topic_id is not None",
+                "    return False and held[0] == c.topic and held[4] is not None and c.topic_id is not None",
+            ),
+        ),
+        (
+            "tests/integration/output/test_change_streams.py::"
+            "test_a_recreated_topics_changes_apply_over_the_old_topics_rows",
         ),
     ),
 )

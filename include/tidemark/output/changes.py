@@ -35,7 +35,7 @@ import contextlib
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -75,13 +75,16 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 # Where each row's change came from: the staleness check of every later plan compares with them.
-TOPIC_COL, PARTITION_COL, OFFSET_COL, TIMESTAMP_COL = (
+TOPIC_COL, PARTITION_COL, OFFSET_COL, TIMESTAMP_COL, TOPIC_ID_COL = (
     "_kafka_topic",
     "_kafka_partition",
     "_kafka_offset",
     "_kafka_timestamp",
+    "_kafka_topic_id",  # null in rows written before topic ids were kept: taken as the plan's own topic
 )
-POSITION_COLUMNS = (TOPIC_COL, PARTITION_COL, OFFSET_COL, TIMESTAMP_COL)
+POSITION_COLUMNS = (TOPIC_COL, PARTITION_COL, OFFSET_COL, TIMESTAMP_COL, TOPIC_ID_COL)
+# topic, partition, offset, timestamp µs, topic id (None: unknown)
+Position = tuple[str, int, int, int, str | None]
 CHANGES_KEY = "tidemark.changes"  # snapshot summary: the plan's change counts (JSON)
 Kind = Literal["upsert", "delete"]
 
@@ -118,6 +121,7 @@ class Change:
     offset: int
     timestamp: int  # the Kafka record timestamp, µs since the epoch
     row: Mapping[str, Any] | None  # an upsert's row (value columns and change metadata), without positions
+    topic_id: str | None = None  # the id of the plan's topic (the ranges' ``topic_id``)
 
 
 @dataclass
@@ -130,9 +134,12 @@ class Counts:
     upserts: int = 0
     deletes: int = 0
     ignored_tombstones: int = 0  # a Debezium tombstone without a Kafka key to delete (it follows a 'd')
+    recreated: int = 0  # rows of a topic since deleted and recreated, replaced or deleted by the new topic's changes
+    # topic -> the ids of the deleted topics whose rows were replaced (for the topic_recreated event)
+    old_topic_ids: dict[str, set[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, int]:
-        return dict(vars(self))
+        return {k: v for k, v in vars(self).items() if isinstance(v, int)}
 
 
 # -- the table's row -------------------------------------------------------------------
@@ -181,7 +188,7 @@ def row_schema(spec: ChangeSpec, schema: StructType) -> pa.Schema:
     if clash:
         raise ConfigError(f"feed '{spec.feed}': value column {clash[0]!r} clashes with the keyed table's own columns")
     meta = [pa.field(TOPIC_COL, pa.string()), pa.field(PARTITION_COL, pa.int32()), pa.field(OFFSET_COL, pa.int64()),
-            pa.field(TIMESTAMP_COL, pa.timestamp("us", tz="UTC"))]  # fmt: skip
+            pa.field(TIMESTAMP_COL, pa.timestamp("us", tz="UTC")), pa.field(TOPIC_ID_COL, pa.string())]  # fmt: skip
     extra = {"op": pa.string(), "source_ts_ms": pa.int64(), "ts_ms": pa.int64()}
     meta += [pa.field(f"_{c}", extra[c]) for c in spec.columns]
     return pa.schema([f.with_nullable(True) for f in (*fields, *meta)])
@@ -221,7 +228,9 @@ def change_problems(spec: ChangeSpec, records: pa.Table) -> list[str]:
     return [f"{r['topic']}[{r['partition']}] offset {r['offset']}: {why}" for r, why in found if why is not None]
 
 
-def changes_of(spec: ChangeSpec, records: pa.Table, counts: Counts) -> list[Change]:
+def changes_of(
+    spec: ChangeSpec, records: pa.Table, counts: Counts, topic_ids: Mapping[str, str | None] | None = None
+) -> list[Change]:
     """The plan's staged records as changes, in the order they were read (see the module docstring, step 1).
 
     Raises :class:`MergeRefusedError` when a record is one :func:`change_problem` refuses: the job quarantines those
@@ -259,8 +268,9 @@ def changes_of(spec: ChangeSpec, records: pa.Table, counts: Counts) -> list[Chan
             source = r.get("source") if isinstance(r.get("source"), Mapping) else {}
             meta = {"op": r.get("op"), "source_ts_ms": (source or {}).get("ts_ms"), "ts_ms": r.get("ts_ms")}
             row.update({f"_{c}": meta[c] for c in spec.columns})
-        found.append(Change(key, kind, str(r["topic"]), int(r["partition"]), int(r["offset"]),
-                            _micros(r["timestamp"]), row))  # fmt: skip
+        topic = str(r["topic"])
+        found.append(Change(key, kind, topic, int(r["partition"]), int(r["offset"]), _micros(r["timestamp"]), row,
+                            (topic_ids or {}).get(topic)))  # fmt: skip
     return found
 
 
@@ -272,7 +282,7 @@ def _micros(value: Any) -> int:
     return int(value)
 
 
-def newer(a: tuple[str, int, int, int], b: tuple[str, int, int, int]) -> bool:
+def newer(a: Position | tuple[str, int, int, int], b: Position | tuple[str, int, int, int]) -> bool:
     """Whether the change at position ``a`` (topic, partition, offset, timestamp µs) comes after the one at ``b``.
 
     Within a partition the offset decides: Kafka's order. Offsets of different partitions do
@@ -285,8 +295,15 @@ def newer(a: tuple[str, int, int, int], b: tuple[str, int, int, int]) -> bool:
     return (a[3], a[0], a[1]) > (b[3], b[0], b[1])
 
 
-def _position(c: Change) -> tuple[str, int, int, int]:
-    return (c.topic, c.partition, c.offset, c.timestamp)
+def _position(c: Change) -> Position:
+    return (c.topic, c.partition, c.offset, c.timestamp, c.topic_id)
+
+
+def recreated(c: Change, held: Position) -> bool:
+    """Whether the row at ``held`` came from a topic of ``c``'s name that was deleted since: ``c``'s topic (the
+    plan's, which the commit checked is the topic there now) has another id. Its offsets say nothing about the old
+    topic's, so the change applies whatever they are."""
+    return held[0] == c.topic and held[4] is not None and c.topic_id is not None and held[4] != c.topic_id
 
 
 def fold(changes: Iterable[Change], counts: Counts) -> dict[tuple[Any, ...], Change]:
@@ -330,16 +347,18 @@ def _key_filter(spec: ChangeSpec, keys: Iterable[tuple[Any, ...]]) -> BooleanExp
 
 def current_positions(
     table: Table, spec: ChangeSpec, keys: Iterable[tuple[Any, ...]]
-) -> dict[tuple[Any, ...], tuple[str, int, int, int]]:
+) -> dict[tuple[Any, ...], Position]:
     """Where the table's row of each of ``keys`` came from (keys without a row are left out)."""
     keys = list(keys)
     if not keys or table.current_snapshot() is None:
         return {}
-    rows = table.scan(row_filter=_key_filter(spec, keys), selected_fields=(*spec.key, *POSITION_COLUMNS)).to_arrow()
+    have = set(table.schema().column_names)  # a table written before a position column was kept lacks it
+    wanted = (*spec.key, *(c for c in POSITION_COLUMNS if c in have))
+    rows = table.scan(row_filter=_key_filter(spec, keys), selected_fields=wanted).to_arrow()
     found = {}
     for r in rows.to_pylist():
         found[tuple(r[k] for k in spec.key)] = (r[TOPIC_COL], r[PARTITION_COL], r[OFFSET_COL],
-                                                _micros(r[TIMESTAMP_COL]))  # fmt: skip
+                                                _micros(r[TIMESTAMP_COL]), r.get(TOPIC_ID_COL))  # fmt: skip
     return found
 
 
@@ -364,20 +383,25 @@ def apply_changes(
     ranges = json.loads(properties.get(RANGES_KEY) or "[]")
     ledger = table_ledger(table, spec.feed)
     topic_ids = {str(r["topic"]): r.get("topic_id") for r in ranges}
-    fresh = below_ledger(changes_of(spec, records, counts), ledger, topic_ids, counts)
+    fresh = below_ledger(changes_of(spec, records, counts, topic_ids), ledger, topic_ids, counts)
     last = fold(fresh, counts)
     current = current_positions(table, spec, last)
     applied = {}
     for key, c in last.items():
         held = current.get(key)
-        if held is not None and not newer(_position(c), held):
+        if held is not None and recreated(c, held):
+            counts.recreated += 1  # the row's topic was deleted and recreated: the new topic's change applies
+            counts.old_topic_ids.setdefault(c.topic, set()).add(str(held[4]))
+            applied[key] = c
+        elif held is not None and not newer(_position(c), held):
             counts.stale += 1  # the table's row of this key is as new or newer: a replay of older changes
         elif c.kind == "delete" and held is None:
             counts.deletes += 1  # nothing to delete: a key created and deleted in this plan, or never seen
         else:
             applied[key] = c
     rows = [{**(c.row or {}), TOPIC_COL: c.topic, PARTITION_COL: c.partition, OFFSET_COL: c.offset,
-             TIMESTAMP_COL: c.timestamp} for c in applied.values() if c.kind == "upsert"]  # fmt: skip
+             TIMESTAMP_COL: c.timestamp, TOPIC_ID_COL: c.topic_id}
+            for c in applied.values() if c.kind == "upsert"]  # fmt: skip
     counts.upserts = len(rows)
     counts.deletes += sum(1 for c in applied.values() if c.kind == "delete")
     snapshot_props = {**properties, CHANGES_KEY: json.dumps(counts.to_dict(), sort_keys=True)}
@@ -492,13 +516,20 @@ class ChangesPublisher(IcebergPublisher):
             f"{counts.superseded} superseded by a later change of their key in the plan, {counts.stale} skipped as "
             f"stale (the table already held their key's state or a newer one)"
         )
-        return {
-            "changes": counts.to_dict(),
-            "events": [
-                {
-                    "kind": "changes_applied",
-                    "message": message,
-                    "details": {"table": self.table_name, **counts.to_dict()},
-                }
-            ],
-        }
+        events = [{"kind": "changes_applied", "message": message, "details": {"table": self.table_name,
+                                                                              **counts.to_dict()}}]  # fmt: skip
+        for topic, old in sorted(counts.old_topic_ids.items()):
+            new = json.loads(properties.get(RANGES_KEY) or "[]")
+            new_id = next((r.get("topic_id") for r in new if r.get("topic") == topic), None)
+            events.append({
+                "kind": "topic_recreated",
+                "topic": topic,
+                "message": (
+                    f"Iceberg table {self.table_name}: topic {topic} was deleted and recreated (id {new_id}, before "
+                    f"{', '.join(sorted(old))}): {counts.recreated} rows of the old topic were replaced or deleted by "
+                    "the new topic's changes, whose offsets do not compare with the old ones"
+                ),
+                "details": {"table": self.table_name, "topic": topic, "old_topic_ids": sorted(old),
+                            "new_topic_id": new_id, "replaced": counts.recreated},
+            })  # fmt: skip
+        return {"changes": counts.to_dict(), "events": events}

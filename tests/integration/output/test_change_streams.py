@@ -583,9 +583,64 @@ def test_a_debezium_change_without_op_is_a_dead_letter_before_the_commit_not_a_s
 
     before, was = table_rows(fenv, columns), fenv.committed()
     monkeypatch.setattr(rules, "change_rules", lambda feed, columns: [])
-    monkeypatch.setattr(ChangesPublisher, "check_staged", lambda self, plan_id, paths: None)
     cdc.produce([envelope(8, None, None, {"id": 8, "name": "no op", "qty": 8}), cdc.change("u", 0, name="x", qty=0)])
+    # Without the rules, the job's own check of the staged changes still fails the run before the commit.
+    with pytest.raises(Exception, match=r"offset \d+: change_without_op.*nothing was committed"):
+        fenv.run()
+    assert fenv.committed() == was and table_rows(fenv, columns) == before
+    monkeypatch.setattr(ChangesPublisher, "check_staged", lambda self, plan_id, paths: None)
     with pytest.raises(Exception, match=r"offset \d+: change_without_op\. The table is unchanged .*ARE committed"):
         fenv.run()
     assert table_rows(fenv, columns) == before
     assert sum(c or 0 for c in fenv.committed().values()) == sum(c or 0 for c in was.values()) + 2  # as it says
+
+
+def test_a_recreated_topics_changes_apply_over_the_old_topics_rows(fenv: FaultEnv) -> None:
+    """The topic is deleted and created again under the same name: its offsets start at 0 again, below those of the
+    rows the old topic left. Its updates and tombstones still apply (the rows' topic id is not the plan's), with a
+    ``topic_recreated`` event of the merge; the table equals the fold of the old topic's scan, then the new one's."""
+    from tests.integration.runs.test_topic_identity import recreate
+
+    fenv.iceberg = "tidemark.recreated"
+    fenv.write_feed(
+        deserialization={"format": "json", "fields": [{"name": "name", "type": "string", "required": False},
+                                                      {"name": "qty", "type": "integer", "required": False}]},
+        output_format="iceberg",
+        iceberg={"table": "tidemark.recreated", "mode": "upsert", "key": "key", "change_format": "state"},
+        validation={"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5},
+    )  # fmt: skip
+    seq = iter(range(1, 1000))
+
+    def state(key: str, value: Mapping[str, Any] | None) -> Record:
+        body = None if value is None else json.dumps(value).encode()
+        return Record(value=body, key=key.encode(), partition=int(key[1:]) % 3, timestamp_ms=T0 + next(seq) * 1000)
+
+    # Each key's partition holds a few updates, so the old rows sit at offsets the new topic starts below.
+    fenv.kafka.produce(
+        fenv.topic, [state(f"k{i}", {"name": f"s{i}-{n}", "qty": n}) for n in range(4) for i in range(6)]
+    )
+    fenv.run()
+    old = state_fold(fenv, ["name", "qty"])
+    assert table_rows(fenv, ["name", "qty"], key="key") == old
+    rows = {r["key"]: r for r in fenv.iceberg_table().scan().to_arrow().to_pylist()}
+    assert {r["_kafka_offset"] for r in rows.values()} >= {6, 7}
+
+    recreate(fenv)
+    fenv.kafka.produce(
+        fenv.topic,
+        [
+            state("k1", {"name": "new-k1", "qty": 1}),
+            state("k2", None),
+            state("k3", {"name": "new-k3", "qty": 3}),
+            state("k6", {"name": "s6", "qty": 6}),
+        ],
+    )
+    _, _, outcome = fenv.run()
+    assert outcome.committed
+    expected = {**old, **state_fold(fenv, ["name", "qty"])}
+    del expected["k2"]
+    assert table_rows(fenv, ["name", "qty"], key="key") == expected
+    [changes] = fenv.report_events("changes_applied")[-1:]
+    assert changes["details"]["stale"] == 0, changes
+    merged = [e for e in fenv.report_events("topic_recreated") if e.get("details", {}).get("table")]
+    assert len(merged) == 1 and merged[0]["details"]["replaced"] == 3, merged

@@ -295,3 +295,30 @@ def test_the_jobs_rules_and_the_merges_own_check_refuse_the_same_changes(spark: 
     by_merge = [{p} if (p := change_problem(spec, d)) is not None else set() for d in data]
     assert by_rules == by_merge
     assert {"change_without_op"} in by_rules and set() in by_rules
+
+
+def test_the_job_refuses_staged_changes_the_merge_could_not_apply_before_anything_is_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's last check before it commits a keyed table's plan (or writes its pending record): a staged change
+    the merge would refuse fails the run there, naming the offset, the reason, and that nothing was committed."""
+    import pyarrow.parquet as pq
+
+    from tidemark.output.changes import ChangesPublisher
+
+    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(tmp_path / "state"))
+    ddl = "before struct<id: long>, after struct<id: long>, op string"
+    doc = {**BASE, "deserialization": {"format": "json", "schema_ddl": ddl},
+           "iceberg": {"table": "ns.cdc", "mode": "upsert", "key": "id", "change_format": "debezium"}}  # fmt: skip
+    publisher = ChangesPublisher(parse_feed("cdc", doc, "feeds/cdc.yaml"))
+    envelope = pa.struct([("id", pa.int64())])
+    schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                        ("before", envelope), ("after", envelope), ("op", pa.string())])  # fmt: skip
+    good = {"topic": "t", "partition": 0, "offset": 0, "before": None, "after": {"id": 1}, "op": "c"}
+    pq.write_table(pa.Table.from_pylist([good], schema=schema), tmp_path / "good.parquet")
+    publisher.check_staged("p1", [tmp_path / "good.parquet"])
+    opless = {**good, "offset": 1, "op": None}
+    pq.write_table(pa.Table.from_pylist([good, opless], schema=schema), tmp_path / "bad.parquet")
+    with pytest.raises(MergeRefusedError, match=r"plan p1: 1 staged changes .*t\[0\] offset 1: change_without_op.*"
+                                                r"nothing was committed"):  # fmt: skip
+        publisher.check_staged("p1", [tmp_path / "good.parquet", tmp_path / "bad.parquet"])
