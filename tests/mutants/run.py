@@ -918,6 +918,18 @@ MUTANTS = (
             "test_a_recreated_topics_changes_apply_over_the_old_topics_rows",
         ),
     ),
+    Mutant(
+        "changes-many-to-one-key-mask-allowed",
+        "masking that is not one-to-one (redact, truncate) is refused on a keyed table's key column",
+        (
+            Edit(
+                "include/tidemark/config/models.py",
+                '            if kind in ("redact", "truncate"):',
+                "            if False:",
+            ),
+        ),
+        (f"{CHANGES_TEST}::test_masking_that_is_not_one_to_one_is_refused_on_a_key_column_naming_file_and_field",),
+    ),
 )
 
 

@@ -322,3 +322,51 @@ def test_the_job_refuses_staged_changes_the_merge_could_not_apply_before_anythin
     with pytest.raises(MergeRefusedError, match=r"plan p1: 1 staged changes .*t\[0\] offset 1: change_without_op.*"
                                                 r"nothing was committed"):  # fmt: skip
         publisher.check_staged("p1", [tmp_path / "good.parquet", tmp_path / "bad.parquet"])
+
+
+STATE_DDL = {"format": "json", "fields": [{"name": "email", "type": "string", "required": False},
+                                          {"name": "qty", "type": "integer", "required": False}]}  # fmt: skip
+CDC = {"iceberg": {"mode": "upsert", "key": "id", "change_format": "debezium"},
+       "deserialization": {"format": "json", "schema_ddl": "before struct<id: long, name: string>, "
+                           "after struct<id: long, name: string>, op string"}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({**CDC, "masking": {"fields": {"after.id": "redact"}}}, "masking.fields.after.id: redact"),
+        ({**CDC, "masking": {"fields": {"before.id": "redact"}}}, "masking.fields.before.id: redact"),
+        ({**CDC, "masking": {"fields": {"after": "redact"}}}, "masking.fields.after: redact"),
+        ({**CDC, "masking": {"fields": {"after.id": {"truncate": 3}}}}, "masking.fields.after.id: truncate"),
+        ({"iceberg": {"mode": "upsert", "key": "email", "change_format": "state"}, "deserialization": STATE_DDL,
+          "masking": {"fields": {"email": {"truncate": 3}}}}, "masking.fields.email: truncate"),
+        ({"iceberg": {"mode": "upsert", "key": "key", "change_format": "state"}, "deserialization": STATE_DDL,
+          "masking": {"key": "redact"}}, "masking.key: redact"),
+        ({"iceberg": {"mode": "upsert", "key": "key", "change_format": "state"}, "deserialization": STATE_DDL,
+          "masking": {"key": {"truncate": 1}}}, "masking.key: truncate"),
+    ],
+)  # fmt: skip
+def test_masking_that_is_not_one_to_one_is_refused_on_a_key_column_naming_file_and_field(
+    doc: dict[str, Any], field: str
+) -> None:
+    """``redact`` gives every key one value and ``truncate`` collapses keys that share a prefix: the keyed table would
+    fold distinct keys into one row. Refused at load, naming the file and the masked field."""
+    with pytest.raises(ConfigError) as refused:
+        parse_feed("cdc", {**BASE, **doc}, "feeds/cdc.yaml")
+    text = str(refused.value)
+    assert "feeds/cdc.yaml" in text and field in text and "iceberg.key" in text and "hash" in text, text
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {**CDC, "masking": {"fields": {"after.id": "hash", "before.id": "hash"}}},
+        {**CDC, "masking": {"fields": {"after.name": "redact", "before.name": {"truncate": 1}}}},  # not the key
+        {"iceberg": {"mode": "upsert", "key": "key", "change_format": "state"}, "deserialization": STATE_DDL,
+         "masking": {"key": "hash", "fields": {"email": "redact"}}},
+        {"iceberg": {"mode": "upsert", "key": "email", "change_format": "state"}, "deserialization": STATE_DDL,
+         "masking": {"fields": {"email": "hash"}, "key": "redact"}},  # the Kafka key is not the table's key here
+    ],
+)  # fmt: skip
+def test_a_hashed_key_column_and_masking_beside_the_key_load(doc: dict[str, Any]) -> None:
+    assert parse_feed("cdc", {**BASE, **doc}, "feeds/cdc.yaml").masking is not None
