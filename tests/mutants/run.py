@@ -909,8 +909,8 @@ MUTANTS = (
         (
             Edit(
                 CHANGES,
-                "    return held[0] == c.topic and held[4] is not None and c.topic_id is not None",
-                "    return False and held[0] == c.topic and held[4] is not None and c.topic_id is not None",
+                "    return held[1] == c.topic and held[4] is not None and c.topic_id is not None",
+                "    return False and held[1] == c.topic and held[4] is not None and c.topic_id is not None",
             ),
         ),
         (

@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -82,9 +83,13 @@ TOPIC_COL, PARTITION_COL, OFFSET_COL, TIMESTAMP_COL, TOPIC_ID_COL = (
     "_kafka_timestamp",
     "_kafka_topic_id",  # null in rows written before topic ids were kept: taken as the plan's own topic
 )
-POSITION_COLUMNS = (TOPIC_COL, PARTITION_COL, OFFSET_COL, TIMESTAMP_COL, TOPIC_ID_COL)
-# topic, partition, offset, timestamp µs, topic id (None: unknown)
-Position = tuple[str, int, int, int, str | None]
+ORDER_COL = "_change_order"  # the change's place in the order (:func:`encode_order`); null: written before it was kept
+POSITION_COLUMNS = (TOPIC_COL, PARTITION_COL, OFFSET_COL, TIMESTAMP_COL, TOPIC_ID_COL, ORDER_COL)
+Order = tuple[int, ...]
+# the order (source position or clock), topic, partition, offset, topic id (None: unknown)
+Position = tuple[Order, str, int, int, str | None]
+CLOCK_PREFIX = "tidemark.clock."  # + feed: per topic and partition, the order's running maximum read so far
+DELETED_PREFIX = "tidemark.deleted."  # + feed: the delete markers (key, the delete's position)
 CHANGES_KEY = "tidemark.changes"  # snapshot summary: the plan's change counts (JSON)
 Kind = Literal["upsert", "delete"]
 
@@ -122,6 +127,8 @@ class Change:
     timestamp: int  # the Kafka record timestamp, µs since the epoch
     row: Mapping[str, Any] | None  # an upsert's row (value columns and change metadata), without positions
     topic_id: str | None = None  # the id of the plan's topic (the ranges' ``topic_id``)
+    source: Order | None = None  # a Debezium change's source position (:func:`source_position`), if it has one
+    order: Order = ()  # its place in the order (:func:`place`): the source position, else the partition's clock
 
 
 @dataclass
@@ -135,6 +142,7 @@ class Counts:
     deletes: int = 0
     ignored_tombstones: int = 0  # a Debezium tombstone without a Kafka key to delete (it follows a 'd')
     recreated: int = 0  # rows of a topic since deleted and recreated, replaced or deleted by the new topic's changes
+    remembered_deletes: int = 0  # delete markers the table keeps after this plan (see prune_markers)
     # topic -> the ids of the deleted topics whose rows were replaced (for the topic_recreated event)
     old_topic_ids: dict[str, set[str]] = field(default_factory=dict)
 
@@ -188,7 +196,8 @@ def row_schema(spec: ChangeSpec, schema: StructType) -> pa.Schema:
     if clash:
         raise ConfigError(f"feed '{spec.feed}': value column {clash[0]!r} clashes with the keyed table's own columns")
     meta = [pa.field(TOPIC_COL, pa.string()), pa.field(PARTITION_COL, pa.int32()), pa.field(OFFSET_COL, pa.int64()),
-            pa.field(TIMESTAMP_COL, pa.timestamp("us", tz="UTC")), pa.field(TOPIC_ID_COL, pa.string())]  # fmt: skip
+            pa.field(TIMESTAMP_COL, pa.timestamp("us", tz="UTC")), pa.field(TOPIC_ID_COL, pa.string()),
+            pa.field(ORDER_COL, pa.string())]  # fmt: skip
     extra = {"op": pa.string(), "source_ts_ms": pa.int64(), "ts_ms": pa.int64()}
     meta += [pa.field(f"_{c}", extra[c]) for c in spec.columns]
     return pa.schema([f.with_nullable(True) for f in (*fields, *meta)])
@@ -269,8 +278,9 @@ def changes_of(
             meta = {"op": r.get("op"), "source_ts_ms": (source or {}).get("ts_ms"), "ts_ms": r.get("ts_ms")}
             row.update({f"_{c}": meta[c] for c in spec.columns})
         topic = str(r["topic"])
+        where = source_position(r) if spec.format == "debezium" else None
         found.append(Change(key, kind, topic, int(r["partition"]), int(r["offset"]), _micros(r["timestamp"]), row,
-                            (topic_ids or {}).get(topic)))  # fmt: skip
+                            (topic_ids or {}).get(topic), where))  # fmt: skip
     return found
 
 
@@ -282,28 +292,80 @@ def _micros(value: Any) -> int:
     return int(value)
 
 
-def newer(a: Position | tuple[str, int, int, int], b: Position | tuple[str, int, int, int]) -> bool:
-    """Whether the change at position ``a`` (topic, partition, offset, timestamp µs) comes after the one at ``b``.
+def source_position(r: Mapping[str, Any]) -> Order | None:
+    """A Debezium change's position in its source database, or ``None`` (a tombstone; an envelope without one).
 
-    Within a partition the offset decides: Kafka's order. Offsets of different partitions do
-    not compare (a key that moved between partitions, a feed of several topics): the Kafka
-    record timestamp decides, then topic and partition, so that the answer never depends on
-    the order plans come in.
+    - PostgreSQL (``source.lsn``): the LSN, then the order inside its transaction (``transaction.total_order``,
+      0 without transaction metadata);
+    - MySQL (``source.file``, ``source.pos``): the binlog file's number, the position, then ``source.row``;
+    - any other connector: ``source.ts_ms``, the fallback (a clock, so two changes in one millisecond tie, and then
+      the Kafka position decides).
     """
-    if a[:2] == b[:2]:
-        return a[2] > b[2]
-    return (a[3], a[0], a[1]) > (b[3], b[0], b[1])
+    source = r.get("source")
+    if not isinstance(source, Mapping):
+        return None
+    if source.get("lsn") is not None:
+        transaction = r.get("transaction")
+        within = transaction.get("total_order") if isinstance(transaction, Mapping) else None
+        return (0, int(source["lsn"]), int(within or 0))
+    if source.get("file") is not None and source.get("pos") is not None:
+        number = re.search(r"(\d+)$", str(source["file"]))
+        return (1, int(number.group(1)) if number else 0, int(source["pos"]), int(source.get("row") or 0))
+    if source.get("ts_ms") is not None:
+        return (2, int(source["ts_ms"]))
+    return None
+
+
+def place(
+    changes: Sequence[Change], clocks: Mapping[tuple[str, int], Order], state: bool
+) -> tuple[list[Change], dict[tuple[str, int], Order]]:
+    """Each change's place in the order, and the partitions' clocks after them.
+
+    A partition's **clock** is the running maximum of the order along its offsets (kept per topic name and partition
+    in the table property ``tidemark.clock.<feed>``, so it carries over a recreated topic). A Debezium change with
+    a source position is ordered by it (and moves the clock); a change without one (a tombstone; a ``state``
+    record, whose own position is its Kafka timestamp) takes the clock, after taking its timestamp into it for a
+    ``state`` record: so within a partition the order never goes backwards with the offset, and across partitions it
+    is a total order that the records alone decide, whatever order plans read them in.
+    """
+    clock = dict(clocks)
+    placed = []
+    for c in sorted(changes, key=lambda c: (c.topic, c.partition, c.offset)):
+        here = clock.get((c.topic, c.partition), ())
+        if c.source is not None:
+            order = c.source
+            clock[(c.topic, c.partition)] = max(here, order)
+        else:
+            order = max(here, (3, c.timestamp)) if state else here
+            clock[(c.topic, c.partition)] = order
+        placed.append(replace(c, order=order))
+    return placed, clock
+
+
+def newer(a: Position, b: Position) -> bool:
+    """Whether the change at position ``a`` comes after the one at ``b``: by the order (:func:`place`), then topic,
+    partition and offset (within a partition the order never decreases, so there the offset decides)."""
+    return a[:4] > b[:4]
 
 
 def _position(c: Change) -> Position:
-    return (c.topic, c.partition, c.offset, c.timestamp, c.topic_id)
+    return (c.order, c.topic, c.partition, c.offset, c.topic_id)
 
 
 def recreated(c: Change, held: Position) -> bool:
     """Whether the row at ``held`` came from a topic of ``c``'s name that was deleted since: ``c``'s topic (the
     plan's, which the commit checked is the topic there now) has another id. Its offsets say nothing about the old
     topic's, so the change applies whatever they are."""
-    return held[0] == c.topic and held[4] is not None and c.topic_id is not None and held[4] != c.topic_id
+    return held[1] == c.topic and held[4] is not None and c.topic_id is not None and held[4] != c.topic_id
+
+
+def encode_order(order: Order) -> str:
+    """An order as text that sorts as the order does (each part 20 digits; every part is ≥ 0)."""
+    return ".".join(f"{max(0, part):020d}" for part in order)
+
+
+def decode_order(text: str | None) -> Order:
+    return tuple(int(part) for part in text.split(".")) if text else ()
 
 
 def fold(changes: Iterable[Change], counts: Counts) -> dict[tuple[Any, ...], Change]:
@@ -357,9 +419,52 @@ def current_positions(
     rows = table.scan(row_filter=_key_filter(spec, keys), selected_fields=wanted).to_arrow()
     found = {}
     for r in rows.to_pylist():
-        found[tuple(r[k] for k in spec.key)] = (r[TOPIC_COL], r[PARTITION_COL], r[OFFSET_COL],
-                                                _micros(r[TIMESTAMP_COL]), r.get(TOPIC_ID_COL))  # fmt: skip
+        found[tuple(r[k] for k in spec.key)] = (decode_order(r.get(ORDER_COL)), r[TOPIC_COL], r[PARTITION_COL],
+                                                r[OFFSET_COL], r.get(TOPIC_ID_COL))  # fmt: skip
     return found
+
+
+# -- what the table property keeps: the partitions' clocks and the delete markers ---------
+
+
+def key_text(key: tuple[Any, ...]) -> str:
+    """A key as the delete markers name it (JSON; a date, decimal or bytes value by its text)."""
+    return json.dumps([v if isinstance(v, (int, str)) else repr(v) for v in key], separators=(",", ":"))
+
+
+def load_clocks(table: Table, feed: str) -> dict[tuple[str, int], Order]:
+    doc = json.loads(table.properties.get(f"{CLOCK_PREFIX}{feed}") or "{}")
+    return {(t, int(p)): decode_order(o) for t, parts in doc.items() for p, o in parts.items()}
+
+
+def clocks_json(clocks: Mapping[tuple[str, int], Order]) -> str:
+    doc: dict[str, dict[str, str]] = {}
+    for (t, p), order in sorted(clocks.items()):
+        doc.setdefault(t, {})[str(p)] = encode_order(order)
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def load_markers(table: Table, feed: str) -> dict[str, Position]:
+    doc = json.loads(table.properties.get(f"{DELETED_PREFIX}{feed}") or "{}")
+    return {k: (decode_order(o), t, int(p), int(off), tid) for k, (o, t, p, off, tid) in doc.items()}
+
+
+def markers_json(markers: Mapping[str, Position]) -> str:
+    doc = {k: [encode_order(o), t, p, off, tid] for k, (o, t, p, off, tid) in sorted(markers.items())}
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def prune_markers(
+    markers: Mapping[str, Position], clocks: Mapping[tuple[str, int], Order], partitions: Iterable[tuple[str, int]]
+) -> dict[str, Position]:
+    """The delete markers an older change could still contradict: a marker is dropped once **every** partition of
+    the feed has a clock strictly past the delete's order (whatever a partition holds beyond its clock is ordered
+    at or after it, so after the delete). A partition never read, or read without a record, keeps every marker."""
+    known = [clocks.get(tp) for tp in partitions]
+    if not known or any(c is None for c in known):
+        return dict(markers)
+    floor = min(c for c in known if c is not None)
+    return {k: m for k, m in markers.items() if not m[0] < floor}
 
 
 # -- the commit --------------------------------------------------------------------------
@@ -374,7 +479,8 @@ def apply_changes(
     evolve_to: pa.Schema | None,
 ) -> Counts:
     """One transaction over ``table`` (a compare-and-set on the metadata it was loaded with): ``records``' changes
-    that are not stale, folded per key, deleted and appended, with the feed's ledger (see the module docstring)."""
+    that are not stale, placed in the order, folded per key, deleted and appended, with the feed's ledger, clocks
+    and delete markers (see the module docstring)."""
     import pyarrow as pa
     from pyiceberg.exceptions import CommitFailedException
 
@@ -384,23 +490,34 @@ def apply_changes(
     ledger = table_ledger(table, spec.feed)
     topic_ids = {str(r["topic"]): r.get("topic_id") for r in ranges}
     fresh = below_ledger(changes_of(spec, records, counts, topic_ids), ledger, topic_ids, counts)
-    last = fold(fresh, counts)
+    placed, clocks = place(fresh, load_clocks(table, spec.feed), spec.format == "state")
+    last = fold(placed, counts)
     current = current_positions(table, spec, last)
+    markers = load_markers(table, spec.feed)
     applied = {}
     for key, c in last.items():
-        held = current.get(key)
+        held = current.get(key) or markers.get(key_text(key))  # the key's row, else the delete that removed it
         if held is not None and recreated(c, held):
             counts.recreated += 1  # the row's topic was deleted and recreated: the new topic's change applies
             counts.old_topic_ids.setdefault(c.topic, set()).add(str(held[4]))
             applied[key] = c
         elif held is not None and not newer(_position(c), held):
-            counts.stale += 1  # the table's row of this key is as new or newer: a replay of older changes
-        elif c.kind == "delete" and held is None:
+            counts.stale += 1  # the key's row (or its delete) is as new or newer: an older change, read late
+        elif c.kind == "delete" and key not in current:
             counts.deletes += 1  # nothing to delete: a key created and deleted in this plan, or never seen
+            markers[key_text(key)] = _position(c)
         else:
             applied[key] = c
+    for key, c in applied.items():
+        if c.kind == "delete":
+            markers[key_text(key)] = _position(c)
+        else:
+            markers.pop(key_text(key), None)
+    partitions = {*(ledger.positions() if ledger else ()), *((str(r["topic"]), int(r["partition"])) for r in ranges)}
+    markers = prune_markers(markers, clocks, partitions)
+    counts.remembered_deletes = len(markers)
     rows = [{**(c.row or {}), TOPIC_COL: c.topic, PARTITION_COL: c.partition, OFFSET_COL: c.offset,
-             TIMESTAMP_COL: c.timestamp, TOPIC_ID_COL: c.topic_id}
+             TIMESTAMP_COL: c.timestamp, TOPIC_ID_COL: c.topic_id, ORDER_COL: encode_order(c.order)}
             for c in applied.values() if c.kind == "upsert"]  # fmt: skip
     counts.upserts = len(rows)
     counts.deletes += sum(1 for c in applied.values() if c.kind == "delete")
@@ -423,7 +540,11 @@ def apply_changes(
             when = snapshot.timestamp_ms if snapshot is not None else int(time.time() * 1000)
             entry = _ledger_plan(properties, None if snapshot is None else snapshot.snapshot_id, when)
             after = (ledger or Ledger(feed=spec.feed, group=group)).with_plan(ranges, entry, group)
-            tx.set_properties({ledger_key(spec.feed): after.to_json()})
+            tx.set_properties({
+                ledger_key(spec.feed): after.to_json(),
+                f"{CLOCK_PREFIX}{spec.feed}": clocks_json(clocks),
+                f"{DELETED_PREFIX}{spec.feed}": markers_json(markers),
+            })  # fmt: skip
     except CommitFailedException as exc:
         raise TableChangedError(
             f"Iceberg table {table_name}: the changes of plan {plan_id} were refused because the table changed since "

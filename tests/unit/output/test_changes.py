@@ -7,6 +7,7 @@ so the position columns, the ledger and the one transaction are the ones a run c
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from tidemark.output.changes import (
     changes_of,
     fold,
     newer,
+    place,
 )
 from tidemark.output.iceberg import FEED_KEY, GROUP_KEY, PLAN_KEY, RANGES_KEY, RECORDS_KEY
 from tidemark.staged import ERROR_COLUMN
@@ -36,6 +38,7 @@ RECORDS = pa.schema([
 ROW = pa.schema([
     ("key", pa.string()), ("name", pa.string()), ("qty", pa.int64()), ("_kafka_topic", pa.string()),
     ("_kafka_partition", pa.int32()), ("_kafka_offset", pa.int64()), ("_kafka_timestamp", pa.timestamp("us", tz="UTC")),
+    ("_kafka_topic_id", pa.string()), ("_change_order", pa.string()),
 ])  # fmt: skip
 
 
@@ -51,25 +54,65 @@ def records(*rows: tuple[int, int, int, str, str | None, int | None]) -> pa.Tabl
 @pytest.mark.parametrize(
     ("a", "b", "expected"),
     [
-        (("t", 0, 5, 100), ("t", 0, 4, 900), True),  # one partition: the offset decides, not the timestamp
-        (("t", 0, 4, 900), ("t", 0, 5, 100), False),
-        (("t", 0, 5, 100), ("t", 0, 5, 100), False),  # the same change is not newer than itself
-        (("t", 1, 1, 200), ("t", 0, 9, 100), True),  # across partitions: the timestamp decides
-        (("t", 0, 9, 100), ("t", 1, 1, 200), False),
-        (("t", 1, 1, 100), ("t", 0, 9, 100), True),  # a tie: then the partition, the same answer either way
+        (((3, 100), "t", 0, 5), ((3, 100), "t", 0, 4), True),  # one partition, one clock: the offset decides
+        (((3, 100), "t", 0, 4), ((3, 100), "t", 0, 5), False),
+        (((3, 100), "t", 0, 5), ((3, 100), "t", 0, 5), False),  # the same change is not newer than itself
+        (((3, 200), "t", 1, 1), ((3, 100), "t", 0, 9), True),  # across partitions: the order decides
+        (((3, 100), "t", 0, 9), ((3, 200), "t", 1, 1), False),
+        (((3, 100), "t", 1, 1), ((3, 100), "t", 0, 9), True),  # a tie: then the partition, the same answer either way
+        (((0, 7, 1), "t", 0, 1), ((0, 7, 0), "t", 1, 9), True),  # one LSN: the order inside the transaction
+        (((0, 7, 0), "t", 0, 9), ((0, 8, 0), "t", 0, 1), False),  # a source position decides before the offset
     ],
 )
 def test_which_change_is_newer(a: Any, b: Any, expected: bool) -> None:
-    assert newer(a, b) is expected
+    assert newer((*a, None), (*b, None)) is expected
+
+
+@pytest.mark.parametrize(
+    ("source", "transaction", "expected"),
+    [
+        ({"lsn": 120, "ts_ms": 5}, None, (0, 120, 0)),  # PostgreSQL: the LSN first, never ts_ms
+        ({"lsn": 120, "ts_ms": 5}, {"total_order": 3}, (0, 120, 3)),
+        ({"file": "mysql-bin.000010", "pos": 4, "row": 2, "ts_ms": 5}, None, (1, 10, 4, 2)),  # file 10 after 9
+        ({"file": "mysql-bin.000009", "pos": 900}, None, (1, 9, 900, 0)),
+        ({"ts_ms": 5}, None, (2, 5)),  # the fallback
+        ({"lsn": None, "ts_ms": None}, None, None),
+        (None, None, None),
+    ],
+)  # fmt: skip
+def test_a_debezium_change_is_ordered_by_its_source_position(source: Any, transaction: Any, expected: Any) -> None:
+    from tidemark.output.changes import source_position
+
+    assert source_position({"source": source, "transaction": transaction}) == expected
+
+
+def test_the_order_is_the_partitions_clock_so_it_never_goes_back_within_a_partition() -> None:
+    """A state record's timestamp may go backwards along its partition: it takes the partition's clock (the running
+    maximum), so the order follows the offsets there, and a later plan continues from the stored clock."""
+    from tidemark.output.changes import Change
+
+    def c(partition: int, offset: int, ts: int, source: tuple[int, ...] | None = None) -> Change:
+        return Change(("k",), "upsert", "t", partition, offset, ts, {"v": 1}, None, source)
+
+    placed, clocks = place([c(0, 1, 50), c(0, 0, 100), c(1, 0, 70), c(0, 2, 120)], {}, state=True)
+    assert [(x.partition, x.offset, x.order) for x in placed] == [
+        (0, 0, (3, 100)), (0, 1, (3, 100)), (0, 2, (3, 120)), (1, 0, (3, 70))]  # fmt: skip
+    assert clocks == {("t", 0): (3, 120), ("t", 1): (3, 70)}
+    again, _ = place([c(0, 3, 10)], clocks, state=True)
+    assert again[0].order == (3, 120)
+    tombstone = replace(c(0, 4, 0), kind="delete", row=None)
+    debezium, _ = place([c(0, 3, 0, (0, 500, 0)), tombstone], {("t", 0): (0, 400, 0)}, state=False)
+    assert [x.order for x in debezium] == [(0, 500, 0), (0, 500, 0)]  # the tombstone after its delete
 
 
 def test_the_fold_keeps_the_last_change_per_key_and_a_tombstone_deletes() -> None:
     counts = Counts()
     changes = changes_of(SPEC, records(
-        (0, 0, 10, "a", "a1", 1), (0, 1, 11, "a", "a2", 2), (1, 0, 12, "b", "b1", 1), (0, 2, 9, "a", None, None),
-        (1, 1, 5, "a", "a-moved", 3),  # another partition, an older timestamp than a's delete: folded away
+        (0, 0, 10, "a", "a1", 1), (0, 1, 11, "a", "a2", 2), (1, 0, 8, "b", "b1", 1), (0, 2, 9, "a", None, None),
+        # another partition whose clock (8) is behind a's delete (placed at partition 0's clock, 11): folded away
+        (1, 1, 5, "a", "a-moved", 3),
     ), counts)  # fmt: skip
-    last = fold(changes, counts)
+    last = fold(place(changes, {}, state=True)[0], counts)
     assert {k: (c.kind, c.offset) for k, c in last.items()} == {("a",): ("delete", 2), ("b",): ("upsert", 0)}
     assert (counts.changes, counts.superseded) == (5, 3)
 
