@@ -930,6 +930,58 @@ MUTANTS = (
         ),
         (f"{CHANGES_TEST}::test_masking_that_is_not_one_to_one_is_refused_on_a_key_column_naming_file_and_field",),
     ),
+    Mutant(
+        "changes-source-position-ignored",
+        "a Debezium change is ordered by its source position (PostgreSQL's LSN), not Kafka's timestamps",
+        (Edit(CHANGES, '    if source.get("lsn") is not None:', "    if False:"),),
+        (
+            f"{CHANGES_TEST}::test_a_debezium_change_is_ordered_by_its_source_position",
+            "tests/unit/output/test_changes_order.py::"
+            "test_a_key_deleted_in_one_partition_does_not_come_back_by_an_older_change_read_later",
+        ),
+    ),
+    Mutant(
+        "changes-delete-markers-forgotten",
+        "a deleted key is remembered: an older change read later from another partition does not bring it back",
+        (
+            Edit(
+                CHANGES,
+                "        held = current.get(key) or markers.get(key_text(key))",
+                "        held = current.get(key)",
+            ),
+        ),
+        (
+            "tests/unit/output/test_changes_order.py::"
+            "test_a_key_deleted_in_one_partition_does_not_come_back_by_an_older_change_read_later",
+        ),
+    ),
+    Mutant(
+        "changes-clock-not-kept",
+        "a state record's order is its partition's clock (the running maximum), never going back along the offsets",
+        (
+            Edit(
+                CHANGES,
+                "            order = max(here, (3, c.timestamp)) if state else here",
+                "            order = (3, c.timestamp) if state else here",
+            ),
+        ),
+        (f"{CHANGES_TEST}::test_the_order_is_the_partitions_clock_so_it_never_goes_back_within_a_partition",),
+    ),
+    Mutant(
+        "changes-markers-pruned-at-the-clock",
+        "a delete marker is dropped only when every partition's clock is strictly past it",
+        (
+            Edit(
+                CHANGES,
+                "    return {k: m for k, m in markers.items() if not m[0] < floor}",
+                "    return {k: m for k, m in markers.items() if not m[0] <= floor}",
+            ),
+        ),  # fmt: skip
+        (
+            "tests/unit/output/test_changes_order.py::"
+            "test_a_delete_marker_is_dropped_only_once_every_partitions_clock_is_strictly_past_it",
+        ),
+    ),
 )
 
 

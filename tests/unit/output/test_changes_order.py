@@ -141,3 +141,20 @@ def test_a_key_deleted_in_one_partition_does_not_come_back_by_an_older_change_re
     parts = history(fmt, [(2, 0, False, 5), (0, 0, False, 6), (0, 0, True, 7), (1, 1, False, 8)])
     assert expected(fmt, parts) == {"k1" if fmt == "state" else 1: "v4"}
     assert run(fmt, parts, [[2, 1, 0]]) == expected(fmt, parts)
+
+
+def test_a_delete_marker_is_dropped_only_once_every_partitions_clock_is_strictly_past_it() -> None:
+    """A partition's later records are placed at or after its clock: a marker below every clock can no longer be
+    contradicted; one equal to a clock can (a later record there ties, then wins or loses by its partition)."""
+    from tidemark.output.changes import prune_markers
+
+    markers = {
+        "below": ((3, 9), "t", 0, 1, None),
+        "at": ((3, 10), "t", 1, 4, None),
+        "above": ((3, 11), "t", 0, 2, None),
+    }
+    clocks = {("t", 0): (3, 12), ("t", 1): (3, 10)}
+    assert set(prune_markers(markers, clocks, [("t", 0), ("t", 1)])) == {"at", "above"}
+    # A partition of the feed without a clock (nothing read from it yet) may hold anything: every marker stays.
+    assert set(prune_markers(markers, clocks, [("t", 0), ("t", 1), ("t", 2)])) == set(markers)
+    assert set(prune_markers(markers, {}, [])) == set(markers)
