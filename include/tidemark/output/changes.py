@@ -4,9 +4,10 @@ An Iceberg feed with ``iceberg.mode: upsert`` (:class:`~tidemark.config.models.I
 holds the current row per ``key`` instead of every record. The job stages and validates the
 plan's records exactly as for an append (the records that cannot be applied, an unknown
 Debezium ``op`` or a state record without its key, are quarantined by rules the feed's
-model adds to its expectations, a Debezium change whose image lacks the key's value by
-:func:`tidemark.validation.rules.change_rules`); the staged change files are uploaded and kept pending, in
-no snapshot. :meth:`ChangesPublisher.commit`, called where an append's ``add_files`` would be
+model adds to its expectations, a Debezium change without its key's value or with an image
+but no ``op`` by :func:`tidemark.validation.rules.change_rules`), then checks every staged
+change with :func:`change_problem` before the commit (:meth:`ChangesPublisher.check_staged`);
+the staged change files are uploaded and kept pending, in no snapshot. :meth:`ChangesPublisher.commit`, called where an append's ``add_files`` would be
 (the commit step, after the group's commit), then
 
 1. reads the plan's changes and turns each into an upsert or a delete of its key
@@ -15,18 +16,24 @@ no snapshot. :meth:`ChangesPublisher.commit`, called where an append's ``add_fil
    (else it follows a ``d`` and is ignored); a ``state`` record upserts its value, a
    tombstone (every value column null) deletes;
 2. drops the changes the table already reflects: below the table ledger's end of their
-   partition (:mod:`tidemark.output.ledger`), or not newer than the key's row in the table
-   (:func:`newer`: by offset within a partition; across partitions by the Kafka record
-   timestamp, then topic and partition): counted as ``stale``;
-3. folds the rest to the last change per key (:func:`fold`, the same order);
+   partition (:mod:`tidemark.output.ledger`), counted ``stale``;
+3. places the rest in one total order (:func:`place`: a Debezium change by its source position,
+   :func:`source_position`; any other by its partition's clock, the running maximum along the
+   offsets) and folds them to the last change per key (:func:`fold`); the survivor applies only
+   if it is newer (:func:`newer`) than the key's row in the table or, for a key without a row,
+   its delete marker (else ``stale``); a row of a topic since recreated is replaced whatever
+   its position (:func:`recreated`);
 4. in **one** transaction, a compare-and-set on the metadata the table was loaded with:
    evolves the schema (new ``after`` columns), deletes the changed keys' rows (pyiceberg's
    copy-on-write ``delete``: files holding them are rewritten without them), appends the
-   new rows, and sets the feed's ledger with the plan. A plan already in the ledger is never
+   new rows, and sets the feed's ledger with the plan, the partitions' clocks
+   (``tidemark.clock.<feed>``) and the delete markers (``tidemark.deleted.<feed>``, pruned by
+   :func:`prune_markers`). A plan already in the ledger is never
    applied again (:meth:`IcebergPublisher.promote` looks there first), and a retry of a plan
    whose commit was refused decides again from the new table.
 
-Every row keeps where its change came from (:data:`POSITION_COLUMNS`), which step 2 reads.
+Every row keeps where its change came from and its place in the order (:data:`POSITION_COLUMNS`),
+which step 3 reads.
 """
 
 from __future__ import annotations
