@@ -976,7 +976,7 @@ MUTANTS = (
                 "    return {k: m for k, m in markers.items() if not m[0] < floor}",
                 "    return {k: m for k, m in markers.items() if not m[0] <= floor}",
             ),
-        ),  # fmt: skip
+        ),
         (
             "tests/unit/output/test_changes_order.py::"
             "test_a_delete_marker_is_dropped_only_once_every_partitions_clock_is_strictly_past_it",

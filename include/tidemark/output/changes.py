@@ -7,8 +7,9 @@ Debezium ``op`` or a state record without its key, are quarantined by rules the 
 model adds to its expectations, a Debezium change without its key's value or with an image
 but no ``op`` by :func:`tidemark.validation.rules.change_rules`), then checks every staged
 change with :func:`change_problem` before the commit (:meth:`ChangesPublisher.check_staged`);
-the staged change files are uploaded and kept pending, in no snapshot. :meth:`ChangesPublisher.commit`, called where an append's ``add_files`` would be
-(the commit step, after the group's commit), then
+the staged change files are uploaded and kept pending, in no snapshot.
+:meth:`ChangesPublisher.commit`, called where an append's ``add_files`` would be (the commit
+step, after the group's commit), then
 
 1. reads the plan's changes and turns each into an upsert or a delete of its key
    (:func:`changes_of`): Debezium ``c``/``u``/``r`` upsert the ``after`` image, ``d``
