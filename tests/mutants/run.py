@@ -749,8 +749,8 @@ MUTANTS = (
         (
             Edit(
                 CHANGES,
-                "        if held is not None and not newer(_position(c), held):",
-                "        if held is not None and False:",
+                "        elif held is not None and not newer(_position(c), held):",
+                "        elif held is not None and False:",
             ),
         ),
         (f"{CHANGES_TEST}::test_stale_changes_are_skipped_by_the_ledger_and_by_the_rows_position",),
@@ -1205,6 +1205,116 @@ MUTANTS = (
         "tidemark verify recomputes each range's digest from Kafka's bytes as the job does",
         (Edit("include/tidemark/spark/rowhash.py", "    h, _ = _fold_column(h, values)\n", ""),),
         ("tests/unit/spark/test_rowhash.py::test_the_digest_equals_sparks",),
+    ),
+    Mutant(
+        "changes-op-rule-dropped",
+        "a Debezium record with an image but a null op is quarantined in the job (GX's be_in_set passes a null)",
+        (
+            Edit(
+                "include/tidemark/validation/rules.py",
+                "    if images:\n        rules.append(RowRule(CHANGE_OP_LABEL",
+                "    if False:\n        rules.append(RowRule(CHANGE_OP_LABEL",
+            ),
+        ),
+        (
+            f"{CHANGES_TEST}::test_the_jobs_rules_and_the_merges_own_check_refuse_the_same_changes",
+            "tests/integration/output/test_change_streams.py::"
+            "test_a_debezium_change_without_op_is_a_dead_letter_before_the_commit_not_a_stuck_merge",
+        ),
+    ),
+    Mutant(
+        "changes-staged-check-skipped",
+        "the job checks every staged change with the merge's own check before the commit",
+        (
+            Edit(
+                "include/tidemark/output/iceberg.py",
+                "        self.check_staged(plan.plan_id, [path for path, _ in data])\n",
+                "",
+            ),
+        ),
+        (
+            "tests/integration/output/test_change_streams.py::"
+            "test_a_debezium_change_without_op_is_a_dead_letter_before_the_commit_not_a_stuck_merge",
+        ),
+    ),
+    Mutant(
+        "changes-topic-id-ignored",
+        "a recreated topic's changes apply over the old topic's rows, whatever their offsets",
+        (
+            Edit(
+                CHANGES,
+                "    return held[1] == c.topic and held[4] is not None and c.topic_id is not None",
+                "    return False and held[1] == c.topic and held[4] is not None and c.topic_id is not None",
+            ),
+        ),
+        (
+            "tests/integration/output/test_change_streams.py::"
+            "test_a_recreated_topics_changes_apply_over_the_old_topics_rows",
+        ),
+    ),
+    Mutant(
+        "changes-many-to-one-key-mask-allowed",
+        "masking that is not one-to-one (redact, truncate) is refused on a keyed table's key column",
+        (
+            Edit(
+                "include/tidemark/config/models.py",
+                '            if kind in ("redact", "truncate"):',
+                "            if False:",
+            ),
+        ),
+        (f"{CHANGES_TEST}::test_masking_that_is_not_one_to_one_is_refused_on_a_key_column_naming_file_and_field",),
+    ),
+    Mutant(
+        "changes-source-position-ignored",
+        "a Debezium change is ordered by its source position (PostgreSQL's LSN), not Kafka's timestamps",
+        (Edit(CHANGES, '    if source.get("lsn") is not None:', "    if False:"),),
+        (
+            f"{CHANGES_TEST}::test_a_debezium_change_is_ordered_by_its_source_position",
+            "tests/unit/output/test_changes_order.py::"
+            "test_a_key_deleted_in_one_partition_does_not_come_back_by_an_older_change_read_later",
+        ),
+    ),
+    Mutant(
+        "changes-delete-markers-forgotten",
+        "a deleted key is remembered: an older change read later from another partition does not bring it back",
+        (
+            Edit(
+                CHANGES,
+                "        held = current.get(key) or markers.get(key_text(key))",
+                "        held = current.get(key)",
+            ),
+        ),
+        (
+            "tests/unit/output/test_changes_order.py::"
+            "test_a_key_deleted_in_one_partition_does_not_come_back_by_an_older_change_read_later",
+        ),
+    ),
+    Mutant(
+        "changes-clock-not-kept",
+        "a state record's order is its partition's clock (the running maximum), never going back along the offsets",
+        (
+            Edit(
+                CHANGES,
+                "            order = max(here, (3, c.timestamp)) if state else here",
+                "            order = (3, c.timestamp) if state else here",
+            ),
+        ),
+        (f"{CHANGES_TEST}::test_the_order_is_the_partitions_clock_so_it_never_goes_back_within_a_partition",),
+    ),
+    Mutant(
+        "changes-markers-pruned-at-the-clock",
+        "a delete marker is dropped only when every partition's clock is strictly past it",
+        (
+            Edit(
+                CHANGES,
+                "    return {k: m for k, m in markers.items() if not m[0] < floor}",
+                "    return {k: m for k, m in markers.items() if not m[0] <= floor}",
+            ),
+        ),
+        (
+            "tests/unit/output/test_changes_order.py::"
+            "test_a_delete_marker_is_dropped_only_once_every_partitions_clock_is_strictly_past_it",
+        ),
     ),
 )
 

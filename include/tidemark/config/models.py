@@ -34,7 +34,7 @@ from pydantic import (
 from tidemark._types import Isolation
 from tidemark.config.declared import DeclaredField, FieldKind, ddl_fields, field_kind
 from tidemark.config.durations import parse_skew, schedule_interval
-from tidemark.config.masking import Masking, path_problem
+from tidemark.config.masking import Masking, Treatment, path_problem, treatment_name
 from tidemark.config.ownership import SIBLINGS, Claim, Clash, clashes, own_clashes, state_clashes
 from tidemark.errors import ConfigError
 from tidemark.storage import Location
@@ -867,6 +867,31 @@ class Feed(_Model):
                     "readers see; keep raw bytes in a separately secured location"
                 )
 
+    @staticmethod
+    def _check_masked_key(masking: Masking, iceberg: IcebergOutput) -> None:
+        """A keyed table's key is masked one-to-one or not at all: ``redact`` gives every key the same marker and
+        ``truncate`` gives keys sharing a prefix the same value, so distinct keys would fold into one row. ``hash``
+        (HMAC-SHA256, 256 bits) keeps them apart but for a collision, whose chance among n keys is below
+        n²/2²⁵⁷ (10¹² keys: under 10⁻⁵²)."""
+        images = ("after", "before") if iceberg.change_format == "debezium" else ("",)
+        masked: list[tuple[str, str, Treatment]] = []  # (the masking option, the key column, its treatment)
+        for name in iceberg.key:
+            if name == KAFKA_KEY:
+                masked += [("masking.key", name, masking.key)] if masking.key is not None else []
+                continue
+            paths = [f"{image}.{name}" if image else name for image in images]
+            masked += [(f"masking.fields.{p}", name, t) for p, t in masking.fields.items()
+                       if any(path == p or path.startswith(p + ".") for path in paths)]  # fmt: skip
+        for where, name, treatment in masked:
+            kind = treatment_name(treatment)
+            if kind in ("redact", "truncate"):
+                how = "every key becomes one marker" if kind == "redact" else "keys sharing a prefix become one"
+                raise ValueError(
+                    f"{where}: {kind} masks the keyed table's key '{name}' (iceberg.key) many-to-one ({how}), so "
+                    "distinct keys would fold into one row; hash it (HMAC-SHA256: distinct keys stay apart and "
+                    "masked keys still match) or key the table by another column"
+                )
+
     def _check_masked_columns(self, masking: Masking) -> None:
         """A column the output is built on (a keyed table's key, the partitioning's field) is not dropped."""
         iceberg = self.iceberg
@@ -878,6 +903,7 @@ class Feed(_Model):
                         f"masking drops '{name}', the keyed table's key (iceberg.key): its changes would have no key "
                         "to apply by; hash it instead (masked keys still match) or key the table by another column"
                     )
+            self._check_masked_key(masking, iceberg)
         choice = self.partitioning
         if isinstance(choice, FieldPartitioning) and choice.field in masking.dropped:
             raise ValueError(
@@ -947,6 +973,12 @@ class Feed(_Model):
 
 
 DEBEZIUM_OPS = ("c", "u", "r", "d")  # create, update, read (a snapshot's row), delete; a tombstone has none
+# The reasons a keyed table's change cannot be applied, beside the feed's own expectations: Tidemark's rules
+# (``validation.rules.change_rules``), the job's check of the staged changes and the merge's own
+# (``output.changes.change_problem``) say them alike.
+CHANGE_KEY_LABEL = "change_without_key"  # + "(<key columns>)": the image lacks a key column's value
+CHANGE_OP_LABEL = "change_without_op"  # a Debezium record with an image but a null op (a tombstone has neither)
+CHANGE_IMAGE_LABEL = "change_without_image"  # c/u/r without 'after' when the Kafka key is the only key
 
 
 def _check_change_feed(iceberg: IcebergOutput, deser: Deserialization) -> None:

@@ -555,6 +555,11 @@ class IcebergPublisher:
 
     # -- what a keyed table (tidemark.output.changes.ChangesPublisher) does otherwise ------------
 
+    def check_staged(self, plan_id: str, paths: Sequence[Path]) -> None:
+        """Refuse, before anything is committed, staged data files the commit could not take (a keyed table's merge
+        checks its changes here); an append takes any."""
+        del plan_id, paths
+
     def table_arrow(self, schema: StructType) -> pa.Schema:
         """The table's schema for records of the decoded ``schema``: the records' own columns (:func:`table_schema`)."""
         return table_schema(schema)
@@ -715,6 +720,7 @@ class IcebergPublisher:
         data, bad, records, quarantined = self._staged_files(
             staging, plan, staged, expect_records, expect_quarantined, fields
         )
+        self.check_staged(plan.plan_id, [path for path, _ in data])
 
         table = self.load_or_create(staged.schema)  # the compare-and-set basis of the commit below
         done = self._find(table, plan.plan_id)

@@ -49,7 +49,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidemark._types import TopicPartition as TP
-from tidemark.config.models import KAFKA_KEY, Expectation, Feed
+from tidemark.config.models import (
+    CHANGE_IMAGE_LABEL,
+    CHANGE_KEY_LABEL,
+    CHANGE_OP_LABEL,
+    KAFKA_KEY,
+    Expectation,
+    Feed,
+)
 from tidemark.errors import ConfigError, ValidationFailedError
 from tidemark.planning.plan import PartitionPlan, Plan
 from tidemark.settings import cache_root
@@ -245,18 +252,22 @@ def split_rules(expectations: Sequence[Expectation], columns: Iterable[str]) -> 
     return rules, untranslatable
 
 
-CHANGE_KEY_LABEL = "change_without_key"
-
-
 def change_rules(feed: Feed, columns: Iterable[str]) -> list[RowRule]:
-    """A keyed table's changes that cannot be applied for want of their key's value, as one row rule (none for a
-    feed that is not one, or whose key is only the Kafka key).
+    """A keyed table's Debezium changes that cannot be applied, as row rules (none for a feed that is not one).
 
-    A Debezium ``c``/``u``/``r`` whose ``after`` (or a ``d`` whose ``before``) is null or lacks the value of a key
-    column: labelled ``change_without_key(<key columns>)``, it is quarantined as any broken rule is (or fails the
-    run under ``on_bad_records: fail``). No GX expectation says "not null when op is c, u or r" without a
-    conditional expectation, whose string conditions GX deprecates, so it is Tidemark's own rule, beside the suite.
-    A ``state`` feed's key columns have the feed's own not-null expectations
+    - ``change_without_key(<key columns>)``: a ``c``/``u``/``r`` whose ``after`` (or a ``d`` whose ``before``) is null
+      or lacks the value of a key column;
+    - ``change_without_op``: a record whose ``op`` is null but which carries an image (``before`` or ``after``); a
+      tombstone has neither and is a change (the delete of its Kafka key) or ignored. GX's ``be_in_set`` passes a
+      null ``op``, so the feed's expectation alone lets it through;
+    - ``change_without_image``: a ``c``/``u``/``r`` without ``after`` when the Kafka key is the only key.
+
+    Each is quarantined as any broken rule is (or fails the run under ``on_bad_records: fail``), in the job, before
+    the group's commit: the merge after the commit finds nothing it cannot apply
+    (:func:`tidemark.output.changes.change_problem` says the same reasons, and the job checks the staged changes
+    with it before the commit). No GX expectation says "not null when op is c, u or r" without a conditional
+    expectation, whose string conditions GX deprecates, so these are Tidemark's own rules, beside the suite. A
+    ``state`` feed's key columns have the feed's own not-null expectations
     (:meth:`tidemark.config.models.Feed._change_rules`), and so has the Kafka key when it is the key.
     """
     iceberg = feed.iceberg
@@ -264,7 +275,7 @@ def change_rules(feed: Feed, columns: Iterable[str]) -> list[RowRule]:
         return []
     keys = [k for k in iceberg.key if k != KAFKA_KEY]
     names = set(columns)
-    if not keys or "op" not in names:
+    if "op" not in names:
         return []
 
     def missing(image: str) -> str:  # an image or key field the records lack is a value they lack
@@ -274,8 +285,17 @@ def change_rules(feed: Feed, columns: Iterable[str]) -> list[RowRule]:
         return " OR ".join([f"{quote_ident(image)} IS NULL", *fields])
 
     op = quote_ident("op")
-    sql = f"({op} IN ('c', 'u', 'r') AND ({missing('after')})) OR ({op} = 'd' AND ({missing('before')}))"
-    return [RowRule(f"{CHANGE_KEY_LABEL}({', '.join(keys)})", CHANGE_KEY_LABEL, sql, None)]
+    rules = []
+    if keys:
+        sql = f"({op} IN ('c', 'u', 'r') AND ({missing('after')})) OR ({op} = 'd' AND ({missing('before')}))"
+        rules.append(RowRule(f"{CHANGE_KEY_LABEL}({', '.join(keys)})", CHANGE_KEY_LABEL, sql, None))
+    images = [f"{quote_ident(i)} IS NOT NULL" for i in ("before", "after") if i in names]
+    if images:
+        rules.append(RowRule(CHANGE_OP_LABEL, CHANGE_OP_LABEL, f"{op} IS NULL AND ({' OR '.join(images)})", None))
+    if not keys:
+        sql = f"{op} IN ('c', 'u', 'r') AND {missing('after')}"
+        rules.append(RowRule(CHANGE_IMAGE_LABEL, CHANGE_IMAGE_LABEL, sql, None))
+    return rules
 
 
 def feed_rules(feed: Feed, columns: Iterable[str]) -> tuple[list[RowRule], dict[int, str]]:

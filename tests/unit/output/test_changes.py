@@ -7,6 +7,7 @@ so the position columns, the ledger and the one transaction are the ones a run c
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,12 @@ from tidemark.errors import ConfigError
 from tidemark.output.changes import (
     ChangeSpec,
     Counts,
+    MergeRefusedError,
     apply_changes,
     changes_of,
     fold,
     newer,
+    place,
 )
 from tidemark.output.iceberg import FEED_KEY, GROUP_KEY, PLAN_KEY, RANGES_KEY, RECORDS_KEY
 from tidemark.staged import ERROR_COLUMN
@@ -35,6 +38,7 @@ RECORDS = pa.schema([
 ROW = pa.schema([
     ("key", pa.string()), ("name", pa.string()), ("qty", pa.int64()), ("_kafka_topic", pa.string()),
     ("_kafka_partition", pa.int32()), ("_kafka_offset", pa.int64()), ("_kafka_timestamp", pa.timestamp("us", tz="UTC")),
+    ("_kafka_topic_id", pa.string()), ("_change_order", pa.string()),
 ])  # fmt: skip
 
 
@@ -50,25 +54,65 @@ def records(*rows: tuple[int, int, int, str, str | None, int | None]) -> pa.Tabl
 @pytest.mark.parametrize(
     ("a", "b", "expected"),
     [
-        (("t", 0, 5, 100), ("t", 0, 4, 900), True),  # one partition: the offset decides, not the timestamp
-        (("t", 0, 4, 900), ("t", 0, 5, 100), False),
-        (("t", 0, 5, 100), ("t", 0, 5, 100), False),  # the same change is not newer than itself
-        (("t", 1, 1, 200), ("t", 0, 9, 100), True),  # across partitions: the timestamp decides
-        (("t", 0, 9, 100), ("t", 1, 1, 200), False),
-        (("t", 1, 1, 100), ("t", 0, 9, 100), True),  # a tie: then the partition, the same answer either way
+        (((3, 100), "t", 0, 5), ((3, 100), "t", 0, 4), True),  # one partition, one clock: the offset decides
+        (((3, 100), "t", 0, 4), ((3, 100), "t", 0, 5), False),
+        (((3, 100), "t", 0, 5), ((3, 100), "t", 0, 5), False),  # the same change is not newer than itself
+        (((3, 200), "t", 1, 1), ((3, 100), "t", 0, 9), True),  # across partitions: the order decides
+        (((3, 100), "t", 0, 9), ((3, 200), "t", 1, 1), False),
+        (((3, 100), "t", 1, 1), ((3, 100), "t", 0, 9), True),  # a tie: then the partition, the same answer either way
+        (((0, 7, 1), "t", 0, 1), ((0, 7, 0), "t", 1, 9), True),  # one LSN: the order inside the transaction
+        (((0, 7, 0), "t", 0, 9), ((0, 8, 0), "t", 0, 1), False),  # a source position decides before the offset
     ],
 )
 def test_which_change_is_newer(a: Any, b: Any, expected: bool) -> None:
-    assert newer(a, b) is expected
+    assert newer((*a, None), (*b, None)) is expected
+
+
+@pytest.mark.parametrize(
+    ("source", "transaction", "expected"),
+    [
+        ({"lsn": 120, "ts_ms": 5}, None, (0, 120, 0)),  # PostgreSQL: the LSN first, never ts_ms
+        ({"lsn": 120, "ts_ms": 5}, {"total_order": 3}, (0, 120, 3)),
+        ({"file": "mysql-bin.000010", "pos": 4, "row": 2, "ts_ms": 5}, None, (1, 10, 4, 2)),  # file 10 after 9
+        ({"file": "mysql-bin.000009", "pos": 900}, None, (1, 9, 900, 0)),
+        ({"ts_ms": 5}, None, (2, 5)),  # the fallback
+        ({"lsn": None, "ts_ms": None}, None, None),
+        (None, None, None),
+    ],
+)  # fmt: skip
+def test_a_debezium_change_is_ordered_by_its_source_position(source: Any, transaction: Any, expected: Any) -> None:
+    from tidemark.output.changes import source_position
+
+    assert source_position({"source": source, "transaction": transaction}) == expected
+
+
+def test_the_order_is_the_partitions_clock_so_it_never_goes_back_within_a_partition() -> None:
+    """A state record's timestamp may go backwards along its partition: it takes the partition's clock (the running
+    maximum), so the order follows the offsets there, and a later plan continues from the stored clock."""
+    from tidemark.output.changes import Change
+
+    def c(partition: int, offset: int, ts: int, source: tuple[int, ...] | None = None) -> Change:
+        return Change(("k",), "upsert", "t", partition, offset, ts, {"v": 1}, None, source)
+
+    placed, clocks = place([c(0, 1, 50), c(0, 0, 100), c(1, 0, 70), c(0, 2, 120)], {}, state=True)
+    assert [(x.partition, x.offset, x.order) for x in placed] == [
+        (0, 0, (3, 100)), (0, 1, (3, 100)), (0, 2, (3, 120)), (1, 0, (3, 70))]  # fmt: skip
+    assert clocks == {("t", 0): (3, 120), ("t", 1): (3, 70)}
+    again, _ = place([c(0, 3, 10)], clocks, state=True)
+    assert again[0].order == (3, 120)
+    tombstone = replace(c(0, 4, 0), kind="delete", row=None)
+    debezium, _ = place([c(0, 3, 0, (0, 500, 0)), tombstone], {("t", 0): (0, 400, 0)}, state=False)
+    assert [x.order for x in debezium] == [(0, 500, 0), (0, 500, 0)]  # the tombstone after its delete
 
 
 def test_the_fold_keeps_the_last_change_per_key_and_a_tombstone_deletes() -> None:
     counts = Counts()
     changes = changes_of(SPEC, records(
-        (0, 0, 10, "a", "a1", 1), (0, 1, 11, "a", "a2", 2), (1, 0, 12, "b", "b1", 1), (0, 2, 9, "a", None, None),
-        (1, 1, 5, "a", "a-moved", 3),  # another partition, an older timestamp than a's delete: folded away
+        (0, 0, 10, "a", "a1", 1), (0, 1, 11, "a", "a2", 2), (1, 0, 8, "b", "b1", 1), (0, 2, 9, "a", None, None),
+        # another partition whose clock (8) is behind a's delete (placed at partition 0's clock, 11): folded away
+        (1, 1, 5, "a", "a-moved", 3),
     ), counts)  # fmt: skip
-    last = fold(changes, counts)
+    last = fold(place(changes, {}, state=True)[0], counts)
     assert {k: (c.kind, c.offset) for k, c in last.items()} == {("a",): ("delete", 2), ("b",): ("upsert", 0)}
     assert (counts.changes, counts.superseded) == (5, 3)
 
@@ -198,23 +242,27 @@ def test_a_two_column_key_deletes_and_replaces_exactly_its_own_rows(tmp_path: Pa
     assert got == [("eu", 1, "a2"), ("eu", 2, "c"), ("us", 1, "b")]
 
 
-def test_a_debezium_tombstone_deletes_only_by_the_kafka_key_and_an_image_without_its_key_is_counted() -> None:
+def test_a_debezium_tombstone_deletes_only_by_the_kafka_key_and_an_image_without_its_key_is_refused() -> None:
     envelope = pa.struct([("id", pa.int64()), ("name", pa.string())])
     staged = pa.schema([*list(RECORDS)[:5], ("before", envelope), ("after", envelope), ("op", pa.string())])
     t = datetime.fromtimestamp(1, UTC)
-    recs = pa.Table.from_pylist([
+    good = [
         {"topic": "t", "partition": 0, "offset": 0, "timestamp": t, "key": "7", "before": None,
          "after": {"id": 7, "name": "x"}, "op": "c"},
         {"topic": "t", "partition": 0, "offset": 1, "timestamp": t, "key": "7", "before": None, "after": None,
          "op": None},
-        {"topic": "t", "partition": 0, "offset": 2, "timestamp": t, "key": "8", "before": None,
-         "after": {"id": None, "name": "no id"}, "op": "c"},
-    ], schema=staged)  # fmt: skip
+    ]  # fmt: skip
+    unkeyed = {"topic": "t", "partition": 0, "offset": 2, "timestamp": t, "key": "8", "before": None,
+               "after": {"id": None, "name": "no id"}, "op": "c"}  # fmt: skip
     by_column, by_kafka_key = Counts(), Counts()
-    kinds = [c.kind for c in changes_of(ChangeSpec("f", ("id",), "debezium", ()), recs, by_column)]
-    assert (kinds, by_column.ignored_tombstones, by_column.no_key) == (["upsert"], 1, 1)  # 'after' without its id
+    spec = ChangeSpec("f", ("id",), "debezium", ())
+    kinds = [c.kind for c in changes_of(spec, pa.Table.from_pylist(good, schema=staged), by_column)]
+    assert (kinds, by_column.ignored_tombstones) == (["upsert"], 1)
+    with pytest.raises(MergeRefusedError, match=r"t\[0\] offset 2: change_without_key\(id\)"):
+        changes_of(spec, pa.Table.from_pylist([*good, unkeyed], schema=staged), Counts())
+    recs = pa.Table.from_pylist([*good, unkeyed], schema=staged)
     kinds = [c.kind for c in changes_of(ChangeSpec("f", ("key",), "debezium", ("op",)), recs, by_kafka_key)]
-    assert (kinds, by_kafka_key.ignored_tombstones, by_kafka_key.no_key) == (["upsert", "delete", "upsert"], 0, 0)
+    assert (kinds, by_kafka_key.ignored_tombstones) == (["upsert", "delete", "upsert"], 0)
 
 
 @pytest.mark.spark
@@ -257,3 +305,111 @@ def test_a_debezium_change_without_its_keys_value_breaks_the_feeds_change_rule_n
     labels = [codes.labels(code) if code != "ok" else () for code in got]
     assert [("change_without_key(region, id)" in found) for found in labels] == flagged, labels
     assert labels[8] == ("expect_column_values_to_be_in_set(op)",)  # the unknown op: the op rule's alone
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("key", [["region", "id"], ["key"]])
+def test_the_jobs_rules_and_the_merges_own_check_refuse_the_same_changes(spark: Any, key: list[str]) -> None:
+    """Whatever the merge after the commit would refuse (:func:`change_problem`), the feed's rules quarantine in the
+    job before it, with the same reason: an op-less record with an image, an unknown op, a change without its key's
+    value, a c/u/r without 'after' keyed by the Kafka key alone, a tombstone without a Kafka key to delete."""
+    from pyspark.sql import functions as F
+
+    from tidemark.output.changes import change_problem
+    from tidemark.validation.rules import OutcomeCodes, column_paths
+
+    ddl = "key string, before struct<region: string, id: long>, after struct<region: string, id: long>, op string"
+    doc = {**BASE, "deserialization": {"format": "json", "schema_ddl": ddl},
+           "iceberg": {"mode": "upsert", "key": key, "change_format": "debezium"}}  # fmt: skip
+    feed = parse_feed("cdc", doc, "feeds/cdc.yaml")
+    full, half = {"region": "eu", "id": 1}, {"region": "eu", "id": None}
+    rows = [
+        ("k", "c", None, full), ("k", "c", None, half), ("k", "r", None, None), ("k", "d", full, None),
+        ("k", "d", None, None), ("k", None, None, None), (None, None, None, None), ("k", None, None, full),
+        ("k", None, full, None), (None, "u", full, full), ("k", "t", None, full), ("k", "u", half, full),
+    ]  # fmt: skip
+    data = [{"key": k, "op": op, "before": before, "after": after} for k, op, before, after in rows]
+    df = spark.createDataFrame(data, schema=ddl)
+    codes = OutcomeCodes.of(column_paths(df.schema), feed)
+    decoded = df.withColumn(ERROR_COLUMN, F.lit(None).cast("string"))
+    got = [r["code"] for r in decoded.select(codes.column().alias("code")).collect()]
+    by_rules = [set(codes.labels(code)) if code != "ok" else set() for code in got]
+    spec = ChangeSpec.of(feed)
+    by_merge = [{p} if (p := change_problem(spec, d)) is not None else set() for d in data]
+    assert by_rules == by_merge
+    assert {"change_without_op"} in by_rules and set() in by_rules
+
+
+def test_the_job_refuses_staged_changes_the_merge_could_not_apply_before_anything_is_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's last check before it commits a keyed table's plan (or writes its pending record): a staged change
+    the merge would refuse fails the run there, naming the offset, the reason, and that nothing was committed."""
+    import pyarrow.parquet as pq
+
+    from tidemark.output.changes import ChangesPublisher
+
+    monkeypatch.setenv("TIDEMARK_STATE_DIR", str(tmp_path / "state"))
+    ddl = "before struct<id: long>, after struct<id: long>, op string"
+    doc = {**BASE, "deserialization": {"format": "json", "schema_ddl": ddl},
+           "iceberg": {"table": "ns.cdc", "mode": "upsert", "key": "id", "change_format": "debezium"}}  # fmt: skip
+    publisher = ChangesPublisher(parse_feed("cdc", doc, "feeds/cdc.yaml"))
+    envelope = pa.struct([("id", pa.int64())])
+    schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                        ("before", envelope), ("after", envelope), ("op", pa.string())])  # fmt: skip
+    good = {"topic": "t", "partition": 0, "offset": 0, "before": None, "after": {"id": 1}, "op": "c"}
+    pq.write_table(pa.Table.from_pylist([good], schema=schema), tmp_path / "good.parquet")
+    publisher.check_staged("p1", [tmp_path / "good.parquet"])
+    opless = {**good, "offset": 1, "op": None}
+    pq.write_table(pa.Table.from_pylist([good, opless], schema=schema), tmp_path / "bad.parquet")
+    with pytest.raises(MergeRefusedError, match=r"plan p1: 1 staged changes .*t\[0\] offset 1: change_without_op.*"
+                                                r"nothing was committed"):  # fmt: skip
+        publisher.check_staged("p1", [tmp_path / "good.parquet", tmp_path / "bad.parquet"])
+
+
+STATE_DDL = {"format": "json", "fields": [{"name": "email", "type": "string", "required": False},
+                                          {"name": "qty", "type": "integer", "required": False}]}  # fmt: skip
+CDC = {"iceberg": {"mode": "upsert", "key": "id", "change_format": "debezium"},
+       "deserialization": {"format": "json", "schema_ddl": "before struct<id: long, name: string>, "
+                           "after struct<id: long, name: string>, op string"}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({**CDC, "masking": {"fields": {"after.id": "redact"}}}, "masking.fields.after.id: redact"),
+        ({**CDC, "masking": {"fields": {"before.id": "redact"}}}, "masking.fields.before.id: redact"),
+        ({**CDC, "masking": {"fields": {"after": "redact"}}}, "masking.fields.after: redact"),
+        ({**CDC, "masking": {"fields": {"after.id": {"truncate": 3}}}}, "masking.fields.after.id: truncate"),
+        ({"iceberg": {"mode": "upsert", "key": "email", "change_format": "state"}, "deserialization": STATE_DDL,
+          "masking": {"fields": {"email": {"truncate": 3}}}}, "masking.fields.email: truncate"),
+        ({"iceberg": {"mode": "upsert", "key": "key", "change_format": "state"}, "deserialization": STATE_DDL,
+          "masking": {"key": "redact"}}, "masking.key: redact"),
+        ({"iceberg": {"mode": "upsert", "key": "key", "change_format": "state"}, "deserialization": STATE_DDL,
+          "masking": {"key": {"truncate": 1}}}, "masking.key: truncate"),
+    ],
+)  # fmt: skip
+def test_masking_that_is_not_one_to_one_is_refused_on_a_key_column_naming_file_and_field(
+    doc: dict[str, Any], field: str
+) -> None:
+    """``redact`` gives every key one value and ``truncate`` collapses keys that share a prefix: the keyed table would
+    fold distinct keys into one row. Refused at load, naming the file and the masked field."""
+    with pytest.raises(ConfigError) as refused:
+        parse_feed("cdc", {**BASE, **doc}, "feeds/cdc.yaml")
+    text = str(refused.value)
+    assert "feeds/cdc.yaml" in text and field in text and "iceberg.key" in text and "hash" in text, text
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {**CDC, "masking": {"fields": {"after.id": "hash", "before.id": "hash"}}},
+        {**CDC, "masking": {"fields": {"after.name": "redact", "before.name": {"truncate": 1}}}},  # not the key
+        {"iceberg": {"mode": "upsert", "key": "key", "change_format": "state"}, "deserialization": STATE_DDL,
+         "masking": {"key": "hash", "fields": {"email": "redact"}}},
+        {"iceberg": {"mode": "upsert", "key": "email", "change_format": "state"}, "deserialization": STATE_DDL,
+         "masking": {"fields": {"email": "hash"}, "key": "redact"}},  # the Kafka key is not the table's key here
+    ],
+)  # fmt: skip
+def test_a_hashed_key_column_and_masking_beside_the_key_load(doc: dict[str, Any]) -> None:
+    assert parse_feed("cdc", {**BASE, **doc}, "feeds/cdc.yaml").masking is not None
