@@ -1,6 +1,6 @@
 """``make mutants``: break Tidemark on purpose, one way at a time, and show the tests that go red.
 
-Each mutant below is one deliberate breakage of a guarantee the README states, written as
+Each mutant below is one deliberate breakage of a guarantee the docs state (docs/guide/guarantees.md), written as
 exact text replacements in one or two files. For each, the runner copies the working tree
 (tracked and untracked files, as they are now) into a scratch folder, applies the
 breakage there (it refuses to run a mutant whose text is not found exactly once: a
@@ -52,7 +52,7 @@ class Edit:
 @dataclass(frozen=True)
 class Mutant:
     name: str
-    breaks: str  # the guarantee, as the README states it
+    breaks: str  # the guarantee, as the docs state it
     edits: tuple[Edit, ...]
     tests: tuple[str, ...]  # pytest node ids that must go red
     timeout_s: int | None = None  # per test (pytest-timeout), for a breakage that hangs instead of failing

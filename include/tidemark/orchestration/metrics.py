@@ -12,7 +12,7 @@ Everything is read from the run's plan, ``job.json`` and report after the fact: 
 is sent from Spark executors, and the read path is untouched. Tags are the feed, topic
 and partition (never a connection setting); whether they reach the backend is the
 deployment's choice (``[metrics] statsd_influxdb_enabled``, ``statsd_datadog_enabled`` or
-``otel_on``). The README lists every name.
+``otel_on``). :data:`METRICS` declares every name; docs/reference/metrics.md is generated from it.
 """
 
 from __future__ import annotations
