@@ -5,16 +5,26 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test test-extended test-differential lint unit model integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
+.PHONY: install demo docs docs-check test test-extended test-differential lint unit model integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
 .PHONY: browser bench-view bench-observe airflow airflow-down airflow-celery airflow-celery-down differential
 
+# uv (pinned; from PyPI into the venv itself) installs the locked set: with a warm cache it links the packages in
+# place of pip's unpack and copy. Where no uv wheel installs, pip does the same work.
+UV_VERSION := 0.13.8
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@echo "installing pinned dependencies into $(VENV) ..."
-	@time ( $(BIN)/pip install -q --upgrade pip && \
-	  $(BIN)/pip install -q -r requirements-dev.txt && \
-	  $(BIN)/pip install -q --no-deps -e . )
+	@time ( { $(BIN)/uv --version 2>/dev/null | grep -qx "uv $(UV_VERSION)" || \
+	          $(BIN)/pip install -q --disable-pip-version-check uv==$(UV_VERSION) || true; } && \
+	  if $(BIN)/uv --version >/dev/null 2>&1; then \
+	    $(BIN)/uv pip install -q --python $(BIN)/python -r requirements-dev.txt && \
+	    $(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e . ; \
+	  else \
+	    echo "uv $(UV_VERSION) did not install: pip installs instead"; \
+	    $(BIN)/pip install -q --upgrade pip && $(BIN)/pip install -q -r requirements-dev.txt && \
+	    $(BIN)/pip install -q --no-deps -e . ; \
+	  fi )
 	@rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
@@ -36,8 +46,20 @@ lint: install
 # those groups, a third worker took pytest from 19 min 54 s to 18 min 46 s in a fresh clone, and one
 # Kafka cluster for the three instead of one each to 14 min 51 s.
 TEST_WORKERS ?= 3
-test: lint browser
+test: lint browser docs-check
 	$(BIN)/pytest -v --durations=25 -m "not extended" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
+
+# The documentation site: the reference pages under docs/reference/ regenerated from the code (feed keys, CLI, event
+# kinds, metrics), then MkDocs with --strict, so a link to a missing page or anchor fails. Re-run after adding a feed
+# key, command, flag, event kind or metric, and commit docs/reference/. `make test` runs docs-check: the same build,
+# failing (instead of rewriting) when a committed reference page differs from the code.
+docs: install
+	$(BIN)/python -m tests.support.docs_reference
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+docs-check: install
+	$(BIN)/python -m tests.support.docs_reference --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The slow variants `make test` leaves out (pytest marker `extended`): the benchmark harness's
 # own tests, the fault scenarios on the S3 + PostgreSQL shape with local staging (and, for those
@@ -173,10 +195,10 @@ kafka-up: install
 kafka-down: install
 	$(BIN)/tidemark kafka down
 
-lock:
-	rm -rf /tmp/tidemark-lock && $(PY) -m venv /tmp/tidemark-lock
-	/tmp/tidemark-lock/bin/pip install -q -r requirements.in
-	/tmp/tidemark-lock/bin/pip freeze > requirements.txt.new && mv requirements.txt.new requirements.txt
+# requirements.txt: requirements.in resolved by uv for Python 3.11 (the versions pinned now are kept unless
+# requirements.in asks otherwise; LOCK_ARGS=--upgrade takes the newest). requirements-dev.txt is pinned by hand.
+lock: install
+	$(BIN)/uv pip compile -q --python-version 3.11 --no-header --no-annotate $(LOCK_ARGS) requirements.in -o requirements.txt
 
 clean:
 	-$(BIN)/tidemark kafka down
