@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,21 @@ def test_every_metric_the_functions_send_is_declared() -> None:
     missing = [s for s in sent if not any(d == s or (s.endswith(".") and d.startswith(s)) for d in declared)]
     assert missing == []
     assert {"event.<kind>", "step.<step>", "run.committed", "run.not_committed", "records_read"} <= set(declared)
+
+
+def test_the_layer_table_names_every_module_and_the_contracts_layers() -> None:
+    """docs/ARCHITECTURE.md's layer table: each subpackage's row names each of its modules, and the layer diagram
+    lists every layer of the import-linter contract (pyproject.toml), core leaves included."""
+    text = (docs_reference.ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    package = docs_reference.ROOT / "include" / "tidemark"
+    unnamed = []
+    for folder in sorted(p for p in package.iterdir() if (p / "__init__.py").exists()):
+        row = next((line for line in text.splitlines() if line.startswith(f"| `{folder.name}` |")), "")
+        unnamed += [f"{folder.name}.{m.stem}" for m in sorted(folder.glob("*.py"))
+                    if not m.stem.startswith("__") and m.stem not in row]  # fmt: skip
+    assert unnamed == [], "docs/ARCHITECTURE.md's layer table does not name these modules"
+    contract = tomllib.loads((docs_reference.ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in contract["contracts"] if c["name"] == "Lower layers never import higher ones")["layers"]
+    diagram = text[text.index("## Layers") : text.index("| layer | owns |")]
+    for layer in layers:
+        assert " ".join(layer.replace("|", " | ").replace(":", " : ").split()) in " ".join(diagram.split()), layer
