@@ -8,22 +8,27 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt py
 .PHONY: install demo docs docs-check test test-extended test-differential lint unit model integration faults faults-table soak mutants bench bench-small bench-quick bench-avro bench-plan kafka-up kafka-down clean lock
 .PHONY: browser bench-view bench-observe airflow airflow-down airflow-celery airflow-celery-down differential
 
-# uv (pinned; from PyPI into the venv itself) installs the locked set; where no uv wheel installs, pip does. Measured
+# uv (pinned; from PyPI, once per machine into ~/.cache/tidemark/uv-VERSION, else into the venv) creates the venv and
+# installs the locked set; where no uv installs, the venv's pip does. Measured
 # (the venv alone, 2 busy cores): 3 min 16 s with empty caches, most of it pyspark's 400 MB sdist downloaded and built;
 # 6 s from a warm cache. The cache is tried alone first (--offline: exact pins need no index), because the package
 # index here answers uv's revalidation of that sdist as modified, so an online install with a warm cache fetches and
 # builds it again (2 min); a cache that lacks anything fails that attempt at once and the online install runs.
 UV_VERSION := 0.13.8
-UV_PIP = $(BIN)/uv pip install -q --python $(BIN)/python
+UV_HOME ?= $(HOME)/.cache/tidemark/uv-$(UV_VERSION)
 $(STAMP):
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Tidemark needs Python 3.11, found {sys.version.split()[0]}"'
-	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@test -x $(UV_HOME)/bin/uv || $(PY) -m pip install -q --disable-pip-version-check --target $(UV_HOME) uv==$(UV_VERSION) \
+	  >/dev/null 2>&1 || true
+	@test -x $(BIN)/python || { test -x $(UV_HOME)/bin/uv && $(UV_HOME)/bin/uv venv -q --seed --python $(PY) $(VENV); } || \
+	  $(PY) -m venv $(VENV)
 	@echo "installing pinned dependencies into $(VENV) ..."
-	@time ( { $(BIN)/uv --version 2>/dev/null | grep -qx "uv $(UV_VERSION)" || \
-	          $(BIN)/pip install -q --disable-pip-version-check uv==$(UV_VERSION) || true; } && \
-	  if $(BIN)/uv --version >/dev/null 2>&1; then \
-	    { $(UV_PIP) --offline -r requirements-dev.txt 2>/dev/null || $(UV_PIP) -r requirements-dev.txt; } && \
-	    { $(UV_PIP) --offline --no-deps -e . 2>/dev/null || $(UV_PIP) --no-deps -e . ; } ; \
+	@time ( uv=$(UV_HOME)/bin/uv; \
+	  test -x $$uv || { $(BIN)/pip install -q --disable-pip-version-check uv==$(UV_VERSION) && uv=$(BIN)/uv; } ; \
+	  if $$uv --version 2>/dev/null | grep -qx "uv $(UV_VERSION)"; then \
+	    pip="$$uv pip install -q --python $(BIN)/python"; \
+	    { $$pip --offline -r requirements-dev.txt 2>/dev/null || $$pip -r requirements-dev.txt; } && \
+	    { $$pip --offline --no-deps -e . 2>/dev/null || $$pip --no-deps -e . ; } ; \
 	  else \
 	    echo "uv $(UV_VERSION) did not install: pip installs instead"; \
 	    $(BIN)/pip install -q --upgrade pip && $(BIN)/pip install -q -r requirements-dev.txt && \
@@ -202,7 +207,8 @@ kafka-down: install
 # requirements.txt: requirements.in resolved by uv for Python 3.11 (the versions pinned now are kept unless
 # requirements.in asks otherwise; LOCK_ARGS=--upgrade takes the newest). requirements-dev.txt is pinned by hand.
 lock: install
-	$(BIN)/uv pip compile -q --python-version 3.11 --no-header --no-annotate $(LOCK_ARGS) requirements.in -o requirements.txt
+	uv=$(UV_HOME)/bin/uv; test -x $$uv || uv=$(BIN)/uv; \
+	  $$uv pip compile -q --python-version 3.11 --no-header --no-annotate $(LOCK_ARGS) requirements.in -o requirements.txt
 
 clean:
 	-$(BIN)/tidemark kafka down
