@@ -25,7 +25,7 @@ $(STAMP):
 	@echo "installing pinned dependencies into $(VENV) ..."
 	@time ( uv=$(UV_HOME)/bin/uv; \
 	  test -x $$uv || { $(BIN)/pip install -q --disable-pip-version-check uv==$(UV_VERSION) && uv=$(BIN)/uv; } ; \
-	  if $$uv --version 2>/dev/null | grep -qx "uv $(UV_VERSION)"; then \
+	  if $$uv --version 2>/dev/null | grep -qE "^uv $(UV_VERSION)( |$$)"; then \
 	    pip="$$uv pip install -q --python $(BIN)/python"; \
 	    { $$pip --offline -r requirements-dev.txt 2>/dev/null || $$pip -r requirements-dev.txt; } && \
 	    { $$pip --offline --no-deps -e . 2>/dev/null || $$pip --no-deps -e . ; } ; \
