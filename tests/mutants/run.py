@@ -872,6 +872,38 @@ MUTANTS = (
             "test_an_avro_state_feed_through_the_registry_deletes_by_its_tombstones[spark]",
         ),
     ),
+    Mutant(
+        "docs-drift-flags-unchecked",
+        "prose naming a tidemark flag the command does not have fails the docs test",
+        (
+            Edit(
+                "tests/support/docs_drift.py",
+                'if flag.startswith("--") and re.fullmatch(r"--[a-z][a-z0-9-]*", flag) and flag not in allowed:',
+                "if False:",
+            ),
+        ),
+        ("tests/unit/test_docs.py::test_a_planted_mistake_is_named_with_its_line",),
+    ),
+    Mutant(
+        "docs-drift-yaml-keys-unchecked",
+        "a feed snippet in the docs with a key the feed models lack fails the docs test",
+        (
+            Edit(
+                "tests/support/docs_drift.py",
+                "            if not _path_known(path, k):\n                yield",
+                "            if False:\n                yield",
+            ),
+        ),
+        ("tests/unit/test_docs.py::test_a_planted_mistake_is_named_with_its_line",),
+    ),
+    Mutant(
+        "view-chart-runs-by-position",
+        "the view's run charts put each run at its start time on a dated time axis",
+        (Edit(VIEW, "    if runs and all(t is not None for t in times):", "    if False:"),),
+        (
+            "tests/unit/web/test_web_view.py::test_runs_sit_on_a_time_axis_by_start_time_with_dates_where_the_day_changes",
+        ),
+    ),
 )
 
 
