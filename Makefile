@@ -9,11 +9,12 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt py
 .PHONY: browser bench-view bench-observe airflow airflow-down airflow-celery airflow-celery-down differential
 
 # uv (pinned; from PyPI, once per machine into ~/.cache/tidemark/uv-VERSION, else into the venv) creates the venv and
-# installs the locked set; where no uv installs, the venv's pip does. Measured
-# (the venv alone, 2 busy cores): 3 min 16 s with empty caches, most of it pyspark's 400 MB sdist downloaded and built;
-# 6 s from a warm cache. The cache is tried alone first (--offline: exact pins need no index), because the package
-# index here answers uv's revalidation of that sdist as modified, so an online install with a warm cache fetches and
-# builds it again (2 min); a cache that lacks anything fails that attempt at once and the online install runs.
+# installs the locked set; where no uv installs, the venv's pip does. Measured in fresh clones on 2 cores that other
+# test runs kept at a load average of 15 to 30: 16 s with a warm uv cache (pip with a warm pip cache: 8 min 53 s);
+# 6 min 8 s with no cache at all, most of it pyspark's 400 MB sdist downloaded and built. The cache is tried alone
+# first (--offline: exact pins need no index), because the package index here answers uv's revalidation of that sdist
+# as modified, so an online install with a warm cache fetches and builds it again (2 min); a cache that lacks anything
+# fails that attempt at once and the online install runs.
 UV_VERSION := 0.13.8
 UV_HOME ?= $(HOME)/.cache/tidemark/uv-$(UV_VERSION)
 $(STAMP):
