@@ -205,11 +205,15 @@ kafka-up: install
 kafka-down: install
 	$(BIN)/tidemark kafka down
 
-# requirements.txt: requirements.in resolved by uv for Python 3.11 (the versions pinned now are kept unless
-# requirements.in asks otherwise; LOCK_ARGS=--upgrade takes the newest). requirements-dev.txt is pinned by hand.
+# requirements.txt: requirements.in resolved by uv for the venv's Python 3.11, the versions pinned now kept unless
+# requirements.in asks otherwise (LOCK_ARGS=--upgrade takes the newest). requirements-dev.txt is pinned by hand.
+LOCK_HEADER := \# Tidemark runtime dependencies: requirements.in resolved together by uv on Python 3.11 and pinned \
+  (the Airflow constraints file is unreachable from our machines). Regenerate with make lock.
 lock: install
+	cp requirements.txt requirements.txt.new
 	uv=$(UV_HOME)/bin/uv; test -x $$uv || uv=$(BIN)/uv; \
-	  $$uv pip compile -q --python-version 3.11 --no-header --no-annotate $(LOCK_ARGS) requirements.in -o requirements.txt
+	  $$uv pip compile -q --python $(BIN)/python --no-header --no-annotate $(LOCK_ARGS) requirements.in -o requirements.txt.new
+	{ echo "$(LOCK_HEADER)"; cat requirements.txt.new; } > requirements.txt && rm requirements.txt.new
 
 clean:
 	-$(BIN)/tidemark kafka down
