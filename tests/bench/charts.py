@@ -1,13 +1,18 @@
 """The benchmark charts, drawn with matplotlib (a dev dependency: benchmarks are not runtime code).
 
-Each chart names what it measured in its title, every bar on its axis and its value on
-the bar, and says in a legend what the colours mean, so a reader needs neither the JSON
-nor this file to read it. The figure builders return the figure (tests read its labels);
-``save`` writes it and frees it.
+Each chart names what it measured and when (the run's date and time, UTC) in its title, titles both axes with
+their units, labels every bar on its axis and its value on the bar, and says in a legend what the colours mean, so a
+reader needs neither the JSON nor this file to read it. The figure builders return the figure (tests read its
+labels); ``save`` writes it and frees it. ``python -m tests.bench.charts FILE.json...`` redraws the PNG beside each
+benchmark result (the read, Avro and small-run ones) from the JSON alone.
 """
 
 from __future__ import annotations
 
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +35,14 @@ KINDS = (
 )
 
 
+def measured(doc: dict[str, Any]) -> str:
+    """When the benchmark ran, as a title says it: ``measured 2026-11-24 01:05 UTC`` ('' when the JSON lacks it)."""
+    when = doc.get("when")
+    if not when:
+        return ""
+    return f"measured {datetime.fromisoformat(str(when)).astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+
+
 def _colour(name: str) -> str:
     return TIDEMARK if name in TIDEMARK_RUNNERS else SPARK if name in SPARK_RUNNERS else FLOOR
 
@@ -45,11 +58,12 @@ def read_figure(doc: dict[str, Any]) -> Figure:
     ax.invert_yaxis()  # top to bottom in the order the runners ran
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.set_xlabel("records per second, median of the measured runs (higher is better)")
+    ax.set_ylabel("runner (in the order they ran)")
     what = doc.get("what", f"Reading {doc['records']:,} records of {doc['value_bytes']} B")
     ax.set_title(
         f"{what} from {doc['partitions']} partitions\n"
         f"{doc['runs']} measured runs per runner, {doc['cpus']} CPUs, Spark {doc['spark_version']} "
-        f"{doc['spark_master']}",
+        f"{doc['spark_master']}" + (f", {measured(doc)}" if measured(doc) else ""),
         fontsize=10,
     )
     shown = {_colour(r["name"]) for r in runners}
@@ -74,9 +88,10 @@ def small_runs_figure(doc: dict[str, Any]) -> Figure:
         ax.bar_label(bars, fmt="%.1f s", padding=3, fontsize=9)
     ax.set_xticks(range(len(rows)), [f"{r['records']:,} records" for r in rows])
     ax.set_ylabel("seconds per run, median (lower is better)")
+    ax.set_xlabel("records in the run")
     ax.set_title(
         f"Small runs, each in a fresh process with its JVM start: medians of {doc['runs']} interleaved rounds\n"
-        f"({doc['warmups']} warm-up dropped), {doc['cores']} cores",
+        f"({doc['warmups']} warm-up dropped), {doc['cores']} cores" + (f", {measured(doc)}" if measured(doc) else ""),
         fontsize=10,
     )
     ax.legend(loc="upper left", fontsize=8)
@@ -86,3 +101,22 @@ def small_runs_figure(doc: dict[str, Any]) -> Figure:
 
 def save(fig: Figure, path: Path) -> None:
     fig.savefig(path, dpi=110)
+
+
+def redraw(path: Path) -> Path:
+    """The PNG beside a benchmark's JSON, drawn again from it: a small-run table or a read/Avro runner set."""
+    doc = json.loads(path.read_text())
+    fig = small_runs_figure(doc) if "table" in doc and "runners" not in doc else read_figure(doc)
+    out = path.with_suffix(".png")
+    save(fig, out)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    for name in argv if argv is not None else sys.argv[1:]:
+        print(redraw(Path(name)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -58,7 +58,7 @@ def test_the_spark_jobs_own_events_hang_under_the_tasks_run(
     airflow_env: dict[str, str],  # noqa: F811 - the fixture imported above
     tmp_path: Path,
 ) -> None:
-    """A Parquet feed run with OpenLineage's Spark listener on, as the README's Lineage section turns it on.
+    """A Parquet feed run with OpenLineage's Spark listener on, as docs/guide/observe.md's Lineage section turns it on.
 
     The provider emits from a thread of the task process here ([openlineage] execute_in_thread).
     """
@@ -68,7 +68,7 @@ def test_the_spark_jobs_own_events_hang_under_the_tasks_run(
     secrets = {SECRET, "registry-pa55-not-for-lineage", "aws-s3cret-not-for-lineage"}
     env = {
         **lineage_env(tasks_file),
-        # The provider's cheaper way to emit, as the README's Lineage section suggests (the Iceberg test above
+        # The provider's cheaper way to emit, as docs/guide/observe.md (Lineage) suggests (the Iceberg test above
         # keeps its default: a forked child per event): the same events either way.
         "AIRFLOW__OPENLINEAGE__EXECUTE_IN_THREAD": "True",
         "AIRFLOW__OPENLINEAGE__SPARK_INJECT_PARENT_JOB_INFO": "True",

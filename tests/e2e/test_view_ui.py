@@ -90,7 +90,7 @@ def test_view_in_a_browser(airflow: RunningAirflow) -> None:
         expect(state).to_be_visible(timeout=60_000)
         expect(state).to_have_attribute("data-state", "success", timeout=300_000)
         height = int(view.locator("body").evaluate("b => b.scrollHeight"))
-        page.set_viewport_size({"width": 1400, "height": min(height + 60, 2400)})  # the whole view, for the README
+        page.set_viewport_size({"width": 1400, "height": min(height + 60, 2400)})  # the whole view
         expect(view.locator("#run-state")).to_be_visible()
         page.screenshot(path=str(ARTIFACTS / "tidemark-replay-run.png"))
         browser.close()

@@ -1333,7 +1333,7 @@ def test_unknown_schema_id_fails_the_run_until_skipped(fenv: FaultEnv, avro_regi
     assert fenv.committed() == {0: 2, 1: 2, 2: 2}
     fenv.check("test_unknown_schema_id_fails_the_run_until_skipped")
 
-    # The producers' registry never had the id: skip the record, as the README's committing replays allow.
+    # The producers' registry never had the id: skip the record, as committing replays allow (docs/guide/formats.md).
     fenv.run("replay", {"start_from": "offset", "start_offset": 3, "partitions": "1", "commit": True,
                         "allow_gap": True})  # fmt: skip
     (skipped,) = fenv.report_events("offsets_skipped")

@@ -1,6 +1,6 @@
 """``make mutants``: break Tidemark on purpose, one way at a time, and show the tests that go red.
 
-Each mutant below is one deliberate breakage of a guarantee the README states, written as
+Each mutant below is one deliberate breakage of a guarantee the docs state (docs/guide/guarantees.md), written as
 exact text replacements in one or two files. For each, the runner copies the working tree
 (tracked and untracked files, as they are now) into a scratch folder, applies the
 breakage there (it refuses to run a mutant whose text is not found exactly once: a
@@ -52,7 +52,7 @@ class Edit:
 @dataclass(frozen=True)
 class Mutant:
     name: str
-    breaks: str  # the guarantee, as the README states it
+    breaks: str  # the guarantee, as the docs state it
     edits: tuple[Edit, ...]
     tests: tuple[str, ...]  # pytest node ids that must go red
     timeout_s: int | None = None  # per test (pytest-timeout), for a breakage that hangs instead of failing
@@ -1314,6 +1314,38 @@ MUTANTS = (
         (
             "tests/unit/output/test_changes_order.py::"
             "test_a_delete_marker_is_dropped_only_once_every_partitions_clock_is_strictly_past_it",
+        ),
+    ),
+    Mutant(
+        "docs-drift-flags-unchecked",
+        "prose naming a tidemark flag the command does not have fails the docs test",
+        (
+            Edit(
+                "tests/support/docs_drift.py",
+                'if flag.startswith("--") and re.fullmatch(r"--[a-z][a-z0-9-]*", flag) and flag not in allowed:',
+                "if False:",
+            ),
+        ),
+        ("tests/unit/test_docs.py::test_a_planted_mistake_is_named_with_its_line",),
+    ),
+    Mutant(
+        "docs-drift-yaml-keys-unchecked",
+        "a feed snippet in the docs with a key the feed models lack fails the docs test",
+        (
+            Edit(
+                "tests/support/docs_drift.py",
+                "            if not _path_known(path, k):\n                yield",
+                "            if False:\n                yield",
+            ),
+        ),
+        ("tests/unit/test_docs.py::test_a_planted_mistake_is_named_with_its_line",),
+    ),
+    Mutant(
+        "view-chart-runs-by-position",
+        "the view's run charts put each run at its start time on a dated time axis",
+        (Edit(VIEW, "    if runs and all(t is not None for t in times):", "    if False:"),),
+        (
+            "tests/unit/web/test_web_view.py::test_runs_sit_on_a_time_axis_by_start_time_with_dates_where_the_day_changes",
         ),
     ),
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +69,17 @@ def test_avro_chart_colours_tidemark_and_spark_and_names_the_format() -> None:
     # No floor runner ran: the legend names only the two kinds shown.
     assert [t.get_text() for t in fig.legends[0].get_texts()] == [label for _, label in charts.KINDS[:2]]
     assert ax.get_title().startswith("Reading and decoding 500,000 Avro records (mean value 48 B, two versions)")
+
+
+def test_every_axis_is_titled_and_the_title_says_when_it_was_measured(tmp_path: Path) -> None:
+    read = charts.read_figure({**_read_doc(), "when": "2026-11-24T01:05:18.790340+00:00"}).axes[0]
+    assert "measured 2026-11-24 01:05 UTC" in read.get_title()
+    assert read.get_xlabel().startswith("records per second") and read.get_ylabel().startswith("runner")
+    table = [{"records": 0, "tidemark_s": 0.6, "spark_s": 14.3}]
+    doc = {"table": table, "runs": 5, "warmups": 1, "cores": 2, "when": "2026-11-24T02:00:00+01:00"}
+    small = charts.small_runs_figure(doc).axes[0]
+    assert "measured 2026-11-24 01:00 UTC" in small.get_title()  # in UTC, whatever offset the JSON has
+    assert small.get_xlabel() == "records in the run" and small.get_ylabel().startswith("seconds per run")
+    assert charts.measured({}) == ""  # an older result without a time: no claim
+    (tmp_path / "bench-small.json").write_text(json.dumps(doc))
+    assert charts.redraw(tmp_path / "bench-small.json").read_bytes()[:4] == b"\x89PNG"

@@ -33,7 +33,7 @@ from tidemark.storage import Location
 
 OFFSETS_FACET = "tidemark_offsets"
 ICEBERG_NAMESPACE = "iceberg://tidemark"
-# No published JSON schema: the README's Lineage section describes the facet; a URN names it and its version.
+# No published JSON schema: docs/guide/observe.md, "Lineage", describes the facet; a URN names it and its version.
 FACET_SCHEMA = "urn:tidemark:openlineage:facet:tidemark_offsets:1"
 
 

@@ -12,15 +12,16 @@ Everything is read from the run's plan, ``job.json`` and report after the fact: 
 is sent from Spark executors, and the read path is untouched. Tags are the feed, topic
 and partition (never a connection setting); whether they reach the backend is the
 deployment's choice (``[metrics] statsd_influxdb_enabled``, ``statsd_datadog_enabled`` or
-``otel_on``). The README lists every name.
+``otel_on``). :data:`METRICS` declares every name; docs/reference/metrics.md is generated from it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from airflow.sdk.observability import stats
 
@@ -124,3 +125,115 @@ def commit_ages(last_commits: Mapping[str, datetime | None], now: datetime) -> N
     for feed, last in last_commits.items():
         if last is not None:
             stats.gauge(f"{PREFIX}.last_commit_age_seconds", (now - last).total_seconds(), tags=_tags(feed))
+
+
+MetricType = Literal["counter", "gauge", "timer (ms)"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric the DAGs send, as ``docs/reference/metrics.md`` lists it (``<...>``: one name per value)."""
+
+    name: str
+    type: MetricType
+    tags: tuple[str, ...]
+    sent_by: str
+    value: str
+
+
+# Every name the functions above send, after ``PREFIX``: the reference page is generated from this, and a test
+# checks each name the functions send is declared here.
+METRICS: tuple[Metric, ...] = (
+    Metric(
+        "run_started",
+        "counter",
+        ("feed", "cause"),
+        "plan (feed DAG runs)",
+        "one per run, by what started it: `lag` (its lag trigger), `schedule` (its cron) or `manual`",
+    ),
+    Metric(
+        "lag_records",
+        "gauge",
+        ("feed", "topic", "partition"),
+        "plan (scheduled and committing runs)",
+        "records between where the partition starts and the end it could read (last stable offset under "
+        "`read_committed`) when the run was planned",
+    ),
+    Metric(
+        "planned_records",
+        "gauge",
+        ("feed", "topic", "partition"),
+        "plan",
+        "records this run reads from the partition (less than the lag when capped)",
+    ),
+    Metric(
+        "event.<kind>",
+        "counter",
+        ("feed", "topic", "partition"),
+        "plan: planning events; commit: the job's and the commit's",
+        "one per event of that kind (every kind: docs/reference/events.md), e.g. `event.data_loss`; topic and "
+        "partition when the event names them",
+    ),
+    Metric("records_read", "counter", ("feed",), "commit", "records the Spark job read"),
+    Metric(
+        "dead_letters",
+        "counter",
+        ("feed", "reason"),
+        "commit (committed runs)",
+        "records the run quarantined, per reason code (`decode_error`, or a rule's label such as "
+        "`expect_column_values_to_match_regex(value)`); a record with two reasons counts under each",
+    ),
+    Metric("records_published", "counter", ("feed",), "commit", "records it published"),
+    Metric("records_quarantined", "counter", ("feed",), "commit", "records it quarantined"),
+    Metric(
+        "step.<step>",
+        "timer (ms)",
+        ("feed",),
+        "commit",
+        "the Spark job's step durations (`job.json`'s `timings_s`), e.g. `spark_session`, `read`, `validate`, "
+        "`write`, `publish`",
+    ),
+    Metric(
+        "lag_seconds_at_plan",
+        "gauge",
+        ("feed", "topic", "partition"),
+        "commit (scheduled and committing runs)",
+        "age, when the run was planned, of the oldest record it read (0 when nothing was left to read): the "
+        "group's lag in time before the run, as the view charts it",
+    ),
+    Metric(
+        "run.committed",
+        "counter",
+        ("feed",),
+        "commit",
+        "the run committed the group's offsets",
+    ),
+    Metric(
+        "run.not_committed",
+        "counter",
+        ("feed",),
+        "commit",
+        "the run ended without a commit: a dry run, or a backfill or replay that does not commit",
+    ),
+    Metric(
+        "commit_refused",
+        "counter",
+        ("feed",),
+        "commit",
+        "the group's offsets moved under the run, so its commit was refused (the task fails)",
+    ),
+    Metric(
+        "lag_seconds",
+        "gauge",
+        ("feed", "topic", "partition"),
+        "check (feeds with `alerts`)",
+        "age of the oldest record the group has not read after the run (0 when none)",
+    ),
+    Metric(
+        "last_commit_age_seconds",
+        "gauge",
+        ("feed",),
+        "`tidemark_watchdog` (feeds with `alerts.stale_after`)",
+        "seconds since the feed's last committed run",
+    ),
+)

@@ -41,17 +41,17 @@ StartReason = Literal[
     "shown",  # the group was moved behind the output's end by another writer: resumed at the output's end
 ]
 EventKind = Literal[
-    "group_offsets_expired",
-    "reset",
-    "new_partition",
-    "data_loss",
-    "offset_ahead",
-    "timestamp_past_end",
-    "capped",
-    "retention_warning",
-    "timestamp_skew",
-    "position_from_table",
-    "topic_recreated",
+    "group_offsets_expired",  # Kafka deleted the group's offsets: resumed from the checkpoint, offsets committed back
+    "reset",  # no offsets and no checkpoint: the feed's on_missing applied
+    "new_partition",  # a partition added to a topic later: starts by on_new_partition
+    "data_loss",  # retention deleted unread records; with on_data_loss: skip, the lost range is named
+    "offset_ahead",  # the start lies past the log end (a truncated topic): on_ahead applied
+    "timestamp_past_end",  # no record is stamped that late: the range ends at the end of the log
+    "capped",  # max_records_per_partition or max_records_per_run cut the range: the next run reads the rest
+    "retention_warning",  # the schedule is longer than the group offsets' or a topic's retention
+    "timestamp_skew",  # an exact window's skew reached half its max_skew bound
+    "position_from_table",  # no offsets and no checkpoint: an Iceberg feed resumed where its table's ledger ends
+    "topic_recreated",  # the topic's id changed (deleted and recreated): its partitions start by on_missing
     "topic_added",  # a pattern feed: a topic newly matches; its partitions start by the reset policy (on_missing)
     "topic_removed",  # a pattern feed: a topic its last run read no longer exists or no longer matches
     "offsets_skipped",  # a committing backfill/replay started past the committed offset (allow_gap)
@@ -60,6 +60,7 @@ EventKind = Literal[
     "group_moved",  # another writer moved the group past the output's end: that range is in no output
     "group_rewound",  # another writer moved the group behind the output's end: the run starts at the output's end
     "commit_refused",  # a run's commit was refused: its staged publication was discarded, never shown
+    "redrive",  # a re-drive's report: the dead letters it re-checked and what it published
     "not_shown",  # a committed run whose ranges the output already shows in part: kept out so nothing shows twice
     "permission_missing",  # an optional read (topic or broker configs) the principal may not do: skipped
     "gap",  # the job: offsets of a range that hold no record (markers, aborted or compacted away): counted

@@ -105,7 +105,7 @@ def merge_conf(*confs: dict[str, str]) -> dict[str, str]:
 # A small run's driver JVM (in local mode: the whole application) lives for seconds, and on
 # a 2-core machine the C2 JIT compiler's and the parallel GC's threads take cores from the
 # work: C1 only and the serial collector cut the CPU of a 1,000- and a 100,000-record run
-# by a third or more (docs/read-publish.md, "Small runs"). A long run needs C2, so only
+# by a third or more (docs/benchmarks/read.md, "Small runs"). A long run needs C2, so only
 # runs of at most SMALL_RUN_MAX_RECORDS get them.
 SMALL_RUN_JAVA_OPTIONS_ENV = "TIDEMARK_SMALL_RUN_JAVA_OPTIONS"
 SMALL_RUN_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -132,7 +132,7 @@ def small_run_conf(
 # Java's class-data sharing maps them from an archive instead: the first small run on a
 # machine writes one (-XX:ArchiveClassesAtExit; that run takes about 40 s longer), every
 # later one starts from it (-XX:SharedArchiveFile), which cuts a 1,000-record run's wall
-# and CPU time by about a fifth (docs/read-publish.md, "Small runs"). The archive is
+# and CPU time by about a fifth (docs/benchmarks/read.md, "Small runs"). The archive is
 # keyed by the Java binary and Spark's jars; one that no longer matches them (a changed
 # classpath, say) is ignored by the JVM, which then starts as it would without it.
 CLASS_ARCHIVE_ENV = "TIDEMARK_CLASS_ARCHIVE_DIR"  # "off" (or empty): no archive

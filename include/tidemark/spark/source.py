@@ -671,7 +671,7 @@ def read_plan(
 # (ConvertToLocalRelation): 4 of the 5 s the write took at 100,000 records. Above this
 # many records the batches go to Spark as an RDD instead, a partition per batch, and the
 # write's tasks decode them in parallel (100,000 records: wall 16.3 -> 13.1 s; at 1,000 the
-# LocalRelation is 0.6 s faster; docs/read-publish.md, "Small runs").
+# LocalRelation is 0.6 s faster; docs/benchmarks/read.md, "Small runs").
 LOCAL_RELATION_MAX_RECORDS = 10_000
 # The driver holds a plan's Arrow batches until Spark has them. A plan of few but large
 # records that passes this is left to the data source (read_plan_in_driver raises).

@@ -53,6 +53,7 @@ the preview accepts is what the trigger starts.
 from __future__ import annotations
 
 import json
+import math
 import mimetypes
 import os
 import re
@@ -87,6 +88,7 @@ from tidemark.runs.report import RunReport, list_runs, secret_values
 from tidemark.runs.run import run_dir_for
 from tidemark.runs.status import FeedStatus, feed_status, shared_adapter
 from tidemark.storage import Location
+from tidemark.web.charts import Tick, count_axis, duration_axis, parse_time, time_axis
 
 REPLAY_DAG = "tidemark_replay"
 REDRIVE_DAG = "tidemark_redrive"
@@ -285,56 +287,84 @@ def _run_row(report: RunReport, root: str, runs_root: Path | None, scrub: Callab
     )  # fmt: skip
 
 
+def _x_positions(runs: Sequence[RunRow], left: float, right: float) -> tuple[list[float], list[Tick], str]:
+    """Where each run sits along x, the x ticks and the axis title: by start time (UTC) when every run has one,
+    else by position, oldest first."""
+    times = [parse_time(r.started_at) for r in runs]
+    if runs and all(t is not None for t in times):
+        axis = time_axis([t for t in times if t is not None], left, right)
+        return [axis.x(t) for t in times if t is not None], list(axis.ticks), "run started (UTC)"
+    step = (right - left) / max(len(runs), 1)
+    xs = [round(left + i * step + step / 2, 1) for i in range(len(runs))]
+    every = max(math.ceil(len(runs) / 10), 1)
+    return xs, [Tick(x, str(i + 1)) for i, x in enumerate(xs) if i % every == 0], "run (oldest first)"
+
+
 def _line(
-    runs: Sequence[RunRow], value: Callable[[RunRow], int | None], label: Callable[[RunRow, int], str],
-    left: float, step: float, top: float, bottom: float,
-) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
-    """A line's points, one per run that has a value, scaled to the largest value; and that value."""
-    highest = max((value(r) or 0 for r in runs), default=0)
+    runs: Sequence[RunRow], xs: Sequence[float], value: Callable[[RunRow], int | None],
+    label: Callable[[RunRow, int], str], ceiling: float, top: float, bottom: float,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """A line's points, one per run that has a value, scaled to the axis's top value ``ceiling``."""
     points = []
-    for i, r in enumerate(runs):
+    for r, x in zip(runs, xs, strict=True):
         v = value(r)
         if v is None:
             continue
-        y = bottom - (0.0 if not highest else (bottom - top) * v / highest)
-        points.append({"x": round(left + i * step + step / 2, 1), "y": round(y, 1), "value": v, "label": label(r, v)})
-    return points, highest
+        y = bottom - (0.0 if not ceiling else (bottom - top) * v / ceiling)
+        points.append({"x": x, "y": round(y, 1), "value": v, "label": label(r, v)})
+    return points
 
 
-def _lag_time_chart(rows: Sequence[RunRow], width: int = 640, height: int = 140) -> dict[str, Any]:
-    """Line geometry of the lag in time at each run's planning, oldest run first (what ``lag_seconds_at_plan`` sent)."""
-    left, right, top, bottom = 40, 10, 24, height - 20
+def _run_label(r: RunRow) -> str:
+    return f"{r.run_id} ({_when(r.started_at)})" if r.started_at else r.run_id
+
+
+def _ticks(ticks: Sequence[Tick]) -> list[dict[str, Any]]:
+    return [{"at": t.at, "label": t.label} for t in ticks]
+
+
+def _lag_time_chart(rows: Sequence[RunRow], width: int = 640, height: int = 170) -> dict[str, Any]:
+    """Line geometry of the lag in time at each run's planning, oldest run first (what ``lag_seconds_at_plan`` sent):
+    x the run's start time, y the lag in a unit chosen by the largest (s, min, h, d)."""
+    left, right, top, bottom = 56, 56, 24, height - 40  # the runs chart's margins: one time axis under the other
     runs = list(reversed(rows[:CHART_RUNS]))
-    step = (width - left - right) / max(len(runs), 1)
-    points, highest = _line(runs, lambda r: r.lag_time_before_ms,
-                            lambda r, ms: f"{r.run_id}: oldest unread record {_duration(ms)} old",
-                            left, step, top, bottom)  # fmt: skip
+    xs, x_ticks, x_title = _x_positions(runs, left, width - right)
+    highest = max((r.lag_time_before_ms or 0 for r in runs), default=0)
+    ceiling, unit, y_ticks = duration_axis(highest, top, bottom)
+    points = _line(runs, xs, lambda r: r.lag_time_before_ms,
+                   lambda r, ms: f"{_run_label(r)}: oldest unread record {_duration(ms)} old",
+                   ceiling, top, bottom)  # fmt: skip
     return {
-        "width": width, "height": height, "left": left, "right": right, "bottom": bottom, "points": points,
-        "line": " ".join(f"{p['x']},{p['y']}" for p in points), "max": _duration(highest) if points else "-",
+        "width": width, "height": height, "left": left, "right": right, "top": top, "bottom": bottom,
+        "points": points, "line": " ".join(f"{p['x']},{p['y']}" for p in points),
+        "max": _duration(highest) if points else "-", "x_ticks": _ticks(x_ticks), "x_title": x_title,
+        "y_ticks": _ticks(y_ticks), "y_title": f"lag ({unit})",
     }  # fmt: skip
 
 
-def _chart(rows: Sequence[RunRow], width: int = 640, height: int = 180) -> dict[str, Any]:
-    """Bar and line geometry for the recent runs, oldest first (the template only draws it)."""
-    left, right, top, bottom = 40, 10, 24, height - 20
+def _chart(rows: Sequence[RunRow], width: int = 640, height: int = 210) -> dict[str, Any]:
+    """Bar and line geometry for the recent runs, oldest first (the template only draws it): x the run's start
+    time, the left axis records read (bars), the right axis the lag in records before the run (line)."""
+    left, right, top, bottom = 56, 56, 24, height - 40
     runs = list(reversed(rows[:CHART_RUNS]))
+    xs, x_ticks, x_title = _x_positions(runs, left, width - right)
     max_records = max((r.records for r in runs), default=0)
-    span = bottom - top
-    step = (width - left - right) / max(len(runs), 1)
+    records_top, y_ticks = count_axis(max_records, top, bottom)
+    w = round(min((width - left - right) * 0.7 / max(len(runs), 1), 36.0), 1)
     bars = []
-    for i, r in enumerate(runs):
-        h = 0.0 if not max_records else span * r.records / max_records
-        x = left + i * step
-        w = min(step * 0.7, 36.0)
-        bars.append({"x": round(x + (step - w) / 2, 1), "y": round(bottom - h, 1), "w": round(w, 1),
-                     "h": round(h, 1), "label": f"{r.run_id}: {r.records} records"})  # fmt: skip
-    points, max_lag = _line(runs, lambda r: r.lag_before, lambda r, lag: f"{r.run_id}: lag {lag}",
-                            left, step, top, bottom)  # fmt: skip
+    for r, x in zip(runs, xs, strict=True):
+        h = (bottom - top) * r.records / records_top
+        bars.append({"x": round(x - w / 2, 1), "y": round(bottom - h, 1), "w": w, "h": round(h, 1),
+                     "label": f"{_run_label(r)}: {r.records} records"})  # fmt: skip
+    max_lag = max((r.lag_before or 0 for r in runs), default=0)
+    lag_top, y2_ticks = count_axis(max_lag, top, bottom)
+    points = _line(runs, xs, lambda r: r.lag_before, lambda r, lag: f"{r.run_id}: lag {lag} records",
+                   lag_top, top, bottom)  # fmt: skip
     return {
-        "width": width, "height": height, "left": left, "right": right, "bottom": bottom, "bars": bars,
+        "width": width, "height": height, "left": left, "right": right, "top": top, "bottom": bottom, "bars": bars,
         "points": points, "line": " ".join(f"{p['x']},{p['y']}" for p in points),
-        "max_records": max_records, "max_lag": max_lag,
+        "max_records": max_records, "max_lag": max_lag, "x_ticks": _ticks(x_ticks), "x_title": x_title,
+        "y_ticks": _ticks(y_ticks), "y2_ticks": _ticks(y2_ticks),
     }  # fmt: skip
 
 

@@ -87,3 +87,34 @@ def test_the_preview_rate_comes_from_the_environment_or_is_refused_by_name() -> 
     for bad in ("0/60", "ten/60", "5", "5/-1"):
         with pytest.raises(ConfigError, match="TIDEMARK_VIEW_PREVIEW_RATE"):
             preview_rate({"TIDEMARK_VIEW_PREVIEW_RATE": bad})
+
+
+def _timed(run_id: str, started_at: str, records: int, lag: int | None, lag_ms: int | None = None) -> RunRow:
+    return RunRow(run_id, "scheduled", "succeeded", "p", records, lag, lag_ms, None, None, None, started_at, None, None,
+                  None)  # fmt: skip
+
+
+def test_runs_sit_on_a_time_axis_by_start_time_with_dates_where_the_day_changes() -> None:
+    rows = [  # newest first, as listed; the gap before the last run is twice the one before
+        _timed("r2", "2026-12-08T01:00:00+00:00", 30, 10, 90_000),
+        _timed("r1", "2026-12-07T23:00:00+00:00", 20, 40, 30_000),
+        _timed("r0", "2026-12-07T22:00:00+00:00", 10, 80, 600_000),
+    ]
+    chart = _chart(rows)
+    xs = [p["x"] for p in chart["points"]]
+    assert xs[0] < xs[1] < xs[2]
+    assert xs[2] - xs[1] == pytest.approx(2 * (xs[1] - xs[0]), abs=0.2)  # by time, not by position
+    labels = [t["label"] for t in chart["x_ticks"]]
+    assert labels[0].startswith("Dec 07 ") and any(label.startswith("Dec 08 ") for label in labels[1:])
+    assert chart["x_title"] == "run started (UTC)"
+    assert [t["label"] for t in chart["y_ticks"]] == ["0", "10", "20", "30"]  # records read, left
+    assert [t["label"] for t in chart["y2_ticks"]] == ["0", "20", "40", "60", "80"]  # lag in records, right
+    lag = _lag_time_chart(rows)
+    assert lag["y_title"] == "lag (min)" and [t["label"] for t in lag["y_ticks"]] == ["0", "2", "4", "6", "8", "10"]
+    assert [p["x"] for p in lag["points"]] == xs  # the two charts share their time axis
+
+
+def test_runs_without_a_start_time_fall_back_to_their_order() -> None:
+    chart = _chart([_row("r1", 5, 5), _row("r0", 5, 5)])
+    assert chart["x_title"] == "run (oldest first)"
+    assert [t["label"] for t in chart["x_ticks"]] == ["1", "2"]
