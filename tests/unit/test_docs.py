@@ -147,7 +147,9 @@ def test_every_kind_the_library_reports_is_an_event_kind() -> None:
     written = {
         (path.relative_to(package).as_posix(), kind)
         for path in package.rglob("*.py")
-        for kind in re.findall(r'(?:kind=|"kind": )"([a-z_]+)"', path.read_text())
+        for line in path.read_text().splitlines()
+        if "np." not in line  # numpy's sort and search kinds (kind="stable") are no events
+        for kind in re.findall(r'(?:kind=|"kind": )"([a-z_]+)"', line)
     }
     assert {kind for where, kind in written if where != "web/app.py"} - set(EventKind.__args__) == set()
     assert len(written) > 5  # the pattern still finds the library's events
