@@ -141,15 +141,7 @@ def settle(
     events: list[Event] = []
     result = None
     if state in ("planned", "committing") and plan.commit:
-        if (
-            plan.total_records
-            and publisher.staged(plan.plan_id, run_id) is None
-            and (publisher.published(plan.plan_id) is None)
-        ):
-            raise TidemarkError(
-                f"run {run_id} of feed '{plan.feed}' has not staged plan {plan.plan_id}; refusing to commit offsets "
-                "for records that were not staged for publication"
-            )
+        _refuse_unstaged(plan, run_id, publisher)
         was_committing = state == "committing"
         mark("committing")
         try:
@@ -182,6 +174,19 @@ def settle(
         events += [_event(e["kind"], e["message"], **e.get("details", {})) for e in manifest.extra.get("events", [])]
     mark("shown")
     return Settled(run_id, plan.plan_id, "shown", result, manifest, tuple(events))
+
+
+def _refuse_unstaged(plan: Plan, run_id: str, publisher: Publisher) -> None:
+    """Refuse to commit run ``run_id`` of ``plan`` when its records were staged nowhere (and are not shown)."""
+    if (
+        plan.total_records
+        and publisher.staged(plan.plan_id, run_id) is None
+        and publisher.published(plan.plan_id) is None
+    ):
+        raise TidemarkError(
+            f"run {run_id} of feed '{plan.feed}' has not staged plan {plan.plan_id}; refusing to commit offsets "
+            "for records that were not staged for publication"
+        )
 
 
 def _group_past(plan: Plan, kafka: KafkaAdapter) -> bool:
