@@ -139,7 +139,7 @@ def test_the_masking_key_from_a_connection_travels_in_the_secrets_file_and_is_ke
     from tidemark.runs.report import secret_values
     from tidemark.spark.secrets import split_env
 
-    key = "a-long-masking-key-0123456789"
+    key = uuid.uuid4().hex + uuid.uuid4().hex
     monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_MASK_TEST", json.dumps({"conn_type": "generic", "password": key}))
     monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_MASK_EMPTY", json.dumps({"conn_type": "generic", "login": "x"}))
     env = masking_env("tidemark_mask_test")
