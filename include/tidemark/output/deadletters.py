@@ -40,6 +40,7 @@ newest re-drive's reasons (``rechecked_by`` names that run).
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -371,7 +372,7 @@ def _text(value: bytes | None) -> str | None:
 # -- bounded reading: counts from the reason and time columns, examples fetched by position --------------------
 
 COUNT_BATCH = 65_536  # rows per batch of the count pass: its memory is bounded by this, not by the letters
-EXAMPLE_BATCH = 64  # rows per batch when fetching examples, whose values may be large
+EXAMPLE_BYTES = 8 << 20  # about this many bytes a batch when fetching examples (their values may be large)
 # The columns the count pass reads of a quarantine file: the letter's identity, time and reasons, never its bytes.
 COUNT_COLUMNS = ("topic", "partition", "offset", "timestamp", REASON_CODES_COLUMN)
 
@@ -442,6 +443,24 @@ class _Tally:
         groups = [CountedGroup(code, day, n, tuple(self.found[(code, day)])) for (code, day), n in self.counts.items()]
         groups.sort(key=lambda g: (-g.count, g.reason, g.day or date.min))
         return LetterCounts(self.records, tuple(groups), tuple(sources))
+
+
+def letters_signature(feed: Feed, store: CheckpointStore) -> tuple[Any, ...]:
+    """What :func:`count_dead_letters` of ``feed`` depends on, cheaply: the shown plans' quarantine files (a shown
+    plan's never change), the dead-letter table's current snapshot and the shown re-drives. Equal signatures,
+    equal counts: a view may keep the counts until it changes."""
+    done = redriven(feed, store)
+    publisher = publisher_for(feed)
+    snapshot = None
+    if isinstance(publisher, IcebergPublisher):
+        dead = publisher.dead_letter_table()
+        current = None if dead is None else dead.current_snapshot()
+        snapshot = None if current is None else current.snapshot_id
+        appended = set() if dead is None else plans_in(dead, feed.name)
+        sources = _iceberg_sources(publisher, store, appended)
+    else:
+        sources = _parquet_sources(publisher)
+    return (snapshot, tuple((s.file.url, s.plan_id) for s in sources), tuple(r.redrive_id for r in done.records))
 
 
 def count_dead_letters(
@@ -566,8 +585,9 @@ def _count_table(table: Any, feed: str, done: Redriven, tally: _Tally) -> None:
 def fetch_dead_letters(
     feed: Feed | str, counts: LetterCounts, positions: Sequence[Position], *, store: CheckpointStore | None = None
 ) -> list[DeadLetter]:
-    """The dead letters at ``positions`` (of ``counts``), whole, in the order given; each quarantine file read in
-    batches of :data:`EXAMPLE_BATCH` rows up to the last one wanted, the dead-letter table by identity."""
+    """The dead letters at ``positions`` (of ``counts``), whole, in the order given: of each quarantine file only
+    the row groups holding a wanted row, up to the last one, in batches of about :data:`EXAMPLE_BYTES`; of the
+    dead-letter table the rows by identity."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -583,17 +603,27 @@ def fetch_dead_letters(
         source = counts.sources[index]
         rows = {p.row: p for p in wanted}
         handle = pq.ParquetFile(source.file.fs_path, filesystem=source.file.fs)
-        start = 0
-        for batch in handle.iter_batches(batch_size=EXAMPLE_BATCH):
-            here = [r - start for r in sorted(rows) if start <= r < start + batch.num_rows]
-            if here:
-                table = pa.Table.from_batches([batch]).take(here)
-                letters = table_rows(table, source.path, feed=chosen.name, plan_id=source.plan_id,
-                                     run_id=source.run_id, dead_lettered_at=None)  # fmt: skip
-                found.update((rows[start + i], _letter(row)) for i, row in zip(here, letters, strict=True))
-            start += batch.num_rows
-            if start > max(rows):
-                break
+        first = 0
+        ordered = sorted(rows)
+        for group in range(handle.metadata.num_row_groups):  # only the row groups holding a wanted row are decoded
+            meta = handle.metadata.row_group(group)
+            size = meta.num_rows
+            if any(first <= r < first + size for r in rows):
+                start = first
+                # Batches of about EXAMPLE_BYTES: values may be megabytes each, or a few bytes (then many rows).
+                batch_rows = max(1, min(COUNT_BATCH, EXAMPLE_BYTES * size // max(1, meta.total_byte_size)))
+                for batch in handle.iter_batches(batch_size=batch_rows, row_groups=[group]):
+                    low, high = bisect_left(ordered, start), bisect_left(ordered, start + batch.num_rows)
+                    here = [r - start for r in ordered[low:high]]
+                    if here:
+                        table = pa.Table.from_batches([batch]).take(here)
+                        letters = table_rows(table, source.path, feed=chosen.name, plan_id=source.plan_id,
+                                             run_id=source.run_id, dead_lettered_at=None)  # fmt: skip
+                        found.update((rows[start + i], _letter(row)) for i, row in zip(here, letters, strict=True))
+                    start += batch.num_rows
+                    if start > max(r for r in rows if r < first + size):
+                        break
+            first += size
     if in_table:
         publisher = publisher_for(chosen)
         dead = publisher.dead_letter_table() if isinstance(publisher, IcebergPublisher) else None

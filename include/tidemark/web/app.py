@@ -85,6 +85,7 @@ from tidemark.output.deadletters import (
     count_dead_letters,
     counts_of,
     fetch_dead_letters,
+    letters_signature,
 )
 from tidemark.output.maintenance import MaintenanceReport, last_record
 from tidemark.planning.requests import END_CHOICES, REPLAY_PARAMS, START_CHOICES, flag, run_request
@@ -157,25 +158,46 @@ class OpenAccess:
 
 
 class LetterReader(Protocol):
-    """How the view reads a feed's dead letters: counted by reason and day, then a page's examples by position."""
+    """How the view reads a feed's dead letters: counted by reason and day, then a page's examples by position,
+    each as :func:`example` shows it."""
 
     def counts(self, feed: Feed) -> LetterCounts: ...
 
-    def fetch(self, feed: Feed, counts: LetterCounts, positions: Sequence[Position]) -> list[DeadLetter]: ...
+    def examples(self, feed: Feed, counts: LetterCounts, positions: Sequence[Position]) -> dict[Position, Any]: ...
 
 
-@dataclass(frozen=True)
+@dataclass
 class StoredLetters:
     """The feed's dead letters where its runs put them (:func:`count_dead_letters`, :func:`fetch_dead_letters`):
-    memory bounded by a batch, whatever their number."""
+    memory bounded by a batch, whatever their number. Each feed's counts are kept until what they depend on
+    changes (:func:`letters_signature`: a new shown plan, a table append, a re-drive), and so are the examples
+    shown for them (clipped): a feed's dead letters are read once per change, not once per request."""
 
     store: Callable[[], CheckpointStore]
+    _kept: dict[str, tuple[tuple[Any, ...], LetterCounts, dict[Position, Any]]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def counts(self, feed: Feed) -> LetterCounts:
-        return count_dead_letters(feed, store=self.store())
+        store = self.store()
+        signature = letters_signature(feed, store)
+        with self._lock:
+            kept = self._kept.get(feed.name)
+        if kept is not None and kept[0] == signature:
+            return kept[1]
+        counts = count_dead_letters(feed, store=store)
+        with self._lock:
+            self._kept[feed.name] = (signature, counts, {})
+        return counts
 
-    def fetch(self, feed: Feed, counts: LetterCounts, positions: Sequence[Position]) -> list[DeadLetter]:
-        return fetch_dead_letters(feed, counts, positions, store=self.store())
+    def examples(self, feed: Feed, counts: LetterCounts, positions: Sequence[Position]) -> dict[Position, Any]:
+        with self._lock:
+            kept = self._kept.get(feed.name)
+        held = kept[2] if kept is not None and kept[1] is counts else {}
+        missing = [p for p in positions if p not in held]
+        if missing:
+            fetched = {d.key_of: d for d in fetch_dead_letters(feed, counts, missing, store=self.store())}
+            held.update((p, example(fetched[p.key])) for p in missing if p.key in fetched)
+        return {p: held[p] for p in positions if p in held}
 
 
 @dataclass(frozen=True)
@@ -187,9 +209,9 @@ class ListedLetters:
     def counts(self, feed: Feed) -> LetterCounts:
         return counts_of(self.letters(feed))
 
-    def fetch(self, feed: Feed, counts: LetterCounts, positions: Sequence[Position]) -> list[DeadLetter]:
+    def examples(self, feed: Feed, counts: LetterCounts, positions: Sequence[Position]) -> dict[Position, Any]:
         held = self.letters(feed)
-        return [held[p.row] for p in positions if p.row < len(held)]
+        return {p: example(held[p.row]) for p in positions if p.row < len(held)}
 
 
 @dataclass
@@ -672,9 +694,9 @@ class ViewDeps:
         if not 1 <= page <= pages:
             raise HTTPException(404, f"page {page}: the dead letters of feed '{feed.name}' have {pages} page(s)")
         chosen = counts.groups[(page - 1) * DEAD_LETTER_GROUPS : page * DEAD_LETTER_GROUPS]
-        fetched = {d.key_of: d for d in self.letters.fetch(feed, counts, [p for g in chosen for p in g.examples])}
+        shown = self.letters.examples(feed, counts, [p for g in chosen for p in g.examples])
         groups = [{"reason": g.reason, "day": None if g.day is None else g.day.isoformat(), "count": g.count,
-                   "examples": [example(fetched[p.key]) for p in g.examples if p.key in fetched]}
+                   "examples": [shown[p] for p in g.examples if p in shown]}
                   for g in chosen]  # fmt: skip
         return {"feed": feed.name, "records": counts.records, "groups": groups, "page": page, "pages": pages,
                 "groups_total": len(counts.groups)}  # fmt: skip
