@@ -926,7 +926,7 @@ MUTANTS = (
         "the view's JSON shows no checksum or bytes of a masked feed's ranges",
         (Edit(VIEW, '    if masked:\n        doc["ranges"]', '    if False:\n        doc["ranges"]'),),
         (
-            "tests/unit/web/test_view_masked_ranges.py::"
+            "tests/integration/web/test_view_security.py::"
             "test_a_masked_feeds_json_shows_no_checksum_or_bytes_of_any_run_even_one_written_before",
         ),
     ),
@@ -980,6 +980,100 @@ MUTANTS = (
             ),
         ),
         ("tests/unit/spark/test_masking.py::test_header_names_are_matched_whatever_their_case",),
+    ),
+    Mutant(
+        "dead-letters-counted-whole",
+        "the dead-letter page shows 25 reasons and days a page, the rest on the next pages",
+        (
+            Edit(
+                VIEW,
+                "        chosen = counts.groups[(page - 1) * DEAD_LETTER_GROUPS : page * DEAD_LETTER_GROUPS]\n",
+                "        chosen = counts.groups\n",
+            ),
+        ),
+        (
+            "tests/integration/web/test_view_security.py::"
+            "test_the_dead_letter_page_is_paginated_clips_headers_and_is_rate_limited_per_user",
+        ),
+    ),
+    Mutant(
+        "dead-letter-headers-unclipped",
+        "a dead letter's headers are clipped: at most 16, each name and value cut",
+        (
+            Edit(
+                VIEW,
+                "                      for k, v in headers[:HEADERS_SHOWN]]",
+                "                      for k, v in headers]",
+            ),
+        ),
+        (
+            "tests/integration/web/test_view_security.py::"
+            "test_the_dead_letter_page_is_paginated_clips_headers_and_is_rate_limited_per_user",
+        ),
+    ),
+    Mutant(
+        "dead-letters-not-rate-limited",
+        "each user may open a bounded number of dead-letter pages a minute",
+        (
+            Edit(
+                VIEW, "        wait = self.dead_letter_limit.wait_s(self.access.who(request))\n", "        wait = 0.0\n"
+            ),
+        ),
+        (
+            "tests/integration/web/test_view_security.py::"
+            "test_the_dead_letter_page_is_paginated_clips_headers_and_is_rate_limited_per_user",
+        ),
+    ),
+    Mutant(
+        "gx-values-to-readers",
+        "GX's observed values, exception texts and bad-record samples reach only users with the runs right",
+        (
+            Edit(
+                VIEW,
+                "    if not values and isinstance(validation, dict):\n",
+                "    if False and isinstance(validation, dict):\n",
+            ),
+        ),
+        (
+            "tests/integration/web/test_view_security.py::"
+            "test_gx_observed_values_exception_texts_and_samples_reach_only_users_who_may_read_runs",
+        ),
+    ),
+    Mutant(
+        "dead-letter-counts-ignore-redrives",
+        "the bounded counts leave re-driven letters out and count re-checked ones under their newest reasons",
+        (
+            Edit(
+                "include/tidemark/output/deadletters.py",
+                "        if codes_column and not touched:\n",
+                "        if codes_column:\n",
+            ),
+        ),
+        (
+            "tests/integration/output/test_dead_letter_counts.py::"
+            "test_bounded_counts_leave_redriven_letters_out_and_count_rechecked_ones_under_their_new_reasons",
+        ),
+    ),
+    Mutant(
+        "run-check-all-admins-under-any-manager",
+        "simple_auth_manager_all_admins lets everyone through under SimpleAuthManager only",
+        (
+            Edit(
+                "include/tidemark/orchestration/access.py",
+                "    if all_admins and isinstance(manager, SimpleAuthManager):\n",
+                "    if all_admins:\n",
+            ),
+        ),
+        (
+            "tests/dags/test_run_access.py::test_all_admins_and_the_dag_test_name_pass_only_where_simple_auth_manager_"
+            "says_so",
+        ),
+    ),
+    Mutant(
+        "staging-base-open-to-others",
+        "the default local staging base is the user's own folder, mode 0700",
+        (Edit("include/tidemark/output/staging.py", "    if found.st_mode & 0o077:\n", "    if False:\n"),),
+        ("tests/unit/output/test_staging_base.py",),
     ),
 )
 
