@@ -633,14 +633,14 @@ def fetch_dead_letters(
                 found.update((p, letter) for p in in_table if p.key == letter.key_of)
     out = []
     for p in positions:
-        letter = found.get(p)
-        if letter is None:
+        held = found.get(p)
+        if held is None:
             continue
-        if (again := done.rechecked.get(letter.key_of)) is not None:
+        if (again := done.rechecked.get(held.key_of)) is not None:
             run_id, codes = again
-            text = f"re-checked by re-drive {run_id}: {'; '.join(codes)} (first: {letter.reason})"
-            letter = replace(letter, reason_codes=codes, rechecked_by=run_id, reason=text)
-        out.append(letter)
+            text = f"re-checked by re-drive {run_id}: {'; '.join(codes)} (first: {held.reason})"
+            held = replace(held, reason_codes=codes, rechecked_by=run_id, reason=text)
+        out.append(held)
     return out
 
 
