@@ -1050,8 +1050,8 @@ MUTANTS = (
             ),
         ),
         (
-            "tests/integration/output/test_dead_letter_counts.py::"
-            "test_bounded_counts_leave_redriven_letters_out_and_count_rechecked_ones_under_their_new_reasons",
+            "tests/integration/runs/test_redrive.py::"
+            "test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once[parquet]",
         ),
     ),
     Mutant(
