@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv
+from tests.support.masking import strong_key
 from tidemark.config.masking import MASKING_KEY_ENV
 from tidemark.kafka.admin import Record
 from tidemark.web.app import create_app
@@ -63,7 +64,7 @@ def test_a_one_record_range_of_a_masked_feed_publishes_no_digest_a_guess_can_be_
     kafka: KafkaTestCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     request: pytest.FixtureRequest,
 ) -> None:  # fmt: skip
-    monkeypatch.setenv(MASKING_KEY_ENV, "k" + uuid.uuid4().hex + uuid.uuid4().hex)
+    monkeypatch.setenv(MASKING_KEY_ENV, strong_key())
     monkeypatch.setenv("TIDEMARK_STAGING_DIR", str(tmp_path / "staging"))
     email = f"alice.{uuid.uuid4().hex[:6]}@example.com"
     value = json.dumps({"id": 1, "email": email}).encode()
