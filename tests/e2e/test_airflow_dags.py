@@ -207,12 +207,11 @@ def test_redrive_dag_publishes_the_dead_letters_a_fixed_rule_passes_once_masked_
     view's form triggers it) publishes exactly them, masked, into the feed's output, and a second run publishes
     nothing. A marker in every email is then searched for in the tasks' logs (each DAG run's output), Airflow's home,
     the state dir and the output, Parquet decoded row by row: found only in ``keep_raw``; the key found nowhere."""
-    import hashlib
-    import hmac
-
     import pyarrow.parquet as pq
 
-    marker, key = f"mark-{uuid.uuid4().hex[:10]}", f"masking-key-{uuid.uuid4().hex}"
+    from tests.support.masking import hashed, strong_key
+
+    marker, key = f"mark-{uuid.uuid4().hex[:10]}", strong_key()
     topic = kafka.new_topic(partitions=1, prefix="af-rd")
     feeds, state, output, raw = tmp_path / "feeds", tmp_path / "state", tmp_path / "out", tmp_path / "raw"
     feeds.mkdir()
@@ -243,7 +242,7 @@ def test_redrive_dag_publishes_the_dead_letters_a_fixed_rule_passes_once_masked_
 
     published = [row for f in output.glob("plan_id=*/topic=*/**/*.parquet")
                  for row in pq.read_table(f, columns=["id", "email"]).to_pylist()]  # fmt: skip
-    digest = {i: hmac.new(key.encode(), e.encode(), hashlib.sha256).hexdigest() for i, e in emails.items()}
+    digest = {i: hashed(e, "email", key, "afrd") for i, e in emails.items()}  # HKDF + HMAC, computed apart
     assert sorted((r["id"], r["email"]) for r in published) == sorted(digest.items())  # each record once, masked
     assert len(list(output.glob("plan_id=redrive-*/_manifest.json"))) == 1
     reports = [json.loads(p.read_text()) for p in sorted(state.glob("runs/afrd/*/report.json"))]

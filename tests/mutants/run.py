@@ -1348,6 +1348,209 @@ MUTANTS = (
             "tests/unit/web/test_web_view.py::test_runs_sit_on_a_time_axis_by_start_time_with_dates_where_the_day_changes",
         ),
     ),
+    Mutant(
+        "kafka-file-settings-allowed",
+        "an Airflow connection may set a librdkafka setting that reads a file or reaches an address only when the "
+        "deployment allow-lists it by name",
+        (
+            Edit(
+                "include/tidemark/kafka/connection.py",
+                "and k not in allowed and (k, v) not in _HARMLESS_VALUES",
+                "and k in () and (k, v) not in _HARMLESS_VALUES",
+            ),
+        ),
+        (
+            "tests/unit/kafka/test_connection.py::"
+            "test_a_connection_may_set_a_file_or_url_reading_setting_only_when_the_deployment_allows_it_by_name",
+            "tests/dags/test_connections.py::"
+            "test_a_connection_cannot_post_a_local_file_to_an_address_it_chooses_unless_the_deployment_allows_it",
+        ),
+    ),
+    Mutant(
+        "kafka-assertion-file-unlisted",
+        "every file-reading librdkafka setting needs allowing: sasl.oauthbearer.assertion.file among them",
+        (
+            Edit(
+                "include/tidemark/kafka/connection.py",
+                '    "sasl.oauthbearer.assertion.file": "librdkafka reads the file it names and POSTs it to the token '
+                'endpoint",\n',
+                "",
+            ),
+        ),
+        (
+            "tests/unit/kafka/test_connection.py::"
+            "test_a_connection_may_set_a_file_or_url_reading_setting_only_when_the_deployment_allows_it_by_name",
+        ),
+    ),
+    Mutant(
+        "masked-checksum-of-raw-bytes",
+        "a masked feed's range checksum and bytes are of its masked records, never of their raw bytes",
+        (
+            Edit(
+                "include/tidemark/job/stage.py",
+                '    digest = masked_row_digest(own) if masked else row_digest(raw["value"], raw["key"])\n',
+                '    digest = row_digest(raw["value"], raw["key"])\n',
+            ),
+        ),
+        (
+            "tests/integration/job/test_masked_digests.py::"
+            "test_a_one_record_range_of_a_masked_feed_publishes_no_digest_a_guess_can_be_checked_against",
+        ),
+    ),
+    Mutant(
+        "masked-checksum-shown-in-view",
+        "the view's JSON shows no checksum or bytes of a masked feed's ranges",
+        (Edit(VIEW, '    if masked:\n        doc["ranges"]', '    if False:\n        doc["ranges"]'),),
+        (
+            "tests/integration/web/test_view_security.py::"
+            "test_a_masked_feeds_json_shows_no_checksum_or_bytes_of_any_run_even_one_written_before",
+        ),
+    ),
+    Mutant(
+        "masking-one-key-for-every-feed",
+        "each hashed field's key is derived for its feed and field (HKDF), not the deployment's key itself",
+        (
+            Edit(
+                "include/tidemark/spark/masking.py",
+                "    key = field_key(key, feed, path)  # this feed's and this field's own\n",
+                "",
+            ),
+        ),
+        (
+            "tests/unit/spark/test_masking.py::test_hash_is_keyed_hmac_sha256_and_stable",
+            "tests/unit/spark/test_masking.py::test_two_feeds_and_two_fields_hash_one_value_to_unrelated_digests",
+        ),
+    ),
+    Mutant(
+        "masking-key-feed-not-in-derivation",
+        "a field's key depends on its feed: two feeds hash one value differently",
+        (
+            Edit(
+                "include/tidemark/config/masking.py",
+                '    info = b"\\0".join((KEY_INFO, feed.encode(), field.encode()))\n',
+                '    info = b"\\0".join((KEY_INFO, b"", field.encode()))\n',
+            ),
+        ),
+        ("tests/unit/spark/test_masking.py::test_two_feeds_and_two_fields_hash_one_value_to_unrelated_digests",),
+    ),
+    Mutant(
+        "masking-weak-key-accepted",
+        "a masking key with fewer than 256 random bits, a repetition or low entropy is refused",
+        (
+            Edit(
+                "include/tidemark/config/masking.py",
+                "    if entropy < max(KEY_MIN_CHAR_ENTROPY, KEY_ENTROPY_SHARE * min(per_char, math.log2(len(key)))):\n",
+                "    if entropy < 0:\n",
+            ),
+        ),
+        ("tests/unit/spark/test_masking.py::test_a_weak_masking_key_is_refused_naming_why_and_how_to_make_one",),
+    ),
+    Mutant(
+        "masking-headers-case-sensitive",
+        "a masked header is masked whatever the case of its name in the record",
+        (
+            Edit(
+                "include/tidemark/spark/masking.py",
+                '        return F.lower(h.getField("key")) == F.lit(name)\n',
+                '        return h.getField("key") == F.lit(name)\n',
+            ),
+        ),
+        ("tests/unit/spark/test_masking.py::test_header_names_are_matched_whatever_their_case",),
+    ),
+    Mutant(
+        "dead-letters-counted-whole",
+        "the dead-letter page shows 25 reasons and days a page, the rest on the next pages",
+        (
+            Edit(
+                VIEW,
+                "        chosen = counts.groups[(page - 1) * DEAD_LETTER_GROUPS : page * DEAD_LETTER_GROUPS]\n",
+                "        chosen = counts.groups\n",
+            ),
+        ),
+        (
+            "tests/integration/web/test_view_security.py::"
+            "test_the_dead_letter_page_is_paginated_clips_headers_and_is_rate_limited_per_user",
+        ),
+    ),
+    Mutant(
+        "dead-letter-headers-unclipped",
+        "a dead letter's headers are clipped: at most 16, each name and value cut",
+        (
+            Edit(
+                VIEW,
+                "                      for k, v in headers[:HEADERS_SHOWN]]",
+                "                      for k, v in headers]",
+            ),
+        ),
+        (
+            "tests/integration/web/test_view_security.py::"
+            "test_the_dead_letter_page_is_paginated_clips_headers_and_is_rate_limited_per_user",
+        ),
+    ),
+    Mutant(
+        "dead-letters-not-rate-limited",
+        "each user may open a bounded number of dead-letter pages a minute",
+        (
+            Edit(
+                VIEW, "        wait = self.dead_letter_limit.wait_s(self.access.who(request))\n", "        wait = 0.0\n"
+            ),
+        ),
+        (
+            "tests/integration/web/test_view_security.py::"
+            "test_the_dead_letter_page_is_paginated_clips_headers_and_is_rate_limited_per_user",
+        ),
+    ),
+    Mutant(
+        "gx-values-to-readers",
+        "GX's observed values, exception texts and bad-record samples reach only users with the runs right",
+        (
+            Edit(
+                VIEW,
+                "    if not values and isinstance(validation, dict):\n",
+                "    if False and isinstance(validation, dict):\n",
+            ),
+        ),
+        (
+            "tests/integration/web/test_view_security.py::"
+            "test_gx_observed_values_exception_texts_and_samples_reach_only_users_who_may_read_runs",
+        ),
+    ),
+    Mutant(
+        "dead-letter-counts-ignore-redrives",
+        "the bounded counts leave re-driven letters out and count re-checked ones under their newest reasons",
+        (
+            Edit(
+                "include/tidemark/output/deadletters.py",
+                "        if codes_column and not touched:\n",
+                "        if codes_column:\n",
+            ),
+        ),
+        (
+            "tests/integration/runs/test_redrive.py::"
+            "test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once[parquet]",
+        ),
+    ),
+    Mutant(
+        "run-check-all-admins-under-any-manager",
+        "simple_auth_manager_all_admins lets everyone through under SimpleAuthManager only",
+        (
+            Edit(
+                "include/tidemark/orchestration/access.py",
+                "    if all_admins and isinstance(manager, SimpleAuthManager):\n",
+                "    if all_admins:\n",
+            ),
+        ),
+        (
+            "tests/dags/test_run_access.py::test_all_admins_and_the_dag_test_name_pass_only_where_simple_auth_manager_"
+            "says_so",
+        ),
+    ),
+    Mutant(
+        "staging-base-open-to-others",
+        "the default local staging base is the user's own folder, mode 0700",
+        (Edit("include/tidemark/output/staging.py", "    if found.st_mode & 0o077:\n", "    if False:\n"),),
+        ("tests/unit/output/test_staging_base.py",),
+    ),
 )
 
 

@@ -2,11 +2,12 @@
 
 A feed names value fields by their path (``customer.email``: dots walk into nested
 records, and through arrays of records, ``items.sku`` masking every item's ``sku``), the
-Kafka key (``key``) and headers by name (``headers``), each with a treatment:
+Kafka key (``key``) and headers by name (``headers``, matched whatever their case), each with a treatment:
 
 - ``drop``: the field is removed from its record (the key becomes null, the header is removed);
-- ``hash``: HMAC-SHA256 under the deployment's masking key, as 64 lower-case hex digits
-  (the same value and key give the same digest: masked values still join and count);
+- ``hash``: HMAC-SHA256 under a key of the feed and the field (:func:`field_key`: HKDF-SHA256 from the
+  deployment's masking key), as 64 lower-case hex digits (within one feed and field the same value gives the
+  same digest, so masked values still join and count; across feeds or fields they differ);
 - ``redact``: the fixed marker :data:`MASKED`;
 - ``{truncate: N}``: the first N characters of a text (bytes of a binary value).
 
@@ -24,7 +25,12 @@ after decoding: see :mod:`tidemark.spark.masking`.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import math
 import re
+import string
+from collections import Counter
 from collections.abc import Mapping
 from typing import Literal
 
@@ -33,7 +39,13 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 from tidemark.config.declared import STRING_TYPES, DeclaredField
 
 MASKED = "[masked]"
-MASKING_KEY_ENV = "TIDEMARK_MASKING_KEY"  # the HMAC key of ``hash`` (an Airflow connection's password in DAGs)
+MASKING_KEY_ENV = "TIDEMARK_MASKING_KEY"  # the root of ``hash``'s keys (an Airflow connection's password in DAGs)
+KEY_BITS = 256  # the least a masking key must carry, as random bits
+# Below this many bits of character entropy (Shannon, per character), a key is text, a pattern or a repetition.
+KEY_MIN_CHAR_ENTROPY = 3.0
+KEY_ENTROPY_SHARE = 0.75  # ... and below this share of what its alphabet and length allow
+# HKDF-SHA256's ``info`` for a field's key: this label, the feed's name and the field's name, NUL-separated.
+KEY_INFO = b"tidemark masking v1"
 
 Named = Literal["drop", "hash", "redact"]
 PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -84,6 +96,14 @@ class Masking(BaseModel):
     def _header_names_ok(cls, v: dict[str, Treatment]) -> dict[str, Treatment]:
         if any(not name for name in v):
             raise ValueError("masking.headers: a header name is empty")
+        seen: dict[str, str] = {}
+        for name in v:  # headers are matched whatever their case: two names that differ by case only are one
+            if name.lower() in seen:
+                raise ValueError(
+                    f"masking.headers: {seen[name.lower()]!r} and {name!r} name the same header (names are matched "
+                    "whatever their case); keep one"
+                )
+            seen[name.lower()] = name
         return v
 
     @property
@@ -95,6 +115,56 @@ class Masking(BaseModel):
     def dropped(self) -> tuple[str, ...]:
         """The value paths dropped from the record."""
         return tuple(p for p, t in self.fields.items() if t == "drop")
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` (the deployment's masking key) is too weak to derive the feeds' keys from, or None.
+
+    It must carry at least :data:`KEY_BITS` random bits, counted as its length times the bits a character of
+    its alphabet can carry (hex digits 4, base64 6, other printable text 6.5, anything else 8 per byte), and
+    look random: not a repetition of a shorter text, with at least :data:`KEY_MIN_CHAR_ENTROPY` bits of entropy
+    per character (which refuses ``aaaa...``, ``abab...`` and words).
+    """
+    if not key:
+        return "it is unset"
+    if set(key) <= set(string.hexdigits):
+        per_char = 4.0
+    elif set(key) <= set(string.ascii_letters + string.digits + "+/-_="):
+        per_char = 6.0
+    elif set(key) <= set(string.printable) - set("\t\n\r\x0b\x0c"):
+        per_char = 6.5
+    else:
+        per_char = 8.0 * len(key.encode()) / len(key)
+    bits = len(key) * per_char
+    if bits < KEY_BITS:
+        return f"it is too short: {len(key)} characters carry at most {bits:.0f} bits, fewer than {KEY_BITS}"
+    period = next((n for n in range(1, len(key) // 2 + 1) if len(key) % n == 0 and key == key[:n] * (len(key) // n)),
+                  None)  # fmt: skip
+    if period is not None:
+        return f"it is one text of {period} characters repeated"
+    counts = Counter(key)
+    entropy = -sum(c / len(key) * math.log2(c / len(key)) for c in counts.values())
+    # A random key's characters spread over its alphabet (or over as many as it has characters): measured, 64
+    # random hex digits have 3.6 to 4.0 bits per character, 43 random base64 ones 4.7 to 5.3, English text 3.9 to 4.2.
+    if entropy < max(KEY_MIN_CHAR_ENTROPY, KEY_ENTROPY_SHARE * min(per_char, math.log2(len(key)))):
+        return (
+            f"it has low entropy ({entropy:.1f} bits per character, {len(counts)} distinct characters): "
+            "it is not random"
+        )
+    return None
+
+
+def field_key(root: bytes, feed: str, field: str) -> bytes:
+    """The HMAC key of ``hash`` for ``field`` of ``feed``: HKDF-SHA256 (RFC 5869) of the deployment's masking key
+    ``root``, no salt, ``info`` = :data:`KEY_INFO`, the feed's name and the field's, NUL-separated; 32 bytes.
+
+    ``field``: a value field's path (``customer.email``), ``key``, or ``headers.<name>`` (the header's name in
+    lower case). Two feeds, or two fields of one feed, hash one value to unrelated digests: a team that hashes
+    guesses through its own feed learns nothing of another's hashed values, and hashes do not join across them.
+    """
+    prk = hmac.new(b"\0" * hashlib.sha256().digest_size, root, hashlib.sha256).digest()  # extract
+    info = b"\0".join((KEY_INFO, feed.encode(), field.encode()))
+    return hmac.new(prk, info + b"\x01", hashlib.sha256).digest()  # expand: one block is the 32 bytes
 
 
 def path_problem(path: str, treatment: Treatment, declared: Mapping[str, DeclaredField]) -> str | None:

@@ -30,9 +30,10 @@ from tidemark.spark import arrow_avro
 from tidemark.spark.avro import AvroSchemas
 from tidemark.spark.masking import split_raw
 from tidemark.spark.session import configure_s3a
-from tidemark.spark.stats import row_digest
+from tidemark.spark.stats import masked_row_digest, row_digest
 from tidemark.spark.wire import HEADER_BYTES
 from tidemark.staged import (
+    DATE_COLUMN,
     DIGEST_COLUMNS,
     OK_OUTCOME,
     OUTCOME_COLUMN,
@@ -45,6 +46,7 @@ from tidemark.staged import (
     REASON_CODES_COLUMN,
     REASON_COLUMN,
     STAGED_PARTITION_COLUMNS,
+    UNPUBLISHED_COLUMNS,
     Reader,
     reason_codes,
 )
@@ -168,7 +170,7 @@ def read_task_stage_plan(
 
 
 def raw_kept_aside(
-    staged: DataFrame, raw_value: bool, raw_key: bool, avro_parts: Sequence[RecordPart] = ()
+    staged: DataFrame, raw_value: bool, raw_key: bool, avro_parts: Sequence[RecordPart] = (), *, masked: bool = False
 ) -> DataFrame:
     """``staged`` (the decoded records with their outcome) with the raw value and key kept for bad records only.
 
@@ -178,7 +180,8 @@ def raw_kept_aside(
     (null for the rest: the quarantine needs a bad record's bytes, nothing needs a good
     one's). Each of ``avro_parts`` keeps its wire-format header, for the schema ids the
     records carry. So the good records' staged files hold the published columns and a few
-    small ones, which publication drops without decoding the rest.
+    small ones, which publication drops without decoding the rest. ``masked``: the feed masks, so the
+    digest is of the masked records instead (:func:`tidemark.spark.stats.masked_row_digest`).
     """
     from pyspark.sql import functions as F
 
@@ -186,9 +189,9 @@ def raw_kept_aside(
     bad = F.col(OUTCOME_COLUMN) != F.lit(OK_OUTCOME)
     kept = {c: F.when(bad, F.col(c)).alias(c) for c in (RAW_VALUE_COLUMN, RAW_KEY_COLUMN) if c in staged.columns}
     heads = [F.substring(F.col(raw[p]), 1, HEADER_BYTES).alias(RAW_HEAD_COLUMNS[p]) for p in avro_parts]
-    return staged.select(
-        *[kept.get(c, F.col(c)) for c in staged.columns], *row_digest(raw["value"], raw["key"]), *heads
-    )
+    own = [c for c in staged.columns if c not in (*UNPUBLISHED_COLUMNS, OUTCOME_COLUMN, DATE_COLUMN, "plan_id")]
+    digest = masked_row_digest(own) if masked else row_digest(raw["value"], raw["key"])
+    return staged.select(*[kept.get(c, F.col(c)) for c in staged.columns], *digest, *heads)
 
 
 def quarantine_writer(

@@ -166,8 +166,10 @@ class Job:
 
     @property
     def digested(self) -> bool:
-        """Whether each record is staged with a digest of its raw bytes (its decoded columns lose them)."""
-        return raw_value_kept(self.feed.deserialization) or raw_key_kept(self.feed.deserialization)
+        """Whether each record is staged with its digest: of its raw bytes (its decoded columns lose them), or of its
+        masked columns (a masked feed's statistics are never of raw bytes)."""
+        deser = self.feed.deserialization
+        return raw_value_kept(deser) or raw_key_kept(deser) or self.feed.masking is not None
 
 
 @dataclass(frozen=True)
@@ -359,7 +361,8 @@ def _decode(job: Job, source: Source, schemas: Schemas) -> tuple[DataFrame, Outc
     frame = decoded.select(*columns, utc_date().alias(DATE_COLUMN), outcome.alias(OUTCOME_COLUMN))
     if job.digested:
         deser = feed.deserialization
-        frame = raw_kept_aside(frame, raw_value_kept(deser), raw_key_kept(deser), avro_parts(feed))
+        frame = raw_kept_aside(frame, raw_value_kept(deser), raw_key_kept(deser), avro_parts(feed),
+                               masked=masking is not None)  # fmt: skip
     if masking is not None:  # after the digests: the raw bytes go, or stay for keep_raw's bad records only
         frame = raw_columns(frame, masking)
     return frame, codes

@@ -12,6 +12,15 @@ load or run code in the process that builds a client (``plugin.library.paths``, 
 ``ssl.providers``, ``sasl.kerberos.kinit.cmd``, callbacks other than a token callback the deployment
 allows) are refused however the connection is built: whoever may edit an Airflow connection must not
 thereby run code in the api-server, whose view builds clients to show lag.
+
+An Airflow connection may set a setting that makes librdkafka read a local file (``ssl.key.location``,
+``sasl.oauthbearer.assertion.file``, ...), send something to an address the setting chooses
+(``sasl.oauthbearer.token.endpoint.url``: librdkafka POSTs its assertion there, a whole file with
+``sasl.oauthbearer.assertion.file``) or hand the host's own identity to the connection's brokers
+(``sasl.oauthbearer.metadata.authentication.type``) only when the deployment names that setting in
+``TIDEMARK_ALLOWED_KAFKA_SETTINGS`` or Airflow's ``[tidemark] allowed_kafka_settings``
+(:data:`LOCAL_RESOURCE_SETTINGS`): whoever may edit a connection must not thereby read ``airflow.cfg`` out of
+the api-server. Settings from the environment are the deployment's own and need no such listing.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import importlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +128,45 @@ REFUSED_SETTINGS = {
     "sasl.kerberos.kinit.cmd": "librdkafka runs it as a shell command",
     "interceptors": "interceptors are code added to the client",
 }
+# Documented settings that read a local file, send data to an address the setting chooses, or send the host's
+# own credentials: an Airflow connection may set them only when the deployment allow-lists each by name
+# (ALLOWED_SETTINGS_ENV, or Airflow's [tidemark] allowed_kafka_settings).
+LOCAL_RESOURCE_SETTINGS = {
+    "ssl.key.location": "librdkafka reads the private key file it names",
+    "ssl.certificate.location": "librdkafka reads the certificate file it names",
+    "ssl.ca.location": "librdkafka reads the CA file (or every file of the folder) it names",
+    "ssl.crl.location": "librdkafka reads the CRL file it names",
+    "ssl.keystore.location": "librdkafka reads the PKCS#12 keystore it names",
+    "https.ca.location": "librdkafka reads the CA file it names",
+    "sasl.kerberos.keytab": "librdkafka hands the keytab file it names to Kerberos",
+    "sasl.oauthbearer.assertion.file": "librdkafka reads the file it names and POSTs it to the token endpoint",
+    "sasl.oauthbearer.assertion.private.key.file": "librdkafka reads the private key file it names",
+    "sasl.oauthbearer.assertion.jwt.template.file": "librdkafka reads the template file it names into a token",
+    "sasl.oauthbearer.token.endpoint.url": "librdkafka sends its credentials (an assertion: a whole file) there",
+    "sasl.oauthbearer.metadata.authentication.type": "librdkafka fetches the host's own identity token "
+    "(cloud metadata) and sends it to the connection's brokers",
+}
+# Values of those settings that read only the system's own files: the CA bundles OpenSSL probes for.
+_HARMLESS_VALUES = frozenset({("ssl.ca.location", "probe"), ("https.ca.location", "probe")})
+# The deployment's allow-list: comma-separated names of LOCAL_RESOURCE_SETTINGS that Airflow connections may set.
+ALLOWED_SETTINGS_ENV = "TIDEMARK_ALLOWED_KAFKA_SETTINGS"
+
+
+def allowed_settings(environ: Mapping[str, str] | None = None, extra: str | None = None) -> frozenset[str]:
+    """The :data:`LOCAL_RESOURCE_SETTINGS` an Airflow connection may set: those named in
+    :data:`ALLOWED_SETTINGS_ENV` and in ``extra`` (Airflow's ``[tidemark] allowed_kafka_settings``), comma-separated.
+
+    A name that is no such setting is refused: a misspelt entry would otherwise allow nothing, silently.
+    """
+    text = (os.environ if environ is None else environ).get(ALLOWED_SETTINGS_ENV, "")
+    names = {n.strip() for n in f"{text},{extra or ''}".split(",") if n.strip()}
+    unknown = sorted(names - LOCAL_RESOURCE_SETTINGS.keys())
+    if unknown:
+        raise ConfigError(
+            f"{ALLOWED_SETTINGS_ENV} / [tidemark] allowed_kafka_settings names {', '.join(map(repr, unknown))}, "
+            f"which is not a setting that needs allowing (those are: {', '.join(sorted(LOCAL_RESOURCE_SETTINGS))})"
+        )
+    return frozenset(names)
 
 
 def logged(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -276,12 +324,34 @@ def from_env(environ: Mapping[str, str] | None = None) -> KafkaConnection:
     return KafkaConnection(servers, settings)
 
 
-def from_airflow_extra(extra: str | Mapping[str, Any], conn_id: str = "the Kafka connection") -> KafkaConnection:
+def check_local_resources(settings: Mapping[str, Any], source: str, allowed: Collection[str]) -> None:
+    """Refuse every :data:`LOCAL_RESOURCE_SETTINGS` entry of ``settings`` that ``allowed`` does not name, naming
+    ``source``, each setting, why, and the remedy (never the value: it may be the path of a secret)."""
+    refused = sorted(
+        k for k, v in settings.items()
+        if k in LOCAL_RESOURCE_SETTINGS and k not in allowed and (k, v) not in _HARMLESS_VALUES
+    )  # fmt: skip
+    if refused:
+        why = "; ".join(f"'{k}': {LOCAL_RESOURCE_SETTINGS[k]}" for k in refused)
+        raise ConfigError(
+            f"{source} sets {', '.join(repr(k) for k in refused)}, which the deployment does not allow ({why}), in "
+            "every process that builds a Kafka client (the Airflow api-server's view among them). Give keys and "
+            "certificates inline (ssl.key.pem, ssl.certificate.pem, ssl.ca.pem), or have the deployment name each "
+            f"setting in {ALLOWED_SETTINGS_ENV} or Airflow's [tidemark] allowed_kafka_settings"
+        )
+
+
+def from_airflow_extra(
+    extra: str | Mapping[str, Any], conn_id: str = "the Kafka connection", *, allowed: Collection[str] | None = None
+) -> KafkaConnection:
     """Connection from a Kafka-provider Airflow connection's ``extra`` (librdkafka keys), checked against
-    :data:`CLIENT_SETTINGS`; ``conn_id`` names the connection in errors."""
+    :data:`CLIENT_SETTINGS` and, for :data:`LOCAL_RESOURCE_SETTINGS`, against ``allowed`` (default: the
+    deployment's :func:`allowed_settings`); ``conn_id`` names the connection in errors."""
     doc = json.loads(extra) if isinstance(extra, str) else dict(extra)
     servers = str(doc.pop("bootstrap.servers", "")).strip()
     if not servers:
         raise ConfigError(f"the Airflow connection '{conn_id}' has no 'bootstrap.servers' in its extra")
-    check_settings(doc, f"the Airflow connection '{conn_id}' (its extra)")
+    source = f"the Airflow connection '{conn_id}' (its extra)"
+    check_settings(doc, source)
+    check_local_resources(doc, source, allowed_settings() if allowed is None else allowed)
     return KafkaConnection(servers, {k: str(v) for k, v in doc.items()})

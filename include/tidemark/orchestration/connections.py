@@ -13,7 +13,14 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from tidemark.errors import ConfigError
-from tidemark.kafka.connection import CALLBACK_SETTINGS, KafkaConnection, from_airflow_extra, from_env, is_secret
+from tidemark.kafka.connection import (
+    CALLBACK_SETTINGS,
+    KafkaConnection,
+    allowed_settings,
+    from_airflow_extra,
+    from_env,
+    is_secret,
+)
 
 KAFKA_CONN_ID = os.environ.get("TIDEMARK_KAFKA_CONN_ID", "tidemark_kafka")
 
@@ -26,7 +33,15 @@ def kafka_connection(conn_id: str = KAFKA_CONN_ID) -> KafkaConnection:
         return _masked(from_env())
     extra = conn.extra_dejson
     _check_callbacks(conn_id, extra)
-    return _masked(from_airflow_extra(extra, conn_id))
+    return _masked(from_airflow_extra(extra, conn_id, allowed=_allowed_settings()))
+
+
+def _allowed_settings() -> frozenset[str]:
+    """The file- and URL-reading librdkafka settings the deployment lets connections set:
+    ``TIDEMARK_ALLOWED_KAFKA_SETTINGS`` and ``[tidemark] allowed_kafka_settings``."""
+    from airflow.providers.common.compat.sdk import conf
+
+    return allowed_settings(extra=conf.get("tidemark", "allowed_kafka_settings", fallback="") or "")
 
 
 def _masked(connection: KafkaConnection) -> KafkaConnection:

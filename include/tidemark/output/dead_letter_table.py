@@ -72,10 +72,18 @@ def file_rows(
 ) -> list[dict[str, Any]]:
     """The rows of one quarantine file (``path``: relative to the plan's folder; its ``topic=<t>/`` names the topic
     where the file has no ``topic`` column), as :func:`schema` holds them."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pq.read_table(file.fs_path, filesystem=file.fs)
+    return table_rows(table, path, feed=feed, plan_id=plan_id, run_id=run_id, dead_lettered_at=dead_lettered_at)
+
+
+def table_rows(
+    table: pa.Table, path: str, *, feed: str, plan_id: str, run_id: str | None, dead_lettered_at: datetime | None
+) -> list[dict[str, Any]]:
+    """:func:`file_rows` of rows already read (some rows of a quarantine file, as a table)."""
+    import pyarrow as pa
+
     for name in ("key", "value"):  # a string column may hold bytes that are not UTF-8 (the records that did not decode)
         if name in table.column_names and pa.types.is_string(table.schema.field(name).type):
             table = table.set_column(table.column_names.index(name), name, table.column(name).cast(pa.binary()))

@@ -44,19 +44,29 @@ newest re-drive's reasons (``rechecked_by`` names that run).
 from __future__ import annotations
 
 import json
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from bisect import bisect_left
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time
 from typing import Any
+from urllib.parse import unquote
 
 from tidemark.checkpoints.store import CheckpointStore, LedgerRun, default_store
 from tidemark.config.models import Feed, load_feed
 from tidemark.output import publisher_for
 from tidemark.output.base import QUARANTINE_DIR, Publisher
-from tidemark.output.dead_letter_table import aware, file_rows, plans_in, quarantine_files, scan_rows
+from tidemark.output.dead_letter_table import (
+    aware,
+    file_rows,
+    plans_in,
+    quarantine_files,
+    scan_rows,
+    table_rows,
+)
 from tidemark.output.iceberg import FEED_KEY, PLAN_KEY, RETRACTED_KEY, RUN_KEY, IcebergPublisher, plan_history
 from tidemark.output.parquet import load_manifest
+from tidemark.staged import REASON_CODES_COLUMN, REASON_COLUMN, reason_codes
 from tidemark.storage import Location
 
 EXAMPLES = 3  # per reason and day in a summary
@@ -377,3 +387,304 @@ def _letter(row: Mapping[str, Any]) -> DeadLetter:
 
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("utf-8", "backslashreplace")
+
+
+# -- bounded reading: counts from the reason and time columns, examples fetched by position --------------------
+
+COUNT_BATCH = 65_536  # rows per batch of the count pass: its memory is bounded by this, not by the letters
+EXAMPLE_BYTES = 8 << 20  # about this many bytes a batch when fetching examples (their values may be large)
+# The columns the count pass reads of a quarantine file: the letter's identity, time and reasons, never its bytes.
+COUNT_COLUMNS = ("topic", "partition", "offset", "timestamp", REASON_CODES_COLUMN)
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where one counted dead letter is, to fetch it: a row of a quarantine file (``source``: an index into
+    :attr:`LetterCounts.sources`), or a row of the dead-letter table (``source`` None), and its identity."""
+
+    key: Key
+    source: int | None
+    row: int
+
+
+@dataclass(frozen=True)
+class CountedGroup:
+    """The dead letters of one reason code on one UTC day: how many, and where the first few are."""
+
+    reason: str
+    day: date | None
+    count: int
+    examples: tuple[Position, ...]
+
+
+@dataclass(frozen=True)
+class LetterCounts:
+    """A feed's dead letters counted (:func:`count_dead_letters`): how many, by reason and day, most first."""
+
+    records: int
+    groups: tuple[CountedGroup, ...]
+    sources: tuple[_Source, ...] = ()
+
+
+class _Tally:
+    """Counts by (reason code, day) and the first ``examples`` positions of each, folded batch by batch."""
+
+    def __init__(self, examples: int) -> None:
+        self.examples = examples
+        self.records = 0
+        self.counts: Counter[tuple[str, date | None]] = Counter()
+        self.found: dict[tuple[str, date | None], list[Position]] = defaultdict(list)
+
+    def add(self, codes: Any, days: Any, position: Callable[[int], Position]) -> None:
+        """One batch: ``codes`` (a list array of reason codes per row), ``days`` (date32 per row)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        self.records += len(codes)
+        parent = pc.list_parent_indices(codes)
+        grouped = pa.table({"code": pc.list_flatten(codes), "day": days.take(parent), "i": parent})
+        found = grouped.group_by(["code", "day"]).aggregate([("i", "count"), ("i", "list")])
+        for code, day, count, rows in zip(*(found.column(c) for c in ("code", "day", "i_count", "i_list")),
+                                          strict=True):  # fmt: skip
+            group = (str(code.as_py()), day.as_py())
+            self.counts[group] += int(count.as_py())
+            need = self.examples - len(self.found[group])
+            if need > 0:
+                self.found[group] += [position(int(i)) for i in rows.values.slice(0, need).to_pylist()]
+
+    def add_one(self, codes: Sequence[str], day: date | None, position: Position) -> None:
+        self.records += 1
+        for code in codes:
+            self.counts[(code, day)] += 1
+            if len(self.found[(code, day)]) < self.examples:
+                self.found[(code, day)].append(position)
+
+    def result(self, sources: Sequence[_Source]) -> LetterCounts:
+        groups = [CountedGroup(code, day, n, tuple(self.found[(code, day)])) for (code, day), n in self.counts.items()]
+        groups.sort(key=lambda g: (-g.count, g.reason, g.day or date.min))
+        return LetterCounts(self.records, tuple(groups), tuple(sources))
+
+
+def letters_signature(feed: Feed, store: CheckpointStore) -> tuple[Any, ...]:
+    """What :func:`count_dead_letters` of ``feed`` depends on, cheaply: the shown plans' quarantine files (a shown
+    plan's never change), the dead-letter table's current snapshot and the shown re-drives. Equal signatures,
+    equal counts: a view may keep the counts until it changes."""
+    done = redriven(feed, store)
+    publisher = publisher_for(feed)
+    snapshot = None
+    if isinstance(publisher, IcebergPublisher):
+        dead = publisher.dead_letter_table()
+        current = None if dead is None else dead.current_snapshot()
+        snapshot = None if current is None else current.snapshot_id
+        appended = set() if dead is None else plans_in(dead, feed.name)
+        sources = _iceberg_sources(publisher, store, appended)
+    else:
+        sources = _parquet_sources(publisher)
+    return (snapshot, tuple((s.file.url, s.plan_id) for s in sources), tuple(r.redrive_id for r in done.records))
+
+
+def count_dead_letters(
+    feed: Feed | str, *, store: CheckpointStore | None = None, examples: int = EXAMPLES
+) -> LetterCounts:
+    """The dead letters of ``feed`` counted by reason code and UTC day, as :func:`summarize` of
+    :func:`dead_letters` counts them, without holding them: each quarantine file (and the Iceberg dead-letter
+    table) is read in batches of :data:`COUNT_BATCH` rows, of its identity, time and reason columns only
+    (:data:`COUNT_COLUMNS`), so memory does not grow with the letters. Each group keeps the positions of its first
+    ``examples`` letters, for :func:`fetch_dead_letters`. Re-driven letters are left out; re-checked ones count
+    under their newest reasons.
+    """
+    chosen = feed if isinstance(feed, Feed) else load_feed(feed)
+    ledger = store if store is not None else default_store()
+    done = redriven(chosen, ledger)
+    tally = _Tally(examples)
+    publisher = publisher_for(chosen)
+    if isinstance(publisher, IcebergPublisher):
+        dead = publisher.dead_letter_table()
+        if dead is not None:
+            _count_table(dead, chosen.name, done, tally)
+        appended = set() if dead is None else plans_in(dead, chosen.name)
+        sources = _iceberg_sources(publisher, ledger, appended)
+    else:
+        sources = _parquet_sources(publisher)
+    for index, source in enumerate(sources):
+        _count_file(source, index, done, tally)
+    return tally.result(sources)
+
+
+def _days(stamps: Any) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.cast(stamps, pa.date32())
+
+
+def _count_file(source: _Source, index: int, done: Redriven, tally: _Tally) -> None:
+    """One quarantine file's letters counted, batch by batch, from :data:`COUNT_COLUMNS` only."""
+    import pyarrow.parquet as pq
+
+    handle = pq.ParquetFile(source.file.fs_path, filesystem=source.file.fs)
+    names = handle.schema_arrow.names
+    columns = [c for c in COUNT_COLUMNS if c in names]
+    codes_column = REASON_CODES_COLUMN in names
+    if not codes_column:  # a quarantine written before reason codes were: its codes come from the reason's text
+        columns.append(REASON_COLUMN)
+    folder_topic = next((unquote(p[len("topic=") :]) for p in source.path.split("/") if p.startswith("topic=")), "")
+    touched = any(k[0] == source.plan_id for k in (*done.taken, *done.rechecked))
+    start = 0
+    for batch in handle.iter_batches(batch_size=COUNT_BATCH, columns=columns):
+        days = _days(batch.column("timestamp"))
+        position = _file_positions(source, index, start, batch, folder_topic)
+        if codes_column and not touched:
+            tally.add(batch.column(REASON_CODES_COLUMN), days, position)
+        else:  # a plan re-drives touched, or reasons as text: row by row, still one batch at a time
+            for i in range(batch.num_rows):
+                at = position(i)
+                if at.key in done.taken:
+                    continue
+                again = done.rechecked.get(at.key)
+                stored = batch.column(REASON_CODES_COLUMN)[i].as_py() if codes_column else None
+                text = "" if codes_column else str(batch.column(REASON_COLUMN)[i].as_py() or "")
+                codes = again[1] if again else tuple(stored) if stored else reason_codes(text)
+                tally.add_one(codes, days[i].as_py(), at)
+        start += batch.num_rows
+
+
+def _file_positions(
+    source: _Source, index: int, start: int, batch: Any, folder_topic: str
+) -> Callable[[int], Position]:
+    """The :class:`Position` of a batch's row ``i`` of a quarantine file, its first row being the file's ``start``."""
+    names = batch.schema.names
+    topics = batch.column("topic") if "topic" in names else None
+    partitions, offsets = batch.column("partition"), batch.column("offset")
+
+    def position(i: int) -> Position:
+        topic = str(topics[i].as_py()) if topics is not None else folder_topic
+        key = (source.plan_id, topic, int(partitions[i].as_py()), int(offsets[i].as_py()))
+        return Position(key, index, start + i)
+
+    return position
+
+
+def _table_positions(batch: Any) -> Callable[[int], Position]:
+    """The :class:`Position` of a batch's row ``i`` of the dead-letter table: its identity."""
+    plans, topics = batch.column("plan_id"), batch.column("topic")
+    partitions, offsets = batch.column("partition"), batch.column("offset")
+
+    def position(i: int) -> Position:
+        key = (str(plans[i].as_py()), str(topics[i].as_py()), int(partitions[i].as_py()), int(offsets[i].as_py()))
+        return Position(key, None, 0)
+
+    return position
+
+
+def _count_table(table: Any, feed: str, done: Redriven, tally: _Tally) -> None:
+    """The dead-letter table's rows of ``feed``, counted batch by batch from their identity, time and reasons."""
+    from pyiceberg import expressions
+
+    equal: Any = expressions.EqualTo
+    fields = ("plan_id", "topic", "partition", "offset", "timestamp", "reason_codes")
+    reader = table.scan(row_filter=equal("feed", feed), selected_fields=fields).to_arrow_batch_reader()
+    for batch in reader:
+        plans = batch.column("plan_id")
+        days = _days(batch.column("timestamp"))
+
+        position = _table_positions(batch)
+        touched = {k[0] for k in (*done.taken, *done.rechecked)}
+        if not touched & set(plans.unique().to_pylist()):
+            tally.add(batch.column("reason_codes"), days, position)
+            continue
+        for i in range(batch.num_rows):
+            at = position(i)
+            if at.key in done.taken:
+                continue
+            again = done.rechecked.get(at.key)
+            stored = batch.column("reason_codes")[i].as_py() or ()
+            tally.add_one(again[1] if again else tuple(stored), days[i].as_py(), at)
+
+
+def fetch_dead_letters(
+    feed: Feed | str, counts: LetterCounts, positions: Sequence[Position], *, store: CheckpointStore | None = None
+) -> list[DeadLetter]:
+    """The dead letters at ``positions`` (of ``counts``), whole, in the order given: of each quarantine file only
+    the row groups holding a wanted row, up to the last one, in batches of about :data:`EXAMPLE_BYTES`; of the
+    dead-letter table the rows by identity."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    chosen = feed if isinstance(feed, Feed) else load_feed(feed)
+    ledger = store if store is not None else default_store()
+    done = redriven(chosen, ledger)
+    found: dict[Position, DeadLetter] = {}
+    by_source: dict[int, list[Position]] = defaultdict(list)
+    in_table: list[Position] = []
+    for p in positions:
+        (in_table if p.source is None else by_source[p.source]).append(p)
+    for index, wanted in by_source.items():
+        source = counts.sources[index]
+        rows = {p.row: p for p in wanted}
+        handle = pq.ParquetFile(source.file.fs_path, filesystem=source.file.fs)
+        first = 0
+        ordered = sorted(rows)
+        for group in range(handle.metadata.num_row_groups):  # only the row groups holding a wanted row are decoded
+            meta = handle.metadata.row_group(group)
+            size = meta.num_rows
+            if any(first <= r < first + size for r in rows):
+                start = first
+                # Batches of about EXAMPLE_BYTES: values may be megabytes each, or a few bytes (then many rows).
+                batch_rows = max(1, min(COUNT_BATCH, EXAMPLE_BYTES * size // max(1, meta.total_byte_size)))
+                for batch in handle.iter_batches(batch_size=batch_rows, row_groups=[group]):
+                    low, high = bisect_left(ordered, start), bisect_left(ordered, start + batch.num_rows)
+                    here = [r - start for r in ordered[low:high]]
+                    if here:
+                        table = pa.Table.from_batches([batch]).take(here)
+                        letters = table_rows(table, source.path, feed=chosen.name, plan_id=source.plan_id,
+                                             run_id=source.run_id, dead_lettered_at=None)  # fmt: skip
+                        found.update((rows[start + i], _letter(row)) for i, row in zip(here, letters, strict=True))
+                    start += batch.num_rows
+                    if start > max(r for r in rows if r < first + size):
+                        break
+            first += size
+    if in_table:
+        publisher = publisher_for(chosen)
+        dead = publisher.dead_letter_table() if isinstance(publisher, IcebergPublisher) else None
+        if dead is not None:
+            for row in _table_rows_at(dead, chosen.name, [p.key for p in in_table]):
+                letter = _letter(row)
+                found.update((p, letter) for p in in_table if p.key == letter.key_of)
+    out = []
+    for p in positions:
+        held = found.get(p)
+        if held is None:
+            continue
+        if (again := done.rechecked.get(held.key_of)) is not None:
+            run_id, codes = again
+            text = f"re-checked by re-drive {run_id}: {'; '.join(codes)} (first: {held.reason})"
+            held = replace(held, reason_codes=codes, rechecked_by=run_id, reason=text)
+        out.append(held)
+    return out
+
+
+def _table_rows_at(table: Any, feed: str, keys: Sequence[Key]) -> list[dict[str, Any]]:
+    """The dead-letter table's rows of ``feed`` with these identities: one scan per (plan, topic, partition)."""
+    from pyiceberg import expressions
+
+    equal: Any = expressions.EqualTo
+    among: Any = expressions.In
+    wanted: dict[tuple[str, str, int], set[int]] = defaultdict(set)
+    for plan_id, topic, partition, offset in keys:
+        wanted[(plan_id, topic, partition)].add(offset)
+    rows: list[dict[str, Any]] = []
+    for (plan_id, topic, partition), offsets in wanted.items():
+        where: Any = expressions.And(equal("feed", feed), equal("plan_id", plan_id), equal("topic", topic),
+                                     equal("partition", partition), among("offset", offsets))  # fmt: skip
+        rows += table.scan(row_filter=where).to_arrow().to_pylist()
+    return rows
+
+
+def counts_of(letters: Sequence[DeadLetter], examples: int = EXAMPLES) -> LetterCounts:
+    """:class:`LetterCounts` of letters already held (a list the caller read): positions index the list."""
+    tally = _Tally(examples)
+    for i, d in enumerate(letters):
+        day = None if d.timestamp is None else d.timestamp.astimezone(UTC).date()
+        tally.add_one(d.reason_codes, day, Position(d.key_of, None, i))
+    return tally.result(())

@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -160,9 +161,36 @@ class Staging:
 
 
 def local_staging_base(output: Location) -> Path:
-    """``TIDEMARK_STAGING_DIR`` (default the temp dir) ``/tidemark-staging/<hash of output's URL>``."""
-    base = Path(os.environ.get("TIDEMARK_STAGING_DIR") or tempfile.gettempdir()) / "tidemark-staging"
+    """``TIDEMARK_STAGING_DIR/tidemark-staging/<hash of output's URL>``; without that setting,
+    ``<temp dir>/tidemark-staging-<uid>/<hash>``, the user's own folder (:func:`private_dir`)."""
+    chosen = os.environ.get("TIDEMARK_STAGING_DIR")
+    if chosen:  # the deployment's folder (a mount the driver and the executors share, maybe as other users)
+        base = Path(chosen) / "tidemark-staging"
+    else:
+        base = private_dir(Path(tempfile.gettempdir()) / f"tidemark-staging-{os.getuid()}")
     return base / hashlib.sha256(output.url.encode()).hexdigest()[:16]
+
+
+def private_dir(path: Path) -> Path:
+    """``path``, a folder only this user may enter (mode 0700), created so; one that is a symbolic link, another
+    user's, or open to others is refused: in a shared temp dir anyone may have made it first, to read what is
+    staged there (a masked feed's raw bytes) or to point it elsewhere."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    found = path.lstat()
+    if stat.S_ISLNK(found.st_mode) or not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        raise StateStoreError(
+            f"the local staging folder {path} is not a folder of this user ({os.getuid()}): someone else made it; "
+            "remove it, or set TIDEMARK_STAGING_DIR to a folder only the Airflow user can read"
+        )
+    if found.st_mode & 0o077:
+        raise StateStoreError(
+            f"the local staging folder {path} is open to other users (mode {stat.S_IMODE(found.st_mode):o}); "
+            f"chmod 700 {path}, or set TIDEMARK_STAGING_DIR to a folder only the Airflow user can read"
+        )
+    return path
 
 
 def staging_name(plan_id: str, run_id: str | None, nonce: str) -> str:

@@ -4,7 +4,8 @@
 columns) and applies the feed's ``masking:`` (:mod:`tidemark.config.masking`) with Spark's
 own column functions: value fields by path (``withField`` / ``dropFields`` into structs,
 ``transform`` through arrays of structs), the ``key`` column and the ``headers`` entries by
-name. ``hash`` is HMAC-SHA256 under the key :func:`masking_key` reads from
+name (whatever its case). ``hash`` is HMAC-SHA256 under the feed's and the field's own key, derived
+(:func:`tidemark.config.masking.field_key`, HKDF-SHA256) from the key :func:`masking_key` reads from
 ``TIDEMARK_MASKING_KEY`` (in DAGs, the ``tidemark_masking`` Airflow connection's password; it
 reaches the driver in the private secrets file, as the other connections do), shown as
 lower-case hex; texts are hashed as their UTF-8 bytes, binary values as they are, other types
@@ -35,7 +36,16 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from tidemark.config.masking import MASKED, MASKING_KEY_ENV, Masking, Treatment, Truncate
+from tidemark.config.masking import (
+    KEY_BITS,
+    MASKED,
+    MASKING_KEY_ENV,
+    Masking,
+    Treatment,
+    Truncate,
+    field_key,
+    key_problem,
+)
 from tidemark.errors import ConfigError
 from tidemark.staged import (
     ERROR_COLUMN,
@@ -57,15 +67,18 @@ KEPT_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value", "he
 
 
 def masking_key(masking: Masking, feed: str, environ: Mapping[str, str] | None = None) -> bytes | None:
-    """The HMAC key of ``hash`` treatments (None when the feed hashes nothing); refused when missing."""
+    """The deployment's masking key, which every ``hash`` treatment's key derives from (:func:`field_key`); None
+    when the feed hashes nothing. Refused, never quoted, when missing or weak (:func:`key_problem`)."""
     if not masking.hashes:
         return None
     value = (os.environ if environ is None else environ).get(MASKING_KEY_ENV, "")
-    if len(value) < 16:
+    problem = key_problem(value)
+    if problem is not None:
         raise ConfigError(
-            f"feed '{feed}': masking hashes with a key, and {MASKING_KEY_ENV} is "
-            f"{'unset' if not value else 'shorter than 16 characters'}; set it (in Airflow: the password of the "
-            "'tidemark_masking' connection) to a long random secret, the same for every run of the feed"
+            f"feed '{feed}': masking hashes with keys derived from {MASKING_KEY_ENV}, and {problem}. Set it (in "
+            f"Airflow: the password of the 'tidemark_masking' connection) to at least {KEY_BITS} random bits, e.g. "
+            "the 64 hex digits python -c 'import secrets; print(secrets.token_hex(32))' prints, the same for "
+            "every run of the feed (docs/deploy.md, 'Masking keys')"
         )
     return value.encode()
 
@@ -73,7 +86,8 @@ def masking_key(masking: Masking, feed: str, environ: Mapping[str, str] | None =
 def mask_records(df: DataFrame, masking: Masking, key: bytes | None, feed: str = "?") -> DataFrame:
     """``df`` (decoded records: ``key``, value columns, ``headers``) with the feed's sensitive fields masked.
 
-    ``key``: the HMAC key (:func:`masking_key`), needed when a treatment is ``hash``. A path
+    ``key``: the deployment's masking key (:func:`masking_key`), needed when a treatment is ``hash``; each hashed
+    field's HMAC key is derived from it for ``feed`` and the field (:func:`field_key`). A path
     that is not in ``df``'s schema (a registry reader that lacks it) is refused, naming the
     feed, the path and the fields there are. Raw columns are left to :func:`raw_columns`.
     """
@@ -95,7 +109,7 @@ def mask_records(df: DataFrame, masking: Masking, key: bytes | None, feed: str =
         if treatment == "hash" and _arrays_on(dtype, rest, feed, path):
             assert key is not None
             # The hashes beside the records first: a lambda may read a column, never hold a Python UDF.
-            df = df.withColumn(_HASHES, _hash_udf(key, _arrays_on(dtype, rest, feed, path))(
+            df = df.withColumn(_HASHES, _hash_udf(field_key(key, feed, path), _arrays_on(dtype, rest, feed, path))(
                 _messages(F.col(top), dtype, rest)))  # fmt: skip
             df = df.withColumn(top, _hashed(F.col(top), dtype, rest, F.col(_HASHES))).drop(_HASHES)
             continue
@@ -212,6 +226,7 @@ def _leaf(col: Column, dtype: DataType, treatment: Treatment, key: bytes | None,
         out = marker.cast("binary") if binary else marker
         return F.when(col.isNotNull(), out)
     assert key is not None  # mask_records refuses hashing without a key
+    key = field_key(key, feed, path)  # this feed's and this field's own
     digest = _hash_udf(key)(_message(col, dtype))
     return F.when(col.isNotNull(), digest.cast("binary") if binary else digest)
 
@@ -261,33 +276,51 @@ def _hash_udf(key: bytes, arrays: int = 0) -> Callable[[Column], Column]:
 
 
 def _headers(df: DataFrame, masking: Masking, key: bytes | None, feed: str) -> DataFrame:
-    """``df`` with each named header's value treated (``drop``: the entry removed); hashed ones by
-    :func:`_hash_udf` over the array of their messages, beside the records, then put in their places."""
+    """``df`` with each named header's value treated (``drop``: the entry removed), names matched whatever their
+    case; hashed ones by :func:`_hash_udf` under their header's own key (:func:`field_key`, ``headers.<name>`` in
+    lower case) over the array of their messages, beside the records, then put in their places."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import BinaryType
 
-    dropped = [name for name, t in masking.headers.items() if t == "drop"]
-    kept = {name: t for name, t in masking.headers.items() if t not in ("drop", "hash")}
-    hashed = sorted(name for name, t in masking.headers.items() if t == "hash")
-    out = F.filter("headers", lambda h: ~h.getField("key").isin(dropped)) if dropped else F.col("headers")
+    def name_of(h: Column) -> Column:
+        return F.lower(h.getField("key"))
+
+    treatments = {name.lower(): t for name, t in masking.headers.items()}
+    dropped = [name for name, t in treatments.items() if t == "drop"]
+    kept = {name: t for name, t in treatments.items() if t not in ("drop", "hash")}
+    hashed = sorted(name for name, t in treatments.items() if t == "hash")
+    out = F.filter("headers", lambda h: ~name_of(h).isin(dropped)) if dropped else F.col("headers")
 
     def treat(h: Column) -> Column:
         value = h.getField("value")
         for name, t in kept.items():
             treated = _leaf(h.getField("value"), BinaryType(), t, key, feed, f"headers.{name}")
-            value = F.when(h.getField("key") == F.lit(name), treated).otherwise(value)
+            value = F.when(name_of(h) == F.lit(name), treated).otherwise(value)
         return h.withField("value", value)
 
     df = df.withColumn("headers", F.transform(out, treat) if kept else out)
     if not hashed:
         return df
     assert key is not None  # mask_records refuses hashing without a key
-    chosen = F.transform("headers", lambda h: F.when(h.getField("key").isin(hashed), h.getField("value")))
+    for name in hashed:  # one header name at a time: each has its own key
+        df = _hash_header(df, name, field_key(key, feed, f"headers.{name}"))
+    return df
+
+
+def _hash_header(df: DataFrame, name: str, key: bytes) -> DataFrame:
+    """``df`` with the values of every header named ``name`` (lower case; matched whatever their case) hashed
+    under ``key``: their messages beside the records, hashed by one UDF, put back by item index."""
+    from pyspark.sql import functions as F
+
+    def mine(h: Column) -> Column:
+        return F.lower(h.getField("key")) == F.lit(name)
+
+    chosen = F.transform("headers", lambda h: F.when(mine(h), h.getField("value")))
     df = df.withColumn(_HASHES, _hash_udf(key, 1)(chosen))
 
     def put(h: Column, i: Column) -> Column:
-        mine = h.getField("key").isin(hashed) & h.getField("value").isNotNull()
-        return h.withField("value", F.when(mine, F.col(_HASHES)[i].cast("binary")).otherwise(h.getField("value")))
+        hashed = mine(h) & h.getField("value").isNotNull()
+        return h.withField("value", F.when(hashed, F.col(_HASHES)[i].cast("binary")).otherwise(h.getField("value")))
 
     return df.withColumn("headers", F.transform("headers", put)).drop(_HASHES)
 

@@ -1,7 +1,9 @@
 """Per-range statistics of what a read returned, computed on the driver in one aggregation.
 
 One :class:`RangeStats` per planned range: records, first and last offset, gaps, the
-timestamp bounds, bytes and an order-independent checksum. The same type carries what the
+timestamp bounds, bytes and an order-independent checksum. A masked feed's checksum and bytes are of
+its records as masked (:func:`masked_row_digest`), never of their raw bytes: an unkeyed digest of a
+one-record range would let anyone who sees it test guesses of a hashed value offline. The same type carries what the
 built-in range checks need besides (:func:`tidemark.validation.rules.check_ranges`): the
 distinct offsets where they were counted and where the reader stopped. Validation, the
 publishers and the job's report read them; nothing here imports the data source.
@@ -43,8 +45,9 @@ class RangeStats:
     gaps: int  # offsets inside [start, end) with no record (compaction, markers, aborted)
     min_timestamp_ms: int | None
     max_timestamp_ms: int | None
-    bytes: int | None  # key + value bytes
-    checksum: str | None  # order-independent digest of (topic, partition, offset, key, value)
+    bytes: int | None  # key + value bytes (a masked feed's: its masked records' JSON text's)
+    # order-independent digest of (topic, partition, offset, key, value); a masked feed's of its records as masked
+    checksum: str | None
     # Counted only where the reader could yield an offset twice; None: duplicates show as more records than offsets.
     distinct_offsets: int | None = field(default=None, compare=False)
     position: int | None = field(default=None, compare=False)  # next offset the reader reached, when it says
@@ -88,6 +91,20 @@ def row_digest(value: Column | str = "value", key: Column | str = "key") -> list
     ``key`` and ``value`` are the bytes Kafka holds (a string cast of them hashes the same).
     """
     return [_row_hash(value, key).alias(ROW_HASH_COLUMN), _row_bytes(value, key).alias(ROW_BYTES_COLUMN)]
+
+
+def masked_row_digest(columns: Sequence[str]) -> list[Column]:
+    """A masked feed's :func:`row_digest`: each record's hash and byte count over its masked ``columns`` (the
+    record's own, ``topic``, ``partition`` and ``offset`` among them) as one JSON text, named
+    :data:`tidemark.staged.DIGEST_COLUMNS`.
+
+    Computed after masking, so the published checksum and bytes say nothing of a raw value that the
+    published record does not: guessing a hashed email needs the masking key, as for the record itself.
+    """
+    from pyspark.sql import functions as F
+
+    message = F.to_json(F.struct(*columns))
+    return [F.xxhash64(message).alias(ROW_HASH_COLUMN), F.octet_length(message).cast("long").alias(ROW_BYTES_COLUMN)]
 
 
 def _row_hash(value: Column | str, key: Column | str) -> Column:

@@ -79,7 +79,15 @@ from tidemark.config.models import Feed, FeedProblem, scan_feeds
 from tidemark.errors import ConfigError, PlanningError, TidemarkError, shown
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, from_env
-from tidemark.output.deadletters import DeadLetter, dead_letters, summarize
+from tidemark.output.deadletters import (
+    DeadLetter,
+    LetterCounts,
+    Position,
+    count_dead_letters,
+    counts_of,
+    fetch_dead_letters,
+    letters_signature,
+)
 from tidemark.output.maintenance import MaintenanceReport, last_record
 from tidemark.planning.requests import END_CHOICES, REPLAY_PARAMS, START_CHOICES, flag, run_request
 from tidemark.redaction import redact, replace_everywhere
@@ -110,16 +118,26 @@ PREVIEW_RATE_ENV = "TIDEMARK_VIEW_PREVIEW_RATE"  # "COUNT/SECONDS", e.g. 12/60
 
 def preview_rate(environ: Mapping[str, str] | None = None) -> tuple[int, float]:
     """Previews allowed per user: ``TIDEMARK_VIEW_PREVIEW_RATE`` ("COUNT/SECONDS"), else :data:`PREVIEW_RATE`."""
-    text = (os.environ if environ is None else environ).get(PREVIEW_RATE_ENV, "").strip()
+    return _rate(PREVIEW_RATE_ENV, PREVIEW_RATE, environ)
+
+
+def dead_letter_rate(environ: Mapping[str, str] | None = None) -> tuple[int, float]:
+    """Dead-letter pages allowed per user: ``TIDEMARK_VIEW_DEAD_LETTER_RATE`` ("COUNT/SECONDS"), else
+    :data:`DEAD_LETTER_RATE`."""
+    return _rate(DEAD_LETTER_RATE_ENV, DEAD_LETTER_RATE, environ)
+
+
+def _rate(name: str, default: tuple[int, float], environ: Mapping[str, str] | None) -> tuple[int, float]:
+    text = (os.environ if environ is None else environ).get(name, "").strip()
     if not text:
-        return PREVIEW_RATE
+        return default
     count, _, seconds = text.partition("/")
     try:
         rate = (int(count), float(seconds))
     except ValueError:
         rate = (0, 0.0)
     if rate[0] < 1 or rate[1] <= 0:
-        raise ConfigError(f"{PREVIEW_RATE_ENV}={shown(text)}: expected COUNT/SECONDS with both above 0, e.g. 12/60")
+        raise ConfigError(f"{name}={shown(text)}: expected COUNT/SECONDS with both above 0, e.g. 12/60")
     return rate
 
 
@@ -139,6 +157,63 @@ class OpenAccess:
 
     def who(self, request: Request) -> str:
         return request.client.host if request.client else "-"
+
+
+class LetterReader(Protocol):
+    """How the view reads a feed's dead letters: counted by reason and day, then a page's examples by position,
+    each as :func:`example` shows it."""
+
+    def counts(self, feed: Feed) -> LetterCounts: ...
+
+    def examples(self, feed: Feed, counts: LetterCounts, positions: Sequence[Position]) -> dict[Position, Any]: ...
+
+
+@dataclass
+class StoredLetters:
+    """The feed's dead letters where its runs put them (:func:`count_dead_letters`, :func:`fetch_dead_letters`):
+    memory bounded by a batch, whatever their number. Each feed's counts are kept until what they depend on
+    changes (:func:`letters_signature`: a new shown plan, a table append, a re-drive), and so are the examples
+    shown for them (clipped): a feed's dead letters are read once per change, not once per request."""
+
+    store: Callable[[], CheckpointStore]
+    _kept: dict[str, tuple[tuple[Any, ...], LetterCounts, dict[Position, Any]]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def counts(self, feed: Feed) -> LetterCounts:
+        store = self.store()
+        signature = letters_signature(feed, store)
+        with self._lock:
+            kept = self._kept.get(feed.name)
+        if kept is not None and kept[0] == signature:
+            return kept[1]
+        counts = count_dead_letters(feed, store=store)
+        with self._lock:
+            self._kept[feed.name] = (signature, counts, {})
+        return counts
+
+    def examples(self, feed: Feed, counts: LetterCounts, positions: Sequence[Position]) -> dict[Position, Any]:
+        with self._lock:
+            kept = self._kept.get(feed.name)
+        held = kept[2] if kept is not None and kept[1] is counts else {}
+        missing = [p for p in positions if p not in held]
+        if missing:
+            fetched = {d.key_of: d for d in fetch_dead_letters(feed, counts, missing, store=self.store())}
+            held.update((p, example(fetched[p.key])) for p in missing if p.key in fetched)
+        return {p: held[p] for p in positions if p in held}
+
+
+@dataclass(frozen=True)
+class ListedLetters:
+    """Dead letters a function gives whole (tests of the pages): counted in memory, positions index the list."""
+
+    letters: Callable[[Feed], list[DeadLetter]]
+
+    def counts(self, feed: Feed) -> LetterCounts:
+        return counts_of(self.letters(feed))
+
+    def examples(self, feed: Feed, counts: LetterCounts, positions: Sequence[Position]) -> dict[Position, Any]:
+        held = self.letters(feed)
+        return {p: example(held[p.row]) for p in positions if p.row < len(held)}
 
 
 @dataclass
@@ -175,6 +250,11 @@ PAGE_CSP = (
     "img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'self'"
 )
 DETAIL_CHARS = 600  # an error text longer than this is cut (inputs are quoted only in part anyway)
+HEADERS_SHOWN = 16  # a dead letter's headers shown, at most (the JSON says how many it has)
+HEADER_CHARS = 200  # a header's name or value longer than this is cut
+DEAD_LETTER_GROUPS = 25  # (reason, day) groups per page of a feed's dead letters
+DEAD_LETTER_RATE = (30, 60.0)  # dead-letter pages (or JSON) per user per that many seconds: each reads the store
+DEAD_LETTER_RATE_ENV = "TIDEMARK_VIEW_DEAD_LETTER_RATE"  # "COUNT/SECONDS", e.g. 30/60
 
 # A run id or one name of a path below it: no separators, no control characters, not "." or "..".
 _SAFE_NAME = re.compile(r"^(?!\.\.?$)[^/\\\x00-\x1f\x7f]{1,255}$")
@@ -466,18 +546,28 @@ def redrive_conf(feed: str, body: Any) -> dict[str, Any]:
     return conf
 
 
-def example(letter: DeadLetter, scrub: Callable[[Any], Any]) -> dict[str, Any]:
+def example(letter: DeadLetter) -> dict[str, Any]:
     """One dead letter as a page or the JSON shows it: the one place its values (key, value, headers) are rendered.
 
-    ``scrub`` is the view's redaction (:meth:`ViewDeps.unclipped`: secret values and broker
-    addresses). A masked feed's dead letters hold masked values only: the job masks before it
-    quarantines (:mod:`tidemark.spark.masking`).
+    Record data is shown as the record holds it, clipped (:data:`DETAIL_CHARS`; at most :data:`HEADERS_SHOWN`
+    headers, each name and value :data:`HEADER_CHARS`), never passed through the connection's redaction:
+    a record carrying a guessed password in a header would otherwise learn from a ``***`` that the guess is
+    right. Whoever may see a feed's dead letters may read its records. A masked feed's dead letters hold
+    masked values only: the job masks before it quarantines (:mod:`tidemark.spark.masking`).
     """
-    doc: dict[str, Any] = scrub(letter.to_dict())
+    doc: dict[str, Any] = letter.to_dict()
     for name in ("key", "value", "reason"):  # a record's value may be megabytes: a page shows its start
         if isinstance(doc.get(name), str):
             doc[name] = _clip(doc[name])
+    headers = doc.get("headers") or []
+    doc["headers_total"] = len(headers)
+    doc["headers"] = [[_cut(str(k), HEADER_CHARS), None if v is None else _cut(str(v), HEADER_CHARS)]
+                      for k, v in headers[:HEADERS_SHOWN]]  # fmt: skip
     return doc
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def airflow_trigger(
@@ -533,7 +623,8 @@ class ViewDeps:
     access: FeedAccess = field(default_factory=OpenAccess)
     preview_limit: RateLimit = field(default_factory=lambda: RateLimit(*PREVIEW_RATE))
     problems: Callable[[], Sequence[FeedProblem]] = lambda: ()
-    letters: Callable[[Feed], list[DeadLetter]] = dead_letters
+    letters: LetterReader = field(default_factory=lambda: StoredLetters(default_store))
+    dead_letter_limit: RateLimit = field(default_factory=lambda: RateLimit(*DEAD_LETTER_RATE))
 
     def unclipped(self, value: Any) -> Any:
         """``value`` (a text, or JSON-like data holding texts) without secret values or broker addresses."""
@@ -624,13 +715,33 @@ class ViewDeps:
         return {"status": status, "error": error, "reports": reports, "rows": rows,
                 "maintenance": self.maintenance(feed)}  # fmt: skip
 
-    def dead_letters(self, feed: Feed) -> dict[str, Any]:
-        """The feed's dead letters by reason and day: counts and a few examples each (:func:`example`)."""
-        letters = self.letters(feed)
+    def dead_letters(self, feed: Feed, page: int = 1) -> dict[str, Any]:
+        """One page of the feed's dead letters by reason and day: counts (aggregated from their reason and time
+        columns only), :data:`DEAD_LETTER_GROUPS` groups a page, a few examples each (:func:`example`), fetched
+        by position for this page's groups only."""
+        counts = self.letters.counts(feed)
+        pages = max(1, -(-len(counts.groups) // DEAD_LETTER_GROUPS))
+        if not 1 <= page <= pages:
+            raise HTTPException(404, f"page {page}: the dead letters of feed '{feed.name}' have {pages} page(s)")
+        chosen = counts.groups[(page - 1) * DEAD_LETTER_GROUPS : page * DEAD_LETTER_GROUPS]
+        shown = self.letters.examples(feed, counts, [p for g in chosen for p in g.examples])
         groups = [{"reason": g.reason, "day": None if g.day is None else g.day.isoformat(), "count": g.count,
-                   "examples": [example(e, self.unclipped) for e in g.examples]}
-                  for g in summarize(letters)]  # fmt: skip
-        return {"feed": feed.name, "records": len(letters), "groups": groups}
+                   "examples": [shown[p] for p in g.examples if p in shown]}
+                  for g in chosen]  # fmt: skip
+        return {"feed": feed.name, "records": counts.records, "groups": groups, "page": page, "pages": pages,
+                "groups_total": len(counts.groups)}  # fmt: skip
+
+    def dead_letters_for(self, request: Request, name: str, page: int) -> tuple[Feed, dict[str, Any]]:
+        """The feed (with the ``runs`` right) and its dead letters' ``page``, within the user's rate."""
+        feed = self.feed_for(request, name, "runs")
+        wait = self.dead_letter_limit.wait_s(self.access.who(request))
+        if wait:
+            count, per_s = self.dead_letter_limit.count, self.dead_letter_limit.per_s
+            raise HTTPException(
+                429, f"too many dead-letter pages: at most {count} every {per_s:.0f}s per user; try again in "
+                f"{wait:.0f}s", headers={"Retry-After": str(max(1, round(wait)))},
+            )  # fmt: skip
+        return feed, self.dead_letters(feed, page)
 
     def maintenance(self, feed: Feed) -> MaintenanceReport | None:
         """The table's last maintenance (Iceberg feeds), from the records beside the run history."""
@@ -724,6 +835,30 @@ class ViewDeps:
         return Response(target.read_bytes(), media_type=media, headers=headers)
 
 
+# A range's figures computed from its records' content: a masked feed's view shows none (runs before its
+# checksums were of masked records published digests of raw bytes, which a guess of a hashed value can be tested on).
+CONTENT_FIGURES = ("checksum", "bytes")
+# What a validation summary holds of record values (GX's observed values and exception texts, bad records' samples):
+# shown only to users who may read the feed's runs (``runs``), as its dead letters and Data Docs are.
+VALUE_FIELDS = ("observed_value", "exception")
+
+
+def _shown_run(report: RunReport, *, masked: bool, values: bool) -> dict[str, Any]:
+    """A run report as the feed's JSON shows it: without the connection; for a masked feed without
+    :data:`CONTENT_FIGURES` per range; without ``values`` (a user without ``runs``), the validation summary
+    without record values (:data:`VALUE_FIELDS` of each expectation, the bad records' samples)."""
+    doc: dict[str, Any] = report.model_dump(exclude={"connection"})
+    if masked:
+        doc["ranges"] = [{k: v for k, v in r.items() if k not in CONTENT_FIGURES} for r in doc.get("ranges") or []]
+    validation = doc.get("validation")
+    if not values and isinstance(validation, dict):
+        kept = {k: v for k, v in validation.items() if k != "sample_bad_records"}
+        kept["expectations"] = [{k: v for k, v in e.items() if k not in VALUE_FIELDS} if isinstance(e, dict) else e
+                                for e in validation.get("expectations") or []]  # fmt: skip
+        doc["validation"] = kept
+    return doc
+
+
 def _root_of(request: Request) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
@@ -762,6 +897,7 @@ def create_app(
     preview_rate: tuple[int, float] = PREVIEW_RATE,
     letters: Callable[[Feed], list[DeadLetter]] | None = None,
     redrive: Trigger | None = None,
+    dead_letter_rate: tuple[int, float] = DEAD_LETTER_RATE,
     redrive_dependencies: Sequence[Any] = (),
 ) -> FastAPI:
     """The app; ``dependencies`` guard every route, ``trigger_dependencies`` also the replay trigger and
@@ -781,7 +917,8 @@ def create_app(
     broken = problems or ((lambda: scan_feeds().problems) if feeds is None else (lambda: ()))
     deps = ViewDeps(known, connection, checkpoints, runs, runs_root, timeout_s, access or OpenAccess(),
                     RateLimit(*preview_rate), broken,
-                    letters or (lambda feed: dead_letters(feed, store=checkpoints())))  # fmt: skip
+                    ListedLetters(letters) if letters else StoredLetters(checkpoints),
+                    RateLimit(*dead_letter_rate))  # fmt: skip
     start_run: Trigger = trigger or (lambda request, conf: airflow_trigger(request, conf, api_base()))
     start_redrive: Trigger = redrive or (
         lambda request, conf: airflow_trigger(request, conf, api_base(), dag_id=REDRIVE_DAG)
@@ -804,10 +941,12 @@ def create_app(
 
     @app.get("/api/feeds/{name}")
     def feed_json(name: str, request: Request) -> dict[str, Any]:
-        view = deps.feed_view(deps.feed_for(request, name), _root_of(request))
+        feed = deps.feed_for(request, name)
+        values = name in deps.access.allowed(request, "runs", [name])  # record values: as for its runs' files
+        view = deps.feed_view(feed, _root_of(request))
         status_doc = view["status"].to_dict() if view["status"] is not None else {"error": view["error"]}
         history = {
-            "runs": [r.model_dump(exclude={"connection"}) for r in view["reports"][:20]],
+            "runs": [_shown_run(r, masked=feed.masking is not None, values=values) for r in view["reports"][:20]],
             "run_rows": [r.__dict__ for r in view["rows"]],
             "events": _events(view["reports"]),
         }
@@ -851,14 +990,14 @@ def create_app(
         return start_run(request, conf)
 
     @app.get("/api/feeds/{name}/deadletters")
-    def dead_letters_json(name: str, request: Request) -> dict[str, Any]:
-        return deps.dead_letters(deps.feed_for(request, name, "runs"))
+    def dead_letters_json(name: str, request: Request, page: int = 1) -> dict[str, Any]:
+        return deps.dead_letters_for(request, name, page)[1]
 
     @app.get("/feeds/{name}/deadletters", response_class=HTMLResponse)
-    def dead_letters_page(name: str, request: Request) -> HTMLResponse:
-        feed = deps.feed_for(request, name, "runs")
+    def dead_letters_page(name: str, request: Request, page: int = 1) -> HTMLResponse:
+        feed, view = deps.dead_letters_for(request, name, page)
         html = _templates.get_template("deadletters.html").render(
-            title=f"Tidemark · {name} · dead letters", feed=feed, root=_root_of(request), view=deps.dead_letters(feed)
+            title=f"Tidemark · {name} · dead letters", feed=feed, root=_root_of(request), view=view
         )
         return HTMLResponse(html)
 

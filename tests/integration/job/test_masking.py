@@ -16,8 +16,6 @@ location, where it must be found. The masking key itself is found nowhere.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,6 +30,7 @@ from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv
 from tests.integration.job.test_avro import AvroEnv, env_of
 from tests.support.airflow_auth import GRANTS_ENV, PATH
+from tests.support.masking import hashed, strong_key
 from tidemark.config.masking import MASKING_KEY_ENV
 from tidemark.config.models import load_feed
 from tidemark.errors import ConfigError
@@ -42,13 +41,14 @@ from tidemark.web.app import create_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-KEY = "masking-key-" + uuid.uuid4().hex
+KEY = strong_key()
 DDL = "id long NOT NULL, customer struct<email: string, name: string, phone: string>, amount long"
 RECORDS = 40
 
 
-def mac(text: str) -> str:
-    return hmac.new(KEY.encode(), text.encode(), hashlib.sha256).hexdigest()
+def mac(text: str, field: str = "customer.email", feed: str = "faults") -> str:
+    """The hash the feed publishes for ``text`` in ``field``: HKDF + HMAC computed apart (tests.support.masking)."""
+    return hashed(text, field, KEY, feed)
 
 
 def produce(env: FaultEnv, marker: str) -> dict[str, int]:
@@ -224,7 +224,7 @@ def test_a_sensitive_marker_is_found_in_no_artefact_but_the_keep_raw_location(
         i for i in range(RECORDS) if i % 7 != 3 and i % 4 != 1 and mac(f"{marker}.{i}@example.com")[0] not in "0123"
     ]
     assert all(any(mac(f"{marker}.{i}@example.com") in t for t in published.values()) for i in good)
-    assert any(mac(f"{marker}-key-{good[0]}") in t for t in published.values())
+    assert any(mac(f"{marker}-key-{good[0]}", "key") in t for t in published.values())
     # GX listed the unexpected values of the rule on the hashed email: masked ones, in the Data Docs.
     docs = " ".join(t for p, t in texts.items() if p.is_relative_to(run_dir / "gx"))
     refused = [i for i in range(RECORDS) if i % 7 != 3 and mac(f"{marker}.{i}@example.com")[0] in "0123"]
@@ -270,7 +270,9 @@ def test_an_avro_feed_the_read_tasks_would_stage_is_masked_by_spark_and_its_path
     assert job["staged_by"] == "spark"  # the read tasks do not mask: they leave a masked feed to Spark
     published = env.published()
     assert len(published) == 2 * 30
-    assert {r["email"] for r in published.values()} == {mac(f"{marker}.{p}.{i}@x") for p in range(2) for i in range(30)}
+    assert {r["email"] for r in published.values()} == {
+        mac(f"{marker}.{p}.{i}@x", "email", "orders") for p in range(2) for i in range(30)
+    }
     assert {r["key"] for r in published.values()} == {"[masked]"}
     # Every record decodes and passes (one that did not would make the read tasks give way to Spark anyway).
     assert env.quarantined() == []

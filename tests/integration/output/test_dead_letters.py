@@ -35,7 +35,7 @@ from tests.support.poison import produce_with_poison, table_rows
 from tidemark.checkpoints.store import open_store
 from tidemark.errors import StuckRunError
 from tidemark.faults import FAULTS_ENV, InjectedFault
-from tidemark.output.deadletters import DeadLetter, dead_letters, summarize
+from tidemark.output.deadletters import DeadLetter, count_dead_letters, dead_letters, fetch_dead_letters, summarize
 from tidemark.runs.pipeline import commit_run, plan_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -144,6 +144,16 @@ def test_dead_letters_equal_the_oracles_bad_records_once_through_crashes_and_rer
     groups = summarize(letters)
     assert {(g.reason, g.count) for g in groups} == {("decode_error", 9), (RULE, 6)}
     assert all(len(g.examples) == min(g.count, 3) for g in groups)
+
+    # The view's bounded reading: the same counts from the reason and time columns alone, examples fetched whole.
+    counted = count_dead_letters(fenv.feed, examples=2)
+    assert counted.records == len(letters)
+    assert [(g.reason, g.day, g.count) for g in counted.groups] == [(g.reason, g.day, g.count) for g in groups]
+    assert all(len(g.examples) == min(g.count, 2) for g in counted.groups)
+    wanted = [p for g in counted.groups for p in g.examples]
+    by_key = {d.key_of: d for d in letters}
+    assert fetch_dead_letters(fenv.feed, counted, wanted) == [by_key[p.key] for p in wanted]
+    assert all(by_key[p.key].reason_codes.count(g.reason) == 1 for g in counted.groups for p in g.examples)
 
 
 def test_deadletters_cli_lists_a_feeds_dead_letters_by_reason_and_day(fenv: FaultEnv) -> None:

@@ -8,8 +8,9 @@ so are records whose *hashed* email breaks a second rule (it sees the digest, as
 rules do, so the re-drive must mask before it codes); then the rule on ``tier`` is fixed.
 The expectation comes from an independent ``read_committed`` scan of the committed offsets,
 classified under the *fixed* rule here (not by Tidemark), its values masked here with
-Python's ``hmac``: after the re-drive the feed's published rows (its Parquet publications,
-or its Iceberg table's rows) must be exactly that good set, each once and masked as a run
+``cryptography``'s HKDF and Python's ``hmac`` (the feed's and the field's own key): after
+the re-drive the feed's published rows (its Parquet publications, or its Iceberg table's
+rows) must be exactly that good set, each once and masked as a run
 masks, and the marker must be found in no file outside ``keep_raw`` (output, run dirs,
 reports, staging, state), nor in the dead-letter listing or the re-drive's verdicts. A dead
 letter whose raw bytes someone deleted from ``keep_raw`` stays a dead letter, its reason
@@ -18,8 +19,6 @@ naming where they should be.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import re
 import shutil
@@ -34,6 +33,7 @@ import pytest
 from tests.conftest import KafkaTestCluster
 from tests.faults.harness import FaultEnv, scan
 from tests.integration.job.test_masking import file_texts
+from tests.support.masking import hashed, strong_key
 from tests.support.poison import JSON_DDL, kind_of, produce_json_with_poison
 from tidemark.config.masking import MASKED, MASKING_KEY_ENV
 from tidemark.output.deadletters import dead_letters, summarize
@@ -42,15 +42,16 @@ from tidemark.runs.report import load_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-KEY = "masking-key-" + uuid.uuid4().hex
+KEY = strong_key()
 STRICT, FIXED = "^v-", "^[vx]-"
 HASHED_RULE = "^[0-3]"  # a rule on the hashed email: it sees the digest, so only masking decides who breaks it
 Masked = tuple[Any, ...]  # a published record's masked fields: id, email, name, tier, key, headers
 Row = tuple[str, int, int, Masked]
 
 
-def mac(text: str) -> str:
-    return hmac.new(KEY.encode(), text.encode(), hashlib.sha256).hexdigest()
+def mac(text: str, field: str = "customer.email") -> str:
+    """The hash the feed publishes for ``text`` in ``field``: HKDF + HMAC computed apart (tests.support.masking)."""
+    return hashed(text, field, KEY, "faults")
 
 
 def feed_doc(keep_raw: Path, regex: str) -> dict[str, Any]:
@@ -74,7 +75,7 @@ def feed_doc(keep_raw: Path, regex: str) -> dict[str, Any]:
 def masked_as_expected(doc: dict[str, Any], marker: str) -> Masked:
     """What a run publishes for ``doc``, computed here: the email and key HMAC'd, the name and header redacted."""
     i = doc["id"]
-    return (i, mac(doc["customer"]["email"]), MASKED, doc["tier"], mac(f"{marker}-key-{i}"),
+    return (i, mac(doc["customer"]["email"]), MASKED, doc["tier"], mac(f"{marker}-key-{i}", "key"),
             (("x-user", MASKED), ("origin", f"h{i}")))  # fmt: skip
 
 

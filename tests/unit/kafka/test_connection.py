@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tidemark.errors import ConfigError
-from tidemark.kafka.connection import KafkaConnection, from_airflow_extra, from_env
+from tidemark.kafka.connection import KafkaConnection, allowed_settings, from_airflow_extra, from_env
 
 
 def test_from_env_maps_prefixed_settings_to_librdkafka_keys() -> None:
@@ -84,7 +84,8 @@ def test_a_token_callback_travels_by_name_and_is_imported_where_a_client_is_buil
 @pytest.mark.parametrize(
     "setting",
     ["plugin.library.paths", "ssl.engine.location", "ssl.engine.id", "ssl.providers", "sasl.kerberos.kinit.cmd",
-     "interceptors", "error_cb", "made.up.setting"],
+     "interceptors", "error_cb", "made.up.setting", "offset.store.path", "offset.store.method", "open_cb",
+     "ssl.certificate.verify_cb", "oauthbearer_token_refresh_cb"],
 )  # fmt: skip
 def test_a_connection_may_not_set_code_loading_or_unknown_client_settings(setting: str) -> None:
     extra = {"bootstrap.servers": "b:9092", "security.protocol": "SSL", setting: "/tmp/libevil.so"}
@@ -118,7 +119,59 @@ def test_the_documented_client_settings_are_accepted() -> None:
         "fetch.wait.max.ms": "10", "max.partition.fetch.bytes": "1024", "queued.max.messages.kbytes": "1024",
         "debug": "broker", "https.ca.location": "/ca", "oauth_cb": "pkg.module.fn",
     }  # fmt: skip
-    assert from_airflow_extra({"bootstrap.servers": "b:9092", **settings}, conn_id="kafka_prod").settings == settings
+    allowed = {"sasl.oauthbearer.token.endpoint.url", "sasl.kerberos.keytab", "ssl.ca.location",
+               "ssl.crl.location", "ssl.certificate.location", "ssl.key.location", "ssl.keystore.location",
+               "https.ca.location"}  # fmt: skip
+    extra = {"bootstrap.servers": "b:9092", **settings}
+    assert from_airflow_extra(extra, conn_id="kafka_prod", allowed=allowed).settings == settings
+
+
+# Every documented librdkafka setting that reads a local file, sends data to an address it chooses, or hands the
+# host's own identity to the connection's brokers (librdkafka's CONFIGURATION.md, every *.location, *.file, *.url).
+LOCAL_RESOURCE = {
+    "ssl.key.location": "/etc/airflow/airflow.cfg", "ssl.certificate.location": "/etc/airflow/airflow.cfg",
+    "ssl.ca.location": "/etc/airflow", "ssl.crl.location": "/etc/airflow/airflow.cfg",
+    "ssl.keystore.location": "/etc/airflow/airflow.cfg", "https.ca.location": "/etc/airflow/airflow.cfg",
+    "sasl.kerberos.keytab": "/etc/krb5.keytab", "sasl.oauthbearer.assertion.file": "/etc/airflow/airflow.cfg",
+    "sasl.oauthbearer.assertion.private.key.file": "/etc/airflow/airflow.cfg",
+    "sasl.oauthbearer.assertion.jwt.template.file": "/etc/airflow/airflow.cfg",
+    "sasl.oauthbearer.token.endpoint.url": "https://attacker.example/collect",
+    "sasl.oauthbearer.metadata.authentication.type": "azure_imds",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("setting", sorted(LOCAL_RESOURCE))
+def test_a_connection_may_set_a_file_or_url_reading_setting_only_when_the_deployment_allows_it_by_name(
+    setting: str,
+) -> None:
+    value = LOCAL_RESOURCE[setting]
+    extra = {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL", setting: value}
+    with pytest.raises(ConfigError) as refused:
+        from_airflow_extra(extra, conn_id="kafka_prod", allowed=set())
+    message = str(refused.value)
+    assert "'kafka_prod'" in message and f"'{setting}'" in message and "TIDEMARK_ALLOWED_KAFKA_SETTINGS" in message
+    assert value not in message  # the path (or address) is not echoed
+    others = set(LOCAL_RESOURCE) - {setting}  # allowing every other one does not allow this one
+    with pytest.raises(ConfigError, match=f"'{setting}'"):
+        from_airflow_extra(extra, conn_id="kafka_prod", allowed=others)
+    with pytest.raises(ConfigError, match=f"'{setting}'"):  # the deployment's default: nothing allowed
+        from_airflow_extra(extra, conn_id="kafka_prod", allowed=allowed_settings({}))
+    assert from_airflow_extra(extra, allowed={setting}).settings[setting] == value
+    env = {"TIDEMARK_ALLOWED_KAFKA_SETTINGS": f"https.ca.location, {setting} "}  # comma-separated, spaces ignored
+    assert from_airflow_extra(extra, allowed=allowed_settings(env)).settings[setting] == value
+    assert allowed_settings({}, extra=f" {setting} ,") == {setting}  # Airflow's [tidemark] allowed_kafka_settings
+
+
+def test_the_allow_list_refuses_a_name_that_needs_no_allowing_and_the_system_ca_probe_needs_none() -> None:
+    with pytest.raises(ConfigError, match=r"'ssl\.key\.locaton'.*not a setting that needs allowing"):
+        allowed_settings({"TIDEMARK_ALLOWED_KAFKA_SETTINGS": "ssl.key.locaton"})
+    with pytest.raises(ConfigError, match=r"'sasl\.password'"):
+        allowed_settings({}, extra="sasl.password")
+    assert allowed_settings({"TIDEMARK_ALLOWED_KAFKA_SETTINGS": " , "}) == frozenset()
+    probe = {"bootstrap.servers": "b:9092", "ssl.ca.location": "probe", "https.ca.location": "probe"}
+    assert from_airflow_extra(probe, allowed=set()).settings["ssl.ca.location"] == "probe"
+    with pytest.raises(ConfigError, match=r"'ssl\.ca\.location'"):
+        from_airflow_extra({**probe, "ssl.ca.location": "probe/"}, allowed=set())
 
 
 @pytest.mark.parametrize(

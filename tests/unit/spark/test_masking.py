@@ -1,5 +1,6 @@
 """Masking decoded records (:mod:`tidemark.spark.masking`): each treatment on nested paths, arrays of records,
-the key and headers, checked against Python's own HMAC; raw bytes nulled or kept for ``keep_raw``."""
+the key and headers, checked against an independent HKDF (``cryptography``'s) and Python's own HMAC; keys per feed
+and field, weak keys refused; raw bytes nulled or kept for ``keep_raw``."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ import hashlib
 import hmac
 import json
 import os
+import secrets
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from tests.support.eventlog import event_log_conf
-from tidemark.config.masking import MASKED, MASKING_KEY_ENV, Masking, Truncate
+from tidemark.config.masking import MASKED, MASKING_KEY_ENV, Masking, Truncate, field_key
 from tidemark.config.models import Deserialization
 from tidemark.errors import ConfigError
 from tidemark.spark.decode import annotate
@@ -27,15 +30,19 @@ from tidemark.staged import OUTCOME_COLUMN, RAW_HEADERS_COLUMN, RAW_KEY_COLUMN, 
 pytestmark = pytest.mark.spark
 
 TS = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-KEY = b"a-masking-key-of-some-length"
+KEY = secrets.token_hex(32).encode()  # 256 random bits, as 64 hex digits
 DDL = ("id long, customer struct<email: string, name: string, age: int>, "
        "items array<struct<sku: string, note: string>>")  # fmt: skip
 DESER = Deserialization(format="json", schema_ddl=DDL)
 
 
-def mac(value: str | bytes, key: bytes = KEY) -> str:
+def mac(value: str | bytes, field: str, key: bytes = KEY, feed: str = "orders") -> str:
+    """The hash of ``value`` in ``field`` of ``feed``, computed apart from Tidemark: HKDF-SHA256 (RFC 5869, no salt,
+    info ``tidemark masking v1``, the feed and the field, NUL-separated) of the masking key, then HMAC-SHA256."""
+    info = b"\0".join((b"tidemark masking v1", feed.encode(), field.encode()))
+    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(key)
     data = value.encode() if isinstance(value, str) else value
-    return hmac.new(key, data, hashlib.sha256).hexdigest()
+    return hmac.new(derived, data, hashlib.sha256).hexdigest()
 
 
 def _records(spark: Any, values: list[dict[str, Any] | None], headers: list[tuple[str, bytes]] | None = None) -> Any:
@@ -50,20 +57,41 @@ RECORD = {"id": 1, "customer": {"email": "ann@example.com", "name": "Annabel", "
           "items": [{"sku": "s1", "note": "call ann"}, {"sku": "s2", "note": None}]}  # fmt: skip
 
 
-def masked(spark: Any, masking: Masking, key: bytes | None = KEY, **kw: Any) -> Any:
-    return mask_records(_records(spark, [RECORD, None], **kw), masking, key, "orders").orderBy("offset").collect()
+def masked(spark: Any, masking: Masking, key: bytes | None = KEY, feed: str = "orders", **kw: Any) -> Any:
+    return mask_records(_records(spark, [RECORD, None], **kw), masking, key, feed).orderBy("offset").collect()
 
 
 def test_hash_is_keyed_hmac_sha256_and_stable(spark: Any) -> None:
     masking = Masking(fields={"customer.email": "hash", "customer.age": "hash"}, key="hash")
     first, second = masked(spark, masking), masked(spark, masking)
-    assert first[0].customer.email == mac("ann@example.com") == second[0].customer.email  # stable across runs
-    assert first[0].key == mac("key-0")
-    assert first[0].customer.age == mac("41")  # a number inside a record: its text's hash, the field now a string
+    email = mac("ann@example.com", "customer.email")
+    assert first[0].customer.email == email == second[0].customer.email  # stable across runs
+    assert first[0].key == mac("key-0", "key")
+    assert first[0].customer.age == mac("41", "customer.age")  # a number: its text's hash, the field now a string
     assert first[0].customer.name == "Annabel"  # the rest untouched
-    other = masked(spark, masking, key=b"another-key-of-some-length")
-    assert other[0].customer.email == mac("ann@example.com", b"another-key-of-some-length") != first[0].customer.email
+    another = secrets.token_hex(32).encode()
+    other = masked(spark, masking, key=another)
+    assert other[0].customer.email == mac("ann@example.com", "customer.email", another) != email
     assert first[1].customer is None  # a null record stays null
+
+
+def test_two_feeds_and_two_fields_hash_one_value_to_unrelated_digests(spark: Any) -> None:
+    """A team hashing guesses through its own feed learns nothing of another feed's (or field's) hashed values."""
+    masking = Masking(fields={"customer.email": "hash", "customer.name": "hash"}, key="hash")
+    orders = masked(spark, masking, feed="orders")[0]
+    billing = masked(spark, masking, feed="billing")[0]
+    assert billing.customer.email == mac("ann@example.com", "customer.email", feed="billing")
+    assert orders.customer.email == mac("ann@example.com", "customer.email", feed="orders") != billing.customer.email
+    assert orders.key != billing.key and orders.key == mac("key-0", "key")
+    named = mask_records(
+        _records(spark, [{**RECORD, "customer": {"email": "Annabel", "name": "Annabel", "age": 1}}]), masking, KEY,
+        "orders",
+    ).first()  # fmt: skip
+    assert named.customer.email == mac("Annabel", "customer.email") != named.customer.name
+    assert named.customer.name == mac("Annabel", "customer.name")
+    # The plain HMAC under the shared key (what every feed and field gave before) is none of them.
+    assert hmac.new(KEY, b"ann@example.com", hashlib.sha256).hexdigest() not in (orders.customer.email,
+                                                                                 billing.customer.email)  # fmt: skip
 
 
 def test_redact_truncate_and_drop_on_nested_paths(spark: Any) -> None:
@@ -76,7 +104,7 @@ def test_redact_truncate_and_drop_on_nested_paths(spark: Any) -> None:
 
 def test_arrays_of_records_are_masked_item_by_item_and_top_level_fields_dropped(spark: Any) -> None:
     (row, _) = masked(spark, Masking(fields={"items.note": "hash", "id": "drop"}))
-    assert [(i.sku, i.note) for i in row["items"]] == [("s1", mac("call ann")), ("s2", None)]
+    assert [(i.sku, i.note) for i in row["items"]] == [("s1", mac("call ann", "items.note")), ("s2", None)]
     assert "id" not in row.asDict()
 
 
@@ -84,9 +112,24 @@ def test_headers_by_name_and_the_key(spark: Any) -> None:
     headers = [("x-email", b"ann@example.com"), ("trace", b"t-1"), ("x-drop", b"gone")]
     masking = Masking(headers={"x-email": "hash", "trace": Truncate(truncate=1), "x-drop": "drop"}, key="drop")
     (row, _) = masked(spark, masking, headers=headers)
-    assert [(h.key, bytes(h.value)) for h in row.headers] == [("x-email", mac("ann@example.com").encode()),
-                                                              ("trace", b"t")]  # fmt: skip
+    assert [(h.key, bytes(h.value)) for h in row.headers] == [
+        ("x-email", mac("ann@example.com", "headers.x-email").encode()), ("trace", b"t")]  # fmt: skip
     assert row.key is None
+
+
+def test_header_names_are_matched_whatever_their_case(spark: Any) -> None:
+    """A producer writing ``X-Email`` (or ``X-EMAIL``) for the header the feed masks as ``x-email`` is masked too."""
+    headers = [("X-Email", b"ann@example.com"), ("X-EMAIL", b"bob@example.com"), ("TRACE", b"t-1"),
+               ("X-Drop", b"gone"), ("x-emails", b"kept")]  # fmt: skip
+    masking = Masking(headers={"x-email": "hash", "Trace": "redact", "x-drop": "drop"})
+    (row, _) = masked(spark, masking, headers=headers)
+    assert [(h.key, bytes(h.value)) for h in row.headers] == [
+        ("X-Email", mac("ann@example.com", "headers.x-email").encode()),
+        ("X-EMAIL", mac("bob@example.com", "headers.x-email").encode()),
+        ("TRACE", MASKED.encode()), ("x-emails", b"kept"),  # a name that merely starts alike is not the header
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="'x-email' and 'X-Email' name the same header"):
+        Masking(headers={"x-email": "hash", "X-Email": "redact"})
 
 
 def test_a_path_the_decoded_schema_lacks_or_a_missing_key_is_refused(spark: Any) -> None:
@@ -97,12 +140,42 @@ def test_a_path_the_decoded_schema_lacks_or_a_missing_key_is_refused(spark: Any)
         ConfigError, match=r"masking.fields.address: .* no field 'address' \(its fields: id, customer, items\)"
     ):
         mask_records(records, Masking(fields={"address": "redact"}), KEY, "orders")
-    with pytest.raises(ConfigError, match=MASKING_KEY_ENV):
+    with pytest.raises(ConfigError, match=f"{MASKING_KEY_ENV}, and it is unset"):
         masking_key(Masking(key="hash"), "orders", {})
-    with pytest.raises(ConfigError, match="shorter than 16"):
-        masking_key(Masking(key="hash"), "orders", {MASKING_KEY_ENV: "short"})
     assert masking_key(Masking(key="redact"), "orders", {}) is None
     assert masking_key(Masking(key="hash"), "orders", {MASKING_KEY_ENV: KEY.decode()}) == KEY
+
+
+STRONG = secrets.token_hex(32)
+
+
+@pytest.mark.parametrize(
+    ("key", "why"),
+    [
+        ("short-but-random-" + secrets.token_hex(8), "too short"),
+        (STRONG[:63], "too short: 63 characters carry at most 252 bits"),  # one hex digit short of 256 bits
+        (secrets.token_urlsafe(32)[:42], "too short: 42 characters carry at most 252 bits"),
+        ("a" * 100, "one text of 1 characters repeated"),
+        ("0123456789abcdef" * 4, "one text of 16 characters repeated"),
+        (STRONG[:32] * 2, "one text of 32 characters repeated"),
+        ("correct horse battery staple is my masking key", "low entropy"),
+        ("Password123!" * 4 + "x", "low entropy"),
+    ],
+)  # fmt: skip
+def test_a_weak_masking_key_is_refused_naming_why_and_how_to_make_one(key: str, why: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        masking_key(Masking(fields={"customer.email": "hash"}), "orders", {MASKING_KEY_ENV: key})
+    message = str(refused.value)
+    assert "feed 'orders'" in message and MASKING_KEY_ENV in message and why in message and "256" in message
+    assert "secrets.token_hex(32)" in message and key not in message
+
+
+@pytest.mark.parametrize(
+    "key", [STRONG, secrets.token_hex(48), secrets.token_urlsafe(32), secrets.token_urlsafe(32)[:43],
+            "0" + STRONG[1:]],
+)  # fmt: skip
+def test_a_key_of_256_random_bits_is_accepted(key: str) -> None:
+    assert masking_key(Masking(key="hash"), "orders", {MASKING_KEY_ENV: key}) == key.encode()
 
 
 def test_raw_bytes_are_nulled_or_kept_for_bad_records_only(spark: Any) -> None:
@@ -155,18 +228,23 @@ spark.stop()
 def test_the_masking_key_reaches_no_plan_and_no_event_log(tmp_path: Path) -> None:
     """The key hashes every kind of path (nested, in an array of records, the key, a header) without entering a
     query plan: Spark's own strings (explain, the UI's SQL tab) and an enabled event log never hold it."""
-    key = f"masking-key-{uuid.uuid4().hex}"
+    key = secrets.token_hex(32)
     conf_dir, events = event_log_conf(tmp_path)
     env = {**os.environ, "SPARK_CONF_DIR": str(conf_dir), "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, "-c", LEAK_SCRIPT, key], env=env, capture_output=True, text=True,
                           check=False, cwd=Path(__file__).parents[3])  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (out["email"], out["id"], out["key"]) == (mac("ann@example.com", key.encode()), mac("1", key.encode()),
-                                                      mac("key-0", key.encode()))  # fmt: skip
-    assert out["notes"] == [mac("call ann", key.encode()), None]
-    assert out["header"] == mac("ann@example.com", key.encode())
-    forms = {key, key.encode().hex(), key.encode().hex().upper()}  # as text, or as a binary literal's hex
+    root = key.encode()
+    assert (out["email"], out["id"], out["key"]) == (mac("ann@example.com", "customer.email", root),
+                                                      mac("1", "id", root), mac("key-0", "key", root))  # fmt: skip
+    assert out["notes"] == [mac("call ann", "items.note", root), None]
+    assert out["header"] == mac("ann@example.com", "headers.x-email", root)
+    derived = [
+        field_key(root, "orders", f).hex() for f in ("customer.email", "id", "key", "items.note", "headers.x-email")
+    ]
+    # as text, or as a binary literal's hex; nor any key derived from it
+    forms = {key, key.encode().hex(), key.encode().hex().upper(), *derived, *(d.upper() for d in derived)}
     assert "Project" in out["plans"][0] and not [f for f in forms for p in out["plans"] if f in p]
     logs = [p for p in events.rglob("*") if p.is_file()]
     assert logs and any(b"SparkListenerSQLExecutionStart" in p.read_bytes() for p in logs)
