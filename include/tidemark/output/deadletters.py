@@ -479,7 +479,7 @@ def letters_signature(feed: Feed, store: CheckpointStore) -> tuple[Any, ...]:
         appended = set() if dead is None else plans_in(dead, feed.name)
         sources = _iceberg_sources(publisher, store, appended)
     else:
-        sources = _parquet_sources(publisher)
+        sources = _parquet_sources(publisher, feed.name)
     return (snapshot, tuple((s.file.url, s.plan_id) for s in sources), tuple(r.redrive_id for r in done.records))
 
 
@@ -505,7 +505,7 @@ def count_dead_letters(
         appended = set() if dead is None else plans_in(dead, chosen.name)
         sources = _iceberg_sources(publisher, ledger, appended)
     else:
-        sources = _parquet_sources(publisher)
+        sources = _parquet_sources(publisher, chosen.name)
     for index, source in enumerate(sources):
         _count_file(source, index, done, tally)
     return tally.result(sources)

@@ -161,6 +161,8 @@ STRONG = secrets.token_hex(32)
         ("correct horse battery staple is my masking key", "low entropy"),
         ("Password123!" * 4 + "x", "low entropy"),
     ],
+    # Ids of their own: the keys are drawn anew in each process, and xdist's workers must collect the same tests.
+    ids=["short", "hex-63", "urlsafe-42", "one-char", "16-repeated", "32-repeated", "phrase", "password"],
 )  # fmt: skip
 def test_a_weak_masking_key_is_refused_naming_why_and_how_to_make_one(key: str, why: str) -> None:
     with pytest.raises(ConfigError) as refused:
