@@ -175,6 +175,7 @@ def test_a_weak_masking_key_is_refused_naming_why_and_how_to_make_one(key: str, 
 @pytest.mark.parametrize(
     "key", [STRONG, secrets.token_hex(48), secrets.token_urlsafe(32), secrets.token_urlsafe(32)[:43],
             "0" + STRONG[1:]],
+    ids=["hex-64", "hex-96", "urlsafe", "urlsafe-43", "hex-leading-zero"],  # drawn anew in each xdist worker
 )  # fmt: skip
 def test_a_key_of_256_random_bits_is_accepted(key: str) -> None:
     assert masking_key(Masking(key="hash"), "orders", {MASKING_KEY_ENV: key}) == key.encode()
