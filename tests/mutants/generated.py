@@ -171,6 +171,16 @@ def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctio
     return found
 
 
+def _copies(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """mutmut's copies of the functions in a mutated file, by their own names (methods' copies in their class)."""
+    found: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for node in tree.body:
+        for item in node.body if isinstance(node, ast.ClassDef) else [node]:
+            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and "__mutmut_" in item.name:
+                found[item.name] = item
+    return found
+
+
 def _body_lines(source: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[int, list[str]]:
     start = node.body[0].lineno
     if node.body[0].__dict__.get("decorator_list"):
@@ -194,7 +204,7 @@ def describe(target: Path, source: str, codes: dict[str, int | None]) -> list[Mu
     originals = _functions(ast.parse("\n".join(original)))
     mutated_path = target / "mutants" / ("src/tidemark/" + source[len(PACKAGE) :])
     mutated = mutated_path.read_text().splitlines() if mutated_path.exists() else []
-    copies = _functions(ast.parse("\n".join(mutated))) if mutated else {}
+    copies = _copies(ast.parse("\n".join(mutated))) if mutated else {}
     out = []
     for name, code in sorted(codes.items()):
         status = KILLED.get(code, STATUS.get(code, "suspicious")) if code is not None else "not checked"  # type: ignore[arg-type]
@@ -202,12 +212,6 @@ def describe(target: Path, source: str, codes: dict[str, int | None]) -> list[Mu
         base, _, _ = function.partition("__mutmut_")
         line, before, after = None, "", ""
         orig_copy, mutant = copies.get(f"{base}__mutmut_orig"), copies.get(function)
-        if mutant is None:  # a method's copies sit in its class
-            for key, node in copies.items():
-                if key.endswith(f"ǁ{function}"):
-                    mutant = node
-                if key.endswith(f"ǁ{base.split('ǁ')[-1]}__mutmut_orig"):
-                    orig_copy = orig_copy or node
         own = originals.get(base)
         if orig_copy is not None and mutant is not None and own is not None:
             _, a = _body_lines(mutated, orig_copy)
