@@ -113,3 +113,111 @@ def test_a_pattern_feeds_trigger_carries_its_pattern_through_serialization() -> 
     classpath, kwargs = made.serialize()
     assert kwargs["topics"] == [] and kwargs["topic_pattern"] == {"pattern": r"orders\..*", "exclude": ["orders.dlq"]}
     assert LagTrigger(**kwargs).serialize() == (classpath, kwargs)
+
+
+class Done(Exception):
+    """The probe has no more readings: ends the trigger's loop in a test."""
+
+
+class Checks:
+    """A probe giving ``readings`` one per check (an exception instance is raised instead), then :class:`Done`."""
+
+    def __init__(self, readings: list[LagReading | Exception]) -> None:
+        self.readings = list(readings)
+        self.closed = 0
+
+    def read(self, _age: int | None = None) -> LagReading:
+        if not self.readings:
+            raise Done
+        item = self.readings.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+async def events_of(made: LagTrigger) -> list[Any]:
+    """Every event one instance yields over all its probe's checks."""
+    out = []
+    gen = made.run()
+    try:
+        while True:
+            out.append(await gen.__anext__())
+    except Done:
+        return out
+
+
+def repeated(store: Store | None, probe: Checks, *, active: int = 0, min_interval_s: float = 0) -> LagTrigger:
+    made = trigger(store or Store(), probe, active)  # type: ignore[arg-type]
+    made.min_interval_s = min_interval_s
+    if store is None:
+        made.asset_state_store = None  # memory only
+    return made
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["asset-state", "memory-only"])
+def test_one_instance_through_repeated_checks_fires_once_until_the_offsets_move(stored: bool) -> None:
+    """The same lag seen at five checks in a row fires once (the run it started has not committed); once the offsets
+    move, lag past the threshold fires once more; then no more while they stay there."""
+    store = Store() if stored else None
+    same = [LagReading(AT + i * 1000, 50, (), {"orders[0]": 0}) for i in range(5)]
+    moved = [LagReading(AT + 10_000 + i * 1000, 40, (), {"orders[0]": 10}) for i in range(4)]
+    probe = Checks([*same, *moved])
+    events = asyncio.run(events_of(repeated(store, probe)))
+    assert [(e.payload["at_ms"], e.payload["lag_records"]) for e in events] == [(AT, 50), (AT + 10_000, 40)]
+    assert probe.closed == 1  # the loop's end closes the probe once
+    if store is not None:
+        assert store.values[STATE_KEY] == {"at_ms": AT + 10_000, "positions": {"orders[0]": 10}}
+
+
+def test_a_failed_check_is_retried_at_the_next_and_never_ends_the_trigger() -> None:
+    from tidemark.errors import KafkaUnavailableError
+
+    reading = LagReading(AT, 50, (), {"orders[0]": 0})
+    probe = Checks([KafkaUnavailableError("broker down"), KafkaUnavailableError("again"), reading])
+    events = asyncio.run(events_of(repeated(Store(), probe)))
+    assert [e.payload["at_ms"] for e in events] == [AT]
+
+
+def test_active_runs_are_asked_only_when_the_rule_would_fire_and_hold_the_firing() -> None:
+    asked: list[int] = []
+    below = LagReading(AT, 5, (), {"orders[0]": 0})
+    above = LagReading(AT + 1000, 50, (), {"orders[0]": 0})
+    made = repeated(Store(), Checks([below, below, above, above]), active=1)
+
+    async def counted() -> int:
+        asked.append(1)
+        return 1
+
+    made.active_runs = counted  # type: ignore[method-assign]
+    assert asyncio.run(events_of(made)) == []
+    assert len(asked) == 2  # the two checks above the threshold, not the two below
+
+
+def test_min_interval_holds_a_second_firing_in_one_instance_until_it_passed() -> None:
+    """Offsets moved at once, lag still past the threshold: the second firing waits min_interval (60 s), and comes
+    at exactly 60 s, not one second earlier."""
+    readings = [LagReading(AT, 50, (), {"orders[0]": 0}), LagReading(AT + 59_000, 50, (), {"orders[0]": 5}),
+                LagReading(AT + 60_000, 50, (), {"orders[0]": 6})]  # fmt: skip
+    events = asyncio.run(events_of(repeated(Store(), Checks(readings), min_interval_s=60)))
+    assert [e.payload["at_ms"] for e in events] == [AT, AT + 60_000]
+
+
+def test_the_trigger_is_built_from_a_feed_and_reads_its_state_from_the_asset_store() -> None:
+    feed = Feed(name="orders", group="g", topics=["orders"], isolation="read_uncommitted", on_missing="latest",
+                trigger={"lag_records": 10, "oldest_unread_age": "5m", "min_interval": "2m", "check_every": "15s"})  # fmt: skip
+    made = LagTrigger.for_feed(feed, "kafka_prod")
+    _, kwargs = made.serialize()
+    assert kwargs == {
+        "feed": "orders", "topics": ["orders"], "group": "g", "isolation": "read_uncommitted",
+        "on_missing": "latest", "lag_records": 10, "oldest_unread_age_ms": 300_000, "min_interval_s": 120.0,
+        "check_every_s": 15.0, "kafka_conn_id": "kafka_prod", "topic_pattern": None,
+    }  # fmt: skip
+    assert made.rule.lag_records == 10 and made.rule.oldest_unread_age_ms == 300_000 and made.rule.min_interval_s == 120
+    store = Store()
+    store.values[STATE_KEY] = {"at_ms": AT, "positions": {"orders[0]": 0}}
+    made.asset_state_store = store
+    loaded = asyncio.run(made._load_last())
+    assert loaded is not None and loaded.at_ms == AT and dict(loaded.positions) == {"orders[0]": 0}
