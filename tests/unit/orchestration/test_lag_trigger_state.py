@@ -206,8 +206,9 @@ def test_min_interval_holds_a_second_firing_in_one_instance_until_it_passed() ->
 
 
 def test_the_trigger_is_built_from_a_feed_and_reads_its_state_from_the_asset_store() -> None:
+    rule = {"lag_records": 10, "oldest_unread_age": "5m", "min_interval": "2m", "check_every": "15s"}
     feed = Feed(name="orders", group="g", topics=["orders"], isolation="read_uncommitted", on_missing="latest",
-                trigger={"lag_records": 10, "oldest_unread_age": "5m", "min_interval": "2m", "check_every": "15s"})  # fmt: skip
+                trigger=rule)  # fmt: skip
     made = LagTrigger.for_feed(feed, "kafka_prod")
     _, kwargs = made.serialize()
     assert kwargs == {
