@@ -74,9 +74,17 @@ MODULES: tuple[Module, ...] = (
     Module(
         "lag",
         ("include/tidemark/orchestration/lag.py", "include/tidemark/orchestration/lag_trigger.py"),
-        ("tests/unit/orchestration/test_lag_rule.py", "tests/unit/orchestration/test_lag_trigger_state.py"),
+        (
+            "tests/unit/orchestration/test_lag_rule.py",
+            "tests/unit/orchestration/test_lag_trigger_state.py",
+            "tests/integration/orchestration/test_lag_probe.py",
+        ),
     ),
-    Module("partitioning", ("include/tidemark/output/partitioning.py",), ("tests/unit/output/test_partitioning.py",)),
+    Module(
+        "partitioning",
+        ("include/tidemark/output/partitioning.py",),
+        ("tests/unit/output/test_partitioning.py", "tests/unit/output/test_partitioning_values.py"),
+    ),
     Module(
         "protocol",
         ("include/tidemark/runs/protocol.py", "include/tidemark/runs/commit.py"),

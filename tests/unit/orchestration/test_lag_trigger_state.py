@@ -222,3 +222,46 @@ def test_the_trigger_is_built_from_a_feed_and_reads_its_state_from_the_asset_sto
     made.asset_state_store = store
     loaded = asyncio.run(made._load_last())
     assert loaded is not None and loaded.at_ms == AT and dict(loaded.positions) == {"orders[0]": 0}
+
+
+def test_the_probe_is_built_from_the_triggers_kwargs_and_the_kafka_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tidemark.orchestration import lag_trigger
+
+    seen: list[str] = []
+
+    def connection(conn_id: str) -> Any:
+        from tidemark.kafka.connection import KafkaConnection
+
+        seen.append(conn_id)
+        return KafkaConnection(bootstrap_servers="127.0.0.1:1")
+
+    monkeypatch.setattr(lag_trigger, "kafka_connection", connection)
+    made = LagTrigger(feed="orders", topics=["a", "b"], group="g", isolation="read_uncommitted", on_missing="latest",
+                      kafka_conn_id="kafka_prod", topic_pattern={"pattern": r"a.*", "exclude": ["ab"]})  # fmt: skip
+    probe = asyncio.run(made._probe())
+    try:
+        assert seen == ["kafka_prod"]
+        assert (probe.topics, probe.group, probe.isolation, probe.on_missing) == (("a", "b"), "g", "read_uncommitted",
+                                                                                  "latest")  # fmt: skip
+        assert probe.pattern is not None and probe.pattern.pattern == "a.*" and probe.pattern.exclude == ("ab",)
+        plain = asyncio.run(LagTrigger(feed="o", topics=["a"], group="g")._probe())
+        assert plain.pattern is None and plain.isolation == "read_committed" and plain.on_missing == "earliest"
+    finally:
+        probe.close()
+
+
+def test_active_runs_asks_airflow_for_the_feeds_dag_in_queued_or_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.execution_time import task_runner
+
+    asked: list[tuple[str, list[str]]] = []
+
+    def get_dr_count(*, dag_id: str, states: list[str]) -> int:
+        asked.append((dag_id, states))
+        return 2
+
+    monkeypatch.setattr(task_runner.RuntimeTaskInstance, "get_dr_count", staticmethod(get_dr_count))
+    made = LagTrigger(feed="orders", topics=["a"], group="g")
+    assert asyncio.run(made.active_runs()) == 2
+    from tidemark.config.models import dag_id
+
+    assert asked == [(dag_id("orders"), ["queued", "running"])]
