@@ -162,7 +162,7 @@ def test_thresholds_of_a_feed() -> None:
     feed = Feed(name="o", group="g", topics=["t"], trigger={"lag_records": 5, "oldest_unread_age": "1m",
                                                             "min_interval": "30s"})  # fmt: skip
     assert Thresholds.of(feed) == Thresholds(5, 60_000, 30.0)
-    with pytest.raises(ValueError, match="^feed 'p' has no trigger$"):
+    with pytest.raises(ValueError, match=r"^feed 'p' has no trigger$"):
         Thresholds.of(Feed(name="p", group="g", topics=["t"]))
 
 
