@@ -148,8 +148,12 @@ def test_path_problems_name_the_walked_path_and_the_fields_there() -> None:
     from tidemark.config.declared import DeclaredField
     from tidemark.config.masking import path_problem
 
-    declared = {**ddl_fields(DDL), "meta": DeclaredField("struct", {}),
-                "outer": DeclaredField("struct", {"inner": DeclaredField("struct", {"leaf": DeclaredField("int")})})}  # fmt: skip
+    inner = DeclaredField("struct", {"leaf": DeclaredField("int")})
+    declared = {
+        **ddl_fields(DDL),
+        "meta": DeclaredField("struct", {}),
+        "outer": DeclaredField("struct", {"inner": inner}),
+    }
     assert path_problem("outer.inner.leaf.x", "redact", declared) == (
         "'outer.inner.leaf' is of type int, not a record: it has no field 'x'"
     )
