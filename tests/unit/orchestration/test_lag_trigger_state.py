@@ -265,3 +265,67 @@ def test_active_runs_asks_airflow_for_the_feeds_dag_in_queued_or_running(monkeyp
     from tidemark.config.models import dag_id
 
     assert asked == [(dag_id("orders"), ["queued", "running"])]
+
+
+def test_the_trigger_says_what_it_does_in_the_triggerers_log(caplog: pytest.LogCaptureFixture) -> None:
+    """Started (and from where its last firing came), each failed check, each firing, each wait: in the log with the
+    feed's name; the event names the feed. Asked once per check at most: a check after a firing whose run has not
+    committed waits on the rule alone, without asking Airflow for active runs."""
+    import logging
+
+    from tidemark.errors import KafkaUnavailableError
+
+    caplog.set_level(logging.DEBUG, logger="tidemark.orchestration.lag_trigger")
+    store = Store()
+    fire = LagReading(AT, 50, (), {"orders[0]": 0})
+    probe = Checks([KafkaUnavailableError("broker down"), fire, LagReading(AT + 1000, 50, (), {"orders[0]": 0})])
+    made = repeated(store, probe)
+    made.oldest_unread_age_ms = 600_000
+    ages: list[int | None] = []
+    reads = probe.read
+    probe.read = lambda age=None: (ages.append(age), reads(age))[1]  # type: ignore[method-assign]
+    asked: list[int] = []
+
+    async def active() -> int:
+        asked.append(1)
+        return 0
+
+    made.active_runs = active  # type: ignore[method-assign]
+    events = asyncio.run(events_of(made))
+    assert [e.payload["feed"] for e in events] == ["orders"]
+    assert ages == [600_000, 600_000, 600_000, 600_000]
+    assert len(asked) == 1  # the firing check only
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records]
+    reason = events[0].payload["reason"]
+    assert messages == [
+        ("INFO", "lag trigger for feed 'orders' (group g) checks every 0s; last fired: never"),
+        ("WARNING", "lag trigger for feed 'orders': check failed, trying again: broker down"),
+        ("INFO", f"lag trigger for feed 'orders' fires: {reason}"),
+        ("DEBUG", "lag trigger for feed 'orders' waits: fired 1s ago and the group's offsets have not moved since: "
+                  "waiting for that run (up to 300s)"),
+    ]  # fmt: skip
+    caplog.clear()
+    asyncio.run(events_of(repeated(store, Checks([]))))
+    assert caplog.records[0].getMessage() == (
+        "lag trigger for feed 'orders' (group g) checks every 0s; last fired: "
+        f"{{'at_ms': {AT}, 'positions': {{'orders[0]': 0}}}} (from Airflow's database)"
+    )
+
+
+def test_the_classpath_airflow_rebuilds_the_trigger_from() -> None:
+    classpath, _ = LagTrigger(feed="orders", topics=["a"], group="g").serialize()
+    assert classpath == "tidemark.orchestration.lag_trigger.LagTrigger"
+
+
+def test_a_probe_for_a_feed_takes_its_group_isolation_reset_policy_and_pattern() -> None:
+    from tidemark.kafka.connection import KafkaConnection
+    from tidemark.orchestration.lag import LagProbe
+
+    feed = Feed(name="orders", group="g", topics={"pattern": r"orders\..*"}, isolation="read_uncommitted",
+                on_missing="latest")  # fmt: skip
+    probe = LagProbe.for_feed(feed, KafkaConnection(bootstrap_servers="127.0.0.1:1"))
+    try:
+        assert (probe.group, probe.isolation, probe.on_missing) == ("g", "read_uncommitted", "latest")
+        assert probe.pattern == feed.topic_pattern and probe.topics == ()
+    finally:
+        probe.close()
