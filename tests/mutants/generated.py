@@ -89,6 +89,15 @@ MODULES: tuple[Module, ...] = (
             "tests/unit/orchestration/test_lag_trigger_state.py",
             "tests/integration/orchestration/test_lag_probe.py",
         ),
+        equivalent={
+            "tidemark.orchestration.lag.x_decide__mutmut_15": "`last is not None and since_s is not None` to `or`: "
+            "since_s is None exactly when last is None",
+            "tidemark.orchestration.lag_trigger.xǁLagTriggerǁcheck__mutmut_19": "the second decide without the last "
+            "firing: it runs only when the first, with it, fired, so the last firing held nothing back and both "
+            "decide alike",
+            "tidemark.orchestration.lag_trigger.xǁLagTriggerǁ_store__mutmut_5": "getattr without its default: "
+            "Airflow's BaseEventTrigger always has asset_state_store (None outside a triggerer)",
+        },
     ),
     Module(
         "partitioning",
