@@ -108,10 +108,14 @@ MODULES: tuple[Module, ...] = (
     Module(
         "protocol",
         ("include/tidemark/runs/protocol.py", "include/tidemark/runs/commit.py"),
-        ("tests/unit/runs/test_protocol_model.py", "tests/unit/runs/test_commit_unit.py"),
+        (
+            "tests/unit/runs/test_protocol_model.py",
+            "tests/unit/runs/test_committing_request.py",
+            "tests/integration/runs/test_commit.py",
+        ),
         later=True,
     ),
-    Module("ledger", ("include/tidemark/output/ledger.py",), ("tests/unit/output/test_ledger.py",), later=True),
+    Module("ledger", ("include/tidemark/output/ledger.py",), ("tests/unit/output/test_table_ledger.py",), later=True),
     Module("changes", ("include/tidemark/output/changes.py",), ("tests/unit/output/test_changes.py",), later=True),
     Module(
         "dead-letters",
@@ -122,13 +126,17 @@ MODULES: tuple[Module, ...] = (
     Module(
         "redrive",
         ("include/tidemark/runs/redrive.py", "include/tidemark/job/redrive.py"),
-        ("tests/unit/job/test_redrive_kept_raw.py", "tests/unit/job/test_redrive_refusals.py"),
+        (
+            "tests/unit/job/test_redrive_kept_raw.py",
+            "tests/unit/job/test_redrive_refusals.py",
+            "tests/unit/job/test_redrive_job.py",
+        ),
         later=True,
     ),
     Module(
         "maintenance",
         ("include/tidemark/output/maintenance.py",),
-        ("tests/unit/output/test_maintenance.py",),
+        ("tests/integration/test_iceberg_maintenance.py",),
         later=True,
     ),
 )
