@@ -53,7 +53,7 @@ class Module:
     name: str
     sources: tuple[str, ...]  # files under include/tidemark
     tests: tuple[str, ...]  # the module's fast selection: pytest files or node ids
-    later: bool = False  # rewritten by others this round: run with --all or by name
+    later: bool = False  # not in the default run (rewritten by others, or slow): run with --all or by name
     jobs: int | None = None  # mutmut's workers, when the tests cannot share a machine (a local Spark session)
     deselect: tuple[str, ...] = ()  # tests of the selection's files left out (a whole Spark application of their own)
     # Mutants known to be equivalent (no test can tell them from the original), with the reason: counted killed.
@@ -78,6 +78,7 @@ MODULES: tuple[Module, ...] = (
         ("include/tidemark/spark/masking.py",),
         ("tests/unit/spark/test_masking.py", "tests/unit/spark/test_masking_shapes.py"),
         jobs=1,  # one local Spark session at a time on this machine
+        later=True,  # its tests run Spark jobs: hours for its ~300 mutants on 2 cores; run it by name
         deselect=("tests/unit/spark/test_masking.py::test_the_masking_key_reaches_no_plan_and_no_event_log",),
     ),
     Module("topics", ("include/tidemark/planning/topics.py",), ("tests/unit/planning/test_topics.py",)),
