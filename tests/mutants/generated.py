@@ -319,6 +319,12 @@ def run_module(module: Module, base: str | None, jobs: int) -> dict[str, object]
         }
         names = [n for n in names if n in on]
     code = mutmut(target, names, module.jobs or jobs, log) if names else 0
+    # mutmut drops the results a change of the module's settings (its test selection) may have made stale: run those.
+    stale = [k for source in module.sources for k, v in mutants_meta(target, source).items() if v is None]
+    if base is not None:
+        stale = [n for n in stale if n in on]
+    if stale:
+        code = mutmut(target, stale, module.jobs or jobs, log)
     mutants = [m for s in module.sources for m in describe(target, s, mutants_meta(target, s))]
     if base is not None:
         mutants = [m for m in mutants if m.name in on]
