@@ -105,6 +105,11 @@ MODULES: tuple[Module, ...] = (
         ("include/tidemark/output/partitioning.py",),
         ("tests/unit/output/test_partitioning.py", "tests/unit/output/test_partitioning_values.py"),
         jobs=1,  # the folder values' test runs Spark: one session at a time
+        equivalent={
+            "tidemark.output.partitioning.x_folder_value__mutmut_42": 'cast("STRING"): Spark reads type names '
+            "case-insensitively, the same cast",
+            "tidemark.output.partitioning.x_folder_value__mutmut_45": 'cast("STRING"): the same cast (see mutmut_42)',
+        },
     ),
     Module(
         "protocol",
