@@ -177,3 +177,30 @@ def test_the_cause_of_a_run_is_written_beside_it(tmp_path) -> None:  # type: ign
     }  # fmt: skip
     record_cause(str(tmp_path), "manual")
     assert json.loads((tmp_path / "trigger.json").read_text()) == {"cause": "manual", "run_type": "", "lag_events": []}
+
+
+def test_the_probe_lists_partitions_again_exactly_when_the_refresh_time_passed(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The partition listing is kept for PARTITIONS_REFRESH_S: asked again at exactly that age, not a moment before
+    (the adapter is a recorder: this is the probe's own timing rule)."""
+    from tidemark.kafka.adapter import PartitionInfo
+    from tidemark.kafka.connection import KafkaConnection
+    from tidemark.orchestration import lag
+
+    class Listing:
+        calls = 0
+
+        def partitions(self, topics: tuple[str, ...]) -> list[PartitionInfo]:
+            Listing.calls += 1
+            return [PartitionInfo(t, 0, 1, (1,), "id") for t in topics]
+
+    now = [1000.0]
+    monkeypatch.setattr(lag.time, "monotonic", lambda: now[0])
+    probe = lag.LagProbe(KafkaConnection(bootstrap_servers="127.0.0.1:1"), ["a"], "g")
+    probe._adapter = Listing()  # type: ignore[assignment]
+    assert probe._tps() == [("a", 0)] and Listing.calls == 1
+    now[0] += lag.PARTITIONS_REFRESH_S - 0.001
+    probe._tps()
+    assert Listing.calls == 1
+    now[0] = 1000.0 + lag.PARTITIONS_REFRESH_S
+    probe._tps()
+    assert Listing.calls == 2
