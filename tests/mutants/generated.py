@@ -56,6 +56,8 @@ class Module:
     later: bool = False  # not in the default run (rewritten by others, or slow): run with --all or by name
     jobs: int | None = None  # mutmut's workers, when the tests cannot share a machine (a local Spark session)
     deselect: tuple[str, ...] = ()  # tests of the selection's files left out (a whole Spark application of their own)
+    # Per test: a mutant that makes a test wait on the network (no CPU, so mutmut's CPU limit never ends it) fails there.
+    timeout_s: int | None = None
     # Mutants known to be equivalent (no test can tell them from the original), with the reason: counted killed.
     equivalent: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
@@ -90,6 +92,7 @@ MODULES: tuple[Module, ...] = (
             "tests/unit/orchestration/test_lag_trigger_state.py",
             "tests/integration/orchestration/test_lag_probe.py",
         ),
+        timeout_s=60,
         equivalent={
             "tidemark.orchestration.lag.x_decide__mutmut_15": "`last is not None and since_s is not None` to `or`: "
             "since_s is None exactly when last is None",
@@ -180,6 +183,8 @@ def configure(module: Module, target: Path) -> None:
     """mutmut's settings for ``module`` in the scratch copy's ``pyproject.toml`` (``[tool.mutmut]``)."""
     project = target / "pyproject.toml"
     deselect = [f"--deselect={t}" for t in module.deselect]
+    if module.timeout_s is not None:
+        deselect.append(f"--timeout={module.timeout_s}")
     text = (ROOT / "pyproject.toml").read_text()
     text += (
         "\n[tool.mutmut]\n"
