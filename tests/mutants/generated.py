@@ -56,7 +56,7 @@ class Module:
     later: bool = False  # not in the default run (rewritten by others, or slow): run with --all or by name
     jobs: int | None = None  # mutmut's workers, when the tests cannot share a machine (a local Spark session)
     deselect: tuple[str, ...] = ()  # tests of the selection's files left out (a whole Spark application of their own)
-    # Per test: a mutant that makes a test wait on the network (no CPU, so mutmut's CPU limit never ends it) fails there.
+    # Per test: a mutant making a test wait on the network (no CPU: mutmut's CPU limit never ends it) fails there.
     timeout_s: int | None = None
     # Mutants known to be equivalent (no test can tell them from the original), with the reason: counted killed.
     equivalent: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
