@@ -347,10 +347,17 @@ class Model:
 
     def foreign_step(self, back: bool = False) -> None:
         """A stray consumer commits the group two records further, or an operator resets it two records back
-        (nothing of Tidemark's in the metadata)."""
+        (nothing of Tidemark's in the metadata).
+
+        Before the feed has any run (only possible inside its first plan step, after the records were produced),
+        the group's offsets are where the feed starts, as a group that existed before the feed: the records they
+        pass over were never the feed's, and are not expected in its output."""
         for tp in TPS:
             now = self.w.group.get(tp, Committed(None, "")).offset or 0
-            self.w.group[tp] = Committed(max(now - 2, 0) if back else min(now + 2, self.w.end[tp]), "")
+            moved = max(now - 2, 0) if back else min(now + 2, self.w.end[tp])
+            if not self.w.ledger:
+                self.w.named.update((tp, o) for o in range(now, moved))
+            self.w.group[tp] = Committed(moved, "")
 
     def check_output(self) -> None:
         seen: dict[tuple[TP, int], str] = {}
