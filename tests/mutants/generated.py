@@ -80,7 +80,11 @@ MODULES: tuple[Module, ...] = (
     Module(
         "masking-spark",
         ("include/tidemark/spark/masking.py",),
-        ("tests/unit/spark/test_masking.py", "tests/unit/spark/test_masking_shapes.py"),
+        (
+            "tests/unit/spark/test_masking_key.py",
+            "tests/unit/spark/test_masking.py",
+            "tests/unit/spark/test_masking_shapes.py",
+        ),
         jobs=1,  # one local Spark session at a time on this machine
         later=True,  # its tests run Spark jobs: hours for its 723 mutants on 2 cores; run it by name
         deselect=("tests/unit/spark/test_masking.py::test_the_masking_key_reaches_no_plan_and_no_event_log",),
