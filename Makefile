@@ -129,6 +129,19 @@ differential: install
 mutants: install
 	$(BIN)/python -m tests.mutants.run $(MUTANTS_ARGS)
 
+# Generated mutants (mutmut) of the modules that decide what is shown, kept, deleted or masked, each against its own
+# fast test selection (tests/mutants/generated.py), at most MUTATION_JOBS processes; red when a module kills fewer than
+# 85 %. MUTATION_ARGS: module names, --all (also the modules listed later), --doc (the summary into docs/faults.md).
+# mutation-diff: only the mutants on lines changed since BASE (the working tree included); red when one survives.
+MUTATION_JOBS ?= 2
+.PHONY: mutation mutation-diff
+mutation: install
+	$(BIN)/python -m tests.mutants.generated --jobs $(MUTATION_JOBS) $(MUTATION_ARGS)
+
+mutation-diff: install
+	@test -n "$(BASE)" || { echo "usage: make mutation-diff BASE=<git revision>"; exit 2; }
+	$(BIN)/python -m tests.mutants.generated --all --jobs $(MUTATION_JOBS) --base $(BASE) $(MUTATION_ARGS)
+
 # Benchmarks run on the embedded cluster (started if needed) unless TIDEMARK_BOOTSTRAP_SERVERS is set.
 bench: install
 	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up

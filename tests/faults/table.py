@@ -141,7 +141,8 @@ def render(counts: dict[str, object], mutants_run: dict[str, object] | None = No
 
 def main() -> int:
     counts = json.loads(LAST_RUN.read_text()) if LAST_RUN.exists() else {}
-    DOC.write_text(render(counts, _mutants()))
+    kept = DOC.read_text().partition("\n## Generated mutants\n")[2] if DOC.exists() else ""  # make mutation's
+    DOC.write_text(render(counts, _mutants()) + (f"\n## Generated mutants\n{kept}" if kept else ""))
     print(f"wrote {DOC}")
     return 0
 

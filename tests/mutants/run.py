@@ -6,10 +6,14 @@ exact text replacements in one or two files. For each, the runner copies the wor
 breakage there (it refuses to run a mutant whose text is not found exactly once: a
 breakage that no longer applies is reported, never skipped), and runs only the tests
 that must catch it, with the scratch copy's ``tidemark`` first on the path (checked).
-A mutant is *caught* when at least one of its tests *fails* (an assertion about behaviour):
-a test that errors (a fixture that could not start, an import that broke) proves nothing
-about the guarantee, so it is listed apart and does not count. The table lists every
-mutant, the tests that failed, those that errored, and caught yes/no; the exit code is
+A mutant is *caught* when at least one of its tests *fails on an assertion*: an
+``assert`` or ``pytest.fail`` (``pytest.raises`` that saw no exception, a pytest-timeout
+of a breakage that hangs) in the tests' own code, read from the JUnit XML of the run
+(:func:`classify`). A test that errors (a fixture that could not start, an import that
+broke) proves nothing about the guarantee, nor does one whose body died of a product
+exception it did not assert (a ``StuckRunError`` out of a helper, an ``assert`` inside
+``tidemark``): both are listed apart and do not count. The table lists every mutant, the
+tests that failed on an assertion, those that raised or errored, and caught yes/no; the exit code is
 non-zero when any mutant survived, did not apply or ran none of its tests. Every selected
 test first runs on an unbroken copy (the baseline; ``--no-baseline`` skips it): a test
 red there proves nothing, and the run stops.
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1551,6 +1556,22 @@ MUTANTS = (
         (Edit("include/tidemark/output/staging.py", "    if found.st_mode & 0o077:\n", "    if False:\n"),),
         ("tests/unit/output/test_staging_base.py",),
     ),
+    Mutant(
+        "settling-outside-the-lock",
+        "commits of one group take turns: a new plan settles the open runs under the group's commit lock (the "
+        "listing stays under it, the settling moved out)",
+        (
+            Edit(
+                "include/tidemark/runs/protocol.py",
+                "    with store.commit_lock(group):\n        for row in store.open_runs(feed):",
+                "    with store.commit_lock(group):\n        rows = store.open_runs(feed)\n    for row in rows:",
+            ),
+        ),
+        (
+            "tests/unit/runs/test_protocol_model.py::"
+            "test_a_plan_step_settles_a_staged_run_under_the_lock_while_its_own_commit_waits",
+        ),
+    ),
 )
 
 
@@ -1562,6 +1583,7 @@ class Outcome:
     red: list[str]
     passed: list[str]
     errored: list[str] = field(default_factory=list)
+    raised: list[str] = field(default_factory=list)  # died of an exception no assertion of the test named
     error: str | None = None
     seconds: float = 0.0
 
@@ -1602,10 +1624,54 @@ def environment(target: Path, tests: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
+_LOCATION = re.compile(r"^(?P<path>\S+?):(?P<line>\d+): (?P<what>\S+)$", re.M)
+_ASSERTING = ("AssertionError", "Failed")  # an assert, pytest.fail / pytest.raises that saw nothing / a timeout
+
+
+def classify(message: str, text: str) -> str:
+    """``assertion`` or ``raised``: how a JUnit ``<failure>`` (its ``message`` attribute, its traceback text) ended.
+
+    An assertion is an ``AssertionError`` (pytest's rewritten ``assert`` reports ``assert ...``) or
+    pytest's ``Failed`` (``pytest.fail``, ``pytest.raises`` that saw no exception, pytest-timeout's
+    ``Timeout``) whose innermost frame is outside the ``tidemark`` package: the test said what it
+    expected. Anything else (a product exception out of the test's body, an ``assert`` inside
+    ``tidemark``) is ``raised``: the test did not say that this was wrong.
+    """
+    head = message.strip().splitlines()[0] if message.strip() else ""
+    kind = "AssertionError" if head.startswith("assert ") or head == "assert" else head.split(":", 1)[0].strip()
+    if kind.rsplit(".", 1)[-1] not in _ASSERTING:
+        return "raised"
+    if kind.rsplit(".", 1)[-1] == "Failed" and head.split(":", 1)[-1].strip().startswith("Timeout"):
+        return "assertion"  # pytest-timeout stops a breakage that hangs: the mutant's own timeout_s says so
+    where = _LOCATION.findall(text)
+    innermost = where[-1][0].replace("\\", "/") if where else ""
+    in_product = "/tidemark/" in f"/{innermost}" and "/tests/" not in f"/{innermost}"
+    return "raised" if in_product else "assertion"
+
+
+def read_report(report: Path) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(failed on an assertion, passed, errored, raised) node ids of one pytest JUnit XML report."""
+    red: list[str] = []
+    passed: list[str] = []
+    errored: list[str] = []
+    raised: list[str] = []
+    for case in ET.parse(report).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+        failure = case.find("failure")
+        if case.find("error") is not None:
+            errored.append(name)  # setup or teardown broke: says nothing about the guarantee
+        elif failure is not None:
+            verdict = classify(failure.get("message", ""), failure.text or "")
+            (red if verdict == "assertion" else raised).append(name)
+        elif case.find("skipped") is None:
+            passed.append(name)
+    return red, passed, errored, raised
+
+
 def run_tests(
     target: Path, tests: tuple[str, ...], report: Path, timeout_s: int | None = None
-) -> tuple[list[str], list[str], list[str]]:
-    """(failed, passed, errored) node ids of one pytest run in ``target``."""
+) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(failed on an assertion, passed, errored, raised) node ids of one pytest run in ``target``."""
     env = environment(target, tests)
     where = subprocess.run(
         [sys.executable, "-c", "import tidemark; print(tidemark.__file__)"],
@@ -1617,18 +1683,7 @@ def run_tests(
     if timeout_s is not None:
         cmd.append(f"--timeout={timeout_s}")
     subprocess.run(cmd, cwd=target, env=env, check=False)
-    red: list[str] = []
-    passed: list[str] = []
-    errored: list[str] = []
-    for case in ET.parse(report).getroot().iter("testcase"):
-        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
-        if case.find("error") is not None:
-            errored.append(name)  # setup or teardown broke: says nothing about the guarantee
-        elif case.find("failure") is not None:
-            red.append(name)
-        elif case.find("skipped") is None:
-            passed.append(name)
-    return red, passed, errored
+    return read_report(report)
 
 
 def run_mutant(mutant: Mutant | None, tests: tuple[str, ...], keep: bool) -> Outcome:
@@ -1641,8 +1696,10 @@ def run_mutant(mutant: Mutant | None, tests: tuple[str, ...], keep: bool) -> Out
         if mutant is not None:
             apply(scratch, mutant.edits)
         timeout_s = mutant.timeout_s if mutant else None
-        outcome.red, outcome.passed, outcome.errored = run_tests(scratch, tests, scratch / "junit.xml", timeout_s)
-        if not outcome.red and not outcome.passed and not outcome.errored:
+        outcome.red, outcome.passed, outcome.errored, outcome.raised = run_tests(
+            scratch, tests, scratch / "junit.xml", timeout_s
+        )
+        if not (outcome.red or outcome.passed or outcome.errored or outcome.raised):
             outcome.error = "none of its tests ran"
     except (RuntimeError, subprocess.CalledProcessError, ET.ParseError, OSError) as exc:
         outcome.error = str(exc)
@@ -1656,12 +1713,15 @@ def run_mutant(mutant: Mutant | None, tests: tuple[str, ...], keep: bool) -> Out
 
 
 def table(outcomes: list[Outcome]) -> str:
-    rows = ["| mutant | breaks | failed tests | errored (not counted) | caught | s |", "|---|---|---|---|---|---:|"]
+    rows = [
+        "| mutant | breaks | failed on an assertion | raised or errored (not counted) | caught | s |",
+        "|---|---|---|---|---|---:|",
+    ]
     for o in outcomes:
         red = ", ".join(f"`{t}`" for t in o.red) or "none"
-        errored = ", ".join(f"`{t}`" for t in o.errored) or "none"
+        apart = ", ".join([*(f"`{t}` (raised)" for t in o.raised), *(f"`{t}` (errored)" for t in o.errored)])
         verdict = f"NO ({o.error})" if o.error else ("yes" if o.red else "NO (survived)")
-        rows.append(f"| {o.mutant} | {o.breaks} | {red} | {errored} | {verdict} | {o.seconds:.0f} |")
+        rows.append(f"| {o.mutant} | {o.breaks} | {red} | {apart or 'none'} | {verdict} | {o.seconds:.0f} |")
     return "\n".join(rows)
 
 
@@ -1678,9 +1738,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_baseline:
         tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
         base = run_mutant(None, tests, args.keep)
-        if base.red or base.errored or base.error:
+        if base.red or base.errored or base.raised or base.error:
             print(table([base]))
-            print(f"baseline not green: {base.red or base.errored or base.error}; fix that first")
+            print(f"baseline not green: {base.red or base.raised or base.errored or base.error}; fix that first")
             return 2
     outcomes = [run_mutant(m, m.tests, args.keep) for m in chosen]
     print()

@@ -79,3 +79,36 @@ def test_a_pattern_feeds_probe_counts_every_matching_topic_and_one_created_later
         assert (later.records, sorted(later.positions)) == (10, [f"{eu}[0]", f"{us}[0]", f"{us}[1]"])
     finally:
         probe.close()
+
+
+def test_the_probe_reads_under_the_feeds_isolation_and_stamps_the_reading_with_the_given_time(
+    kafka: KafkaTestCluster,
+) -> None:
+    """An open transaction's records count as lag under read_uncommitted only (the ends and the timestamp look-up
+    both under the feed's isolation); a reading made at a given time carries that time."""
+    from confluent_kafka import Producer
+
+    topic = kafka.new_topic(partitions=1, prefix="probeiso")
+    kafka.produce(topic, keyed_records(2, partition=0))
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"tx-{uuid.uuid4().hex}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(3):
+        producer.produce(topic, value=f"open-{i}".encode(), partition=0)
+    producer.flush(30)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    kafka.adapter.alter_committed(group, {(topic, 0): (2, "")})
+    committed = LagProbe(kafka.connection, [topic], group, isolation="read_committed")
+    uncommitted = LagProbe(kafka.connection, [topic], group, isolation="read_uncommitted")
+    try:
+        now_ms = int(time.time() * 1000)
+        seen = committed.read(oldest_unread_age_ms=3_600_000, now_ms=now_ms)
+        assert (seen.at_ms, seen.records, seen.overdue) == (now_ms, 0, ())
+        # The open transaction's records are young: none overdue at an hour, all at a negative age (every one older).
+        raw = uncommitted.read(oldest_unread_age_ms=3_600_000, now_ms=now_ms + 1)
+        assert (raw.at_ms, raw.records, raw.overdue) == (now_ms + 1, 3, ())
+        assert uncommitted.read(oldest_unread_age_ms=-3_600_000).overdue == (f"{topic}[0]",)
+    finally:
+        committed.close()
+        uncommitted.close()
+        producer.abort_transaction(30)

@@ -142,3 +142,40 @@ def test_a_column_the_output_is_built_on_may_not_be_dropped(tmp_path: Path, text
     base = BASE.replace("order_id long NOT NULL", "order_id long")  # a keyed table's fields may be null (tombstones)
     with pytest.raises(Exception, match=named):
         load_feed_file(feed_file(tmp_path, text, base=base))
+
+
+def test_path_problems_name_the_walked_path_and_the_fields_there() -> None:
+    from tidemark.config.declared import DeclaredField
+    from tidemark.config.masking import path_problem
+
+    inner = DeclaredField("struct", {"leaf": DeclaredField("int")})
+    declared = {
+        **ddl_fields(DDL),
+        "meta": DeclaredField("struct", {}),
+        "outer": DeclaredField("struct", {"inner": inner}),
+    }
+    assert path_problem("outer.inner.leaf.x", "redact", declared) == (
+        "'outer.inner.leaf' is of type int, not a record: it has no field 'x'"
+    )
+    assert path_problem("outer.inner.nope", "redact", declared) == (
+        "'outer.inner' has no field 'nope' (its fields: leaf)"
+    )
+    assert path_problem("nope", "redact", declared) == (
+        "the declared schema has no field 'nope' (its fields: amount, customer, items, meta, order_id, outer, tags)"
+    )
+    assert path_problem("meta.x", "hash", declared) == "'meta' has no field 'x' (its fields: none)"
+    assert path_problem("outer.inner.leaf", Truncate(truncate=1), declared) == (
+        "truncate needs a string or binary field; 'outer.inner.leaf' is of type int"
+    )
+    assert path_problem("customer.email", Truncate(truncate=1), declared) is None
+    assert path_problem("outer.inner.leaf", "drop", declared) is None
+
+
+@pytest.mark.parametrize(
+    ("treatment", "name"),
+    [("drop", "drop"), ("hash", "hash"), ("redact", "redact"), (Truncate(truncate=3), "truncate")],
+)
+def test_each_treatment_has_its_name(treatment: object, name: str) -> None:
+    from tidemark.config.masking import treatment_name
+
+    assert treatment_name(treatment) == name  # type: ignore[arg-type]

@@ -133,3 +133,77 @@ def test_a_topic_the_last_run_read_is_removed_once_deleted_or_no_longer_matching
 def test_a_list_feed_has_no_topic_events() -> None:
     feed = Feed(name="l", group="g", topics=["a", "b"])
     assert topic_events(feed, [snap("a", committed=1), snap("b")], {("c", 0): RUN1}) == []
+
+
+# Boundaries: names that are a prefix or a suffix of what a pattern or an exclusion takes; internal-name prefixes.
+
+
+@pytest.mark.parametrize(
+    ("topic", "taken"),
+    [
+        ("orders.eu", True),
+        ("orders.", True),  # the pattern's own prefix with an empty rest: .* takes nothing
+        ("orders", False),  # a prefix of every taken name, without the dot
+        ("xorders.eu", False),  # a taken name with a character before it: whole-name match
+        ("old.orders.eu", False),
+        ("orders.dlq", False),  # excluded exactly
+        ("orders.dlq2", True),  # the exclusion is a prefix of it: excluded names are whole names too
+        ("orders.dl", True),  # a prefix of the excluded name
+        ("orders.xdlq", True),  # the exclusion is a suffix of it
+    ],
+)
+def test_a_pattern_and_its_exclusions_take_whole_names_only(topic: str, taken: bool) -> None:
+    feed = pattern_feed()
+    assert feed.topic_pattern is not None
+    assert feed.topic_pattern.matches(topic) is taken
+    assert matching_topics(feed.topic_pattern, [topic]) == ((topic,) if taken else ())
+
+
+@pytest.mark.parametrize(
+    ("topic", "internal"),
+    [("_", False), ("__", True), ("_confluent", True), ("_confluen", False), ("_schemas2", False),
+     ("x_schemas", False), ("x__offsets", False), ("_confluentx", True)],
+)  # fmt: skip
+def test_internal_names_at_their_prefix_boundaries(topic: str, internal: bool) -> None:
+    assert is_internal(topic) is internal
+
+
+@pytest.mark.parametrize("count", [0, 1, 10, 11])
+def test_the_refusal_lists_at_most_ten_topics_and_says_how_many_there_are(count: int) -> None:
+    names = [f"t{i:02d}" for i in range(count)]
+    with pytest.raises(PlanningError) as err:
+        resolve_feed_topics(pattern_feed(), lambda: names, "k:9092")
+    message = str(err.value)
+    if count == 0:
+        assert "(topics there: none;" in message
+    else:
+        shown = ", ".join(names[:10])
+        assert f"(topics there: {shown}{f', ... ({count} in all)' if count > 10 else ''};" in message
+    assert "t10" not in message  # the eleventh is not named
+    assert "in all" in message if count > 10 else "in all" not in message
+    assert message.endswith("Fix the pattern or create a matching topic (nothing was read or committed)")
+
+
+def test_a_new_topic_is_added_when_the_feed_has_positions_or_shown_runs_only_one_of_them() -> None:
+    feed = pattern_feed().with_topics(("orders.eu", "orders.us"))
+    # Positions on orders.eu, no shown run yet (the output never showed a run): orders.us is added.
+    events = topic_events(feed, [snap("orders.eu", committed=3), snap("orders.us")], {})
+    assert [(e.kind, e.topic) for e in events] == [("topic_added", "orders.us")]
+    # No position on the topics matched now, but the output showed a run (of a topic no longer matched): both added.
+    events = topic_events(feed, [snap("orders.eu"), snap("orders.us")], {("orders.old", 0): RUN1})
+    assert [(e.kind, e.topic) for e in events] == [
+        ("topic_added", "orders.eu"),
+        ("topic_added", "orders.us"),
+        ("topic_removed", "orders.old"),
+    ]
+
+
+def test_a_removed_topics_event_names_the_pattern_the_run_and_why() -> None:
+    feed = pattern_feed().with_topics(("orders.eu",))
+    events = topic_events(feed, [snap("orders.eu", committed=4)], {("orders.eu", 0): RUN2, ("orders.us", 0): RUN2})
+    assert [(e.kind, e.topic) for e in events] == [("topic_removed", "orders.us")]
+    assert events[0].details == {"pattern": r"orders\..*", "last_run": RUN2, "reason": "missing"}
+    assert (
+        "no longer exists on the cluster (deleted, or the principal may no longer describe it): it is not read"
+        in events[0].message
+    )
