@@ -1,20 +1,20 @@
 """Every masking treatment at every place a value can sit: a top-level field, a field of a nested record, a field of
 each record in an array, a map-typed field, the record's key and a header, in one record; and a null at each place.
 
-Each treatment is checked against what it must give computed in Python (HMAC-SHA256 from :mod:`hmac`, the marker,
-a prefix, nothing), so a treatment applied at one place and forgotten at another shows.
+Each treatment is checked against what it must give computed apart from Tidemark (HMAC-SHA256 under the field's
+HKDF-derived key, :func:`tests.support.masking.hashed`; the marker, a prefix, nothing), so a treatment applied at
+one place and forgotten at another shows.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import hmac
 import json
 from typing import Any
 
 import pytest
 
+from tests.support.masking import hashed, strong_key
 from tidemark.config.masking import MASKED, Masking, Treatment, Truncate
 from tidemark.config.models import Deserialization
 from tidemark.errors import ConfigError
@@ -24,7 +24,7 @@ from tidemark.spark.masking import mask_records
 pytestmark = pytest.mark.spark
 
 TS = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-KEY = b"a-masking-key-of-some-length"
+KEY = strong_key().encode()
 DDL = (
     "id long, email string, customer struct<email: string, name: string>, "
     "items array<struct<sku: string, note: string>>, attrs map<string, string>, tags array<string>"
@@ -42,8 +42,9 @@ HEADERS = [("trace", b"t-1"), ("pii", b"secret"), ("pii2", b"other")]
 PATHS = ("email", "customer.email", "items.note", "attrs", "tags")
 
 
-def mac(value: str | bytes) -> str:
-    return hmac.new(KEY, value.encode() if isinstance(value, str) else value, hashlib.sha256).hexdigest()
+def mac(value: str | bytes, field: str) -> str:
+    """``value`` hashed in ``field`` (``customer.email``, ``key``, ``headers.pii``) of feed ``orders``."""
+    return hashed(value, field, KEY, "orders")
 
 
 def _masked(spark: Any, masking: Masking) -> list[Any]:
@@ -74,13 +75,21 @@ def _check_nulls(nulls: Any, empty: Any, gone: set[str]) -> None:
 
 def test_hash_at_every_place(spark: Any) -> None:
     row, nulls, empty = _masked(spark, _everywhere("hash"))
-    assert row.email == mac("ann@example.com")
-    assert (row.customer.email, row.customer.name) == (mac("bob@example.com"), "Bob")
-    assert [(i.sku, i.note) for i in row["items"]] == [("s1", mac("call ann")), ("s2", None), ("s3", mac("ring"))]
-    assert row.attrs == mac('{"a":"x","b":"y"}')  # a map: its JSON text's hash
-    assert row.tags == mac('["vip",null]')  # an array named whole: its JSON text's hash
-    assert row.key == mac("key-0")  # the decoded key (a string)
-    assert _headers(row) == [("trace", b"t-1"), ("pii", mac("secret").encode()), ("pii2", mac("other").encode())]
+    assert row.email == mac("ann@example.com", "email")
+    assert (row.customer.email, row.customer.name) == (mac("bob@example.com", "customer.email"), "Bob")
+    assert [(i.sku, i.note) for i in row["items"]] == [
+        ("s1", mac("call ann", "items.note")),
+        ("s2", None),
+        ("s3", mac("ring", "items.note")),
+    ]
+    assert row.attrs == mac('{"a":"x","b":"y"}', "attrs")  # a map: its JSON text's hash
+    assert row.tags == mac('["vip",null]', "tags")  # an array named whole: its JSON text's hash
+    assert row.key == mac("key-0", "key")  # the decoded key (a string)
+    assert _headers(row) == [
+        ("trace", b"t-1"),
+        ("pii", mac("secret", "headers.pii").encode()),
+        ("pii2", mac("other", "headers.pii2").encode()),
+    ]
     assert _headers(nulls) == [("pii", None)]
     _check_nulls(nulls, empty, set())
     assert row.id == 1
@@ -145,10 +154,10 @@ def test_each_place_alone_leaves_the_others_untouched(spark: Any) -> None:
     (row, _, _) = _masked(spark, Masking(headers={"pii2": "redact"}))
     assert _headers(row) == [("trace", b"t-1"), ("pii", b"secret"), ("pii2", MASKED.encode())]
     (row, _, _) = _masked(spark, Masking(headers={"pii": "hash"}, key="redact"))
-    assert _headers(row) == [("trace", b"t-1"), ("pii", mac("secret").encode()), ("pii2", b"other")]
+    assert _headers(row) == [("trace", b"t-1"), ("pii", mac("secret", "headers.pii").encode()), ("pii2", b"other")]
     assert row.key == MASKED
     (row, _, _) = _masked(spark, Masking(headers={"pii2": "drop", "trace": "hash"}))
-    assert _headers(row) == [("trace", mac("t-1").encode()), ("pii", b"secret")]
+    assert _headers(row) == [("trace", mac("t-1", "headers.trace").encode()), ("pii", b"secret")]
 
 
 def test_hashing_without_a_key_is_refused(spark: Any) -> None:
