@@ -201,7 +201,7 @@ def test_a_clean_iceberg_feed_verifies_clean_and_each_planted_defect_is_named(fe
     assert verify(fenv).findings == []
 
     # The table rolled back past its last plan with records: the ledger's shown run is named, and its offsets.
-    from tidemark.output.iceberg import PLAN_KEY, RANGES_KEY, plan_history
+    from tidemark.output.iceberg import PLAN_KEY, RANGES_KEY, RUN_KEY, plan_history
 
     def ranges_of(snapshot: Any) -> list[dict[str, Any]]:
         return list(json.loads((snapshot.summary or {}).get(RANGES_KEY) or "[]"))
@@ -218,7 +218,7 @@ def test_a_clean_iceberg_feed_verifies_clean_and_each_planted_defect_is_named(fe
     ranges = ranges_of(last)
     assert lost == {(r["topic"], r["partition"], (r["start"], r["end"])) for r in ranges if r["end"] > r["start"]}
     # Its quarantine folder beside the table belongs to no plan the table shows now.
-    folder = f"{publisher.quarantine}/plan_id={last.summary[PLAN_KEY]}/"
+    folder = f"{publisher.quarantine_folder(last.summary[PLAN_KEY], last.summary.get(RUN_KEY))}/"
     assert all(str(path).startswith(folder) for path in found.pop("unowned_file", []))
     assert found == {}
     table = publisher.load()
