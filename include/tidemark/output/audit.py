@@ -272,13 +272,31 @@ def _missing(paths: Iterable[str], what: str) -> list[FileProblem]:
     return problems
 
 
-def _scan_present(table: Any, columns: tuple[str, ...]) -> pa.Table:
-    """The current snapshot's rows of ``columns``, from the data files that exist (a missing one is named apart)."""
+def _added_by(table: Any) -> dict[str, int]:
+    """The current snapshot's live data files, each with the id of the snapshot that added it."""
+    snapshot = table.current_snapshot()
+    found: dict[str, int] = {}
+    for manifest in snapshot.manifests(table.io) if snapshot is not None else ():
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.snapshot_id is not None:
+                found[entry.data_file.file_path] = int(entry.snapshot_id)
+    return found
+
+
+def _scan_present(table: Any, columns: tuple[str, ...], redrives: Mapping[int, str]) -> list[tuple[str, pa.Table]]:
+    """The current snapshot's rows of ``columns``, from the data files that exist (a missing one is named apart):
+    ``("*", rows)`` for the plans' files, and ``(re-drive id, rows)`` for the files a re-drive's snapshot added
+    (``redrives``: snapshot id -> re-drive id), so that a re-driven dead letter is told from a published record."""
     from pyiceberg.io.pyarrow import ArrowScan
 
     scan = table.scan(selected_fields=columns)
-    tasks = [t for t in scan.plan_files() if Location.of(plain(t.file.file_path)).exists()]
-    return ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter, scan.case_sensitive).to_table(tasks)
+    added = _added_by(table) if redrives else {}
+    groups: dict[str, list[Any]] = {"*": []}
+    for task in scan.plan_files():
+        if Location.of(plain(task.file.file_path)).exists():
+            groups.setdefault(redrives.get(added.get(task.file.file_path, -1), "*"), []).append(task)
+    arrow = ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter, scan.case_sensitive)
+    return [(plan_id, arrow.to_table(tasks)) for plan_id, tasks in groups.items() if tasks or plan_id == "*"]
 
 
 def read_iceberg_output(
@@ -310,7 +328,10 @@ def read_iceberg_output(
         )
     names = set(table.schema().column_names)
     wanted = [c for c in (*ROW_COLUMNS, *(CONTENT_COLUMNS if content else ())) if c in names]
-    view.rows.append(Rows("*", f"table {publisher.table_name}", _scan_present(table, tuple(wanted))))
+    redrives = {s.snapshot_id: str(s.summary.get(PLAN_KEY)) for s in plan_history(table)
+                if s.summary is not None and str(s.summary.get(PLAN_KEY) or "").startswith(REDRIVE_PREFIX)}  # fmt: skip
+    for plan_id, rows in _scan_present(table, tuple(wanted), redrives):
+        view.rows.append(Rows(plan_id, f"table {publisher.table_name}", rows))
     shown = {p.plan_id for p in view.publications}
     shown_runs = {(p.run_id, p.plan_id) for p in view.publications if p.run_id}
     for plan_id, run_id in sorted({(p.plan_id, p.run_id or "") for p in view.publications}):

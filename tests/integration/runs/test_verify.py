@@ -300,3 +300,21 @@ def test_dead_letters_the_ledger_and_the_output_disagree_on_are_named(fenv: Faul
     assert found == {}
     moved.rename(folder)
     assert verify(fenv).findings == []
+
+
+def test_an_iceberg_feed_verifies_clean_after_a_redrive(fenv: FaultEnv) -> None:
+    """The table holds the re-driven dead letters beside the plans' records, and their plan's quarantine folder
+    keeps them: verify tells them apart by the snapshot that added their files, so they are neither held twice nor
+    unlisted dead letters."""
+    from tests.integration.runs.test_redrive import FIXED_RULE
+    from tests.support.poison import produce_with_poison
+    from tidemark.runs.redrive import redrive_feed
+
+    fenv.use_iceberg(f"tidemark.vr_{fenv.topic.replace('-', '_').replace('.', '_')}")
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    assert verify(fenv).findings == []
+    fenv.write_feed(validation=FIXED_RULE)
+    first = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert (first.state, first.published) == ("shown", 3)
+    assert [(f.kind, f.message) for f in verify(fenv).findings] == []
