@@ -494,10 +494,10 @@ class FaultEnv:
                     for path in json.loads((run / name).read_text())["paths"]:
                         _read_rows(path, Location.of(path), rows)
                     # The run's own quarantine (run_id=<run>/plan_id=<id>/), else the layout of plans staged before
-                    base = Location.of(f"{self.output}.quarantine")
-                    quarantine = base / f"run_id={run.name}" / name.removesuffix(".json")
+                    kept = Location.of(f"{self.output}.quarantine")
+                    quarantine = kept / f"run_id={run.name}" / name.removesuffix(".json")
                     if not quarantine.exists():
-                        quarantine = base / name.removesuffix(".json")
+                        quarantine = kept / name.removesuffix(".json")
                     for part, _ in quarantine.files() if quarantine.exists() else []:
                         if part.endswith(".parquet"):
                             _read_rows(part, quarantine / part, rows)
