@@ -493,7 +493,11 @@ class FaultEnv:
                 for name, _ in run.files():
                     for path in json.loads((run / name).read_text())["paths"]:
                         _read_rows(path, Location.of(path), rows)
-                    quarantine = Location.of(f"{self.output}.quarantine") / name.removesuffix(".json")
+                    # The run's own quarantine (run_id=<run>/plan_id=<id>/), else the layout of plans staged before
+                    kept = Location.of(f"{self.output}.quarantine")
+                    quarantine = kept / f"run_id={run.name}" / name.removesuffix(".json")
+                    if not quarantine.exists():
+                        quarantine = kept / name.removesuffix(".json")
                     for part, _ in quarantine.files() if quarantine.exists() else []:
                         if part.endswith(".parquet"):
                             _read_rows(part, quarantine / part, rows)

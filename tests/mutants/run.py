@@ -1572,6 +1572,46 @@ MUTANTS = (
             "test_a_plan_step_settles_a_staged_run_under_the_lock_while_its_own_commit_waits",
         ),
     ),
+    Mutant(
+        "verify-quarantine-owned-by-the-plan-not-the-run",
+        "verify gives a run's quarantine folder an owner only while the run is open or as the shown plan's run",
+        (
+            Edit(
+                "include/tidemark/output/audit.py",
+                "run_id in claims.open_runs or (run_id, plan_id) in claims.shown_runs",
+                "run_id in claims.open_runs or plan_id in claims.shown_plans",
+            ),
+        ),
+        (
+            "tests/unit/runs/test_verify.py::"
+            "test_a_runs_quarantine_folder_is_the_runs_while_open_and_the_plans_once_shown_as_that_run_published_it",
+        ),
+    ),
+    Mutant(
+        "verify-staging-lock-by-prefix",
+        "verify owns a staging folder and its lock by the run id up to the first dot, never by a prefix",
+        (
+            Edit(
+                "include/tidemark/output/audit.py",
+                'return "staging" if parts[1].split(".", 1)[0] in claims.open_runs | claims.open_plans else None',
+                'return "staging" if any(parts[1].startswith(i) for i in claims.open_runs | claims.open_plans) '
+                "else None",
+            ),
+        ),
+        ("tests/unit/runs/test_verify.py::test_a_runs_staging_folder_and_its_lock_are_the_runs_while_it_is_open",),
+    ),
+    Mutant(
+        "verify-iceberg-redrive-rows-as-plans",
+        "verify tells an Iceberg table's re-driven rows from the plans' by the snapshot that added their file",
+        (
+            Edit(
+                "include/tidemark/output/audit.py",
+                "    added = _added_by(table) if redrives else {}\n",
+                "    added: dict[str, int] = {}\n",
+            ),
+        ),
+        ("tests/integration/runs/test_verify.py::test_an_iceberg_feed_verifies_clean_after_a_redrive",),
+    ),
 )
 
 

@@ -14,9 +14,11 @@ ledger. Nothing here writes. Two backends, one shape:
 
 **What owns a file** is one function, :func:`owner`: a publication's manifest and the files
 it lists (with Spark's ``.crc`` sidecars), the files an Iceberg table's metadata names, a
-pending publication of a run the ledger holds open, a staging folder of such a run's plan,
-a shown plan's quarantine folder. A file under the output that none of these claims is
-owned by nothing.
+pending publication of a run the ledger holds open, a staging folder ``_staging/<run id>.<nonce>/``
+(and its lock ``<run id>.<nonce>.lock``) of such a run (``<plan id>.<nonce>``: of a job outside any run
+staging such a plan), a run's quarantine folder ``run_id=<run>/plan_id=<id>/`` while the ledger holds the run
+open or once the output shows the plan as that run published it, and the older ``plan_id=<id>/`` quarantine
+of a shown or open plan. A file under the output that none of these claims is owned by nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import hashlib
 import json
 import posixpath
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tidemark.config.models import Feed
@@ -98,6 +100,7 @@ class Claims:
     open_plans: frozenset[str] = frozenset()  # plan ids of those runs (their staging and quarantine folders)
     shown_plans: frozenset[str] = frozenset()  # plan ids the output shows (their quarantine folders)
     pending_files: frozenset[str] = frozenset()  # files the pending records of open runs list
+    shown_runs: frozenset[tuple[str, str]] = frozenset()  # (run id, plan id) of each shown publication (its quarantine)
 
 
 def owner(path: str, root: Location, claims: Claims) -> str | None:
@@ -118,13 +121,23 @@ def owner(path: str, root: Location, claims: Claims) -> str | None:
         return LEFTOVER
     if base.endswith(".pending") and len(parts) >= 2:  # an Iceberg table's pending records: <run>/plan_id=<id>.json
         return "pending" if parts[0] in claims.open_runs else None
-    if base.endswith(".quarantine") and parts[0].startswith("plan_id="):
+    if base.endswith(".quarantine") and parts[0].startswith("run_id=") and len(parts) >= 3:
+        # A run's own quarantine, <quarantine>/run_id=<run>/plan_id=<id>/: the run's while the ledger holds it open
+        # (its discard deletes it), the plan's once the output shows the plan as this run published it.
+        run_id = parts[0][len("run_id=") :]
+        plan_id = parts[1][len("plan_id=") :] if parts[1].startswith("plan_id=") else None
+        if plan_id is not None and (run_id in claims.open_runs or (run_id, plan_id) in claims.shown_runs):
+            return "quarantine"
+        return None
+    if base.endswith(".quarantine") and parts[0].startswith("plan_id="):  # a job outside any run, or older plans
         plan_id = parts[0][len("plan_id=") :]
         return "quarantine" if plan_id in claims.shown_plans | claims.open_plans else None
     if parts[0] == PENDING_DIR and len(parts) >= 3:  # a Parquet output's pending publication: _pending/<run>/...
         return "pending" if parts[1] in claims.open_runs else None
-    if parts[0] == STAGING_DIR and len(parts) >= 2:  # a staging folder: _staging/<plan id>.<nonce>/...
-        return "staging" if parts[1].split(".", 1)[0] in claims.open_plans else None
+    if parts[0] == STAGING_DIR and len(parts) >= 2:
+        # A staging folder _staging/<run id>.<nonce>/... and its lock _staging/<run id>.<nonce>.lock (a job outside
+        # any run: <plan id>.<nonce>); run ids and plan ids hold no dot.
+        return "staging" if parts[1].split(".", 1)[0] in claims.open_runs | claims.open_plans else None
     return None
 
 
@@ -232,7 +245,7 @@ def read_parquet_output(root: Location, content: bool, claims: Claims) -> Output
             quarantine = name.startswith(QUARANTINE_DIR)
             view.rows.append(Rows(plan_id, str(path), _read_rows(data, name, content and not quarantine),
                                   quarantine=quarantine))  # fmt: skip
-    claims = Claims(frozenset(listed), claims.open_runs, claims.open_plans, frozenset(shown), claims.pending_files)
+    claims = replace(claims, listed=frozenset(listed), shown_plans=frozenset(shown))
     view.problems += unowned(root, claims)
     return view
 
@@ -259,13 +272,31 @@ def _missing(paths: Iterable[str], what: str) -> list[FileProblem]:
     return problems
 
 
-def _scan_present(table: Any, columns: tuple[str, ...]) -> pa.Table:
-    """The current snapshot's rows of ``columns``, from the data files that exist (a missing one is named apart)."""
+def _added_by(table: Any) -> dict[str, int]:
+    """The current snapshot's live data files, each with the id of the snapshot that added it."""
+    snapshot = table.current_snapshot()
+    found: dict[str, int] = {}
+    for manifest in snapshot.manifests(table.io) if snapshot is not None else ():
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.snapshot_id is not None:
+                found[entry.data_file.file_path] = int(entry.snapshot_id)
+    return found
+
+
+def _scan_present(table: Any, columns: tuple[str, ...], redrives: Mapping[int, str]) -> list[tuple[str, pa.Table]]:
+    """The current snapshot's rows of ``columns``, from the data files that exist (a missing one is named apart):
+    ``("*", rows)`` for the plans' files, and ``(re-drive id, rows)`` for the files a re-drive's snapshot added
+    (``redrives``: snapshot id -> re-drive id), so that a re-driven dead letter is told from a published record."""
     from pyiceberg.io.pyarrow import ArrowScan
 
     scan = table.scan(selected_fields=columns)
-    tasks = [t for t in scan.plan_files() if Location.of(plain(t.file.file_path)).exists()]
-    return ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter, scan.case_sensitive).to_table(tasks)
+    added = _added_by(table) if redrives else {}
+    groups: dict[str, list[Any]] = {"*": []}
+    for task in scan.plan_files():
+        if Location.of(plain(task.file.file_path)).exists():
+            groups.setdefault(redrives.get(added.get(task.file.file_path, -1), "*"), []).append(task)
+    arrow = ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter, scan.case_sensitive)
+    return [(plan_id, arrow.to_table(tasks)) for plan_id, tasks in groups.items() if tasks or plan_id == "*"]
 
 
 def read_iceberg_output(
@@ -297,10 +328,15 @@ def read_iceberg_output(
         )
     names = set(table.schema().column_names)
     wanted = [c for c in (*ROW_COLUMNS, *(CONTENT_COLUMNS if content else ())) if c in names]
-    view.rows.append(Rows("*", f"table {publisher.table_name}", _scan_present(table, tuple(wanted))))
+    redrives = {s.snapshot_id: str(s.summary.get(PLAN_KEY)) for s in plan_history(table)
+                if s.summary is not None and str(s.summary.get(PLAN_KEY) or "").startswith(REDRIVE_PREFIX)}  # fmt: skip
+    for plan_id, rows in _scan_present(table, tuple(wanted), redrives):
+        view.rows.append(Rows(plan_id, f"table {publisher.table_name}", rows))
     shown = {p.plan_id for p in view.publications}
-    for plan_id in sorted(shown):
-        folder = publisher.quarantine / f"plan_id={plan_id}"
+    shown_runs = {(p.run_id, p.plan_id) for p in view.publications if p.run_id}
+    for plan_id, run_id in sorted({(p.plan_id, p.run_id or "") for p in view.publications}):
+        # The quarantine as the run that shows the plan wrote it (its own folder, else the older plan_id= one).
+        folder = publisher.quarantine_folder(plan_id, run_id or None)
         for name, _ in folder.files() if folder.exists() else []:
             if name.endswith(".parquet"):
                 data = (folder / name).read_bytes()
@@ -310,8 +346,8 @@ def read_iceberg_output(
     dead_listed = referenced(dead) if dead is not None else set()
     view.problems += _missing(listed, f"named by the metadata of {publisher.table_name}")
     view.problems += _missing(dead_listed, f"named by the metadata of {publisher.dead_letters_name}")
-    claims = Claims(frozenset(listed | dead_listed), claims.open_runs, claims.open_plans, frozenset(shown),
-                    claims.pending_files)  # fmt: skip
+    claims = replace(claims, listed=frozenset(listed | dead_listed), shown_plans=frozenset(shown),
+                     shown_runs=frozenset(shown_runs))  # fmt: skip
     location = publisher.location
     leftovers: list[str] = []
     for root in (location, location.with_name(f"{location.name}.pending"), publisher.quarantine,

@@ -34,7 +34,7 @@ import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -52,7 +52,7 @@ from tidemark.runs.run import Progress, Root, open_checkpoints, runs_root, silen
 from tidemark.spark.rowhash import SECOND, SEED, U64, hash_long, row_hashes
 from tidemark.storage import Location
 
-ALL_STATES: tuple[RunState, ...] = ("planned", "committing", "committed", "shown", "abandoned")
+ALL_STATES: tuple[RunState, ...] = get_args(RunState)  # every state, ``discarding`` included
 BATCH = 10_000  # records per consume() call
 # Events whose details name offsets the output does not hold, and where they name them.
 Span = tuple[int, int]

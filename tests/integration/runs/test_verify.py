@@ -201,7 +201,7 @@ def test_a_clean_iceberg_feed_verifies_clean_and_each_planted_defect_is_named(fe
     assert verify(fenv).findings == []
 
     # The table rolled back past its last plan with records: the ledger's shown run is named, and its offsets.
-    from tidemark.output.iceberg import PLAN_KEY, RANGES_KEY, plan_history
+    from tidemark.output.iceberg import PLAN_KEY, RANGES_KEY, RUN_KEY, plan_history
 
     def ranges_of(snapshot: Any) -> list[dict[str, Any]]:
         return list(json.loads((snapshot.summary or {}).get(RANGES_KEY) or "[]"))
@@ -218,7 +218,7 @@ def test_a_clean_iceberg_feed_verifies_clean_and_each_planted_defect_is_named(fe
     ranges = ranges_of(last)
     assert lost == {(r["topic"], r["partition"], (r["start"], r["end"])) for r in ranges if r["end"] > r["start"]}
     # Its quarantine folder beside the table belongs to no plan the table shows now.
-    folder = f"{publisher.quarantine}/plan_id={last.summary[PLAN_KEY]}/"
+    folder = f"{publisher.quarantine_folder(last.summary[PLAN_KEY], last.summary.get(RUN_KEY))}/"
     assert all(str(path).startswith(folder) for path in found.pop("unowned_file", []))
     assert found == {}
     table = publisher.load()
@@ -243,3 +243,78 @@ def test_a_clean_iceberg_feed_verifies_clean_and_each_planted_defect_is_named(fe
     found = kinds(verify(fenv))
     assert str(current) in found.pop("missing_file")
     assert pc.min(held).as_py() is not None
+
+
+def test_dead_letters_the_ledger_and_the_output_disagree_on_are_named(fenv: FaultEnv) -> None:
+    """A re-drive publishes the dead letters a fixed rule passes (``tests/integration/runs/test_redrive.py``'s feed):
+    verify is clean. Then, from outside, the run ledger loses the re-drive's record (the listing offers its letters
+    again, the output holds them re-driven): ``dead_letter_listed_and_redriven``; and, with the record back, the
+    re-drive's publication leaves the output (the ledger says it took them, nothing shows them):
+    ``dead_letter_unlisted``. Each names exactly the re-driven offsets, and is clean again once undone."""
+    import sqlite3
+
+    from tests.integration.runs.test_redrive import FIXED_RULE
+    from tests.support.poison import produce_with_poison
+    from tidemark.output.deadletters import REDRIVE_FILE, dead_letters
+    from tidemark.runs.redrive import redrive_feed
+
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    fenv.write_feed(validation=FIXED_RULE)
+    first = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert (first.state, first.published) == ("shown", 3)
+    assert verify(fenv).findings == []
+    by_tp: dict[tuple[str, int], list[int]] = {}
+    for d in dead_letters(fenv.feed, redriven_too=True):
+        if d.redriven_by:
+            by_tp.setdefault((d.topic, d.partition), []).append(d.offset)
+    assert sum(len(v) for v in by_tp.values()) == 3
+    taken = sorted((t, p, tuple((o, o + 1) for o in sorted(offsets))) for (t, p), offsets in by_tp.items())
+
+    def joined(found: list[Any]) -> list[Any]:  # findings' spans, one per offset, to compare with `taken`
+        return sorted((t, p, tuple((o, o + 1) for s, e in spans_ for o in range(s, e))) for t, p, spans_ in found)
+
+    # The ledger forgets what the re-drive took (its record, and the copy in its run dir).
+    db_path = Path(str(fenv.root)) / "checkpoints.sqlite"
+    with sqlite3.connect(db_path) as db:
+        kept = db.execute("SELECT * FROM redrives").fetchall()
+        db.execute("DELETE FROM redrives")
+    copy = Path(str(fenv.root)) / "runs" / fenv.feed / str(first.run_id) / REDRIVE_FILE
+    aside = copy.with_name("aside.json")
+    copy.rename(aside)
+    found = kinds(verify(fenv))
+    assert joined(found.pop("dead_letter_listed_and_redriven")) == taken
+    assert found == {}
+    with sqlite3.connect(db_path) as db:
+        db.executemany(f"INSERT INTO redrives VALUES ({', '.join('?' * len(kept[0]))})", kept)
+    aside.rename(copy)
+    assert verify(fenv).findings == []
+
+    # The re-drive's publication leaves the output: the letters it took are neither listed nor re-driven.
+    folder = Path(str(fenv.output)) / f"plan_id={first.redrive_id}"
+    moved = fenv.tmp / "moved-away"  # outside the output (inside, its files would be owned by nothing)
+    folder.rename(moved)
+    found = kinds(verify(fenv))
+    assert joined(found.pop("dead_letter_unlisted")) == taken
+    assert len(found.pop("missing_publication")) == 1  # the re-drive, recorded shown, its plan not in the output
+    assert found == {}
+    moved.rename(folder)
+    assert verify(fenv).findings == []
+
+
+def test_an_iceberg_feed_verifies_clean_after_a_redrive(fenv: FaultEnv) -> None:
+    """The table holds the re-driven dead letters beside the plans' records, and their plan's quarantine folder
+    keeps them: verify tells them apart by the snapshot that added their files, so they are neither held twice nor
+    unlisted dead letters."""
+    from tests.integration.runs.test_redrive import FIXED_RULE
+    from tests.support.poison import produce_with_poison
+    from tidemark.runs.redrive import redrive_feed
+
+    fenv.use_iceberg(f"tidemark.vr_{fenv.topic.replace('-', '_').replace('.', '_')}")
+    produce_with_poison(fenv, 30)
+    fenv.run()
+    assert verify(fenv).findings == []
+    fenv.write_feed(validation=FIXED_RULE)
+    first = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
+    assert (first.state, first.published) == ("shown", 3)
+    assert [(f.kind, f.message) for f in verify(fenv).findings] == []

@@ -72,3 +72,37 @@ def test_what_owns_a_file() -> None:
     shown = Claims(shown_plans=frozenset({"s"}))
     assert owner("/data/tbl.quarantine/plan_id=s/topic=t/x.parquet", quarantine, shown) == "quarantine"
     assert owner("/data/tbl.quarantine/plan_id=s2/topic=t/x.parquet", quarantine, shown) is None
+
+
+def test_a_runs_staging_folder_and_its_lock_are_the_runs_while_it_is_open() -> None:
+    out = Location.of("/data/out")
+    claims = Claims(open_runs=frozenset({"20261207T101010Z-ab"}), open_plans=frozenset({"p1"}))
+    run = "20261207T101010Z-ab"
+    assert owner(f"/data/out/_staging/{run}.n1/part-0.parquet", out, claims) == "staging"
+    assert owner(f"/data/out/_staging/{run}.n1.lock", out, claims) == "staging"
+    assert owner(f"/data/out/_staging/{run}0.n1/part-0.parquet", out, claims) is None  # a run id it is a prefix of
+    assert owner(f"/data/out/_staging/{run}0.n1.lock", out, claims) is None  # another run's lock
+    assert owner("/data/out/_staging/20261207T101010Z-a.n1.lock", out, claims) is None  # a prefix of the run id
+    assert owner("/data/out/_staging/p1.n1/part-0.parquet", out, claims) == "staging"  # a job outside any run
+    assert owner("/data/out/_staging/p1.n1.lock", out, claims) == "staging"
+    assert owner("/data/out/_staging/p10.n1.lock", out, claims) is None
+    assert owner(f"/data/out/_staging/{run}.n1.lock", out, Claims()) is None  # the run is closed: a leftover
+
+
+def test_a_runs_quarantine_folder_is_the_runs_while_open_and_the_plans_once_shown_as_that_run_published_it() -> None:
+    q = Location.of("/data/tbl.quarantine")
+    path = "/data/tbl.quarantine/run_id={}/plan_id={}/topic=t/date=d/part-0.parquet"
+    open_ = Claims(open_runs=frozenset({"r1"}), open_plans=frozenset({"p1"}))
+    assert owner(path.format("r1", "p1"), q, open_) == "quarantine"
+    assert owner(path.format("r10", "p1"), q, open_) is None  # a run id r1 is a prefix of
+    assert owner(path.format("r", "p1"), q, open_) is None  # a prefix of r1
+    assert owner("/data/tbl.quarantine/run_id=r1/stray.txt", q, open_) is None  # no plan folder
+    shown = Claims(shown_plans=frozenset({"p1"}), shown_runs=frozenset({("r1", "p1")}))
+    assert owner(path.format("r1", "p1"), q, shown) == "quarantine"
+    assert owner(path.format("r2", "p1"), q, shown) is None  # another run of the shown plan, closed: its discard's
+    assert owner(path.format("r1", "p10"), q, shown) is None
+    assert owner(path.format("r10", "p1"), q, shown) is None
+    # The older layout, <quarantine>/plan_id=<id>/, still read: a shown or open plan's.
+    assert owner("/data/tbl.quarantine/plan_id=p1/topic=t/part-0.parquet", q, shown) == "quarantine"
+    assert owner("/data/tbl.quarantine/plan_id=p1/topic=t/part-0.parquet", q, open_) == "quarantine"
+    assert owner("/data/tbl.quarantine/plan_id=p10/topic=t/part-0.parquet", q, shown) is None
