@@ -644,7 +644,9 @@ class FaultEnv:
             return
         from tidemark.runs.verify import verify_feed
 
-        report = verify_feed(self.feed, connection=self.kafka.connection, root=self.root)
+        with pytest.MonkeyPatch.context() as env:  # the scenario's environment, which a test may have undone by now
+            self.install(env)
+            report = verify_feed(self.feed, connection=self.kafka.connection, root=self.root)
         found = [f.message for f in report.findings if f.kind != "unowned_file"]
         assert not found, f"tidemark verify: {found[:5]}"
 
