@@ -583,14 +583,17 @@ def verify_step(handle: dict[str, Any], outcome: dict[str, Any]) -> None:
                              progress=log.info)  # fmt: skip
     for note in report.notes:
         log.info("verify: %s", note)
+    # A file owned by nothing is what a crashed attempt left (an upload before its commit, a killed worker's
+    # staging) until maintenance or the next settle removes it: logged, not failed; `tidemark verify` lists it.
+    failing = [f for f in report.findings if f.kind != "unowned_file"]
     for f in report.findings:
         where = f.path if f.path else f"{f.topic}[{f.partition}] offsets {show_spans(f.offsets)}"
-        log.error("verify: %s: %s: %s", f.kind, where, f.message)
+        (log.error if f in failing else log.warning)("verify: %s: %s: %s", f.kind, where, f.message)
     log.info("verify: %s records read from Kafka, %s in the output, %.1f s", report.kafka_records,
              report.output_records, report.seconds)  # fmt: skip
-    if report.findings:
+    if failing:
         raise AirflowFailException(
-            f"tidemark verify found {len(report.findings)} findings in feed '{handle['feed']}' (see the log); the "
+            f"tidemark verify found {len(failing)} findings in feed '{handle['feed']}' (see the log); the "
             "run's commit and output are untouched"
         )
 
