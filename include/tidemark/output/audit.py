@@ -34,7 +34,7 @@ from tidemark.config.models import Feed
 from tidemark.errors import PublishError, StateStoreError
 from tidemark.output.base import QUARANTINE_DIR, STAGING_DIR
 from tidemark.output.iceberg import PLAN_KEY, RANGES_KEY, RUN_KEY, IcebergPublisher, plan_history
-from tidemark.output.maintenance import referenced
+from tidemark.output.maintenance import plain, referenced
 from tidemark.output.parquet import MANIFEST_NAME, PENDING_DIR, load_manifest
 from tidemark.storage import Location
 
@@ -139,14 +139,6 @@ def owner(path: str, root: Location, claims: Claims) -> str | None:
         # any run: <plan id>.<nonce>); run ids and plan ids hold no dot.
         return "staging" if parts[1].split(".", 1)[0] in claims.open_runs | claims.open_plans else None
     return None
-
-
-def plain(path: str) -> str:
-    """A file's path or URL as a listing gives it (``file:`` URLs as local paths), as the claims hold them."""
-    for prefix in ("file://", "file:"):
-        if path.startswith(prefix):
-            return path[len(prefix) :]
-    return path
 
 
 def _sha256(data: bytes) -> str:

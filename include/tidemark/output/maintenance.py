@@ -340,7 +340,7 @@ def _delete_files(table: Table, files: Iterable[DataFile]) -> None:
 def _delete_unreferenced(table: Table, files: Iterable[DataFile]) -> None:
     """Delete ``files`` that no snapshot of the table, loaded again now, names."""
     named = referenced(table.refresh())
-    _delete_files(table, [f for f in files if _plain(f.file_path) not in named])
+    _delete_files(table, [f for f in files if plain(f.file_path) not in named])
 
 
 # -- 2. snapshot expiry -------------------------------------------------------------------
@@ -379,7 +379,7 @@ def expire(table: Table, settings: Maintenance, tally: _Tally, *, now: datetime,
 # -- 3. orphan files ------------------------------------------------------------------------
 
 
-def _plain(path: str) -> str:
+def plain(path: str) -> str:
     """A file's path or URL as the listing gives it: ``file:`` URLs as paths, object-store URLs as they are."""
     for prefix in ("file://", "file:"):
         if path.startswith(prefix):
@@ -401,7 +401,7 @@ def referenced(table: Table) -> set[str]:
             seen.add(manifest.manifest_path)
             names.add(manifest.manifest_path)
             names |= {e.data_file.file_path for e in manifest.fetch_manifest_entry(table.io, discard_deleted=True)}
-    return {_plain(n) for n in names}
+    return {plain(n) for n in names}
 
 
 def pending_files(location: Location) -> set[str]:
@@ -410,13 +410,13 @@ def pending_files(location: Location) -> set[str]:
     found: set[str] = set()
     for name, _ in pending.files() if pending.exists() else []:
         if name.endswith(".json"):
-            found |= {_plain(p) for p in json.loads((pending / name).read_text()).get("paths", [])}
+            found |= {plain(p) for p in json.loads((pending / name).read_text()).get("paths", [])}
     return found
 
 
 def table_location(table: Table) -> Location:
     """The table's own location, as its metadata names it (not the feed file's output: the table is what it is)."""
-    return Location.of(_plain(table.location()).rstrip("/"))
+    return Location.of(plain(table.location()).rstrip("/"))
 
 
 def _foreign(parts: list[str], foreign_roots: set[str]) -> bool:

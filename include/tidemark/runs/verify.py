@@ -44,9 +44,10 @@ from tidemark.checkpoints.store import OPEN_STATES, CheckpointStore, LedgerRun, 
 from tidemark.config.models import Feed, load_feed
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, from_env, logged
-from tidemark.output.audit import Claims, OutputView, Rows, plain, read_iceberg_output, read_parquet_output
+from tidemark.output.audit import Claims, OutputView, Rows, read_iceberg_output, read_parquet_output
 from tidemark.output.deadletters import dead_letters, redrive_ledger_feed
 from tidemark.output.iceberg import IcebergPublisher, table_ledger
+from tidemark.output.maintenance import plain
 from tidemark.planning.plan import PLAN_FILE
 from tidemark.runs.run import Progress, Root, open_checkpoints, runs_root, silent
 from tidemark.spark.rowhash import SECOND, SEED, U64, hash_long, row_hashes
