@@ -171,8 +171,8 @@ def test_parquet_partitioned_by_a_value_fields_day_then_by_its_value(fenv: Fault
     rows = folder_rows(newest)
     assert len(rows) == 8
     for key, (folders, row) in rows.items():
-        assert folders == {"country": expected[key]["country"] or "__HIVE_DEFAULT_PARTITION__"}
-        assert "country" not in row  # in the folder name only, as Hive lays it out
+        assert folders == {"country_value": expected[key]["country"] or "__HIVE_DEFAULT_PARTITION__"}
+        assert row["country"] == expected[key]["country"]  # the files keep the column; the folder is beside it
     dataset = ds.dataset(newest, format="parquet", partitioning="hive", exclude_invalid_files=True)
     table = dataset.to_table(columns=["partition", "offset", "country"])
     countries = {(r["partition"], r["offset"]): r["country"] for r in table.to_pylist()}
@@ -370,17 +370,17 @@ def test_parquet_partition_values_read_back_exactly_with_pyarrow_and_spark(fenv:
     import pyarrow as pa
 
     write_feed(fenv, "parquet", {"field": "country"})
-    countries = ("02134", "", None, "10001", " ", "", "00501", None)  # zip codes: every folder but "" looks numeric
+    countries = ("02134", "", None, "10001", " ", "", "00501", None, "a/b=c%")  # zip codes, "" and null, " ", escapes
     records = [
         Record(json.dumps({"id": i, "country": countries[i % len(countries)], "order_ts": None, "order_ms": None})
                .encode(), key=f"k{i}".encode(), partition=i % fenv.partitions)
-        for i in range(24)
+        for i in range(27)
     ]  # fmt: skip
     fenv.kafka.produce(fenv.topic, records)
     _, _, outcome = fenv.run()
     assert outcome.committed
     expected = {k: d["country"] for k, d in scanned(fenv).items()}
-    assert len(expected) == 24 and {"", None, "02134", " "} <= set(expected.values())
+    assert len(expected) == 27 and {"", None, "02134", " "} <= set(expected.values())
     [plan] = plan_folders(fenv.output)
 
     # Each folder holds one value, "" and null apart; the files keep the column, exactly.
@@ -402,6 +402,12 @@ def test_parquet_partition_values_read_back_exactly_with_pyarrow_and_spark(fenv:
     for partitioning in ("hive", None):
         exact(ds.dataset(plan, format="parquet", partitioning=partitioning).to_table(columns=columns))
     exact(pq.read_table(plan, columns=columns))
+    # The documented pruning recipe: the folder column read as strings, escapes decoded; "" and null as escaped.
+    strings = ds.partitioning(pa.schema([("country_value", pa.string())]), flavor="hive")
+    folders = ds.dataset(plan, format="parquet", partitioning=strings).to_table(columns=["country", "country_value"])
+    assert {(r["country"], r["country_value"]) for r in folders.to_pylist()} == {
+        (c, "__TIDEMARK_EMPTY_STRING__" if c == "" else c) for c in expected.values()
+    }
     frame = spark.read.parquet(str(plan))
     assert dict(frame.dtypes)["country"] == "string", frame.dtypes
     exact(pa.Table.from_pylist([r.asDict() for r in frame.select(*columns).collect()]))
