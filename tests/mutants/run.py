@@ -1612,6 +1612,53 @@ MUTANTS = (
         ),
         ("tests/integration/runs/test_verify.py::test_an_iceberg_feed_verifies_clean_after_a_redrive",),
     ),
+    Mutant(
+        "parquet-value-folder-named-as-the-column",
+        "a Parquet folder of a field's own value is <field>_value=, beside the column, never the column's name",
+        (
+            Edit(
+                "include/tidemark/output/partitioning.py",
+                '        derived = f"{choice.field}{VALUE_FOLDER_SUFFIX}"',
+                "        pass",
+            ),
+        ),
+        (
+            "tests/integration/output/test_value_partitioning.py::"
+            "test_parquet_partition_values_read_back_exactly_with_pyarrow_and_spark",
+        ),
+    ),
+    Mutant(
+        "parquet-value-column-only-in-the-folder",
+        "a Parquet output partitioned by a field's value keeps the column in the files (the folder is a copy)",
+        (
+            Edit(
+                "include/tidemark/output/parquet.py",
+                "            good = good.withColumn(f.name, folder_value(f, schema))\n",
+                "            good = good.withColumnRenamed(f.column, f.name) if f.identity else good.withColumn(\n"
+                "                f.name, folder_value(f, schema))\n",
+            ),
+        ),
+        (
+            "tests/integration/output/test_value_partitioning.py::"
+            "test_parquet_partition_values_read_back_exactly_with_pyarrow_and_spark",
+        ),
+    ),
+    Mutant(
+        "parquet-value-empty-string-in-the-null-folder",
+        "a Parquet output's empty string has its own folder (__TIDEMARK_EMPTY_STRING__), never null's",
+        (
+            Edit(
+                "include/tidemark/output/parquet.py",
+                "            good = good.withColumn(f.name, folder_value(f, schema))\n",
+                "            good = good.withColumn(f.name, good[f.column].cast('string') if f.identity else "
+                "folder_value(f, schema))\n",
+            ),
+        ),
+        (
+            "tests/integration/output/test_value_partitioning.py::"
+            "test_parquet_partition_values_read_back_exactly_with_pyarrow_and_spark",
+        ),
+    ),
 )
 
 

@@ -521,9 +521,9 @@ class ParquetOutput(_Model):
     ``partition_by``: ``date`` (default: ``topic=<t>/date=<d>/`` folders, the record
     timestamp's UTC date), ``hour`` / ``day`` / ``month`` (``timestamp_hour=...`` of the Kafka
     timestamp, then ``topic=``), ``none`` (the plan's files side by side), or a value field
-    (:class:`FieldPartitioning`): Hive-style ``<field>=<value>/`` folders for its value (the
-    column then lives in the folder name, as Hive, Spark and pyarrow expect), or
-    ``<field>_<granularity>=<time>/`` / ``<field>_trunc=<value>/`` folders beside the column.
+    (:class:`FieldPartitioning`): Hive-style ``<field>_value=<value>/`` folders for its value,
+    ``<field>_<granularity>=<time>/`` / ``<field>_trunc=<value>/`` for a transform, each beside
+    the column, which the files keep (``docs/read-publish.md``).
     """
 
     partition_by: PartitionChoice = "date"

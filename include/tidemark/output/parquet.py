@@ -12,7 +12,7 @@ Layout under the feed's output location (:meth:`tidemark.config.models.Feed.outp
 dataset partitioned by ``plan_id``, ``topic`` and ``date`` and skip ``_``-prefixed
 folders, so staging and quarantine never leak into it. A feed's ``parquet.partition_by``
 chooses other Hive-style folders inside the plan folder (:mod:`tidemark.output.partitioning`):
-``timestamp_hour=<h>/topic=<t>/`` of the Kafka timestamp, ``country=<value>/`` or
+``timestamp_hour=<h>/topic=<t>/`` of the Kafka timestamp, ``country_value=<value>/`` or
 ``order_ts_day=<d>/`` of a value field, or none; Spark then rewrites the good records into
 them (the default layout is a rename of what the job staged). The job stages with
 :func:`new_staging` and finishes with :func:`publish_staged` (renames the good records),
@@ -313,13 +313,14 @@ def publish_staged(
 
 def write_partitioned(good: DataFrame, target: str, fields: tuple[PartitionField, ...]) -> None:
     """Spark writes ``good`` under ``target`` in Hive-style folders of ``fields`` (in a UTC session, timestamps as
-    micros like every staged file): a field partitioned by its value is the folder (``country=DE/``, the column in
-    the folder name only, as Hive and Spark lay it out); a transform is a folder beside its column
-    (``order_ts_day=2026-11-27/``). No fields: the files side by side."""
+    micros like every staged file): a field partitioned by its value gets a folder beside its column
+    (``country_value=DE/``; the files keep ``country``, so no reader takes a value or its type from a folder name),
+    as a transform does (``order_ts_day=2026-11-27/``); a Kafka field (``topic=<t>/``) is the folder only. No fields:
+    the files side by side."""
     keys: list[str] = []
     schema = good.schema
     for f in fields:
-        if not f.identity:
+        if f.name != f.column:  # a folder beside its column: a transform's, or a field's own value (<field>_value)
             good = good.withColumn(f.name, folder_value(f, schema))
         keys.append(f.name)
     spark = good.sparkSession

@@ -13,10 +13,11 @@ value:
   which Iceberg's time transforms do not take, as ``truncate[3600000]`` / ``truncate[86400000]``
   of the long: the same hour or day, in UTC); ``add_files`` derives each file's partition
   from its column statistics, which one folder per partition value makes single-valued;
-- a Parquet plan folder gets Hive-style folders: a field partitioned by its value moves
-  into the folder name (``country=DE/``, as Spark's ``partitionBy`` writes it and Spark,
-  pyarrow and DuckDB read it back), a transform becomes a folder beside the column
-  (``order_ts_day=2026-11-27/``).
+- a Parquet plan folder gets Hive-style folders beside the columns, which the files keep: a
+  field partitioned by its value gets ``<field>_value=`` (``country_value=DE/``; a folder
+  named as the column would give readers the folder's value and inferred type instead of the
+  file's: ``""`` as the escape, ``"02134"`` as 2134), a transform its field's name
+  (``order_ts_day=2026-11-27/``); a Kafka field (``topic=<t>/``) is the folder only.
 
 A record whose field is null goes to the null partition (Spark's ``__HIVE_DEFAULT_PARTITION__``
 folder; no Iceberg partition value); an empty string to its own folder, :data:`EMPTY_FOLDER` (Spark
@@ -52,6 +53,10 @@ TIMESTAMP_COLUMN = "timestamp"  # the record's Kafka timestamp
 # The folder of an empty string: Spark puts "" in the null folder (__HIVE_DEFAULT_PARTITION__), so a file would hold
 # both and Iceberg would give it the partition value "" (its column statistics): a null filter would miss its nulls.
 EMPTY_FOLDER = "__TIDEMARK_EMPTY_STRING__"
+# A Parquet folder of a field's own value is named <field>_value, beside the column the files keep: a folder named as
+# the column would have readers take the folder's value (pyarrow's Hive partitioning does: "" read back as the escape),
+# infer its type (Spark and pyarrow read "02134" as 2134), or refuse the file's column beside it (pq.read_table).
+VALUE_FOLDER_SUFFIX = "_value"
 # How a time partition's folder is named (in UTC): one folder, one partition value.
 TIME_FOLDERS = {"hour": "yyyy-MM-dd-HH", "day": "yyyy-MM-dd", "month": "yyyy-MM", "year": "yyyy"}
 
@@ -136,6 +141,8 @@ def partition_fields(
     if refusal is not None:
         raise ConfigError(f"feed '{feed}': {refusal}. Nothing was published")
     derived = field_name(choice.field, choice.granularity or choice.transform)
+    if output_format == "parquet" and derived == choice.field:
+        derived = f"{choice.field}{VALUE_FOLDER_SUFFIX}"  # the folder beside the column, never the column itself
     if derived != choice.field and derived in schema.names:
         raise ConfigError(
             f"feed '{feed}': {option}: the partition of field {choice.field!r} would be named {derived!r}, which is "
@@ -148,7 +155,7 @@ def partition_fields(
             transform = f"truncate[{EPOCH_MS_TRUNCATE[choice.granularity]}]"
         return (PartitionField(choice.field, transform, f"{choice.field}_{choice.granularity}",
                                granularity=choice.granularity, epoch_ms=epoch_ms),)  # fmt: skip
-    return (PartitionField(choice.field, choice.transform, field_name(choice.field, choice.transform)),)
+    return (PartitionField(choice.field, choice.transform, derived),)
 
 
 def folder_value(part: PartitionField, schema: StructType) -> Column:

@@ -171,8 +171,8 @@ def test_parquet_partitioned_by_a_value_fields_day_then_by_its_value(fenv: Fault
     rows = folder_rows(newest)
     assert len(rows) == 8
     for key, (folders, row) in rows.items():
-        assert folders == {"country": expected[key]["country"] or "__HIVE_DEFAULT_PARTITION__"}
-        assert "country" not in row  # in the folder name only, as Hive lays it out
+        assert folders == {"country_value": expected[key]["country"] or "__HIVE_DEFAULT_PARTITION__"}
+        assert row["country"] == expected[key]["country"]  # the files keep the column; the folder is beside it
     dataset = ds.dataset(newest, format="parquet", partitioning="hive", exclude_invalid_files=True)
     table = dataset.to_table(columns=["partition", "offset", "country"])
     countries = {(r["partition"], r["offset"]): r["country"] for r in table.to_pylist()}
@@ -360,3 +360,54 @@ def test_iceberg_never_mixes_an_empty_string_and_null_in_one_file_so_every_filte
     assert found(EqualTo("country", " ")) == where(lambda c: c == " ")
     assert found(LessThan("country", " ")) == where(lambda c: c is not None and c < " ")  # "" only
     assert found(GreaterThanOrEqual("country", " ")) == where(lambda c: c is not None and c >= " ")
+
+
+def test_parquet_partition_values_read_back_exactly_with_pyarrow_and_spark(fenv: FaultEnv, spark: Any) -> None:
+    """Partitioned by a string field, ``""`` and null get their own folders and the column stays in the files, so
+    every documented reader (pyarrow's dataset with Hive partitioning and without, ``pq.read_table``, Spark's
+    ``spark.read.parquet``) gets each value exactly, of type string, as the scan of the topic has it: ``""`` is not
+    null, ``"02134"`` is not the integer 2134. Both sides of the empty string: ``" "`` and null."""
+    import pyarrow as pa
+
+    write_feed(fenv, "parquet", {"field": "country"})
+    countries = ("02134", "", None, "10001", " ", "", "00501", None, "a/b=c%")  # zip codes, "" and null, " ", escapes
+    records = [
+        Record(json.dumps({"id": i, "country": countries[i % len(countries)], "order_ts": None, "order_ms": None})
+               .encode(), key=f"k{i}".encode(), partition=i % fenv.partitions)
+        for i in range(27)
+    ]  # fmt: skip
+    fenv.kafka.produce(fenv.topic, records)
+    _, _, outcome = fenv.run()
+    assert outcome.committed
+    expected = {k: d["country"] for k, d in scanned(fenv).items()}
+    assert len(expected) == 27 and {"", None, "02134", " "} <= set(expected.values())
+    [plan] = plan_folders(fenv.output)
+
+    # Each folder holds one value, "" and null apart; the files keep the column, exactly.
+    by_folder: dict[str, set[str | None]] = {}
+    for key, (folders, row) in folder_rows(plan).items():
+        assert "country" in row and row["country"] == expected[key], (key, row, expected[key])
+        [(name, folder)] = folders.items()
+        assert name == "country_value", folders
+        by_folder.setdefault(folder, set()).add(row["country"])
+    assert all(len(values) == 1 for values in by_folder.values()), by_folder
+    assert by_folder["__HIVE_DEFAULT_PARTITION__"] == {None} and by_folder["__TIDEMARK_EMPTY_STRING__"] == {""}
+
+    def exact(table: pa.Table) -> None:
+        assert table.schema.field("country").type == pa.string(), table.schema
+        got = {(r["partition"], r["offset"]): r["country"] for r in table.to_pylist()}
+        assert got == expected
+
+    columns = ["partition", "offset", "country"]
+    for partitioning in ("hive", None):
+        exact(ds.dataset(plan, format="parquet", partitioning=partitioning).to_table(columns=columns))
+    exact(pq.read_table(plan, columns=columns))
+    # The documented pruning recipe: the folder column read as strings, escapes decoded; "" and null as escaped.
+    strings = ds.partitioning(pa.schema([("country_value", pa.string())]), flavor="hive")
+    folders = ds.dataset(plan, format="parquet", partitioning=strings).to_table(columns=["country", "country_value"])
+    assert {(r["country"], r["country_value"]) for r in folders.to_pylist()} == {
+        (c, "__TIDEMARK_EMPTY_STRING__" if c == "" else c) for c in expected.values()
+    }
+    frame = spark.read.parquet(str(plan))
+    assert dict(frame.dtypes)["country"] == "string", frame.dtypes
+    exact(pa.Table.from_pylist([r.asDict() for r in frame.select(*columns).collect()]))

@@ -75,6 +75,12 @@ def test_a_derived_name_that_is_already_a_field_is_refused_and_one_equal_to_the_
     assert partition_fields(FieldPartitioning(field="country"), SCHEMA, "iceberg", "orders") == (
         PartitionField("country", "identity", "country"),
     )
+    # a Parquet folder of a field's value is <field>_value, beside the column: a field of that name is a clash
+    clash = T.StructType([*SCHEMA.fields, T.StructField("country_value", T.StringType())])
+    with pytest.raises(ConfigError, match=r"parquet.partition_by: the partition of field 'country' would be named "
+                       r"'country_value', which is already a field"):  # fmt: skip
+        partition_fields(FieldPartitioning(field="country"), clash, "parquet", "orders")
+    assert partition_fields(FieldPartitioning(field="country"), clash, "iceberg", "orders")[0].name == "country"
 
 
 def test_epoch_milliseconds_by_output_and_a_missing_field_named_with_the_fields_there() -> None:
