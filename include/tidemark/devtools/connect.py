@@ -152,7 +152,7 @@ class LocalConnect:
             if tasks and set(states) == {"RUNNING"}:
                 return
             time.sleep(0.3)
-        raise LocalServerError(f"connector {name} is not running after {timeout_s:.0f} s: {status} (log {self.log_file})")
+        raise LocalServerError(f"connector {name} not running after {timeout_s:.0f} s: {status} (log {self.log_file})")
 
 
 def start(bootstrap_servers: str, base: Path | None = None, *, offset_flush_ms: int = 1000) -> LocalConnect:
@@ -210,8 +210,16 @@ def _launch(folder: Path) -> LocalConnect:
 
 
 def debezium_postgres(
-    *, host: str, port: int, user: str, password: str, database: str, topic_prefix: str, tables: Sequence[str],
-    slot: str = "tidemark", **extra: str,
+    *,
+    host: str,
+    port: int,
+    user: str,
+    password: str,
+    database: str,
+    topic_prefix: str,
+    tables: Sequence[str],
+    slot: str = "tidemark",
+    **extra: str,
 ) -> dict[str, str]:
     """Debezium's PostgreSQL connector for ``tables`` (``schema.table``): topics ``<topic_prefix>.<schema>.<table>``,
     the ``pgoutput`` plugin and a publication of those tables alone, deletes followed by tombstones."""
