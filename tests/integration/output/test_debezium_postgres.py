@@ -9,9 +9,12 @@ of the new one), deletes, several rows per transaction. The connector's topic ha
 partitions, created before it starts. A feed with ``iceberg.mode: upsert`` and
 ``change_format: debezium`` loads it; after every run the Iceberg table, read with pyiceberg,
 equals ``SELECT *`` of the source table, read with psycopg. The faults on the way: the worker
-killed (SIGKILL) after a round's changes were sent but before its source offsets were
-flushed, then restarted (it sends those changes again), and a Tidemark run that crashes
-between its job and its table commit, settled by the next run.
+killed (SIGKILL) after a round's changes were sent and loaded but before its source offsets
+were flushed, then restarted: it sends those changes again, and a run that reads them only in
+part (``max_records_per_partition``) must not take the table back (the merge orders Debezium
+changes by their LSN; ordered by offset, this run fails: older images of re-sent keys come
+back); and a Tidemark run that crashes between its job and its table commit, settled by the
+next run.
 """
 
 from __future__ import annotations
