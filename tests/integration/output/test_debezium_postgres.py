@@ -88,7 +88,7 @@ def lab(kafka: KafkaTestCluster) -> Iterator[Lab]:
         yield found
     finally:
         found.source.conn.close()
-        found.worker.stop(purge=False)
+        found.worker.stop()
         server.stop()
 
 
