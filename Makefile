@@ -231,6 +231,13 @@ kafka-up: install
 kafka-down: install
 	$(BIN)/tidemark kafka down
 
+.PHONY: debezium
+# A real change stream: PostgreSQL (wal_level=logical), Kafka Connect and Debezium's PostgreSQL connector (from Maven
+# Central) on a demo table, on the local cluster; prints the topic and a keyed feed for it. Ctrl-C stops them.
+debezium: install
+	@test -n "$$TIDEMARK_BOOTSTRAP_SERVERS" || $(BIN)/tidemark kafka up
+	$(BIN)/python -m tests.support.servers.debezium $(DEBEZIUM_ARGS)
+
 # requirements.txt: requirements.in resolved by uv for the venv's Python 3.11, the versions pinned now kept unless
 # requirements.in asks otherwise (LOCK_ARGS=--upgrade takes the newest). requirements-dev.txt is pinned by hand.
 LOCK_HEADER := \# Tidemark runtime dependencies: requirements.in resolved together by uv on Python 3.11 and pinned \

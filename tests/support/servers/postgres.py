@@ -21,6 +21,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,8 @@ SYSTEM_USER = "tidemark-pg"
 DB_USER = "tidemark"
 DB_NAME = "tidemark"
 START_TIMEOUT_S = 60
+# What Debezium's PostgreSQL connector needs of a server: logical decoding, a slot and a sender for it.
+LOGICAL_REPLICATION = {"wal_level": "logical", "max_replication_slots": "4", "max_wal_senders": "4"}
 
 
 def bin_dir() -> Path | None:
@@ -119,8 +122,12 @@ class LocalPostgres:
             shutil.rmtree(self.home, ignore_errors=True)
 
 
-def start(base: Path | None = None) -> LocalPostgres:
-    """Create a fresh cluster in a new folder under ``base`` (default: the temp dir) and start it."""
+def start(base: Path | None = None, settings: Mapping[str, str] | None = None) -> LocalPostgres:
+    """Create a fresh cluster in a new folder under ``base`` (default: the temp dir) and start it.
+
+    ``settings``: server settings beyond the defaults (``-c name=value``), e.g. ``wal_level=logical`` for a
+    change stream (:data:`LOGICAL_REPLICATION`).
+    """
     binaries = ensure_installed()
     user = _service_user()
     # Not under pytest's tmp dirs: those are private to root, and the server's user must reach it.
@@ -143,6 +150,7 @@ def start(base: Path | None = None) -> LocalPostgres:
         )  # fmt: skip
         pwfile.unlink()
         options = f"-c listen_addresses=127.0.0.1 -p {server.port} -k {home} -c fsync=off -c max_connections=50"
+        options += "".join(f" -c {name}={value}" for name, value in (settings or {}).items())
         server._run(
             [str(binaries / "pg_ctl"), "-D", str(server.data_dir), "-l", str(home / "server.log"), "-o", options,
              "-w", "-t", str(START_TIMEOUT_S), "start"],
