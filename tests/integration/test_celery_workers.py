@@ -94,8 +94,17 @@ class Shape:
                 for task in ("plan", SPARK_TASK, "commit")}  # fmt: skip
 
     def diagnose(self) -> str:
+        """The services' logs, then every task log a living worker holds (a failed task says why only there)."""
         logs = sorted((self.airflow.home / "logs").glob("*.log"))
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in logs)
+        text = [f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in logs]
+        for worker in self.airflow.worker_names():
+            try:
+                tasks = sorted(self.airflow.worker_file(worker, "home/logs").rglob("attempt=*.log"))
+            except (KeyError, OSError):  # a killed worker's files are gone with its namespace
+                continue
+            text += [f"--- {worker}: {p.relative_to(p.parents[3])}\n{p.read_text(errors='replace')[-4000:]}"
+                     for p in tasks]  # fmt: skip
+        return "\n".join(text)
 
 
 def _database(postgres: str) -> str:
