@@ -94,16 +94,20 @@ class Shape:
                 for task in ("plan", SPARK_TASK, "commit")}  # fmt: skip
 
     def diagnose(self) -> str:
-        """The services' logs, then every task log a living worker holds (a failed task says why only there)."""
-        logs = sorted((self.airflow.home / "logs").glob("*.log"))
-        text = [f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in logs]
+        """First the errors and warnings of every task log a living worker holds (a failed task says why only there),
+        then the tail of each service's log."""
+        text = []
         for worker in self.airflow.worker_names():
             try:
                 tasks = sorted(self.airflow.worker_file(worker, "home/logs").rglob("attempt=*.log"))
             except (KeyError, OSError):  # a killed worker's files are gone with its namespace
                 continue
-            text += [f"--- {worker}: {p.relative_to(p.parents[3])}\n{p.read_text(errors='replace')[-4000:]}"
-                     for p in tasks]  # fmt: skip
+            for p in tasks:
+                lines = p.read_text(errors="replace").splitlines()
+                said = [line[:1500] for line in lines if '"level":"error"' in line or '"level":"warning"' in line]
+                text.append(f"--- {worker}: {p.relative_to(p.parents[3])}\n" + "\n".join(said[-20:] or lines[-3:]))
+        logs = sorted((self.airflow.home / "logs").glob("*.log"))
+        text += [f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in logs]
         return "\n".join(text)
 
 
