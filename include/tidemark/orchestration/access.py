@@ -13,6 +13,9 @@ replay   PUT (edit the DAG)                       a replay or backfill of the fe
 commit   POST, ``DagAccessEntity.RUN`` (run it)   a replay or backfill that commits the group
 ======== ======================================== ==========================================
 
+A feed whose file names a ``team`` answers, besides, only to that team's members (:func:`in_team`), in the view
+and at the shared DAGs' first task alike.
+
 Starting ``tidemark_replay`` / ``tidemark_backfill`` at all stays Airflow's own check (POST
 on their runs). The DAGs check again at their first task (:func:`refuse_unless_allowed`),
 for the user Airflow recorded as the run's ``triggering_user_name``: a run triggered from
