@@ -31,7 +31,8 @@ def per_dag_auth(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     from airflow.api_fastapi import app as airflow_app
 
     monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", PATH)
-    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "alice:user,bob:user,carol:user,admin:admin,erin:user,frank:user")
+    users = "alice:user,bob:user,carol:user,admin:admin,erin:user,frank:user"
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", users)
     monkeypatch.setenv(TEAMS_ENV, json.dumps({"erin": ["red"], "frank": ["blue"]}))
     monkeypatch.setenv(GRANTS_ENV, json.dumps(GRANTS))
     airflow_app.purge_cached_app()

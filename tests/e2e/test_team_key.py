@@ -66,5 +66,5 @@ def test_the_shared_dags_refuse_a_feed_of_a_team_the_user_is_not_in(airflow: Run
     run_id = doc["dag_run_id"]
     assert airflow.wait_run(dag, run_id) == "failed"
     logs = airflow.task_logs(dag, run_id)
-    assert f"user 'frank' may not" in logs and f"feed '{FEED}': it belongs to team 'red'" in logs, logs[-3000:]
+    assert "user 'frank' may not" in logs and f"feed '{FEED}': it belongs to team 'red'" in logs, logs[-3000:]
     assert "nothing was read or committed" in logs

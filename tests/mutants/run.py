@@ -1643,8 +1643,13 @@ MUTANTS = (
     Mutant(
         "team-not-read-by-the-shared-dags",
         "the shared DAGs' first task reads the feed's team from its file",
-        (Edit("include/tidemark/orchestration/dags.py", "        return load_feed(feed_name).team\n",
-              "        return None\n"),),  # fmt: skip
+        (
+            Edit(
+                "include/tidemark/orchestration/dags.py",
+                "        return load_feed(feed_name).team\n",
+                "        return None\n",
+            ),
+        ),
         ("tests/dags/test_run_access.py::test_a_feed_of_another_team_is_refused_though_its_dag_rights_allow",),
     ),
 )

@@ -275,8 +275,11 @@ def refuse_unless_allowed(
         log.info("the %s of feed '%s' runs in `airflow dags test`: no user to check", mode, feed)
         return
     owner = {feed: team}
-    missing = [a for a in needed
-               if user is None or not allowed_feeds(manager, user, a, [feed], teams=False, feed_teams=owner)]  # fmt: skip
+
+    def lacks(action: Action) -> bool:
+        return user is None or not allowed_feeds(manager, user, action, [feed], teams=False, feed_teams=owner)
+
+    missing = [a for a in needed if lacks(a)]
     if missing and team is not None and user is not None and not in_team(manager, user, team):
         raise ConfigError(
             f"user {user_name!r} may not {mode} feed '{feed}': it belongs to team {team!r} (its file's `team`), "

@@ -117,7 +117,8 @@ def client(auth: Any, kafka: KafkaTestCluster, feeds: dict[str, Feed], tmp_path:
     app = create_app(
         feeds=lambda: feeds, connection=lambda: kafka.connection, checkpoints=lambda: store,
         runs=lambda name: reports.get(name, []), runs_root=runs_root, timeout_s=3.0,
-        dependencies=airflow_auth(), access=AirflowFeedAccess(feed_teams=lambda: {n: f.team for n, f in feeds.items()}), trigger=trigger,
+        dependencies=airflow_auth(), trigger=trigger,
+        access=AirflowFeedAccess(feed_teams=lambda: {n: f.team for n, f in feeds.items()}),
         api_base=lambda: "http://testserver", letters=letters, redrive=redrive,
     )  # fmt: skip
     test_client = TestClient(app)
