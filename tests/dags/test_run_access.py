@@ -136,6 +136,9 @@ def test_a_feed_of_another_team_is_refused_though_its_dag_rights_allow(
         with pytest.raises(ConfigError, match=r"user 'frank' may not replay feed 'gamma': it belongs to team 'red'"):
             refuse_unless_allowed("gamma", "replay", params, "frank", team_of("gamma"))
     refuse_unless_allowed("gamma", "replay", {}, "frank", None)  # without `team:` the DAG's rights alone decide
+    # Without the DAG's rights, the refusal names the right missing, team or not (bob's is beta's DAG only).
+    with pytest.raises(ConfigError, match=r"user 'bob' may not replay feed 'gamma': that needs the right to edit"):
+        refuse_unless_allowed("gamma", "replay", {}, "bob", team_of("gamma"))
 
 
 def test_a_team_under_fab_is_a_role_of_that_name() -> None:

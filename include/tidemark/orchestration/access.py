@@ -274,13 +274,12 @@ def refuse_unless_allowed(
     if user is None and user_name == DAG_TEST_USER:
         log.info("the %s of feed '%s' runs in `airflow dags test`: no user to check", mode, feed)
         return
-    owner = {feed: team}
+    def lacks(action: Action, owners: Mapping[str, str | None] | None = None) -> bool:
+        return user is None or not allowed_feeds(manager, user, action, [feed], teams=False, feed_teams=owners)
 
-    def lacks(action: Action) -> bool:
-        return user is None or not allowed_feeds(manager, user, action, [feed], teams=False, feed_teams=owner)
-
+    # The DAG's rights first (their refusal names the right missing), then the feed's team.
     missing = [a for a in needed if lacks(a)]
-    if missing and team is not None and user is not None and not in_team(manager, user, team):
+    if not missing and team is not None and any(lacks(a, {feed: team}) for a in needed):
         raise ConfigError(
             f"user {user_name!r} may not {mode} feed '{feed}': it belongs to team {team!r} (its file's `team`), "
             "and the auth manager does not count the user in that team; nothing was read or committed"
