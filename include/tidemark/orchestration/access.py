@@ -274,6 +274,7 @@ def refuse_unless_allowed(
     if user is None and user_name == DAG_TEST_USER:
         log.info("the %s of feed '%s' runs in `airflow dags test`: no user to check", mode, feed)
         return
+
     def lacks(action: Action, owners: Mapping[str, str | None] | None = None) -> bool:
         return user is None or not allowed_feeds(manager, user, action, [feed], teams=False, feed_teams=owners)
 
