@@ -12,7 +12,8 @@ change), the process's peak resident memory after the renders less its resident 
 before the first (``VmHWM`` after a reset, less ``VmRSS``; the process warmed up first on a feed
 of ten dead letters), Python's own peak allocations during a render
 (``tracemalloc``) and pyarrow's pool peak. The target: the largest size's renders under 1 s,
-and memory that does not grow with ``N``. No Kafka, no Spark. Writes the JSON to
+and memory that does not grow with ``N``. The first render's CPU time (all threads) is reported too: on a
+shared machine its wall time is mostly waiting for a core. No Kafka, no Spark. Writes the JSON to
 ``--out`` (``make bench-deadletters`` writes ``docs/benchmarks/bench-deadletters-view.json``).
 """
 
@@ -103,12 +104,13 @@ def measure(output: Path, samples: int) -> dict[str, Any]:
     assert client.get(f"/feeds/{empty.name}/deadletters").status_code == 200
     Path("/proc/self/clear_refs").write_text("5")  # the peak resident memory starts again from here (Linux)
     rss_before = _status_kb("VmRSS")
-    times, peaks = [], []
+    times, cpu, peaks = [], [], []
     for _ in range(samples):
         tracemalloc.start()
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         response = client.get(f"/feeds/{FEED}/deadletters")
         times.append(time.perf_counter() - began)
+        cpu.append(time.process_time() - began_cpu)
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
         assert response.status_code == 200, response.text[:500]
@@ -118,6 +120,7 @@ def measure(output: Path, samples: int) -> dict[str, Any]:
         "letters": body["records"],
         "groups": body["groups_total"],
         "cold_s": round(times[0], 4),
+        "cold_cpu_s": round(cpu[0], 4),
         "warm_median_s": round(statistics.median(times[1:]), 4),
         "warm_slowest_s": round(max(times[1:]), 4),
         "rss_before_mb": round(rss_before / 1024, 1),
@@ -162,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(figures))
     largest = results[-1]
     doc = {"target_s": TARGET_S, "samples": args.samples, "results": results,
-           "met": largest["warm_median_s"] < TARGET_S}  # fmt: skip
+           "met": max(largest["cold_s"], largest["warm_median_s"]) < TARGET_S}  # fmt: skip
     if args.out is not None:
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"{largest['letters']:,} dead letters: first render {largest['cold_s']} s, then median "

@@ -13,13 +13,16 @@ from typing import Any
 
 import pytest
 
-from tests.support.airflow_auth import GRANTS_ENV, PATH
+from tests.support.airflow_auth import GRANTS_ENV, PATH, TEAMS_ENV
 from tidemark.errors import ConfigError
 
 GRANTS = {
     "alice": {"tidemark_alpha": "run", "tidemark_replay": "run"},
     "bob": {"tidemark_beta": "run", "tidemark_replay": "run"},
     "carol": {"tidemark_alpha": "edit", "tidemark_replay": "run"},
+    # Both may run feed gamma's DAG; gamma's file says `team: red`, and only erin is in red.
+    "erin": {"tidemark_gamma": "run", "tidemark_replay": "run"},
+    "frank": {"tidemark_gamma": "run", "tidemark_replay": "run"},
 }
 
 
@@ -28,7 +31,9 @@ def per_dag_auth(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     from airflow.api_fastapi import app as airflow_app
 
     monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", PATH)
-    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "alice:user,bob:user,carol:user,admin:admin")
+    users = "alice:user,bob:user,carol:user,admin:admin,erin:user,frank:user"
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", users)
+    monkeypatch.setenv(TEAMS_ENV, json.dumps({"erin": ["red"], "frank": ["blue"]}))
     monkeypatch.setenv(GRANTS_ENV, json.dumps(GRANTS))
     airflow_app.purge_cached_app()
     yield
@@ -112,3 +117,41 @@ def test_all_admins_and_the_dag_test_name_pass_only_where_simple_auth_manager_sa
     monkeypatch.delenv("AIRFLOW__TIDEMARK__RUN_USER_LOOKUP")  # no lookup: refused, naming the setting
     with pytest.raises(ConfigError, match=r"run_user_lookup"):
         refuse_unless_allowed("alpha", "replay", {}, user)
+
+
+def test_a_feed_of_another_team_is_refused_though_its_dag_rights_allow(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The attacker's probe: frank may run gamma's DAG, but gamma's file names team red, which frank is not in: the
+    replay DAG's first task refuses him (the team read from the feed's file, as the task does); erin passes."""
+    from tidemark.orchestration.access import refuse_unless_allowed
+    from tidemark.orchestration.dags import team_of
+
+    (tmp_path / "gamma.yaml").write_text("topics: [t-gamma]\ngroup: g-gamma\nteam: red\n")
+    monkeypatch.setenv("TIDEMARK_FEEDS_DIR", str(tmp_path))
+    assert team_of("gamma") == "red" and team_of("no-such-feed") is None
+    refuse_unless_allowed("gamma", "replay", {"commit": True}, "erin", team_of("gamma"))
+    refuse_unless_allowed("gamma", "replay", {"commit": True}, "admin", team_of("gamma"))  # admins: every team
+    for params in ({}, {"commit": True}):
+        with pytest.raises(ConfigError, match=r"user 'frank' may not replay feed 'gamma': it belongs to team 'red'"):
+            refuse_unless_allowed("gamma", "replay", params, "frank", team_of("gamma"))
+    refuse_unless_allowed("gamma", "replay", {}, "frank", None)  # without `team:` the DAG's rights alone decide
+    # Without the DAG's rights, the refusal names the right missing, team or not (bob's is beta's DAG only).
+    with pytest.raises(ConfigError, match=r"user 'bob' may not replay feed 'gamma': that needs the right to edit"):
+        refuse_unless_allowed("gamma", "replay", {}, "bob", team_of("gamma"))
+
+
+def test_a_team_under_fab_is_a_role_of_that_name() -> None:
+    """FAB's manager has no ``is_authorized_team``: a FAB user is in a team when one of its roles has its name."""
+    from types import SimpleNamespace
+
+    from tidemark.orchestration.access import in_team
+
+    class NoTeams:
+        def is_authorized_team(self, **kwargs: Any) -> bool:
+            raise NotImplementedError
+
+    fab_user = SimpleNamespace(roles=[SimpleNamespace(name="Viewer"), SimpleNamespace(name="red")])
+    assert in_team(NoTeams(), fab_user, "red")
+    assert not in_team(NoTeams(), fab_user, "blue")
+    assert not in_team(NoTeams(), SimpleNamespace(), "red")  # no roles, no teams: a check that cannot pass

@@ -9,7 +9,10 @@ record whose value is markup with script (``MARKUP``), which Great Expectations 
 its Data Docs. Users: ``admin`` and ``viewer`` (SimpleAuthManager's roles over every DAG),
 and one team per feed (``TEAMS``): ``alice`` may run feed ``view``'s DAG, ``bob`` feed
 ``docs``'s, both ``tidemark_replay``; the auth manager is ``tests.support.airflow_auth``'s
-(SimpleAuthManager plus per-DAG grants), configured as ``[core] auth_manager``.
+(SimpleAuthManager plus per-DAG grants), configured as ``[core] auth_manager``. The two feeds'
+files name teams (``team: red`` for ``view``, ``blue`` for ``docs``; ``FEED_TEAMS``): ``erin``
+(red) and ``frank`` (blue) may run both feeds' DAGs and the shared ones, and only their teams keep
+each to its own feed (``USER_TEAMS``; ``viewer`` is in both).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import pytest
 import yaml
 
 from tests.conftest import KafkaTestCluster, keyed_records
-from tests.support.airflow_auth import GRANTS_ENV
+from tests.support.airflow_auth import GRANTS_ENV, TEAMS_ENV
 from tests.support.airflow_auth import PATH as AUTH_MANAGER
 from tidemark.devtools.airflow import LocalAirflow, project_root
 from tidemark.kafka.admin import Record
@@ -48,7 +51,12 @@ SECRET = "pa55-never-shown"
 # One team per feed: its user may run the feed's DAG and the replay DAG, nothing else.
 TEAMS = {"alice": FEED, "bob": DOCS_FEED}
 GRANTS = {user: {f"tidemark_{feed}": "run", "tidemark_replay": "run"} for user, feed in TEAMS.items()}
-USERS = "admin:admin,viewer:viewer," + ",".join(f"{user}:user" for user in TEAMS)
+# Teams by the feed files' `team:` key: erin and frank may run both feeds' DAGs, their teams keep each to its own.
+FEED_TEAMS = {FEED: "red", DOCS_FEED: "blue"}
+TEAM_MEMBERS = {"erin": FEED, "frank": DOCS_FEED}
+USER_TEAMS = {"alice": ["red"], "bob": ["blue"], "viewer": ["red", "blue"], "erin": ["red"], "frank": ["blue"]}
+GRANTS.update({user: {f"tidemark_{f}": "run" for f in (FEED, DOCS_FEED, "replay", "redrive")} for user in TEAM_MEMBERS})
+USERS = "admin:admin,viewer:viewer," + ",".join(f"{user}:user" for user in (*TEAMS, *TEAM_MEMBERS))
 DOWNSTREAM_DAG = "downstream_of_view"
 DOWNSTREAM = '''
 """Consumes the view feed's Asset: scheduled whenever the feed's DAG publishes."""
@@ -194,14 +202,15 @@ def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -
     group = f"g-view-{uuid.uuid4().hex[:8]}"
     for partition, count in enumerate((8, 5, 3)):
         kafka.produce(topic, keyed_records(count, partition=partition, prefix=f"p{partition}"))
-    feed = {"topics": [topic], "group": group, "deserialization": {"format": "string"}, "output": str(output)}
+    feed = {"topics": [topic], "group": group, "deserialization": {"format": "string"}, "output": str(output),
+            "team": FEED_TEAMS[FEED]}  # fmt: skip
     (feeds / f"{FEED}.yaml").write_text(yaml.safe_dump(feed))
     docs_topic = kafka.new_topic(partitions=1, prefix="docs")
     kafka.produce(docs_topic, [*keyed_records(3, partition=0), Record(value=MARKUP.encode(), partition=0)])
     rule = {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "value", "regex": "^v-"}}
     checks = {"on_bad_records": "quarantine", "quarantine_max_ratio": 0.5, "expectations": [rule]}
     docs = {"topics": [docs_topic], "group": f"g-docs-{uuid.uuid4().hex[:8]}", "deserialization": {"format": "string"},
-            "output": str(base / "out" / DOCS_FEED), "validation": checks}  # fmt: skip
+            "output": str(base / "out" / DOCS_FEED), "validation": checks, "team": FEED_TEAMS[DOCS_FEED]}  # fmt: skip
     (feeds / f"{DOCS_FEED}.yaml").write_text(yaml.safe_dump(docs))
     cleared_topic = kafka.new_topic(partitions=3, prefix="cleared")
     cleared = {"topics": [cleared_topic], "group": f"g-cleared-{uuid.uuid4().hex[:8]}",
@@ -221,6 +230,7 @@ def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -
             "AIRFLOW__CORE__AUTH_MANAGER": AUTH_MANAGER,
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": USERS,
             GRANTS_ENV: json.dumps(GRANTS),
+            TEAMS_ENV: json.dumps(USER_TEAMS),
             # The auth manager's module, for the api-server and the tasks (the DAGs' own check asks it too).
             "PYTHONPATH": os.pathsep.join(p for p in (str(project_root()), os.environ.get("PYTHONPATH")) if p),
             # The security tests send dozens of previews in a row; the limit itself is tested in process.
@@ -234,7 +244,7 @@ def airflow(kafka: KafkaTestCluster, tmp_path_factory: pytest.TempPathFactory) -
     )
     try:
         airflow.up()
-        tokens = {user: airflow.token(user) for user in ("admin", "viewer", *TEAMS)}
+        tokens = {user: airflow.token(user) for user in ("admin", "viewer", *TEAMS, *TEAM_MEMBERS)}
         running = RunningAirflow(airflow, kafka, state, topic, group, output, tokens, docs_topic, cleared_topic)
         dag_ids = [f"tidemark_{f}" for f in (FEED, DOCS_FEED, CLEARED_FEED)]
         _wait_for_dags(running, [*dag_ids, "tidemark_replay", DOWNSTREAM_DAG])

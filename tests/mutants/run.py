@@ -1658,6 +1658,44 @@ MUTANTS = (
             "tests/integration/output/test_value_partitioning.py::"
             "test_parquet_partition_values_read_back_exactly_with_pyarrow_and_spark",
         ),
+        "team-membership-not-asked",
+        "a feed whose file names a team answers only to that team's members, in the view and at the shared DAGs",
+        (
+            Edit(
+                "include/tidemark/orchestration/access.py",
+                "        and (wanted.get(name) is None or in_team(auth_manager, user, str(wanted[name])))\n",
+                "        and (wanted.get(name) is None or True)\n",
+            ),
+        ),
+        (
+            "tests/integration/web/test_web_access.py::"
+            "test_a_user_with_rights_on_both_dags_reaches_only_its_teams_feed[erin-alpha-beta]",
+            "tests/dags/test_run_access.py::test_a_feed_of_another_team_is_refused_though_its_dag_rights_allow",
+        ),
+    ),
+    Mutant(
+        "team-fab-any-role",
+        "under FAB (no teams in the auth manager) a user is in a team only with a role of the team's name",
+        (
+            Edit(
+                "include/tidemark/orchestration/access.py",
+                'return team in {getattr(role, "name", None) for role in getattr(user, "roles", None) or ()}',
+                'return bool(getattr(user, "roles", None))',
+            ),
+        ),
+        ("tests/dags/test_run_access.py::test_a_team_under_fab_is_a_role_of_that_name",),
+    ),
+    Mutant(
+        "team-not-read-by-the-shared-dags",
+        "the shared DAGs' first task reads the feed's team from its file",
+        (
+            Edit(
+                "include/tidemark/orchestration/dags.py",
+                "        return load_feed(feed_name).team\n",
+                "        return None\n",
+            ),
+        ),
+        ("tests/dags/test_run_access.py::test_a_feed_of_another_team_is_refused_though_its_dag_rights_allow",),
     ),
 )
 

@@ -10,6 +10,10 @@ and tokens and adds what FAB's ``DAG:<dag_id>`` permissions express: per user, p
 without an entry in ``TIDEMARK_TEST_DAG_GRANTS`` keeps the role's access to every DAG.
 
 ``TIDEMARK_TEST_DAG_GRANTS`` is JSON: ``{"alice": {"tidemark_alpha": "run", ...}, ...}``.
+
+Teams (a feed file's ``team:``) are asked of ``is_authorized_team``, which SimpleAuthManager answers
+from its users' teams in multi-team mode only; here ``TIDEMARK_TEST_TEAMS`` (JSON, user → its teams:
+``{"alice": ["red"]}``) says, outside it, who is in which team (admins are in every team).
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ import json
 import os
 from typing import Any
 
-from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails, TeamDetails
 from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
 from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
 GRANTS_ENV = "TIDEMARK_TEST_DAG_GRANTS"
+TEAMS_ENV = "TIDEMARK_TEST_TEAMS"
 LEVELS = ("read", "edit", "run")
 PATH = "tests.support.airflow_auth.DagGrantsAuthManager"
 
@@ -58,3 +63,13 @@ class DagGrantsAuthManager(SimpleAuthManager):  # type: ignore[misc]
             return bool(grants)
         level = grants.get(details.id)
         return level is not None and LEVELS.index(level) >= LEVELS.index(_needed(method, access_entity))
+
+    def is_authorized_team(
+        self, *, method: Any, user: SimpleAuthManagerUser, details: TeamDetails | None = None
+    ) -> bool:
+        if details is None or details.name is None:
+            return False
+        if self._is_admin(user):
+            return True
+        teams: dict[str, list[str]] = json.loads(os.environ.get(TEAMS_ENV) or "{}")
+        return details.name in teams.get(user.username, ())

@@ -56,6 +56,8 @@ FieldType = Literal["string", "integer", "number", "boolean"]
 OutputFormat = Literal["parquet", "iceberg"]
 
 FEED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+# A team's name as auth managers spell one (a FAB role, an Airflow team): letters, digits, '_', '.', '-'.
+TEAM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
@@ -624,6 +626,9 @@ class Feed(_Model):
     maintenance: Maintenance | None = None
     # Sensitive fields, masked in the job right after decoding (tidemark.config.masking, tidemark.spark.masking).
     masking: Masking | None = None
+    # The team owning the feed (docs/deploy.md, "Team-per-feed deployment"): besides the rights on the feed's DAG,
+    # a user reaches the feed only as a member of this team (tidemark.orchestration.access.in_team).
+    team: str | None = Field(default=None, pattern=TEAM_NAME)
 
     @model_validator(mode="before")
     @classmethod

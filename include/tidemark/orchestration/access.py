@@ -13,6 +13,9 @@ replay   PUT (edit the DAG)                       a replay or backfill of the fe
 commit   POST, ``DagAccessEntity.RUN`` (run it)   a replay or backfill that commits the group
 ======== ======================================== ==========================================
 
+A feed whose file names a ``team`` answers, besides, only to that team's members (:func:`in_team`), in the view
+and at the shared DAGs' first task alike.
+
 Starting ``tidemark_replay`` / ``tidemark_backfill`` at all stays Airflow's own check (POST
 on their runs). The DAGs check again at their first task (:func:`refuse_unless_allowed`),
 for the user Airflow recorded as the run's ``triggering_user_name``: a run triggered from
@@ -70,24 +73,48 @@ def _teams(dag_ids: list[str]) -> Mapping[str, str | None]:
 
 
 def allowed_feeds(
-    auth_manager: Any, user: Any, action: Action, feeds: Collection[str], *, teams: bool = True
+    auth_manager: Any,
+    user: Any,
+    action: Action,
+    feeds: Collection[str],
+    *,
+    teams: bool = True,
+    feed_teams: Mapping[str, str | None] | None = None,
 ) -> set[str]:
     """The feeds among ``feeds`` on whose DAG ``user`` may do ``action``, by ``auth_manager``'s answer.
 
-    ``teams=False`` leaves the DAGs' teams out (a task cannot read them: it has no metadata database).
+    A feed whose file names a ``team`` (``feed_teams``: feed → team) is allowed only to that team's
+    members besides (:func:`in_team`). ``teams=False`` leaves the DAGs' teams out (a task cannot read
+    them: it has no metadata database).
     """
     from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 
     method, entity = _rights(action)
     by_dag = {dag_id(name): name for name in feeds}
     owners = _teams(list(by_dag)) if teams else {}
+    wanted = feed_teams or {}
     return {
         name
         for dag, name in by_dag.items()
         if auth_manager.is_authorized_dag(
             method=method, access_entity=entity, details=DagDetails(id=dag, team_name=owners.get(dag)), user=user
         )
+        and (wanted.get(name) is None or in_team(auth_manager, user, str(wanted[name])))
     }
+
+
+def in_team(auth_manager: Any, user: Any, team: str) -> bool:
+    """Whether ``user`` belongs to ``team``, as ``auth_manager`` tells (``is_authorized_team``).
+
+    A manager without teams (FAB's) answers ``NotImplementedError``: there a team is a role of that
+    name (``user.roles``). A user with neither is in no team: a check that cannot be made does not pass.
+    """
+    from airflow.api_fastapi.auth.managers.models.resource_details import TeamDetails
+
+    try:
+        return bool(auth_manager.is_authorized_team(method="GET", user=user, details=TeamDetails(name=team)))
+    except NotImplementedError:
+        return team in {getattr(role, "name", None) for role in getattr(user, "roles", None) or ()}
 
 
 def remember_user() -> Any:
@@ -107,8 +134,13 @@ def remember_user() -> Any:
 class AirflowFeedAccess:
     """The view's :class:`tidemark.web.app.FeedAccess`, answered by Airflow's auth manager for the request's user."""
 
-    def __init__(self, auth_manager: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        auth_manager: Callable[[], Any] | None = None,
+        feed_teams: Callable[[], Mapping[str, str | None]] | None = None,
+    ) -> None:
         self._auth_manager = auth_manager
+        self._feed_teams = feed_teams or _feed_teams
 
     def manager(self) -> Any:
         if self._auth_manager is not None:
@@ -124,10 +156,17 @@ class AirflowFeedAccess:
         return user
 
     def allowed(self, request: Request, action: Action, feeds: Collection[str]) -> set[str]:
-        return allowed_feeds(self.manager(), self._user(request), action, feeds)
+        return allowed_feeds(self.manager(), self._user(request), action, feeds, feed_teams=self._feed_teams())
 
     def who(self, request: Request) -> str:
         return f"user:{self._user(request).get_id()}"
+
+
+def _feed_teams() -> dict[str, str | None]:
+    """Each loadable feed's ``team`` (the feeds folder, as the view reads it)."""
+    from tidemark.config.models import scan_feeds
+
+    return {name: feed.team for name, feed in scan_feeds().feeds.items()}
 
 
 def run_user(name: str) -> Any:
@@ -204,8 +243,11 @@ def _auth_db_url(conn: Any, conn_id: str) -> Any:
 DAG_TEST_USER = "dag_test"
 
 
-def refuse_unless_allowed(feed: str, mode: str, params: Mapping[str, Any], user_name: str | None) -> None:
-    """Raise :class:`ConfigError` unless ``user_name`` may replay (and, to commit, run) ``feed``.
+def refuse_unless_allowed(
+    feed: str, mode: str, params: Mapping[str, Any], user_name: str | None, team: str | None = None
+) -> None:
+    """Raise :class:`ConfigError` unless ``user_name`` may replay (and, to commit, run) ``feed``, and is a
+    member of ``team`` when the feed's file names one.
 
     A run with no triggering user was started by the scheduler or another DAG: code the
     deployment already trusts, outside the auth manager's reach. So is ``airflow dags test`` /
@@ -232,7 +274,17 @@ def refuse_unless_allowed(feed: str, mode: str, params: Mapping[str, Any], user_
     if user is None and user_name == DAG_TEST_USER:
         log.info("the %s of feed '%s' runs in `airflow dags test`: no user to check", mode, feed)
         return
-    missing = [a for a in needed if user is None or not allowed_feeds(manager, user, a, [feed], teams=False)]
+
+    def lacks(action: Action, owners: Mapping[str, str | None] | None = None) -> bool:
+        return user is None or not allowed_feeds(manager, user, action, [feed], teams=False, feed_teams=owners)
+
+    # The DAG's rights first (their refusal names the right missing), then the feed's team.
+    missing = [a for a in needed if lacks(a)]
+    if not missing and team is not None and any(lacks(a, {feed: team}) for a in needed):
+        raise ConfigError(
+            f"user {user_name!r} may not {mode} feed '{feed}': it belongs to team {team!r} (its file's `team`), "
+            "and the auth manager does not count the user in that team; nothing was read or committed"
+        )
     if missing:
         right = "run the DAG" if missing[0] == "commit" else "edit the DAG"
         why = " (a committing run moves the feed's group, as the feed's own runs do)" if missing[0] == "commit" else ""

@@ -442,6 +442,15 @@ def _no_retry_for_refusals(call: Callable[[], _T]) -> _T:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
 
+def team_of(feed_name: str) -> str | None:
+    """The ``team`` of the feed's file; ``None`` when it names none or does not load (the run then stops at its
+    own load of the feed, before reading anything)."""
+    try:
+        return load_feed(feed_name).team
+    except ConfigError:
+        return None
+
+
 @task(task_id="plan")
 def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Finish any pending commit of the feed, then plan this run and save the plan.
@@ -455,7 +464,9 @@ def plan_step(feed_name: str, mode: str, params: Mapping[str, Any] | None = None
 
     if mode != "scheduled":
         user = get_current_context()["dag_run"].triggering_user_name
-        _no_retry_for_refusals(lambda: refuse_unless_allowed(feed_name, mode, dict(params or {}), user))
+        _no_retry_for_refusals(
+            lambda: refuse_unless_allowed(feed_name, mode, dict(params or {}), user, team_of(feed_name))
+        )
 
     def plan() -> Run:
         request = run_request(mode, dict(params or {}))  # refused before the feed is loaded
@@ -914,7 +925,8 @@ def redrive_step() -> dict[str, Any]:
     params = dict(ctx["params"])
     feed_name = str(params["feed"])
     user = ctx["dag_run"].triggering_user_name
-    _no_retry_for_refusals(lambda: refuse_unless_allowed(feed_name, "redrive", {"commit": True}, user))
+    _no_retry_for_refusals(lambda: refuse_unless_allowed(feed_name, "redrive", {"commit": True}, user,
+                                                         team_of(feed_name)))  # fmt: skip
     since = datetime.fromisoformat(str(params["since"])) if params.get("since") else None
     with _storage_settings():
         job = RedriveJob(redrive_submitter(_no_retry_for_refusals(lambda: load_feed(feed_name))),

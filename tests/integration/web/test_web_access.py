@@ -23,7 +23,7 @@ from fastapi import Request
 from fastapi.testclient import TestClient
 
 from tests.conftest import KafkaTestCluster, keyed_records
-from tests.support.airflow_auth import GRANTS_ENV, PATH
+from tests.support.airflow_auth import GRANTS_ENV, PATH, TEAMS_ENV
 from tidemark.checkpoints.store import SqliteCheckpointStore
 from tidemark.config.models import Feed
 from tidemark.output.deadletters import DeadLetter
@@ -37,8 +37,13 @@ GRANTS = {
     "bob": {"tidemark_beta": "run", "tidemark_replay": "run"},
     "carol": {"tidemark_alpha": "edit", "tidemark_replay": "run"},
     "dave": {"tidemark_alpha": "read"},
+    # Both may run both feeds' DAGs: only the feeds' teams (``team:``) keep each to its own.
+    "erin": {"tidemark_alpha": "run", "tidemark_beta": "run", "tidemark_replay": "run"},
+    "frank": {"tidemark_alpha": "run", "tidemark_beta": "run", "tidemark_replay": "run"},
 }
-USERS = "alice:user,bob:user,carol:user,dave:viewer,admin:admin"
+USERS = "alice:user,bob:user,carol:user,dave:viewer,admin:admin,erin:user,frank:user"
+FEED_TEAMS = {"alpha": "red", "beta": "blue"}
+USER_TEAMS = {"erin": ["red"], "frank": ["blue"]}
 SECRET_IN_RUN = "value-of-beta-only"  # in beta's run history: must never reach alice
 
 
@@ -112,7 +117,8 @@ def client(auth: Any, kafka: KafkaTestCluster, feeds: dict[str, Feed], tmp_path:
     app = create_app(
         feeds=lambda: feeds, connection=lambda: kafka.connection, checkpoints=lambda: store,
         runs=lambda name: reports.get(name, []), runs_root=runs_root, timeout_s=3.0,
-        dependencies=airflow_auth(), access=AirflowFeedAccess(), trigger=trigger,
+        dependencies=airflow_auth(), trigger=trigger,
+        access=AirflowFeedAccess(feed_teams=lambda: {n: f.team for n, f in feeds.items()}),
         api_base=lambda: "http://testserver", letters=letters, redrive=redrive,
     )  # fmt: skip
     test_client = TestClient(app)
@@ -215,3 +221,33 @@ def test_dead_letters_and_the_redrive_form_answer_only_to_their_feeds_users(
     assert ok.status_code == 200, ok.text
     assert started == [{"feed": "alpha", "dry_run": False, "reason": "decode_error",
                         "since": "2026-11-20T00:00:00+00:00", "redrive": True}]  # fmt: skip
+
+
+@pytest.fixture
+def team_feeds(feeds: dict[str, Feed], monkeypatch: pytest.MonkeyPatch) -> dict[str, Feed]:
+    """The two feeds, each owned by a team (``team:``); ``erin`` is in red (alpha's), ``frank`` in blue (beta's)."""
+    monkeypatch.setenv(TEAMS_ENV, json.dumps(USER_TEAMS))
+    for name, team in FEED_TEAMS.items():
+        feeds[name] = feeds[name].model_copy(update={"team": team})
+    return feeds
+
+
+@pytest.mark.parametrize(("user", "own", "other"), [("erin", "alpha", "beta"), ("frank", "beta", "alpha")])
+def test_a_user_with_rights_on_both_dags_reaches_only_its_teams_feed(
+    team_feeds: dict[str, Feed], client: TestClient, auth: Any, started: list[dict[str, Any]],
+    user: str, own: str, other: str,
+) -> None:  # fmt: skip
+    """The attacker's probe: a user whose DAG rights reach both feeds lists, reads, replays, re-drives and sees the
+    dead letters of its own team's feed only; the other team's answers 403 and names nothing."""
+    headers = as_(client, auth, user)
+    assert [f["name"] for f in client.get("/api/feeds", headers=headers).json()] == [own]
+    assert client.get(f"/api/feeds/{own}", headers=headers).status_code == 200
+    assert client.get(f"/api/feeds/{own}/deadletters", headers=headers).status_code == 200
+    for path in (f"/feeds/{other}", f"/api/feeds/{other}", f"/feeds/{other}/deadletters",
+                 f"/api/feeds/{other}/deadletters", f"/runs/{other}/r1/docs"):  # fmt: skip
+        _refused(client.get(path, headers=headers), team_feeds, SECRET_IN_RUN)
+    for path in (f"/api/feeds/{other}/replay", f"/api/feeds/{other}/redrive", f"/api/feeds/{other}/replay/preview"):
+        _refused(client.post(path, json={"dry_run": False}, headers=headers), team_feeds, SECRET_IN_RUN)
+    assert started == []
+    admin = as_(client, auth, "admin")  # in every team
+    assert {f["name"] for f in client.get("/api/feeds", headers=admin).json()} == set(FEED_TEAMS)
