@@ -14,6 +14,8 @@ every runner once, back to back (a slow spell of a shared machine then hits all 
 - R4  Spark's built-in Kafka source over the same offsets to ``noop``
 - R6  Tidemark end to end (``tidemark.job.steps.run`` + commit): Kafka read once into staged
       Parquet, statistics and validation on the staged files, publish by rename, commit
+- R6s R6 with Spark's write staging the records (``TIDEMARK_READ_TASK_STAGING=0``): the
+      path before the read tasks staged raw bytes and JSON (issue 61), so before/after are one run
 - R4w Spark's Kafka source writing the same Parquet layout
 - M   one read task's peak RSS for ranges of 1/8, 1/4, 1/2 and all of one partition, each
       in a fresh process: it must not grow with the range
@@ -641,6 +643,20 @@ def run_benchmark(
     results: dict[str, RunnerResult] = {}
     step_seconds: list[dict[str, Any]] = []
 
+    def r6_spark_once() -> None:  # R6 with Spark's write staging the records: the path before issue 61
+        from tidemark.spark.arrow_avro import SWITCH_ENV
+
+        before = os.environ.get(SWITCH_ENV)
+        os.environ[SWITCH_ENV] = "0"
+        try:
+            r6_once()
+            step_seconds[-1]["staged_by"] = "spark"
+        finally:
+            if before is None:
+                os.environ.pop(SWITCH_ENV, None)
+            else:
+                os.environ[SWITCH_ENV] = before
+
     def r6_once() -> None:
         from tidemark.checkpoints.store import SqliteCheckpointStore
         from tidemark.runs.commit import commit_plan
@@ -685,6 +701,8 @@ def run_benchmark(
          f"spark-sql-kafka {connector}"),
         ("R6", "Tidemark end to end → Parquet + commit", lambda: _tm(r6_once),
          "one read into staging, validate the staged files, publish by rename, commit"),
+        ("R6s", "Tidemark end to end, Spark's write stages", lambda: _tm(r6_spark_once),
+         "R6 with TIDEMARK_READ_TASK_STAGING=0: Spark's Parquet writer stages the records (before issue 61)"),
         ("R4w", "Spark Kafka source → Parquet", lambda: _timed_spark(r4w_once, records, None, data_bytes, brokers),
          f"spark-sql-kafka {connector}; same layout (topic/date)"),
     ]  # fmt: skip
@@ -724,7 +742,9 @@ def run_benchmark(
         except TidemarkError as exc:
             memory = {"error": str(exc)}
 
-    ratios, by_round = median_ratios(results, ("R3/R4", "R3/R1", "R6/R4w", "R3/R0", "R6/R4", "R3/RF"))
+    ratios, by_round = median_ratios(
+        results, ("R3/R4", "R3/R1", "R6/R4w", "R3/R0", "R6/R4", "R3/RF", "R6s/R4w", "R6/R6s")
+    )
     doc = {
         "when": datetime.now(UTC).isoformat(),
         "records": records,

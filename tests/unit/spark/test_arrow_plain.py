@@ -50,6 +50,7 @@ EDGE_VALUES = [
     '{"s": "é😀 ünïcode"}'.encode(),
     b'{"s": "\\ud800"}',  # a lone surrogate
     b'{"s": "a", "s": "b"}',
+    b'{"s": "x", "i": 1.5, "i": 2}',  # which of the two a parser keeps is its own
     b'{"s": "x"} trailing',
     b'  {"s": "x"}  \n',
     b"{'s': 'x'}",
@@ -224,8 +225,11 @@ def test_a_plan_refuses_columns_it_does_not_write(spark: Any) -> None:
 
     staged, _ = _spark_decoded(spark, _batch([b"{}"]), _deser())
     more = StructType([*staged.fields, StructField("_row_hash", staged["offset"].dataType)])
-    assert "not the ones the read tasks write" in str(PlainPlan.of(
-        _deser(), more, partition_columns=("_outcome", "topic", "date"), ok="ok", raw_value=RAW_VALUE_COLUMN))
+    assert "not the ones the read tasks write" in str(
+        PlainPlan.of(
+            _deser(), more, partition_columns=("_outcome", "topic", "date"), ok="ok", raw_value=RAW_VALUE_COLUMN
+        )
+    )
     ddl = Deserialization(format="json", schema_ddl="s string")
     assert "schema_ddl" in str(PlainPlan.of(ddl, staged, partition_columns=("_outcome", "topic", "date"), ok="ok",
                                             raw_value=RAW_VALUE_COLUMN))  # fmt: skip
