@@ -492,7 +492,8 @@ def _bytes_stage_plan() -> Any:
 def task_memory(connection: KafkaConnection, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
     """Peak RSS of one read task per range size, each in a fresh process (nothing inherited)."""
     size = plan.partitions[0].records
-    points, staged = [], []
+    points: list[dict[str, Any]] = []
+    staged: list[dict[str, Any]] = []
     for fraction in MEMORY_FRACTIONS:
         for stage, into in ((0, points), (1, staged)):
             point, _cpu = run_worker("memory_worker", connection, plan, max(1, int(size * fraction)), stage)

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 DAY_MS = 86_400_000
 START_MS = 1_772_323_200_000  # 2026-03-01T00:00Z
-FIELDS = [{"name": "id", "type": "integer"}, {"name": "name", "type": "string"},
+FIELDS: list[dict[str, Any]] = [{"name": "id", "type": "integer"}, {"name": "name", "type": "string"},
           {"name": "price", "type": "number"}, {"name": "ok", "type": "boolean"},
           {"name": "note", "type": "string", "required": False}]  # fmt: skip
 
@@ -104,7 +104,8 @@ def _published(output: Path) -> tuple[Any, dict[tuple[str, str, int], list[dict[
     import pyarrow.parquet as pq
 
     (plan_folder,) = output.glob("plan_id=*")
-    schemas, rows = set(), {}
+    schemas: set[Any] = set()
+    rows: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for folder in sorted(plan_folder.glob("topic=*/date=*")):
         for path in sorted(folder.glob("*.parquet")):
             table = pq.read_table(path)

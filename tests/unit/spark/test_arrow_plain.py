@@ -194,7 +194,7 @@ def _document(rng: random.Random) -> bytes:
 @pytest.mark.parametrize("required", [True, False], ids=["required", "optional"])
 def test_generated_documents_are_staged_as_spark_decodes_them_or_refused(spark: Any, required: bool) -> None:
     rng = random.Random(61)
-    values = [_document(rng) for _ in range(3000)]
+    values: list[bytes | None] = [_document(rng) for _ in range(3000)]
     staged = _compare(spark, values, _deser(required=required))
     assert staged > 300  # a real share of them takes the path (most have a field of another type)
 
