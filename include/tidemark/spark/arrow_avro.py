@@ -31,6 +31,9 @@ no exact window, staging in a folder the executors and the driver share. Types: 
 int, long, float, double, string, bytes, enum, ``date``, ``timestamp-millis``,
 ``timestamp-micros``, each alone or in a union with null. Everything else (nested records,
 arrays, maps, decimals, fixed, other unions, named type references) is staged by Spark.
+Raw bytes, text and JSON values take the same path, the same files and the same checks
+through :mod:`tidemark.spark.arrow_plain`: a read task stages whatever :class:`TaskStaging`
+lays out, and its writer, file naming and the driver's checks are this module's.
 
 The publishers import this module where no Spark runs (:data:`SPARK_SCHEMA_KEY`), so Spark,
 pyarrow, numpy, polars and :mod:`tidemark.spark.source` (which loads Spark and pyarrow) are
