@@ -161,7 +161,9 @@ def json_columns(values: pa.Array, plan: PlainPlan, where: str) -> dict[str, pa.
 
     tombstone_ok = not plan.required or plan.tombstones  # else a null value is a bad record (decode_reasons)
     out: dict[str, list[Any]] = {name: [] for name, _ in plan.fields}
-    specs = [(name, kind, out[name], name in plan.required) for name, kind in plan.fields]
+    # Each field's usual type is taken as is, without a call; anything else goes through _field, which decides.
+    usual: dict[str, type] = {"string": str, "integer": int, "number": float, "boolean": bool}
+    specs = [(name, kind, out[name], name in plan.required, usual[kind]) for name, kind in plan.fields]
     for i, value in enumerate(values.to_pylist()):
         if value is None:
             if not tombstone_ok:
@@ -170,8 +172,13 @@ def json_columns(values: pa.Array, plan: PlainPlan, where: str) -> dict[str, pa.
                 column.append(None)
             continue
         doc = _document(value, where, i)
-        for name, kind, column, required in specs:
-            column.append(_field(doc.get(name), kind, required, f"{where} ({i + 1}. record): field '{name}'"))
+        for name, kind, column, required, type_ in specs:
+            v: Any = doc.get(name)
+            usual_type = type(v) is type_  # a bool, so that mypy does not narrow v to object
+            if usual_type and (type_ is not int or -(2**63) <= v < 2**63):
+                column.append(v)
+            else:
+                column.append(_field(v, kind, required, f"{where} ({i + 1}. record): field '{name}'"))
     arrow = {"string": pa.string(), "integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_()}
     result = {}
     for name, kind in plan.fields:
@@ -211,10 +218,7 @@ def _document(value: bytes, where: str, i: int) -> dict[str, Any]:
     try:
         if len(value) > MAX_VALUE_BYTES:
             raise _Refused(f"over {MAX_VALUE_BYTES} bytes")
-        doc = json.loads(
-            value.decode("utf-8"), object_pairs_hook=_object, parse_float=_float, parse_int=_int,
-            parse_constant=_constant,
-        )  # fmt: skip
+        doc = _DECODER.decode(value.decode("utf-8"))
     except (_Refused, ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise CannotStage(f"{where} ({i + 1}. record): a value that is not plain JSON ({exc})") from exc
     if not isinstance(doc, dict):
@@ -248,3 +252,7 @@ def _int(text: str) -> int:
 
 def _constant(text: str) -> Any:
     raise _Refused(f"{text}, which JSON does not have")
+
+
+# Built once: json.loads with hooks builds a decoder per call (measured: a third of the time of a 170-byte record).
+_DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_float=_float, parse_int=_int, parse_constant=_constant)
