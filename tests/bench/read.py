@@ -14,6 +14,8 @@ every runner once, back to back (a slow spell of a shared machine then hits all 
 - R4  Spark's built-in Kafka source over the same offsets to ``noop``
 - R6  Tidemark end to end (``tidemark.job.steps.run`` + commit): Kafka read once into staged
       Parquet, statistics and validation on the staged files, publish by rename, commit
+- R6s R6 with Spark's write staging the records (``TIDEMARK_READ_TASK_STAGING=0``): the
+      path before the read tasks staged raw bytes and JSON (issue 61), so before/after are one run
 - R4w Spark's Kafka source writing the same Parquet layout
 - M   one read task's peak RSS for ranges of 1/8, 1/4, 1/2 and all of one partition, each
       in a fresh process: it must not grow with the range
@@ -427,42 +429,82 @@ def run_r1(connection: KafkaConnection, plan: Plan) -> Sample:
 MEMORY_FRACTIONS = (0.125, 0.25, 0.5, 1.0)
 
 
-def memory_worker(bootstrap: str, plan_json: str, records: int) -> dict[str, Any]:
-    """Read the first ``records`` offsets of the plan's first partition as one task.
+def memory_worker(bootstrap: str, plan_json: str, records: int, stage: int = 0) -> dict[str, Any]:
+    """Read the first ``records`` offsets of the plan's first partition as one task; ``stage``: and stage them as
+    R6's read task does for this bytes feed (:func:`tidemark.spark.arrow_avro.stage_task`, Parquet files in a
+    temporary folder).
 
-    Reports the process's resident memory (current RSS, sampled after every batch) at its
+    Reports the process's resident memory (current RSS, sampled every 20 ms) at its
     highest during the read, and before it (imports done): the high-water mark of the
     imports alone would hide what the read itself holds.
     """
     import psutil
 
+    from tidemark.spark.arrow_avro import stage_task, staged_arrow_schema
     from tidemark.spark.source import Range, ReadTask, read_task
 
     plan = Plan.from_json(plan_json)
     p = plan.partitions[0]
     task = ReadTask(0, p.leader, plan.plan_id, plan.group, plan.isolation,
                     (Range(p.topic, p.partition, p.start, p.start + records),))  # fmt: skip
+    config = {"bootstrap.servers": bootstrap}
+    staging = _bytes_stage_plan() if stage else None
+    if staging is not None:
+        staged_arrow_schema(staging)  # its imports before the baseline
     me = psutil.Process()
-    before = peak = me.memory_info().rss
-    read = 0
-    for batch in read_task(task, {"bootstrap.servers": bootstrap}):
-        read += batch.num_rows
-        peak = max(peak, me.memory_info().rss)
+    before = me.memory_info().rss
+    peak = [before]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            peak[0] = max(peak[0], me.memory_info().rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    with tempfile.TemporaryDirectory(prefix="tidemark-bench-m-") as target:
+        if staging is None:
+            read = sum(batch.num_rows for batch in read_task(task, config))
+        else:
+            read = sum(stage_task(0, task, config, staging, target)[1].values())
+    done.set()
+    sampler.join()
     mb = 2**20
-    return {"records": read, "peak_rss_mb": round(peak / mb, 1), "before_read_rss_mb": round(before / mb, 1)}
+    return {"records": read, "peak_rss_mb": round(max(peak[0], me.memory_info().rss) / mb, 1),
+            "before_read_rss_mb": round(before / mb, 1)}  # fmt: skip
+
+
+def _bytes_stage_plan() -> Any:
+    """The read tasks' staging plan of the benchmark's feed (bytes values, text keys), as the job builds it."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from tidemark.config.models import Deserialization
+    from tidemark.spark.arrow_plain import PlainPlan
+    from tidemark.spark.source import SCHEMA
+    from tidemark.staged import OK_OUTCOME, RAW_VALUE_COLUMN, STAGED_PARTITION_COLUMNS
+
+    columns = StructType([StructField("key", StringType()) if f.name == "key" else f for f in SCHEMA.fields
+                          if f.name not in ("topic", "plan_id")])  # fmt: skip
+    return PlainPlan.of(Deserialization(format="bytes"), columns, partition_columns=STAGED_PARTITION_COLUMNS,
+                        ok=OK_OUTCOME, raw_value=RAW_VALUE_COLUMN)  # fmt: skip
 
 
 def task_memory(connection: KafkaConnection, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
     """Peak RSS of one read task per range size, each in a fresh process (nothing inherited)."""
     size = plan.partitions[0].records
-    points = []
+    points: list[dict[str, Any]] = []
+    staged: list[dict[str, Any]] = []
     for fraction in MEMORY_FRACTIONS:
-        point, _cpu = run_worker("memory_worker", connection, plan, max(1, int(size * fraction)))
-        log(f"  one task over {point['records']:,} records: peak RSS {point['peak_rss_mb']} MB "
-            f"({point['before_read_rss_mb']} MB before reading)")  # fmt: skip
-        points.append(point)
+        for stage, into in ((0, points), (1, staged)):
+            point, _cpu = run_worker("memory_worker", connection, plan, max(1, int(size * fraction)), stage)
+            log(f"  one task {'reading and staging' if stage else 'reading'} {point['records']:,} records: peak RSS "
+                f"{point['peak_rss_mb']} MB ({point['before_read_rss_mb']} MB before reading)")  # fmt: skip
+            into.append(point)
     peaks = [pt["peak_rss_mb"] for pt in points]
-    return {"points": points, "growth": round(max(peaks) / min(peaks), 3)}
+    staged_peaks = [pt["peak_rss_mb"] for pt in staged]
+    return {"points": points, "growth": round(max(peaks) / min(peaks), 3),
+            # the same task staging its records in Parquet files (R6's read tasks, a bytes feed)
+            "staged_points": staged, "staged_growth": round(max(staged_peaks) / min(staged_peaks), 3)}  # fmt: skip
 
 
 def spark_kafka_jars(log: Callable[[str], None]) -> tuple[list[Path], str]:
@@ -641,6 +683,20 @@ def run_benchmark(
     results: dict[str, RunnerResult] = {}
     step_seconds: list[dict[str, Any]] = []
 
+    def r6_spark_once() -> None:  # R6 with Spark's write staging the records: the path before issue 61
+        from tidemark.spark.arrow_avro import SWITCH_ENV
+
+        before = os.environ.get(SWITCH_ENV)
+        os.environ[SWITCH_ENV] = "0"
+        try:
+            r6_once()
+            step_seconds[-1]["staged_by"] = "spark"
+        finally:
+            if before is None:
+                os.environ.pop(SWITCH_ENV, None)
+            else:
+                os.environ[SWITCH_ENV] = before
+
     def r6_once() -> None:
         from tidemark.checkpoints.store import SqliteCheckpointStore
         from tidemark.runs.commit import commit_plan
@@ -685,6 +741,8 @@ def run_benchmark(
          f"spark-sql-kafka {connector}"),
         ("R6", "Tidemark end to end → Parquet + commit", lambda: _tm(r6_once),
          "one read into staging, validate the staged files, publish by rename, commit"),
+        ("R6s", "Tidemark end to end, Spark's write stages", lambda: _tm(r6_spark_once),
+         "R6 with TIDEMARK_READ_TASK_STAGING=0: Spark's Parquet writer stages the records (before issue 61)"),
         ("R4w", "Spark Kafka source → Parquet", lambda: _timed_spark(r4w_once, records, None, data_bytes, brokers),
          f"spark-sql-kafka {connector}; same layout (topic/date)"),
     ]  # fmt: skip
@@ -724,7 +782,9 @@ def run_benchmark(
         except TidemarkError as exc:
             memory = {"error": str(exc)}
 
-    ratios, by_round = median_ratios(results, ("R3/R4", "R3/R1", "R6/R4w", "R3/R0", "R6/R4", "R3/RF"))
+    ratios, by_round = median_ratios(
+        results, ("R3/R4", "R3/R1", "R6/R4w", "R3/R0", "R6/R4", "R3/RF", "R6s/R4w", "R6/R6s")
+    )
     doc = {
         "when": datetime.now(UTC).isoformat(),
         "records": records,

@@ -1696,6 +1696,23 @@ MUTANTS = (
             ),
         ),
         ("tests/dags/test_run_access.py::test_a_feed_of_another_team_is_refused_though_its_dag_rights_allow",),
+        "plain-json-fraction-as-integer",
+        "the read tasks stage a JSON record only where Spark's from_json reads it as is (an integer field's "
+        "fraction is a bad record)",
+        (
+            Edit(
+                "include/tidemark/spark/arrow_plain.py",
+                "        ok = type(value) is int and -(2**63) <= value < 2**63\n",
+                "        ok = type(value) in (int, float) and -(2**63) <= value < 2**63\n",
+            ),
+        ),
+        ("tests/unit/spark/test_arrow_plain.py::test_edge_values_are_staged_as_spark_decodes_them_or_refused",),
+    ),
+    Mutant(
+        "plain-json-duplicate-key-kept",
+        "the read tasks give way on a JSON object that names a key twice (which value a parser keeps is its own)",
+        (Edit("include/tidemark/spark/arrow_plain.py", "    if len(doc) != len(pairs):", "    if False:"),),
+        ("tests/unit/spark/test_arrow_plain.py::test_edge_values_are_staged_as_spark_decodes_them_or_refused",),
     ),
 )
 

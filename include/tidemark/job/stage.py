@@ -27,6 +27,7 @@ from tidemark.output.base import Publisher
 from tidemark.output.staging import Staging, parquet_writer, spark_path, stages_on_store
 from tidemark.planning.plan import Plan
 from tidemark.spark import arrow_avro
+from tidemark.spark.arrow_plain import PlainPlan
 from tidemark.spark.avro import AvroSchemas
 from tidemark.spark.masking import split_raw
 from tidemark.spark.session import configure_s3a
@@ -121,10 +122,11 @@ def stage_in_read_tasks(
     """Stage the plan's records in the read tasks (:mod:`tidemark.spark.arrow_avro`) when they can; the staged
     files' schema, or None (nothing staged: Spark's write stages them). ``reader``: who reads the plan.
 
-    They can for an Avro value whose schemas that module decodes, read by the data source,
-    with no exact window, into a staging folder the driver shares with the executors. Every
+    They can for an Avro value whose schemas that module decodes, and for a raw, text or JSON
+    value with declared fields (:mod:`tidemark.spark.arrow_plain`), with a text or bytes key, read by the data
+    source, with no exact window and no masking, into a staging folder the driver shares with the executors. Every
     record that decodes is staged as ``ok``, as ``staged_df`` lays it out, with its raw value
-    in place of its digest; when validation then finds records the feed's row rules
+    in place of its digest (JSON, Avro); when validation then finds records the feed's row rules
     quarantine, the job stages the plan again with Spark (step ``write_again``), which codes
     each record's outcome. A task that meets a record it does not stage (one that does not
     decode, say) gives way, and Spark stages the whole plan instead; the reason is printed.
@@ -132,12 +134,9 @@ def stage_in_read_tasks(
     """
     from pyspark.sql.types import StructType
 
-    value = schemas.get("value")
     if not (
         os.environ.get(arrow_avro.SWITCH_ENV, "1").strip() != "0"
-        and isinstance(value, AvroSchemas) and "key" not in schemas and reader == READ_BY_DATA_SOURCE
-        and plan.time_filter is None and staging.remote is None
-        and RAW_VALUE_COLUMN in staged_df.columns
+        and reader == READ_BY_DATA_SOURCE and plan.time_filter is None and staging.remote is None
     ):  # fmt: skip
         return None
     if feed.masking is not None:
@@ -145,7 +144,7 @@ def stage_in_read_tasks(
               file=sys.stderr)  # fmt: skip
         return None
     columns = StructType([f for f in staged_df.schema.fields if f.name not in DIGEST_COLUMNS])
-    stage = read_task_stage_plan(value, columns, tombstones=feed.tombstones_are_changes)
+    stage = _task_staging(feed, schemas, columns)
     if isinstance(stage, str):
         print(f"tidemark job: staging with Spark: {stage}", file=sys.stderr)
         return None
@@ -154,6 +153,22 @@ def stage_in_read_tasks(
         print(f"tidemark job: the read tasks gave way to Spark's write: {gave_way}", file=sys.stderr)
         return None
     return columns
+
+
+def _task_staging(feed: Feed, schemas: Mapping[str, RunSchemas], columns: StructType) -> arrow_avro.TaskStaging | str:
+    """How the read tasks stage ``feed``'s records as ``columns``: a flat Avro value's plan
+    (:mod:`tidemark.spark.arrow_avro`), a raw, text or JSON value's (:mod:`tidemark.spark.arrow_plain`); or why not."""
+    value = schemas.get("value")
+    if "key" in schemas:
+        return "the key is in a Schema Registry format, which only Spark's decoder reads"
+    if isinstance(value, AvroSchemas) and RAW_VALUE_COLUMN in columns.fieldNames():
+        return read_task_stage_plan(value, columns, tombstones=feed.tombstones_are_changes)
+    if value is not None:
+        return f"the read tasks do not decode {value.format} values"
+    return PlainPlan.of(
+        feed.deserialization, columns, partition_columns=STAGED_PARTITION_COLUMNS, ok=OK_OUTCOME,
+        raw_value=RAW_VALUE_COLUMN, tombstones=feed.tombstones_are_changes,
+    )  # fmt: skip
 
 
 def read_task_stage_plan(

@@ -479,7 +479,8 @@ def _checked(job: Job, source: Source, staged: Staged) -> ValidationOutcome:
         positions=source.positions,
         decode_failed=files.where(undecoded).withColumn(ERROR_COLUMN, staged.codes.decode_error(F.col(OUTCOME_COLUMN))),
         exact_duplicates=False,  # the reader yields each offset at most once
-        raw_value_column=RAW_VALUE_COLUMN if in_tasks else None if job.digested else "value",
+        # The read tasks stage a decoded value's raw bytes beside it (JSON, Avro), a raw or text value as it is.
+        raw_value_column=(RAW_VALUE_COLUMN if in_tasks else None) if job.digested else "value",
         digested=job.digested and not in_tasks,
     )  # fmt: skip
 

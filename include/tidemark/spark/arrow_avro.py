@@ -31,6 +31,9 @@ no exact window, staging in a folder the executors and the driver share. Types: 
 int, long, float, double, string, bytes, enum, ``date``, ``timestamp-millis``,
 ``timestamp-micros``, each alone or in a union with null. Everything else (nested records,
 arrays, maps, decimals, fixed, other unions, named type references) is staged by Spark.
+Raw bytes, text and JSON values take the same path, the same files and the same checks
+through :mod:`tidemark.spark.arrow_plain`: a read task stages whatever :class:`TaskStaging`
+lays out, and its writer, file naming and the driver's checks are this module's.
 
 The publishers import this module where no Spark runs (:data:`SPARK_SCHEMA_KEY`), so Spark,
 pyarrow, numpy, polars and :mod:`tidemark.spark.source` (which loads Spark and pyarrow) are
@@ -48,7 +51,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tidemark.errors import TidemarkError
 from tidemark.kafka.connection import from_env
@@ -78,6 +81,28 @@ PROMOTIONS = {
 SYNC = b"tidemark-block00"  # the container's 16-byte sync marker: any constant does
 SPARK_SCHEMA_KEY = "org.apache.spark.sql.parquet.row.metadata"  # the Spark schema a Spark-written file's footer holds
 SWITCH_ENV = "TIDEMARK_READ_TASK_STAGING"  # "0": Spark stages every plan
+
+
+class TaskStaging(Protocol):
+    """What a read task needs to stage records of one value format: this module's :class:`StagePlan` (Avro), or
+    :class:`tidemark.spark.arrow_plain.PlainPlan` (raw bytes, text, JSON with declared fields)."""
+
+    @property
+    def file_schema(self) -> str: ...  # the staged files' Spark schema (JSON): every column but the partitions'
+
+    @property
+    def partition_columns(self) -> tuple[str, str, str]: ...  # (outcome, topic, date) folder names
+
+    @property
+    def ok(self) -> str: ...  # the outcome every record staged here gets
+
+    @property
+    def plain(self) -> tuple[str, ...]: ...  # columns written without dictionary and statistics (payloads)
+
+    def tables(self, batch: pa.RecordBatch, schema: pa.Schema) -> Iterator[tuple[tuple[str, int], pa.Table]]:
+        """``batch``'s records decoded and laid out as ``schema``, one table per (topic, UTC day); raises
+        :class:`CannotStage` for a record the plan does not stage."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -212,6 +237,9 @@ class StagePlan:
             isinstance(key.dataType, StringType), raw_value, head, tuple(plain), tombstones,
         )  # fmt: skip
 
+    def tables(self, batch: pa.RecordBatch, schema: pa.Schema) -> Iterator[tuple[tuple[str, int], pa.Table]]:
+        return _staged_tables(batch, self, schema)
+
 
 def _container(writer: Mapping[str, Any]) -> bytes:
     """The header of an Avro object container file declaring ``writer`` (no codec): magic, metadata, sync.
@@ -266,7 +294,7 @@ class CannotStage(Exception):
 
 
 def stage_task(
-    index: int, task: ReadTask, client_config: Mapping[str, Any], plan: StagePlan, target: str
+    index: int, task: ReadTask, client_config: Mapping[str, Any], plan: TaskStaging, target: str
 ) -> tuple[list[tuple[str, int]], dict[tuple[str, int], int]]:
     """Read ``task``, decode and stage its records under ``target``; the files written (relative) and their rows,
     and the records the reader produced per partition (which the driver compares with the rows staged).
@@ -296,7 +324,7 @@ def stage_task(
     return sorted((file.name, file.close()) for file in files.values()), read
 
 
-def staged_arrow_schema(plan: StagePlan) -> pa.Schema:
+def staged_arrow_schema(plan: TaskStaging) -> pa.Schema:
     """The staged files' Arrow schema, with the Spark schema Spark's own files carry in their footers."""
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType
@@ -308,7 +336,7 @@ def staged_arrow_schema(plan: StagePlan) -> pa.Schema:
 def decoded_tables(
     task: ReadTask,
     client_config: Mapping[str, Any],
-    plan: StagePlan,
+    plan: TaskStaging,
     schema: pa.Schema,
     read: dict[tuple[str, int], int] | None = None,
 ) -> Iterator[tuple[tuple[str, int], pa.Table]]:
@@ -331,7 +359,7 @@ def decoded_tables(
             for item in pairs.to_pylist():
                 name, part = item["values"].split("\x00")
                 read[(name, int(part))] = read.get((name, int(part)), 0) + int(item["counts"])
-        yield from _staged_tables(batch, plan, schema)
+        yield from plan.tables(batch, schema)
 
 
 ROW_GROUP_BYTES = 64 * 1024 * 1024  # Arrow bytes buffered per file before they are written as one row group
@@ -394,7 +422,6 @@ def _date(day: int) -> str:
 
 def _staged_tables(batch: pa.RecordBatch, plan: StagePlan, schema: pa.Schema) -> Iterator[tuple[tuple[str, int], Any]]:
     """``batch``'s records decoded and laid out as ``schema``, one table per (topic, UTC day)."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -428,7 +455,15 @@ def _staged_tables(batch: pa.RecordBatch, plan: StagePlan, schema: pa.Schema) ->
         tables.append(_laid_out(part, part_heads, decoded, readers[writer.schema_id], plan, schema))
         topics.append(part.column("topic"))
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    topic = pa.concat_arrays(topics) if len(topics) > 1 else topics[0]
+    yield from by_topic_day(table, pa.concat_arrays(topics) if len(topics) > 1 else topics[0])
+
+
+def by_topic_day(table: pa.Table, topic: pa.Array) -> Iterator[tuple[tuple[str, int], pa.Table]]:
+    """``table`` (staged columns, whose ``timestamp`` is set) split by ``topic`` (each row's) and UTC day."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     days = np.floor_divide(table.column("timestamp").cast(pa.int64()).to_numpy(), 86_400_000_000)
     names = pc.unique(topic).to_pylist()
     for name in names:
@@ -636,7 +671,7 @@ def stage_in_tasks(
     spark: SparkSession,
     plan: Plan,
     connection: KafkaConnection | None,
-    stage: StagePlan,
+    stage: TaskStaging,
     target: Path,
     read: dict[tuple[str, int], int] | None = None,
 ) -> str | None:
@@ -683,7 +718,7 @@ def stage_in_tasks(
 
 
 def _run(
-    items: Iterable[tuple[int, ReadTask]], config: Mapping[str, Any] | None, stage: StagePlan, target: str
+    items: Iterable[tuple[int, ReadTask]], config: Mapping[str, Any] | None, stage: TaskStaging, target: str
 ) -> Iterator[tuple[str, Any]]:
     """A Spark task's work: stage each of its read tasks, or say why it gave way."""
     client_config = config if config is not None else from_env().client_config()
