@@ -1612,6 +1612,52 @@ MUTANTS = (
         ),
         ("tests/integration/runs/test_verify.py::test_an_iceberg_feed_verifies_clean_after_a_redrive",),
     ),
+    Mutant(
+        "output-schema-carrier-sorts-last",
+        "a Parquet output's schema file sorts before every plan folder, so pyarrow's dataset reads the whole output "
+        "with the output's one schema",
+        (
+            Edit(
+                "include/tidemark/output/output_schema.py",
+                'CARRIER_NAME = "output-schema.parquet"',
+                'CARRIER_NAME = "schema.parquet"',
+            ),
+        ),
+        (
+            "tests/unit/output/test_output_schema.py::test_the_recorded_schema_is_what_pyarrow_s_dataset_reads_the_whole_"
+            "output_with",
+        ),
+    ),
+    Mutant(
+        "output-schema-decimal-any-scale",
+        "a Parquet output widens a decimal's precision only at the same scale; another scale is a conflict",
+        (
+            Edit(
+                "include/tidemark/output/output_schema.py",
+                "pa.types.is_decimal(out) and pa.types.is_decimal(run) and out.scale == run.scale",
+                "pa.types.is_decimal(out) and pa.types.is_decimal(run)",
+            ),
+        ),
+        ("tests/unit/output/test_output_schema.py::test_any_other_type_change_is_a_conflict_naming_the_column",),
+    ),
+    Mutant(
+        "output-schema-change-not-refused",
+        "schema_change other than evolve refuses any change of a Parquet output's schema, naming it",
+        (Edit("include/tidemark/output/parquet.py", '    if policy != "evolve":\n', '    if policy == "never":\n'),),
+        (
+            "tests/unit/output/test_output_schema.py::test_a_change_is_refused_unless_the_feed_evolves_and_a_conflict_"
+            "always",
+        ),
+    ),
+    Mutant(
+        "output-schema-plan-not-conformed",
+        "a plan whose reader lacks a column of the output or holds it narrower is written with the output's schema",
+        (Edit("include/tidemark/output/parquet.py", "    if evolution.conform:\n", "    if not evolution:\n"),),
+        (
+            "tests/integration/job/test_output_schema.py::test_a_writer_change_evolves_the_output_s_one_schema_read_"
+            "whole_by_pyarrow_and_spark[int_to_long]",
+        ),
+    ),
 )
 
 
