@@ -6,7 +6,7 @@ plan's data files with it (:func:`evolve`):
 
 - a column the plan holds and the output lacks is **added** (nullable: earlier files read null);
 - a type the output can widen is **widened**: int8/16/32 → int64 (Avro int → long), float32 →
-  float64, a decimal's precision at the same scale, the same rules inside structs, list items
+  float64, a decimal's precision or scale where every value stays exact, the same rules inside structs, list items
   and map values;
 - a column the output has and the plan lacks, or holds narrower (a pinned older reader), is
   **conformed**: the plan's files are rewritten with the output's schema (null, or the value
@@ -86,8 +86,8 @@ def _widened(out: pa.DataType, run: pa.DataType, path: str, ev: _Acc) -> pa.Data
         return _wider(out, run, str(out) in _INTS and _INTS.index(str(out)) >= _INTS.index(str(run)), path, ev)
     if pa.types.is_floating(out) and pa.types.is_floating(run):
         return _wider(out, run, out.bit_width >= run.bit_width, path, ev)
-    if pa.types.is_decimal(out) and pa.types.is_decimal(run) and out.scale == run.scale:
-        return _wider(out, run, out.precision >= run.precision, path, ev)
+    if pa.types.is_decimal(out) and pa.types.is_decimal(run) and (_holds(out, run) or _holds(run, out)):
+        return _wider(out, run, _holds(out, run), path, ev)
     if pa.types.is_timestamp(out) and pa.types.is_timestamp(run) and out.unit == run.unit:
         return out  # the zone's spelling only ("UTC", "+00:00"): the same instants
     if pa.types.is_struct(out) and pa.types.is_struct(run):
@@ -99,6 +99,12 @@ def _widened(out: pa.DataType, run: pa.DataType, path: str, ev: _Acc) -> pa.Data
         return pa.map_(out.key_type, _widened(out.item_type, run.item_type, f"{path}{{}}", ev))
     ev.conflicts.append(f"column '{path}' is {out} in the output and {run} in this plan: not a widening")
     return out
+
+
+def _holds(wide: pa.Decimal128Type, narrow: pa.Decimal128Type) -> bool:
+    """Whether decimal ``wide`` represents every value of ``narrow`` exactly: at least its scale and its digits
+    before the point (the rule Avro feeds are read by, ``tidemark.spark.avro``)."""
+    return bool(wide.scale >= narrow.scale and wide.precision - wide.scale >= narrow.precision - narrow.scale)
 
 
 def _wider(out: pa.DataType, run: pa.DataType, output_wider: bool, path: str, ev: _Acc) -> pa.DataType:

@@ -118,3 +118,11 @@ def test_a_change_is_refused_unless_the_feed_evolves_and_a_conflict_always(polic
     conflict = evolve(V1, _with(V1, id=pa.string()))
     with pytest.raises(PublishError, match="column 'id' is int32 in the output and string in this plan"):
         refuse_schema_change(out, conflict, current, "v2", policy, "p2")
+
+
+def test_a_decimal_at_a_higher_scale_widens_where_every_value_stays_exact() -> None:
+    base = _with(V1, amount=pa.decimal128(10, 2))
+    found = evolve(base, _with(V1, amount=pa.decimal128(12, 4)))  # eight digits before the point on both sides
+    assert found.schema.field("amount").type == pa.decimal128(12, 4) and not found.conflicts
+    back = evolve(found.schema, base)  # an older reader's plan: cast up, no change
+    assert back.conform and not back.changes and back.schema.field("amount").type == pa.decimal128(12, 4)
