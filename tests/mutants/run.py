@@ -1658,6 +1658,30 @@ MUTANTS = (
             "whole_by_pyarrow_and_spark[int_to_long]",
         ),
     ),
+    Mutant(
+        "avro-decimal-rescale-skipped",
+        "an Avro decimal read at a higher scale is decoded at the writer's scale, then cast: every value exact",
+        (Edit(AVRO, "        rescaled = rescaled_reader(schemas.reader, writer)\n", "        rescaled = None\n"),),
+        (
+            "tests/integration/job/test_payload_fidelity.py::test_avro_decimal_read_at_a_higher_scale_publishes_every_value_"
+            "exactly",
+        ),
+    ),
+    Mutant(
+        "avro-decimal-lower-scale-accepted",
+        "an Avro decimal read at a lower scale than written is refused (a value may have no exact reader value)",
+        (
+            Edit(
+                AVRO,
+                "return bool(mine.getScale() > theirs.getScale() and integer_digits)",
+                "return bool(integer_digits)",
+            ),
+        ),
+        (
+            "tests/integration/spark/test_avro_resolution.py::test_a_decimal_resolves_at_its_scale_with_at_least_its_"
+            "precision",
+        ),
+    ),
 )
 
 

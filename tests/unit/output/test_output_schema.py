@@ -66,25 +66,26 @@ def test_any_other_type_change_is_a_conflict_naming_the_column(column: str, kind
 
 
 def test_the_recorded_schema_is_what_pyarrow_s_dataset_reads_the_whole_output_with(tmp_path: Path) -> None:
-    old = tmp_path / "plan_id=zz" / "part-0.parquet"  # sorts last: pyarrow would take the schema of the first file
-    new = tmp_path / "plan_id=aa" / "part-0.parquet"
+    old = tmp_path / "plan_id=aa" / "part-0.parquet"  # sorts first: pyarrow would take the schema of the first file
+    new = tmp_path / "plan_id=zz" / "part-0.parquet"
     old.parent.mkdir()
     new.parent.mkdir()
     pq.write_table(
         pa.table({"id": pa.array([1], pa.int32()), "amount": pa.array([Decimal("1.5")], pa.decimal128(4, 1))}), old
     )
     plan = pa.schema([("id", pa.int32()), ("amount", pa.decimal128(4, 1))])
-    record(Location.of(tmp_path), plan, version=1, plan_id="zz", readers="r1", changes=())
+    record(Location.of(tmp_path), plan, version=1, plan_id="aa", readers="r1", changes=())
     wider = pa.schema([("id", pa.int64()), ("amount", pa.decimal128(6, 1)), ("c", pa.string())])
     pq.write_table(pa.table({"id": [2**40], "amount": pa.array([Decimal("12345.5")], pa.decimal128(6, 1)),
                              "c": ["x"]}, schema=wider), new)  # fmt: skip
     found = evolve(load(Location.of(tmp_path)).schema, wider)  # type: ignore[union-attr]
-    record(Location.of(tmp_path), found.schema, version=2, plan_id="aa", readers="r2", changes=found.changes)
+    record(Location.of(tmp_path), found.schema, version=2, plan_id="zz", readers="r2", changes=found.changes)
 
-    table = ds.dataset(str(tmp_path), format="parquet", partitioning="hive").to_table()
+    dataset = ds.dataset(str(tmp_path), format="parquet", partitioning="hive")
 
-    assert sorted(tmp_path.glob("*.parquet"))[0].name == CARRIER_NAME
-    assert table.schema.field("id").type == pa.int64() and table.schema.field("c").type == pa.string()
+    assert Path(dataset.files[0]).name == CARRIER_NAME
+    assert dataset.schema.field("id").type == pa.int64() and dataset.schema.field("c").type == pa.string()
+    table = dataset.to_table()
     rows = sorted(table.select(["id", "amount", "c"]).to_pylist(), key=lambda r: r["id"])
     assert rows == [
         {"id": 1, "amount": Decimal("1.5"), "c": None},
