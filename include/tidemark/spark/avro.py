@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError, SchemaNotFoundError
 from tidemark.kafka.registry import RegistryClient, SubjectVersion
+from tidemark.planning.plan import Event
 from tidemark.spark.formats import PartDecoding, RegistryFormat
 from tidemark.spark.wire import (
     HEADER_BYTES,
@@ -98,6 +99,9 @@ class AvroSchemas(RegistrySchemas):
 
     reader: str = ""
     writers: Mapping[int, str] = field(default_factory=dict)
+    # Writers the reader cannot resolve, set aside under ``schema_change: quarantine``: id -> why (their records are
+    # bad records with that reason, never decoded).
+    refused: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def is_record(self) -> bool:
@@ -117,8 +121,12 @@ def resolve_schemas(
     refuse_unframed(uses, "the Avro body", part)
     reader = _reader(feed, client, part)
     writers, first_use = writer_schemas(uses, feed, client, lambda sid: client.typed_schema(sid)[:2], part)
+    refused: dict[int, str] = {}
     for sid, writer in writers.items():
         problem = _incompatibility(spark, reader.schema, writer)
+        if problem is not None and feed.schema_change == "quarantine":
+            refused[sid] = f"{version_of(client, reader.subject, sid).strip(' ()') or 'another subject'}: {problem}"
+            continue
         if problem is not None:
             use = first_use[sid]
             raise SchemaError(
@@ -129,7 +137,30 @@ def resolve_schemas(
                 "compatible (give an added field a default, widen rather than narrow a type); nothing was published or "
                 "committed"
             )
-    return _schemas(reader, writers, uses, part)
+    kept = {sid: w for sid, w in writers.items() if sid not in refused}
+    found = _schemas(reader, kept, uses, part)
+    events = tuple(_quarantined_events(uses, refused, reader, part))
+    return replace(found, refused=refused, events=found.events + events) if refused else found
+
+
+def _quarantined_events(
+    uses: list[SchemaUse], refused: Mapping[int, str], reader: SubjectVersion, part: RecordPart
+) -> list[dict[str, Any]]:
+    """A ``schema_change_quarantined`` event per partition and writer the reader cannot resolve (``schema_change:
+    quarantine``): its records are set aside as bad records."""
+    return [
+        Event(
+            "schema_change_quarantined",
+            f"{u.topic}[{u.partition}]: {u.records} {part}s written with schema id {u.schema_id} at offsets "
+            f"{u.first_offset}..{u.last_offset} cannot be read with the reader (subject '{reader.subject}' version "
+            f"{reader.version}): {refused[int(u.schema_id)]}; quarantined (schema_change: quarantine)",
+            topic=u.topic, partition=u.partition,
+            details={"schema_id": u.schema_id, "first_offset": u.first_offset, "last_offset": u.last_offset,
+                     "records": u.records, "part": part, "subject": reader.subject, "reader_version": reader.version},
+        ).to_dict()
+        for u in uses
+        if u.schema_id is not None and int(u.schema_id) in refused
+    ]  # fmt: skip
 
 
 def candidate_schemas(
@@ -800,6 +831,15 @@ def boolean_reason(part: RecordPart, path: str) -> str:
     return f"{where} holds a boolean byte other than 0 or 1 (Avro's booleans are the byte 0 or 1 only)"
 
 
+def refused_reason(part: RecordPart, schema_id: int, why: str) -> str:
+    """The reason of a ``part`` written with a writer the reader cannot resolve, set aside (``schema_change:
+    quarantine``)."""
+    return (
+        f"{part} written with schema id {schema_id} ({why}), which the reader cannot resolve "
+        "(schema_change: quarantine)"
+    )
+
+
 def bytes_left_over(decoded: Column) -> Column:
     """Whether the body behind the result of :func:`decoded_value` decoded with bytes left after its fields."""
     end = decoded.getField(END_FIELD)
@@ -825,12 +865,16 @@ class _Avro:
                 for name in (millis_fields(schemas) if schemas is not None else [])
             ]
             + [boolean_reason(part, path) for path in (boolean_fields(schemas) if schemas is not None else [])]
+            + [refused_reason(part, sid, why) for sid, why in sorted((schemas.refused if schemas else {}).items())]
         )
 
     def decoding(self, work: DataFrame, schemas: AvroSchemas, column: str, parsed_name: str) -> PartDecoding:
         from pyspark.sql import functions as F
 
-        present = F.col(column).isNotNull()
+        framing = F.substring(F.col(column), 1, HEADER_BYTES)
+        set_aside = [F.col(column).isNotNull() & (framing == F.lit(header(sid))) for sid in sorted(schemas.refused)]
+        # A refused writer's records fail on its reason alone (schema_change: quarantine), not on decoding.
+        present = F.col(column).isNotNull() & ~functools.reduce(operator.or_, set_aside, F.lit(False))
         work = work.withColumn(parsed_name, decoded_value(schemas, column))
         whole = F.col(parsed_name)
         failed = present & (decode_failed(whole, schemas) | not_text(whole, schemas))
@@ -849,7 +893,7 @@ class _Avro:
             work = work.withColumn(boolean_name, F.when(present & ~failed, check))
         bad_byte = [F.col(boolean_name) == F.lit(path) for path in paths]
         parsed = whole.getField(VALUE_FIELD)
-        return PartDecoding(work, parsed, parsed, [undecoded, left_over, *overflowed, *bad_byte])
+        return PartDecoding(work, parsed, parsed, [undecoded, left_over, *overflowed, *bad_byte, *set_aside])
 
 
 FORMAT: RegistryFormat[AvroSchemas] = _Avro()

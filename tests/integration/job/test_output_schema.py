@@ -156,3 +156,44 @@ def test_a_type_the_output_cannot_widen_is_refused_even_when_evolving(evolving: 
 
     assert "column 'id' is int32 in the output and float in this plan" in str(info.value), str(info.value)
     assert env.committed() == before
+
+
+class QuarantiningEnv(RegistryEnv):
+    feed_options: ClassVar[dict[str, Any]] = {"schema_change": "quarantine"}
+
+
+@pytest.fixture
+def quarantining(
+    kafka: KafkaTestCluster, registry: str, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> QuarantiningEnv:
+    return env_of(QuarantiningEnv, kafka, registry, tmp_path, spark, monkeypatch)
+
+
+def test_schema_change_quarantine_sets_an_incompatible_writers_records_aside_with_the_reason(
+    quarantining: QuarantiningEnv,
+) -> None:
+    # Written as decimal(10,2), read as decimal(10,4): eight digits before the point where the reader has six.
+    env = quarantining
+    v1 = env.serializer(_order(precision=10, scale=2))
+    first = v1({"id": 1, "amount": Decimal("12345678.90")})
+    env.produce([first, v1({"id": 2, "amount": Decimal("3.34")})], 0)
+    v2 = env.serializer(_order(precision=10, scale=4))
+    env.produce([v2({"id": i, "amount": Decimal(f"123456.789{i}")}) for i in range(3, 6)], 1)  # under the ratio
+
+    env.run()
+
+    v1_id = int.from_bytes(first[1:5], "big")
+    oracle = _writer_scan(env)
+    published = {k: {"id": r["id"], "amount": r["amount"]} for k, r in env.published().items()}
+    assert published == {(1, o): oracle[(1, o)] for o in range(3)}
+    quarantined = sorted(env.quarantined(), key=lambda r: r["offset"])
+    assert [(r["partition"], r["offset"]) for r in quarantined] == [(0, 0), (0, 1)]
+    for row in quarantined:
+        reason = row["_reason"]
+        for part in (f"schema id {v1_id}", "version 1 of subject", "written as decimal(10,2), read as decimal(10,4)",
+                     "schema_change: quarantine"):  # fmt: skip
+            assert part in reason, reason
+    assert env.committed() == {0: 2, 1: 3}
+    (report,) = [json.loads(p.read_text()) for p in env.root.glob("runs/orders/*/report.json")]
+    events = [e for e in report["events"] if e["kind"] == "schema_change_quarantined"]
+    assert [(e["partition"], e["details"]["records"]) for e in events] == [(0, 2)], events
