@@ -1682,6 +1682,19 @@ MUTANTS = (
             "precision",
         ),
     ),
+    Mutant(
+        "avro-quarantine-policy-ignored",
+        "schema_change: quarantine sets an unresolvable writer's records aside with the reason instead of failing",
+        (
+            Edit(
+                AVRO, 'if problem is not None and feed.schema_change == "quarantine":', "if problem is None and False:"
+            ),
+        ),
+        (
+            "tests/integration/job/test_output_schema.py::test_schema_change_quarantine_sets_an_incompatible_writers_"
+            "records_aside_with_the_reason",
+        ),
+    ),
 )
 
 
