@@ -1713,6 +1713,87 @@ MUTANTS = (
         "the read tasks give way on a JSON object that names a key twice (which value a parser keeps is its own)",
         (Edit("include/tidemark/spark/arrow_plain.py", "    if len(doc) != len(pairs):", "    if False:"),),
         ("tests/unit/spark/test_arrow_plain.py::test_edge_values_are_staged_as_spark_decodes_them_or_refused",),
+        "output-schema-carrier-sorts-last",
+        "a Parquet output's schema file sorts before every plan folder, so pyarrow's dataset reads the whole output "
+        "with the output's one schema",
+        (
+            Edit(
+                "include/tidemark/output/output_schema.py",
+                'CARRIER_NAME = "output-schema.parquet"',
+                'CARRIER_NAME = "schema.parquet"',
+            ),
+        ),
+        (
+            "tests/unit/output/test_output_schema.py::test_the_recorded_schema_is_what_pyarrow_s_dataset_reads_the_whole_"
+            "output_with",
+        ),
+    ),
+    Mutant(
+        "output-schema-decimal-any-scale",
+        "a Parquet output widens a decimal only where every value stays exact; a lower scale is a conflict",
+        (
+            Edit(
+                "include/tidemark/output/output_schema.py",
+                "return bool(wide.scale >= narrow.scale and wide.precision",
+                "return bool(wide.precision",
+            ),
+        ),
+        ("tests/unit/output/test_output_schema.py::test_any_other_type_change_is_a_conflict_naming_the_column",),
+    ),
+    Mutant(
+        "output-schema-change-not-refused",
+        "schema_change other than evolve refuses any change of a Parquet output's schema, naming it",
+        (Edit("include/tidemark/output/parquet.py", '    if policy != "evolve":\n', '    if policy == "never":\n'),),
+        (
+            "tests/unit/output/test_output_schema.py::test_a_change_is_refused_unless_the_feed_evolves_and_a_conflict_"
+            "always",
+        ),
+    ),
+    Mutant(
+        "output-schema-plan-not-conformed",
+        "a plan whose reader lacks a column of the output or holds it narrower is written with the output's schema",
+        (Edit("include/tidemark/output/parquet.py", "    if evolution.conform:\n", "    if not evolution:\n"),),
+        (
+            "tests/integration/job/test_output_schema.py::test_a_writer_change_evolves_the_output_s_one_schema_read_"
+            "whole_by_pyarrow_and_spark[int_to_long]",
+        ),
+    ),
+    Mutant(
+        "avro-decimal-rescale-skipped",
+        "an Avro decimal read at a higher scale is decoded at the writer's scale, then cast: every value exact",
+        (Edit(AVRO, "        rescaled = rescaled_reader(schemas.reader, writer)\n", "        rescaled = None\n"),),
+        (
+            "tests/integration/job/test_payload_fidelity.py::test_avro_decimal_read_at_a_higher_scale_publishes_every_value_"
+            "exactly",
+        ),
+    ),
+    Mutant(
+        "avro-decimal-lower-scale-accepted",
+        "an Avro decimal read at a lower scale than written is refused (a value may have no exact reader value)",
+        (
+            Edit(
+                AVRO,
+                "return bool(mine.getScale() > theirs.getScale() and integer_digits)",
+                "return bool(integer_digits)",
+            ),
+        ),
+        (
+            "tests/integration/spark/test_avro_resolution.py::test_a_decimal_resolves_at_its_scale_with_at_least_its_"
+            "precision",
+        ),
+    ),
+    Mutant(
+        "avro-quarantine-policy-ignored",
+        "schema_change: quarantine sets an unresolvable writer's records aside with the reason instead of failing",
+        (
+            Edit(
+                AVRO, 'if problem is not None and feed.schema_change == "quarantine":', "if problem is None and False:"
+            ),
+        ),
+        (
+            "tests/integration/job/test_output_schema.py::test_schema_change_quarantine_sets_an_incompatible_writers_"
+            "records_aside_with_the_reason",
+        ),
     ),
 )
 

@@ -54,6 +54,9 @@ REGISTRY_FORMATS = frozenset({"avro", "json_schema", "protobuf"})
 OnBadRecords = Literal["fail", "quarantine"]
 FieldType = Literal["string", "integer", "number", "boolean"]
 OutputFormat = Literal["parquet", "iceberg"]
+# What a run does when its records would change a Parquet output's schema (tidemark.output.output_schema):
+# evolve (columns added, types widened; anything else refused), fail, or quarantine (docs/schemas.md).
+SchemaChange = Literal["evolve", "fail", "quarantine"]
 
 FEED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 # A team's name as auth managers spell one (a FAB role, an Airflow team): letters, digits, '_', '.', '-'.
@@ -617,6 +620,8 @@ class Feed(_Model):
     output_format: OutputFormat = "parquet"
     iceberg: IcebergOutput | None = None
     parquet: ParquetOutput | None = None
+    # A Parquet output keeps one schema across its plans: what a change of it does (SchemaChange).
+    schema_change: SchemaChange = "fail"
     validation: Validation = Validation()
     time_windows: TimeWindows = TimeWindows()
     alerts: Alerts | None = None

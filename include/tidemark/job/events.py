@@ -1,4 +1,4 @@
-"""The job's report events that are not a window's: gaps in ranges and an Iceberg table's schema change.
+"""The job's report events that are not a window's: gaps in ranges and an output's schema change.
 
 Each is an :class:`~tidemark.planning.plan.Event`, kept as its ``dict`` in ``job.json``'s
 ``events``; the run report and the task log show them.
@@ -45,4 +45,19 @@ def table_schema_event(manifest: Manifest) -> dict[str, Any]:
         "table_schema_evolved",
         f"Iceberg table {table}: {'; '.join(changes)}, {where}, the one adding these records",
         details={"table": table, "snapshot_id": snapshot, "changes": changes},
+    ).to_dict()
+
+
+def output_schema_event(manifest: Manifest) -> dict[str, Any] | None:
+    """An ``output_schema_evolved`` event when the plan changed its Parquet output's one schema, else None."""
+    found = manifest.extra.get("output_schema") or {}
+    changes = list(found.get("changes") or [])
+    if not changes:
+        return None
+    version = found.get("version")
+    return Event(
+        "output_schema_evolved",
+        f"the output's schema is now version {version} ({'; '.join(changes)}), read with {found.get('readers')}; "
+        "earlier plans' files read the added columns as null and narrower types widened",
+        details={"version": version, "changes": changes, "readers": found.get("readers")},
     ).to_dict()

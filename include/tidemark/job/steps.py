@@ -54,7 +54,7 @@ from tidemark._types import TopicPartition as TP
 from tidemark.config.models import Feed
 from tidemark.errors import ConfigError
 from tidemark.faults import fault_point
-from tidemark.job.events import gap_events, table_schema_event
+from tidemark.job.events import gap_events, output_schema_event, table_schema_event
 from tidemark.job.guard import refuse_if_moved
 from tidemark.job.result import JobResult
 from tidemark.job.schemas import avro_parts, registry_client, registry_schemas, schemas_report, settle_avro
@@ -299,6 +299,9 @@ def _stage_validate_publish(job: Job, source: Source, staging: Staging, res: Job
     manifest = timer.step("publish", lambda: _publish(job, staging, staged, checked))
     if manifest.extra.get("schema_changes"):
         res.events.append(table_schema_event(manifest))
+    evolved = output_schema_event(manifest)
+    if evolved is not None:
+        res.events.append(evolved)
     return manifest
 
 

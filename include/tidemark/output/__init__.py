@@ -30,11 +30,11 @@ def publisher_for(feed: Feed, plan: Plan | None = None, output: Where | None = N
     table's choice, as Hive-style folders).
     """
     if output is not None:
-        return ParquetPublisher(Location.of(output), feed.partitioning)
+        return ParquetPublisher(Location.of(output), feed.partitioning, feed.schema_change)
     if plan is not None and plan.output:
-        return ParquetPublisher(Location.of(plan.output), feed.partitioning)
+        return ParquetPublisher(Location.of(plan.output), feed.partitioning, feed.schema_change)
     if feed.output_format == "iceberg" and feed.iceberg is not None and feed.iceberg.mode == "upsert":
         return ChangesPublisher(feed)
     if feed.output_format == "iceberg":
         return IcebergPublisher(feed)
-    return ParquetPublisher(feed.output_location(), feed.partitioning)
+    return ParquetPublisher(feed.output_location(), feed.partitioning, feed.schema_change)

@@ -35,6 +35,7 @@ from tidemark.errors import PublishError, StateStoreError
 from tidemark.output.base import QUARANTINE_DIR, STAGING_DIR
 from tidemark.output.iceberg import PLAN_KEY, RANGES_KEY, RUN_KEY, IcebergPublisher, plan_history
 from tidemark.output.maintenance import plain, referenced
+from tidemark.output.output_schema import ROOT_FILES
 from tidemark.output.parquet import MANIFEST_NAME, PENDING_DIR, load_manifest
 from tidemark.storage import Location
 
@@ -132,6 +133,8 @@ def owner(path: str, root: Location, claims: Claims) -> str | None:
     if base.endswith(".quarantine") and parts[0].startswith("plan_id="):  # a job outside any run, or older plans
         plan_id = parts[0][len("plan_id=") :]
         return "quarantine" if plan_id in claims.shown_plans | claims.open_plans else None
+    if len(parts) == 1 and parts[0] in ROOT_FILES:  # a Parquet output's one schema (tidemark.output.output_schema)
+        return "output_schema"
     if parts[0] == PENDING_DIR and len(parts) >= 3:  # a Parquet output's pending publication: _pending/<run>/...
         return "pending" if parts[1] in claims.open_runs else None
     if parts[0] == STAGING_DIR and len(parts) >= 2:

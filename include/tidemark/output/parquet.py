@@ -61,9 +61,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from tidemark.config.models import Feed, PartitionChoice
+from tidemark.config.models import Feed, PartitionChoice, SchemaChange
 from tidemark.errors import PublishError, StateStoreError
 from tidemark.faults import fault_point
+from tidemark.output import output_schema
 from tidemark.output.base import QUARANTINE_DIR, STAGING_DIR, FileEntry, Manifest, StagedRecords
 from tidemark.output.partitioning import PartitionField, folder_value, partition_fields
 from tidemark.output.staging import (
@@ -188,6 +189,7 @@ def publish(
                     f"{expect_records}; nothing was published"
                 )
 
+        extra = {**(extra or {}), **settle_output_schema(staging, output, plan, feed)}
         return _seal(staging, output, plan, feed, stats=stats, extra=extra, check=check)
     except PublishError:
         shutil.rmtree(staging, ignore_errors=True)
@@ -299,6 +301,7 @@ def publish_staged(
                         f"{want}; nothing was published"
                     )
 
+        extra = {**(extra or {}), **settle_output_schema(staging.root, staging.output, plan, feed)}
         manifest = _seal(staging.root, staging.output, plan, feed, stats=stats, extra=extra, check=check,
                          pending=pending)  # fmt: skip
         staging.discard()  # the raw bytes staged (on the store too) go as soon as the publication holds its files
@@ -502,6 +505,68 @@ def _seal(
     return _rename_into_place(staging, output, manifest)
 
 
+def settle_output_schema(root: Path, output: Location, plan: Plan, feed: Feed) -> dict[str, Any]:
+    """The plan's data files under ``root`` (a sealed-to-be plan folder) against ``output``'s one schema
+    (:mod:`tidemark.output.output_schema`): refused on a conflict, or on a change the feed's ``schema_change``
+    does not let through; else the files are conformed to the evolved schema, which is recorded at the output's
+    root before the plan can be shown. Returns the manifest's ``output_schema`` entry (none without data files)."""
+    files = output_schema.data_files(root, QUARANTINE_DIR)
+    schema = output_schema.plan_schema(files)
+    if schema is None:
+        return {}
+    current = output_schema.load(output)
+    evolution = output_schema.evolve(None if current is None else current.schema, schema)
+    readers = output_schema.readers_text(plan_readers(plan, feed), "the feed's declared fields")
+    refuse_schema_change(output, evolution, current, readers, feed.schema_change, plan.plan_id)
+    if evolution.conform:
+        output_schema.conform(files, evolution.schema)
+    version = 1 if current is None else current.version + (1 if evolution.changes else 0)
+    if current is None or evolution.changes:
+        output_schema.record(output, evolution.schema, version=version, plan_id=plan.plan_id, readers=readers,
+                             changes=evolution.changes)  # fmt: skip
+    columns = {f.name: str(f.type) for f in evolution.schema}
+    return {"output_schema": {"version": version, "changes": list(evolution.changes), "columns": columns,
+                              "readers": readers}}  # fmt: skip
+
+
+def refuse_schema_change(
+    output: Location, evolution: output_schema.Evolution, current: output_schema.OutputSchema | None, readers: str,
+    policy: SchemaChange, plan_id: str,
+) -> None:  # fmt: skip
+    """Raise :class:`PublishError` when ``evolution`` holds a conflict, or changes the output's schema while the
+    feed's ``schema_change`` is not ``evolve``; the message names the columns, both readers and versions."""
+    if current is None or not (evolution.conflicts or evolution.changes):
+        return
+    was = f"the output's schema (version {current.version}, set by plan {current.plan_id} read with {current.readers})"
+    if evolution.conflicts:
+        raise PublishError(
+            f"{output}: plan {plan_id} (read with {readers}) cannot be written with {was}: "
+            f"{'; '.join(evolution.conflicts)}. Pin the reader version the output was written with "
+            "(deserialization.schema_version), or publish to another output; nothing was published or committed"
+        )
+    if policy != "evolve":
+        raise PublishError(
+            f"{output}: plan {plan_id} (read with {readers}) would change {was}: {'; '.join(evolution.changes)}. "
+            f"The feed's schema_change is '{policy}'; set schema_change: evolve to let added columns and widened "
+            "types evolve the output's schema, or pin deserialization.schema_version to the output's reader; "
+            "nothing was published or committed"
+        )
+
+
+def plan_readers(plan: Plan, feed: Feed) -> dict[str, dict[str, Any]]:
+    """The reader schema of each registry part of ``plan``: the version it recorded, else the feed's pinned one."""
+    readers = {part: dict(r) for part, r in plan.readers.items()}
+    deser = feed.deserialization
+    for part, version in (("value", deser.schema_version), ("key", deser.key_schema_version)):
+        if version is not None and part not in readers:
+            try:
+                subject = deser.reader_subject(plan.topics or feed.topics, part)  # type: ignore[arg-type]
+            except Exception:  # noqa: BLE001 - a message's detail only
+                subject = "?"
+            readers[part] = {"subject": subject, "version": version}
+    return readers
+
+
 def _upload(staging: Path, output: Location, manifest: Manifest, text: str, pending: str | None = None) -> Manifest:
     """Publish on an object store: upload this attempt's files, look again, write the manifest last.
 
@@ -681,16 +746,30 @@ class ParquetPublisher:
 
     kind = "parquet"
 
-    def __init__(self, location: Location, partitioning: PartitionChoice = "date") -> None:
+    def __init__(
+        self, location: Location, partitioning: PartitionChoice = "date", schema_change: SchemaChange = "fail"
+    ) -> None:
         self.location = location
         self.partitioning = partitioning  # the feed's (``parquet.partition_by``, :mod:`tidemark.output.partitioning`)
+        self.schema_change = schema_change  # the feed's: what a change of the output's one schema does
 
     def describe(self) -> str:
         return str(self.location)
 
     def check_schema(self, schema: StructType, plan: Plan) -> None:
-        """Any schema (each plan's folder carries its own) that the feed's partitioning can partition."""
-        partition_fields(self.partitioning, schema, "parquet", plan.feed)
+        """A schema the feed's partitioning can partition, whose columns the output's one schema can take (checked
+        again on the files when the plan is published: :func:`settle_output_schema`)."""
+        fields = partition_fields(self.partitioning, schema, "parquet", plan.feed)
+        current = output_schema.load(self.location)
+        if current is None:
+            return
+        in_folders = set(PARTITION_COLUMNS) | {f.name for f in fields if f.identity} | {"plan_id"}
+        run = output_schema.arrow_of(schema, in_folders)
+        if run is None:
+            return
+        evolution = output_schema.evolve(current.schema, run)
+        readers = output_schema.readers_text(plan.readers, "the feed's declared fields")
+        refuse_schema_change(self.location, evolution, current, readers, self.schema_change, plan.plan_id)
 
     def published(self, plan_id: str) -> Manifest | None:
         found = load_manifest(self.location, plan_id)

@@ -66,6 +66,8 @@ EventKind = Literal[
     "gap",  # the job: offsets of a range that hold no record (markers, aborted or compacted away): counted
     "schema_changed",  # the job: a partition's records were written with more than one registry schema id
     "table_schema_evolved",  # the job: the Iceberg table's schema changed in the snapshot adding the plan
+    "output_schema_evolved",  # the job: a Parquet output's schema gained or widened columns with the plan
+    "schema_change_quarantined",  # the job: records of a writer the reader cannot resolve set aside (schema_change)
     "changes_applied",  # a keyed table's commit: changes written, deleted, superseded and skipped as stale
     "promotion_given_up",  # `tidemark abandon` of a run the output already shows: what its promotion left undone
     "table_ledger_mismatch",  # recovery from a table: its ledger names plans its current ancestry lacks (a rollback),

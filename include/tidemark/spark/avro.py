@@ -19,8 +19,10 @@ The schemas then travel inside the decoding expression (``from_avro`` per writer
 the reader schema as its ``avroSchema``), so executors never call the registry. Each body is
 decoded whole (:data:`BODY_END`): one with bytes left over or missing is a bad record. Avro's
 own compatibility check ignores logical types; :func:`_logical_incompatibility` refuses a
-decimal at another scale or a lower precision (a wider precision at the same scale reads every
-value exactly: the unscaled bytes mean the same number) and a logical type read as another. Spark's
+decimal some written value of which the reader cannot represent (a lower scale, or fewer digits
+before the point) and a logical type read as another. A wider precision at the same scale reads
+every value exactly (the unscaled bytes mean the same number); a higher scale too, because such a
+writer is decoded at its own scale and cast to the reader's (:func:`rescaled_reader`). Spark's
 ``from_avro`` was chosen over fastavro in Python workers: it decodes 1.1-1.7M records/s
 per core here against fastavro's 90-125k, and it maps Avro's logical types (decimal,
 date, timestamp) and enums onto Spark types itself. It needs the ``spark-avro`` package
@@ -45,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from tidemark.config.models import Feed, RecordPart
 from tidemark.errors import SchemaError, SchemaNotFoundError
 from tidemark.kafka.registry import RegistryClient, SubjectVersion
+from tidemark.planning.plan import Event
 from tidemark.spark.formats import PartDecoding, RegistryFormat
 from tidemark.spark.wire import (
     HEADER_BYTES,
@@ -96,6 +99,9 @@ class AvroSchemas(RegistrySchemas):
 
     reader: str = ""
     writers: Mapping[int, str] = field(default_factory=dict)
+    # Writers the reader cannot resolve, set aside under ``schema_change: quarantine``: id -> why (their records are
+    # bad records with that reason, never decoded).
+    refused: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def is_record(self) -> bool:
@@ -115,8 +121,12 @@ def resolve_schemas(
     refuse_unframed(uses, "the Avro body", part)
     reader = _reader(feed, client, part)
     writers, first_use = writer_schemas(uses, feed, client, lambda sid: client.typed_schema(sid)[:2], part)
+    refused: dict[int, str] = {}
     for sid, writer in writers.items():
         problem = _incompatibility(spark, reader.schema, writer)
+        if problem is not None and feed.schema_change == "quarantine":
+            refused[sid] = f"{version_of(client, reader.subject, sid).strip(' ()') or 'another subject'}: {problem}"
+            continue
         if problem is not None:
             use = first_use[sid]
             raise SchemaError(
@@ -127,7 +137,30 @@ def resolve_schemas(
                 "compatible (give an added field a default, widen rather than narrow a type); nothing was published or "
                 "committed"
             )
-    return _schemas(reader, writers, uses, part)
+    kept = {sid: w for sid, w in writers.items() if sid not in refused}
+    found = _schemas(reader, kept, uses, part)
+    events = tuple(_quarantined_events(uses, refused, reader, part))
+    return replace(found, refused=refused, events=found.events + events) if refused else found
+
+
+def _quarantined_events(
+    uses: list[SchemaUse], refused: Mapping[int, str], reader: SubjectVersion, part: RecordPart
+) -> list[dict[str, Any]]:
+    """A ``schema_change_quarantined`` event per partition and writer the reader cannot resolve (``schema_change:
+    quarantine``): its records are set aside as bad records."""
+    return [
+        Event(
+            "schema_change_quarantined",
+            f"{u.topic}[{u.partition}]: {u.records} {part}s written with schema id {u.schema_id} at offsets "
+            f"{u.first_offset}..{u.last_offset} cannot be read with the reader (subject '{reader.subject}' version "
+            f"{reader.version}): {refused[int(u.schema_id)]}; quarantined (schema_change: quarantine)",
+            topic=u.topic, partition=u.partition,
+            details={"schema_id": u.schema_id, "first_offset": u.first_offset, "last_offset": u.last_offset,
+                     "records": u.records, "part": part, "subject": reader.subject, "reader_version": reader.version},
+        ).to_dict()
+        for u in uses
+        if u.schema_id is not None and int(u.schema_id) in refused
+    ]  # fmt: skip
 
 
 def candidate_schemas(
@@ -259,12 +292,81 @@ def _logical(schema: Any) -> str | None:
 
 
 def _decimal_widened(reader: Any, writer: Any) -> bool:
-    """Whether a value of the (Java) decimal schema ``writer`` reads exactly as the decimal ``reader``: the same
-    scale, so the unscaled bytes mean the same number, and at least its precision, so every written value fits."""
+    """Whether every value of the (Java) decimal schema ``writer`` is representable exactly as the decimal ``reader``:
+    at least its scale (a value gains trailing zeros, never loses a digit) and at least its digits before the point
+    (precision minus scale), so every written value fits. A scale change is read exactly only because decoding
+    reads it at the writer's scale first (:func:`rescaled_reader`)."""
     mine, theirs = reader.getLogicalType(), writer.getLogicalType()
     if mine is None or theirs is None or str(mine.getName()) != "decimal" or str(theirs.getName()) != "decimal":
         return False
-    return bool(mine.getScale() == theirs.getScale() and mine.getPrecision() >= theirs.getPrecision())
+    if mine.getScale() == theirs.getScale():
+        return bool(mine.getPrecision() >= theirs.getPrecision())
+    integer_digits = mine.getPrecision() - mine.getScale() >= theirs.getPrecision() - theirs.getScale()
+    return bool(mine.getScale() > theirs.getScale() and integer_digits)
+
+
+def rescaled_reader(reader: str, writer: str) -> str | None:
+    """``reader`` (schema JSON) with each decimal the ``writer`` holds at another scale at the same place given the
+    writer's precision and scale, or None when no decimal's scale differs.
+
+    Avro resolves a decimal by its unscaled bytes, so ``from_avro`` with the reader's scale would read 3.34 written at
+    scale 2 as 0.0334 at scale 4; decoded with this schema the value keeps its own scale, and the decoded value is
+    then cast to the reader's type (:func:`decoded_value`), exact where :func:`_decimal_widened` allowed the change.
+    """
+    named: dict[str, tuple[Any, str]] = {}
+    _named_types(json.loads(writer), "", named)
+    changed = [False]
+    out = _rescale(json.loads(reader), json.loads(writer), named, changed)
+    return json.dumps(out) if changed[0] else None
+
+
+def _kind(avro_type: Any) -> str:
+    """A type's kind for matching a reader's union branch with a writer's: a primitive's name, a named type's short
+    name, else its ``type``."""
+    if isinstance(avro_type, str):
+        return avro_type.rpartition(".")[2]
+    if isinstance(avro_type, dict):
+        if avro_type.get("type") in ("record", "error", "enum", "fixed"):
+            return str(avro_type["name"]).rpartition(".")[2]
+        return _kind(avro_type.get("type"))
+    return "union"
+
+
+def _rescale(r: Any, w: Any, named: dict[str, tuple[Any, str]], changed: list[bool]) -> Any:
+    """:func:`rescaled_reader` along one reader type ``r`` and the writer type ``w`` it resolves."""
+    if isinstance(w, str) and w not in _PRIMITIVES:  # a writer's named type by reference: its definition
+        found = next((d for n, (d, _) in named.items() if n == w or n.rpartition(".")[2] == w), None)
+        w = found if found is not None else w
+    if isinstance(r, list) or isinstance(w, list):
+        readers, writers = (r if isinstance(r, list) else [r]), (w if isinstance(w, list) else [w])
+        out = []
+        for branch in readers:
+            match = next((b for b in writers if _kind(b) == _kind(branch)), None)
+            out.append(branch if match is None else _rescale(branch, match, named, changed))
+        return out if isinstance(r, list) else out[0]
+    if not isinstance(r, dict) or not isinstance(w, dict):
+        return r
+    if (
+        r.get("logicalType") == "decimal"
+        and w.get("logicalType") == "decimal"
+        and r.get("scale", 0) != w.get("scale", 0)
+    ):
+        changed[0] = True
+        return {**r, "precision": w["precision"], "scale": w.get("scale", 0)}
+    kind = r.get("type")
+    if kind in ("record", "error") and w.get("type") in ("record", "error"):
+        theirs = {f["name"]: f for f in w["fields"]}
+        fields = []
+        for f in r["fields"]:
+            other = theirs.get(f["name"]) or next((theirs[a] for a in f.get("aliases", []) if a in theirs), None)
+            fields.append(f if other is None else {**f, "type": _rescale(f["type"], other["type"], named, changed)})
+        return {**r, "fields": fields}
+    inner = {"array": "items", "map": "values"}.get(str(kind))
+    if inner is not None and w.get("type") == kind:
+        return {**r, inner: _rescale(r[inner], w[inner], named, changed)}
+    if isinstance(kind, (dict, list)):  # {"type": {...}}: the type itself
+        return {**r, "type": _rescale(kind, w.get("type"), named, changed)}
+    return r
 
 
 def _branch(reader: Any, writer: Any) -> Any | None:
@@ -306,8 +408,8 @@ def _logical_incompatibility(reader: Any, writer: Any, path: str, seen: set[tupl
     ):
         return (
             f"field {path!r}: written as {theirs or w_kind.lower()}, read as {mine or r_kind.lower()}; Avro resolves "
-            "a logical type only to itself (a decimal only at its own scale, with at least its precision), so a "
-            "value would be read with another meaning or not fit"
+            "a logical type only to itself (a decimal only where every written value is representable: at least its "
+            "scale and its digits before the point), so a value would be read with another meaning or not fit"
         )
     if r_kind == "RECORD" and w_kind == "RECORD":
         pair = (str(reader.getFullName()), str(writer.getFullName()))
@@ -343,13 +445,30 @@ def decoded_value(schemas: AvroSchemas, column: str = "value") -> Column:
     out: Column | None = None
     # Nulls only (no writer seen): decode with the reader itself, so the column still has the reader's type.
     writers = schemas.writers or {schemas.reader_id: schemas.reader}
+    reader_type: Any = None
     for writer_id, writer in sorted(writers.items()):
-        decoded = from_avro(ended, wrapped(writer), options)
+        rescaled = rescaled_reader(schemas.reader, writer)
+        if rescaled is None:
+            decoded = from_avro(ended, wrapped(writer), options)
+        else:  # decimals at the writer's scale, then cast to the reader's: the same numbers (_decimal_widened)
+            reader_type = reader_type if reader_type is not None else _spark_type(wrapped(schemas.reader))
+            decoded = from_avro(ended, wrapped(writer), {**options, "avroSchema": wrapped(rescaled)}).cast(reader_type)
         # The five header bytes compared as bytes: no hex text and number parsing per record and writer.
         framed = framing == F.lit(header(writer_id))
         out = F.when(framed, decoded) if out is None else out.when(framed, decoded)
     assert out is not None
     return out
+
+
+def _spark_type(schema: str) -> Any:
+    """The Spark type ``from_avro`` decodes Avro ``schema`` (JSON) into in PERMISSIVE mode (every field nullable)."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    spark = SparkSession.active()
+    decoded = from_avro(F.lit(None).cast("binary"), schema, {"mode": "PERMISSIVE"})  # nullable, as decoded_value's
+    return spark.range(0).select(decoded.alias("v")).schema["v"].dataType
 
 
 def decode_failed(decoded: Column, schemas: AvroSchemas) -> Column:
@@ -712,6 +831,15 @@ def boolean_reason(part: RecordPart, path: str) -> str:
     return f"{where} holds a boolean byte other than 0 or 1 (Avro's booleans are the byte 0 or 1 only)"
 
 
+def refused_reason(part: RecordPart, schema_id: int, why: str) -> str:
+    """The reason of a ``part`` written with a writer the reader cannot resolve, set aside (``schema_change:
+    quarantine``)."""
+    return (
+        f"{part} written with schema id {schema_id} ({why}), which the reader cannot resolve "
+        "(schema_change: quarantine)"
+    )
+
+
 def bytes_left_over(decoded: Column) -> Column:
     """Whether the body behind the result of :func:`decoded_value` decoded with bytes left after its fields."""
     end = decoded.getField(END_FIELD)
@@ -737,12 +865,16 @@ class _Avro:
                 for name in (millis_fields(schemas) if schemas is not None else [])
             ]
             + [boolean_reason(part, path) for path in (boolean_fields(schemas) if schemas is not None else [])]
+            + [refused_reason(part, sid, why) for sid, why in sorted((schemas.refused if schemas else {}).items())]
         )
 
     def decoding(self, work: DataFrame, schemas: AvroSchemas, column: str, parsed_name: str) -> PartDecoding:
         from pyspark.sql import functions as F
 
-        present = F.col(column).isNotNull()
+        framing = F.substring(F.col(column), 1, HEADER_BYTES)
+        set_aside = [F.col(column).isNotNull() & (framing == F.lit(header(sid))) for sid in sorted(schemas.refused)]
+        # A refused writer's records fail on its reason alone (schema_change: quarantine), not on decoding.
+        present = F.col(column).isNotNull() & ~functools.reduce(operator.or_, set_aside, F.lit(False))
         work = work.withColumn(parsed_name, decoded_value(schemas, column))
         whole = F.col(parsed_name)
         failed = present & (decode_failed(whole, schemas) | not_text(whole, schemas))
@@ -761,7 +893,7 @@ class _Avro:
             work = work.withColumn(boolean_name, F.when(present & ~failed, check))
         bad_byte = [F.col(boolean_name) == F.lit(path) for path in paths]
         parsed = whole.getField(VALUE_FIELD)
-        return PartDecoding(work, parsed, parsed, [undecoded, left_over, *overflowed, *bad_byte])
+        return PartDecoding(work, parsed, parsed, [undecoded, left_over, *overflowed, *bad_byte, *set_aside])
 
 
 FORMAT: RegistryFormat[AvroSchemas] = _Avro()

@@ -66,13 +66,18 @@ def _decimal_order(precision: int, scale: int) -> dict[str, Any]:
     ]}  # fmt: skip
 
 
-def test_avro_decimal_read_at_another_scale_is_refused_naming_subject_versions_and_field(env: RegistryEnv) -> None:
-    # decimal(10,2) read as decimal(12,4): Avro's rules resolve decimals only at equal precision and scale, and
-    # from_avro would publish 3.34 as 0.0334.
-    v1, v2 = env.serializer(_decimal_order(10, 2)), env.serializer(_decimal_order(12, 4))
+@pytest.mark.parametrize(
+    ("writer", "reader"), [((10, 2), (10, 4)), ((12, 4), (12, 2))], ids=["fewer-digits", "lower-scale"]
+)
+def test_avro_decimal_read_at_another_scale_is_refused_naming_subject_versions_and_field(
+    env: RegistryEnv, writer: tuple[int, int], reader: tuple[int, int]
+) -> None:
+    # decimal(10,2) read as decimal(10,4): 12345678.90 has eight digits before the point, the reader six; decimal(12,4)
+    # read as decimal(12,2): 1.2345 has no exact value at scale 2. Refused at planning, before anything is read.
+    v1, v2 = env.serializer(_decimal_order(*writer)), env.serializer(_decimal_order(*reader))
     first = v1({"id": 1, "amount": Decimal("3.34")})
     env.produce([first, v1({"id": 2, "amount": Decimal("5.00")})], 0)
-    env.produce([v2({"id": 3, "amount": Decimal("1.2345")})], 1)
+    env.produce([v2({"id": 3, "amount": Decimal("1.00")})], 1)
     subject = f"{env.topic}-value"
     v1_id = int.from_bytes(first[1:5], "big")
 
@@ -81,8 +86,35 @@ def test_avro_decimal_read_at_another_scale_is_refused_naming_subject_versions_a
 
     env.assert_refused(
         info, f"{env.topic}[0] offset 0", f"schema id {v1_id} (version 1 of subject '{subject}')",
-        f"subject '{subject}' version 2", "field 'Order.amount': written as decimal(10,2), read as decimal(12,4)",
+        f"subject '{subject}' version 2",
+        f"field 'Order.amount': written as decimal({writer[0]},{writer[1]}), read as decimal({reader[0]},{reader[1]})",
     )  # fmt: skip
+
+
+def test_avro_decimal_read_at_a_higher_scale_publishes_every_value_exactly(env: RegistryEnv) -> None:
+    # decimal(10,2) read as decimal(12,4): the same eight digits before the point, two more after it, so every written
+    # value is representable; read at the writer's scale, then cast (from_avro alone would read 3.34 as 0.0334).
+    v1, v2 = env.serializer(_decimal_order(10, 2)), env.serializer(_decimal_order(12, 4))
+    amounts = [Decimal("3.34"), Decimal("99999999.99"), Decimal("-99999999.99"), Decimal("0.01"), Decimal("0.00")]
+    env.produce([v1({"id": i, "amount": a}) for i, a in enumerate(amounts)], 0)
+    env.produce([v2({"id": 10, "amount": Decimal("12345678.1234")})], 1)
+
+    env.run()
+
+    published = {k: (r["id"], r["amount"]) for k, r in env.published().items()}
+    written = {k: (v["id"], v["amount"]) for k, v in env.scan_with(_writer_decoded(env)).items()}
+    assert published == written and len(published) == 6
+    assert published[(0, 0)] == (0, Decimal("3.3400")) and published[(0, 1)] == (1, Decimal("99999999.9900"))
+
+
+def _writer_decoded(env: RegistryEnv) -> Any:
+    """Each record decoded with its own writer schema by confluent-kafka's AvroDeserializer (no reader given)."""
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    de = AvroDeserializer(env.sr)
+    ctx = SerializationContext(env.topic, MessageField.VALUE)
+    return lambda v: de(v, ctx)
 
 
 @pytest.mark.parametrize(("writer", "reader"), [((12, 3), (14, 3)), ((12, 3), (12, 3))])

@@ -71,8 +71,15 @@ def published_keys(env: AvroEnv) -> list[tuple[int, int]]:
     return keys
 
 
+def _evolving(env: AvroEnv) -> None:
+    """The feed lets the re-drive add version 2's column to its Parquet output's one schema."""
+    feed_file = env.feeds / "orders.yaml"
+    feed_file.write_text(feed_file.read_text() + "schema_change: evolve\n")
+
+
 def test_an_avro_feeds_dead_letters_are_redriven_with_the_current_reader_schema_once(env: AvroEnv) -> None:
     env.write_feed(expectations=[RULE])
+    _evolving(env)
     ser = env.serializer(ORDER_V1)
     for partition in range(2):
         docs = [order(i) for i in range(partition, 20, 2)] + [order(500 + partition * 10 + j) for j in range(2)]
@@ -89,6 +96,7 @@ def test_an_avro_feeds_dead_letters_are_redriven_with_the_current_reader_schema_
     # The fix: the rule takes the ids, and version 2 of the subject is the reader now (the feed pins none: latest).
     env.sr.register_schema(f"{env.topic}-value", _schema(ORDER_V2))
     env.write_feed(expectations=[FIXED])
+    _evolving(env)
     first = redrive_feed(env.spark, "orders", root=env.root)
     assert (first.state, first.published, first.passing) == ("shown", 4, 4)
 

@@ -1,5 +1,6 @@
 """Avro resolution checked with logical types (``tidemark.spark.avro._incompatibility``, in Spark's JVM): Avro's own
-check sees only the underlying types, and a decimal at another scale, or a date read as a timestamp, is refused."""
+check sees only the underlying types, and a decimal whose values the reader cannot all represent (a lower scale, fewer
+digits before the point), or a date read as a timestamp, is refused."""
 
 from __future__ import annotations
 
@@ -40,9 +41,12 @@ def test_a_decimal_resolves_at_its_scale_with_at_least_its_precision(spark: Any,
     assert problem((14, 3), (12, 3)) is None
     narrowed = problem((9, 2), (10, 2))  # one digit narrower: a written value may not fit
     assert narrowed is not None and "written as decimal(10,2), read as decimal(9,2)" in narrowed, narrowed
-    rescaled = problem((12, 4), (10, 2))  # another scale: the unscaled bytes would mean another number
-    assert rescaled is not None and "Order.amount" in rescaled, rescaled
-    assert "written as decimal(10,2), read as decimal(12,4)" in rescaled
+    assert problem((12, 4), (10, 2)) is None  # a higher scale, the same digits before the point: every value fits
+    lowered = problem((12, 1), (10, 2))  # a lower scale: 3.34 has no exact value at scale 1
+    assert lowered is not None and "Order.amount" in lowered, lowered
+    assert "written as decimal(10,2), read as decimal(12,1)" in lowered
+    shorter = problem((10, 4), (10, 2))  # six digits before the point where the writer has eight
+    assert shorter is not None and "written as decimal(10,2), read as decimal(10,4)" in shorter, shorter
 
 
 def _fixed_decimal(size: int, precision: int, scale: int) -> dict[str, Any]:
