@@ -205,7 +205,7 @@ def start_redrive(
     run = Run(RunHandle.new(plan, RunRequest(REDRIVE_MODE, commit=False), root, None), feed, plan)
     record = RedriveRecord(plan.plan_id, run.handle.run_id, feed.name, taken, failing)
     run.dir.mkdir()
-    write_plan(plan, run.dir / "plan.json")
+    write_plan(plan, Location.of(run.handle.plan_path))
     store.plan_redrive(feed.group, run.handle.run_id, feed=feed.name, plan_id=plan.plan_id,
                        run_dir=run.handle.run_dir, record=record.to_json())  # fmt: skip
     (run.dir / REDRIVE_FILE).write_text(record.to_json())
