@@ -68,7 +68,7 @@ def _redrive(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"feed": args.feed, "dry_run": args.dry_run, "run_id": outcome.run_id,
                     "redrive_id": outcome.redrive_id, "state": outcome.state, "published": outcome.published,
-                    "report": outcome.report_path,
+                    "settled_first": list(outcome.settled_first), "report": outcome.report_path,
                     "dead_letters": len(verdicts), "would_pass": outcome.passing,
                     "records": [{**v.letter.to_dict(), "passes": v.passes, "reason_codes_now": list(v.reason_codes),
                                  "reason_now": v.reason}
