@@ -9,8 +9,8 @@ process a real SIGINT (Ctrl-C, an orchestrator's interrupt), which Python raises
 ``KeyboardInterrupt`` there, so every handler runs as it would for an operator's interrupt. The points sit
 where a crash is most dangerous for the promise "nothing lost, nothing duplicated":
 after publishing and before committing, between the Kafka commit and the checkpoint,
-between an Iceberg plan's data commit and its dead-letter append; a re-drive's after it
-staged, and after it showed its records but before its ledger says so; a job after its
+between an Iceberg plan's data commit and its dead-letter append; after a run (a re-drive
+too) was shown and before the run ledger says so; a re-drive's after it staged; a job after its
 records reached staging (raw bytes of bad records there, nothing published); a discard after
 it removed the run's files, before its pending record. Reading one environment variable
 costs nothing on the normal path.
@@ -32,8 +32,8 @@ FaultPoint = Literal[
     "commit.before",
     "commit.after_kafka",
     "commit.before_show",
+    "commit.after_show",
     "redrive.after_stage",
-    "redrive.before_record",
     "discard.before_pending",
     "maintenance.after_rewrite",
     "maintenance.after_compaction",

@@ -773,8 +773,16 @@ MUTANTS = (
     Mutant(
         "redrive-takes-a-dead-letter-twice",
         "a re-drive publishes a dead letter at most once: one that another re-drive showed meanwhile is given up",
-        (Edit("include/tidemark/runs/redrive.py", "            if clash:\n", "            if clash and False:\n"),),
         (
+            Edit(
+                "include/tidemark/runs/protocol.py",
+                "    if not clash:\n        return None\n",
+                "    if not clash or True:\n        return None\n",
+            ),
+        ),
+        (
+            "tests/unit/runs/test_protocol_model.py::"
+            "test_the_model_sees_two_overlapping_redrives_and_shows_each_letter_once",
             "tests/integration/runs/test_redrive.py::"
             "test_two_redrives_staged_at_once_over_overlapping_dead_letters_show_each_letter_once",
         ),
@@ -1794,6 +1802,47 @@ MUTANTS = (
             "tests/integration/job/test_output_schema.py::test_schema_change_quarantine_sets_an_incompatible_writers_"
             "records_aside_with_the_reason",
         ),
+        "redrive-run-apart-from-the-feeds-runs",
+        "a re-drive is a run of the feed (its row under the feed's name): the feed's next run settles it",
+        (
+            Edit(
+                "include/tidemark/runs/redrive.py",
+                "    store.plan_redrive(feed.group, run.handle.run_id, feed=feed.name,",
+                '    store.plan_redrive(feed.group, run.handle.run_id, feed=f"{feed.name}:redrive",',
+            ),
+        ),
+        (
+            "tests/integration/runs/test_redrive_lifecycle.py::"
+            "test_a_redrive_killed_before_its_bookkeeping_is_settled_by_the_next_scheduled_run_once"
+            "[redrive.after_stage-parquet-raise]",
+        ),
+    ),
+    Mutant(
+        "redrive-unstaged-left-open-for-good",
+        "a re-drive that staged nothing is given up once another re-drive showed one of its letters",
+        (
+            Edit(
+                "include/tidemark/runs/protocol.py",
+                "    if plan.letters:\n        taken = letters_taken(",
+                "    if False:\n        taken = letters_taken(",
+            ),
+        ),
+        (
+            "tests/unit/runs/test_protocol_model.py::"
+            "test_a_redrive_that_died_before_staging_is_given_up_once_another_showed_its_letters",
+        ),
+    ),
+    Mutant(
+        "redrive-letters-outside-the-plan-id",
+        "a re-drive plan's id is the hash of its letters, checked when its plan is read back",
+        (
+            Edit(
+                "include/tidemark/planning/plan.py",
+                '            redrive_plan_id(plan.feed, plan.letters) if plan.mode == "redrive"',
+                '            plan.plan_id if plan.mode == "redrive"',
+            ),
+        ),
+        ("tests/unit/planning/test_redrive_plan.py::test_a_redrive_plans_letters_are_its_id_and_an_edit_is_refused",),
     ),
 )
 

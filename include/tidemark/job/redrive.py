@@ -9,7 +9,7 @@ nothing. :func:`stage_passing` stages the records that pass as the job stages a 
 good records (one Parquet write partitioned by outcome, topic and day, with the columns
 the job publishes) and hands them to the feed's publisher *pending* under the re-drive's
 run id: the commit protocol's stage step. Showing them, exactly once, and recording the
-re-drive as a run is :mod:`tidemark.runs.redrive`'s.
+re-drive as a run is :mod:`tidemark.runs.redrive`'s; :func:`staged_result` is the job's result it reports.
 
 Registry-format keys and values (Avro, JSON Schema, Protobuf) are decoded with the feed's
 reader schema *now* (its pinned version, else the subject's latest: a re-drive is for a
@@ -36,12 +36,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from tidemark.config.models import Feed, RecordPart, load_feed
 from tidemark.errors import ConfigError, PublishError
+from tidemark.job.result import JobResult
 from tidemark.job.stage import quarantine_writer, raw_kept_aside
 from tidemark.kafka.registry import RegistryClient, RegistryConnection, require
 from tidemark.kafka.registry import from_env as registry_from_env
@@ -359,3 +360,12 @@ def stage_passing(
     except BaseException:
         staging.discard()
         raise
+
+
+def staged_result(plan: Plan, manifest: Manifest) -> JobResult:
+    """The re-drive's job result (``job.json`` in its run dir, as a run's job writes one): the dead letters its plan
+    claims were read and staged pending; the commit protocol shows them (:mod:`tidemark.runs.finish`)."""
+    result = JobResult(plan.plan_id, plan.feed, published=True, manifest=manifest.to_dict(),
+                       records_read=len(plan.letters), records_published=manifest.records)  # fmt: skip
+    result.finished_at = datetime.now(UTC).isoformat()
+    return result

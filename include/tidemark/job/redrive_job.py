@@ -42,7 +42,8 @@ from typing import Any
 from tidemark.config.models import Feed, load_feed
 from tidemark.errors import ConfigError, PublishError, TidemarkError
 from tidemark.job.entry import SHIP_ENV, _ship_setting, root_cause, session, ship_package, should_ship
-from tidemark.job.redrive import Verdict, recheck, stage_passing
+from tidemark.job.redrive import Verdict, recheck, stage_passing, staged_result
+from tidemark.job.result import JobResult, write_result
 from tidemark.output import publisher_for
 from tidemark.output.deadletters import DeadLetter, Key
 from tidemark.planning.plan import Plan
@@ -77,20 +78,19 @@ class RedriveJob:
         answer = self._run({"phase": "recheck", "feed": feed.name}, letters)
         return verdicts_of(letters, answer)
 
-    def stage(self, feed: Feed, letters: Sequence[DeadLetter], plan: Plan, *, run_id: str,
-              extra: Mapping[str, Any], log: Location | None = None) -> None:  # fmt: skip
-        """Stage ``letters`` (those the re-drive took) as ``plan``'s publication, pending for ``run_id``, in a job.
-
-        ``log``: where the job's log goes when the submitter keeps one (the re-drive's run dir).
-        """
-        request = {"phase": "stage", "feed": feed.name, "plan": plan.to_dict(), "run_id": run_id, "extra": dict(extra)}
-        answer = self._run(request, letters, log)
-        if "staged" not in answer:  # it exited 0 and wrote nothing here: its driver never saw this folder
+    def stage(self, feed: Feed, plan: Plan, letters: Sequence[DeadLetter], *, run_id: str, run_dir: Location) -> None:
+        """Stage ``letters`` (those the re-drive plan ``plan`` claims) as its publication, pending for run ``run_id``,
+        in a job; the job's result goes into the run dir's ``job.json``, its log beside it (when the submitter keeps
+        one)."""
+        request = {"phase": "stage", "feed": feed.name, "plan": plan.to_dict(), "run_id": run_id}
+        answer = self._run(request, letters, run_dir / LOG_FILE)
+        if "result" not in answer:  # it exited 0 and wrote nothing here: its driver never saw this folder
             raise RedriveJobError(
                 f"the re-drive's Spark job (stage, {len(letters)} dead letters of feed '{feed.name}') gave no answer "
                 "in its folder on this machine: its driver must run here (client deploy mode); the re-drive stays "
-                "open and the next `tidemark redrive` settles it"
+                "open and the feed's next run settles it"
             )
+        write_result(run_dir, JobResult.from_dict(answer["result"]))
 
     def _run(self, request: Mapping[str, Any], letters: Sequence[DeadLetter],
              log: Location | None = None) -> dict[str, Any]:  # fmt: skip
@@ -180,16 +180,6 @@ def verdicts_of(letters: Sequence[DeadLetter], answer: Mapping[str, Any]) -> tup
     return tuple(Verdict(d, *found[d.key_of]) for d in letters)
 
 
-def redrive_plan_of(doc: Mapping[str, Any]) -> Plan:
-    """The re-drive's plan as the submitting side sent it: no ranges, and an id that is no content hash (so not checked
-    as one, as :meth:`Plan.from_dict` checks a run's)."""
-    if doc.get("partitions") or doc.get("tasks"):
-        raise ConfigError(f"plan {doc.get('plan_id')} has ranges: it is not a re-drive's")
-    return Plan(plan_id=str(doc["plan_id"]), feed=str(doc["feed"]), group=str(doc["group"]), mode=doc["mode"],
-                commit=bool(doc["commit"]), isolation=doc["isolation"], created_at=str(doc["created_at"]),
-                partitions=(), tasks=())  # fmt: skip
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tidemark_redrive", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--work", required=True, help=f"the folder with {REQUEST_FILE} and {LETTERS_FILE}")
@@ -227,10 +217,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"now (the first {d.topic}[{d.partition}] offset {d.offset} of plan {d.plan_id}: "
                     f"{'; '.join(refused[0].reason_codes)}); nothing was staged. Run `tidemark redrive` again"
                 )
-            plan = redrive_plan_of(request["plan"])
+            plan = Plan.from_dict(request["plan"])  # a re-drive plan: its id checked against its letters
+            if plan.mode != "redrive" or sorted(plan.letters) != sorted(d.key_of for d in letters):
+                raise ConfigError(f"plan {plan.plan_id} is not a re-drive plan of the dead letters sent")
             manifest = stage_passing(checked, plan, feed, publisher_for(feed), run_id=str(request["run_id"]),
-                                     extra=dict(request.get("extra") or {}))  # fmt: skip
-            answer["staged"] = manifest.records
+                                     extra={"redrive": {"run_id": str(request["run_id"])}})  # fmt: skip
+            answer["result"] = staged_result(plan, manifest).to_dict()
     except Exception as exc:  # noqa: BLE001 - every failure must end as the answer + a non-zero exit
         answer["error_type"], answer["error"] = root_cause(exc)
         print(f"tidemark re-drive job failed: {answer['error_type']}: {answer['error']}", file=sys.stderr)

@@ -52,7 +52,7 @@ from datetime import UTC, date, datetime, time
 from typing import Any
 from urllib.parse import unquote
 
-from tidemark.checkpoints.store import CheckpointStore, LedgerRun, default_store
+from tidemark.checkpoints.store import CheckpointStore, LedgerRun, RunState, default_store
 from tidemark.config.models import Feed, load_feed
 from tidemark.output import publisher_for
 from tidemark.output.base import QUARANTINE_DIR, Publisher
@@ -66,6 +66,7 @@ from tidemark.output.dead_letter_table import (
 )
 from tidemark.output.iceberg import FEED_KEY, PLAN_KEY, RETRACTED_KEY, RUN_KEY, IcebergPublisher, plan_history
 from tidemark.output.parquet import load_manifest
+from tidemark.planning.plan import REDRIVE_PREFIX
 from tidemark.staged import REASON_CODES_COLUMN, REASON_COLUMN, reason_codes
 from tidemark.storage import Location
 
@@ -171,8 +172,8 @@ def _key(row: Sequence[Any]) -> Key:
 
 
 def redrive_ledger_feed(feed: str) -> str:
-    """The run ledger's ``feed`` value of ``feed``'s re-drives: apart from its runs, so settling a run of the feed
-    never takes a re-drive for one (``:`` is in no feed name)."""
+    """The run ledger's ``feed`` value of ``feed``'s re-drives recorded before a re-drive was a run of the feed (read
+    only: a re-drive's row is now under the feed's own name; ``:`` is in no feed name)."""
     return f"{feed}:redrive"
 
 
@@ -186,6 +187,26 @@ def read_redrive(row: LedgerRun, kept: Mapping[str, str] | None = None) -> Redri
     return RedriveRecord.from_json(path.read_text()) if path.exists() else None
 
 
+REDRIVE_STATES: tuple[RunState, ...] = ("shown", "planned", "committing", "committed")
+
+
+def is_redrive(row: LedgerRun) -> bool:
+    """Whether a run-ledger row is a re-drive's (its plan ``redrive-…``)."""
+    return row.plan_id.startswith(REDRIVE_PREFIX)
+
+
+def redrive_rows(feed: str, store: CheckpointStore, states: tuple[RunState, ...] = REDRIVE_STATES) -> list[LedgerRun]:
+    """The run ledger's rows of feed ``feed``'s re-drives (plans ``redrive-…``) in ``states``, oldest first, those
+    recorded before re-drives were runs of the feed (under :func:`redrive_ledger_feed`) included."""
+    rows = [r for r in store.feed_runs(feed, states) if is_redrive(r)]
+    return sorted(rows + store.feed_runs(redrive_ledger_feed(feed), states), key=lambda r: r.run_id)
+
+
+def redrive_records(feed: str, group: str, store: CheckpointStore) -> dict[str, str]:
+    """The records (:class:`RedriveRecord`, as JSON) of feed ``feed``'s re-drives the run ledger keeps, by run id."""
+    return {**store.redrive_records(group, redrive_ledger_feed(feed)), **store.redrive_records(group, feed)}
+
+
 @dataclass(frozen=True)
 class Redriven:
     """A feed's shown re-drives: who took each dead letter, and the newest re-check of the rest."""
@@ -197,21 +218,25 @@ class Redriven:
 
 
 def redriven(feed: Feed, store: CheckpointStore, publisher: Publisher | None = None) -> Redriven:
-    """What ``feed``'s re-drives published: those the ledger records ``shown``, and any open one whose publication
-    the output already shows (a re-drive that crashed after publishing, before its ledger said so). Each one's
-    letters come from the run ledger (:func:`read_redrive`), so removing run dirs changes nothing."""
-    ledger_feed = redrive_ledger_feed(feed.name)
-    rows = store.feed_runs(ledger_feed, ("shown", "planned", "committing", "committed"))
-    kept = store.redrive_records(feed.group, ledger_feed) if rows else {}
+    """What ``feed``'s re-drives published (:func:`redriven_in`)."""
+    return redriven_in(feed.name, feed.group, store, publisher or publisher_for(feed))
+
+
+def redriven_in(feed: str, group: str, store: CheckpointStore, publisher: Publisher) -> Redriven:
+    """What feed ``feed``'s re-drives published into ``publisher``: the re-drive runs (plans ``redrive-…``) the run
+    ledger records ``shown``, and any open one whose publication the output already shows (a re-drive that crashed
+    after publishing, before its ledger row said so). Each one's letters come from the run ledger
+    (:func:`read_redrive`), so removing run dirs changes nothing. Re-drives recorded before they were runs of the
+    feed (under :func:`redrive_ledger_feed`) count as well."""
+    rows = redrive_rows(feed, store)
+    kept = redrive_records(feed, group, store) if rows else {}
     taken: dict[Key, str] = {}
     rechecked: dict[Key, tuple[str, tuple[str, ...]]] = {}
     records = []
     unknown = []
     for row in rows:  # oldest first: a later re-check replaces an earlier one
-        if row.state != "shown":
-            publisher = publisher or publisher_for(feed)
-            if publisher.published(row.plan_id) is None:
-                continue
+        if row.state != "shown" and publisher.published(row.plan_id) is None:
+            continue
         record = read_redrive(row, kept)
         if record is None:
             unknown.append(row.run_id)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +26,11 @@ from tidemark.storage import Location
 PLAN_VERSION = 1
 PLAN_FILE = "plan.json"  # a run's own copy of its plan, in its run dir, written before any read
 
-Mode = Literal["scheduled", "backfill", "replay"]
+RequestMode = Literal["scheduled", "backfill", "replay"]  # what a trigger asks for (planning.requests)
+# A re-drive's plan (:func:`redrive_plan`) claims dead letters, not ranges; it never commits the group.
+Mode = Literal[RequestMode, "redrive"]
+REDRIVE_PREFIX = "redrive-"  # a re-drive plan's id: redrive-<hash of its feed and letters>; no range plan's looks so
+Letter = tuple[str, str, int, int]  # a dead letter a re-drive plan claims: (plan id, topic, partition, offset)
 # Why a partition starts where it does.
 StartReason = Literal[
     "committed",  # the group's committed offset
@@ -165,10 +169,13 @@ class Plan:
     # The topics the plan reads (every partition of each is in ``partitions``): a pattern feed's matches when
     # planned, so its retries and its commit never depend on a later listing. Not in the id.
     topics: tuple[str, ...] = ()
+    # What a re-drive's plan claims in place of ranges: the dead letters it publishes (its id is their hash).
+    letters: tuple[Letter, ...] = ()
 
     @property
     def total_records(self) -> int:
-        return sum(p.records for p in self.partitions)
+        """The records the plan publishes: its ranges' offsets, or a re-drive's dead letters."""
+        return sum(p.records for p in self.partitions) + len(self.letters)
 
     def ranges(self) -> Iterator[tuple[str, int, int, int]]:
         for p in self.partitions:
@@ -212,8 +219,12 @@ class Plan:
             output=doc.get("output"),
             readers=doc.get("readers", {}),
             topics=tuple(doc.get("topics", ())),
+            letters=tuple((str(p), str(t), int(n), int(o)) for p, t, n, o in doc.get("letters", ())),
         )
-        expected = compute_plan_id(plan.feed, plan.group, plan.mode, plan.isolation, plan.partitions, plan.time_filter)
+        expected = (
+            redrive_plan_id(plan.feed, plan.letters) if plan.mode == "redrive"
+            else compute_plan_id(plan.feed, plan.group, plan.mode, plan.isolation, plan.partitions, plan.time_filter)
+        )  # fmt: skip
         if plan.plan_id != expected:
             raise ConfigError(f"plan {plan.plan_id} does not match its content (hash {expected}); it was edited")
         return plan
@@ -253,6 +264,20 @@ def compute_plan_id(
         content["topic_ids"] = topic_ids
     digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
     return digest[:20]
+
+
+def redrive_plan_id(feed: str, letters: Iterable[Letter]) -> str:
+    """A re-drive plan's id: a hash of the feed and its sorted dead letters (the same letters, the same plan)."""
+    text = json.dumps([feed, sorted(letters)], separators=(",", ":"))
+    return REDRIVE_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def redrive_plan(feed: str, group: str, isolation: Isolation, letters: Iterable[Letter], created_at: str) -> Plan:
+    """The plan of a re-drive of ``letters``: it claims them (no range), publishes into the feed's output and
+    commits no group; the commit protocol settles it as any plan (:mod:`tidemark.runs.protocol`)."""
+    claimed = tuple(sorted(letters))
+    return Plan(plan_id=redrive_plan_id(feed, claimed), feed=feed, group=group, mode="redrive", commit=False,
+                isolation=isolation, created_at=created_at, partitions=(), tasks=(), letters=claimed)  # fmt: skip
 
 
 def read_plan(path: Path | Location | str) -> Plan:

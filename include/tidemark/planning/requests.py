@@ -23,7 +23,7 @@ from typing import Any, Literal, get_args
 from tidemark.config.durations import parse_duration, parse_skew, parse_timestamp
 from tidemark.config.models import WindowMode
 from tidemark.errors import ConfigError, PlanningError, shown
-from tidemark.planning.plan import Mode
+from tidemark.planning.plan import Mode, RequestMode
 from tidemark.storage import Location, is_url
 
 StartFrom = Literal["committed", "earliest", "latest", "timestamp", "offset", "shift_by", "by_duration"]
@@ -48,7 +48,7 @@ SELECTION_PARAMS: tuple[str, ...] = ("topics", "partitions", "output", "dry_run"
 REPLAY_PARAMS: tuple[str, ...] = SPEC_PARAMS + COMMIT_PARAMS + WINDOW_PARAMS + SELECTION_PARAMS
 
 
-MODES: tuple[str, ...] = get_args(Mode)
+MODES: tuple[str, ...] = get_args(RequestMode)  # a re-drive is no trigger's mode
 
 
 @dataclass(frozen=True)

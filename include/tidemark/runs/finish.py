@@ -39,13 +39,13 @@ class CommitOutcome:
 
 
 def finish_run(
-    run: Run, connection: KafkaConnection, *, checkpoints: CheckpointStore, progress: Progress = silent
+    run: Run, connection: KafkaConnection | None, *, checkpoints: CheckpointStore, progress: Progress = silent
 ) -> CommitOutcome:
     """Step 3: commit the group at the plan's ends (when the run commits), then show the publication; report.
 
     :func:`tidemark.runs.protocol.settle` under the group's commit lock; a dry run's job did
     nothing: it is only reported. Raises what refused the run, or why settling abandoned
-    it, once both are recorded.
+    it, once both are recorded. ``connection``: ``None`` for a run that commits no group (a re-drive).
     """
     handle, plan = run.handle, run.plan
     job = read_result(run.dir)
@@ -61,7 +61,8 @@ def finish_run(
             with checkpoints.commit_lock(plan.group):
                 settled = settle(
                     plan, handle.run_id, handle.run_dir, publisher=publisher, store=checkpoints,
-                    kafka=KafkaAdapter(connection), connection=connection, progress=progress,
+                    kafka=KafkaAdapter(connection) if connection is not None else None, connection=connection,
+                    progress=progress,
                 )  # fmt: skip
         except TidemarkError as exc:
             refused = exc

@@ -33,7 +33,10 @@ Two rules make the output right whatever the order of runs, retries, replays and
 writers: a publication is promoted only after its run's commit (or, for a run that does
 not commit, after its job), and only when every range with records starts at or after
 the output's shown position of its partition (:func:`show`), so no offset is shown twice.
-Nothing shown is ever taken back. The planner compares the group with the shown
+Nothing shown is ever taken back. A re-drive's plan (:mod:`tidemark.runs.redrive`) claims
+dead letters instead of ranges and commits no group; it is settled here as any run, its
+clash rule :func:`letters_taken` (no letter a shown re-drive took) in place of the ranges'
+(:func:`overlapping`). The planner compares the group with the shown
 positions (``planning.resolve._against_shown``) and names every range the group was moved
 over by another writer.
 
@@ -60,6 +63,7 @@ from tidemark.job.guard import moved_since_planning
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection
 from tidemark.output.base import Manifest, Publisher
+from tidemark.output.deadletters import redriven_in
 from tidemark.planning.metadata import plan_topic_ids
 from tidemark.planning.plan import PLAN_FILE, Event, EventKind, Plan, read_plan
 from tidemark.runs.commit import CommitResult, commit_plan
@@ -104,7 +108,7 @@ def settle(
     *,
     publisher: Publisher,
     store: CheckpointStore,
-    kafka: KafkaAdapter,
+    kafka: KafkaAdapter | None,
     connection: KafkaConnection | None = None,
     progress: Progress = silent,
 ) -> Settled:
@@ -150,7 +154,7 @@ def settle(
             mark("planned")  # nothing landed: the run may try again once the live consumer is gone
             raise
         except OffsetsMovedError as exc:
-            if was_committing and _group_past(plan, kafka):
+            if was_committing and kafka is not None and _group_past(plan, kafka):
                 # An earlier attempt's commit may have landed before another writer moved the
                 # group on; either way the group is past every range: show them.
                 events.append(_event(
@@ -165,11 +169,12 @@ def settle(
             mark("committed")
     fault_point("commit.before_show")
     already = publisher.published(plan.plan_id) if plan.total_records else None  # asked once: a table load on Iceberg
-    overlap = overlapping(plan, already, store=store)
+    overlap = overlapping(plan, already, store=store) or letters_taken(plan, run_id, already, store, publisher)
     if overlap is not None:
         give_up(overlap.message[:1000])
         return Settled(run_id, plan.plan_id, "abandoned", result, None, (*events, overlap))
     manifest = show(plan, run_id, already, publisher=publisher, store=store)
+    fault_point("commit.after_show")  # shown (a run's, a re-drive's), the run ledger not yet told
     if manifest is not None and not manifest.reused:  # what the output's commit reports (a keyed table's counts)
         events += [_event(e["kind"], e["message"], **e.get("details", {})) for e in manifest.extra.get("events", [])]
     mark("shown")
@@ -220,6 +225,28 @@ def overlapping(plan: Plan, already: Manifest | None, *, store: CheckpointStore)
         "so that no offset is shown twice. The group is committed at the plan's ends: the ranges past the output's "
         "end are in no output (replay them into another output to read them)",
         ranges=_ranges(plan, overlap))  # fmt: skip
+
+
+def letters_taken(
+    plan: Plan, run_id: str, already: Manifest | None, store: CheckpointStore, publisher: Publisher
+) -> Event | None:
+    """A re-drive plan's clash rule: the ``not_shown`` event when another re-drive of the feed the output shows took
+    one of the dead letters ``plan`` claims (showing it would publish that letter twice), else ``None``.
+
+    A plan the output already shows (this run's earlier promotion, or another run of the same
+    letters) clashes with nothing.
+    """
+    if not plan.letters or already is not None:
+        return None
+    others = redriven_in(plan.feed, plan.group, store, publisher).taken
+    clash = sorted(k for k in plan.letters if others.get(k, run_id) != run_id)
+    if not clash:
+        return None
+    p, t, n, o = clash[0]
+    return _event(
+        "not_shown", f"re-drive {run_id}: {len(clash)} of its dead letters (the first {t}[{n}] offset {o} of plan "
+        f"{p}) were published by re-drive {others[clash[0]]} meanwhile; it was given up so that none is published "
+        "twice. Run `tidemark redrive` again for the rest", redrive_id=plan.plan_id)  # fmt: skip
 
 
 def show(
@@ -286,10 +313,11 @@ def settle_open_runs(
     load: Callable[[LedgerRun], tuple[Plan, Publisher] | None],
     *,
     store: CheckpointStore,
-    kafka: KafkaAdapter,
+    kafka: KafkaAdapter | None,
     group: str,
     connection: KafkaConnection | None = None,
     progress: Progress = silent,
+    which: Callable[[LedgerRun], bool] = lambda row: True,
 ) -> list[Settled]:
     """Before planning: finish or abandon every open run of ``feed`` in the ledger, oldest first, under the lock.
 
@@ -297,16 +325,17 @@ def settle_open_runs(
     abandoned). A ``planned`` run that staged nothing is left alone while the group is
     still where its plan saw it (its job may be running now) and abandoned once another
     writer moved the group (it can never commit). Refusals are reported, not raised:
-    the new run plans from the group's offsets as they are.
+    the new run plans from the group's offsets as they are. ``which``: the open runs to settle (a re-drive, which
+    has no Kafka connection, settles the feed's open re-drives only: they commit no group); the rest are left.
     """
     done: list[Settled] = []
     with store.commit_lock(group):
-        for row in store.open_runs(feed):
+        for row in filter(which, store.open_runs(feed)):
             loaded = load(row)
             if loaded is None or _staged_nothing(row, *loaded):
                 # A run that staged nothing is left alone (its job may be running now) unless it never can commit;
                 # then what its jobs left in staging is discarded like any given-up run's.
-                why = "its plan is gone" if loaded is None else _moved_before_staging(row, loaded[0], kafka)
+                why = "its plan is gone" if loaded is None else _never_staged(row, *loaded, kafka, store)
                 if why is not None:
                     steps: tuple[RunState, ...] = ("discarding", "abandoned") if loaded is not None else ("abandoned",)
                     for step in steps:
@@ -347,20 +376,44 @@ def settle_open_runs(
 
 
 def _staged_nothing(row: LedgerRun, plan: Plan, publisher: Publisher) -> bool:
-    """Whether ``row`` is a ``planned`` run whose job has staged nothing (yet)."""
-    return row.state == "planned" and (not plan.total_records or publisher.staged(plan.plan_id, row.run_id) is None)
+    """Whether ``row`` is a ``planned`` run whose job has staged nothing (yet).
+
+    A run that commits no group (a re-drive, a replay without commit) whose publication the
+    output already shows, or that has nothing to publish, waits for nothing: its settle died
+    after the promotion (or before it recorded an empty run), and settling records it ``shown``.
+    """
+    if row.state != "planned":
+        return False
+    if not plan.total_records:
+        return plan.commit
+    if publisher.staged(plan.plan_id, row.run_id) is not None:
+        return False
+    return plan.commit or publisher.published(plan.plan_id) is None
 
 
-def _moved_before_staging(row: LedgerRun, plan: Plan, kafka: KafkaAdapter) -> str | None:
-    """Why a run that staged nothing can never commit: another writer moved the group since it planned."""
-    if not plan.commit:
+def _never_staged(
+    row: LedgerRun, plan: Plan, publisher: Publisher, kafka: KafkaAdapter | None, store: CheckpointStore
+) -> str | None:
+    """Why a run that staged nothing can never show: another writer moved the group since it planned, or (a
+    re-drive) another re-drive showed one of its dead letters."""
+    if plan.letters:
+        taken = letters_taken(plan, row.run_id, None, store, publisher)
+        return None if taken is None else f"it staged nothing: {taken.message}"
+    if not plan.commit or kafka is None:
         return None
     current = kafka.committed(plan.group, [p.key for p in plan.partitions])
     return "the group moved before it staged anything" if moved_since_planning(plan, row.run_id, current)[0] else None
 
 
 def abandon(
-    plan: Plan, run_id: str, run_dir: str, *, publisher: Publisher, store: CheckpointStore, reason: str
+    plan: Plan,
+    run_id: str,
+    run_dir: str,
+    *,
+    publisher: Publisher,
+    store: CheckpointStore,
+    reason: str,
+    by: str = "an operator",
 ) -> Settled:
     """An operator gives up run ``run_id`` (``tidemark abandon``): recorded ``abandoned``, its pending
     publication discarded, a ``not_shown`` event naming its ranges. A run already shown is left as it is.
@@ -376,13 +429,14 @@ def abandon(
 
     def mark(state: RunState) -> None:
         store.set_run(plan.group, run_id, feed=plan.feed, plan_id=plan.plan_id, state=state, run_dir=run_dir,
-                      detail=f"abandoned by an operator: {reason}"[:1000])  # fmt: skip
+                      detail=f"abandoned by {by}: {reason}"[:1000])  # fmt: skip
 
     mark("discarding")  # first: an interrupted discard stays owed, and the next settle finishes it
     publisher.discard(plan.plan_id, run_id)
     mark("abandoned")
-    event = _event("not_shown", f"run {run_id} (plan {plan.plan_id}) was abandoned by an operator ({reason}); its "
-                   "ranges are in no output", ranges=_ranges(plan))  # fmt: skip
+    event = _event("not_shown", f"run {run_id} (plan {plan.plan_id}) was abandoned by {by} ({reason}); its "
+                   f"{'dead letters stay listed' if plan.letters else 'ranges are in no output'}",
+                   ranges=_ranges(plan))  # fmt: skip
     return Settled(run_id, plan.plan_id, "abandoned", events=(event,))
 
 

@@ -1,84 +1,83 @@
-"""A re-drive as a run: a feed's dead letters that pass its current rules, published into its output exactly once.
+"""A re-drive as a run of the feed: its dead letters that pass its current rules, published into its output once.
 
-``tidemark redrive FEED`` (:func:`redrive_feed`) takes the commit protocol's steps with a
-record of its own in place of a plan:
+``tidemark redrive FEED`` (:func:`redrive_feed`) is a run of the feed's one commit protocol
+(:mod:`tidemark.runs.protocol`), whose plan claims dead letters instead of offset ranges:
 
-1. **settle first**: every re-drive of the feed a crash left open is finished or given up
-   (:func:`settle_open_redrives`), so what it took is known before anything is chosen;
-2. **choose**: the feed's dead letters (those no re-drive took:
+1. **choose**: the feed's dead letters (those no re-drive took:
    :func:`tidemark.output.deadletters.dead_letters`) through the current decoding and row
    rules (:func:`tidemark.job.redrive.recheck`; a masked feed's from the raw bytes its
-   ``keep_raw`` location holds, masked before the rules as a run masks); the
-   :class:`RedriveRecord` names those that pass (``taken``) and the new reasons of the
-   rest; its id is a hash of ``taken``, so the
-   same dead letters are the same publication (``plan_id=redrive-…``), which the output
-   publishes at most once. The record goes into the run ledger with the re-drive's row
-   (state ``planned``, under :func:`redrive_ledger_feed`) in one transaction, before anything
-   is staged (a copy in the run dir's ``redrive.json`` is for people); re-drives recorded
-   before the ledger kept records are copied into it from their run dirs first
-   (:func:`adopt_folder_records`), and one recorded nowhere refuses the re-drive
-   (:func:`refuse_unknown_redrives`);
-3. **stage**: the passing records are staged pending under the run's id, as a plan's job
-   stages (:func:`tidemark.job.redrive.stage_passing`), invisible to readers;
-4. **show, then record**: under the group's commit lock (:func:`settle_redrive`) the
-   publication is promoted, unless a shown re-drive already took one of its dead
-   letters (then it is discarded, ``abandoned``), and only then is the row ``shown``;
-5. **report**: ``report.json`` and ``run.json`` in ``runs/<feed>/<run id>/`` as any run
-   (:func:`tidemark.runs.report.record_end`, mode ``redrive``, no group commit).
+   ``keep_raw`` location holds, masked before the rules as a run masks);
+2. **plan**: those that pass are the letters of a re-drive plan
+   (:func:`tidemark.planning.plan.redrive_plan`: mode ``redrive``, no range, no group commit;
+   its id, ``redrive-…``, a hash of its letters, so the same dead letters are the same
+   publication). The plan goes into the run's own folder (``runs/<feed>/<run id>/plan.json``)
+   and the run into the run ledger under the feed's name, ``planned``, in one transaction with
+   its :class:`~tidemark.output.deadletters.RedriveRecord` (what it takes, and the new reasons
+   of the rest), before anything is staged: pruning run folders changes nothing of what it
+   took (a copy in ``redrive.json`` is for people);
+3. **stage**: the passing records staged pending under the run's id, as a plan's job stages
+   (:func:`tidemark.job.redrive.stage_passing`), and its ``job.json`` written
+   (:func:`tidemark.job.redrive.staged_result`);
+4. **settle and report**: :func:`tidemark.runs.finish.finish_run`, as a run's commit step:
+   under the group's commit lock :func:`tidemark.runs.protocol.settle` shows it, unless a
+   shown re-drive took one of its letters meanwhile (the plan's clash rule,
+   :func:`tidemark.runs.protocol.letters_taken`: then it is discarded and ``abandoned``),
+   and records it ``shown``; then its report and ``run.json``.
 
-The Spark work (2's re-check and 3's staging) runs in the caller's session, or, given a
+A crash anywhere leaves an open run of the feed like any other: the feed's next run (or
+:func:`tidemark.runs.protocol.settle_open_runs` from anywhere) shows what it staged, finishes
+a discard cut short, or gives it up once another re-drive showed one of its letters. A
+staging that fails is given up at once (:func:`tidemark.runs.protocol.abandon`); a staging
+job that failed after it may have staged (:class:`~tidemark.job.redrive_job.RedriveJobError`)
+is left open, as a crash. A re-drive never moves the group's offsets or the ledger's shown
+positions: its records lie behind them.
+
+The Spark work (1's re-check and 3's staging) runs in the caller's session, or, given a
 :class:`~tidemark.job.redrive_job.RedriveJob`, in ``spark-submit`` jobs on the feed's Spark
-(the DAG, and the CLI with a master), each step in between on this side. A staging job that
-fails leaves the row ``planned`` and what it staged as a crash after staging does.
-
-A crash after 4's promotion and before its ``shown`` leaves an open row whose publication the
-output shows: the listing already leaves its dead letters out (``redriven`` asks the
-output), and the next re-drive records it ``shown``; a crash after staging leaves a pending
-publication the next re-drive shows. A re-drive never moves the group's offsets, the
-ledger's shown positions or an Iceberg table's ledger ends: its records lie behind them.
+(the DAG, and the CLI with a master), each step in between on this side.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING
 
 from tidemark.checkpoints.store import CheckpointStore, RunState
 from tidemark.config.models import Feed, load_feed
-from tidemark.errors import StuckRunError
+from tidemark.errors import StuckRunError, TidemarkError
 from tidemark.faults import fault_point
-from tidemark.job.redrive import Recheck, Verdict, recheck, refuse_unsupported, stage_passing
+from tidemark.job.redrive import Recheck, Verdict, recheck, refuse_unsupported, stage_passing, staged_result
 from tidemark.job.redrive_job import RedriveJob, RedriveJobError
-from tidemark.job.result import JobResult
+from tidemark.job.result import write_result
 from tidemark.kafka.registry import RegistryConnection
 from tidemark.output import publisher_for
-from tidemark.output.base import Manifest, Publisher
+from tidemark.output.base import Publisher
 from tidemark.output.deadletters import (
     REDRIVE_FILE,
     DeadLetter,
-    Key,
     RedriveRecord,
     dead_letters,
+    is_redrive,
     read_redrive,
-    redrive_ledger_feed,
+    redrive_records,
+    redrive_rows,
     redriven,
 )
-from tidemark.planning.plan import Event, Plan
-from tidemark.runs.protocol import Settled
-from tidemark.runs.report import record_end
-from tidemark.runs.run import Progress, Root, RunHandle, open_checkpoints, run_dir_for, silent, write_status
+from tidemark.planning.plan import Event, Mode, Plan, redrive_plan, write_plan
+from tidemark.planning.requests import RunRequest
+from tidemark.runs.finish import finish_run
+from tidemark.runs.protocol import abandon, from_run_dirs, settle_open_runs
+from tidemark.runs.report import record_end, record_failure
+from tidemark.runs.run import Progress, Root, Run, RunHandle, open_checkpoints, silent, write_status
 from tidemark.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-REDRIVE_MODE = "redrive"
-REDRIVE_PREFIX = "redrive-"  # a re-drive's publication is plan_id=redrive-<hash>: no plan id looks like it
+REDRIVE_MODE: Mode = "redrive"
 
 
 @dataclass(frozen=True)
@@ -92,29 +91,12 @@ class RedriveOutcome:
     published: int  # records this re-drive showed in the feed's output (0 when reused or abandoned)
     verdicts: tuple[Verdict, ...]
     report_path: str | None = None
-    settled_first: tuple[str, ...] = ()  # open re-drives of the feed finished or given up first
+    settled_first: tuple[str, ...] = ()  # open re-drives of the feed settled (shown or given up) before choosing
     error: str | None = None
 
     @property
     def passing(self) -> int:
         return sum(1 for v in self.verdicts if v.passes)
-
-
-def redrive_id_of(feed: str, taken: Sequence[Key]) -> str:
-    """The publication's plan id: a hash of the feed and the sorted dead letters it takes."""
-    text = json.dumps([feed, sorted(taken)], separators=(",", ":"))
-    return REDRIVE_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def redrive_plan(record: RedriveRecord, feed: Feed, created_at: str) -> Plan:
-    """What the publisher is handed for a re-drive: its id, feed and group, and no ranges.
-
-    No ranges: its records lie behind the output's end, and a plan's ranges would move the
-    Iceberg table ledger's ends (or be refused by them); the record in the run dir names them.
-    The mode is a replay's: a publication that commits no group.
-    """
-    return Plan(plan_id=record.redrive_id, feed=feed.name, group=feed.group, mode="replay", commit=False,
-                isolation=feed.isolation, created_at=created_at, partitions=(), tasks=())  # fmt: skip
 
 
 @dataclass
@@ -131,11 +113,12 @@ class _InSession:
         self.checked = recheck(self.spark, feed, letters, self.registry)
         return self.checked.verdicts
 
-    def stage(self, feed: Feed, letters: Sequence[DeadLetter], plan: Plan, *, run_id: str, extra: Mapping[str, Any],
-              log: Location | None = None) -> None:  # fmt: skip
+    def stage(self, feed: Feed, plan: Plan, letters: Sequence[DeadLetter], *, run_id: str, run_dir: Location) -> None:
         """Stage ``letters``, the re-check's passing ones (its frame holds them decoded), pending for ``run_id``."""
         assert self.checked is not None  # staged right after its re-check
-        stage_passing(self.checked, plan, feed, self.publisher, run_id=run_id, extra=extra)
+        manifest = stage_passing(self.checked, plan, feed, self.publisher, run_id=run_id,
+                                 extra={"redrive": {"run_id": run_id}})  # fmt: skip
+        write_result(run_dir, staged_result(plan, manifest))
 
 
 def redrive_feed(
@@ -161,128 +144,96 @@ def redrive_feed(
     refuse_unsupported(feed)
     store = open_checkpoints(root, checkpoints)
     publisher = publisher_for(feed)
-    settled_first = () if dry_run else settle_open_redrives(feed, publisher, store, progress=progress)
-    if not dry_run:
+    settled_first: tuple[str, ...] = ()
+    if not dry_run:  # what open re-drives took is known before anything is chosen
+        settled_first = settle_open_redrives(feed, store, progress=progress)
         refuse_unknown_redrives(feed, store, publisher)
     letters = dead_letters(feed, since=since, reason=reason, store=store)
     work = spark if isinstance(spark, RedriveJob) else _InSession(spark, publisher, registry)
     verdicts = work.recheck(feed, letters)
     if dry_run:
         return RedriveOutcome(feed.name, None, None, None, 0, verdicts)
+    run = start_redrive(feed, verdicts, root=root, store=store, progress=progress)
+    if run.plan.letters:
+        _stage(work, run, [v.letter for v in verdicts if v.passes], store=store, publisher=publisher)
+        fault_point("redrive.after_stage")  # staged pending, not shown, not recorded
+    error = None
+    try:
+        ended = finish_run(run, None, checkpoints=store, progress=progress)
+    except TidemarkError as exc:  # given up (a shown re-drive took one of its letters): its report says why
+        error = str(exc)
+    row = store.run(feed.group, run.handle.run_id)
+    state = row.state if row is not None else None
+    shown = publisher.published(run.plan.plan_id) if state == "shown" and run.plan.letters else None
+    published = shown.records if shown is not None and shown.extra.get("run_id") == run.handle.run_id else 0
+    return RedriveOutcome(feed.name, run.handle.run_id, run.plan.plan_id, state, published, verdicts,
+                          None if error else ended.report_path, settled_first, error)  # fmt: skip
+
+
+def settle_open_redrives(feed: Feed, store: CheckpointStore, *, progress: Progress = silent) -> tuple[str, ...]:
+    """The feed's open re-drive runs settled by the commit protocol (:func:`settle_open_runs`, as the feed's next
+    run settles them; a re-drive has no Kafka connection, and they commit no group); their run ids."""
+    settled = settle_open_runs(feed.name, from_run_dirs(partial(publisher_for, feed)), store=store, kafka=None,
+                               group=feed.group, progress=progress,
+                               which=is_redrive)  # fmt: skip
+    return tuple(s.run_id for s in settled)
+
+
+def start_redrive(
+    feed: Feed, verdicts: Sequence[Verdict], *, root: Root | None, store: CheckpointStore, progress: Progress
+) -> Run:
+    """The re-drive's plan of the letters that pass, saved into its run dir, and its run into the ledger with its
+    record (``planned``, one transaction), before anything is staged."""
     taken = tuple(sorted(v.letter.key_of for v in verdicts if v.passes))
     failing = tuple((v.letter.key_of, v.reason_codes) for v in verdicts if not v.passes)
-    now = datetime.now(UTC)
-    redrive_id = redrive_id_of(feed.name, taken)
-    run_id = f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{redrive_id[len(REDRIVE_PREFIX) :][:8]}"
-    run_dir = run_dir_for(feed.name, run_id, root)
-    record = RedriveRecord(redrive_id, run_id, feed.name, taken, failing)
-    run_dir.mkdir()
-    write_status(run_dir, planned_at=now.isoformat(), handle=_handle(record, run_dir).to_xcom())
-    # The record and the row in one transaction of the run ledger, before anything is staged: what this re-drive
-    # takes is known from the ledger alone (its run dir may be pruned). The run dir's copy is for people.
-    store.plan_redrive(feed.group, run_id, feed=redrive_ledger_feed(feed.name), plan_id=redrive_id,
-                       run_dir=str(run_dir), record=record.to_json())  # fmt: skip
-    (run_dir / REDRIVE_FILE).write_text(record.to_json())
-    plan = redrive_plan(record, feed, now.isoformat())
-    progress(f"re-drive {run_id}: {len(taken)} of {len(letters)} dead letters pass the feed's rules now")
-    if taken:
-        extra = {"redrive": {"run_id": run_id, "records": len(taken)}}
-        try:
-            work.stage(feed, [v.letter for v in verdicts if v.passes], plan, run_id=run_id, extra=extra,
-                       log=run_dir / "spark-submit.log")  # fmt: skip
-        except RedriveJobError as exc:  # as a crash after staging: the row stays planned, the next re-drive settles
-            write_status(run_dir, failed_at=datetime.now(UTC).isoformat(), error=f"re-drive {run_id}: {exc}")
-            raise
-        except Exception as exc:  # nothing shown: given up, its report says why (a crash leaves it to settle)
-            with store.commit_lock(feed.group):
-                store.set_run(feed.group, run_id, feed=redrive_ledger_feed(feed.name), plan_id=redrive_id,
-                              state="abandoned", run_dir=str(run_dir), detail=str(exc)[:1000])  # fmt: skip
-                publisher.discard(redrive_id, run_id)
-            write_status(run_dir, failed_at=datetime.now(UTC).isoformat(), error=f"re-drive {run_id}: {exc}")
-            raise
-        fault_point("redrive.after_stage")  # staged pending, not shown, not recorded
-    with store.commit_lock(feed.group):
-        settled = settle_redrive(record, str(run_dir), feed, publisher=publisher, store=store)
-    path = _report(record, run_dir, feed, plan, settled)
-    published = 0 if settled.manifest is None or settled.manifest.reused else settled.manifest.records
-    error = settled.events[-1].message if settled.state == "abandoned" and settled.events else None
-    return RedriveOutcome(feed.name, run_id, redrive_id, settled.state, published, verdicts, str(path),
-                          settled_first, error)  # fmt: skip
+    plan = redrive_plan(feed.name, feed.group, feed.isolation, taken, datetime.now(UTC).isoformat())
+    message = (
+        f"re-drive of {len(verdicts)} dead letters: {len(taken)} pass the feed's rules now and are published "
+        f"into {feed.name}'s output as {plan.plan_id}; {len(failing)} still fail and keep their new reasons"
+    )
+    event = Event(
+        "redrive",
+        message,
+        details={
+            "redrive_id": plan.plan_id,
+            "taken": len(taken),
+            "still_failing": len(failing),
+            "reasons_now": sorted({c for _, codes in failing for c in codes}),
+        },
+    )
+    plan = replace(plan, events=(event,))  # fmt: skip
+    run = Run(RunHandle.new(plan, RunRequest(REDRIVE_MODE, commit=False), root, None), feed, plan)
+    record = RedriveRecord(plan.plan_id, run.handle.run_id, feed.name, taken, failing)
+    run.dir.mkdir()
+    write_plan(plan, Location.of(run.handle.plan_path))
+    store.plan_redrive(feed.group, run.handle.run_id, feed=feed.name, plan_id=plan.plan_id,
+                       run_dir=run.handle.run_dir, record=record.to_json())  # fmt: skip
+    (run.dir / REDRIVE_FILE).write_text(record.to_json())
+    write_status(run.dir, handle=run.handle.to_xcom(), planned_at=plan.created_at)
+    progress(f"re-drive {run.handle.run_id}: {message}")
+    return run
 
 
-def settle_redrive(
-    record: RedriveRecord, run_dir: str, feed: Feed, *, publisher: Publisher, store: CheckpointStore
-) -> Settled:
-    """Show re-drive ``record``'s staged publication, once, then record it ``shown``. Call with the group's commit
-    lock held.
-
-    Given up (``abandoned``, its pending publication discarded) when a shown re-drive took
-    one of its dead letters already, or when it staged nothing and the output does not
-    show it. A row already ``shown`` or ``abandoned`` stays so.
-    """
-    row = store.run(feed.group, record.run_id)
-    state: RunState = row.state if row is not None else "planned"
-
-    def mark(new: RunState, detail: str | None = None) -> None:
-        store.set_run(feed.group, record.run_id, feed=redrive_ledger_feed(feed.name), plan_id=record.redrive_id,
-                      state=new, run_dir=run_dir, detail=detail)  # fmt: skip
-
-    if state == "abandoned":
-        publisher.discard(record.redrive_id, record.run_id)
-        return Settled(record.run_id, record.redrive_id, state)
-    if state == "shown":
-        return Settled(record.run_id, record.redrive_id, state)
-    manifest: Manifest | None = None
-    if record.taken:
-        already = publisher.published(record.redrive_id)
-        staged = publisher.staged(record.redrive_id, record.run_id)
-        if already is None:
-            others = redriven(feed, store, publisher).taken
-            clash = sorted(k for k in record.taken if others.get(k, record.run_id) != record.run_id)
-            why = None
-            if clash:
-                p, t, n, o = clash[0]
-                why = (f"re-drive {record.run_id}: {len(clash)} of its dead letters (the first {t}[{n}] offset {o} "
-                       f"of plan {p}) were published by re-drive {others[clash[0]]} meanwhile; it was given up so "
-                       "that none is published twice. Run `tidemark redrive` again for the rest")  # fmt: skip
-            elif staged is None:
-                why = f"re-drive {record.run_id} staged nothing and its publication is not shown; given up"
-            if why is not None:
-                mark("abandoned", why[:1000])  # first: a crash before the discard leaves it owed, not lost
-                publisher.discard(record.redrive_id, record.run_id)
-                event = Event("not_shown", why, details={"redrive_id": record.redrive_id})
-                return Settled(record.run_id, record.redrive_id, "abandoned", events=(event,))
-        manifest = publisher.promote(record.redrive_id, record.run_id) if staged is not None else already
-    fault_point("redrive.before_record")  # shown, and the ledger not yet told
-    mark("shown")
-    return Settled(record.run_id, record.redrive_id, "shown", manifest=manifest)
-
-
-def settle_open_redrives(
-    feed: Feed, publisher: Publisher, store: CheckpointStore, *, progress: Progress = silent
-) -> tuple[str, ...]:
-    """Before choosing: every open re-drive of ``feed`` shown (its publication shown or staged) or given up, with
-    its report written; their run ids.
-
-    A re-drive still staging in another process now is given up too; it then finds its row
-    ``abandoned`` and discards what it staged (never shown twice, never half shown).
-    """
-    done = []
-    with store.commit_lock(feed.group):
-        adopt_folder_records(feed, store)
-        kept = store.redrive_records(feed.group, redrive_ledger_feed(feed.name))
-        for row in store.open_runs(redrive_ledger_feed(feed.name)):
-            record = read_redrive(row, kept)
-            if record is None:
-                store.set_run(row.group, row.run_id, feed=row.feed, plan_id=row.plan_id, state="abandoned",
-                              run_dir=row.run_dir, detail="its record (redrive.json) is gone")  # fmt: skip
-                continue
-            progress(f"settling re-drive {row.run_id} ({row.state}) first")
-            settled = settle_redrive(record, row.run_dir, feed, publisher=publisher, store=store)
-            plan = redrive_plan(record, feed, datetime.now(UTC).isoformat())
-            _report(record, Location.of(row.run_dir), feed, plan, settled)
-            done.append(row.run_id)
-    return tuple(done)
+def _stage(
+    work: _InSession | RedriveJob,
+    run: Run,
+    letters: Sequence[DeadLetter],
+    *,
+    store: CheckpointStore,
+    publisher: Publisher,
+) -> None:
+    """Stage the run's letters; a staging that fails is given up at once (nothing of it shown), with its report."""
+    try:
+        work.stage(run.feed, run.plan, letters, run_id=run.handle.run_id, run_dir=run.dir)
+    except RedriveJobError as exc:  # it may have staged: left open as a crash leaves it, for the next settle
+        record_failure(run.handle, run.plan, None, f"re-drive {run.handle.run_id}: {exc}", None)
+        raise
+    except Exception as exc:
+        with store.commit_lock(run.plan.group):
+            settled = abandon(run.plan, run.handle.run_id, run.handle.run_dir, publisher=publisher, store=store,
+                              reason=f"its staging failed: {exc}"[:900], by="the re-drive")  # fmt: skip
+        record_end(run.handle, run.plan, None, settled=settled)
+        raise
 
 
 def adopt_folder_records(feed: Feed, store: CheckpointStore) -> tuple[str, ...]:
@@ -292,9 +243,8 @@ def adopt_folder_records(feed: Feed, store: CheckpointStore) -> tuple[str, ...]:
     After this, pruning those run dirs changes nothing either. A record is never replaced:
     the ledger's is the one the re-drive staged by.
     """
-    ledger_feed = redrive_ledger_feed(feed.name)
-    rows = store.feed_runs(ledger_feed, ("shown", "planned", "committing", "committed"))
-    kept = store.redrive_records(feed.group, ledger_feed) if rows else {}
+    rows = redrive_rows(feed.name, store)
+    kept = redrive_records(feed.name, feed.group, store) if rows else {}
     adopted = []
     for row in rows:
         if row.run_id in kept:
@@ -309,6 +259,8 @@ def adopt_folder_records(feed: Feed, store: CheckpointStore) -> tuple[str, ...]:
 def refuse_unknown_redrives(feed: Feed, store: CheckpointStore, publisher: Publisher) -> None:
     """Refuse to re-drive while a re-drive that published has its record nowhere: which dead letters it took is
     unknown, so choosing now could publish them a second time."""
+    with store.commit_lock(feed.group):
+        adopt_folder_records(feed, store)
     unknown = redriven(feed, store, publisher).unknown
     if unknown:
         folders = ", ".join(f"runs/{feed.name}/{r}/{REDRIVE_FILE}" for r in unknown[:5])
@@ -319,29 +271,3 @@ def refuse_unknown_redrives(feed: Feed, store: CheckpointStore, publisher: Publi
             f"dead letters twice, so nothing was chosen or staged. Restore {folders} in the state dir; the next "
             "`tidemark redrive` copies them into the run ledger"
         )
-
-
-def _handle(record: RedriveRecord, run_dir: Location) -> RunHandle:
-    return RunHandle(run_id=record.run_id, feed=record.feed, plan_id=record.redrive_id, plan_path="",
-                     run_dir=str(run_dir), mode=REDRIVE_MODE, commit=False, records=len(record.taken))  # fmt: skip
-
-
-def _report(record: RedriveRecord, run_dir: Location, feed: Feed, plan: Plan, settled: Settled) -> Path | Location:
-    """The re-drive's report and ``run.json``, as :func:`record_end` writes any run's (events: what it took)."""
-    shown = settled.manifest
-    published = 0 if shown is None or shown.reused else shown.records
-    message = (f"re-drive {record.run_id}: {len(record.taken)} dead letters pass the feed's rules now "
-               f"({published} published into {feed.name}'s output as {record.redrive_id}"
-               f"{', already shown' if shown is not None and shown.reused else ''}); {len(record.failing)} still fail "
-               "and keep their new reasons")  # fmt: skip
-    event = {"kind": "redrive", "message": message,
-             "details": {"redrive_id": record.redrive_id, "taken": len(record.taken), "published": published,
-                         "still_failing": len(record.failing),
-                         "reasons_now": sorted({c for _, codes in record.failing for c in codes})}}  # fmt: skip
-    job = JobResult(
-        record.redrive_id, feed.name, published=shown is not None, reused=bool(shown is not None and shown.reused),
-        manifest=shown.to_dict() if shown is not None else None,
-        records_read=len(record.taken) + len(record.failing),  # every dead letter re-checked: it passes or fails
-        records_published=published, records_quarantined=len(record.failing), events=[event],
-    )  # fmt: skip
-    return record_end(_handle(record, run_dir), plan, job, settled=settled).report_path

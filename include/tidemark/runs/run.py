@@ -61,8 +61,8 @@ class RunHandle:
 
     @classmethod
     def new(cls, plan: Plan, request: RunRequest, root: Root | None, resumed: str | None) -> RunHandle:
-        """The handle of a new run of ``plan``: its id is the time and the plan id's first eight characters."""
-        run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{plan.plan_id[:8]}"
+        """The handle of a new run of ``plan``: its id is the time and the plan id's hash's first eight characters."""
+        run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{plan.plan_id.rpartition('-')[2][:8]}"
         run_dir = run_dir_for(plan.feed, run_id, root)
         return cls(run_id=run_id, feed=plan.feed, plan_id=plan.plan_id, plan_path=str(run_dir / PLAN_FILE),
                    run_dir=str(run_dir), mode=request.mode, commit=plan.commit, records=plan.total_records,

@@ -124,7 +124,7 @@ class History:
     named: dict[TP, list[Span]] = field(default_factory=dict)  # offsets events name as in no output
     job_ranges: dict[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)  # run id -> job.json ranges
     topic_ids: dict[str, dict[TP, str]] = field(default_factory=dict)  # plan id -> topic ids of its ranges
-    plan_offsets: dict[str, int] = field(default_factory=dict)  # plan id -> offsets its ranges span
+    plan_offsets: dict[str, int] = field(default_factory=dict)  # plan id -> offsets its ranges span (or letters)
     published_at: dict[str, str] = field(default_factory=dict)  # run id -> where its report says it published
 
     def open(self) -> list[LedgerRun]:
@@ -182,7 +182,7 @@ def read_history(feed: Feed, store: CheckpointStore, root: Root | None) -> Histo
             history.topic_ids[str(plan["plan_id"])] = {k: v for k, v in ids.items() if v}
             history.plan_offsets[str(plan["plan_id"])] = sum(
                 int(p["end"]) - int(p["start"]) for p in plan.get("partitions", ())
-            )
+            ) + len(plan.get("letters", ()))  # a re-drive's plan publishes its dead letters
     return history
 
 

@@ -29,6 +29,7 @@ from tidemark.faults import FAULTS_ENV, InjectedFault
 from tidemark.output.deadletters import dead_letters
 from tidemark.runs.redrive import redrive_feed
 from tidemark.runs.report import load_report
+from tidemark.runs.run import open_checkpoints
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -112,7 +113,6 @@ def test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once(
     from fastapi.testclient import TestClient
 
     from tidemark.config.models import load_feed
-    from tidemark.runs.run import open_checkpoints
     from tidemark.web.app import create_app
 
     view = TestClient(create_app(feeds=lambda: {fenv.feed: load_feed(fenv.feed)},
@@ -146,14 +146,15 @@ def test_a_redrive_publishes_exactly_the_records_the_fixed_rule_passes_once(
 
 @pytest.mark.parametrize(
     ("point", "output"),
-    [("redrive.after_stage", "parquet"), ("redrive.before_record", "parquet"), ("redrive.after_stage", "iceberg"),
-     ("redrive.before_record", "iceberg")],
+    [("redrive.after_stage", "parquet"), ("commit.after_show", "parquet"), ("redrive.after_stage", "iceberg"),
+     ("commit.after_show", "iceberg")],
 )  # fmt: skip
 def test_a_crash_during_a_redrive_leaves_nothing_twice(
     fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch, point: str, output: str
 ) -> None:
     """The re-drive dies after staging (nothing shown) or after showing its records but before its ledger row says
-    so; a normal run comes between; the next re-drive finishes the crashed one first and publishes nothing more."""
+    so; a normal run comes between and settles it as any open run of the feed; the next re-drive publishes nothing
+    more."""
     if output == "iceberg":
         fenv.use_iceberg(f"rc.t_{fenv.topic.replace('-', '_')}")
     produce_with_poison(fenv, 30)
@@ -174,10 +175,11 @@ def test_a_crash_during_a_redrive_leaves_nothing_twice(
         assert x_rows(fenv, dead_letters(fenv.feed)) == set()
 
     produce_with_poison(fenv, 15)
-    fenv.run()  # a normal run of the feed beside the open re-drive
+    fenv.run()  # a normal run of the feed: it settles the open re-drive first, as any open run
+    assert open_checkpoints(fenv.root).open_runs(fenv.feed) == []
+    assert good_output(fenv) - good_before >= Counter(passing)
     again = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
-    assert len(again.settled_first) == 1
-    assert (again.state, again.published, again.passing) == ("shown", 0, 0)
+    assert (again.settled_first, again.state, again.published, again.passing) == ((), "shown", 0, 0)
     assert_output_is_the_oracles_good_set(fenv)
     third = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
     assert (third.settled_first, third.published) == ((), 0)
@@ -192,9 +194,10 @@ def test_two_redrives_staged_at_once_over_overlapping_dead_letters_show_each_let
     from tidemark.config.models import load_feed
     from tidemark.job.redrive import recheck, stage_passing
     from tidemark.output import publisher_for
-    from tidemark.output.deadletters import REDRIVE_FILE, RedriveRecord, redrive_ledger_feed
-    from tidemark.runs.redrive import redrive_id_of, redrive_plan, settle_redrive
-    from tidemark.runs.run import open_checkpoints, run_dir_for
+    from tidemark.output.deadletters import RedriveRecord
+    from tidemark.planning.plan import PLAN_FILE, redrive_plan, write_plan
+    from tidemark.runs.protocol import settle
+    from tidemark.runs.run import run_dir_for
 
     produce_with_poison(fenv, 30)
     fenv.run()
@@ -205,27 +208,28 @@ def test_two_redrives_staged_at_once_over_overlapping_dead_letters_show_each_let
     checked = recheck(fenv.spark, feed, dead_letters(feed, store=store))
     everything = tuple(sorted(v.letter.key_of for v in checked.passing))
     assert len(everything) == 3
-    records = []
+    runs = []
     for run_id, taken in (("20990101T000000000000Z-aaaaaaaa", everything),
                           ("20990101T000000000001Z-bbbbbbbb", everything[:2])):  # fmt: skip
-        record = RedriveRecord(redrive_id_of(feed.name, taken), run_id, feed.name, taken)
+        plan = redrive_plan(feed.name, feed.group, feed.isolation, taken, "now")
         run_dir = run_dir_for(feed.name, run_id, fenv.root)
         run_dir.mkdir()
-        (run_dir / REDRIVE_FILE).write_text(record.to_json())
-        store.set_run(feed.group, run_id, feed=redrive_ledger_feed(feed.name), plan_id=record.redrive_id,
-                      state="planned", run_dir=str(run_dir))  # fmt: skip
+        write_plan(plan, run_dir / PLAN_FILE)
+        store.plan_redrive(feed.group, run_id, feed=feed.name, plan_id=plan.plan_id, run_dir=str(run_dir),
+                           record=RedriveRecord(plan.plan_id, run_id, feed.name, taken).to_json())  # fmt: skip
         narrowed = type(checked)(tuple(v for v in checked.verdicts if not v.passes or v.letter.key_of in taken),
                                  checked.frame.where(  # type: ignore[union-attr]
                                      " OR ".join(f"(partition = {k[2]} AND offset = {k[3]})" for k in taken)),
                                  checked.codes)  # fmt: skip
-        stage_passing(narrowed, redrive_plan(record, feed, "now"), feed, publisher, run_id=run_id, extra={})
-        records.append((record, str(run_dir)))
+        stage_passing(narrowed, plan, feed, publisher, run_id=run_id, extra={})
+        runs.append((plan, run_id, str(run_dir)))
 
-    first = settle_redrive(records[0][0], records[0][1], feed, publisher=publisher, store=store)
-    second = settle_redrive(records[1][0], records[1][1], feed, publisher=publisher, store=store)
+    with store.commit_lock(feed.group):
+        first, second = (settle(plan, run_id, run_dir, publisher=publisher, store=store, kafka=None)
+                         for plan, run_id, run_dir in runs)  # fmt: skip
     assert (first.state, second.state) == ("shown", "abandoned")
     assert "published by re-drive" in second.events[-1].message
-    assert publisher.staged(records[1][0].redrive_id, records[1][0].run_id) is None  # its staged copy is gone
+    assert publisher.staged(runs[1][0].plan_id, runs[1][1]) is None  # its staged copy is gone
     assert good_output(fenv) == good_before + Counter(x_rows(fenv, dead_letters(fenv.feed, redriven_too=True)))
     assert_output_is_the_oracles_good_set(fenv)
 
@@ -294,13 +298,12 @@ def test_a_redrive_job_that_fails_after_staging_is_settled_by_the_next_redrive_o
     fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The staging job staged, then its ``spark-submit`` failed: the re-drive's row stays ``planned`` with its
-    publication pending (as after a crash there); the next re-drive shows it, once."""
+    publication pending (as after a crash there); the next re-drive settles it first (as the feed's next run would),
+    once."""
     from tidemark.config.models import load_feed
     from tidemark.job import redrive_job
     from tidemark.job.redrive_job import REQUEST_FILE, RedriveJob, RedriveJobError
     from tidemark.output import publisher_for
-    from tidemark.output.deadletters import redrive_ledger_feed
-    from tidemark.runs.run import open_checkpoints
 
     produce_with_poison(fenv, 30)
     fenv.run()
@@ -315,7 +318,7 @@ def test_a_redrive_job_that_fails_after_staging_is_settled_by_the_next_redrive_o
 
     with pytest.raises(RedriveJobError, match="spark-submit was killed"):
         redrive_feed(RedriveJob(dies_after_staging), fenv.feed, root=fenv.root)
-    [row] = open_checkpoints(fenv.root).open_runs(redrive_ledger_feed(fenv.feed))
+    [row] = open_checkpoints(fenv.root).open_runs(fenv.feed)
     assert row.state == "planned"
     publisher = publisher_for(load_feed(fenv.feed))
     assert publisher.staged(row.plan_id, row.run_id) is not None  # staged, not shown

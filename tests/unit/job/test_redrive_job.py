@@ -21,6 +21,7 @@ from tidemark.job.redrive_job import (
     write_request,
 )
 from tidemark.output.deadletters import DeadLetter
+from tidemark.storage import Location
 
 LETTERS = [
     DeadLetter("t", 0, 7, datetime(2026, 11, 20, 8, 0, tzinfo=UTC), b"\x00k", b"\xff\xfe not utf-8",
@@ -37,7 +38,7 @@ def test_dead_letters_round_trip_through_the_folder_byte_for_byte(tmp_path: Path
     assert not folder.exists()
 
 
-def test_verdicts_come_back_by_key_and_a_failed_job_names_its_reason() -> None:
+def test_verdicts_come_back_by_key_and_a_failed_job_names_its_reason(tmp_path: Path) -> None:
     def answers(folder: Path, records: int) -> None:
         assert records == 2 and len(read_letters(folder)) == 2
         verdicts = [[list(LETTERS[1].key_of), False, ["rule(value)"], "rule(value): 'y' is refused"],
@@ -53,7 +54,8 @@ def test_verdicts_come_back_by_key_and_a_failed_job_names_its_reason() -> None:
         """A submitter whose driver ran elsewhere (cluster deploy mode): exit 0, nothing in this folder."""
 
     with pytest.raises(RedriveJobError, match=r"gave no answer in its folder on this machine"):
-        RedriveJob(silent).stage(_feed(), LETTERS, SimpleNamespace(to_dict=dict), run_id="r", extra={})
+        RedriveJob(silent).stage(_feed(), SimpleNamespace(to_dict=dict), LETTERS, run_id="r",  # type: ignore[arg-type]
+                                 run_dir=Location.of(tmp_path))  # fmt: skip
 
     def fails(folder: Path, records: int) -> None:
         (folder / ANSWER_FILE).write_text(json.dumps({"error": "the registry cannot be reached"}))

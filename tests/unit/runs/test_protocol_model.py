@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -53,14 +54,17 @@ from tidemark.checkpoints.store import OPEN_STATES, Checkpoint, LedgerRun, RunSt
 from tidemark.errors import CommitError, GroupInUseError, OffsetsMovedError, TidemarkError
 from tidemark.kafka.adapter import Committed, GroupInfo, PartitionInfo
 from tidemark.output.base import Manifest
+from tidemark.output.deadletters import RedriveRecord, is_redrive, redriven_in
 from tidemark.planning.metadata import metadata_run_id
-from tidemark.planning.plan import Event, Plan
+from tidemark.planning.plan import Event, Letter, Plan, redrive_plan
 from tidemark.planning.resolve import Observed, PartitionSnapshot, PlanRequest, Policy, build_plan
 from tidemark.runs.protocol import settle, settle_open_runs
 
 FEED, GROUP, TOPIC = "model", "model-group", "t"
 TPS: tuple[TP, ...] = ((TOPIC, 0), (TOPIC, 1))
 TOPIC_ID = "topic-id-1"
+# The dead letters of a plan shown before every history (its records are no offsets of the model's log).
+LETTERS: tuple[Letter, ...] = tuple(("p0", "dlq-topic", 0, o) for o in range(3))
 
 
 class Crash(BaseException):
@@ -80,9 +84,11 @@ class World:
     shown_at: dict[TP, Shown] = field(default_factory=dict)
     pending: dict[tuple[str, str], Plan] = field(default_factory=dict)  # (plan id, run id) -> plan
     visible: dict[str, Plan] = field(default_factory=dict)  # plan id -> plan, as readers see the output
+    records: dict[str, str] = field(default_factory=dict)  # run id -> a re-drive's record (the run ledger's)
     named: set[tuple[TP, int]] = field(default_factory=set)  # offsets an event names as not published
     actor: str = ""
     crash_at: tuple[str, int] | None = None  # (actor, n): crash at that actor's n-th crash point
+    interrupt: bool = False  # the crash is an interrupt (SIGINT: KeyboardInterrupt, every handler runs), not a kill
     passed: dict[str, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     scheduler: Scheduler | None = None  # set while two steps run inside one another
@@ -103,6 +109,8 @@ class World:
         n = self.passed.get(self.actor, 0)
         self.passed[self.actor] = n + 1
         if self.crash_at == (self.actor, n):
+            if self.interrupt:
+                raise KeyboardInterrupt(f"{self.actor} interrupted at its point {n}")
             raise Crash(f"{self.actor} crashed at its point {n}")
 
 
@@ -208,6 +216,22 @@ class MemStore:
         self.w.touch("ledger.open_runs")
         return sorted((r for r in self.w.ledger.values() if r.state in OPEN_STATES), key=lambda r: r.run_id)
 
+    def feed_runs(self, feed: str, states: tuple[RunState, ...]) -> list[LedgerRun]:
+        self.w.touch("ledger.feed_runs")
+        return sorted((r for r in self.w.ledger.values() if r.feed == feed and r.state in states),
+                      key=lambda r: r.run_id)  # fmt: skip
+
+    def plan_redrive(self, group: str, run_id: str, *, feed: str, plan_id: str, run_dir: str, record: str) -> None:
+        """The re-drive's record and its ``planned`` row in one transaction: one crash point after both."""
+        self.w.touch("ledger.write")
+        self.w.records.setdefault(run_id, record)
+        self.w.ledger.setdefault(run_id, LedgerRun(group, run_id, feed, plan_id, "planned", run_dir, "now", None))
+        self.w.point()
+
+    def redrive_records(self, group: str, feed: str) -> dict[str, str]:
+        self.w.touch("ledger.redrive_records")
+        return {k: v for k, v in self.w.records.items() if k in self.w.ledger and self.w.ledger[k].feed == feed}
+
     def shown(self, feed: str) -> dict[TP, Shown]:
         self.w.touch("shown.read")
         return dict(self.w.shown_at)
@@ -271,10 +295,11 @@ class Run:
     """One run's process state between its two steps."""
 
     name: str
-    cap: int | None
+    cap: int | None  # a re-drive's: how many of the letters it lists it leaves (so two re-drives overlap in part)
     plan: Plan | None = None
     run_id: str = ""
     dead: bool = False
+    redrive: bool = False
 
 
 class Model:
@@ -326,6 +351,25 @@ class Model:
             self.w.point()  # the job dies before staging
             self.w.pending[(plan.plan_id, run_id)] = plan
 
+    def redrive_plan_step(self, run: Run) -> None:
+        """A re-drive's plan step, as ``tidemark.runs.redrive.redrive_feed`` takes it: the feed's open re-drives
+        settled first (the protocol's ``settle_open_runs``, re-drive rows only), the dead letters listed (less those
+        shown re-drives took: ``redriven_in``), its plan (``redrive_plan``) recorded with its record in one
+        transaction, then staged. Its commit step is any run's (``settle`` under the lock)."""
+        self.w.actor = run.name
+        settle_open_runs(FEED, self._load, store=self.store, kafka=None, group=GROUP, which=is_redrive)  # type: ignore[arg-type]
+        taken = redriven_in(FEED, GROUP, self.store, self.output).taken  # type: ignore[arg-type]
+        listed = [k for k in LETTERS if k not in taken][run.cap or 0 :]
+        plan = redrive_plan(FEED, GROUP, "read_committed", listed, "now")
+        run.run_id = run_id = f"{next(self.clock):04d}-{run.name}"
+        run.plan = self.plans[run_id] = plan
+        record = RedriveRecord(plan.plan_id, run_id, FEED, plan.letters)
+        self.store.plan_redrive(GROUP, run_id, feed=FEED, plan_id=plan.plan_id, run_dir=run_id,
+                                record=record.to_json())  # fmt: skip
+        if plan.letters:
+            self.w.point()  # the staging dies before it staged
+            self.w.pending[(plan.plan_id, run_id)] = plan
+
     def _load(self, row: LedgerRun) -> tuple[Plan, Any] | None:
         plan = self.plans.get(row.run_id)
         return None if plan is None else (plan, self.output)
@@ -359,7 +403,18 @@ class Model:
                 self.w.named.update((tp, o) for o in range(now, moved))
             self.w.group[tp] = Committed(moved, "")
 
+    def check_letters(self) -> None:
+        """Every dead letter is listed once or re-driven once: in no shown publication and listed (not taken by a
+        re-drive the output shows), or in exactly one shown publication and not listed."""
+        taken = redriven_in(FEED, GROUP, self.store, self.output).taken  # type: ignore[arg-type]
+        shown = Counter(k for plan in self.w.visible.values() for k in plan.letters)
+        for letter in LETTERS:
+            listed = letter not in taken
+            if shown[letter] > 1 or listed == (shown[letter] == 1):
+                self.w.violations.append(f"dead letter {letter}: listed {listed}, shown {shown[letter]} times")
+
     def check_output(self) -> None:
+        self.check_letters()
         seen: dict[tuple[TP, int], str] = {}
         for plan_id, plan in self.w.visible.items():
             for p in plan.partitions:
@@ -433,13 +488,19 @@ class Scheduler:
 
 
 def run_history(
-    order: tuple[str, ...], crash_at: tuple[str, int] | None, back: bool = False, inside: tuple[int, int] | None = None
+    order: tuple[str, ...],
+    crash_at: tuple[str, int] | None,
+    back: bool = False,
+    inside: tuple[int, int] | None = None,
+    interrupt: bool = False,
 ) -> World:
     """``order``'s steps one after another; with ``inside=(i, at)``, step ``i + 1`` starts at step ``i``'s
-    ``at``-th call into the world (:class:`Scheduler`); ``world.scheduler.fired`` says whether it got there."""
-    world = World(crash_at=crash_at)
+    ``at``-th call into the world (:class:`Scheduler`); ``world.scheduler.fired`` says whether it got there.
+    ``interrupt``: the crash is an interrupt (``KeyboardInterrupt``), not a kill."""
+    world = World(crash_at=crash_at, interrupt=interrupt)
     model = Model(world)
-    runs = {"A": Run("A", None), "B": Run("B", None), "R": Run("R", 1)}
+    runs = {"A": Run("A", None), "B": Run("B", None), "R": Run("R", 1),
+            "D": Run("D", None, redrive=True), "E": Run("E", 1, redrive=True)}  # fmt: skip
 
     def do(step: str) -> None:
         if step == "F":
@@ -451,10 +512,10 @@ def run_history(
             return
         try:
             if what == "plan":
-                model.plan_step(run)
+                model.redrive_plan_step(run) if run.redrive else model.plan_step(run)
             else:
                 model.commit_step(run)
-        except Crash:
+        except (Crash, KeyboardInterrupt):
             run.dead = True
         except TidemarkError as exc:
             # Only inside another step: F between a settle's commit and its read-back fails that process (a plan
@@ -703,3 +764,83 @@ def test_without_the_commit_steps_lock_two_commits_race_and_the_model_sees_it() 
                 found.append((locked, at))
             at += 1
     assert found and all(not locked for locked, _ in found), found
+
+
+REDRIVE_STEPS = ("A.plan", "A.commit", "D.plan", "D.commit", "E.plan", "E.commit")
+
+
+def redrive_interleavings() -> Iterator[tuple[str, ...]]:
+    """Every order of a scheduled run's and two re-drives' steps in which each plans before it commits."""
+    for order in itertools.permutations(REDRIVE_STEPS):
+        if all(order.index(f"{r}.plan") < order.index(f"{r}.commit") for r in "ADE"):
+            yield order
+
+
+def test_two_redrives_and_a_run_with_a_crash_or_an_interrupt_at_every_step_keep_every_letter_once() -> None:
+    """A scheduled run ``A`` and two re-drives (``D`` takes every listed dead letter, ``E`` all but the first, so
+    they overlap) in every order, with a kill and an interrupt at every point of each actor: after every step each
+    dead letter is listed once or re-driven once, and every offset below the group is shown once or named by an
+    event (the history's end: two scheduled runs settle what was left, re-drives included). Every order under
+    ``make model``, every ninth in ``make test``."""
+    orders = list(redrive_interleavings())
+    stride = 1 if os.environ.get("TIDEMARK_MODEL_ALL") == "1" else 9
+    histories, failures = 0, []
+    for index, order in enumerate(orders):
+        clean = run_history(order, None)
+        histories += 1
+        failures += [f"{order}, no crash: {v}" for v in clean.violations]
+        if index % stride:
+            continue
+        for actor, points in clean.passed.items():
+            for n in range(points) if actor in "ADE" else ():
+                for interrupt in (False, True):
+                    world = run_history(order, (actor, n), interrupt=interrupt)
+                    histories += 1
+                    how = "interrupted" if interrupt else "killed"
+                    failures += [f"{order}, {actor} {how} at point {n}: {v}" for v in world.violations]
+    print(f"commit protocol model with re-drives: {len(orders)} orders, {histories} histories")
+    assert not failures, f"{len(failures)} of {histories} histories broke the rule, e.g.:\n" + "\n".join(failures[:15])
+    assert histories > 4 * len(orders)
+
+
+def test_the_model_sees_two_overlapping_redrives_and_shows_each_letter_once() -> None:
+    """Not vacuous: E chooses while D's staging is still running (so E's settling leaves D alone), both overlap;
+    D shows first, E is given up by the clash rule and its staged copy discarded: each letter shown once."""
+    world = World()
+    model = Model(world)
+    d, e = Run("D", None, redrive=True), Run("E", 1, redrive=True)
+    world.actor = "D"
+    model.redrive_plan_step(d)
+    staged = dict(world.pending)
+    world.pending.clear()  # D's job is still staging while E chooses
+    world.actor = "E"
+    model.redrive_plan_step(e)
+    world.pending.update(staged)
+    assert d.plan is not None and e.plan is not None and set(e.plan.letters) < set(d.plan.letters)
+    for run in (d, e):
+        world.actor = run.name
+        model.commit_step(run)
+        model.check_output()
+    assert (world.ledger[d.run_id].state, world.ledger[e.run_id].state) == ("shown", "abandoned")
+    assert not any(run_id == e.run_id for _, run_id in world.pending)
+    assert sorted(k for plan in world.visible.values() for k in plan.letters) == sorted(LETTERS)
+    assert not world.violations
+
+
+def test_a_redrive_that_died_after_staging_is_shown_by_the_feeds_next_run() -> None:
+    """D stages and dies before its commit step; the feed's next scheduled run settles it as any open run."""
+    world = run_history(("D.plan", "A.plan", "A.commit"), None)
+    [row] = [r for r in world.ledger.values() if r.run_id.endswith("-D")]
+    assert row.state == "shown"
+    assert sorted(k for plan in world.visible.values() for k in plan.letters) == sorted(LETTERS)
+    assert not world.violations
+
+
+def test_a_redrive_that_died_before_staging_is_given_up_once_another_showed_its_letters() -> None:
+    """D records its plan and dies before staging; E shows some of D's letters; the feed's next run gives D up (it
+    can never show) instead of leaving it open for good, and the letters stay once each."""
+    world = run_history(("D.plan", "E.plan", "E.commit", "A.plan", "A.commit"), ("D", 1))
+    by_actor = {r.run_id.split("-")[1]: r for r in world.ledger.values()}
+    assert (by_actor["D"].state, by_actor["E"].state) == ("abandoned", "shown")
+    assert "published by re-drive" in str(by_actor["D"].detail)
+    assert not world.violations
