@@ -210,3 +210,24 @@ def test_with_no_kept_ancestor_every_plan_with_a_snapshot_is_rolled_back_and_unp
     assert checked.rolled_back == (a, b, c) and checked.foreign == ()
     assert checked.unplaced == (Unplaced("orders", "id-a", 0, 20), Unplaced("orders", "id-a", 1, 7))
     assert [p.plan_id for p in checked.ledger.recent] == ["plan-d"]
+
+
+def test_rolled_back_plans_on_no_kept_plan_give_back_the_lowest_start_of_ranges_with_records_only() -> None:
+    """Nothing kept holds a plan (a maintenance snapshot only): each partition goes back to the lowest start of the
+    rolled-back ranges with records on it; an empty range behind the end gives nothing back."""
+    ledger, _, b, c = _three_plans()
+    fb = _facts(2, 200, r(0, 5, 15, None), r(1, 4, 4, None), plan_id="plan-b")
+    fc = _facts(3, 300, r(0, 15, 20, None), plan_id="plan-c")
+    checked = reconcile(ledger, [_facts(1, 100)], {1002: fb, 1003: fc})
+    assert checked.rolled_back == (b, c) and checked.unplaced == ()
+    assert checked.ledger.positions() == {("orders", 0): 5, ("orders", 1): 7}
+
+
+def test_a_rolled_back_plan_of_a_topic_since_recreated_gives_back_its_own_topic_ids_ends() -> None:
+    a = LedgerPlan("plan-a", "run-a", 10, 0, 1001, committed_ms=100)
+    b = LedgerPlan("plan-b", "run-b", 3, 0, 1002, committed_ms=200)
+    ledger = Ledger("f", "g").with_plan([r(0, 0, 10)], a, "g").with_plan([r(0, 0, 3, "id-b")], b, "g")
+    fa = _facts(1, 100, r(0, 0, 10), plan_id="plan-a")
+    checked = reconcile(ledger, [_facts(2, 200, r(0, 0, 3, "id-b"), plan_id="plan-b")], {1001: fa})
+    assert checked.rolled_back == (a,)
+    assert checked.ledger.end("orders", 0, "id-a") == 0 and checked.ledger.end("orders", 0, "id-b") == 3
