@@ -708,11 +708,27 @@ def test_without_the_commit_steps_lock_two_commits_race_and_the_model_sees_it() 
 
 
 class Recorded(MemStore):
-    """The model's store, with each ledger write kept in order (the protocol's order of writes is its rule)."""
+    """The model's store, with each ledger write kept in order (the protocol's order of writes is its rule), and
+    keyed as the real store is: runs and locks by group, open runs and shown positions by feed (the model's one)."""
 
     def __init__(self, world: World, log: list[tuple[Any, ...]]) -> None:
         super().__init__(world)
         self.log = log
+        self.locked: list[str] = []
+
+    def run(self, group: str, run_id: str) -> LedgerRun | None:
+        return super().run(group, run_id) if group == GROUP else None
+
+    def open_runs(self, feed: str) -> list[LedgerRun]:
+        return super().open_runs(feed) if feed == FEED else []
+
+    def advance_shown(self, feed: str, run_id: str, ends: Mapping[TP, int], topic_ids: Mapping[str, str]) -> None:
+        if feed == FEED:
+            super().advance_shown(feed, run_id, ends, topic_ids)
+
+    def commit_lock(self, group: str, timeout_s: float = 120.0) -> AbstractContextManager[None]:
+        self.locked.append(group)
+        return super().commit_lock(group, timeout_s)
 
     def set_run(self, group: str, run_id: str, *, feed: str, plan_id: str, state: RunState, run_dir: str,
                 detail: str | None = None) -> None:  # fmt: skip
@@ -749,6 +765,7 @@ def _planned(shown_by: str | None = None) -> tuple[World, Model, Run, list[tuple
     run = Run("A", None)
     model.plan_step(run)
     log.clear()
+    model.store.locked.clear()  # type: ignore[attr-defined]
     return world, model, run, log
 
 
@@ -858,6 +875,7 @@ def test_settling_before_planning_shows_a_staged_run_loaded_from_its_run_dir(tmp
     assert loaded == [run.plan] and log[0] == ("clear_staging", run.run_id, True)
     assert world.ledger[run.run_id].state == "shown" and run.plan.plan_id in world.visible
     assert world.ledger["0009-gone"].state == "abandoned" and world.ledger["0009-gone"].detail == "its plan is gone"
+    assert model.store.locked == [GROUP]  # type: ignore[attr-defined]
     assert said == [f"settling run {run.run_id} (planned) of plan {run.plan.plan_id} first"]
 
 
@@ -924,3 +942,36 @@ def test_a_commit_result_as_the_run_report_holds_it() -> None:
         "offsets": [{"topic": "t", "partition": 0, "offset": 5}, {"topic": "t", "partition": 1, "offset": 7}],
         "expired": [{"topic": "t", "partition": 1}], "notes": ["n"], "started_at": "s", "finished_at": "f",
     }  # fmt: skip
+
+
+def test_settling_before_planning_reports_what_it_found_of_every_run(tmp_path: Path) -> None:
+    """Two staged runs planned from the same offsets (B planned while A's job was staging), the group then moved by
+    another writer: both are refused, and the new plan's events name each."""
+    world, model, a, _, feed = _from_run_dirs(tmp_path)
+    assert a.plan is not None
+    staged = dict(world.pending)
+    world.pending.clear()
+    b = Run("B", None)
+    model.plan_step(b)
+    assert b.plan is not None
+    world.pending.update(staged)
+    (tmp_path / b.run_id).mkdir()
+    write_plan(b.plan, tmp_path / b.run_id / PLAN_FILE)
+    world.ledger[b.run_id] = replace(world.ledger[b.run_id], run_dir=str(tmp_path / b.run_id))
+    model.foreign_step()
+    resumed, events = settle_before_planning(feed, lambda plan: model.output, model.store, model.kafka)  # type: ignore[arg-type, return-value]
+    assert resumed is None
+    assert [(e.kind, e.details["run_id"]) for e in events] == [("commit_refused", r) for r in (a.run_id, b.run_id)]
+
+
+def test_a_run_that_staged_nothing_is_abandoned_naming_the_move_once_another_writer_moved_the_group(
+    tmp_path: Path,
+) -> None:
+    world, model, a, _, feed = _from_run_dirs(tmp_path)
+    world.pending.clear()  # its job has staged nothing (yet)
+    settle_before_planning(feed, lambda plan: model.output, model.store, model.kafka)  # type: ignore[arg-type, return-value]
+    assert world.ledger[a.run_id].state == "planned"  # the group is where it planned: its job may be running now
+    model.foreign_step()
+    settle_before_planning(feed, lambda plan: model.output, model.store, model.kafka)  # type: ignore[arg-type, return-value]
+    assert world.ledger[a.run_id].state == "abandoned"
+    assert world.ledger[a.run_id].detail == "the group moved before it staged anything"
