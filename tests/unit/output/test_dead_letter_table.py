@@ -55,13 +55,13 @@ def test_a_table_that_is_no_dead_letter_table_is_refused_naming_it(tmp_path: Pat
 STAMP = datetime(2026, 11, 20, 23, 59, 59, 999999, tzinfo=UTC)
 
 
-def quarantine(folder: Path, rows: int, *, start: int = 0, topic: str = "orders") -> Location:
+def quarantine(folder: Path, rows: int, *, start: int = 0, topic: str = "orders", stamp: datetime = STAMP) -> Location:
     """A plan's quarantine folder as the job writes it: ``rows`` bad records of ``topic`` partition 0 from offset
     ``start``, in a ``topic=`` folder (the file has no topic column), plus files the table must not read."""
     inner = folder / f"topic={topic}"
     inner.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(
-        [{"partition": 0, "offset": start + i, "timestamp": STAMP.replace(tzinfo=None), "key": None,
+        [{"partition": 0, "offset": start + i, "timestamp": stamp.replace(tzinfo=None), "key": None,
           "value": b"\xff" + bytes([i]), "_reason": "decode_error: not UTF-8"} for i in range(rows)],
         schema=pa.schema([pa.field("partition", pa.int32()), pa.field("offset", pa.int64()),
                           pa.field("timestamp", pa.timestamp("us")), pa.field("key", pa.binary()),
@@ -119,15 +119,17 @@ def test_appended_rows_are_the_quarantined_records_with_their_plan_and_the_days_
     assert plans_in(table, "order") == set() and scan_rows(table, "order") == []  # a prefix of the feed's name
 
 
+@pytest.mark.parametrize("stamp", [STAMP, STAMP.replace(hour=12)], ids=["day-end", "mid-day"])
 def test_a_listing_since_a_time_keeps_the_records_stamped_at_it_and_drops_those_a_microsecond_before(
-    tmp_path: Path,
+    tmp_path: Path, stamp: datetime
 ) -> None:
     cat = catalog(tmp_path)
-    append(cat, tmp_path, quarantine(tmp_path / "q" / "plan_id=p1", 1), expected=1)
+    append(cat, tmp_path, quarantine(tmp_path / "q" / "plan_id=p1", 1, stamp=stamp), expected=1)
     table = cat.load_table("lake.orders_dead_letters")
-    assert len(scan_rows(table, "orders", since=STAMP)) == 1
-    assert scan_rows(table, "orders", since=STAMP + timedelta(microseconds=1)) == []
-    assert len(scan_rows(table, "orders", since=STAMP.astimezone(timezone(timedelta(hours=-5))))) == 1
+    assert len(scan_rows(table, "orders", since=stamp)) == 1
+    assert scan_rows(table, "orders", since=stamp + timedelta(microseconds=1)) == []
+    assert len(scan_rows(table, "orders", since=stamp.astimezone(timezone(timedelta(hours=-5))))) == 1
+    assert scan_rows(table, "payments", since=stamp) == []  # another feed's rows only
 
 
 def test_a_second_feed_naming_a_dead_letter_table_another_feed_owns_or_wrote_is_refused(tmp_path: Path) -> None:
@@ -176,3 +178,11 @@ def test_rows_of_a_file_prefer_the_raw_bytes_and_keep_the_reason_codes_and_heade
     got = (plain["topic"], plain["key"], plain["value"], plain["reason"], plain["reason_codes"])
     assert got == ("a.b", "é".encode(), None, "", [])
     assert plain["headers"] == [{"key": "h", "value": b"x"}] and plain["timestamp_type"] == 0
+
+
+def test_rows_of_a_string_key_and_value_that_are_not_utf8_keep_their_bytes() -> None:
+    """The records that did not decode: their key and value columns are strings holding bytes that are not UTF-8."""
+    bad = pa.array([b"\xff\xfe"]).view(pa.string())
+    table = pa.table({"partition": [0], "offset": [3], "key": bad, "value": bad, "_reason": ["decode_error: x"]})
+    [row] = table_rows(table, "topic=t/part-0.parquet", feed="f", plan_id="p", run_id="r", dead_lettered_at=None)
+    assert (row["key"], row["value"], row["reason_codes"]) == (b"\xff\xfe", b"\xff\xfe", ["decode_error"])
