@@ -147,7 +147,22 @@ MODULES: tuple[Module, ...] = (
             "tests/unit/runs/test_committing_request.py",
             "tests/integration/runs/test_commit.py",
         ),
-        later=True,
+        later=True,  # its model tests take minutes a mutant on a loaded machine: run it by name (or with --only)
+        equivalent={
+            "tidemark.runs.protocol.x_abandon__mutmut_14": "asking the output about a plan without records: show "
+            "promotes only plans with records, so it answers None as the skipped question does",
+            "tidemark.runs.protocol.x_show__mutmut_1": "`manifest = None` instead of `already`: settle asks the "
+            "output (`already`) only for a plan with records, and show returns `already` unchanged only for a plan "
+            "without, where it is None",
+            "tidemark.runs.protocol.x_settle_before_planning__mutmut_8": "the connection: settle always passes its "
+            "adapter to commit_plan, which reads the connection only without one",
+            "tidemark.runs.protocol.x_settle_before_planning__mutmut_15": "the connection left out (see mutmut_8)",
+        },
+        unkilled={
+            "tidemark.runs.protocol.x__moved_before_staging__mutmut_12": "the run id in the guard recognizes this "
+            "run's own partial commit; a run still `planned` that staged nothing differs only after a plan without "
+            "records committed some partitions and a live member's rejection of the rest sent it back to planned",
+        },
     ),
     Module(
         "ledger",
@@ -175,6 +190,27 @@ MODULES: tuple[Module, ...] = (
         ("include/tidemark/output/dead_letter_table.py", "include/tidemark/output/deadletters.py"),
         ("tests/unit/output/test_dead_letter_table.py", "tests/unit/output/test_deadletters.py"),
         later=True,
+        equivalent={
+            **{
+                f"tidemark.output.dead_letter_table.x_{name}__mutmut_{n}": "a scan's `limit=1` or `selected_fields` "
+                "changed or left out: the scan reads more, its answer (any row; the set of names) is the same"
+                for name, numbers in (
+                    ("holds_plan", (5, 7, 8, 17)),
+                    ("other_feeds", (8, 10, 11, 20)),
+                    ("plans_in", (6,)),
+                )
+                for n in numbers
+            },
+            "tidemark.output.dead_letter_table.x_scan_rows__mutmut_12": "`since.astimezone(None)`: the machine's "
+            "zone; only the day filter's date changes, and the day filter only prunes (the timestamp filter decides)",
+            "tidemark.output.dead_letter_table.x_scan_rows__mutmut_18": "the day filter left out: it only prunes "
+            "partitions, the timestamp filter decides which rows are listed",
+        },
+        unkilled={
+            "tidemark.output.dead_letter_table.x_file_rows__mutmut_3": "the file system of the quarantine file: "
+            "a local path reads the same without it; an object store (the S3 integration tests) needs it",
+            "tidemark.output.dead_letter_table.x_file_rows__mutmut_5": "the file system (see mutmut_3)",
+        },
     ),
     Module(
         "redrive",

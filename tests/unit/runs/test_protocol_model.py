@@ -722,6 +722,9 @@ class Recorded(MemStore):
     def open_runs(self, feed: str) -> list[LedgerRun]:
         return super().open_runs(feed) if feed == FEED else []
 
+    def shown(self, feed: str) -> dict[TP, Shown]:
+        return super().shown(feed) if feed == FEED else {}
+
     def advance_shown(self, feed: str, run_id: str, ends: Mapping[TP, int], topic_ids: Mapping[str, str]) -> None:
         if feed == FEED:
             super().advance_shown(feed, run_id, ends, topic_ids)
@@ -874,6 +877,7 @@ def test_settling_before_planning_shows_a_staged_run_loaded_from_its_run_dir(tmp
     assert (resumed, events) == (run.plan.plan_id, ())
     assert loaded == [run.plan] and log[0] == ("clear_staging", run.run_id, True)
     assert world.ledger[run.run_id].state == "shown" and run.plan.plan_id in world.visible
+    assert world.shown_at == {tp: Shown(2, TOPIC_ID, run.run_id) for tp in TPS}
     assert world.ledger["0009-gone"].state == "abandoned" and world.ledger["0009-gone"].detail == "its plan is gone"
     assert model.store.locked == [GROUP]  # type: ignore[attr-defined]
     assert said == [f"settling run {run.run_id} (planned) of plan {run.plan.plan_id} first"]
@@ -907,8 +911,9 @@ def _shaped(plan: Plan, *ranges: tuple[int, int, str | None]) -> Plan:
         ((3, "other-id"), [(2, 4, TOPIC_ID), (2, 4, TOPIC_ID)], []),  # the shown position is of a recreated topic's
         ((3, None), [(2, 4, TOPIC_ID), (3, 4, TOPIC_ID)], [0]),  # a position recorded without an id: the same topic
         ((3, TOPIC_ID), [(2, 4, None), (3, 4, None)], [0]),  # a plan made without ids: the same topic
+        ((3, TOPIC_ID), [(2, 4, TOPIC_ID), (0, 4, TOPIC_ID)], [0, 1]),  # both partitions behind
     ],
-    ids=["at", "one-behind", "empty-behind", "other-topic-id", "shown-without-id", "plan-without-id"],
+    ids=["at", "one-behind", "empty-behind", "other-topic-id", "shown-without-id", "plan-without-id", "both-behind"],
 )
 def test_a_range_starting_one_offset_behind_the_shown_position_is_kept_out(
     shown: tuple[int, str | None], ranges: list[tuple[int, int, str | None]], overlaps: list[int]
@@ -926,9 +931,14 @@ def test_a_range_starting_one_offset_behind_the_shown_position_is_kept_out(
         assert event is None
         return
     assert event is not None and event.kind == "not_shown"
-    assert event.message.startswith(f"plan {plan.plan_id} overlaps what the feed's output already shows (t[0] shown "
-                                    "up to 3); it was kept out so that no offset is shown twice.")  # fmt: skip
-    assert event.details == {"ranges": [{"topic": TOPIC, "partition": 0, "start": 2, "end": 4}]}
+    where = ", ".join(f"t[{k}] shown up to 3" for k in overlaps)
+    assert event.message == (
+        f"plan {plan.plan_id} overlaps what the feed's output already shows ({where}); it was kept out so that no "
+        "offset is shown twice. The group is committed at the plan's ends: the ranges past the output's end are in "
+        "no output (replay them into another output to read them)"
+    )
+    assert event.details == {"ranges": [{"topic": TOPIC, "partition": k, "start": ranges[k][0], "end": 4}
+                                         for k in overlaps]}  # fmt: skip
     assert overlapping(plan, _manifest(plan), store=model.store) is None  # type: ignore[arg-type]  # already shown
     assert overlapping(replace(plan, output="s3://elsewhere/"), None, store=model.store) is None  # type: ignore[arg-type]
 
