@@ -3,7 +3,8 @@ no dead-letter table (another named by ``iceberg.dead_letters``) is refused, nam
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta, timezone
+import time
+from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +15,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from tidemark.errors import ConfigError, PublishError
 from tidemark.output.dead_letter_table import (
     append_plan,
+    aware,
     holds_plan,
     open_table,
     other_feeds,
@@ -69,7 +71,7 @@ def quarantine(folder: Path, rows: int, *, start: int = 0, topic: str = "orders"
     )  # fmt: skip
     if rows:
         pq.write_table(table, inner / "part-0.parquet")
-    pq.write_table(table, inner / "_part-9.parquet")  # a writer's temporary file
+    pq.write_table(pa.concat_tables([table, table]), inner / "_part-9.parquet")  # a writer's temporary file
     (inner / ".part-0.parquet.crc").write_bytes(b"crc")
     return Location.of(str(folder))
 
@@ -86,7 +88,8 @@ def test_a_quarantine_folder_one_row_short_of_the_committed_count_is_refused_nam
     cat = catalog(tmp_path)
     folder = quarantine(tmp_path / "q" / "plan_id=p1", 3)
     with pytest.raises(PublishError, match=r"plan p1 of feed 'orders' is committed with 4 quarantined records, but "
-                                           r"its quarantine folder .* holds 3: restore the folder"):  # fmt: skip
+                                           r"its quarantine folder .* holds 3: restore the folder .* The records are "
+                                           r"in Kafka at the plan's ranges while retention keeps them$"):  # fmt: skip
         append(cat, tmp_path, folder, expected=4)
     assert not cat.table_exists("lake.orders_dead_letters")
     with pytest.raises(PublishError, match=r"committed with 2 quarantined records, but .* holds 3"):
@@ -186,3 +189,41 @@ def test_rows_of_a_string_key_and_value_that_are_not_utf8_keep_their_bytes() -> 
     table = pa.table({"partition": [0], "offset": [3], "key": bad, "value": bad, "_reason": ["decode_error: x"]})
     [row] = table_rows(table, "topic=t/part-0.parquet", feed="f", plan_id="p", run_id="r", dead_lettered_at=None)
     assert (row["key"], row["value"], row["reason_codes"]) == (b"\xff\xfe", b"\xff\xfe", ["decode_error"])
+
+
+def test_every_file_of_the_folder_is_appended_and_files_starting_with_a_dot_or_underscore_are_not(
+    tmp_path: Path,
+) -> None:
+    cat = catalog(tmp_path)
+    folder = quarantine(tmp_path / "q" / "plan_id=p1", 2)
+    quarantine(tmp_path / "q" / "plan_id=p1", 3, start=10, topic="payments")
+    assert append(cat, tmp_path, folder, expected=5) == 5
+    rows = scan_rows(cat.load_table("lake.orders_dead_letters"), "orders")
+    assert sorted((r["topic"], r["offset"]) for r in rows) == [("orders", 0), ("orders", 1), ("payments", 10),
+                                                               ("payments", 11), ("payments", 12)]  # fmt: skip
+
+
+def test_a_timestamp_without_a_zone_is_utc_and_one_with_a_zone_keeps_its_instant() -> None:
+    naive = datetime(2026, 11, 21, 2, 0)
+    assert aware(naive) == naive.replace(tzinfo=UTC) and aware(naive).tzinfo is UTC  # type: ignore[union-attr]
+    east = datetime(2026, 11, 21, 2, 0, tzinfo=timezone(timedelta(hours=5)))
+    assert aware(east) is east and aware("2026-11-21") is None
+
+
+def test_the_day_is_the_utc_date_whatever_the_machines_zone_and_a_decoded_key_is_sorted_json(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The day partition of a record stamped 02:00 UTC on a machine five hours behind; a masked feed's decoded key
+    (a record with a date in it) as its JSON text with sorted keys."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        stamp = datetime(2026, 11, 21, 2, 0, tzinfo=UTC)
+        key = {"b": 1, "a": date(2026, 11, 20)}
+        table = pa.table({"topic": ["t"], "partition": [0], "offset": [4], "timestamp": [stamp], "key": [key]})
+        [row] = table_rows(table, "part-0.parquet", feed="f", plan_id="p", run_id="r", dead_lettered_at=None)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert (row["topic"], row["day"]) == ("t", date(2026, 11, 21))
+    assert row["key"] == b'{"a": "2026-11-20", "b": 1}'
