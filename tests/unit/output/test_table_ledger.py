@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from tidemark.output.ledger import RECENT_PLANS, Ledger, LedgerPlan, SnapshotFacts, overlap, reconcile
+from tidemark.output.ledger import RECENT_PLANS, Ledger, LedgerPlan, SnapshotFacts, Unplaced, overlap, reconcile
 
 
 def plan(n: int) -> LedgerPlan:
@@ -120,3 +121,113 @@ def test_a_snapshot_that_added_records_with_no_tidemark_property_is_named_and_mo
     checked = reconcile(ledger, ancestry, {})
     assert checked.agrees and [s.snapshot_id for s in checked.foreign] == [1003]
     assert checked.ledger is ledger
+
+
+def test_plans_without_topic_ids_keep_their_ends_under_no_id_or_the_topics_current_one() -> None:
+    ledger = Ledger("f", "g").with_plan([r(0, 0, 10, None)], plan(1), "g")
+    assert ledger.ends == {"orders": {"": {0: 10}}} and ledger.current == {"orders": ""}
+    ledger = Ledger("f", "g").with_plan([r(0, 0, 10)], plan(1), "g").with_plan([r(0, 10, 12, None)], plan(2), "g")
+    assert ledger.ends == {"orders": {"id-a": {0: 12}}} and ledger.current == {"orders": "id-a"}
+
+
+def test_a_commit_records_the_group_it_committed_for_and_a_rebuilt_ledger_becomes_the_ledger() -> None:
+    ledger = Ledger("f", "g", source="history").with_plan([r(0, 0, 10)], plan(1), "g2")
+    assert (ledger.group, ledger.source) == ("g2", "ledger")
+
+
+def test_the_document_is_compact_with_sorted_keys_and_its_missing_parts_are_empty() -> None:
+    ledger = Ledger("f", "g").with_plan([r(0, 0, 10)], plan(1), "g")
+    assert ledger.to_json() == (
+        '{"current":{"orders":"id-a"},"ends":{"orders":{"id-a":{"0":10}}},"feed":"f","group":"g","plans":1,'
+        '"recent":[["plan-1","run-1",1,0,1001,1]],"v":1}'
+    )
+    assert Ledger.from_json('{"v": 1, "feed": "f", "group": "g"}') == Ledger("f", "g")
+
+
+def test_the_end_of_a_plan_without_ids_is_the_topics_only_id_and_none_among_several() -> None:
+    """A plan without topic ids (an old plan) asks for the topic's current id; where the ledger names none (rebuilt
+    from history), the one id its ends have, and nothing when they have several (which topic is unknown)."""
+    one = Ledger("f", "g", current={}, ends={"orders": {"id-a": {0: 10}}})
+    assert one.end("orders", 0, None) == 10 and one.end("orders", 0, "id-b") is None
+    two = Ledger("f", "g", current={}, ends={"orders": {"id-a": {0: 10}, "id-b": {0: 3}}})
+    assert two.end("orders", 0, None) is None and two.end("orders", 0, "id-a") == 10
+    recreated = Ledger("f", "g").with_plan([r(0, 0, 10)], plan(1), "g").with_plan([r(0, 0, 3, "id-b")], plan(2), "g")
+    assert recreated.end("orders", 0, None) == 3 and recreated.end("orders", 0, "") == 3
+    assert Ledger("f", "g").end("orders", 0, None) is None
+
+
+def test_positions_skip_a_topic_whose_current_id_has_no_ends() -> None:
+    ledger = Ledger("f", "g", current={"orders": "id-b", "other": "x"}, ends={"orders": {"id-a": {0: 10}}})
+    assert ledger.positions() == {}
+
+
+def test_only_snapshots_that_added_at_least_one_record_are_foreign() -> None:
+    ledger, _, b = _two_plans()
+    ancestry = [_facts(5, 400, added=1, tidemark=False), _facts(6, 350, added=0, tidemark=False),
+                _facts(1, 100, r(0, 0, 5), plan_id="plan-a")]  # fmt: skip
+    checked = reconcile(ledger, ancestry, {})
+    assert checked.rolled_back == (b,)  # committed after the oldest kept ancestor, not in the ancestry
+    assert [s.snapshot_id for s in checked.foreign] == [1005]
+
+
+def _three_plans() -> tuple[Ledger, LedgerPlan, LedgerPlan, LedgerPlan]:
+    """Plans a, b, c: [0, 5), [5, 15), [15, 20) of partition 0 (their ranges' topic ids not in the summaries,
+    as an older Tidemark wrote them); partition 1 only by a, [0, 7)."""
+    a, b, c = (LedgerPlan(f"plan-{n}", f"run-{n}", 5, 0, 1000 + i, committed_ms=100 * i)
+               for i, n in enumerate("abc", start=1))  # fmt: skip
+    ledger = (Ledger("f", "g").with_plan([r(0, 0, 5), r(1, 0, 7)], a, "g").with_plan([r(0, 5, 15)], b, "g")
+              .with_plan([r(0, 15, 20)], c, "g"))  # fmt: skip
+    return ledger, a, b, c
+
+
+def test_rolled_back_plans_give_back_their_lowest_start_and_kept_plans_their_highest_end() -> None:
+    ledger, _, b, c = _three_plans()
+    fa = _facts(1, 100, r(0, 0, 5, None), r(1, 0, 7, None), plan_id="plan-a")
+    # b's empty range of partition 1 is behind that partition's end: it gives nothing back
+    fb = _facts(2, 200, r(0, 5, 15, None), r(1, 4, 4, None), plan_id="plan-b")
+    fc = _facts(3, 300, r(0, 15, 20, None), plan_id="plan-c")
+    both = reconcile(ledger, [fa], {1002: fb, 1003: fc})  # b and c rolled back, their snapshots kept
+    assert both.rolled_back == (b, c) and both.unplaced == () and both.foreign == ()
+    assert both.ledger.positions() == {("orders", 0): 5, ("orders", 1): 7}
+    assert both.rolled_back_ranges == {"plan-b": fb.ranges, "plan-c": fc.ranges}
+    gone = reconcile(ledger, [fb, fa], {})  # c rolled back, its snapshot expired: the kept plans' highest end
+    assert gone.rolled_back == (c,) and gone.rolled_back_ranges == {"plan-c": None} and gone.unplaced == ()
+    assert gone.ledger.positions() == {("orders", 0): 15, ("orders", 1): 7}
+
+
+def test_a_plan_committed_before_the_oldest_ancestor_is_rolled_back_when_its_snapshot_is_kept_off_the_line() -> None:
+    ledger, _, b, _ = _three_plans()
+    fb = _facts(2, 200, r(0, 5, 15), plan_id="plan-b")
+    checked = reconcile(ledger, [_facts(3, 300, r(0, 15, 20), plan_id="plan-c", added=5)], {1002: fb})
+    assert checked.rolled_back == (b,)  # committed at 200, before the oldest kept ancestor (300), but detached
+    assert reconcile(ledger, [_facts(3, 300, r(0, 15, 20), plan_id="plan-c")], {}).rolled_back == ()
+
+
+def test_with_no_kept_ancestor_every_plan_with_a_snapshot_is_rolled_back_and_unplaced_names_each_partition() -> None:
+    ledger, a, b, c = _three_plans()
+    fresh = replace(ledger, recent=(*ledger.recent, LedgerPlan("plan-d", "run-d", 0, 0, None, 400)))
+    checked = reconcile(fresh, [], {})
+    assert checked.rolled_back == (a, b, c) and checked.foreign == ()
+    assert checked.unplaced == (Unplaced("orders", "id-a", 0, 20), Unplaced("orders", "id-a", 1, 7))
+    assert [p.plan_id for p in checked.ledger.recent] == ["plan-d"]
+
+
+def test_rolled_back_plans_on_no_kept_plan_give_back_the_lowest_start_of_ranges_with_records_only() -> None:
+    """Nothing kept holds a plan (a maintenance snapshot only): each partition goes back to the lowest start of the
+    rolled-back ranges with records on it; an empty range behind the end gives nothing back."""
+    ledger, _, b, c = _three_plans()
+    fb = _facts(2, 200, r(0, 5, 15, None), r(1, 4, 4, None), plan_id="plan-b")
+    fc = _facts(3, 300, r(0, 15, 20, None), plan_id="plan-c")
+    checked = reconcile(ledger, [_facts(1, 100)], {1002: fb, 1003: fc})
+    assert checked.rolled_back == (b, c) and checked.unplaced == ()
+    assert checked.ledger.positions() == {("orders", 0): 5, ("orders", 1): 7}
+
+
+def test_a_rolled_back_plan_of_a_topic_since_recreated_gives_back_its_own_topic_ids_ends() -> None:
+    a = LedgerPlan("plan-a", "run-a", 10, 0, 1001, committed_ms=100)
+    b = LedgerPlan("plan-b", "run-b", 3, 0, 1002, committed_ms=200)
+    ledger = Ledger("f", "g").with_plan([r(0, 0, 10)], a, "g").with_plan([r(0, 0, 3, "id-b")], b, "g")
+    fa = _facts(1, 100, r(0, 0, 10), plan_id="plan-a")
+    checked = reconcile(ledger, [_facts(2, 200, r(0, 0, 3, "id-b"), plan_id="plan-b")], {1001: fa})
+    assert checked.rolled_back == (a,)
+    assert checked.ledger.end("orders", 0, "id-a") == 0 and checked.ledger.end("orders", 0, "id-b") == 3

@@ -41,9 +41,10 @@ import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,14 +52,15 @@ from greenlet import greenlet
 
 from tidemark._types import TopicPartition as TP
 from tidemark.checkpoints.store import OPEN_STATES, Checkpoint, LedgerRun, RunState, Shown
+from tidemark.config.models import Feed
 from tidemark.errors import CommitError, GroupInUseError, OffsetsMovedError, TidemarkError
 from tidemark.kafka.adapter import Committed, GroupInfo, PartitionInfo
 from tidemark.output.base import Manifest
 from tidemark.output.deadletters import RedriveRecord, is_redrive, redriven_in
 from tidemark.planning.metadata import metadata_run_id
-from tidemark.planning.plan import Event, Letter, Plan, redrive_plan
+from tidemark.planning.plan import PLAN_FILE, Event, Letter, Plan, redrive_plan, write_plan
 from tidemark.planning.resolve import Observed, PartitionSnapshot, PlanRequest, Policy, build_plan
-from tidemark.runs.protocol import settle, settle_open_runs
+from tidemark.runs.protocol import Settled, abandon, settle, settle_before_planning, settle_open_runs
 
 FEED, GROUP, TOPIC = "model", "model-group", "t"
 TPS: tuple[TP, ...] = ((TOPIC, 0), (TOPIC, 1))
@@ -844,3 +846,283 @@ def test_a_redrive_that_died_before_staging_is_given_up_once_another_showed_its_
     assert (by_actor["D"].state, by_actor["E"].state) == ("abandoned", "shown")
     assert "published by re-drive" in str(by_actor["D"].detail)
     assert not world.violations
+
+
+class Recorded(MemStore):
+    """The model's store, with each ledger write kept in order (the protocol's order of writes is its rule), and
+    keyed as the real store is: runs and locks by group, open runs and shown positions by feed (the model's one)."""
+
+    def __init__(self, world: World, log: list[tuple[Any, ...]]) -> None:
+        super().__init__(world)
+        self.log = log
+        self.locked: list[str] = []
+
+    def run(self, group: str, run_id: str) -> LedgerRun | None:
+        return super().run(group, run_id) if group == GROUP else None
+
+    def open_runs(self, feed: str) -> list[LedgerRun]:
+        return super().open_runs(feed) if feed == FEED else []
+
+    def shown(self, feed: str) -> dict[TP, Shown]:
+        return super().shown(feed) if feed == FEED else {}
+
+    def advance_shown(self, feed: str, run_id: str, ends: Mapping[TP, int], topic_ids: Mapping[str, str]) -> None:
+        if feed == FEED:
+            super().advance_shown(feed, run_id, ends, topic_ids)
+
+    def commit_lock(self, group: str, timeout_s: float = 120.0) -> AbstractContextManager[None]:
+        self.locked.append(group)
+        return super().commit_lock(group, timeout_s)
+
+    def set_run(self, group: str, run_id: str, *, feed: str, plan_id: str, state: RunState, run_dir: str,
+                detail: str | None = None) -> None:  # fmt: skip
+        self.log.append(("set_run", group, run_id, feed, plan_id, state, run_dir, detail))
+        super().set_run(group, run_id, feed=feed, plan_id=plan_id, state=state, run_dir=run_dir, detail=detail)
+
+
+class RecordedOutput(MemOutput):
+    """The model's output, with discards and staging clean-ups kept in order, and a manifest naming its run."""
+
+    def __init__(self, world: World, log: list[tuple[Any, ...]], shown_by: str | None = None) -> None:
+        super().__init__(world)
+        self.log, self.shown_by = log, shown_by
+
+    def published(self, plan_id: str) -> Manifest | None:
+        found = super().published(plan_id)
+        if found is None or self.shown_by is None:
+            return found
+        return replace(found, quarantined=3, extra={"run_id": self.shown_by})
+
+    def discard(self, plan_id: str, run_id: str) -> Manifest | None:
+        self.log.append(("discard", plan_id, run_id))
+        return super().discard(plan_id, run_id)
+
+    def clear_staging(self, run_id: str, *, dead_only: bool = False) -> None:
+        self.log.append(("clear_staging", run_id, dead_only))
+
+
+def _planned(shown_by: str | None = None) -> tuple[World, Model, Run, list[tuple[Any, ...]]]:
+    """One run planned and staged (its job done), its store and output recording what the protocol does."""
+    world, log = World(), list[tuple[Any, ...]]()
+    model = Model(world)
+    model.store, model.output = Recorded(world, log), RecordedOutput(world, log, shown_by)
+    run = Run("A", None)
+    model.plan_step(run)
+    log.clear()
+    model.store.locked.clear()  # type: ignore[attr-defined]
+    return world, model, run, log
+
+
+def _ranges_of(plan: Plan) -> list[dict[str, Any]]:
+    return [{"topic": p.topic, "partition": p.partition, "start": p.start, "end": p.end} for p in plan.partitions]
+
+
+def test_an_operator_abandoning_a_staged_run_records_discarding_then_discards_then_abandoned() -> None:
+    """``abandon``: ``discarding`` first (an interrupted discard stays owed), the run's own pending publication
+    discarded, then ``abandoned``; the detail names the operator's reason (cut at 1,000 characters) and a
+    ``not_shown`` event names every range with records."""
+    world, model, run, log = _planned()
+    assert run.plan is not None
+    plan, reason = run.plan, "r" * 1100
+    settled = abandon(plan, run.run_id, "dir-A", publisher=model.output, store=model.store, reason=reason)  # type: ignore[arg-type]
+    detail = f"abandoned by an operator: {reason}"[:1000]
+    assert len(detail) == 1000
+    assert log == [
+        ("set_run", GROUP, run.run_id, FEED, plan.plan_id, "discarding", "dir-A", detail),
+        ("discard", plan.plan_id, run.run_id),
+        ("set_run", GROUP, run.run_id, FEED, plan.plan_id, "abandoned", "dir-A", detail),
+    ]
+    assert world.pending == {} and world.visible == {} and world.shown_at == {}
+    message = f"run {run.run_id} (plan {plan.plan_id}) was abandoned by an operator ({reason}); its ranges are in no "
+    message += "output"
+    assert settled == Settled(run.run_id, plan.plan_id, "abandoned",
+                              events=(Event("not_shown", message, details={"ranges": _ranges_of(plan)}),))  # fmt: skip
+
+
+def test_abandoning_a_shown_run_is_refused_and_changes_nothing() -> None:
+    world, model, run, log = _planned()
+    assert run.plan is not None
+    model.commit_step(run)
+    assert world.ledger[run.run_id].state == "shown"
+    log.clear()
+    with pytest.raises(TidemarkError, match=rf"^run {run.run_id} of feed 'model' is shown; a shown run is never taken"):
+        abandon(run.plan, run.run_id, "dir-A", publisher=model.output, store=model.store, reason="oops")  # type: ignore[arg-type]
+    assert log == [] and world.ledger[run.run_id].state == "shown" and run.plan.plan_id in world.visible
+
+
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["feed-output", "other-output"])
+def test_abandoning_a_run_whose_own_publication_is_shown_records_it_shown(elsewhere: bool) -> None:
+    """A run stuck after the output showed its records (an Iceberg catalog commit, then its dead letters): what is
+    shown stays; only its pending record goes, the run is recorded ``shown`` (the feed output's shown positions at
+    its ends; a plan publishing elsewhere moves none), and a ``promotion_given_up`` event names it."""
+    world, model, run, log = _planned(shown_by="")
+    assert run.plan is not None
+    plan = replace(run.plan, output="s3://elsewhere/") if elsewhere else run.plan
+    model.output.shown_by = run.run_id  # type: ignore[attr-defined]
+    world.visible[plan.plan_id] = plan  # the output shows it; the run is still committed, its promotion unfinished
+    already = model.output.published(plan.plan_id)
+    reason = "q" * 1100
+    settled = abandon(plan, run.run_id, "dir-A", publisher=model.output, store=model.store, reason=reason)  # type: ignore[arg-type]
+    message = (
+        f"run {run.run_id} (plan {plan.plan_id}) was given up by an operator ({reason}) after its records were shown "
+        "in memory: they stay there. What its promotion had not finished is given up: its 3 quarantined records are "
+        "in the dead letters only if its quarantine folder holds them (`tidemark deadletters model` reads the "
+        "folders of shown plans)"
+    )
+    assert log == [("discard", plan.plan_id, run.run_id),
+                   ("set_run", GROUP, run.run_id, FEED, plan.plan_id, "shown", "dir-A", message[:1000])]  # fmt: skip
+    assert world.pending == {}
+    ends = {} if elsewhere else {tp: Shown(2, TOPIC_ID, run.run_id) for tp in TPS}
+    assert world.shown_at == ends
+    event = Event("promotion_given_up", message, details={"quarantined": 3, "ranges": _ranges_of(plan)})
+    assert settled == Settled(run.run_id, plan.plan_id, "shown", manifest=already, events=(event,))
+
+
+def test_abandoning_a_run_whose_plan_another_run_showed_discards_its_own_publication() -> None:
+    """The output shows the plan, published by another run of the same ranges: this run is abandoned as usual."""
+    world, model, run, log = _planned(shown_by="0000-other")
+    assert run.plan is not None
+    world.visible[run.plan.plan_id] = run.plan
+    settled = abandon(run.plan, run.run_id, "dir-A", publisher=model.output, store=model.store, reason="x")  # type: ignore[arg-type]
+    assert settled.state == "abandoned" and [e[0] for e in log] == ["set_run", "discard", "set_run"]
+    assert world.shown_at == {}
+
+
+def _from_run_dirs(tmp_path: Path) -> tuple[World, Model, Run, list[tuple[Any, ...]], Feed]:
+    """Run A planned and staged, its plan saved in its run dir as the plan step saves it; a run whose dir is gone."""
+    world, model, run, log = _planned()
+    assert run.plan is not None
+    run_dir = tmp_path / run.run_id
+    run_dir.mkdir()
+    write_plan(run.plan, run_dir / PLAN_FILE)
+    world.ledger[run.run_id] = replace(world.ledger[run.run_id], run_dir=str(run_dir))
+    world.ledger["0009-gone"] = LedgerRun(GROUP, "0009-gone", FEED, "plan-gone", "planned", str(tmp_path / "x"), "now")
+    model.kafka.connection = None  # type: ignore[attr-defined]
+    return world, model, run, log, Feed(name=FEED, group=GROUP, topics=(TOPIC,))
+
+
+def test_settling_before_planning_shows_a_staged_run_loaded_from_its_run_dir(tmp_path: Path) -> None:
+    """The plan step's ``settle_before_planning``: each open run's plan read from its run dir, its dead jobs'
+    staging cleared (dead only: a live job's folder stays), committed and shown; a run whose plan is gone is
+    abandoned. It returns the last shown run's plan id (the plan the new one follows)."""
+    world, model, run, log, feed = _from_run_dirs(tmp_path)
+    assert run.plan is not None
+    loaded: list[Plan] = []
+    said: list[str] = []
+
+    def publisher_of(plan: Plan) -> Any:
+        loaded.append(plan)
+        return model.output
+
+    resumed, events = settle_before_planning(feed, publisher_of, model.store, model.kafka, said.append)  # type: ignore[arg-type]
+    assert (resumed, events) == (run.plan.plan_id, ())
+    assert loaded == [run.plan] and log[0] == ("clear_staging", run.run_id, True)
+    assert world.ledger[run.run_id].state == "shown" and run.plan.plan_id in world.visible
+    assert world.shown_at == {tp: Shown(2, TOPIC_ID, run.run_id) for tp in TPS}
+    assert world.ledger["0009-gone"].state == "abandoned" and world.ledger["0009-gone"].detail == "its plan is gone"
+    assert model.store.locked == [GROUP]  # type: ignore[attr-defined]
+    assert said == [f"settling run {run.run_id} (planned) of plan {run.plan.plan_id} first"]
+
+
+def test_settling_before_planning_names_the_run_in_what_it_found(tmp_path: Path) -> None:
+    """A staged run whose group another writer moved is refused: the new plan's event says which run it was."""
+    world, model, run, _, feed = _from_run_dirs(tmp_path)
+    assert run.plan is not None
+    model.foreign_step()
+    resumed, events = settle_before_planning(feed, lambda plan: model.output, model.store, model.kafka)  # type: ignore[arg-type, return-value]
+    assert resumed is None and [e.kind for e in events] == ["commit_refused"]
+    assert events[0].message.startswith(f"settling run {run.run_id}: refusing to commit plan {run.plan.plan_id}")
+    assert events[0].details == {"ranges": _ranges_of(run.plan), "run_id": run.run_id}
+    assert world.ledger[run.run_id].state == "abandoned" and world.visible == {}
+
+
+def _shaped(plan: Plan, *ranges: tuple[int, int, str | None]) -> Plan:
+    """``plan`` with partition ``i`` at ``ranges[i]`` (start, end, topic id)."""
+    pairs = zip(plan.partitions, ranges, strict=True)
+    parts = tuple(replace(p, start=s, end=e, topic_id=tid) for p, (s, e, tid) in pairs)
+    return replace(plan, partitions=parts)
+
+
+@pytest.mark.parametrize(
+    ("shown", "ranges", "overlaps"),
+    [
+        ((2, TOPIC_ID), [(2, 4, TOPIC_ID), (2, 4, TOPIC_ID)], []),  # starts at the shown position: new records
+        ((3, TOPIC_ID), [(2, 4, TOPIC_ID), (3, 4, TOPIC_ID)], [0]),  # one offset of overlap, on partition 0 only
+        ((3, TOPIC_ID), [(2, 2, TOPIC_ID), (3, 4, TOPIC_ID)], []),  # behind, but no records there
+        ((3, "other-id"), [(2, 4, TOPIC_ID), (2, 4, TOPIC_ID)], []),  # the shown position is of a recreated topic's
+        ((3, None), [(2, 4, TOPIC_ID), (3, 4, TOPIC_ID)], [0]),  # a position recorded without an id: the same topic
+        ((3, TOPIC_ID), [(2, 4, None), (3, 4, None)], [0]),  # a plan made without ids: the same topic
+        ((3, TOPIC_ID), [(2, 4, TOPIC_ID), (0, 4, TOPIC_ID)], [0, 1]),  # both partitions behind
+    ],
+    ids=["at", "one-behind", "empty-behind", "other-topic-id", "shown-without-id", "plan-without-id", "both-behind"],
+)
+def test_a_range_starting_one_offset_behind_the_shown_position_is_kept_out(
+    shown: tuple[int, str | None], ranges: list[tuple[int, int, str | None]], overlaps: list[int]
+) -> None:
+    """``overlapping``: each range with records must start at or after its partition's shown position (same topic
+    id, or an id unknown on either side); the ``not_shown`` event names the partitions and positions."""
+    from tidemark.runs.protocol import overlapping
+
+    world, model, run, _ = _planned()
+    assert run.plan is not None
+    world.shown_at = {tp: Shown(shown[0], shown[1], "0000-N0") for tp in TPS}
+    plan = _shaped(run.plan, *ranges)
+    event = overlapping(plan, None, store=model.store)  # type: ignore[arg-type]
+    if not overlaps:
+        assert event is None
+        return
+    assert event is not None and event.kind == "not_shown"
+    where = ", ".join(f"t[{k}] shown up to 3" for k in overlaps)
+    assert event.message == (
+        f"plan {plan.plan_id} overlaps what the feed's output already shows ({where}); it was kept out so that no "
+        "offset is shown twice. The group is committed at the plan's ends: the ranges past the output's end are in "
+        "no output (replay them into another output to read them)"
+    )
+    assert event.details == {"ranges": [{"topic": TOPIC, "partition": k, "start": ranges[k][0], "end": 4}
+                                         for k in overlaps]}  # fmt: skip
+    assert overlapping(plan, _manifest(plan), store=model.store) is None  # type: ignore[arg-type]  # already shown
+    assert overlapping(replace(plan, output="s3://elsewhere/"), None, store=model.store) is None  # type: ignore[arg-type]
+
+
+def test_a_commit_result_as_the_run_report_holds_it() -> None:
+    from tidemark.runs.commit import CommitResult
+
+    result = CommitResult("p", "r", "g", "committed", {("t", 1): 7, ("t", 0): 5}, "s", "f", (("t", 1),), ("n",))
+    assert result.to_dict() == {
+        "plan_id": "p", "run_id": "r", "group": "g", "status": "committed",
+        "offsets": [{"topic": "t", "partition": 0, "offset": 5}, {"topic": "t", "partition": 1, "offset": 7}],
+        "expired": [{"topic": "t", "partition": 1}], "notes": ["n"], "started_at": "s", "finished_at": "f",
+    }  # fmt: skip
+
+
+def test_settling_before_planning_reports_what_it_found_of_every_run(tmp_path: Path) -> None:
+    """Two staged runs planned from the same offsets (B planned while A's job was staging), the group then moved by
+    another writer: both are refused, and the new plan's events name each."""
+    world, model, a, _, feed = _from_run_dirs(tmp_path)
+    assert a.plan is not None
+    staged = dict(world.pending)
+    world.pending.clear()
+    b = Run("B", None)
+    model.plan_step(b)
+    assert b.plan is not None
+    world.pending.update(staged)
+    (tmp_path / b.run_id).mkdir()
+    write_plan(b.plan, tmp_path / b.run_id / PLAN_FILE)
+    world.ledger[b.run_id] = replace(world.ledger[b.run_id], run_dir=str(tmp_path / b.run_id))
+    model.foreign_step()
+    resumed, events = settle_before_planning(feed, lambda plan: model.output, model.store, model.kafka)  # type: ignore[arg-type, return-value]
+    assert resumed is None
+    assert [(e.kind, e.details["run_id"]) for e in events] == [("commit_refused", r) for r in (a.run_id, b.run_id)]
+
+
+def test_a_run_that_staged_nothing_is_abandoned_naming_the_move_once_another_writer_moved_the_group(
+    tmp_path: Path,
+) -> None:
+    world, model, a, _, feed = _from_run_dirs(tmp_path)
+    world.pending.clear()  # its job has staged nothing (yet)
+    settle_before_planning(feed, lambda plan: model.output, model.store, model.kafka)  # type: ignore[arg-type, return-value]
+    assert world.ledger[a.run_id].state == "planned"  # the group is where it planned: its job may be running now
+    model.foreign_step()
+    settle_before_planning(feed, lambda plan: model.output, model.store, model.kafka)  # type: ignore[arg-type, return-value]
+    assert world.ledger[a.run_id].state == "abandoned"
+    assert world.ledger[a.run_id].detail == "the group moved before it staged anything"
