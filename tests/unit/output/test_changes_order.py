@@ -99,8 +99,15 @@ def expected(fmt: str, parts: dict[int, list[dict[str, Any]]]) -> dict[Any, str]
     return {k: v for k, v in state.items() if v is not None}
 
 
-def run(fmt: str, parts: dict[int, list[dict[str, Any]]], order: list[list[int]]) -> dict[Any, str]:
-    """Apply the history plan by plan in ``order`` (then one plan reading the rest) to a fresh table."""
+def run(
+    fmt: str,
+    parts: dict[int, list[dict[str, Any]]],
+    order: list[list[int]],
+    staged_schema: pa.Schema | None = None,
+    rest: bool = True,
+) -> dict[Any, str]:
+    """Apply the history plan by plan in ``order`` (then, with ``rest``, one plan reading the rest) to a fresh
+    table."""
     from pyiceberg.catalog.sql import SqlCatalog
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -108,7 +115,7 @@ def run(fmt: str, parts: dict[int, list[dict[str, Any]]], order: list[list[int]]
         catalog.create_namespace("ns")
         table = catalog.create_table("ns.t", schema=TABLE[fmt], properties={"commit.retry.num-retries": "0"})
         cursor = dict.fromkeys(parts, 0)
-        for n, counts in enumerate([*order, [10**6] * PARTITIONS]):
+        for n, counts in enumerate([*order, *([[10**6] * PARTITIONS] if rest else [])]):
             ranges, staged = [], []
             for p, count in enumerate(counts):
                 start, end = cursor[p], min(cursor[p] + count, len(parts[p]))
@@ -117,7 +124,8 @@ def run(fmt: str, parts: dict[int, list[dict[str, Any]]], order: list[list[int]]
                 cursor[p] = end
             props = {PLAN_KEY: f"p{n}", FEED_KEY: "f", GROUP_KEY: "g", RECORDS_KEY: str(len(staged)),
                      RANGES_KEY: json.dumps(ranges)}  # fmt: skip
-            apply_changes(table, SPECS[fmt], pa.Table.from_pylist(staged, schema=STAGED[fmt]), props, "ns.t", None)
+            records = pa.Table.from_pylist(staged, schema=staged_schema or STAGED[fmt])
+            apply_changes(table, SPECS[fmt], records, props, "ns.t", None)
         rows = table.refresh().scan().to_arrow().to_pylist()
     key = SPECS[fmt].key[0]
     assert len({r[key] for r in rows}) == len(rows), rows
@@ -158,3 +166,37 @@ def test_a_delete_marker_is_dropped_only_once_every_partitions_clock_is_strictly
     # A partition of the feed without a clock (nothing read from it yet) may hold anything: every marker stays.
     assert set(prune_markers(markers, clocks, [("t", 0), ("t", 1), ("t", 2)])) == set(markers)
     assert set(prune_markers(markers, {}, [])) == set(markers)
+
+
+SEQUENCED = pa.schema([*(f for f in STAGED["debezium"] if f.name != "source"),
+                       ("source", pa.struct([("lsn", pa.int64()), ("sequence", pa.string())]))])  # fmt: skip
+
+
+def re_sent(parts: dict[int, list[dict[str, Any]]], sequence: bool) -> dict[int, list[dict[str, Any]]]:
+    """Each partition's records, then all of them again at the next offsets (a restarted Connect worker re-sending
+    what it sent since its last offset flush); with ``sequence``, each source also has Debezium's PostgreSQL
+    ``source.sequence`` (the last committed LSN, then the change's LSN, as JSON text)."""
+    out = {}
+    for p, records in parts.items():
+        if sequence:
+            records = [{**r, "source": {**r["source"], "sequence": json.dumps([str(r["source"]["lsn"] - 1),
+                                                                                str(r["source"]["lsn"])])}}
+                       for r in records]  # fmt: skip
+        out[p] = [*records, *({**r, "offset": len(records) + i} for i, r in enumerate(records))]
+    return out
+
+
+@pytest.mark.parametrize("sequence", [False, True], ids=["lsn", "sequence"])
+def test_a_deleted_key_stays_deleted_when_a_restarted_worker_re_sends_its_insert_below_every_clock(
+    sequence: bool,
+) -> None:
+    """Issue 58: k5 inserted and deleted in partition 0, then a later change in every partition, all read by one
+    plan (every partition's clock is now past the delete). The worker re-sends it all; the next plan reads one
+    record a partition: partition 0's is the re-sent insert of k5, older than its delete. k5 must stay deleted."""
+    original = history("debezium", [(0, 5, False, 1), (0, 5, True, 2), (0, 1, False, 3), (1, 2, False, 4),
+                                     (2, 3, False, 5)])  # fmt: skip
+    parts = re_sent(original, sequence)
+    assert expected("debezium", parts) == {1: "v3", 2: "v4", 3: "v5"}
+    first = [len(original[p]) for p in range(PARTITIONS)]
+    staged = SEQUENCED if sequence else None
+    assert run("debezium", parts, [first, [1] * PARTITIONS], staged, rest=False) == expected("debezium", parts)
