@@ -332,7 +332,7 @@ def source_position(r: Mapping[str, Any]) -> Order | None:
 
 SEQUENCE_TAG = 4  # the first part of a PostgreSQL change's order by ``source.sequence``
 COMMIT_ORDERED = frozenset({SEQUENCE_TAG})  # orders a connector sends in: never below the partition's clock, but again
-STATE_TAG = 3  # a ``state`` record's order: never below its partition's clock
+STATE_TAG = 3  # a ``state`` record's order (:func:`place`): never below its partition's clock
 
 
 def _sequence(value: Any) -> tuple[int | None, int] | None:
@@ -377,7 +377,7 @@ def place(
             order = c.source
             clock[(c.topic, c.partition)] = max(here, order)
         else:
-            order = max(here, (STATE_TAG, c.timestamp)) if state else here
+            order = max(here, (3, c.timestamp)) if state else here
             clock[(c.topic, c.partition)] = order
         placed.append(replace(c, order=order))
     return placed, clock
@@ -510,7 +510,8 @@ def prune_markers(
         return dict(markers)
     floor = min(c for c in known if c is not None)
     prunable = {STATE_TAG, *COMMIT_ORDERED}
-    return {k: m for k, m in markers.items() if not (m[0] and m[0][0] in prunable and m[0] < floor)}
+    kept = {k: m for k, m in markers.items() if not (m[0] and m[0][0] in prunable)}  # for good
+    return kept | {k: m for k, m in markers.items() if not m[0] < floor}
 
 
 # -- the commit --------------------------------------------------------------------------
