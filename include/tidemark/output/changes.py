@@ -20,7 +20,8 @@ step, after the group's commit), then
    partition (:mod:`tidemark.output.ledger`), counted ``stale``;
 3. places the rest in one total order (:func:`place`: a Debezium change by its source position,
    :func:`source_position`; any other by its partition's clock, the running maximum along the
-   offsets) and folds them to the last change per key (:func:`fold`); the survivor applies only
+   offsets; a change ordered by ``source.sequence`` below its clock was sent again, :func:`re_sent`,
+   and is dropped, ``stale``) and folds them to the last change per key (:func:`fold`); the survivor applies only
    if it is newer (:func:`newer`) than the key's row in the table or, for a key without a row,
    its delete marker (else ``stale``); a row of a topic since recreated is replaced whatever
    its position (:func:`recreated`);
