@@ -70,6 +70,10 @@ AVRO = "include/tidemark/spark/avro.py"
 PROTOBUF = "include/tidemark/spark/protobuf.py"
 CHANGES = "include/tidemark/output/changes.py"
 CHANGES_TEST = "tests/unit/output/test_changes.py"
+RE_SENT_TEST = (
+    "tests/unit/output/test_changes_order.py::"
+    "test_a_deleted_key_stays_deleted_when_a_restarted_worker_re_sends_its_insert_below_every_clock"
+)
 
 MUTANTS = (
     Mutant(
@@ -1320,8 +1324,8 @@ MUTANTS = (
         (
             Edit(
                 CHANGES,
-                "    return {k: m for k, m in markers.items() if not m[0] < floor}",
-                "    return {k: m for k, m in markers.items() if not m[0] <= floor}",
+                "    return kept | {k: m for k, m in markers.items() if not m[0] < floor}",
+                "    return kept | {k: m for k, m in markers.items() if not m[0] <= floor}",
             ),
         ),
         (
@@ -1843,6 +1847,20 @@ MUTANTS = (
             ),
         ),
         ("tests/unit/planning/test_redrive_plan.py::test_a_redrive_plans_letters_are_its_id_and_an_edit_is_refused",),
+    ),
+    Mutant(
+        "changes-delete-marker-pruned-below-every-clock-whatever-its-order",
+        "a deleted key's marker is kept for good unless a change below its partition's clock never applies "
+        "(issue 58: a restarted worker's re-sent insert, ordered by its LSN alone, must not bring the key back)",
+        (Edit(CHANGES, "if not (m[0] and m[0][0] in prunable)}  # for good", "if False}"),),
+        (RE_SENT_TEST + "[lsn]",),
+    ),
+    Mutant(
+        "changes-re-sent-change-below-the-clock-applied",
+        "a PostgreSQL change ordered by source.sequence and below its partition's clock was sent again: it is stale "
+        "(issue 58: else a re-sent insert brings back a key whose marker was pruned)",
+        (Edit(CHANGES, "        if re_sent(c, here):\n", "        if False:\n"),),
+        (RE_SENT_TEST + "[sequence]",),
     ),
 )
 

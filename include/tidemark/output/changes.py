@@ -20,7 +20,8 @@ step, after the group's commit), then
    partition (:mod:`tidemark.output.ledger`), counted ``stale``;
 3. places the rest in one total order (:func:`place`: a Debezium change by its source position,
    :func:`source_position`; any other by its partition's clock, the running maximum along the
-   offsets) and folds them to the last change per key (:func:`fold`); the survivor applies only
+   offsets; a change ordered by ``source.sequence`` below its clock was sent again, :func:`re_sent`,
+   and is dropped, ``stale``) and folds them to the last change per key (:func:`fold`); the survivor applies only
    if it is newer (:func:`newer`) than the key's row in the table or, for a key without a row,
    its delete marker (else ``stale``); a row of a topic since recreated is replaced whatever
    its position (:func:`recreated`);
@@ -303,6 +304,9 @@ def _micros(value: Any) -> int:
 def source_position(r: Mapping[str, Any]) -> Order | None:
     """A Debezium change's position in its source database, or ``None`` (a tombstone; an envelope without one).
 
+    - PostgreSQL with ``source.sequence`` (``[last committed LSN, LSN]``, JSON text; a snapshot's has no last
+      committed LSN, its own LSN stands for it): both, then the order inside its transaction. The connector sends
+      changes in this order (:data:`COMMIT_ORDERED`), so one below its partition's clock was sent again;
     - PostgreSQL (``source.lsn``): the LSN, then the order inside its transaction (``transaction.total_order``,
       0 without transaction metadata);
     - MySQL (``source.file``, ``source.pos``): the binlog file's number, the position, then ``source.row``;
@@ -314,8 +318,11 @@ def source_position(r: Mapping[str, Any]) -> Order | None:
         return None
     if source.get("lsn") is not None:
         transaction = r.get("transaction")
-        within = transaction.get("total_order") if isinstance(transaction, Mapping) else None
-        return (0, int(source["lsn"]), int(within or 0))
+        within = int((transaction.get("total_order") if isinstance(transaction, Mapping) else None) or 0)
+        sequence = _sequence(source.get("sequence"))
+        if sequence is not None:
+            return (SEQUENCE_TAG, sequence[0] if sequence[0] is not None else sequence[1], sequence[1], within)
+        return (0, int(source["lsn"]), within)
     if source.get("file") is not None and source.get("pos") is not None:
         number = re.search(r"(\d+)$", str(source["file"]))
         return (1, int(number.group(1)) if number else 0, int(source["pos"]), int(source.get("row") or 0))
@@ -324,10 +331,33 @@ def source_position(r: Mapping[str, Any]) -> Order | None:
     return None
 
 
+SEQUENCE_TAG = 4  # the first part of a PostgreSQL change's order by ``source.sequence``
+COMMIT_ORDERED = frozenset({SEQUENCE_TAG})  # orders a connector sends in: never below the partition's clock, but again
+STATE_TAG = 3  # a ``state`` record's order (:func:`place`): never below its partition's clock
+
+
+def _sequence(value: Any) -> tuple[int | None, int] | None:
+    """Debezium's PostgreSQL ``source.sequence`` as (last committed LSN or None, LSN), or None without one."""
+    try:
+        parts = json.loads(value) if isinstance(value, str) else value
+        if not isinstance(parts, list) or len(parts) != 2 or parts[1] is None:
+            return None
+        return (None if parts[0] is None else int(parts[0]), int(parts[1]))
+    except (TypeError, ValueError):
+        return None
+
+
+def re_sent(c: Change, clock: Order) -> bool:
+    """Whether ``c`` was sent again: its source position is one its connector sends in order (:data:`COMMIT_ORDERED`)
+    and below its partition's clock, so the partition already held it (the reads along a partition have no gap)."""
+    return c.source is not None and c.source[0] in COMMIT_ORDERED and c.source < clock
+
+
 def place(
-    changes: Sequence[Change], clocks: Mapping[tuple[str, int], Order], state: bool
+    changes: Sequence[Change], clocks: Mapping[tuple[str, int], Order], state: bool, counts: Counts | None = None
 ) -> tuple[list[Change], dict[tuple[str, int], Order]]:
-    """Each change's place in the order, and the partitions' clocks after them.
+    """Each change's place in the order, and the partitions' clocks after them; a change sent again (:func:`re_sent`)
+    is left out, counted ``stale``: what its key became after it is in the table, or was deleted.
 
     A partition's **clock** is the running maximum of the order along its offsets (kept per topic name and partition
     in the table property ``tidemark.clock.<feed>``, so it carries over a recreated topic). A Debezium change with
@@ -340,6 +370,10 @@ def place(
     placed = []
     for c in sorted(changes, key=lambda c: (c.topic, c.partition, c.offset)):
         here = clock.get((c.topic, c.partition), ())
+        if re_sent(c, here):
+            if counts is not None:
+                counts.stale += 1
+            continue
         if c.source is not None:
             order = c.source
             clock[(c.topic, c.partition)] = max(here, order)
@@ -465,14 +499,20 @@ def markers_json(markers: Mapping[str, Position]) -> str:
 def prune_markers(
     markers: Mapping[str, Position], clocks: Mapping[tuple[str, int], Order], partitions: Iterable[tuple[str, int]]
 ) -> dict[str, Position]:
-    """The delete markers an older change could still contradict: a marker is dropped once **every** partition of
-    the feed has a clock strictly past the delete's order (whatever a partition holds beyond its clock is ordered
-    at or after it, so after the delete). A partition never read, or read without a record, keeps every marker."""
+    """The delete markers an older change could still contradict (issue 58). A marker is dropped once **every**
+    partition of the feed has a clock strictly past the delete's order, and only if its order is one where a change
+    below its partition's clock never applies: a ``state`` record's (placed at or after the clock) or a PostgreSQL
+    change's by ``source.sequence`` (dropped as sent again, :func:`re_sent`). Any other marker (a change ordered by
+    its LSN alone, a binlog position or ``source.ts_ms``) is kept for good: a restarted Kafka Connect worker re-sends
+    older changes at higher offsets, below the clocks, and only the marker keeps such an insert from bringing the key
+    back. A partition never read, or read without a record, keeps every marker."""
     known = [clocks.get(tp) for tp in partitions]
     if not known or any(c is None for c in known):
         return dict(markers)
     floor = min(c for c in known if c is not None)
-    return {k: m for k, m in markers.items() if not m[0] < floor}
+    prunable = {STATE_TAG, *COMMIT_ORDERED}
+    kept = {k: m for k, m in markers.items() if not (m[0] and m[0][0] in prunable)}  # for good
+    return kept | {k: m for k, m in markers.items() if not m[0] < floor}
 
 
 # -- the commit --------------------------------------------------------------------------
@@ -498,7 +538,7 @@ def apply_changes(
     ledger = table_ledger(table, spec.feed)
     topic_ids = {str(r["topic"]): r.get("topic_id") for r in ranges}
     fresh = below_ledger(changes_of(spec, records, counts, topic_ids), ledger, topic_ids, counts)
-    placed, clocks = place(fresh, load_clocks(table, spec.feed), spec.format == "state")
+    placed, clocks = place(fresh, load_clocks(table, spec.feed), spec.format == "state", counts)
     last = fold(placed, counts)
     current = current_positions(table, spec, last)
     markers = load_markers(table, spec.feed)

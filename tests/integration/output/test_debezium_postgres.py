@@ -12,9 +12,10 @@ equals ``SELECT *`` of the source table, read with psycopg. The faults on the wa
 killed (SIGKILL) after a round's changes were sent and loaded but before its source offsets
 were flushed, then restarted: it sends those changes again, and a run that reads them only in
 part (``max_records_per_partition``) must not take the table back (the merge orders Debezium
-changes by their LSN; ordered by offset, this run fails: older images of re-sent keys come
-back); and a Tidemark run that crashes between its job and its table commit, settled by the
-next run.
+changes by ``source.sequence`` and drops one below its partition's clock as sent again; ordered by
+offset, this run fails: older images of re-sent keys come back), nor bring back a deleted key
+whose delete marker was pruned (issue 58); and a Tidemark run that crashes between its job
+and its table commit, settled by the next run.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(12
 COLUMNS = ["id", "name", "qty"]
 IDS = range(1, 41)  # the fixed ids the transactions draw from
 AFTER = "id int, name string, qty int"
+SOURCE = "ts_ms: long, lsn: long, sequence: string"  # sequence: the order the connector sends changes in
 # Source offsets are flushed when a task stops, else this often: a round's changes are sent well before the next
 # periodic flush (the kill round checks that none came).
 OFFSET_FLUSH_MS = 600_000
@@ -226,7 +228,7 @@ def use_topic(fenv: FaultEnv, topic: str, **settings: Any) -> None:
         **settings,
         records_per_task=50,
         deserialization={"format": "json", "schema_ddl": (f"before struct<{AFTER}>, after struct<{AFTER}>, op string, "
-                                                          "source struct<ts_ms: long, lsn: long>, ts_ms long")},
+                                                          f"source struct<{SOURCE}>, ts_ms long")},
         output_format="iceberg",
         iceberg={"table": "tidemark.items", "mode": "upsert", "key": ["id"], "change_format": "debezium"},
         validation={"on_bad_records": "fail"},
@@ -298,12 +300,6 @@ def assert_the_stream_had_every_kind_of_change(kafka: KafkaTestCluster, topic: s
     assert all(end > 0 for end in end_offsets(kafka, topic).values()), "a partition got no change"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 58: a delete marker is pruned once every partition's clock is past it (prune_markers), but a "
-    "restarted Connect worker re-sends changes below the clocks: the re-sent insert, read without its delete, brings "
-    "the key back (seen: key 100 in the table, not in the source)",
-)
 def test_a_key_deleted_before_a_worker_restart_stays_deleted_when_its_re_sent_insert_is_read_alone(
     lab: Lab, kafka: KafkaTestCluster, fenv: FaultEnv
 ) -> None:

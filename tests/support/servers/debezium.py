@@ -27,7 +27,7 @@ deserialization:
   format: json
   schema_ddl: >-
     before struct<id: int, name: string, email: string>, after struct<id: int, name: string, email: string>,
-    op string, source struct<ts_ms: long, lsn: long>, ts_ms long
+    op string, source struct<ts_ms: long, lsn: long, sequence: string>, ts_ms long
 output_format: iceberg
 iceberg:
   table: lake.customers

@@ -99,8 +99,15 @@ def expected(fmt: str, parts: dict[int, list[dict[str, Any]]]) -> dict[Any, str]
     return {k: v for k, v in state.items() if v is not None}
 
 
-def run(fmt: str, parts: dict[int, list[dict[str, Any]]], order: list[list[int]]) -> dict[Any, str]:
-    """Apply the history plan by plan in ``order`` (then one plan reading the rest) to a fresh table."""
+def run(
+    fmt: str,
+    parts: dict[int, list[dict[str, Any]]],
+    order: list[list[int]],
+    staged_schema: pa.Schema | None = None,
+    rest: bool = True,
+) -> dict[Any, str]:
+    """Apply the history plan by plan in ``order`` (then, with ``rest``, one plan reading the rest) to a fresh
+    table."""
     from pyiceberg.catalog.sql import SqlCatalog
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -108,7 +115,7 @@ def run(fmt: str, parts: dict[int, list[dict[str, Any]]], order: list[list[int]]
         catalog.create_namespace("ns")
         table = catalog.create_table("ns.t", schema=TABLE[fmt], properties={"commit.retry.num-retries": "0"})
         cursor = dict.fromkeys(parts, 0)
-        for n, counts in enumerate([*order, [10**6] * PARTITIONS]):
+        for n, counts in enumerate([*order, *([[10**6] * PARTITIONS] if rest else [])]):
             ranges, staged = [], []
             for p, count in enumerate(counts):
                 start, end = cursor[p], min(cursor[p] + count, len(parts[p]))
@@ -117,7 +124,8 @@ def run(fmt: str, parts: dict[int, list[dict[str, Any]]], order: list[list[int]]
                 cursor[p] = end
             props = {PLAN_KEY: f"p{n}", FEED_KEY: "f", GROUP_KEY: "g", RECORDS_KEY: str(len(staged)),
                      RANGES_KEY: json.dumps(ranges)}  # fmt: skip
-            apply_changes(table, SPECS[fmt], pa.Table.from_pylist(staged, schema=STAGED[fmt]), props, "ns.t", None)
+            records = pa.Table.from_pylist(staged, schema=staged_schema or STAGED[fmt])
+            apply_changes(table, SPECS[fmt], records, props, "ns.t", None)
         rows = table.refresh().scan().to_arrow().to_pylist()
     key = SPECS[fmt].key[0]
     assert len({r[key] for r in rows}) == len(rows), rows
@@ -158,3 +166,71 @@ def test_a_delete_marker_is_dropped_only_once_every_partitions_clock_is_strictly
     # A partition of the feed without a clock (nothing read from it yet) may hold anything: every marker stays.
     assert set(prune_markers(markers, clocks, [("t", 0), ("t", 1), ("t", 2)])) == set(markers)
     assert set(prune_markers(markers, {}, [])) == set(markers)
+
+
+SEQUENCED = pa.schema([*(f for f in STAGED["debezium"] if f.name != "source"),
+                       ("source", pa.struct([("lsn", pa.int64()), ("sequence", pa.string())]))])  # fmt: skip
+
+
+def re_sent(parts: dict[int, list[dict[str, Any]]], sequence: bool) -> dict[int, list[dict[str, Any]]]:
+    """Each partition's records, then all of them again at the next offsets (a restarted Connect worker re-sending
+    what it sent since its last offset flush); with ``sequence``, each source also has Debezium's PostgreSQL
+    ``source.sequence`` (the last committed LSN, then the change's LSN, as JSON text)."""
+    out = {}
+    for p, records in parts.items():
+        if sequence:
+            records = [{**r, "source": {**r["source"], "sequence": json.dumps([str(r["source"]["lsn"] - 1),
+                                                                                str(r["source"]["lsn"])])}}
+                       for r in records]  # fmt: skip
+        out[p] = [*records, *({**r, "offset": len(records) + i} for i, r in enumerate(records))]
+    return out
+
+
+@pytest.mark.parametrize("sequence", [False, True], ids=["lsn", "sequence"])
+def test_a_deleted_key_stays_deleted_when_a_restarted_worker_re_sends_its_insert_below_every_clock(
+    sequence: bool,
+) -> None:
+    """Issue 58: k5 inserted and deleted in partition 0, then a later change in every partition, all read by one
+    plan (every partition's clock is now past the delete). The worker re-sends it all; the next plan reads one
+    record a partition: partition 0's is the re-sent insert of k5, older than its delete. k5 must stay deleted."""
+    original = history("debezium", [(0, 5, False, 1), (0, 5, True, 2), (0, 1, False, 3), (1, 2, False, 4),
+                                     (2, 3, False, 5)])  # fmt: skip
+    parts = re_sent(original, sequence)
+    assert expected("debezium", parts) == {1: "v3", 2: "v4", 3: "v5"}
+    first = [len(original[p]) for p in range(PARTITIONS)]
+    staged = SEQUENCED if sequence else None
+    assert run("debezium", parts, [first, [1] * PARTITIONS], staged, rest=False) == expected("debezium", parts)
+
+
+def test_only_markers_no_change_below_the_clock_can_contradict_are_dropped() -> None:
+    """A PostgreSQL change ordered by ``source.sequence`` (a snapshot's has no last committed LSN: its LSN stands for
+    it) can be dropped past every clock; one ordered by its LSN alone is kept for good (issue 58)."""
+    from tidemark.output.changes import prune_markers, source_position
+
+    snapshot = source_position({"source": {"lsn": 700, "sequence": '[null,"700"]'}})
+    streamed = source_position({"source": {"lsn": 810, "sequence": '["800","810"]'}, "transaction": {"total_order": 2}})
+    assert (snapshot, streamed) == ((4, 700, 700, 0), (4, 800, 810, 2))
+    lsn_only = source_position({"source": {"lsn": 810}})
+    assert lsn_only == (0, 810, 0)
+    markers = {"seq": (streamed, "t", 0, 1, None), "lsn": (lsn_only, "t", 0, 2, None)}
+    clocks = {("t", 0): (4, 900, 901, 0), ("t", 1): (4, 850, 860, 0)}
+    assert set(prune_markers(markers, clocks, [("t", 0), ("t", 1)])) == {"lsn"}
+
+
+@settings(max_examples=25, deadline=None)
+@given(drawn=events, order=read_orders, resent=st.integers(0, 24))
+def test_ordered_by_source_sequence_the_table_equals_the_fold_with_the_last_changes_sent_again(
+    drawn: list[tuple[int, int, bool, int]], order: list[list[int]], resent: int
+) -> None:
+    """The property above for changes with ``source.sequence``, after a restarted worker sent the history's last
+    ``resent`` changes again (each partition's share, in order, at its next offsets): dropping a change below its
+    partition's clock as sent again loses nothing, and the re-sent changes change nothing."""
+    parts = history("debezium", [*drawn, *drawn[len(drawn) - min(resent, len(drawn)) :]])
+    for records in parts.values():
+        for r in records:
+            lsn = r["source"]["lsn"]
+            original = lsn if lsn - 1000 <= len(drawn) else lsn - min(resent, len(drawn))
+            r["source"] = {"lsn": original, "sequence": json.dumps([str(original - 1), str(original)])}
+            if r["after"]:
+                r["after"] = {**r["after"], "name": f"v{original - 1000}"}
+    assert run("debezium", parts, order, SEQUENCED) == expected("debezium", parts)
