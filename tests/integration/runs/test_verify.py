@@ -413,11 +413,11 @@ def test_a_verify_scoped_to_a_plan_finds_a_duplicate_in_a_plan_overlapping_it_by
     first record (P's end, outside P) in the plan before P is named only by the whole-feed verify (the copy itself
     is a file owned by nothing for both: the listing stays whole)."""
     before, middle, after, plan, ranges = three_plans(fenv)
-    (topic, partition), (start, end) = sorted(ranges.items())[0]
+    (topic, partition), (_, end) = sorted(ranges.items())[0]
 
-    def copy_into(target: Path, source: Path, offset: int) -> Path:
+    def copy_into(target: Path, source: Path, offset: int, name: str = "part-copied.parquet") -> Path:
         table = pq.read_table(holder(source, partition, offset))
-        copy = target / holder(source, partition, offset).relative_to(source).parent / "part-copied.parquet"
+        copy = target / holder(source, partition, offset).relative_to(source).parent / name
         copy.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table.filter(at(table, partition, offset)), copy)
         return copy
@@ -429,20 +429,34 @@ def test_a_verify_scoped_to_a_plan_finds_a_duplicate_in_a_plan_overlapping_it_by
     assert claimed["start"] == end
     claimed["start"] = end - 1  # overlapping P by one offset
     (after / "_manifest.json").write_text(json.dumps(doc))
-    twice = [(topic, partition, ((end - 1, end),))]
-    assert kinds(scoped(fenv, plan)) == {"duplicate": twice, "unowned_file": [str(copy)]}
+    # That plan also holds its own first record (P's end) twice: outside P, named by the whole-feed verify only.
+    again = copy_into(after, after, end, "part-again.parquet")
+    assert kinds(scoped(fenv, plan)) == {"duplicate": [(topic, partition, ((end - 1, end),))],
+                                         "unowned_file": sorted([str(copy), str(again)])}  # fmt: skip
     found = kinds(verify(fenv))
-    assert found.pop("duplicate") == twice and found.pop("unowned_file") == [str(copy)]
+    assert found.pop("duplicate") == [(topic, partition, ((end - 1, end + 1),))]
+    assert sorted(found.pop("unowned_file")) == sorted([str(copy), str(again)])
     assert found.pop("digest_differs") == [(topic, partition, ((end - 1, claimed["end"]),))]  # one record more
     assert found == {}
     (after / "_manifest.json").write_text(saved)
     copy.unlink()
+    again.unlink()
 
     copy = copy_into(before, after, end)
     assert kinds(scoped(fenv, plan)) == {"unowned_file": [str(copy)]}
     assert kinds(verify(fenv)) == {"duplicate": [(topic, partition, ((end, end + 1),))], "unowned_file": [str(copy)]}
     copy.unlink()
     assert scoped(fenv, plan).findings == [] and verify(fenv).findings == []
+
+    # A plan's publication gone from the output: the scoped verify of another plan does not look for it.
+    for folder, inside in ((before, False), (middle, True)):
+        folder.rename(fenv.tmp / "moved-away")  # outside the output
+        found = kinds(scoped(fenv, plan))
+        assert (len(found.pop("missing_publication", [])), bool(found.pop("missing", []))) == (inside, inside)
+        assert found == {}
+        found = kinds(verify(fenv))
+        assert len(found.pop("missing_publication")) == 1 and found.pop("missing") and found == {}
+        (fenv.tmp / "moved-away").rename(folder)
 
 
 def test_the_feed_dags_verify_task_audits_its_runs_plan_only(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
