@@ -481,3 +481,38 @@ def test_the_feed_dags_verify_task_audits_its_runs_plan_only(fenv: FaultEnv, mon
     dags.verify_step.function(handle.to_xcom(), {})
     assert any(m.startswith(f"verify: scoped to plan {handle.plan_id}: ") for m in lines), lines
     assert any(m.startswith("verify: 12 records read from Kafka, 12 in the output") for m in lines), lines
+
+
+def test_an_iceberg_verify_scoped_to_a_plan_reads_its_rows_through_a_row_filter(fenv: FaultEnv) -> None:
+    """An Iceberg feed's middle plan: the scoped verify reads from Kafka its range sizes and is clean; a record of
+    the plan deleted through pyiceberg (its first offset) is named by it, one of the next plan (the plan's end) only
+    by the whole-feed verify."""
+    from pyiceberg.expressions import And, EqualTo
+
+    from tidemark.config.models import load_feed
+    from tidemark.output.iceberg import IcebergPublisher, plan_history
+
+    fenv.use_iceberg(f"tidemark.vs_{fenv.topic.replace('-', '_').replace('.', '_')}")
+    fenv.produce(30)
+    fenv.run_until_idle(3)
+    fenv.produce(24)
+    handle, _, _ = fenv.run()
+    fenv.produce(15)
+    fenv.run_until_idle(3)
+    publisher = IcebergPublisher(load_feed(fenv.feed))
+    table = publisher.load()
+    assert table is not None
+    ranges = next(json.loads(s.summary["tidemark.ranges"]) for s in plan_history(table)
+                  if s.summary is not None and s.summary.get("tidemark.plan-id") == handle.plan_id)  # fmt: skip
+    (topic, partition, start, end) = next((r["topic"], r["partition"], r["start"], r["end"]) for r in ranges
+                                          if r["end"] > r["start"])  # fmt: skip
+    report = scoped(fenv, handle.plan_id)
+    assert report.findings == [] and report.kafka_records == 24 == report.output_records
+    for offset, inside in ((end, False), (start, True)):
+        table.delete(And(EqualTo("partition", partition), EqualTo("offset", offset)))  # type: ignore[call-arg,arg-type]
+        table = publisher.load()
+        assert table is not None
+        one = {"missing": [(topic, partition, ((offset, offset + 1),))]}
+        assert kinds(scoped(fenv, handle.plan_id)) == (one if inside else {}), offset
+        whole = kinds(verify(fenv)).get("missing", [])
+        assert (topic, partition, offset) in {(t, p, o) for t, p, s_ in whole for s, e in s_ for o in range(s, e)}
