@@ -74,6 +74,8 @@ RE_SENT_TEST = (
     "tests/unit/output/test_changes_order.py::"
     "test_a_deleted_key_stays_deleted_when_a_restarted_worker_re_sends_its_insert_below_every_clock"
 )
+VERIFY = "include/tidemark/runs/verify.py"
+VERIFY_TEST = "tests/integration/runs/test_verify.py::"
 
 MUTANTS = (
     Mutant(
@@ -1861,6 +1863,84 @@ MUTANTS = (
         "(issue 58: else a re-sent insert brings back a key whose marker was pruned)",
         (Edit(CHANGES, "        if re_sent(c, here):\n", "        if False:\n"),),
         (RE_SENT_TEST + "[sequence]",),
+    ),
+    Mutant(
+        "verify-plan-scope-reads-the-whole-log",
+        "a verify scoped to a plan reads from Kafka only the plan's ranges (a run costs what it reads)",
+        (
+            Edit(
+                VERIFY,
+                "            start, stop = max(start, scope[tp][0]), min(ends.get(tp, 0), scope[tp][1])\n",
+                "            pass\n",
+            ),
+        ),
+        (f"{VERIFY_TEST}test_a_verify_scoped_to_a_plan_reads_only_its_ranges_and_names_the_faults_inside_them",),
+    ),
+    Mutant(
+        "verify-plan-scope-end-inclusive",
+        "a verify scoped to a plan reads its ranges [start, end): the end is the next plan's",
+        (
+            Edit(
+                VERIFY,
+                "min(ends.get(tp, 0), scope[tp][1])\n",
+                "min(ends.get(tp, 0), scope[tp][1] + 1)\n",
+            ),
+        ),
+        (f"{VERIFY_TEST}test_a_verify_scoped_to_a_plan_reads_only_its_ranges_and_names_the_faults_inside_them",),
+    ),
+    Mutant(
+        "verify-plan-scope-start-exclusive",
+        "a verify scoped to a plan reads its ranges [start, end): the start is the plan's",
+        (
+            Edit(
+                VERIFY,
+                "            start, stop = max(start, scope[tp][0]), ",
+                "            start, stop = max(start, scope[tp][0] + 1), ",
+            ),
+        ),
+        (f"{VERIFY_TEST}test_a_verify_scoped_to_a_plan_reads_only_its_ranges_and_names_the_faults_inside_them",),
+    ),
+    Mutant(
+        "verify-plan-scope-reads-only-publications-inside-it",
+        "a verify scoped to a plan reads the rows of every publication whose recorded ranges meet the plan's",
+        (
+            Edit(
+                "include/tidemark/output/audit.py",
+                "        if span is not None and r.start < span[1] and span[0] < r.end:\n",
+                "        if span is not None and span[0] <= r.start and r.end <= span[1]:\n",
+            ),
+        ),
+        (f"{VERIFY_TEST}test_a_verify_scoped_to_a_plan_finds_a_duplicate_in_a_plan_overlapping_it_by_one_offset",),
+    ),
+    Mutant(
+        "verify-plan-scope-offsets-not-clipped",
+        "a verify scoped to a plan checks the offsets inside the plan's ranges only",
+        (
+            Edit(
+                VERIFY,
+                "    if scope is None:\n        return dict(parts)\n",
+                "    if True:\n        return dict(parts)\n",
+            ),
+        ),
+        (f"{VERIFY_TEST}test_a_verify_scoped_to_a_plan_finds_a_duplicate_in_a_plan_overlapping_it_by_one_offset",),
+    ),
+    Mutant(
+        "verify-plan-scope-ledger-whole",
+        "a verify scoped to a plan looks for its own plan's publication only",
+        (Edit(VERIFY, "        if report.plan is not None and row.plan_id != report.plan:\n", "        if False:\n"),),
+        (f"{VERIFY_TEST}test_a_verify_scoped_to_a_plan_finds_a_duplicate_in_a_plan_overlapping_it_by_one_offset",),
+    ),
+    Mutant(
+        "verify-dag-task-audits-the-whole-feed",
+        "the feed DAG's verify task audits its run's plan only",
+        (
+            Edit(
+                "include/tidemark/orchestration/dags.py",
+                '                             progress=log.info, plan=handle["plan_id"])  # fmt: skip\n',
+                "                             progress=log.info)  # fmt: skip\n",
+            ),
+        ),
+        (f"{VERIFY_TEST}test_the_feed_dags_verify_task_audits_its_runs_plan_only",),
     ),
 )
 

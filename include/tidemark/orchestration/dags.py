@@ -581,7 +581,10 @@ def check_step(handle: dict[str, Any], outcome: dict[str, Any]) -> None:
 
 @task(task_id="verify")
 def verify_step(handle: dict[str, Any], outcome: dict[str, Any]) -> None:
-    """Audit the feed's output after the commit (``tidemark verify``, docs/verify.md): read-only.
+    """Audit the run's plan after the commit (``tidemark verify FEED --plan ID``, docs/verify.md): read-only.
+
+    Scoped to the plan: Kafka and the output are read in its ranges only, so a run costs what it read (the whole
+    feed is ``tidemark verify FEED``'s, on a schedule of its own).
 
     Findings fail this task, not the commit: the run's data and offsets stand, nothing is
     touched, and the deployment's failure callbacks fire. Each finding is logged with its
@@ -591,7 +594,7 @@ def verify_step(handle: dict[str, Any], outcome: dict[str, Any]) -> None:
 
     with _storage_settings():
         report = verify_feed(handle["feed"], connection=kafka_connection(), checkpoints=checkpoint_store(),
-                             progress=log.info)  # fmt: skip
+                             progress=log.info, plan=handle["plan_id"])  # fmt: skip
     for note in report.notes:
         log.info("verify: %s", note)
     # A file owned by nothing is what a crashed attempt left (an upload before its commit, a killed worker's

@@ -42,6 +42,7 @@ from tidemark.storage import Location
 if TYPE_CHECKING:
     import pyarrow as pa
 
+Scope = Mapping[tuple[str, int], tuple[int, int]]  # per topic and partition, the [start, end) a scoped audit reads
 LEFTOVER = "leftover"  # owner() of an earlier attempt's upload, awaiting maintenance's orphan removal
 REDRIVE_PREFIX = "redrive-"  # a re-drive's publication id (tidemark.runs.redrive)
 ROW_COLUMNS = ("topic", "partition", "offset")
@@ -72,6 +73,18 @@ class Publication:
     @property
     def redrive(self) -> bool:
         return self.plan_id.startswith(REDRIVE_PREFIX)
+
+
+def overlaps(publication: Publication, scope: Scope | None) -> bool:
+    """Whether ``publication``'s recorded ranges meet ``scope`` (``None``: the whole feed). A re-drive records no
+    ranges and holds only dead letters: always read, so a re-driven dead letter is told from an unlisted one."""
+    if scope is None or publication.redrive:
+        return True
+    for r in publication.ranges:
+        span = scope.get((r.topic, r.partition))
+        if span is not None and r.start < span[1] and span[0] < r.end:
+            return True
+    return False
 
 
 @dataclass
@@ -195,8 +208,10 @@ class OutputView:
     notes: list[str] = field(default_factory=list)
 
 
-def read_parquet_output(root: Location, content: bool, claims: Claims) -> OutputView:
-    """A Parquet folder's publications, rows and file problems (``claims``: what the ledger holds open)."""
+def read_parquet_output(root: Location, content: bool, claims: Claims, scope: Scope | None = None) -> OutputView:
+    """A Parquet folder's publications, rows and file problems (``claims``: what the ledger holds open). With
+    ``scope``, only the files of publications whose ranges meet it are read (the others' manifests are, and their
+    files listed as owned)."""
     view = OutputView()
     listed: set[str] = set()
     shown: set[str] = set()
@@ -213,10 +228,12 @@ def read_parquet_output(root: Location, content: bool, claims: Claims) -> Output
         shown.add(plan_id)
         where = str(folder / MANIFEST_NAME)
         listed.add(where)
-        view.publications.append(
-            Publication(plan_id, manifest.extra.get("run_id"), where, _ranges(manifest.ranges, {}))
-        )
+        publication = Publication(plan_id, manifest.extra.get("run_id"), where, _ranges(manifest.ranges, {}))
+        view.publications.append(publication)
         entries = {entry.path: entry for entry in manifest.files}
+        if not overlaps(publication, scope):
+            listed |= {str(folder / name) for name in entries}
+            continue
         # A local folder is read whole by its readers (Spark, pyarrow): every Parquet file in it counts, listed or
         # not. On an object store readers go by the manifest's list.
         seen = sorted(
@@ -278,13 +295,32 @@ def _added_by(table: Any) -> dict[str, int]:
     return found
 
 
-def _scan_present(table: Any, columns: tuple[str, ...], redrives: Mapping[int, str]) -> list[tuple[str, pa.Table]]:
+def row_filter(scope: Scope | None) -> Any:
+    """A pyiceberg row filter keeping the rows of ``scope``'s offsets (everything with ``None``)."""
+    from functools import reduce
+
+    from pyiceberg.expressions import AlwaysFalse, AlwaysTrue, And, EqualTo, GreaterThanOrEqual, LessThan, Or
+
+    if scope is None:
+        return AlwaysTrue()
+    make: Any = (EqualTo, GreaterThanOrEqual, LessThan)  # pyiceberg's stubs take bound terms only
+    equal, at_least, below = make
+    parts = [And(equal("topic", t), equal("partition", p), at_least("offset", start), below("offset", end))
+             for (t, p), (start, end) in sorted(scope.items())]  # fmt: skip
+    either: Any = Or
+    return reduce(either, parts, AlwaysFalse())
+
+
+def _scan_present(
+    table: Any, columns: tuple[str, ...], redrives: Mapping[int, str], scope: Scope | None = None
+) -> list[tuple[str, pa.Table]]:
     """The current snapshot's rows of ``columns``, from the data files that exist (a missing one is named apart):
     ``("*", rows)`` for the plans' files, and ``(re-drive id, rows)`` for the files a re-drive's snapshot added
-    (``redrives``: snapshot id -> re-drive id), so that a re-driven dead letter is told from a published record."""
+    (``redrives``: snapshot id -> re-drive id), so that a re-driven dead letter is told from a published record.
+    With ``scope``, only the rows of its offsets (the files whose statistics rule them out are not read)."""
     from pyiceberg.io.pyarrow import ArrowScan
 
-    scan = table.scan(selected_fields=columns)
+    scan = table.scan(selected_fields=columns, row_filter=row_filter(scope))
     added = _added_by(table) if redrives else {}
     groups: dict[str, list[Any]] = {"*": []}
     for task in scan.plan_files():
@@ -295,10 +331,12 @@ def _scan_present(table: Any, columns: tuple[str, ...], redrives: Mapping[int, s
 
 
 def read_iceberg_output(
-    feed: Feed, content: bool, claims: Claims, run_ranges: Mapping[str, tuple[Mapping[str, Any], ...]]
-) -> OutputView:
+    feed: Feed, content: bool, claims: Claims, run_ranges: Mapping[str, tuple[Mapping[str, Any], ...]],
+    scope: Scope | None = None,
+) -> OutputView:  # fmt: skip
     """An Iceberg table's publications (the current ancestry's plans), its current rows, its quarantine folders'
-    rows and file problems. ``run_ranges``: per run id, the range statistics its job recorded (``job.json``)."""
+    rows and file problems. ``run_ranges``: per run id, the range statistics its job recorded (``job.json``).
+    ``scope``: only the rows of its offsets, and the quarantine folders of the publications whose ranges meet it."""
     view = OutputView()
     publisher = IcebergPublisher(feed)
     table = publisher.load()
@@ -325,11 +363,11 @@ def read_iceberg_output(
     wanted = [c for c in (*ROW_COLUMNS, *(CONTENT_COLUMNS if content else ())) if c in names]
     redrives = {s.snapshot_id: str(s.summary.get(PLAN_KEY)) for s in plan_history(table)
                 if s.summary is not None and str(s.summary.get(PLAN_KEY) or "").startswith(REDRIVE_PREFIX)}  # fmt: skip
-    for plan_id, rows in _scan_present(table, tuple(wanted), redrives):
+    for plan_id, rows in _scan_present(table, tuple(wanted), redrives, scope):
         view.rows.append(Rows(plan_id, f"table {publisher.table_name}", rows))
     shown = {p.plan_id for p in view.publications}
     shown_runs = {(p.run_id, p.plan_id) for p in view.publications if p.run_id}
-    for plan_id, run_id in sorted({(p.plan_id, p.run_id or "") for p in view.publications}):
+    for plan_id, run_id in sorted({(p.plan_id, p.run_id or "") for p in view.publications if overlaps(p, scope)}):
         # The quarantine as the run that shows the plan wrote it (its own folder, else the older plan_id= one).
         folder = publisher.quarantine_folder(plan_id, run_id or None)
         for name, _ in folder.files() if folder.exists() else []:

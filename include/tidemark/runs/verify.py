@@ -24,6 +24,11 @@ retained records up to the group's position, and names, per topic and partition:
    ``changed_file`` (a Parquet file whose sha256 differs from its manifest's) and
    ``unowned_file`` (under the output, owned by nothing: :func:`tidemark.output.audit.owner`).
 
+With ``plan`` (the feed DAG's ``verify`` task passes its run's plan; ``tidemark verify FEED --plan ID``), the
+audit is scoped to that plan: Kafka is read only in the plan's ranges, the output's rows only of the publications
+whose recorded ranges meet them (an Iceberg table through a row filter on them), and the offset, digest and
+dead-letter checks apply inside them (its quarantine); the files are listed whole. A run costs what it read.
+
 Nothing is written anywhere. Records of a topic's earlier incarnation (a range whose topic id
 differs from the topic's now) are left out of the offset checks and counted in a note.
 """
@@ -42,9 +47,10 @@ import pyarrow as pa
 from tidemark._types import TopicPartition as TP
 from tidemark.checkpoints.store import OPEN_STATES, CheckpointStore, LedgerRun, RunState
 from tidemark.config.models import Feed, load_feed
+from tidemark.errors import TidemarkError
 from tidemark.kafka.adapter import KafkaAdapter
 from tidemark.kafka.connection import KafkaConnection, from_env, logged
-from tidemark.output.audit import Claims, OutputView, Rows, read_iceberg_output, read_parquet_output
+from tidemark.output.audit import Claims, OutputView, Rows, Scope, read_iceberg_output, read_parquet_output
 from tidemark.output.deadletters import dead_letters, redrive_ledger_feed
 from tidemark.output.iceberg import IcebergPublisher, table_ledger
 from tidemark.output.maintenance import plain
@@ -79,6 +85,7 @@ class Finding:
 class VerifyReport:
     feed: str
     output: str
+    plan: str | None = None  # the plan the audit is scoped to (None: the whole feed)
     partitions: list[dict[str, Any]] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -91,10 +98,10 @@ class VerifyReport:
         return not self.findings
 
     def to_dict(self) -> dict[str, Any]:
-        return {"feed": self.feed, "output": self.output, "clean": self.clean, "kafka_records": self.kafka_records,
-                "output_records": self.output_records, "seconds": round(self.seconds, 3),
-                "partitions": self.partitions, "findings": [f.to_dict() for f in self.findings],
-                "notes": self.notes}  # fmt: skip
+        return {"feed": self.feed, "output": self.output, "plan": self.plan, "clean": self.clean,
+                "kafka_records": self.kafka_records, "output_records": self.output_records,
+                "seconds": round(self.seconds, 3), "partitions": self.partitions,
+                "findings": [f.to_dict() for f in self.findings], "notes": self.notes}  # fmt: skip
 
 
 def spans(offsets: Iterable[int] | np.ndarray) -> tuple[Span, ...]:
@@ -125,6 +132,7 @@ class History:
     job_ranges: dict[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)  # run id -> job.json ranges
     topic_ids: dict[str, dict[TP, str]] = field(default_factory=dict)  # plan id -> topic ids of its ranges
     plan_offsets: dict[str, int] = field(default_factory=dict)  # plan id -> offsets its ranges span (or letters)
+    plan_ranges: dict[str, dict[TP, Span]] = field(default_factory=dict)  # plan id -> its non-empty ranges
     published_at: dict[str, str] = field(default_factory=dict)  # run id -> where its report says it published
 
     def open(self) -> list[LedgerRun]:
@@ -183,6 +191,10 @@ def read_history(feed: Feed, store: CheckpointStore, root: Root | None) -> Histo
             history.plan_offsets[str(plan["plan_id"])] = sum(
                 int(p["end"]) - int(p["start"]) for p in plan.get("partitions", ())
             ) + len(plan.get("letters", ()))  # a re-drive's plan publishes its dead letters
+            history.plan_ranges[str(plan["plan_id"])] = {
+                (str(p["topic"]), int(p["partition"])): (int(p["start"]), int(p["end"]))
+                for p in plan.get("partitions", ()) if int(p["end"]) > int(p["start"])
+            }  # fmt: skip
     return history
 
 
@@ -366,6 +378,33 @@ def held_twice(data: np.ndarray, quarantined: np.ndarray, redriven: np.ndarray) 
                                      _both(data, quarantined), _both(data, redriven)]))  # fmt: skip
 
 
+def plan_scope(feed: Feed, history: History, plan: str, report: VerifyReport) -> Scope:
+    """The ranges of ``plan`` (from its run dir's plan), noted in the report."""
+    if plan not in history.plan_ranges:
+        raise TidemarkError(f"feed '{feed.name}': no run dir holds plan {plan}: nothing to scope the audit to "
+                            "(`tidemark runs` lists the runs and their plans)")  # fmt: skip
+    scope = history.plan_ranges[plan]
+    shown = ", ".join(f"{t}[{n}] [{s}, {e})" for (t, n), (s, e) in sorted(scope.items())) or "none (no records)"
+    report.notes.append(f"scoped to plan {plan}: its ranges {shown}; Kafka, the offsets, the digests and the dead "
+                        "letters are checked inside them only, the files listed whole (without --plan: the whole "
+                        "feed)")  # fmt: skip
+    return scope
+
+
+def _clip(
+    parts: Mapping[TP, tuple[np.ndarray, np.ndarray | None]], scope: Scope | None
+) -> dict[TP, tuple[np.ndarray, np.ndarray | None]]:
+    """Each partition's offsets (and digests) inside ``scope`` (all with ``None``)."""
+    if scope is None:
+        return dict(parts)
+    clipped = {}
+    for tp, (offs, digests) in parts.items():
+        if tp in scope:
+            inside = (offs >= scope[tp][0]) & (offs < scope[tp][1])
+            clipped[tp] = (offs[inside], None if digests is None else digests[inside])
+    return clipped
+
+
 def _named_mask(offsets: np.ndarray, named: Sequence[Span]) -> np.ndarray:
     mask = np.zeros(len(offsets), dtype=bool)
     for start, end in named:
@@ -387,8 +426,10 @@ def verify_feed(
     root: Root | None = None,
     batch: int = BATCH,
     progress: Progress = silent,
+    plan: str | None = None,
 ) -> VerifyReport:
-    """Audit ``feed_name``'s output against Kafka and the run ledger; see the module docstring."""
+    """Audit ``feed_name``'s output against Kafka and the run ledger (``plan``: inside that plan's ranges only);
+    see the module docstring."""
     began = time.monotonic()
     feed = feed_name if isinstance(feed_name, Feed) else load_feed(feed_name)
     store = open_checkpoints(root, checkpoints)
@@ -396,21 +437,23 @@ def verify_feed(
     history = read_history(feed, store, root)
     content = _content(feed)
     claims = _claims(feed, history)
+    report = VerifyReport(feed.name, str(feed.output_location()), plan=plan)
+    scope = None if plan is None else plan_scope(feed, history, plan, report)
     progress(f"reading the output of feed '{feed.name}' ({feed.output_location()})")
     if feed.output_format == "iceberg":
-        view = read_iceberg_output(feed, content, claims, history.job_ranges)
+        view = read_iceberg_output(feed, content, claims, history.job_ranges, scope)
     else:
-        view = read_parquet_output(feed.output_location(), content, claims)
+        view = read_parquet_output(feed.output_location(), content, claims, scope)
     # A manifest's ranges carry no topic id: the plan's own copy in its run dir does.
     view.publications = [
         replace(p, ranges=tuple(r if r.topic_id else replace(r, topic_id=history.topic_ids.get(p.plan_id, {}).get(
             (r.topic, r.partition))) for r in p.ranges))
         for p in view.publications
     ]  # fmt: skip
-    report = VerifyReport(feed.name, str(feed.output_location()), notes=list(view.notes))
+    report.notes += view.notes
     report.findings += [Finding(p.kind, p.message, path=p.path) for p in view.problems]
     _check_ledger(feed, history, view, report)
-    _check_offsets(feed, connection, store, history, view, report, content, batch, progress)
+    _check_offsets(feed, connection, store, history, view, report, content, batch, progress, scope)
     _check_dead_letters(feed, store, view, report)
     report.seconds = time.monotonic() - began
     return report
@@ -430,6 +473,8 @@ def _check_ledger(feed: Feed, history: History, view: OutputView, report: Verify
     moved = 0
     for row in history.runs:
         # A plan without records publishes nothing (an idle run): nothing to hold.
+        if report.plan is not None and row.plan_id != report.plan:
+            continue  # a scoped audit looks for its own plan's publication only
         if row.state == "shown" and row.plan_id not in held and history.plan_offsets.get(row.plan_id, 1) > 0:
             where = history.published_at.get(row.run_id) if feed.output_format == "parquet" else None
             if where is not None and not plain(where).startswith(plain(report.output).rstrip("/") + "/"):
@@ -445,12 +490,12 @@ def _check_ledger(feed: Feed, history: History, view: OutputView, report: Verify
 
 def _check_offsets(
     feed: Feed, connection: KafkaConnection, store: CheckpointStore, history: History, view: OutputView,
-    report: VerifyReport, content: bool, batch: int, progress: Progress,
+    report: VerifyReport, content: bool, batch: int, progress: Progress, scope: Scope | None = None,
 ) -> None:  # fmt: skip
     adapter = KafkaAdapter(connection)
     topics = sorted({r.topic for p in view.publications for r in p.ranges} | set(feed.topics))
     infos = adapter.partitions(topics) if topics else []
-    tps = [(i.topic, i.partition) for i in infos]
+    tps = [(i.topic, i.partition) for i in infos if scope is None or (i.topic, i.partition) in scope]
     current_id = {i.topic: i.topic_id for i in infos}
     committed = {tp: c.offset for tp, c in adapter.committed(feed.group, tps).items()} if tps else {}
     saved = store.get(feed.group, tps) if tps else {}
@@ -465,9 +510,9 @@ def _check_offsets(
     data_rows = [
         r for r in view.rows if not r.quarantine and r.plan_id not in stale and not r.plan_id.startswith("redrive-")
     ]
-    data = _by_partition(data_rows, content)
-    redriven = _by_partition([r for r in view.rows if r.plan_id.startswith("redrive-")], content)
-    quarantined = _by_partition([r for r in view.rows if r.quarantine and r.plan_id not in stale], False)
+    data = _clip(_by_partition(data_rows, content), scope)
+    redriven = _clip(_by_partition([r for r in view.rows if r.plan_id.startswith("redrive-")], content), scope)
+    quarantined = _clip(_by_partition([r for r in view.rows if r.quarantine and r.plan_id not in stale], False), scope)
     report.output_records = sum(len(v[0]) for v in (*data.values(), *redriven.values(), *quarantined.values()))
     shown_end: dict[TP, int] = {}
     for p in view.publications:
@@ -481,7 +526,10 @@ def _check_offsets(
             group_at = saved[tp].offset
         position[tp] = group_at
         stop = min(ends.get(tp, 0), max(group_at or 0, shown_end.get(tp, 0)))
-        wanted[tp] = (log_start.get(tp, 0), max(stop, log_start.get(tp, 0)))
+        start = log_start.get(tp, 0)
+        if scope is not None:  # the plan's range, as far as Kafka still holds it
+            start, stop = max(start, scope[tp][0]), min(ends.get(tp, 0), scope[tp][1])
+        wanted[tp] = (start, max(stop, start))
     keyed = feed.tombstones_are_changes
     if keyed:
         report.notes.append("a keyed table (iceberg.mode: upsert) holds each key's last change: offsets held twice "
@@ -574,8 +622,8 @@ def _check_digests(
             if r.checksum is None:
                 unrecorded += 1
                 continue
-            if r.start < log_start.get(tp, 0) or r.end > wanted[tp][1]:
-                continue  # partly deleted by retention, or past what was read: nothing to compare with
+            if r.start < max(log_start.get(tp, 0), wanted[tp][0]) or r.end > wanted[tp][1]:
+                continue  # partly deleted by retention, or outside what was read: nothing to compare with
             s = scanned[tp]
             lo, hi = np.searchsorted(s.offsets, [r.start, r.end])
             h1 = int(np.bitwise_xor.reduce(s.h1[lo:hi])) if hi > lo else 0
@@ -595,8 +643,8 @@ def _check_digests(
 
 def _check_dead_letters(feed: Feed, store: CheckpointStore, view: OutputView, report: VerifyReport) -> None:
     quarantined: set[tuple[str, str, int, int]] = set()
-    for r in view.rows:
-        if r.quarantine and r.table.num_rows:
+    for r in view.rows:  # a scoped audit: its plan's quarantine only
+        if r.quarantine and r.table.num_rows and report.plan in (None, r.plan_id):
             cols = [r.table.column(c).to_pylist() for c in ("topic", "partition", "offset")]
             quarantined |= {(r.plan_id, str(t), int(p), int(o)) for t, p, o in zip(*cols, strict=True)}
     if not quarantined:

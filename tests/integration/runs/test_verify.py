@@ -318,3 +318,201 @@ def test_an_iceberg_feed_verifies_clean_after_a_redrive(fenv: FaultEnv) -> None:
     first = redrive_feed(fenv.spark, fenv.feed, root=fenv.root)
     assert (first.state, first.published) == ("shown", 3)
     assert [(f.kind, f.message) for f in verify(fenv).findings] == []
+
+
+# -- a verify scoped to one plan (the feed DAG's verify task) -------------------------------------
+
+
+def manifest_of(folder: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((folder / "_manifest.json").read_text())
+    return doc
+
+
+def holder(folder: Path, partition: int, offset: int) -> Path:
+    """The data file of ``folder`` holding the record at ``partition``/``offset``."""
+    for path in data_files(folder):
+        table = pq.read_table(path, columns=["partition", "offset"])
+        if (partition, offset) in zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
+                                      strict=True):  # fmt: skip
+            return path
+    raise AssertionError(f"no data file of {folder} holds [{partition}]@{offset}")
+
+
+def at(table: pa.Table, partition: int, offset: int) -> Any:
+    return pc.and_(pc.equal(table.column("partition"), partition), pc.equal(table.column("offset"), offset))
+
+
+def three_plans(env: FaultEnv) -> tuple[Path, Path, Path, str, dict[tuple[str, int], tuple[int, int]]]:
+    """Three plans with records (a quarantined one in the middle plan): the folders, oldest first, the middle
+    plan's id and its non-empty ranges."""
+    env.produce(30, bad={4, 11})
+    env.run_until_idle(3)
+    env.produce(24, bad={40})
+    env.run_until_idle(3)
+    env.produce(15)
+    env.run_until_idle(3)
+    before, middle, after = plan_folders(env)
+    ranges = {(r["topic"], r["partition"]): (r["start"], r["end"]) for r in manifest_of(middle)["ranges"]
+              if r["end"] > r["start"]}  # fmt: skip
+    return before, middle, after, middle.name.removeprefix("plan_id="), ranges
+
+
+def scoped(env: FaultEnv, plan: str) -> VerifyReport:
+    return verify_feed(env.feed, connection=env.kafka.connection, root=env.root, plan=plan)
+
+
+def test_a_verify_scoped_to_a_plan_reads_only_its_ranges_and_names_the_faults_inside_them(
+    fenv: FaultEnv, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The middle plan P of three: the scoped verify reads from Kafka exactly P's range sizes and says its scope;
+    a record removed or a value changed at P's first and last offsets (start inclusive, end - 1) is named by it,
+    one at the offset before P's start or at P's end (the neighbouring plans') only by the whole-feed verify."""
+    before, middle, after, plan, ranges = three_plans(fenv)
+    whole = verify(fenv)
+    assert whole.findings == [] and whole.kafka_records == 69
+    report = scoped(fenv, plan)
+    assert report.findings == [], report.findings
+    assert report.plan == plan
+    assert report.kafka_records == sum(e - s for s, e in ranges.values()) == report.output_records
+    assert report.kafka_records < whole.kafka_records
+    assert [p["partition"] for p in report.partitions] == sorted(p for _, p in ranges)
+    shown = ", ".join(f"{t}[{p}] [{s}, {e})" for (t, p), (s, e) in sorted(ranges.items()))
+    assert any(f"plan {plan}: its ranges {shown};" in n for n in report.notes), report.notes
+    assert main(["verify", fenv.feed, "--plan", plan, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["plan"], doc["clean"], doc["kafka_records"]) == (plan, True, report.kafka_records)
+    assert main(["verify", fenv.feed, "--plan", "no-such-plan"]) == 2
+    capsys.readouterr()
+
+    (topic, partition), (start, end) = sorted(ranges.items())[0]
+    cases = ((middle, start, True), (middle, end - 1, True), (before, start - 1, False), (after, end, False))
+    for folder, offset, inside in cases:
+        path = holder(folder, partition, offset)
+        saved, table = path.read_bytes(), pq.read_table(path)
+        one = [(topic, partition, ((offset, offset + 1),))]
+        # The record removed from its file.
+        pq.write_table(table.filter(pc.invert(at(table, partition, offset))), path)
+        expected = {"missing": one, "changed_file": [str(path)]}
+        assert kinds(scoped(fenv, plan)) == (expected if inside else {}), (offset, inside)
+        assert kinds(verify(fenv)) == expected, offset
+        # Its value changed.
+        values = table.column("value").to_pylist()
+        row = at(table, partition, offset).to_pylist().index(True)
+        values[row] = values[row] + "!"
+        pq.write_table(table.set_column(table.column_names.index("value"), "value", pa.array(values)), path)
+        expected = {"value_differs": one, "changed_file": [str(path)]}
+        assert kinds(scoped(fenv, plan)) == (expected if inside else {}), (offset, inside)
+        assert kinds(verify(fenv)) == expected, offset
+        path.write_bytes(saved)
+    assert scoped(fenv, plan).findings == [] and verify(fenv).findings == []
+
+
+def test_a_verify_scoped_to_a_plan_finds_a_duplicate_in_a_plan_overlapping_it_by_one_offset(fenv: FaultEnv) -> None:
+    """The next plan's manifest claims one offset of P (P's last) and holds a copy of its record: the scoped verify
+    reads that plan's rows because its recorded range meets P's, and names the duplicate. A copy of the next plan's
+    first record (P's end, outside P) in the plan before P is named only by the whole-feed verify (the copy itself
+    is a file owned by nothing for both: the listing stays whole)."""
+    before, middle, after, plan, ranges = three_plans(fenv)
+    (topic, partition), (_, end) = sorted(ranges.items())[0]
+
+    def copy_into(target: Path, source: Path, offset: int, name: str = "part-copied.parquet") -> Path:
+        table = pq.read_table(holder(source, partition, offset))
+        copy = target / holder(source, partition, offset).relative_to(source).parent / name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table.filter(at(table, partition, offset)), copy)
+        return copy
+
+    copy = copy_into(after, middle, end - 1)
+    saved = (after / "_manifest.json").read_text()
+    doc = manifest_of(after)
+    claimed = next(r for r in doc["ranges"] if (r["topic"], r["partition"]) == (topic, partition))
+    assert claimed["start"] == end
+    claimed["start"] = end - 1  # overlapping P by one offset
+    (after / "_manifest.json").write_text(json.dumps(doc))
+    # That plan also holds its own first record (P's end) twice: outside P, named by the whole-feed verify only.
+    again = copy_into(after, after, end, "part-again.parquet")
+    assert kinds(scoped(fenv, plan)) == {"duplicate": [(topic, partition, ((end - 1, end),))],
+                                         "unowned_file": sorted([str(copy), str(again)])}  # fmt: skip
+    found = kinds(verify(fenv))
+    assert found.pop("duplicate") == [(topic, partition, ((end - 1, end + 1),))]
+    assert sorted(found.pop("unowned_file")) == sorted([str(copy), str(again)])
+    assert found.pop("digest_differs") == [(topic, partition, ((end - 1, claimed["end"]),))]  # one record more
+    assert found == {}
+    (after / "_manifest.json").write_text(saved)
+    copy.unlink()
+    again.unlink()
+
+    copy = copy_into(before, after, end)
+    assert kinds(scoped(fenv, plan)) == {"unowned_file": [str(copy)]}
+    assert kinds(verify(fenv)) == {"duplicate": [(topic, partition, ((end, end + 1),))], "unowned_file": [str(copy)]}
+    copy.unlink()
+    assert scoped(fenv, plan).findings == [] and verify(fenv).findings == []
+
+    # A plan's publication gone from the output: the scoped verify of another plan does not look for it.
+    for folder, inside in ((before, False), (middle, True)):
+        folder.rename(fenv.tmp / "moved-away")  # outside the output
+        found = kinds(scoped(fenv, plan))
+        assert (len(found.pop("missing_publication", [])), bool(found.pop("missing", []))) == (inside, inside)
+        assert found == {}
+        found = kinds(verify(fenv))
+        assert len(found.pop("missing_publication")) == 1 and found.pop("missing") and found == {}
+        (fenv.tmp / "moved-away").rename(folder)
+
+
+def test_the_feed_dags_verify_task_audits_its_runs_plan_only(fenv: FaultEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DAG's ``verify`` task, handed the last run's plan: it reads from Kafka that plan's records only (its
+    log lines, recorded as the task writes them)."""
+    from tidemark.orchestration import dags
+
+    lines: list[str] = []
+
+    class Recorded:
+        def info(self, message: str, *args: Any) -> None:
+            lines.append(message % args)
+
+        warning = error = info
+
+    fenv.produce(30)
+    fenv.run_until_idle(3)
+    fenv.produce(12)
+    handle, _, outcome = fenv.run()
+    assert handle.records == 12 and outcome.committed
+    monkeypatch.setattr(dags, "log", Recorded())
+    dags.verify_step.function(handle.to_xcom(), {})
+    assert any(m.startswith(f"verify: scoped to plan {handle.plan_id}: ") for m in lines), lines
+    assert any(m.startswith("verify: 12 records read from Kafka, 12 in the output") for m in lines), lines
+
+
+def test_an_iceberg_verify_scoped_to_a_plan_reads_its_rows_through_a_row_filter(fenv: FaultEnv) -> None:
+    """An Iceberg feed's middle plan: the scoped verify reads from Kafka its range sizes and is clean; a record of
+    the plan deleted through pyiceberg (its first offset) is named by it, one of the next plan (the plan's end) only
+    by the whole-feed verify."""
+    from pyiceberg.expressions import And, EqualTo
+
+    from tidemark.config.models import load_feed
+    from tidemark.output.iceberg import IcebergPublisher, plan_history
+
+    fenv.use_iceberg(f"tidemark.vs_{fenv.topic.replace('-', '_').replace('.', '_')}")
+    fenv.produce(30)
+    fenv.run_until_idle(3)
+    fenv.produce(24)
+    handle, _, _ = fenv.run()
+    fenv.produce(15)
+    fenv.run_until_idle(3)
+    publisher = IcebergPublisher(load_feed(fenv.feed))
+    table = publisher.load()
+    assert table is not None
+    ranges = next(json.loads(s.summary["tidemark.ranges"]) for s in plan_history(table)
+                  if s.summary is not None and s.summary.get("tidemark.plan-id") == handle.plan_id)  # fmt: skip
+    (topic, partition, start, end) = next((r["topic"], r["partition"], r["start"], r["end"]) for r in ranges
+                                          if r["end"] > r["start"])  # fmt: skip
+    report = scoped(fenv, handle.plan_id)
+    assert report.findings == [] and report.kafka_records == 24 == report.output_records
+    for offset, inside in ((end, False), (start, True)):
+        table.delete(And(EqualTo("partition", partition), EqualTo("offset", offset)))  # type: ignore[call-arg,arg-type]
+        table = publisher.load()
+        assert table is not None
+        one = {"missing": [(topic, partition, ((offset, offset + 1),))]}
+        assert kinds(scoped(fenv, handle.plan_id)) == (one if inside else {}), offset
+        whole = kinds(verify(fenv)).get("missing", [])
+        assert (topic, partition, offset) in {(t, p, o) for t, p, s_ in whole for s, e in s_ for o in range(s, e)}
