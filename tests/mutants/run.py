@@ -359,7 +359,13 @@ MUTANTS = (
         "committed-crash-discarded",
         "nothing a commit covered is deleted (a run whose Kafka commit landed before it died, the group then moved "
         "on by another writer, is shown, not discarded)",
-        (Edit("include/tidemark/runs/protocol.py", "if was_committing and _group_past(plan, kafka):", "if False:"),),
+        (
+            Edit(
+                "include/tidemark/runs/protocol.py",
+                "if was_committing and kafka is not None and _group_past(plan, kafka):",
+                "if False:",
+            ),
+        ),
         (
             "tests/integration/runs/test_commit_protocol.py"
             "::test_a_crash_after_the_kafka_commit_then_a_stray_consumer_loses_no_committed_record",
@@ -1577,8 +1583,9 @@ MUTANTS = (
         (
             Edit(
                 "include/tidemark/runs/protocol.py",
-                "    with store.commit_lock(group):\n        for row in store.open_runs(feed):",
-                "    with store.commit_lock(group):\n        rows = store.open_runs(feed)\n    for row in rows:",
+                "    with store.commit_lock(group):\n        for row in filter(which, store.open_runs(feed)):",
+                "    with store.commit_lock(group):\n        rows = list(filter(which, store.open_runs(feed)))\n"
+                "    for row in rows:",
             ),
         ),
         (
@@ -1672,6 +1679,8 @@ MUTANTS = (
             "tests/integration/output/test_value_partitioning.py::"
             "test_parquet_partition_values_read_back_exactly_with_pyarrow_and_spark",
         ),
+    ),
+    Mutant(
         "team-membership-not-asked",
         "a feed whose file names a team answers only to that team's members, in the view and at the shared DAGs",
         (
@@ -1710,6 +1719,8 @@ MUTANTS = (
             ),
         ),
         ("tests/dags/test_run_access.py::test_a_feed_of_another_team_is_refused_though_its_dag_rights_allow",),
+    ),
+    Mutant(
         "plain-json-fraction-as-integer",
         "the read tasks stage a JSON record only where Spark's from_json reads it as is (an integer field's "
         "fraction is a bad record)",
@@ -1727,6 +1738,8 @@ MUTANTS = (
         "the read tasks give way on a JSON object that names a key twice (which value a parser keeps is its own)",
         (Edit("include/tidemark/spark/arrow_plain.py", "    if len(doc) != len(pairs):", "    if False:"),),
         ("tests/unit/spark/test_arrow_plain.py::test_edge_values_are_staged_as_spark_decodes_them_or_refused",),
+    ),
+    Mutant(
         "output-schema-carrier-sorts-last",
         "a Parquet output's schema file sorts before every plan folder, so pyarrow's dataset reads the whole output "
         "with the output's one schema",
@@ -1808,6 +1821,8 @@ MUTANTS = (
             "tests/integration/job/test_output_schema.py::test_schema_change_quarantine_sets_an_incompatible_writers_"
             "records_aside_with_the_reason",
         ),
+    ),
+    Mutant(
         "redrive-run-apart-from-the-feeds-runs",
         "a re-drive is a run of the feed (its row under the feed's name): the feed's next run settles it",
         (
