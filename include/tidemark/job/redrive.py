@@ -61,6 +61,7 @@ from tidemark.staged import (
     ERROR_COLUMN,
     OK_OUTCOME,
     OUTCOME_COLUMN,
+    PARQUET_TIMESTAMPS,
     RAW_HEAD_COLUMNS,
     STAGED_PARTITION_COLUMNS,
     UNPUBLISHED_COLUMNS,
@@ -344,6 +345,9 @@ def stage_passing(
         return spark.read.schema(published_schema).parquet(spark_path(source))
 
     publisher.check_schema(published_schema, plan)
+    # The job's physical timestamp type (INT64 microseconds adjusted to UTC, job.steps), not Spark's INT96: an
+    # output keeps one schema across its plans, the re-drive's included.
+    spark.conf.set("spark.sql.parquet.outputTimestampType", PARQUET_TIMESTAMPS)
     staging = publisher.new_staging(plan.plan_id)
     try:
         parquet_writer(frame, "errorifexists").partitionBy(*STAGED_PARTITION_COLUMNS).parquet(
