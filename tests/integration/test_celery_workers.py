@@ -44,7 +44,9 @@ from tidemark.storage import Location, s3_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-FEED = "faults"
+# A feed name of its own: the checkpoint store (the session's PostgreSQL) keeps runs by feed name, and the fault
+# suite's feeds on that server are all "faults"; their runs are no runs of this feed.
+FEED = "celery_faults"
 DAG = f"tidemark_{FEED}"
 SPARK_TASK = "read_validate_publish"
 SETTINGS = Path(__file__).parents[1] / "support" / "celery_settings"
@@ -125,7 +127,7 @@ def shape(
 ) -> Iterator[Shape]:
     base = tmp_path_factory.mktemp("celery")
     s3_settings()  # the SDK's checksum settings s3proxy needs, before this process's first S3 call (the oracle's)
-    env = FaultEnv(kafka, None, base, "celery", remote=f"s3://{S3_BUCKET}/celery-{uuid.uuid4().hex[:12]}")
+    env = FaultEnv(kafka, None, base, "celery", remote=f"s3://{S3_BUCKET}/celery-{uuid.uuid4().hex[:12]}", feed=FEED)
     env.write_feed(records_per_task=2000)  # one Spark task per partition
     dags = base / "dags"
     dags.mkdir()
