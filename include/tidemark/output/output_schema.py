@@ -197,6 +197,34 @@ def data_files(root: Path, skip: str) -> list[Path]:
     return sorted(p for p in root.rglob("*.parquet") if p.relative_to(root).parts[0] != skip)
 
 
+def folder_keys(root: Path, files: Sequence[Path]) -> frozenset[str]:
+    """The columns every one of ``files`` (under ``root``) holds in its folder names (``key=value/``), not in the
+    file: a layout's partition columns (``topic``, ``date``, ``timestamp_hour``...)."""
+    keys: frozenset[str] | None = None
+    for f in files:
+        found = frozenset(part.split("=", 1)[0] for part in f.relative_to(root).parts[:-1] if "=" in part)
+        keys = found if keys is None else keys & found
+    return keys or frozenset()
+
+
+def in_folders(plan: pa.Schema, current: pa.Schema | None, keys: frozenset[str]) -> pa.Schema:
+    """``plan`` with the output's columns that the plan holds in its folder names (``keys``): those are neither
+    missing from the plan nor to be written into its files (:func:`without`)."""
+    import pyarrow as pa
+
+    if current is None:
+        return plan
+    held = [current.field(n) for n in current.names if n in keys and n not in plan.names]
+    return pa.schema([*plan, *held]) if held else plan
+
+
+def without(schema: pa.Schema, keys: frozenset[str], plan: pa.Schema) -> pa.Schema:
+    """``schema`` less the columns the plan holds only in its folder names: what its files are conformed to."""
+    import pyarrow as pa
+
+    return pa.schema([f for f in schema if f.name not in keys or f.name in plan.names])
+
+
 def plan_schema(files: Sequence[Path]) -> pa.Schema | None:
     """The schema of a plan's data files (they share one: one staging path wrote them), None without files."""
     import pyarrow.parquet as pq

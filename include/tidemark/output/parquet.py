@@ -177,10 +177,12 @@ def publish(
     staging = _staging_root(output, plan.plan_id) / f"{plan.plan_id}.{uuid.uuid4().hex[:12]}"
     try:
         data = df.drop("plan_id").withColumn(DATE_COLUMN, utc_date())
-        parquet_writer(data, "errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(str(staging))
-        for name, rejected in (quarantine or {}).items():
-            target = staging / QUARANTINE_DIR / name
-            parquet_writer(rejected.drop("plan_id"), "errorifexists").parquet(str(target))
+        # The job's timestamp type (INT64 micros, UTC), whatever the caller's session says: one schema per output.
+        with session_conf(df.sparkSession, "spark.sql.parquet.outputTimestampType", PARQUET_TIMESTAMPS):
+            parquet_writer(data, "errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(str(staging))
+            for name, rejected in (quarantine or {}).items():
+                target = staging / QUARANTINE_DIR / name
+                parquet_writer(rejected.drop("plan_id"), "errorifexists").parquet(str(target))
 
         def check(manifest: Manifest) -> None:
             if expect_records is not None and manifest.records != expect_records:
@@ -515,11 +517,13 @@ def settle_output_schema(root: Path, output: Location, plan: Plan, feed: Feed) -
     if schema is None:
         return {}
     current = output_schema.load(output)
-    evolution = output_schema.evolve(None if current is None else current.schema, schema)
+    keys = output_schema.folder_keys(root, files)
+    compared = output_schema.in_folders(schema, None if current is None else current.schema, keys)
+    evolution = output_schema.evolve(None if current is None else current.schema, compared)
     readers = output_schema.readers_text(plan_readers(plan, feed), "the feed's declared fields")
     refuse_schema_change(output, evolution, current, readers, feed.schema_change, plan.plan_id)
     if evolution.conform:
-        output_schema.conform(files, evolution.schema)
+        output_schema.conform(files, output_schema.without(evolution.schema, keys, schema))
     version = 1 if current is None else current.version + (1 if evolution.changes else 0)
     if current is None or evolution.changes:
         output_schema.record(output, evolution.schema, version=version, plan_id=plan.plan_id, readers=readers,

@@ -14,6 +14,7 @@ import pytest
 from tests.integration.read_helpers import chunk_layout
 from tidemark.config.models import Feed
 from tidemark.errors import PublishError
+from tidemark.output.output_schema import CARRIER_NAME, ROOT_FILES
 from tidemark.output.parquet import MANIFEST_NAME, load_manifest, publish, published_dir, verify
 from tidemark.planning.plan import Chunk, PartitionPlan, Plan, Task, compute_plan_id
 
@@ -75,7 +76,10 @@ def test_publish_is_atomic_and_idempotent(spark: Any, tmp_path: Path) -> None:
     assert second.reused
     assert second.files == first.files
     assert _snapshot(feed.output_dir()) == before  # nothing rewritten
-    assert [p.name for p in feed.output_dir().iterdir() if not p.name.startswith("_")] == [final.name]
+    # Beside the plan's folder: the output's one schema, a file of no rows readers take it from.
+    assert sorted(p.name for p in feed.output_dir().iterdir() if not p.name.startswith("_")) == sorted(
+        [CARRIER_NAME, final.name]
+    )
 
     # Readers see one copy: the staging and quarantine folders are invisible to them.
     back = spark.read.parquet(str(feed.output_dir()))
@@ -105,7 +109,8 @@ def test_crash_before_publish_leaves_nothing_visible(
         publish(df, plan, feed)
     monkeypatch.undo()
     assert load_manifest(feed.output_dir(), plan.plan_id) is None
-    assert [p.name for p in feed.output_dir().iterdir()] == ["_staging"]  # only the abandoned staging folder
+    # Only the abandoned staging folder, and the output's schema recorded before a plan can be shown (no rows).
+    assert sorted(p.name for p in feed.output_dir().iterdir()) == sorted(["_staging", *ROOT_FILES])
 
     manifest = publish(df, plan, feed)  # the retry cleans the leftover and publishes
     assert not manifest.reused and manifest.records == 8
