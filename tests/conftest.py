@@ -136,8 +136,8 @@ ONE_WORKER_GROUPS = {
                         "tests/integration/spark/test_read.py::test_leader_stopped_mid_read"),
     # The e2e tests of the one Airflow the package's `airflow` fixture starts; the other e2e files start
     # their own (or none) and go out a file at a time (:func:`one_worker_scope`).
-    "e2e": tuple(f"tests/e2e/test_{name}.py" for name in ("cleared_run", "plugin_auth", "team_per_feed", "view_runs",
-                                                          "view_security", "view_ui")),
+    "e2e": tuple(f"tests/e2e/test_{name}.py" for name in ("cleared_run", "plugin_auth", "team_key", "team_per_feed",
+                                                          "view_runs", "view_security", "view_ui")),
     "secured": ("tests/integration/test_secured_runs.py", "tests/integration/runs/test_secured_acls.py",
                 "tests/integration/devtools/test_secured_cluster.py"),
     "spark-clusters": ("tests/integration/spark/test_cluster_without_shared_disk.py",

@@ -26,6 +26,7 @@ from tidemark.checkpoints.store import URL_ENV, PostgresCheckpointStore
 from tidemark.config.models import load_feed
 from tidemark.job.steps import run
 from tidemark.kafka.admin import Record
+from tidemark.output.output_schema import CARRIER_NAME, ROOT_FILES
 from tidemark.output.parquet import (
     MANIFEST_NAME,
     PENDING_DIR,
@@ -104,9 +105,12 @@ def test_a_run_with_state_and_output_on_s3_publishes_once(
     assert "no Spark application started" in idle.stdout
     # Readers see one plan folder. Beside it only `_pending` (skipped by readers, as every `_` folder), which
     # holds no file: a pending manifest moved into place leaves at most the store's empty folder marker.
+    # The output's one schema is recorded at its root too (a file of no rows; Spark's `_common_metadata`).
     children = [c.name for c in output.children()]
-    assert [name for name in children if not name.startswith("_")] == [f"plan_id={handle.plan_id}"]
-    assert set(children) - {f"plan_id={handle.plan_id}"} <= {PENDING_DIR}, children
+    assert sorted(name for name in children if not name.startswith("_")) == sorted(
+        [CARRIER_NAME, f"plan_id={handle.plan_id}"]
+    )
+    assert set(children) - {f"plan_id={handle.plan_id}", *ROOT_FILES} <= {PENDING_DIR}, children
     assert not [name for name, _ in (output / PENDING_DIR).files()]
     assert len((state / "runs" / "orders").children(folders_only=True)) == 2
     runs = subprocess.run([sys.executable, "-m", "tidemark.cli", "runs", "orders"], env=env,
