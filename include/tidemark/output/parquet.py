@@ -61,10 +61,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
+import tidemark.output.output_schema as output_schema
 from tidemark.config.models import Feed, PartitionChoice, SchemaChange
 from tidemark.errors import PublishError, StateStoreError
 from tidemark.faults import fault_point
-from tidemark.output import output_schema
 from tidemark.output.base import QUARANTINE_DIR, STAGING_DIR, FileEntry, Manifest, StagedRecords
 from tidemark.output.partitioning import PartitionField, folder_value, partition_fields
 from tidemark.output.staging import (
